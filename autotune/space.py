@@ -1,0 +1,209 @@
+"""Search spaces: candidate lists per dimension (YAML), and the enumeration of valid layouts."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.errors import ConfigError
+from autotune.hardware import ClusterSpec
+from autotune.model import ModelSpec
+from autotune.strategy import RULES, Strategy, with_fields
+
+__all__ = ["DIMENSIONS", "SearchSpace", "SpaceSummary", "enumerate_space", "load_space"]
+
+# Dimension name -> (type, enumeration level). The levels match the rule levels in strategy.
+DIMENSIONS: dict[str, tuple[type, int]] = {
+    "tp": (int, 0),
+    "pp": (int, 0),
+    "cp": (int, 0),
+    "vpp": (int, 1),
+    "ep": (int, 2),
+    "sequence_parallel": (bool, 3),
+    "mbs": (int, 4),
+    "recompute": (str, 5),
+    "recompute_method": (str, 5),
+    "recompute_num_layers": (int, 5),
+    "distributed_optimizer": (bool, 5),
+    "overlap_grad_reduce": (bool, 5),
+    "overlap_param_gather": (bool, 5),
+    "impl": (str, 5),
+}
+_LEVELS = 6
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchSpace:
+    """Candidates per dimension. A dimension missing from the file keeps Strategy's default."""
+
+    candidates: dict[str, tuple[Any, ...]]
+    source: str = "default"
+
+    def size(self) -> int:
+        return math.prod(len(v) for v in self.candidates.values())
+
+    def at_level(self, level: int) -> dict[str, tuple[Any, ...]]:
+        return {k: v for k, v in self.candidates.items() if DIMENSIONS[k][1] == level}
+
+
+def _check_value(dim: str, value: Any, source: str) -> Any:
+    kind = DIMENSIONS[dim][0]
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{source}: {dim} candidates must be positive integers, "
+                              f"got {value!r}")
+    elif kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: {dim} candidates must be true or false, got {value!r}")
+    elif not isinstance(value, str):
+        raise ConfigError(f"{source}: {dim} candidates must be strings, got {value!r}")
+    return value
+
+
+def space_from_mapping(data: Any, source: str) -> SearchSpace:
+    """A SearchSpace from parsed YAML, with every problem reported as a ConfigError."""
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"{source}: expected a mapping of dimension: [candidates]")
+    unknown = sorted(set(data) - set(DIMENSIONS))
+    if unknown:
+        raise ConfigError(f"{source}: unknown dimension(s) {', '.join(map(str, unknown))}; "
+                          f"known: {', '.join(DIMENSIONS)}")
+    candidates: dict[str, tuple[Any, ...]] = {}
+    for dim in DIMENSIONS:
+        if dim not in data:
+            continue
+        values = data[dim]
+        if not isinstance(values, list):
+            values = [values]
+        if not values:
+            raise ConfigError(f"{source}: {dim} needs at least one candidate")
+        checked = tuple(_check_value(dim, v, source) for v in values)
+        if len(set(checked)) != len(checked):
+            raise ConfigError(f"{source}: {dim} lists a candidate twice")
+        candidates[dim] = checked
+    return SearchSpace(candidates=candidates, source=source)
+
+
+def load_space(path: str | None = None) -> SearchSpace:
+    """The space in `path`, or search_spaces/default.yaml."""
+    if path is None:
+        text = resources.files("autotune.search_spaces").joinpath("default.yaml").read_text()
+        source = "default.yaml"
+    else:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"search space file {path} does not exist")
+        text, source = file.read_text(), str(file)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{source}: malformed YAML{where}") from exc
+    return space_from_mapping(data, source)
+
+
+@dataclass(slots=True)
+class RejectGroup:
+    """Strategies rejected by one rule: how many, and a few of the messages."""
+
+    count: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, count: int, message: str) -> None:
+        self.count += count
+        if message not in self.examples and len(self.examples) < 3:
+            self.examples.append(message)
+
+
+@dataclass(slots=True)
+class SpaceSummary:
+    """The result of enumerating a space for one model and cluster."""
+
+    total: int
+    valid: list[Strategy]
+    rejected: dict[str, RejectGroup]
+
+    def valid_values(self, dim: str) -> list[Any]:
+        """The candidates of `dim` that appear in at least one valid strategy."""
+        seen = {getattr(s, dim) for s in self.valid}
+        return sorted(seen, key=lambda v: (str(type(v)), v))
+
+
+def _product(options: dict[str, tuple[Any, ...]]) -> Iterator[dict[str, Any]]:
+    names = list(options)
+    for values in itertools.product(*(options[n] for n in names)):
+        yield dict(zip(names, values, strict=True))
+
+
+def enumerate_space(space: SearchSpace, model: ModelSpec,
+                    cluster: ClusterSpec) -> SpaceSummary:
+    """Every combination of the space, split into valid strategies and rejections by rule.
+
+    Rules are checked level by level, so a layout rejected at level k is counted once for all
+    combinations of the deeper dimensions instead of being expanded.
+    """
+    levels = [space.at_level(level) for level in range(_LEVELS)]
+    deeper = [math.prod(len(v) for lv in levels[k + 1:] for v in lv.values())
+              for k in range(_LEVELS)]
+    rejected: dict[str, RejectGroup] = {}
+    valid: list[Strategy] = []
+    base = Strategy(gbs=model.global_batch_size)
+    rules_at = [[rule for rule in RULES if rule.level == level] for level in range(_LEVELS)]
+
+    def expand(level: int, partial: Strategy) -> None:
+        for choice in _product(levels[level]):
+            strategy = with_fields(partial, **choice)
+            if level == 0:
+                inner = strategy.tp * strategy.pp * strategy.cp
+                strategy = with_fields(strategy, dp=max(1, cluster.num_gpus // inner))
+            # Candidates are positive (checked on load), so only this level's rules remain.
+            broken = next(((rule.name, message) for rule in rules_at[level]
+                           if (message := rule.check(strategy, model, cluster)) is not None),
+                          None)
+            if broken is not None:
+                rejected.setdefault(broken[0], RejectGroup()).add(deeper[level], broken[1])
+            elif level + 1 < _LEVELS:
+                expand(level + 1, strategy)
+            else:
+                valid.append(strategy)
+
+    expand(0, base)
+    return SpaceSummary(total=space.size(), valid=valid, rejected=rejected)
+
+
+def describe_limits(summary: SpaceSummary, space: SearchSpace, model: ModelSpec,
+                    cluster: ClusterSpec) -> list[str]:
+    """Sentences about dimensions the model or cluster restricts (`tp is limited to 1 ...`)."""
+    notes: list[str] = []
+    for dim in ("tp", "pp", "cp", "ep", "vpp"):
+        offered = space.candidates.get(dim, ())
+        allowed = summary.valid_values(dim)
+        if len(offered) > 1 and len(allowed) < len(offered) and summary.valid:
+            notes.append(_limit_sentence(dim, allowed, model, cluster))
+    return notes
+
+
+def _limit_sentence(dim: str, allowed: Sequence[Any], model: ModelSpec,
+                    cluster: ClusterSpec) -> str:
+    values = ", ".join(str(v) for v in allowed)
+    head = f"{dim} is limited to {values}"
+    if dim == "tp":
+        return (f"{head}: tp must divide num_attention_heads={model.num_attention_heads}"
+                f" (and num_query_groups={model.query_groups}) and fit in a node of "
+                f"{cluster.gpus_per_node} GPUs")
+    if dim == "pp":
+        return f"{head}: pp must divide num_layers={model.num_layers} and the GPU count"
+    if dim == "cp":
+        return f"{head}: cp needs Transformer Engine attention and seq_length divisible by 2*cp"
+    if dim == "ep":
+        return (f"{head}: {model.name} has no experts" if not model.is_moe
+                else f"{head}: ep must divide num_experts={model.num_experts} and the GPUs")
+    return f"{head}: vpp must divide the layers per pipeline stage and needs pp >= 2"

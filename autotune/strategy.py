@@ -1,0 +1,342 @@
+"""A parallel layout (`Strategy`) and the rules Megatron applies to it.
+
+Each rule mirrors a check in megatron-core 0.16.1 or Megatron-LM; the source is named beside it.
+Rules carry a level: a rule of level k reads only the fields chosen at levels <= k, so the
+enumerator in `space` can reject a partial layout before it expands the deeper dimensions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from autotune.errors import InvalidStrategyError
+from autotune.hardware import ClusterSpec
+from autotune.model import ModelSpec
+
+__all__ = ["RULES", "Rule", "Strategy", "Violation", "check", "validate"]
+
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
+RECOMPUTE_METHODS: tuple[str, ...] = ("uniform", "block")
+IMPL_CHOICES: tuple[str, ...] = ("local", "te", "sdpa")
+"""Transformer implementations: megatron-core's local spec, Transformer Engine's spec, and
+autotune's local spec with PyTorch scaled_dot_product_attention as core attention."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Strategy:
+    """One Megatron parallel layout plus the batch and memory options that go with it."""
+
+    tp: int = 1
+    """Tensor parallel size (Megatron `--tensor-model-parallel-size`)."""
+    pp: int = 1
+    """Pipeline parallel size."""
+    dp: int = 1
+    """Data parallel size: world / (tp * pp * cp)."""
+    cp: int = 1
+    """Context parallel size: the sequence is split over cp GPUs."""
+    ep: int = 1
+    """Expert parallel size (MoE); experts are split over ep ranks of the data-parallel group."""
+    vpp: int = 1
+    """Virtual pipeline stages (model chunks) per pipeline rank; 1 means no interleaving."""
+    mbs: int = 1
+    """Micro-batch size in sequences."""
+    gbs: int = 1
+    """Global batch size in sequences."""
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    """Activation recomputation granularity: none, selective (core attention) or full."""
+    recompute_method: str = "uniform"
+    """With full recompute: uniform (every group of layers) or block (the first n layers)."""
+    recompute_num_layers: int = 1
+    distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    impl: str = "local"
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per step and pipeline: gbs / (mbs * dp)."""
+        return self.gbs // (self.mbs * self.dp)
+
+    @property
+    def expert_dp(self) -> int:
+        """Megatron's expert-data-parallel size, with expert TP = TP: world / (tp * ep * pp)."""
+        return self.world_size // (self.tp * self.ep * self.pp)
+
+    def describe(self) -> str:
+        """A compact label: `tp2 pp2 dp2 mbs4 sp rc=selective do`."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        parts += [f"{name}{value}" for name, value in
+                  (("cp", self.cp), ("ep", self.ep), ("vpp", self.vpp)) if value > 1]
+        parts.append(f"mbs{self.mbs}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.recompute != "none":
+            parts.append(f"rc={self.recompute}")
+        if self.distributed_optimizer:
+            parts.append("do")
+        parts.append(self.impl)
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """A broken rule: `rule` groups violations, `message` carries the numbers."""
+
+    rule: str
+    message: str
+
+
+Check = Callable[[Strategy, ModelSpec, ClusterSpec], str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A named check; `level` is the deepest enumeration level whose fields it reads."""
+
+    name: str
+    level: int
+    summary: str
+    check: Check
+
+
+# Levels: 0 = tp, pp, cp, dp; 1 = vpp; 2 = ep; 3 = sequence_parallel; 4 = mbs;
+# 5 = recompute, optimizer, overlap and implementation.
+
+
+def _world(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    inner = s.tp * s.pp * s.cp
+    if c.num_gpus % inner:
+        return f"tp={s.tp} x pp={s.pp} x cp={s.cp} = {inner} must divide the {c.num_gpus} GPUs"
+    if s.world_size != c.num_gpus:
+        return (f"tp={s.tp} x pp={s.pp} x cp={s.cp} x dp={s.dp} = {s.world_size} "
+                f"must equal the {c.num_gpus} GPUs")
+    return None
+
+
+def _tp_node(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # Alpa's heuristic and the PTD-P paper: tensor parallelism only inside a node (NVLink).
+    if s.tp > c.gpus_per_node:
+        return f"tp={s.tp} must not exceed gpus_per_node={c.gpus_per_node}"
+    return None
+
+
+def _tp_heads(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__.
+    if m.num_attention_heads % s.tp:
+        return f"tp={s.tp} must divide num_attention_heads={m.num_attention_heads}"
+    return None
+
+
+def _tp_groups(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # TransformerConfig.__post_init__: groups a multiple or a divisor of tp (KV heads replicate).
+    g = m.query_groups
+    if g % s.tp and s.tp % g:
+        return f"num_query_groups={g} must be a multiple or a divisor of tp={s.tp}"
+    return None
+
+
+def _pp_layers(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # megatron/core/transformer/transformer_block.py, get_num_layers_to_build.
+    if m.num_layers % s.pp:
+        return f"pp={s.pp} must divide num_layers={m.num_layers}"
+    return None
+
+
+def _cp_seq(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # Megatron-LM arguments.py: the sequence splits into 2*cp chunks for load balance.
+    if s.cp > 1 and m.seq_length % (2 * s.cp):
+        return f"seq_length={m.seq_length} must be divisible by 2*cp={2 * s.cp}"
+    return None
+
+
+def _vpp_pp(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # Megatron-LM arguments.py: the interleaved schedule needs pipeline parallelism.
+    if s.vpp > 1 and s.pp < 2:
+        return f"vpp={s.vpp} needs pp >= 2, got pp={s.pp}"
+    return None
+
+
+def _vpp_layers(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # get_num_layers_to_build: layers per pipeline rank divisible by the virtual stages.
+    if s.vpp > 1 and (m.num_layers // s.pp) % s.vpp:
+        return (f"vpp={s.vpp} must divide the {m.num_layers // s.pp} layers per pipeline "
+                f"stage (num_layers={m.num_layers}, pp={s.pp})")
+    return None
+
+
+def _ep_dense(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # TransformerConfig.__post_init__: "num_moe_experts must be non None to use expert-parallel".
+    if s.ep > 1 and not m.is_moe:
+        return f"ep={s.ep} needs a mixture-of-experts model; {m.name} has no experts"
+    return None
+
+
+def _ep_experts(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # megatron/core/transformer/moe/moe_layer.py: experts split evenly over the ep ranks.
+    if m.is_moe and m.num_experts is not None and m.num_experts % s.ep:
+        return f"ep={s.ep} must divide num_experts={m.num_experts}"
+    return None
+
+
+def _ep_world(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # megatron/core/parallel_state.py: the expert grid is etp x ep x edp x pp with etp = tp.
+    if s.ep > 1 and c.num_gpus % (s.tp * s.ep * s.pp):
+        return (f"tp={s.tp} x ep={s.ep} x pp={s.pp} = {s.tp * s.ep * s.pp} must divide the "
+                f"{c.num_gpus} GPUs (expert-data-parallel group)")
+    return None
+
+
+def _sp_tp(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # megatron/core/model_parallel_config.py: no sequence parallelism without TP.
+    if s.sequence_parallel and s.tp < 2:
+        return "sequence_parallel needs tp >= 2, got tp=1"
+    return None
+
+
+def _sp_seq(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # Sequence parallelism scatters each cp chunk of the sequence over the tp ranks.
+    if s.sequence_parallel and (m.seq_length // s.cp) % s.tp:
+        return (f"tp={s.tp} must divide the sequence chunk seq_length/cp="
+                f"{m.seq_length // s.cp} with sequence_parallel")
+    return None
+
+
+def _moe_sp(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # Megatron-LM arguments.py: "When using MoE and tensor parallelism, sequence parallelism
+    # must be used."
+    if m.is_moe and s.tp > 1 and not s.sequence_parallel:
+        return f"a mixture-of-experts model with tp={s.tp} needs sequence_parallel"
+    return None
+
+
+def _gbs_batch(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # megatron/core/num_microbatches_calculator.py, ConstantNumMicroBatchesCalculator.
+    if s.gbs % (s.mbs * s.dp):
+        return f"mbs={s.mbs} x dp={s.dp} = {s.mbs * s.dp} must divide global_batch_size={s.gbs}"
+    return None
+
+
+def _vpp_microbatches(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # megatron/core/pipeline_parallel/schedules.py, interleaved 1F1B: with the default group of
+    # pp contiguous micro-batches, the micro-batch count must be a multiple of pp.
+    if s.vpp > 1 and s.num_microbatches % s.pp:
+        return (f"the interleaved schedule needs num_microbatches={s.num_microbatches} "
+                f"(gbs/(mbs*dp)) to be a multiple of pp={s.pp}")
+    return None
+
+
+def _recompute_kind(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    if s.recompute not in RECOMPUTE_CHOICES:
+        return f"recompute={s.recompute!r} must be one of {', '.join(RECOMPUTE_CHOICES)}"
+    if s.recompute == "full" and s.recompute_method not in RECOMPUTE_METHODS:
+        return f"recompute_method={s.recompute_method!r} must be uniform or block"
+    return None
+
+
+def _recompute_layers(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # TransformerConfig.__post_init__: between 1 and the layers of one pipeline rank.
+    per_chunk = m.num_layers // s.pp // s.vpp
+    if s.recompute == "full" and not 1 <= s.recompute_num_layers <= per_chunk:
+        return (f"recompute_num_layers={s.recompute_num_layers} must be between 1 and the "
+                f"{per_chunk} layers of a pipeline chunk")
+    return None
+
+
+def _opg_do(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # Megatron-LM arguments.py: "--overlap-param-gather only supported with distributed
+    # optimizer" and it requires --overlap-grad-reduce.
+    if s.overlap_param_gather and not s.distributed_optimizer:
+        return "overlap_param_gather needs distributed_optimizer"
+    if s.overlap_param_gather and not s.overlap_grad_reduce:
+        return "overlap_param_gather needs overlap_grad_reduce"
+    return None
+
+
+def _impl_known(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    if s.impl not in IMPL_CHOICES:
+        return f"impl={s.impl!r} must be one of {', '.join(IMPL_CHOICES)}"
+    return None
+
+
+def _cp_impl(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # megatron/core/transformer/dot_product_attention.py: the local core attention asserts
+    # context_parallel_size == 1; only TEDotProductAttention implements context parallelism.
+    if s.cp > 1 and s.impl != "te":
+        return f"cp={s.cp} needs impl=te (Transformer Engine attention), got impl={s.impl}"
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("world", 0, "dp x tp x pp x cp must equal the GPU count", _world),
+    Rule("tp_node", 0, "tp must fit in one node (Alpa)", _tp_node),
+    Rule("tp_heads", 0, "tp must divide num_attention_heads", _tp_heads),
+    Rule("tp_groups", 0, "num_query_groups must be a multiple or divisor of tp", _tp_groups),
+    Rule("pp_layers", 0, "pp must divide num_layers", _pp_layers),
+    Rule("cp_seq", 0, "seq_length must be divisible by 2*cp", _cp_seq),
+    Rule("vpp_pp", 1, "vpp needs pp >= 2", _vpp_pp),
+    Rule("vpp_layers", 1, "vpp must divide the layers per pipeline stage", _vpp_layers),
+    Rule("ep_dense", 2, "ep > 1 needs a mixture-of-experts model", _ep_dense),
+    Rule("ep_experts", 2, "ep must divide num_experts", _ep_experts),
+    Rule("ep_world", 2, "tp x ep x pp must divide the GPU count", _ep_world),
+    Rule("sp_tp", 3, "sequence_parallel needs tp >= 2", _sp_tp),
+    Rule("sp_seq", 3, "tp must divide the sequence chunk with sequence_parallel", _sp_seq),
+    Rule("moe_sp", 3, "MoE with tp > 1 needs sequence_parallel", _moe_sp),
+    Rule("gbs_batch", 4, "mbs x dp must divide the global batch", _gbs_batch),
+    Rule("vpp_microbatches", 4, "interleaving needs micro-batches in multiples of pp",
+         _vpp_microbatches),
+    Rule("recompute_kind", 5, "recompute must be none, selective or full", _recompute_kind),
+    Rule("recompute_layers", 5, "recompute_num_layers must fit a pipeline chunk",
+         _recompute_layers),
+    Rule("opg_do", 5, "overlap_param_gather needs the distributed optimizer", _opg_do),
+    Rule("impl_known", 5, "impl must be local, te or sdpa", _impl_known),
+    Rule("cp_impl", 5, "context parallelism needs Transformer Engine attention", _cp_impl),
+)
+
+
+def iter_violations(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec,
+                    max_level: int = 5) -> Iterator[Violation]:
+    """Broken rules up to `max_level`, in Megatron's order."""
+    sizes = {k: getattr(strategy, k) for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "gbs")}
+    if min(sizes.values()) < 1:
+        listed = ", ".join(f"{k}={v}" for k, v in sizes.items())
+        yield Violation("positive", f"every size must be >= 1: {listed}")
+        return
+    for rule in RULES:
+        if rule.level > max_level:
+            break
+        message = rule.check(strategy, model, cluster)
+        if message is not None:
+            yield Violation(rule.name, message)
+
+
+def check(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> list[Violation]:
+    """Every rule the strategy breaks; empty when Megatron would accept it."""
+    return list(iter_violations(strategy, model, cluster))
+
+
+def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> Strategy:
+    """The strategy itself, or InvalidStrategyError naming the first broken rule."""
+    for violation in iter_violations(strategy, model, cluster):
+        raise InvalidStrategyError(violation.message)
+    return strategy
+
+
+def derive_dp(cluster: ClusterSpec, *, tp: int, pp: int, cp: int) -> int | None:
+    """dp = world / (tp * pp * cp), or None when the GPUs do not split evenly."""
+    inner = tp * pp * cp
+    if inner <= 0 or cluster.num_gpus % inner:
+        return None
+    return cluster.num_gpus // inner
+
+
+def with_fields(strategy: Strategy, **values: object) -> Strategy:
+    """A copy with some fields changed (dataclasses.replace, typed loosely for the enumerator)."""
+    return replace(strategy, **values)  # type: ignore[arg-type]

@@ -1,0 +1,115 @@
+"""What passes between the search, the runner and the worker: a trial's spec and its metrics.
+
+Both travel as JSON files (trial.json in, result.json out) so the worker process, the only one
+that imports torch, shares nothing with the orchestrator but these shapes.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError
+from autotune.model import ModelSpec
+from autotune.strategy import Strategy
+
+__all__ = ["RankResult", "TrialMetrics", "TrialSpec", "TrialStatus"]
+
+
+class TrialStatus(enum.StrEnum):
+    """How a trial ended. Expected outcomes (OOM, timeout) are data, not exceptions."""
+
+    OK = "OK"
+    OOM = "OOM"
+    TIMEOUT = "TIMEOUT"
+    CRASH = "CRASH"
+    NCCL_ERROR = "NCCL_ERROR"
+    PREDICTED_OOM = "PREDICTED_OOM"
+    INVALID = "INVALID"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrialSpec:
+    """Everything a worker needs to run one trial."""
+
+    model: ModelSpec
+    strategy: Strategy
+    train_steps: int = 10
+    """Timed training steps after warm-up."""
+    warmup_steps: int = 3
+    seed: int = 1234
+    gpu_peak_bf16_flops: float = 989e12
+    """Peak of the GPU the trial runs on, for MFU."""
+
+    def to_json(self) -> str:
+        return json.dumps({"model": asdict(self.model), "strategy": asdict(self.strategy),
+                           "train_steps": self.train_steps, "warmup_steps": self.warmup_steps,
+                           "seed": self.seed, "gpu_peak_bf16_flops": self.gpu_peak_bf16_flops},
+                          indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrialSpec:
+        data = json.loads(text)
+        try:
+            return cls(model=ModelSpec(**data["model"]), strategy=Strategy(**data["strategy"]),
+                       train_steps=int(data["train_steps"]),
+                       warmup_steps=int(data["warmup_steps"]), seed=int(data["seed"]),
+                       gpu_peak_bf16_flops=float(data["gpu_peak_bf16_flops"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"malformed trial spec: {exc}") from exc
+
+    def write(self, path: Path) -> None:
+        path.write_text(self.to_json())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankResult:
+    """One rank's measurements."""
+
+    rank: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    device_used_bytes: int | None = None
+    """Device memory in use as NVML reports it (includes the CUDA context and NCCL)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrialMetrics:
+    """The outcome of a trial, measured or predicted."""
+
+    status: TrialStatus
+    step_time_s: float | None = None
+    """Median step time over the timed steps."""
+    step_time_p90_s: float | None = None
+    tokens_per_s: float | None = None
+    """Whole-job throughput: gbs * seq_length / step time."""
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    peak_allocated_bytes: int | None = None
+    """Largest peak allocated over ranks."""
+    peak_reserved_bytes: int | None = None
+    device_used_bytes: int | None = None
+    loss_finite: bool | None = None
+    ranks: tuple[RankResult, ...] = field(default_factory=tuple)
+    error: str | None = None
+    """Last lines of the log or the exception, for failed trials."""
+    wall_time_s: float | None = None
+    """Seconds from launch to exit, launch overhead included."""
+    predicted: bool = False
+    """True when the figures come from the analytical models, not a run."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialMetrics:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["status"] = TrialStatus(values["status"])
+        values["ranks"] = tuple(RankResult(**r) for r in values.get("ranks", ()))
+        return cls(**values)
