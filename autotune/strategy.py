@@ -15,7 +15,7 @@ from autotune.errors import InvalidStrategyError
 from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec
 
-__all__ = ["RULES", "Rule", "Strategy", "Violation", "check", "validate"]
+__all__ = ["RULES", "RULE_LEVELS", "Rule", "Strategy", "Violation", "check", "validate"]
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
@@ -299,6 +299,8 @@ RULES: tuple[Rule, ...] = (
     Rule("impl_known", 5, "impl must be local, te or sdpa", _impl_known),
     Rule("cp_impl", 5, "context parallelism needs Transformer Engine attention", _cp_impl),
 )
+
+RULE_LEVELS: dict[str, int] = {rule.name: rule.level for rule in RULES}
 
 
 def iter_violations(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec,

@@ -1,0 +1,49 @@
+# Two entry points for a fresh machine: `make run` (the main job) and `make test` (the tests).
+# Each creates .venv/ and installs what it needs into it; nothing is installed system-wide.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# The CPU tests cross-check autotune's rules against megatron-core itself.
+TORCH_SPEC ?= torch==2.13.0
+MCORE_SPEC ?= megatron-core==0.16.1
+MODEL ?= gpt2-xl
+GPUS ?= 8
+ARGS ?=
+
+.PHONY: run test lint typecheck venv clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.base: pyproject.toml | $(VENV)/bin/python
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.test: pyproject.toml | $(VENV)/bin/python
+	$(PIP) "$(TORCH_SPEC)" "$(MCORE_SPEC)"
+	$(PIP) -e ".[dev]"
+	touch $@
+
+venv: $(VENV)/.base
+
+# The main job: search the fastest layout of $(MODEL) on $(GPUS) GPUs. On a machine with
+# NVIDIA GPUs the worker's dependencies (torch, megatron-core) are installed too; without GPUs
+# autotune says so and plans with its analytical models.
+run: $(VENV)/.base
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(PIP) -e ".[megatron]"; fi
+	$(VENV)/bin/autotune $(MODEL) --gpus $(GPUS) $(ARGS)
+
+test: $(VENV)/.test
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.test
+	$(VENV)/bin/ruff check autotune tests
+
+typecheck: $(VENV)/.test
+	$(VENV)/bin/mypy autotune
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

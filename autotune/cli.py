@@ -1,0 +1,202 @@
+"""The `autotune` command line: thin commands over the library.
+
+`autotune MODEL --gpus N` is the search; the other commands are named. Errors become one line on
+stderr and an exit code here, at the edge, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from autotune.errors import AutotuneError, ConfigError
+from autotune.hardware import ClusterSpec
+from autotune.model import ModelSpec, list_presets, load_model
+from autotune.space import describe_limits, enumerate_space, load_space
+from autotune.strategy import RULE_LEVELS
+
+__all__ = ["app", "main"]
+
+log = logging.getLogger(__name__)
+_COMMANDS = ("models", "search", "estimate", "report", "export")
+
+
+class _SearchByDefault(typer.core.TyperGroup):
+    """Routes `autotune MODEL ...` to the search command: the first word names no command."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            args = ["search", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(
+    cls=_SearchByDefault,
+    help="Find the fastest Megatron parallel layout for a model on a given set of GPUs.\n\n"
+    "Run `autotune MODEL --gpus N` to search, `autotune models` for the presets.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _human(count: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if count >= size:
+            return f"{count / size:.1f}{unit}"
+    return f"{count:,.0f}"
+
+
+@app.command()
+def models() -> None:
+    """List the model presets with their sizes."""
+    from autotune.params import count_parameters
+
+    print(f"{'name':<14} {'params':>8} {'layers':>6} {'hidden':>6} {'heads':>5} {'groups':>6} "
+          f"{'seq':>5} {'gbs':>5}  notes")
+    for name in list_presets():
+        m = load_model(name)
+        notes = []
+        if m.is_moe:
+            notes.append(f"MoE {m.num_experts}x top-{m.moe_topk}")
+        if m.gated_linear_unit:
+            notes.append("SwiGLU")
+        notes.append("RoPE" if m.position_embedding == "rope" else "learned positions")
+        print(f"{m.name:<14} {_human(count_parameters(m)):>8} {m.num_layers:>6} "
+              f"{m.hidden_size:>6} {m.num_attention_heads:>5} {m.query_groups:>6} "
+              f"{m.seq_length:>5} {m.global_batch_size:>5}  {', '.join(notes)}")
+
+
+def _load_inputs(model_name: str, gpus: int, gpus_per_node: int | None, seq_len: int | None,
+                 global_batch_size: int | None, gpu: str | None) -> tuple[ModelSpec, ClusterSpec]:
+    if gpus <= 0:
+        raise ConfigError(f"--gpus must be a positive integer, got {gpus}")
+    for flag, value in (("--gpus-per-node", gpus_per_node), ("--seq-len", seq_len),
+                        ("--global-batch-size", global_batch_size)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    model = load_model(model_name).with_overrides(seq_length=seq_len,
+                                                  global_batch_size=global_batch_size)
+    return model, ClusterSpec.make(gpus, gpus_per_node, gpu)
+
+
+Gpus = Annotated[int, typer.Option("--gpus", help="Number of GPUs the job uses.")]
+GpusPerNode = Annotated[int | None, typer.Option(
+    "--gpus-per-node", help="GPUs that share NVLink in one node (default: min(8, --gpus)).")]
+SeqLen = Annotated[int | None, typer.Option("--seq-len", help="Override the preset's sequence "
+                                                               "length.")]
+GlobalBatch = Annotated[int | None, typer.Option(
+    "--global-batch-size", help="Override the preset's global batch size (sequences).")]
+Gpu = Annotated[str | None, typer.Option(
+    "--gpu", help="GPU type: h100-80gb, h200, a100-80gb, a100-40gb (default: detected, "
+                  "else h100-80gb).")]
+
+
+@app.command()
+def search(
+    model: Annotated[str, typer.Argument(help="A preset name (see `autotune models`) or a "
+                                              "model YAML file.")],
+    gpus: Gpus,
+    gpus_per_node: GpusPerNode = None,
+    seq_len: SeqLen = None,
+    global_batch_size: GlobalBatch = None,
+    space: Annotated[str | None, typer.Option(
+        "--space", help="Search space YAML (default: search_spaces/default.yaml).")] = None,
+    gpu: Gpu = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Only explain the search space: its size, the valid layouts and "
+                          "why the others are rejected.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Search for the fastest layout of MODEL on --gpus GPUs."""
+    spec, cluster = _load_inputs(model, gpus, gpus_per_node, seq_len, global_batch_size, gpu)
+    space_spec = load_space(space)
+    summary = enumerate_space(space_spec, spec, cluster)
+    if not summary.valid:
+        # The rules of the deepest level reached are the ones that bind: a layout rejected
+        # there passed every rule before it.
+        deepest = sorted(summary.rejected.items(), key=lambda kv: (-RULE_LEVELS[kv[0]],
+                                                                   -kv[1].count))
+        reasons = deepest[0][1].examples[0]
+        raise ConfigError(f"no layout of {spec.name} can use {cluster.num_gpus} GPUs with this "
+                          f"search space ({reasons})")
+    if dry_run:
+        _print_dry_run(spec, cluster, space_spec, summary, as_json)
+        return
+    raise AutotuneError("the search backends are not available yet: only --dry-run works in "
+                        "this version")
+
+
+def _print_dry_run(model: ModelSpec, cluster: ClusterSpec, space: Any, summary: Any,
+                   as_json: bool) -> None:
+    groups = sorted(summary.rejected.items(), key=lambda item: -item[1].count)
+    limits = describe_limits(summary, space, model, cluster)
+    if as_json:
+        print(json.dumps({
+            "model": model.name, "gpus": cluster.num_gpus,
+            "gpus_per_node": cluster.gpus_per_node, "space": space.source,
+            "combinations": summary.total, "valid": len(summary.valid),
+            "rejected": {rule: {"count": g.count, "examples": g.examples}
+                         for rule, g in groups},
+            "valid_values": {dim: summary.valid_values(dim) for dim in space.candidates},
+            "limits": limits,
+        }, indent=2))
+        return
+    print(f"{model.name} on {cluster.num_gpus} GPUs ({cluster.gpus_per_node} per node), "
+          f"seq {model.seq_length}, global batch {model.global_batch_size}")
+    print(f"search space {space.source}: {len(space.candidates)} dimensions, "
+          f"{summary.total:,} combinations")
+    print(f"valid strategies: {len(summary.valid):,}")
+    print("rejected, by Megatron's rule (first broken rule counts):")
+    width = max(len(rule) for rule, _ in groups) if groups else 0
+    for rule, group in groups:
+        print(f"  {rule:<{width}}  {group.count:>10,}  e.g. {group.examples[0]}")
+    print("valid candidates per dimension:")
+    for dim in space.candidates:
+        values = ", ".join(str(v).lower() if isinstance(v, bool) else str(v)
+                           for v in summary.valid_values(dim))
+        print(f"  {dim:<22} {values}")
+    for sentence in limits:
+        print(f"note: {sentence}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script: runs the app, maps errors to exit codes."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    if debug:
+        args.remove("--debug")
+    try:
+        app(args=args, prog_name="autotune", standalone_mode=False)
+    except (typer.Exit, typer.Abort) as exc:
+        if isinstance(exc, typer.Abort):
+            print("autotune: interrupted", file=sys.stderr)
+            return 130
+        return int(exc.exit_code or 0)
+    except AutotuneError as exc:
+        if debug:
+            raise
+        print(f"autotune: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("autotune: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        # Usage errors (bad or missing options) are click exceptions; Typer vendors click in
+        # recent releases, so they are recognised by shape rather than by class.
+        if debug or not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
+            raise
+        message = " ".join(exc.format_message().split())
+        print(f"autotune: error: {message}", file=sys.stderr)
+        return int(exc.exit_code or 1)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import ConfigError
+from autotune.model import load_model
+from autotune.space import SearchSpace, enumerate_space, load_space, space_from_mapping
+from autotune.strategy import Strategy, check
+from tests.conftest import cluster
+
+SMALL = {"tp": [1, 2, 4], "pp": [1, 2, 4], "vpp": [1, 2], "mbs": [1, 4, 16],
+         "sequence_parallel": [False, True], "distributed_optimizer": [False, True],
+         "overlap_grad_reduce": [True], "overlap_param_gather": [False, True],
+         "impl": ["local", "te"], "cp": [1, 2]}
+
+
+def _brute_force(space: SearchSpace, model_name: str, gpus: int) -> set[Strategy]:
+    model, c = load_model(model_name), cluster(gpus)
+    names = list(space.candidates)
+    valid = set()
+    for values in itertools.product(*(space.candidates[n] for n in names)):
+        fields = dict(zip(names, values, strict=True))
+        inner = fields.get("tp", 1) * fields.get("pp", 1) * fields.get("cp", 1)
+        s = Strategy(gbs=model.global_batch_size, dp=max(1, gpus // inner), **fields)
+        if not check(s, model, c):
+            valid.add(s)
+    return valid
+
+
+@pytest.mark.parametrize(("model", "gpus"), [("gpt2-xl", 8), ("gpt2-large", 4),
+                                             ("llama3-8b", 8), ("gpt2", 6)])
+def test_enumeration_matches_brute_force(model: str, gpus: int) -> None:
+    space = space_from_mapping(SMALL, "small")
+    summary = enumerate_space(space, load_model(model), cluster(gpus))
+    assert set(summary.valid) == _brute_force(space, model, gpus)
+    assert len(set(summary.valid)) == len(summary.valid)
+    assert summary.total == len(summary.valid) + sum(g.count for g in summary.rejected.values())
+
+
+def test_gpt2_xl_on_8_gpus_limits_tp_to_1() -> None:
+    summary = enumerate_space(load_space(), load_model("gpt2-xl"), cluster(8))
+    assert summary.valid_values("tp") == [1]
+    assert summary.rejected["tp_heads"].count > 0
+    assert "tp=2 must divide num_attention_heads=25" in summary.rejected["tp_heads"].examples
+
+
+def test_default_space_loads_every_dimension() -> None:
+    space = load_space()
+    assert space.candidates["recompute"] == ("none", "selective", "full")
+    assert space.candidates["impl"] == ("local", "sdpa", "te")
+    assert 1 in space.candidates["tp"] and 8 in space.candidates["tp"]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("tp: [1, 2\n", "malformed YAML"),
+    ("[1, 2]\n", "expected a mapping"),
+    ("tp: [1]\nwarp: [2]\n", "unknown dimension"),
+    ("tp: [0, 1]\n", "positive integers"),
+    ("tp: [1, 1]\n", "lists a candidate twice"),
+    ("sequence_parallel: [yes-please]\n", "true or false"),
+    ("tp: []\n", "at least one candidate"),
+    ("impl: [1]\n", "must be strings"),
+])
+def test_bad_space_files(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_space(str(path))
+
+
+def test_missing_dimensions_keep_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "space.yaml"
+    path.write_text("mbs: [1, 2]\n")
+    summary = enumerate_space(load_space(str(path)), load_model("gpt2"), cluster(4))
+    assert sorted(s.mbs for s in summary.valid) == [1, 2]
+    assert all(s.tp == 1 and s.dp == 4 for s in summary.valid)

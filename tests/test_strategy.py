@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import pytest
+
+from autotune.errors import InvalidStrategyError
+from autotune.model import load_model
+from autotune.strategy import Strategy, check, validate
+from tests.conftest import cluster
+
+# model, gpus, strategy fields, broken rule (None = valid), a fragment of the message
+CASES = [
+    ("gpt2-xl", 8, dict(dp=8, mbs=4, gbs=64), None, ""),
+    ("gpt2-xl", 8, dict(tp=2, dp=4, gbs=64), "tp_heads",
+     "tp=2 must divide num_attention_heads=25"),
+    ("gpt2-xl", 8, dict(dp=4, gbs=64), "world", "= 4 must equal the 8 GPUs"),
+    ("gpt2-xl", 6, dict(pp=4, dp=1, gbs=64), "world", "= 4 must divide the 6 GPUs"),
+    ("gpt2-large", 16, dict(tp=4, dp=4, gbs=64), None, ""),
+    ("gpt2-large", 16, dict(tp=16, dp=1, gbs=64), "tp_node",
+     "tp=16 must not exceed gpus_per_node=8"),
+    ("llama3-70b", 16, dict(tp=16, dp=1, gbs=64), "tp_node", "gpus_per_node=8"),
+    ("llama3-8b", 8, dict(tp=8, dp=1, gbs=64), None, ""),
+    ("gpt2-large", 8, dict(pp=8, dp=1, gbs=64), "pp_layers", "pp=8 must divide num_layers=36"),
+    ("gpt2-large", 8, dict(pp=4, vpp=2, dp=2, mbs=1, gbs=64), "vpp_layers",
+     "vpp=2 must divide the 9 layers per pipeline stage"),
+    ("gpt2-large", 4, dict(vpp=2, dp=4, gbs=64), "vpp_pp", "vpp=2 needs pp >= 2"),
+    ("gpt2-xl", 4, dict(pp=2, vpp=2, dp=2, mbs=16, gbs=64), None, ""),
+    ("gpt2-xl", 4, dict(pp=4, vpp=2, dp=1, mbs=32, gbs=64), "vpp_microbatches",
+     "num_microbatches=2 (gbs/(mbs*dp)) to be a multiple of pp=4"),
+    ("gpt2-xl", 8, dict(dp=8, mbs=16, gbs=64), "gbs_batch",
+     "mbs=16 x dp=8 = 128 must divide global_batch_size=64"),
+    ("gpt2-large", 2, dict(dp=2, sequence_parallel=True, gbs=64), "sp_tp",
+     "sequence_parallel needs tp >= 2"),
+    ("gpt2-large", 2, dict(cp=2, dp=1, gbs=64, impl="local"), "cp_impl", "cp=2 needs impl=te"),
+    ("gpt2-large", 2, dict(cp=2, dp=1, gbs=64, impl="te"), None, ""),
+    ("gpt2-xl", 2, dict(dp=2, ep=2, gbs=64), "ep_dense", "gpt2-xl has no experts"),
+    ("mixtral-8x7b", 8, dict(dp=8, ep=8, gbs=64), None, ""),
+    ("mixtral-8x7b", 8, dict(dp=8, ep=16, gbs=64), "ep_experts", "ep=16 must divide"),
+    ("mixtral-8x7b", 16, dict(tp=2, dp=8, ep=8, sequence_parallel=True, gbs=64), None, ""),
+    ("mixtral-8x7b", 16, dict(tp=2, dp=8, ep=8, gbs=64), "moe_sp", "needs sequence_parallel"),
+    ("mixtral-8x7b", 24, dict(tp=2, pp=2, dp=6, ep=4, sequence_parallel=True, gbs=48),
+     "ep_world", "tp=2 x ep=4 x pp=2 = 16 must divide the 24 GPUs"),
+    ("gpt2-xl", 8, dict(dp=8, gbs=64, overlap_param_gather=True, overlap_grad_reduce=True),
+     "opg_do", "overlap_param_gather needs distributed_optimizer"),
+    ("gpt2-xl", 8, dict(dp=8, gbs=64, recompute="full", recompute_num_layers=49),
+     "recompute_layers", "recompute_num_layers=49 must be between 1 and the 48 layers"),
+    ("gpt2-xl", 8, dict(dp=8, gbs=64, recompute="sometimes"), "recompute_kind", "recompute="),
+    ("gpt2-xl", 8, dict(dp=8, gbs=64, impl="jax"), "impl_known", "impl='jax'"),
+    ("gpt2-xl", 8, dict(dp=8, gbs=64, mbs=0), "positive", "every size must be >= 1"),
+]
+
+
+@pytest.mark.parametrize(("model", "gpus", "fields", "rule", "fragment"), CASES)
+def test_rules(model: str, gpus: int, fields: dict[str, object], rule: str | None,
+               fragment: str) -> None:
+    violations = check(Strategy(**fields), load_model(model), cluster(gpus))  # type: ignore[arg-type]
+    if rule is None:
+        assert violations == []
+    else:
+        assert violations, f"expected {rule}"
+        assert violations[0].rule == rule
+        assert fragment in violations[0].message
+
+
+def test_validate_raises_with_the_numbers() -> None:
+    with pytest.raises(InvalidStrategyError, match="tp=2 must divide num_attention_heads=25"):
+        validate(Strategy(tp=2, dp=4, gbs=64), load_model("gpt2-xl"), cluster(8))
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    (dict(dp=4, mbs=2, gbs=64), 8),
+    (dict(dp=1, mbs=1, gbs=64), 64),
+    (dict(dp=8, mbs=8, gbs=64), 1),
+])
+def test_num_microbatches(fields: dict[str, int], expected: int) -> None:
+    assert Strategy(**fields).num_microbatches == expected  # type: ignore[arg-type]
+
+
+def test_describe_names_every_non_default() -> None:
+    s = Strategy(tp=2, pp=2, dp=2, vpp=2, mbs=4, gbs=64, sequence_parallel=True,
+                 recompute="selective", distributed_optimizer=True, impl="sdpa")
+    assert s.describe() == "tp2 pp2 dp2 vpp2 mbs4 sp rc=selective do sdpa"
