@@ -1,0 +1,173 @@
+"""Fit the analytical models' constants to measured trials, and keep them as JSON.
+
+`fit_cost_params` minimizes the mean squared error of log step time (a relative error, so a 50 ms
+and a 30 s trial weigh alike) over a few `CostParams` fields; `fit_memory_params` does the same for
+peak device memory and the `MemoryParams` overheads. A small ridge term pulls each constant
+towards its default, so a field that the samples say nothing about (TE constants fitted on local
+runs only) stays put and the problem stays well posed with fewer samples than constants.
+The optimizer is a deterministic Nelder-Mead (Nelder & Mead 1965, with the standard
+reflection / expansion / contraction / shrink coefficients 1, 2, 1/2, 1/2) in log-parameter
+space; scipy is not a dependency.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+from typing import Any
+
+from autotune.cost import CostParams, estimate_cost
+from autotune.errors import ConfigError
+from autotune.hardware import ClusterSpec
+from autotune.memory import MemoryParams, estimate_memory
+from autotune.model import ModelSpec
+from autotune.strategy import Strategy
+
+__all__ = [
+    "COST_FIT_FIELDS",
+    "MEMORY_FIT_FIELDS",
+    "Sample",
+    "fit_cost_params",
+    "fit_memory_params",
+    "load_params",
+    "nelder_mead",
+    "save_params",
+]
+
+Sample = tuple[ModelSpec, Strategy, ClusterSpec, float]
+"""(model, strategy, cluster, measured value): step time in seconds or peak bytes."""
+
+COST_FIT_FIELDS: tuple[str, ...] = ("gemm_efficiency_max", "elementwise_bytes_local",
+                                    "elementwise_bytes_te", "step_overhead_s")
+MEMORY_FIT_FIELDS: tuple[str, ...] = ("cuda_context_bytes", "nccl_bytes_per_group",
+                                      "fragmentation")
+_UPPER: dict[str, float] = {"gemm_efficiency_max": 1.0, "flash_attention_efficiency": 1.0,
+                            "hbm_efficiency": 1.0, "comm_efficiency": 1.0}
+_RIDGE = 1e-6
+_FLOOR = 1e-12  # fitted constants are positive; zero defaults start from this floor
+
+
+def nelder_mead(f: Callable[[list[float]], float], x0: Sequence[float], *, step: float = 0.1,
+                max_iter: int = 2000, tol: float = 1e-10) -> list[float]:
+    """Minimize f from x0 with Nelder-Mead; deterministic (axis-aligned initial simplex)."""
+    n = len(x0)
+    simplex = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)]
+                            for i in range(n)]
+    values = [f(p) for p in simplex]
+    for _ in range(max_iter):
+        order = sorted(range(n + 1), key=values.__getitem__)
+        simplex = [simplex[i] for i in order]
+        values = [values[i] for i in order]
+        spread = max(abs(a - b) for p in simplex[1:] for a, b in zip(p, simplex[0],
+                                                                       strict=True))
+        if values[-1] - values[0] <= tol and spread <= 1e-6:
+            break
+        centroid = [sum(p[j] for p in simplex[:-1]) / n for j in range(n)]
+        worst = simplex[-1]
+
+        def toward(c: float, w: list[float] = worst, ce: list[float] = centroid) -> list[float]:
+            return [cj + c * (cj - wj) for cj, wj in zip(ce, w, strict=True)]
+
+        reflected = toward(1.0)
+        fr = f(reflected)
+        if fr < values[0]:
+            expanded = toward(2.0)
+            fe = f(expanded)
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = toward(0.5) if fr < values[-1] else toward(-0.5)
+            fc = f(contracted)
+            if fc < min(fr, values[-1]):
+                simplex[-1], values[-1] = contracted, fc
+            else:  # shrink towards the best point
+                best = simplex[0]
+                simplex = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, p, strict=True)]
+                                    for p in simplex[1:]]
+                values = [values[0]] + [f(p) for p in simplex[1:]]
+    return simplex[min(range(n + 1), key=values.__getitem__)]
+
+
+def _fit(default: Any, names: Sequence[str], samples: Sequence[Sample],
+         predict: Callable[[Any, ModelSpec, Strategy, ClusterSpec], float]) -> Any:
+    if not samples:
+        raise ConfigError("calibration needs at least one measured sample")
+    for *_, measured in samples:
+        if not measured > 0:
+            raise ConfigError(f"measured values must be positive, got {measured!r}")
+    known = {f.name for f in fields(default)}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"unknown {type(default).__name__} field(s): {', '.join(unknown)}")
+    log0 = [math.log(max(float(getattr(default, n)), _FLOOR)) for n in names]
+    log_measured = [math.log(m) for *_, m in samples]
+
+    def make(x: list[float]) -> Any:
+        values = {n: min(math.exp(v), _UPPER.get(n, math.inf)) for n, v in zip(names, x,
+                                                                            strict=True)}
+        return replace(default, **values)
+
+    def loss(x: list[float]) -> float:
+        params = make(x)
+        err = 0.0
+        for (model, strategy, cluster, _), lm in zip(samples, log_measured, strict=True):
+            err += (math.log(predict(params, model, strategy, cluster)) - lm) ** 2
+        ridge = sum((a - b) ** 2 for a, b in zip(x, log0, strict=True))
+        return err / len(samples) + _RIDGE * ridge
+
+    return make(nelder_mead(loss, log0))
+
+
+def fit_cost_params(samples: Sequence[Sample], *, names: Sequence[str] = COST_FIT_FIELDS,
+                    start: CostParams | None = None) -> CostParams:
+    """CostParams whose predicted step times best match the measured ones (seconds)."""
+    def predict(p: CostParams, m: ModelSpec, s: Strategy, c: ClusterSpec) -> float:
+        return estimate_cost(m, s, c, p).step_time_s
+
+    result: CostParams = _fit(start or CostParams(), names, samples, predict)
+    return result
+
+
+def fit_memory_params(samples: Sequence[Sample], *, names: Sequence[str] = MEMORY_FIT_FIELDS,
+                      start: MemoryParams | None = None) -> MemoryParams:
+    """MemoryParams whose predicted peaks best match measured peak device bytes.
+
+    Measured peaks should be what `MemoryEstimate.peak_bytes` predicts: device memory in use
+    (NVML, context and NCCL included) on the busiest rank, not torch's max_allocated.
+    """
+    def predict(p: MemoryParams, m: ModelSpec, s: Strategy, c: ClusterSpec) -> float:
+        return estimate_memory(m, s, c, p).peak_bytes
+
+    result: MemoryParams = _fit(start or MemoryParams(), names, samples, predict)
+    return result
+
+
+_TYPES: dict[str, type[CostParams] | type[MemoryParams]] = {
+    "CostParams": CostParams, "MemoryParams": MemoryParams}
+
+
+def save_params(path: Path | str, params: CostParams | MemoryParams) -> None:
+    """Write params as JSON: {"type": "CostParams", "version": 1, "values": {...}}."""
+    data = {"type": type(params).__name__, "version": 1, "values": asdict(params)}
+    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def load_params(path: Path | str) -> CostParams | MemoryParams:
+    """Read params written by save_params; unknown or missing fields raise ConfigError."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read calibration file {path}: {exc}") from exc
+    kind = data.get("type") if isinstance(data, dict) else None
+    if kind not in _TYPES or not isinstance(data.get("values"), dict):
+        raise ConfigError(f"{path}: not a calibration file (type must be one of "
+                          f"{', '.join(_TYPES)})")
+    cls = _TYPES[kind]
+    try:
+        return cls(**data["values"])
+    except TypeError as exc:
+        raise ConfigError(f"{path}: bad {kind} fields: {exc}") from exc

@@ -1,0 +1,248 @@
+"""Analytical peak memory per GPU of a Megatron layout: model states, activations, overheads.
+
+Model states follow megatron-core's mixed precision with Adam (Rajbhandari et al. 2020, "ZeRO",
+Section 3.1; megatron-core docs/source/api-guide/dist_optimizer.md): bf16 parameters (2 B), fp32
+main gradients (4 B), fp32 master weights + Adam m and v (12 B) = 18 B per parameter; the
+distributed optimizer (ZeRO-1) shards the 12 B over the data-parallel group: 6 + 12/d B.
+Activations come from `autotune.memory_activations` (Korthikanti et al. 2022). The constants that
+are not facts of the code (CUDA context, NCCL buffers, allocator fragmentation) live in
+`MemoryParams` so `autotune.calibration` can fit them to measured peaks. Pure arithmetic.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from autotune.hardware import ClusterSpec
+from autotune.memory_activations import (
+    full_recompute_chunk,
+    inflight_microbatches,
+    layer_activations,
+    layer_bytes,
+)
+from autotune.model import ModelSpec, padded_vocab_size
+from autotune.strategy import Strategy
+
+__all__ = ["MemoryEstimate", "MemoryParams", "StageMemory", "estimate_memory", "stage_params"]
+
+GIB = 1024**3
+PARAM_BYTES = 2
+"""bf16 model parameters (megatron-core Float16Module)."""
+MAIN_GRAD_BYTES = 4
+"""fp32 main-gradient buffers: Megatron-LM's arguments.py turns on accumulate_allreduce_grads_in_
+fp32 for --bf16, which sets megatron-core DistributedDataParallelConfig.grad_reduce_in_fp32 (its
+own default is False, i.e. bf16 buffers of 2 B). The worker must match; the cost model reduces
+gradients in this dtype too (the grad buffer is what is reduced)."""
+OPTIMIZER_BYTES = 12
+"""fp32 master weights + Adam first and second moments (ZeRO Section 3.1: K = 12)."""
+LOGITS_BYTES_PER_ELEMENT = 6
+"""megatron/core/tensor_parallel/cross_entropy.py: the bf16 logits (2 B) plus the fp32 copy that
+becomes exp(logits) / softmax and is saved for backward (4 B), per vocabulary entry and token."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryParams:
+    """Overheads outside the tensors the model allocates; fitted by autotune.calibration."""
+
+    cuda_context_bytes: float = 0.5 * GIB
+    """CUDA context + cuBLAS/cuDNN handles: ~0.5 GiB on H100 with torch 2.x (nvidia-smi minus
+    torch.cuda.memory_reserved in an idle process)."""
+    nccl_bytes_per_group: float = 0.25 * GIB
+    """NCCL channel buffers per communicator a rank uses (NCCL_BUFFSIZE 4 MiB x channels x
+    peers, plus proxy state); an order-of-magnitude default until fitted."""
+    fragmentation: float = 0.05
+    """PyTorch caching-allocator reserve beyond the peak allocated bytes, as a fraction."""
+
+
+DEFAULT_MEMORY_PARAMS = MemoryParams()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageMemory:
+    """Bytes on the busiest rank of one pipeline stage, by term."""
+
+    stage: int
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    logits_bytes: float
+    workspace_bytes: float
+    """Transient tensors of one layer: unfused attention scores, a recomputed block."""
+    overhead_bytes: float
+    """CUDA context, NCCL buffers and allocator fragmentation."""
+
+    @property
+    def allocated_bytes(self) -> float:
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.logits_bytes + self.workspace_bytes)
+
+    @property
+    def total_bytes(self) -> float:
+        return self.allocated_bytes + self.overhead_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryEstimate:
+    """Per-stage memory of a layout and whether its busiest stage fits the GPU."""
+
+    stages: tuple[StageMemory, ...]
+    """First stage, the busiest middle stage (1) and the last stage; one entry without PP."""
+    peak_stage: int
+    peak_bytes: float
+    capacity_bytes: int
+    gpu_name: str
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    @property
+    def peak(self) -> StageMemory:
+        return next(s for s in self.stages if s.stage == self.peak_stage)
+
+    def breakdown_gib(self) -> dict[str, float]:
+        """The peak stage's terms in GiB, for display."""
+        s = self.peak
+        return {"weights": s.weights_bytes / GIB, "gradients": s.gradients_bytes / GIB,
+                "optimizer": s.optimizer_bytes / GIB, "activations": s.activations_bytes / GIB,
+                "logits": s.logits_bytes / GIB, "workspace": s.workspace_bytes / GIB,
+                "overhead": s.overhead_bytes / GIB, "total": s.total_bytes / GIB}
+
+    def explain(self) -> str | None:
+        """Why the layout does not fit, calculon-style; None when it fits."""
+        if self.fits:
+            return None
+        return (f"stage {self.peak_stage} needs {self.peak_bytes / GIB:.1f} GiB but the "
+                f"{self.gpu_name} has {self.capacity_bytes / GIB:.1f} GiB")
+
+
+@dataclass(frozen=True, slots=True)
+class _Params:
+    """Parameters per tensor-parallel rank: dense (DP-sharded) and expert (EDP-sharded)."""
+
+    layer_dense: float
+    layer_expert: float
+    first_extra: float
+    last_extra: float
+
+
+@functools.lru_cache(maxsize=4096)
+def _param_counts(model: ModelSpec, tp: int, ep: int, pp: int) -> _Params:
+    h, t = model.hidden_size, tp
+    bias = 1 if model.add_bias_linear else 0
+    norm = h if model.normalization == "RMSNorm" else 2 * h  # LayerNorm has weight and bias
+    kv_rank = model.head_dim * max(1, model.query_groups // t)
+    gates = 2 if model.gated_linear_unit else 1
+    # Column-parallel QKV (q: h/t, k and v: kv per rank) and row-parallel projection, whose bias
+    # is not split (megatron/core/tensor_parallel/layers.py).
+    qkv_out = h / t + 2 * kv_rank
+    dense = 2 * norm + h * qkv_out + bias * qkv_out + (h / t) * h + bias * h
+    expert = 0.0
+    if model.is_moe:
+        assert model.num_experts is not None
+        fe = model.expert_ffn_size
+        dense += h * model.num_experts  # router, replicated
+        # Experts split over ep, each expert's MLP over expert-TP = tp.
+        per_expert = h * gates * fe / t + fe / t * h + bias * (gates * fe / t + h)
+        expert = model.num_experts / ep * per_expert
+    else:
+        f = model.ffn_size
+        dense += h * gates * f / t + f / t * h + bias * (gates * f / t + h)
+    vocab = padded_vocab_size(model, tp) * h / t
+    first = vocab + (model.max_positions * h if model.position_embedding == "learned_absolute"
+                     else 0)
+    # The last stage holds the final norm and the output layer; a tied output layer is the
+    # embedding itself when pp == 1 and a synchronized copy on the last stage when pp > 1.
+    last = norm + (vocab if (not model.tied_embeddings or pp > 1) else 0)
+    return _Params(layer_dense=dense, layer_expert=expert, first_extra=first, last_extra=last)
+
+
+def stage_params(model: ModelSpec, strategy: Strategy, stage: int) -> tuple[float, float]:
+    """(dense, expert) parameters on one rank of pipeline stage `stage`."""
+    counts = _param_counts(model, strategy.tp, strategy.ep, strategy.pp)
+    layers = model.num_layers // strategy.pp
+    dense = layers * counts.layer_dense
+    if stage == 0:
+        dense += counts.first_extra
+    if stage == strategy.pp - 1:
+        dense += counts.last_extra
+    return dense, layers * counts.layer_expert
+
+
+def _nccl_groups(s: Strategy, model: ModelSpec) -> int:
+    """Communicators a rank uses: tp, cp, dp (x cp), pp, embedding, ep, expert-dp."""
+    groups = (s.tp > 1) + (s.cp > 1) + (s.dp * s.cp > 1) + 2 * (s.pp > 1)
+    if model.is_moe:
+        groups += (s.ep > 1) + (s.expert_dp > 1)
+    return int(groups)
+
+
+def _stage(model: ModelSpec, s: Strategy, stage: int, mp: MemoryParams) -> StageMemory:
+    dense, expert = stage_params(model, s, stage)
+    n_params = dense + expert
+    # Distributed optimizer: master weights and moments sharded over the dp x cp group for dense
+    # params and over the expert-data-parallel group for experts (dist_optimizer.md: 6 + 12/d).
+    dense_shard = s.dp * s.cp if s.distributed_optimizer else 1
+    expert_shard = s.expert_dp if s.distributed_optimizer else 1
+    per_shard_bytes = OPTIMIZER_BYTES + (4 if MAIN_GRAD_BYTES < 4 else 0)  # fp32 grad copy
+    optimizer = per_shard_bytes * (dense / dense_shard + expert / expert_shard)
+
+    acts = layer_activations(model, s.tp, s.impl)
+    seq = model.seq_length / s.cp
+    tokens = s.mbs * seq
+    tsp = s.tp if s.sequence_parallel else 1
+    full = layer_bytes(acts, tokens=tokens, seq=seq, tp=s.tp,
+                       sequence_parallel=s.sequence_parallel, selective=False)
+    m = s.num_microbatches
+    chunk_layers = model.num_layers // (s.pp * s.vpp)
+    workspace = tokens * seq * acts.transient_per_key
+    if s.recompute == "full":
+        # Only the layer input survives: 2 s b h, scattered over TP with SP (Section 4.3).
+        layer_input = tokens * 2 * model.hidden_size / tsp
+        stored, rebuild = full_recompute_chunk(chunk_layers, method=s.recompute_method,
+                                               num_layers=s.recompute_num_layers, full=full,
+                                               layer_input=layer_input)
+        workspace += rebuild
+    else:
+        per_layer = full if s.recompute == "none" else layer_bytes(
+            acts, tokens=tokens, seq=seq, tp=s.tp, sequence_parallel=s.sequence_parallel,
+            selective=True)
+        stored = chunk_layers * per_layer
+    inflight = inflight_microbatches(pp=s.pp, vpp=s.vpp, stage=stage, num_microbatches=m)
+    activations = inflight * s.vpp * stored
+    h = model.hidden_size
+    logits = 0.0
+    if stage == 0:
+        # Embedding dropout mask (1 B per element), one per micro-batch in flight on chunk 0.
+        activations += min(s.pp, m) * tokens * h * acts.dropout_mask / tsp
+    if stage == s.pp - 1:
+        # Final norm input and output-layer input (2 B each), then the logits of the one
+        # micro-batch between its forward and backward (1F1B runs the last stage's back-to-back).
+        activations += tokens * 4 * h / tsp
+        logits = tokens * padded_vocab_size(model, s.tp) / s.tp * LOGITS_BYTES_PER_ELEMENT
+    weights = PARAM_BYTES * n_params
+    grads = MAIN_GRAD_BYTES * n_params
+    allocated = weights + grads + optimizer + activations + logits + workspace
+    overhead = (mp.fragmentation * allocated + mp.cuda_context_bytes
+                + mp.nccl_bytes_per_group * _nccl_groups(s, model))
+    return StageMemory(stage=stage, weights_bytes=weights, gradients_bytes=grads,
+                       optimizer_bytes=optimizer, activations_bytes=activations,
+                       logits_bytes=logits, workspace_bytes=workspace, overhead_bytes=overhead)
+
+
+def estimate_memory(model: ModelSpec, strategy: Strategy, cluster: ClusterSpec,
+                    params: MemoryParams | None = None) -> MemoryEstimate:
+    """Peak bytes per GPU of `strategy` for `model` on `cluster`, stage by stage.
+
+    Stages reported: 0 (embedding, most micro-batches in flight), 1 (the busiest middle stage:
+    in-flight counts fall with the stage index) and pp - 1 (output layer, logits, loss).
+    """
+    mp = params or DEFAULT_MEMORY_PARAMS
+    pp = strategy.pp
+    indices = (0,) if pp == 1 else (0, 1) if pp == 2 else (0, 1, pp - 1)
+    stages = tuple(_stage(model, strategy, i, mp) for i in indices)
+    peak = max(stages, key=lambda st: st.total_bytes)
+    return MemoryEstimate(stages=stages, peak_stage=peak.stage, peak_bytes=peak.total_bytes,
+                          capacity_bytes=cluster.gpu.memory_bytes, gpu_name=cluster.gpu.name)
