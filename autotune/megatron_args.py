@@ -1,0 +1,180 @@
+"""The one place that spells Megatron-LM's command-line flags: `ModelSpec` + `Strategy` -> argv.
+
+Every flag below is spelled as Megatron-LM's megatron/training/arguments.py declares it (read at
+commit 000c4ac24f61159c138b0975def722c65245983c); elsewhere autotune speaks in the short names
+`tp pp dp cp ep vpp mbs gbs`. Pure: no I/O, no subprocess, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from autotune.errors import ConfigError, InvalidStrategyError
+from autotune.model import ModelSpec
+from autotune.strategy import Strategy
+
+__all__ = ["TRANSFORMER_IMPLS", "distributed_timeout_minutes", "flag_names", "megatron_lm_args"]
+
+TRANSFORMER_IMPLS: dict[str, str] = {"local": "local", "te": "transformer_engine"}
+"""autotune impl -> Megatron-LM `--transformer-impl`. autotune's "sdpa" (a local spec with
+PyTorch SDPA as core attention) lives only in autotune's worker; Megatron-LM has no such choice."""
+
+_ACTIVATION_FLAGS: dict[tuple[str, bool], tuple[str, ...]] = {
+    # (activation, gated_linear_unit) -> flags. Megatron-LM's default MLP is GELU; --swiglu sets
+    # gated_linear_unit with SiLU (core_transformer_config_from_args in arguments.py).
+    ("gelu", False): (),
+    ("swiglu", True): ("--swiglu",),
+    ("silu", True): ("--swiglu",),
+    ("squared_relu", False): ("--squared-relu",),
+}
+
+
+def megatron_lm_args(model: ModelSpec, strategy: Strategy, *, train_iters: int | None = None,
+                     mock_data: bool = True, lr: float = 1.0e-4, seed: int = 1234,
+                     log_interval: int = 1, distributed_timeout_minutes: int | None = None,
+                     extra_args: Sequence[str] = ()) -> list[str]:
+    """Megatron-LM `pretrain_gpt.py` arguments for one model and layout, each flag once.
+
+    `train_iters` is the total number of iterations (warm-up included); `mock_data` trains on
+    Megatron's synthetic GPT dataset with a NullTokenizer so no data or tokenizer files are needed.
+    `extra_args` are appended verbatim; repeating a flag set here raises ConfigError.
+    """
+    args: list[str] = []
+    args += _model_args(model)
+    args += _parallel_args(model, strategy)
+    args += _batch_args(strategy)
+    args += _recompute_args(strategy)
+    args += _optimizer_args(strategy, lr=lr, seed=seed)
+    args += _impl_args(strategy)
+    if train_iters is not None:
+        if train_iters < 1:
+            raise ConfigError(f"train_iters must be >= 1, got {train_iters}")
+        args += ["--train-iters", str(train_iters)]
+    if distributed_timeout_minutes is not None:
+        args += ["--distributed-timeout-minutes", str(distributed_timeout_minutes)]
+    args += _logging_args(log_interval)
+    args += _data_args(model, mock_data=mock_data)
+    extra = list(extra_args)
+    clash = sorted(set(flag_names(args)) & set(flag_names(extra)))
+    if clash:
+        raise ConfigError(f"extra Megatron-LM argument(s) {', '.join(clash)} repeat flags "
+                          "autotune already sets")
+    return args + extra
+
+
+def flag_names(args: Sequence[str]) -> list[str]:
+    """The `--flag` names in an argument list, in order (values and `=value` tails dropped)."""
+    return [a.split("=", 1)[0] for a in args if a.startswith("--")]
+
+
+def distributed_timeout_minutes(timeout_s: float) -> int:
+    """Megatron-LM's `--distributed-timeout-minutes` takes whole minutes: round up, at least 1."""
+    return max(1, math.ceil(timeout_s / 60))
+
+
+def _model_args(m: ModelSpec) -> list[str]:
+    args = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+            "--num-attention-heads", str(m.num_attention_heads)]
+    if m.num_query_groups is not None and m.num_query_groups != m.num_attention_heads:
+        # Megatron-LM reads --num-query-groups only with --group-query-attention set.
+        args += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
+    # Always explicit: with --swiglu and no --ffn-hidden-size Megatron-LM picks 8h/3 rounded to 64,
+    # not the 4h ModelSpec.ffn_size assumes.
+    args += ["--ffn-hidden-size", str(m.ffn_size)]
+    args += ["--seq-length", str(m.seq_length),
+             "--max-position-embeddings", str(max(m.max_positions, m.seq_length)),
+             "--position-embedding-type", m.position_embedding]
+    if m.position_embedding == "rope":
+        args += ["--rotary-base", str(m.rotary_base)]
+    args += ["--normalization", m.normalization]
+    key = (m.activation, m.gated_linear_unit)
+    if key not in _ACTIVATION_FLAGS:
+        raise ConfigError(f"model {m.name}: activation={m.activation!r} with "
+                          f"gated_linear_unit={m.gated_linear_unit} has no Megatron-LM flag")
+    args += _ACTIVATION_FLAGS[key]
+    if not m.add_bias_linear:
+        args.append("--disable-bias-linear")
+    if not m.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    args += ["--make-vocab-size-divisible-by", str(m.make_vocab_size_divisible_by)]
+    if m.is_moe:
+        assert m.num_experts is not None
+        args += ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.moe_topk)]
+        if m.moe_ffn_hidden_size is not None:
+            args += ["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)]
+    return args
+
+
+def _parallel_args(m: ModelSpec, s: Strategy) -> list[str]:
+    args = ["--tensor-model-parallel-size", str(s.tp),
+            "--pipeline-model-parallel-size", str(s.pp)]
+    if s.vpp > 1:
+        # Megatron-LM accepts either --num-layers-per-virtual-pipeline-stage (layers per chunk) or
+        # --num-virtual-stages-per-pipeline-rank (chunks per rank, the newer flag, also the one
+        # that works with uneven first/last stages); vpp is the latter.
+        args += ["--num-virtual-stages-per-pipeline-rank", str(s.vpp)]
+    if s.cp > 1:
+        args += ["--context-parallel-size", str(s.cp)]
+    if s.ep > 1:
+        args += ["--expert-model-parallel-size", str(s.ep)]
+    if m.is_moe:
+        # arguments.py help: "We recommend using 'alltoall' when applying expert parallelism";
+        # the default 'allgather' gathers every token on every rank.
+        args += ["--moe-token-dispatcher-type", "alltoall" if s.ep > 1 else "allgather"]
+    if s.sequence_parallel:
+        args.append("--sequence-parallel")
+    return args
+
+
+def _batch_args(s: Strategy) -> list[str]:
+    return ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(s.gbs)]
+
+
+def _recompute_args(s: Strategy) -> list[str]:
+    if s.recompute == "none":
+        return []
+    if s.recompute == "selective":
+        # validate_args: "recompute method is not yet supported for selective recomputing".
+        return ["--recompute-granularity", "selective"]
+    if s.recompute == "full":
+        return ["--recompute-granularity", "full", "--recompute-method", s.recompute_method,
+                "--recompute-num-layers", str(s.recompute_num_layers)]
+    raise InvalidStrategyError(f"recompute={s.recompute!r} must be none, selective or full")
+
+
+def _optimizer_args(s: Strategy, *, lr: float, seed: int) -> list[str]:
+    args = ["--bf16", "--lr", repr(lr), "--seed", str(seed)]
+    if s.distributed_optimizer:
+        args.append("--use-distributed-optimizer")
+    if s.overlap_grad_reduce:
+        args.append("--overlap-grad-reduce")
+    if s.overlap_param_gather:
+        args.append("--overlap-param-gather")
+    return args
+
+
+def _impl_args(s: Strategy) -> list[str]:
+    if s.impl not in TRANSFORMER_IMPLS:
+        raise InvalidStrategyError(
+            f"impl={s.impl} has no Megatron-LM equivalent; --transformer-impl takes "
+            f"{' or '.join(TRANSFORMER_IMPLS.values())} (impl {' or '.join(TRANSFORMER_IMPLS)})")
+    return ["--transformer-impl", TRANSFORMER_IMPLS[s.impl]]
+
+
+def _logging_args(log_interval: int) -> list[str]:
+    # --log-throughput adds "throughput per GPU (TFLOP/s/GPU)" to each iteration line; timers
+    # stay out of TensorBoard by leaving --log-timers-to-tensorboard (a store_true flag) unset.
+    # --eval-iters 0 skips validation, which would otherwise run after the last iteration.
+    return ["--log-interval", str(log_interval), "--log-throughput", "--eval-iters", "0"]
+
+
+def _data_args(m: ModelSpec, *, mock_data: bool) -> list[str]:
+    if not mock_data:
+        return []
+    # NullTokenizer's vocab_size is --vocab-size + 1 (it appends an end-of-document id;
+    # megatron/core/tokenizers/text/libraries/null_tokenizer.py), and Megatron pads that to a
+    # multiple of make_vocab_size_divisible_by * tp. Passing vocab_size - 1 gives the model the
+    # same padded vocabulary as autotune.model.padded_vocab_size.
+    return ["--mock-data", "--tokenizer-type", "NullTokenizer",
+            "--vocab-size", str(m.vocab_size - 1)]

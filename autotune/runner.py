@@ -1,0 +1,436 @@
+"""Launching trials: the only module that starts processes.
+
+A trial runs as one process tree in its own session: torchrun and its workers (or a test double),
+stdout and stderr into `<trial_dir>/log.txt`, under a wall-clock timeout. On timeout or Ctrl-C the
+whole tree gets SIGTERM, a grace period, then SIGKILL, and nothing is left running.
+
+torchrun starts each worker with `start_new_session=True` (torch/distributed/elastic/
+multiprocessing/subprocess_handler), so the workers are not in torchrun's process group: killing
+that group alone would orphan them. The runner therefore follows the tree through /proc while the
+trial runs and signals every process group in it; on Linux it also makes the orchestrator a child
+subreaper (prctl PR_SET_CHILD_SUBREAPER) so orphaned trial processes become its children and can
+be reaped, instead of lingering as zombies under a container init that never reaps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.errors import ConfigError, LaunchError
+from autotune.megatron_args import distributed_timeout_minutes, megatron_lm_args
+from autotune.trial import TrialSpec
+
+__all__ = [
+    "DEFAULT_GRACE_S",
+    "DEFAULT_NCCL_TIMEOUT_S",
+    "LOG_NAME",
+    "NCCL_TIMEOUT_ENV",
+    "SPEC_NAME",
+    "TORCHRUN",
+    "WORKER",
+    "RunOutput",
+    "TrialInterrupted",
+    "free_port",
+    "megatron_lm_argv",
+    "run_command",
+    "run_megatron_lm_trial",
+    "run_trial",
+    "torchrun_argv",
+    "trial_env",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GRACE_S = 10.0
+"""Seconds between SIGTERM and SIGKILL."""
+DEFAULT_NCCL_TIMEOUT_S = 120
+"""Collective timeout the worker passes to init_process_group: a blocked collective fails fast."""
+NCCL_TIMEOUT_ENV = "AUTOTUNE_NCCL_TIMEOUT_S"
+LOG_NAME = "log.txt"
+SPEC_NAME = "trial.json"
+TORCHRUN: tuple[str, ...] = (sys.executable, "-m", "torch.distributed.run")
+WORKER: tuple[str, ...] = ("-m", "autotune.worker")
+
+_POLL_S = 0.25
+"""How often the runner re-reads the process tree while a trial runs."""
+_REAP_S = 5.0
+"""After SIGKILL, how long to wait for the kernel to release every process of the trial."""
+
+# Set on every trial, over whatever the parent has: the GPU hosts need them, and a trial that
+# inherits a different value would measure something else.
+_FORCED_ENV: dict[str, str] = {
+    # torch 2.x ProcessGroupNCCL.hpp, ErrorHandlingMode: 0 no handling, 1 tear down the process
+    # after aborting the communicators, 2 abort the communicators only, 3 tear down without
+    # ncclCommAbort (the default; abort itself can hang). 3: a failed collective ends the rank.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    # Non-blocking wait(): errors surface through the watchdog, which honours the timeout above.
+    "TORCH_NCCL_BLOCKING_WAIT": "0",
+    # No flight-recorder dump on timeout: it writes files and delays the exit of a failed trial.
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+    # NVLink SHARP / multicast stay off: the GPU hosts we use require it.
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    # The log must hold the last lines before a crash or a kill.
+    "PYTHONUNBUFFERED": "1",
+    # Megatron asserts it with TP or CP (arguments.py): kernels queue in issue order, so the TP/SP
+    # communication overlaps compute as scheduled.
+    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+}
+_DEFAULT_ENV: dict[str, str] = {
+    # One OpenMP thread per rank unless the user chose: 8 ranks x all cores oversubscribe the CPU.
+    "OMP_NUM_THREADS": "1",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOutput:
+    """What a finished (or stopped) trial process left behind; metrics turns it into figures."""
+
+    argv: tuple[str, ...]
+    pid: int
+    """The launched process; with start_new_session it is also its process group and session."""
+    returncode: int
+    """The launched process's exit status; negative: killed by that signal."""
+    timed_out: bool
+    interrupted: bool
+    """Stopped by Ctrl-C (KeyboardInterrupt) in the orchestrator."""
+    wall_time_s: float
+    """Seconds from launch until every process of the trial was gone."""
+    log_path: Path
+    trial_dir: Path
+
+
+class TrialInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a trial, raised after the trial's processes are gone.
+
+    A KeyboardInterrupt, so the search stops as on any Ctrl-C; `output` tells what was running.
+    """
+
+    def __init__(self, output: RunOutput) -> None:
+        super().__init__(f"interrupted trial in {output.trial_dir}")
+        self.output = output
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free now on `host` (bind port 0 and read it back) for the rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def trial_env(base: Mapping[str, str] | None = None, *,
+              nccl_timeout_s: int = DEFAULT_NCCL_TIMEOUT_S) -> dict[str, str]:
+    """The parent's environment (or `base`) plus the settings every trial needs."""
+    if nccl_timeout_s <= 0:
+        raise ConfigError(f"nccl_timeout_s must be positive, got {nccl_timeout_s}")
+    env = dict(os.environ if base is None else base)
+    env.update(_FORCED_ENV)
+    for key, value in _DEFAULT_ENV.items():
+        env.setdefault(key, value)
+    env[NCCL_TIMEOUT_ENV] = str(nccl_timeout_s)
+    return env
+
+
+def _launcher_argv(nproc: int, port: int, launcher: Sequence[str]) -> list[str]:
+    if nproc < 1:
+        raise ConfigError(f"nproc must be >= 1, got {nproc}")
+    # Flag spellings as `python -m torch.distributed.run --help` prints them (torch 2.13); the
+    # underscore forms are aliases. One node, c10d rendezvous on a port of our choosing.
+    return [*launcher, "--nproc-per-node", str(nproc), "--nnodes", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+
+
+def torchrun_argv(spec: TrialSpec, trial_dir: Path, nproc: int, port: int, *,
+                  launcher: Sequence[str] = TORCHRUN,
+                  worker: Sequence[str] = WORKER) -> list[str]:
+    """torchrun over the autotune worker (or `worker`, e.g. a test double script)."""
+    world = spec.strategy.world_size
+    if nproc != world:
+        raise ConfigError(f"a single-node trial needs nproc = world size: nproc={nproc}, "
+                          f"dp x tp x pp x cp = {world}")
+    trial_dir = Path(trial_dir).resolve()
+    return [*_launcher_argv(nproc, port, launcher), *worker,
+            "--spec", str(trial_dir / SPEC_NAME), "--out-dir", str(trial_dir)]
+
+
+def megatron_lm_argv(megatron_lm_path: Path, spec: TrialSpec, nproc: int, port: int, *,
+                     launcher: Sequence[str] = TORCHRUN,
+                     nccl_timeout_s: int = DEFAULT_NCCL_TIMEOUT_S,
+                     extra_args: Sequence[str] = ()) -> list[str]:
+    """torchrun over Megatron-LM's pretrain_gpt.py on mock data for warm-up + timed iterations."""
+    world = spec.strategy.world_size
+    if nproc != world:
+        raise ConfigError(f"a single-node trial needs nproc = world size: nproc={nproc}, "
+                          f"dp x tp x pp x cp = {world}")
+    script = Path(megatron_lm_path).resolve() / "pretrain_gpt.py"
+    args = megatron_lm_args(spec.model, spec.strategy,
+                            train_iters=spec.warmup_steps + spec.train_steps, mock_data=True,
+                            seed=spec.seed,
+                            distributed_timeout_minutes=distributed_timeout_minutes(
+                                nccl_timeout_s),
+                            extra_args=extra_args)
+    return [*_launcher_argv(nproc, port, launcher), str(script), *args]
+
+
+def run_trial(spec: TrialSpec, trial_dir: Path, *, timeout_s: float,
+              grace_s: float = DEFAULT_GRACE_S, nccl_timeout_s: int = DEFAULT_NCCL_TIMEOUT_S,
+              env: Mapping[str, str] | None = None, launcher: Sequence[str] = TORCHRUN,
+              worker: Sequence[str] = WORKER) -> RunOutput:
+    """Write trial.json and run the worker under torchrun on this node's GPUs."""
+    trial_dir = Path(trial_dir).resolve()
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    spec.write(trial_dir / SPEC_NAME)
+    argv = torchrun_argv(spec, trial_dir, spec.strategy.world_size, free_port(),
+                         launcher=launcher, worker=worker)
+    return run_command(argv, trial_dir, timeout_s,
+                       trial_env(env, nccl_timeout_s=nccl_timeout_s), grace_s=grace_s)
+
+
+def run_megatron_lm_trial(megatron_lm_path: Path, spec: TrialSpec, trial_dir: Path, *,
+                          timeout_s: float, grace_s: float = DEFAULT_GRACE_S,
+                          nccl_timeout_s: int = DEFAULT_NCCL_TIMEOUT_S,
+                          env: Mapping[str, str] | None = None,
+                          launcher: Sequence[str] = TORCHRUN,
+                          extra_args: Sequence[str] = ()) -> RunOutput:
+    """Run Megatron-LM's pretrain_gpt.py from a checkout at `megatron_lm_path`."""
+    script = Path(megatron_lm_path) / "pretrain_gpt.py"
+    if not script.is_file():
+        raise LaunchError(f"{script} does not exist: --megatron-lm-path must point at a "
+                          "Megatron-LM checkout")
+    trial_dir = Path(trial_dir).resolve()
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    spec.write(trial_dir / SPEC_NAME)  # the record of what ran, though Megatron-LM never reads it
+    argv = megatron_lm_argv(megatron_lm_path, spec, spec.strategy.world_size, free_port(),
+                            launcher=launcher, nccl_timeout_s=nccl_timeout_s,
+                            extra_args=extra_args)
+    return run_command(argv, trial_dir, timeout_s,
+                       trial_env(env, nccl_timeout_s=nccl_timeout_s), grace_s=grace_s)
+
+
+def run_command(argv: Sequence[str], trial_dir: Path, timeout_s: float,
+                env: Mapping[str, str] | None = None, *,
+                grace_s: float = DEFAULT_GRACE_S) -> RunOutput:
+    """Run `argv` (no shell) in its own session with output to `<trial_dir>/log.txt`.
+
+    Returns when every process of the trial is gone. On timeout the tree is stopped and the output
+    says `timed_out`; on Ctrl-C it is stopped and TrialInterrupted (a KeyboardInterrupt) raised.
+    """
+    if timeout_s <= 0:
+        raise ConfigError(f"timeout_s must be positive, got {timeout_s}")
+    if grace_s < 0:
+        raise ConfigError(f"grace_s must be >= 0, got {grace_s}")
+    trial_dir = Path(trial_dir).resolve()
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    log_path = trial_dir / LOG_NAME
+    _become_subreaper()
+    timed_out = interrupted = False
+    start = time.monotonic()
+    with log_path.open("wb") as log:
+        try:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, cwd=trial_dir,
+                                    env=None if env is None else dict(env),
+                                    start_new_session=True)
+        except OSError as exc:
+            raise LaunchError(f"cannot start {argv[0]}: {exc}") from exc
+        tree = _ProcessTree(proc.pid)
+        try:
+            timed_out = not _wait(proc, tree, start + timeout_s)
+        except KeyboardInterrupt:
+            # The trial is in its own session, so the terminal's Ctrl-C reached only us.
+            interrupted = True
+        finally:
+            if timed_out or interrupted:
+                why = "timed out" if timed_out else "interrupted"
+                _note(log, f"[autotune] {why} after {time.monotonic() - start:.1f} s; "
+                           f"stopping the process tree (grace {grace_s:g} s)")
+            _shutdown(proc, tree, grace_s)
+    output = RunOutput(argv=tuple(argv), pid=proc.pid, returncode=proc.returncode,
+                       timed_out=timed_out, interrupted=interrupted,
+                       wall_time_s=time.monotonic() - start, log_path=log_path,
+                       trial_dir=trial_dir)
+    if interrupted:
+        raise TrialInterrupted(output)
+    return output
+
+
+def _note(log: object, line: str) -> None:
+    # The child shares this file description, so a flushed write lands after its output so far.
+    with contextlib.suppress(OSError, ValueError):
+        log.write(f"\n{line}\n".encode())  # type: ignore[attr-defined]
+        log.flush()  # type: ignore[attr-defined]
+
+
+def _wait(proc: subprocess.Popen[bytes], tree: _ProcessTree, deadline: float) -> bool:
+    """True when the process exited before `deadline`; follows the tree meanwhile."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            proc.wait(timeout=min(_POLL_S, remaining))
+        except subprocess.TimeoutExpired:
+            tree.refresh()
+        else:
+            tree.root_reaped = True
+            return True
+
+
+def _shutdown(proc: subprocess.Popen[bytes], tree: _ProcessTree, grace_s: float) -> None:
+    """SIGTERM whatever of the tree still runs, wait `grace_s`, SIGKILL the rest, reap."""
+    tree.refresh()
+    if proc.poll() is None or tree.running():
+        tree.signal(signal.SIGTERM)
+        end = time.monotonic() + grace_s
+        try:
+            while time.monotonic() < end:
+                if proc.poll() is not None:
+                    tree.root_reaped = True
+                tree.reap()
+                if proc.returncode is not None and not tree.running():
+                    break
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: skip the rest of the grace period, kill now
+        if proc.poll() is None or tree.running():
+            tree.signal(signal.SIGKILL)
+    proc.wait()
+    tree.root_reaped = True
+    end = time.monotonic() + _REAP_S
+    while tree.present() and time.monotonic() < end:
+        tree.signal(signal.SIGKILL)
+        tree.reap()
+        time.sleep(0.02)
+    if tree.present():
+        logger.warning("processes of trial %d outlived SIGKILL: %s", proc.pid,
+                       sorted(tree.present()))
+
+
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def _become_subreaper() -> None:
+    """Adopt orphaned descendants (Linux), so a killed trial leaves no unreaped zombies."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: orphans go to init, as without us
+        logger.debug("prctl(PR_SET_CHILD_SUBREAPER) unavailable")
+
+
+@dataclass(frozen=True, slots=True)
+class _Proc:
+    pid: int
+    ppid: int
+    pgrp: int
+    start: int
+    """Clock ticks since boot at start: with the pid, identifies a process across pid reuse."""
+    zombie: bool
+
+
+def _scan() -> dict[int, _Proc] | None:
+    """Every process in /proc, or None where there is no /proc (then only the group is killed)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    procs: dict[int, _Proc] = {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+            # proc(5): "pid (comm) state ppid pgrp session ... starttime(22)"; comm may hold
+            # spaces and parentheses, so split after the last ')'.
+            fields = data[data.rindex(b")") + 2:].split()
+            procs[int(name)] = _Proc(int(name), int(fields[1]), int(fields[2]),
+                                     int(fields[19]), fields[0] == b"Z")
+        except (OSError, ValueError, IndexError):
+            continue  # exited between listdir and open
+    return procs
+
+
+class _ProcessTree:
+    """The processes a trial started: its root, the root's group, and every descendant seen."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.root_reaped = False
+        """Set once Popen reaped the root: its pid may be reused, so walks stop starting there."""
+        self.known: dict[int, int] = {}
+        """pid -> start time of every process seen in the tree (root excluded)."""
+        self._procs: dict[int, _Proc] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        procs = _scan()
+        if procs is None:
+            return
+        self._procs = procs
+        ours = {p.pid for p in self._members()}
+        if not self.root_reaped:
+            ours.add(self.root)
+        children: dict[int, list[int]] = {}
+        for p in procs.values():
+            children.setdefault(p.ppid, []).append(p.pid)
+        frontier = list(ours)
+        while frontier:
+            for child in children.get(frontier.pop(), ()):
+                if child not in ours:
+                    ours.add(child)
+                    frontier.append(child)
+        # Processes that stayed in the trial's group after their parent died are ours too.
+        ours |= {p.pid for p in procs.values() if p.pgrp == self.root}
+        for pid in ours - {self.root}:
+            self.known.setdefault(pid, procs[pid].start)
+
+    def _members(self) -> list[_Proc]:
+        """Known processes still in the process table (zombies included), pid reuse excluded."""
+        return [p for pid, start in self.known.items()
+                if (p := self._procs.get(pid)) is not None and p.start == start]
+
+    def running(self) -> bool:
+        return any(not p.zombie for p in self._members())
+
+    def present(self) -> set[int]:
+        self.refresh()
+        return {p.pid for p in self._members()}
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.refresh()
+        members = self._members()
+        own_group = os.getpgrp()
+        groups = {p.pgrp for p in members}
+        if not self.root_reaped:
+            groups.add(self.root)
+        for group in groups - {own_group, 0, 1}:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, sig)
+        for p in members:  # also those that moved into a group of their own after the scan
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p.pid, sig)
+
+    def reap(self) -> None:
+        """waitpid the orphans we adopted as subreaper; the root is Popen's to reap."""
+        me = os.getpid()
+        self.refresh()
+        for p in self._members():
+            if p.ppid == me and p.pid != self.root:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(p.pid, os.WNOHANG)

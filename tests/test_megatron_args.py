@@ -1,0 +1,230 @@
+"""Megatron-LM flags: exact lists for known layouts, and every flag as arguments.py declares it."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import pytest
+
+from autotune.errors import ConfigError, InvalidStrategyError
+from autotune.megatron_args import (
+    distributed_timeout_minutes,
+    flag_names,
+    megatron_lm_args,
+)
+from autotune.model import ModelSpec, padded_vocab_size
+from autotune.strategy import Strategy
+
+GPT2 = ModelSpec(name="gpt2", num_layers=12, hidden_size=768, num_attention_heads=12,
+                 vocab_size=50257, seq_length=1024, max_position_embeddings=1024,
+                 global_batch_size=64)
+LLAMA = ModelSpec(name="llama", num_layers=32, hidden_size=4096, num_attention_heads=32,
+                  num_query_groups=8, ffn_hidden_size=14336, vocab_size=128256, seq_length=8192,
+                  max_position_embeddings=8192, global_batch_size=512, gated_linear_unit=True,
+                  activation="swiglu", normalization="RMSNorm", add_bias_linear=False,
+                  tied_embeddings=False, position_embedding="rope", rotary_base=500000)
+MIXTRAL = ModelSpec(name="mixtral", num_layers=32, hidden_size=4096, num_attention_heads=32,
+                    num_query_groups=8, ffn_hidden_size=14336, vocab_size=32000,
+                    seq_length=4096, max_position_embeddings=32768, global_batch_size=512,
+                    num_experts=8, moe_topk=2, gated_linear_unit=True, activation="swiglu",
+                    normalization="RMSNorm", add_bias_linear=False, tied_embeddings=False,
+                    position_embedding="rope", rotary_base=1000000)
+
+
+def _megatron_lm_parser() -> argparse.ArgumentParser:
+    """The flags autotune emits, declared as Megatron-LM's megatron/training/arguments.py does
+    (commit 000c4ac24f61159c138b0975def722c65245983c): name, type, choices, store_true."""
+    p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    for name in ("--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups",
+                 "--ffn-hidden-size", "--seq-length", "--max-position-embeddings",
+                 "--rotary-base", "--make-vocab-size-divisible-by", "--num-experts",
+                 "--moe-router-topk", "--moe-ffn-hidden-size", "--tensor-model-parallel-size",
+                 "--pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank",
+                 "--num-layers-per-virtual-pipeline-stage", "--context-parallel-size",
+                 "--expert-model-parallel-size", "--micro-batch-size", "--global-batch-size",
+                 "--recompute-num-layers", "--seed", "--train-iters",
+                 "--distributed-timeout-minutes", "--log-interval", "--eval-iters",
+                 "--vocab-size"):
+        p.add_argument(name, type=int)
+    p.add_argument("--lr", type=float)
+    for name in ("--group-query-attention", "--swiglu", "--squared-relu",
+                 "--untie-embeddings-and-output-weights", "--sequence-parallel", "--bf16",
+                 "--use-distributed-optimizer", "--overlap-grad-reduce",
+                 "--overlap-param-gather", "--log-throughput", "--mock-data",
+                 "--log-timers-to-tensorboard"):
+        p.add_argument(name, action="store_true")
+    p.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear")
+    p.add_argument("--position-embedding-type",
+                   choices=["learned_absolute", "rope", "mrope", "relative", "none"])
+    p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"])
+    p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex"])
+    p.add_argument("--recompute-granularity", choices=["full", "selective"])
+    p.add_argument("--recompute-method", choices=["uniform", "block"])
+    p.add_argument("--transformer-impl", choices=["local", "transformer_engine"])
+    p.add_argument("--tokenizer-type", choices=["GPT2BPETokenizer", "NullTokenizer"])
+    return p
+
+
+GPT2_BASE = [
+    "--num-layers", "12", "--hidden-size", "768", "--num-attention-heads", "12",
+    "--ffn-hidden-size", "3072", "--seq-length", "1024", "--max-position-embeddings", "1024",
+    "--position-embedding-type", "learned_absolute", "--normalization", "LayerNorm",
+    "--make-vocab-size-divisible-by", "128",
+    "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
+    "--micro-batch-size", "4", "--global-batch-size", "64",
+    "--bf16", "--lr", "0.0001", "--seed", "1234",
+    "--transformer-impl", "local",
+    "--train-iters", "13",
+    "--log-interval", "1", "--log-throughput", "--eval-iters", "0",
+    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "50256",
+]
+
+LLAMA_PP_VPP = [
+    "--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
+    "--group-query-attention", "--num-query-groups", "8",
+    "--ffn-hidden-size", "14336", "--seq-length", "8192", "--max-position-embeddings", "8192",
+    "--position-embedding-type", "rope", "--rotary-base", "500000",
+    "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
+    "--untie-embeddings-and-output-weights", "--make-vocab-size-divisible-by", "128",
+    "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "4",
+    "--num-virtual-stages-per-pipeline-rank", "2", "--sequence-parallel",
+    "--micro-batch-size", "1", "--global-batch-size", "512",
+    "--recompute-granularity", "full", "--recompute-method", "block",
+    "--recompute-num-layers", "2",
+    "--bf16", "--lr", "0.0001", "--seed", "1234",
+    "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+    "--transformer-impl", "transformer_engine",
+    "--train-iters", "20", "--distributed-timeout-minutes", "2",
+    "--log-interval", "1", "--log-throughput", "--eval-iters", "0",
+    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128255",
+]
+
+MIXTRAL_EP = [
+    "--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
+    "--group-query-attention", "--num-query-groups", "8",
+    "--ffn-hidden-size", "14336", "--seq-length", "4096", "--max-position-embeddings", "32768",
+    "--position-embedding-type", "rope", "--rotary-base", "1000000",
+    "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
+    "--untie-embeddings-and-output-weights", "--make-vocab-size-divisible-by", "128",
+    "--num-experts", "8", "--moe-router-topk", "2",
+    "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1",
+    "--expert-model-parallel-size", "4", "--moe-token-dispatcher-type", "alltoall",
+    "--sequence-parallel",
+    "--micro-batch-size", "1", "--global-batch-size", "512",
+    "--recompute-granularity", "selective",
+    "--bf16", "--lr", "0.0001", "--seed", "1234",
+    "--use-distributed-optimizer",
+    "--transformer-impl", "transformer_engine",
+    "--log-interval", "1", "--log-throughput", "--eval-iters", "0",
+    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "31999",
+]
+
+
+@pytest.mark.parametrize(("model", "strategy", "kwargs", "expected"), [
+    (GPT2, Strategy(mbs=4, gbs=64), {"train_iters": 13}, GPT2_BASE),
+    (LLAMA, Strategy(tp=2, pp=4, dp=1, vpp=2, mbs=1, gbs=512, sequence_parallel=True,
+                     recompute="full", recompute_method="block", recompute_num_layers=2,
+                     distributed_optimizer=True, overlap_grad_reduce=True,
+                     overlap_param_gather=True, impl="te"),
+     {"train_iters": 20, "distributed_timeout_minutes": 2}, LLAMA_PP_VPP),
+    (MIXTRAL, Strategy(tp=2, dp=4, ep=4, mbs=1, gbs=512, sequence_parallel=True,
+                       recompute="selective", distributed_optimizer=True, impl="te"),
+     {}, MIXTRAL_EP),
+], ids=["gpt2-dp", "llama-tp-pp-vpp-sp-full-block-do-overlap", "mixtral-ep-tp-sp-selective"])
+def test_exact_flags(model: ModelSpec, strategy: Strategy, kwargs: dict[str, int],
+                     expected: list[str]) -> None:
+    assert megatron_lm_args(model, strategy, **kwargs) == expected
+
+
+STRATEGIES = [
+    Strategy(),
+    Strategy(tp=2, dp=4, sequence_parallel=True, mbs=2, gbs=64),
+    Strategy(pp=4, vpp=2, dp=2, mbs=1, gbs=64),
+    Strategy(cp=2, dp=4, impl="te", mbs=1, gbs=64),
+    Strategy(tp=2, cp=2, dp=2, sequence_parallel=True, impl="te", gbs=64),
+    Strategy(recompute="full", recompute_method="uniform", recompute_num_layers=4, gbs=64),
+    Strategy(recompute="selective", gbs=64),
+    Strategy(dp=8, distributed_optimizer=True, overlap_grad_reduce=True,
+             overlap_param_gather=True, gbs=64),
+]
+
+
+@pytest.mark.parametrize("model", [GPT2, LLAMA, MIXTRAL], ids=lambda m: m.name)
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.describe())
+def test_every_flag_parses_as_megatron_lm_declares_it(model: ModelSpec,
+                                                      strategy: Strategy) -> None:
+    args = megatron_lm_args(model, strategy, train_iters=10, distributed_timeout_minutes=2)
+    names = flag_names(args)
+    assert [n for n, c in Counter(names).items() if c > 1] == []
+    ns = _megatron_lm_parser().parse_args(args)  # unknown flags or bad values raise
+    assert ns.tensor_model_parallel_size == strategy.tp
+    assert ns.pipeline_model_parallel_size == strategy.pp
+    assert (ns.context_parallel_size or 1) == strategy.cp
+    assert (ns.num_virtual_stages_per_pipeline_rank or 1) == strategy.vpp
+    assert ns.micro_batch_size == strategy.mbs
+    assert ns.global_batch_size == strategy.gbs
+    assert ns.sequence_parallel == strategy.sequence_parallel
+    assert ns.use_distributed_optimizer == strategy.distributed_optimizer
+    assert ns.num_layers == model.num_layers
+    assert ns.ffn_hidden_size == model.ffn_size
+    assert ns.add_bias_linear == model.add_bias_linear
+    assert ns.untie_embeddings_and_output_weights == (not model.tied_embeddings)
+    assert ns.recompute_granularity == (None if strategy.recompute == "none"
+                                        else strategy.recompute)
+    assert not ns.log_timers_to_tensorboard
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("model", [GPT2, LLAMA, MIXTRAL], ids=lambda m: m.name)
+def test_null_tokenizer_gets_autotunes_padded_vocabulary(model: ModelSpec, tp: int) -> None:
+    # Megatron-LM: NullTokenizer.vocab_size = --vocab-size + 1, then padded to a multiple of
+    # make_vocab_size_divisible_by * tp (vocab_size_with_padding).
+    args = megatron_lm_args(model, Strategy(tp=tp))
+    vocab = int(args[args.index("--vocab-size") + 1]) + 1
+    multiple = model.make_vocab_size_divisible_by * tp
+    assert -(-vocab // multiple) * multiple == padded_vocab_size(model, tp)
+
+
+def test_moe_without_ep_keeps_the_allgather_dispatcher() -> None:
+    args = megatron_lm_args(MIXTRAL, Strategy(dp=8, gbs=512))
+    assert args[args.index("--moe-token-dispatcher-type") + 1] == "allgather"
+    assert "--expert-model-parallel-size" not in args
+
+
+def test_dense_model_has_no_moe_flags() -> None:
+    names = flag_names(megatron_lm_args(GPT2, Strategy()))
+    assert not [n for n in names if "expert" in n or n.startswith("--moe")]
+
+
+def test_real_data_leaves_the_data_flags_to_the_caller() -> None:
+    names = flag_names(megatron_lm_args(GPT2, Strategy(), mock_data=False))
+    assert not {"--mock-data", "--tokenizer-type", "--vocab-size"} & set(names)
+
+
+def test_extra_args_are_appended() -> None:
+    args = megatron_lm_args(GPT2, Strategy(), extra_args=["--no-gradient-accumulation-fusion"])
+    assert args[-1] == "--no-gradient-accumulation-fusion"
+
+
+@pytest.mark.parametrize("extra", [["--micro-batch-size", "8"], ["--bf16"], ["--lr=3e-4"]])
+def test_extra_args_may_not_repeat_a_flag(extra: list[str]) -> None:
+    with pytest.raises(ConfigError, match="repeat"):
+        megatron_lm_args(GPT2, Strategy(), extra_args=extra)
+
+
+def test_sdpa_has_no_megatron_lm_equivalent() -> None:
+    with pytest.raises(InvalidStrategyError, match="impl=sdpa"):
+        megatron_lm_args(GPT2, Strategy(impl="sdpa"))
+
+
+def test_unknown_activation_is_a_config_error() -> None:
+    odd = ModelSpec(name="odd", num_layers=2, hidden_size=64, num_attention_heads=4,
+                    vocab_size=1000, seq_length=128, global_batch_size=8, activation="relu")
+    with pytest.raises(ConfigError, match="activation='relu'"):
+        megatron_lm_args(odd, Strategy())
+
+
+@pytest.mark.parametrize(("seconds", "minutes"), [(1, 1), (60, 1), (61, 2), (120, 2), (600, 10)])
+def test_distributed_timeout_minutes_rounds_up(seconds: float, minutes: int) -> None:
+    assert distributed_timeout_minutes(seconds) == minutes
