@@ -175,12 +175,12 @@ def _link(cluster: ClusterSpec, span: int) -> float:
 def estimate_cost(model: ModelSpec, strategy: Strategy, cluster: ClusterSpec,
                   params: CostParams | None = None) -> CostEstimate:
     """Predicted step time and throughput of `strategy` for `model` on `cluster`."""
-    cp = params or DEFAULT_COST_PARAMS
+    prm = params or DEFAULT_COST_PARAMS
     s = strategy
     fl = _flops(model)
     gpu = cluster.gpu
-    hbm = (cp.hbm_bytes_per_s or HBM_BYTES_PER_S.get(gpu.name, _DEFAULT_HBM_BYTES_PER_S)) \
-        * cp.hbm_efficiency
+    hbm = (prm.hbm_bytes_per_s or HBM_BYTES_PER_S.get(gpu.name, _DEFAULT_HBM_BYTES_PER_S)) \
+        * prm.hbm_efficiency
     peak = gpu.peak_bf16_flops
     h, t, m = model.hidden_size, s.tp, s.num_microbatches
     seq = model.seq_length / s.cp
@@ -194,20 +194,20 @@ def estimate_cost(model: ModelSpec, strategy: Strategy, cluster: ClusterSpec,
     core_passes = 3 + (s.recompute != "none")
 
     # --- compute of one micro-batch on one stage ---
-    eff = gemm_efficiency(min(tokens, h / t), cp)
+    eff = gemm_efficiency(min(tokens, h / t), prm)
     gemm_s = tokens * layers * fl.layer_mats * mats_passes / t / (peak * eff)
     core_flops = tokens * layers * fl.layer_core * core_passes / t
     acts = layer_activations(model, t, s.impl)
     stored_per_token = acts.replicated / tsp + acts.split
     if s.impl == "local":
         # Unfused attention: two batched GEMMs with inner size head_dim, then s^2 memory traffic.
-        attn_s = core_flops / (peak * gemm_efficiency(model.head_dim, cp))
+        attn_s = core_flops / (peak * gemm_efficiency(model.head_dim, prm))
         attn_s += (tokens * seq * layers * model.num_attention_heads / t
-                   * cp.local_attention_bytes_per_score * core_passes / 3 / hbm)
-        elementwise = cp.elementwise_bytes_local
+                   * prm.local_attention_bytes_per_score * core_passes / 3 / hbm)
+        elementwise = prm.elementwise_bytes_local
     else:
-        attn_s = core_flops / (peak * cp.flash_attention_efficiency)
-        elementwise = cp.elementwise_bytes_te
+        attn_s = core_flops / (peak * prm.flash_attention_efficiency)
+        elementwise = prm.elementwise_bytes_te
     elem_s = tokens * layers * stored_per_token * elementwise * mats_passes / 3 / hbm
     layer_stage_s = gemm_s + attn_s + elem_s
     # The last stage adds the output layer (2 h V per token forward) and the vocab-parallel
@@ -223,51 +223,61 @@ def estimate_cost(model: ModelSpec, strategy: Strategy, cluster: ClusterSpec,
     # all-gather + reduce-scatter of the same volume). Megatron's local spec does not overlap.
     act_bytes = tokens * h * 2
     tp_mb = layers * (4 + 2 * full) * ring_allreduce_s(act_bytes, t, gpu.intra_node_bytes_per_s,
-                                                       cp)
-    # --- context parallel: TE's ring passes K and V of the local chunk cp - 1 times forward,
-    # K, V and their gradients backward; overlapped with attention: exposed = max(0, comm - attn).
+                                                       prm)
+    # --- context parallel: TE's ring passes K and V of the local chunk cp - 1 times forward
+    # (again when recompute reruns attention), K, V and their gradients backward; overlapped
+    # with attention (Liu et al. 2023, Ring Attention): exposed = max(0, comm - attention).
     cp_mb = 0.0
     if s.cp > 1:
         kv_bytes = tokens * 2 * model.head_dim * max(1, model.query_groups // t) * 2
-        bw = _link(cluster, t * s.cp) * cp.comm_efficiency
-        comm = (s.cp - 1) * kv_bytes * (1 + 2 + 2 * (s.recompute != "none")) / bw
+        bw = _link(cluster, t * s.cp) * prm.comm_efficiency
+        comm = layers * (s.cp - 1) * kv_bytes * (1 + 2 + (s.recompute != "none")) / bw
         cp_mb = max(0.0, comm - attn_s)  # every layer alike: sum of per-layer max(0, .)
     # --- expert parallel: token dispatch + combine all-to-all forward and backward.
     ep_mb = 0.0
     if model.is_moe and s.ep > 1:
         a2a_bytes = tokens / tsp * model.moe_topk * h * 2
         ep_mb = layers * (4 + 2 * full) * _one_way_s(a2a_bytes, s.ep, _link(cluster, t * s.ep),
-                                                     cp)
+                                                     prm)
     # --- pipeline: send + receive of s b h bf16 per chunk boundary, forward and backward
     # (1/t of it with SP or Megatron's scatter-gather; Narayanan et al. 2021, Section 4.1).
     pp_mb = 0.0
     if s.pp > 1:
-        bw = _link(cluster, cluster.num_gpus) * cp.comm_efficiency
-        pp_mb = 2 * s.vpp * (cp.collective_latency_s + act_bytes / t / bw)
+        bw = _link(cluster, cluster.num_gpus) * prm.comm_efficiency
+        pp_mb = 2 * s.vpp * (prm.collective_latency_s + act_bytes / t / bw)
     mb_s = compute_mb + tp_mb + cp_mb + ep_mb + pp_mb
     # Bubble: (p - 1)/v micro-batch times (Narayanan et al. 2021, Section 2.2.2).
     bubble_s = (s.pp - 1) / s.vpp * mb_s
 
-    dp_s = _dp_exposed(model, s, cluster, cp, bwd_window_s=mb_s * 2 / 3,
+    dp_s = _dp_exposed(model, s, cluster, prm, bwd_window_s=mb_s * 2 / 3,
                        fwd_window_s=mb_s / 3)
     # Adam over the local shard is memory-bound (megatron/core/optimizer: one fused pass).
-    dense, expert = stage_params(model, s, 0 if s.pp == 1 else s.pp - 1)
+    dense, expert = _largest_stage(model, s)
     shard = dense / (s.dp * s.cp if s.distributed_optimizer else 1) + expert / (
         s.expert_dp if s.distributed_optimizer else 1)
-    optimizer_s = shard * cp.optimizer_bytes_per_param / hbm
-    step = m * mb_s + bubble_s + dp_s + optimizer_s + cp.step_overhead_s
+    optimizer_s = shard * prm.optimizer_bytes_per_param / hbm
+    step = m * mb_s + bubble_s + dp_s + optimizer_s + prm.step_overhead_s
     tokens_per_s = s.gbs * model.seq_length / step
     world = s.world_size
     tflops = fl.model_per_token * tokens_per_s / world / 1e12
     return CostEstimate(compute_s=m * compute_mb, tp_comm_s=m * tp_mb, cp_comm_s=m * cp_mb,
                         ep_comm_s=m * ep_mb, pp_comm_s=m * pp_mb, dp_comm_s=dp_s,
                         bubble_s=bubble_s, optimizer_s=optimizer_s,
-                        overhead_s=cp.step_overhead_s, step_time_s=step,
+                        overhead_s=prm.step_overhead_s, step_time_s=step,
                         tokens_per_s=tokens_per_s, tflops_per_gpu=tflops,
                         mfu=tflops * 1e12 / peak)
 
 
-def _dp_exposed(model: ModelSpec, s: Strategy, cluster: ClusterSpec, cp: CostParams, *,
+def _largest_stage(model: ModelSpec, s: Strategy) -> tuple[float, float]:
+    """(dense, expert) parameters of the stage with the most: first (embedding) or last."""
+    first = stage_params(model, s, 0)
+    if s.pp == 1:
+        return first
+    last = stage_params(model, s, s.pp - 1)
+    return first if sum(first) >= sum(last) else last
+
+
+def _dp_exposed(model: ModelSpec, s: Strategy, cluster: ClusterSpec, prm: CostParams, *,
                 bwd_window_s: float, fwd_window_s: float) -> float:
     """Exposed gradient reduction (+ parameter all-gather with the distributed optimizer).
 
@@ -276,7 +286,7 @@ def _dp_exposed(model: ModelSpec, s: Strategy, cluster: ClusterSpec, cp: CostPar
     (MAIN_GRAD_BYTES). With overlap_grad_reduce, buckets reduce during the last micro-batch's
     backward: exposed = max(0, comm - backward) + the last bucket (Megatron DDP docs).
     """
-    dense, expert = stage_params(model, s, 0)
+    dense, expert = _largest_stage(model, s)
     groups = [(dense, s.dp * s.cp, s.tp * s.cp * s.dp)]
     if expert:
         groups.append((expert, s.expert_dp, cluster.num_gpus // s.pp))
@@ -287,12 +297,12 @@ def _dp_exposed(model: ModelSpec, s: Strategy, cluster: ClusterSpec, cp: CostPar
         bw = _link(cluster, span)
         bucket = min(n_params, max(_BUCKET_PARAMS, 1_000_000 * n))
         if s.distributed_optimizer:
-            grad_s += _one_way_s(n_params * MAIN_GRAD_BYTES, n, bw, cp)
-            gather_s += _one_way_s(n_params * PARAM_BYTES, n, bw, cp)
-            tail_s += _one_way_s(bucket * MAIN_GRAD_BYTES, n, bw, cp)
+            grad_s += _one_way_s(n_params * MAIN_GRAD_BYTES, n, bw, prm)
+            gather_s += _one_way_s(n_params * PARAM_BYTES, n, bw, prm)
+            tail_s += _one_way_s(bucket * MAIN_GRAD_BYTES, n, bw, prm)
         else:
-            grad_s += ring_allreduce_s(n_params * MAIN_GRAD_BYTES, n, bw, cp)
-            tail_s += ring_allreduce_s(bucket * MAIN_GRAD_BYTES, n, bw, cp)
+            grad_s += ring_allreduce_s(n_params * MAIN_GRAD_BYTES, n, bw, prm)
+            tail_s += ring_allreduce_s(bucket * MAIN_GRAD_BYTES, n, bw, prm)
     if s.overlap_grad_reduce:
         grad_s = max(0.0, grad_s - bwd_window_s) + tail_s
     if s.overlap_param_gather:
@@ -302,5 +312,5 @@ def _dp_exposed(model: ModelSpec, s: Strategy, cluster: ClusterSpec, cp: CostPar
         # Tied word embeddings: first and last stage all-reduce the embedding gradient
         # (megatron/core/distributed/finalize_model_grads.py), not overlapped.
         nbytes = padded_vocab_size(model, s.tp) * model.hidden_size / s.tp * MAIN_GRAD_BYTES
-        embed_s = ring_allreduce_s(nbytes, 2, _link(cluster, cluster.num_gpus), cp)
+        embed_s = ring_allreduce_s(nbytes, 2, _link(cluster, cluster.num_gpus), prm)
     return grad_s + gather_s + embed_s

@@ -12,14 +12,15 @@ from hypothesis import strategies as st
 
 from autotune import memory_activations
 from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.memory import GIB, MemoryParams, estimate_memory
+from autotune.memory import GIB, MemoryParams, estimate_memory, stage_params
 from autotune.memory_activations import (
     full_recompute_chunk,
     inflight_microbatches,
     layer_activations,
     layer_bytes,
 )
-from autotune.model import ModelSpec, load_model
+from autotune.model import ModelSpec, list_presets, load_model
+from autotune.params import count_parameters
 from autotune.strategy import Strategy, check
 
 
@@ -133,6 +134,14 @@ def test_model_states_gpt_1_7b(tp: int, dp: int, do: bool, weights: int, grads: 
     assert stage.weights_bytes == weights
     assert stage.gradients_bytes == grads
     assert stage.optimizer_bytes == optimizer
+
+
+@pytest.mark.parametrize("name", list_presets())
+def test_stage_params_agree_with_parameter_counts(name: str) -> None:
+    # The sharded counts of the memory model, summed at tp = ep = pp = 1, are autotune.params'.
+    model = load_model(name)
+    dense, expert = stage_params(model, Strategy(), 0)
+    assert dense + expert == count_parameters(model)
 
 
 def test_pipeline_stages_split_embedding_and_logits() -> None:
