@@ -111,6 +111,40 @@ def search(
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Only explain the search space: its size, the valid layouts and "
                           "why the others are rejected.")] = False,
+    backend: Annotated[str, typer.Option(
+        "--backend", help="auto (worker with GPUs, else simulate), simulate (analytical "
+                          "models), worker (megatron-core steps on this node's GPUs), "
+                          "megatron-lm (pretrain_gpt.py from --megatron-lm).")] = "auto",
+    megatron_lm: Annotated[str | None, typer.Option(
+        "--megatron-lm", help="A Megatron-LM checkout, for --backend megatron-lm.")] = None,
+    sampler: Annotated[str, typer.Option(
+        "--sampler", help="auto, tpe (after Alpa's seeds), grid (every valid layout) or "
+                          "ranked (the analytical model's best first).")] = "auto",
+    trials: Annotated[int | None, typer.Option(
+        "--trials", help="Stop after this many launched trials.")] = None,
+    time_budget: Annotated[float | None, typer.Option(
+        "--time-budget", help="Stop after this many seconds.")] = None,
+    patience: Annotated[int | None, typer.Option(
+        "--patience", help="Stop after this many launched trials without improvement.")
+    ] = None,
+    results_dir: Annotated[str, typer.Option(
+        "--results-dir", help="Where studies are written.")] = "results",
+    study: Annotated[str | None, typer.Option(
+        "--study", help="Study name (default: derived from model, GPUs, space, backend).")
+    ] = None,
+    storage: Annotated[str | None, typer.Option(
+        "--storage", help="Optuna storage URL, e.g. postgresql://user@host/db (default: "
+                          "SQLite at RESULTS_DIR/STUDY/study.db).")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue an existing study without repeating finished trials.")
+    ] = False,
+    steps: Annotated[int, typer.Option("--steps", help="Timed training steps per trial.")
+    ] = 10,
+    warmup_steps: Annotated[int, typer.Option(
+        "--warmup-steps", help="Untimed steps before timing.")] = 3,
+    trial_timeout: Annotated[float | None, typer.Option(
+        "--trial-timeout", help="Seconds per trial (default: from the predicted step time).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Search for the fastest layout of MODEL on --gpus GPUs."""
@@ -128,8 +162,61 @@ def search(
     if dry_run:
         _print_dry_run(spec, cluster, space_spec, summary, as_json)
         return
-    raise AutotuneError("the search backends are not available yet: only --dry-run works in "
-                        "this version")
+    for flag, value in (("--trials", trials), ("--patience", patience), ("--steps", steps)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    from autotune.commands.search import run_search_command
+
+    run_search_command(spec, cluster, space_spec, backend=backend, megatron_lm=megatron_lm,
+                       sampler=sampler, trials=trials, time_budget=time_budget,
+                       patience=patience, results_dir=results_dir, study=study,
+                       storage=storage, resume=resume, steps=steps, warmup_steps=warmup_steps,
+                       trial_timeout=trial_timeout, as_json=as_json)
+
+
+@app.command()
+def estimate(
+    model: Annotated[str, typer.Argument(help="A preset name or a model YAML file.")],
+    gpus: Gpus,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor parallel size.")] = 1,
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline parallel size.")] = 1,
+    vpp: Annotated[int, typer.Option("--vpp", help="Virtual stages per pipeline rank.")] = 1,
+    cp: Annotated[int, typer.Option("--cp", help="Context parallel size.")] = 1,
+    ep: Annotated[int, typer.Option("--ep", help="Expert parallel size.")] = 1,
+    sp: Annotated[bool, typer.Option("--sp", help="Sequence parallel.")] = False,
+    mbs: Annotated[int, typer.Option("--mbs", help="Micro-batch size.")] = 1,
+    gbs: Annotated[int | None, typer.Option("--gbs", help="Global batch size "
+                                                          "(default: the preset's).")] = None,
+    recompute: Annotated[str, typer.Option(
+        "--recompute", help="none, selective or full.")] = "none",
+    recompute_method: Annotated[str, typer.Option(
+        "--recompute-method", help="uniform or block (full recompute).")] = "uniform",
+    recompute_num_layers: Annotated[int, typer.Option(
+        "--recompute-num-layers", help="Layers per recompute group (full recompute).")] = 1,
+    distributed_optimizer: Annotated[bool, typer.Option(
+        "--distributed-optimizer", help="Shard optimizer state over data parallel ranks.")
+    ] = False,
+    overlap_grad_reduce: Annotated[bool, typer.Option("--overlap-grad-reduce")] = False,
+    overlap_param_gather: Annotated[bool, typer.Option("--overlap-param-gather")] = False,
+    impl: Annotated[str, typer.Option("--impl", help="local, sdpa or te.")] = "local",
+    seq_len: SeqLen = None,
+    gpu: Gpu = None,
+    gpus_per_node: GpusPerNode = None,
+    layout: Annotated[str | None, typer.Option(
+        "--layout", help="A JSON file from `autotune export --format json` (its values "
+                         "override the flags).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Predict memory per pipeline stage, step time, tokens/s and MFU of one layout."""
+    from autotune.commands.estimate import run_estimate
+
+    fields: dict[str, Any] = dict(
+        tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sequence_parallel=sp, mbs=mbs, recompute=recompute,
+        recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
+        distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=overlap_param_gather, impl=impl)
+    spec, cluster = _load_inputs(model, gpus, gpus_per_node, seq_len, gbs, gpu)
+    run_estimate(spec, cluster, fields, layout_path=layout, as_json=as_json)
 
 
 def _print_dry_run(model: ModelSpec, cluster: ClusterSpec, space: Any, summary: Any,

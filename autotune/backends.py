@@ -1,0 +1,113 @@
+"""Where a trial's numbers come from: the analytical models, the built-in megatron-core worker,
+or Megatron-LM's pretrain_gpt.py. Each backend turns a TrialSpec into TrialMetrics."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from autotune.cost import CostParams, estimate_cost
+from autotune.errors import ConfigError
+from autotune.hardware import ClusterSpec
+from autotune.memory import estimate_memory
+from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
+
+__all__ = ["Backend", "MegatronLMBackend", "SimulateBackend", "WorkerBackend", "make_backend",
+           "te_available", "trial_timeout_s"]
+
+LAUNCH_OVERHEAD_S = 60.0
+"""Launch, rendezvous, model build and CUDA/NCCL initialisation before the first step; the
+per-trial timeout adds this to the predicted time of the steps."""
+
+
+class Backend(Protocol):
+    """Runs one trial."""
+
+    name: str
+    predicted: bool
+    """True when the numbers are predictions, not measurements."""
+
+    def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics: ...
+
+
+def te_available() -> bool:
+    """Transformer Engine is importable (checked without importing it, which loads torch)."""
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def trial_timeout_s(predicted_step_s: float, spec: TrialSpec, factor: float = 4.0) -> float:
+    """Launch overhead plus `factor` times the predicted time of every step of the trial."""
+    steps = spec.warmup_steps + spec.train_steps
+    return LAUNCH_OVERHEAD_S + factor * steps * max(predicted_step_s, 0.05)
+
+
+@dataclass(frozen=True, slots=True)
+class SimulateBackend:
+    """Numbers from the analytical memory and throughput models: nothing is launched."""
+
+    cluster: ClusterSpec
+    cost_params: CostParams | None = None
+    name: str = "simulate"
+    predicted: bool = True
+
+    def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
+        memory = estimate_memory(spec.model, spec.strategy, self.cluster)
+        if not memory.fits:
+            return TrialMetrics(status=TrialStatus.PREDICTED_OOM, predicted=True,
+                                peak_allocated_bytes=int(memory.peak_bytes),
+                                error=memory.explain())
+        cost = estimate_cost(spec.model, spec.strategy, self.cluster, self.cost_params)
+        return TrialMetrics(status=TrialStatus.OK, predicted=True,
+                            step_time_s=cost.step_time_s, step_time_p90_s=cost.step_time_s,
+                            tokens_per_s=cost.tokens_per_s, tflops_per_gpu=cost.tflops_per_gpu,
+                            mfu=cost.mfu, peak_allocated_bytes=int(memory.peak_bytes),
+                            peak_reserved_bytes=int(memory.peak_bytes), loss_finite=True)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerBackend:
+    """Real training steps: autotune's megatron-core worker under torchrun on this node."""
+
+    name: str = "worker"
+    predicted: bool = False
+
+    def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
+        from autotune.metrics import metrics_from_run
+        from autotune.runner import run_trial
+
+        return metrics_from_run(run_trial(spec, trial_dir, timeout_s=timeout_s))
+
+
+@dataclass(frozen=True, slots=True)
+class MegatronLMBackend:
+    """Real training steps of Megatron-LM's own pretrain_gpt.py (a checkout at `path`)."""
+
+    path: Path
+    name: str = "megatron-lm"
+    predicted: bool = False
+
+    def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
+        from autotune.metrics import metrics_from_megatron_log
+        from autotune.runner import run_megatron_lm_trial
+
+        output = run_megatron_lm_trial(self.path, spec, trial_dir, timeout_s=timeout_s)
+        return metrics_from_megatron_log(output, spec)
+
+
+def make_backend(name: str, cluster: ClusterSpec, megatron_lm: str | None = None,
+                 cost_params: CostParams | None = None) -> Backend:
+    """The backend called `name` (simulate, worker, megatron-lm)."""
+    if name == "simulate":
+        return SimulateBackend(cluster, cost_params)
+    if name == "worker":
+        return WorkerBackend()
+    if name == "megatron-lm":
+        if megatron_lm is None:
+            raise ConfigError("--backend megatron-lm needs --megatron-lm PATH (a Megatron-LM "
+                              "checkout)")
+        if not (Path(megatron_lm) / "pretrain_gpt.py").is_file():
+            raise ConfigError(f"--megatron-lm {megatron_lm}: no pretrain_gpt.py there")
+        return MegatronLMBackend(Path(megatron_lm))
+    raise ConfigError(f"unknown backend {name!r}; choose simulate, worker or megatron-lm")

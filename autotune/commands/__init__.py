@@ -1,0 +1,1 @@
+"""The bodies of the CLI commands: each takes parsed values and prints its output."""

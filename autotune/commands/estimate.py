@@ -1,0 +1,99 @@
+"""`autotune estimate`: one layout's predicted memory per stage, step time, tokens/s and MFU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from autotune.cost import estimate_cost
+from autotune.errors import ConfigError
+from autotune.hardware import ClusterSpec
+from autotune.memory import estimate_memory
+from autotune.model import ModelSpec
+from autotune.strategy import Strategy, derive_dp, validate
+
+__all__ = ["run_estimate", "strategy_from_fields"]
+
+_GIB = 2**30
+_LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "sequence_parallel", "mbs", "gbs", "recompute",
+                "recompute_method", "recompute_num_layers", "distributed_optimizer",
+                "overlap_grad_reduce", "overlap_param_gather", "impl")
+
+
+def _layout_file(path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"layout file {path} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"layout file {path}: malformed JSON ({exc.msg}, line {exc.lineno})") \
+            from None
+    layout = data.get("layout", data) if isinstance(data, dict) else None
+    if not isinstance(layout, dict):
+        raise ConfigError(f"layout file {path}: expected a JSON object")
+    return {k: v for k, v in layout.items() if k in _LAYOUT_KEYS}
+
+
+def strategy_from_fields(model: ModelSpec, cluster: ClusterSpec,
+                         fields: dict[str, Any]) -> Strategy:
+    """A validated Strategy: dp derived from the GPUs, gbs from the model unless given."""
+    values = dict(fields)
+    values.setdefault("gbs", model.global_batch_size)
+    if values["gbs"] is None:
+        values["gbs"] = model.global_batch_size
+    dp = derive_dp(cluster, tp=values.get("tp", 1), pp=values.get("pp", 1),
+                   cp=values.get("cp", 1))
+    inner = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
+    if dp is None:
+        raise ConfigError(f"tp={values.get('tp', 1)} x pp={values.get('pp', 1)} x "
+                          f"cp={values.get('cp', 1)} = {inner} must divide the "
+                          f"{cluster.num_gpus} GPUs")
+    return validate(Strategy(dp=dp, **values), model, cluster)
+
+
+def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any], *,
+                 layout_path: str | None, as_json: bool) -> None:
+    if layout_path is not None:
+        fields = {**fields, **_layout_file(layout_path)}
+    fields.setdefault("gbs", model.global_batch_size)
+    strategy = strategy_from_fields(model, cluster, fields)
+    memory = estimate_memory(model, strategy, cluster)
+    cost = estimate_cost(model, strategy, cluster)
+    if as_json:
+        print(json.dumps({
+            "model": model.name, "gpus": cluster.num_gpus, "gpu": cluster.gpu.name,
+            "layout": {k: getattr(strategy, k) for k in ("dp", *_LAYOUT_KEYS)},
+            "num_microbatches": strategy.num_microbatches,
+            "peak_memory_gib": memory.peak_bytes / _GIB, "peak_stage": memory.peak_stage,
+            "capacity_gib": memory.capacity_bytes / _GIB, "fits": memory.fits,
+            "memory_breakdown_gib": memory.breakdown_gib(),
+            "stages_gib": [{"stage": st.stage, "total": st.total_bytes / _GIB}
+                           for st in memory.stages],
+            "step_time_s": cost.step_time_s, "tokens_per_s": cost.tokens_per_s,
+            "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu,
+            "time_breakdown_s": {k: getattr(cost, k) for k in (
+                "compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s",
+                "bubble_s", "optimizer_s", "overhead_s")},
+            "predicted": True,
+        }, indent=2))
+        return
+    print(f"{model.name} on {cluster.num_gpus} x {cluster.gpu.name} "
+          f"({cluster.gpus_per_node} per node): {strategy.describe()}, "
+          f"gbs {strategy.gbs}, {strategy.num_microbatches} micro-batches (predicted)")
+    print(f"memory per GPU by pipeline stage (GiB; capacity {memory.capacity_bytes / _GIB:.1f}):")
+    names = [n for n in memory.breakdown_gib() if n != "total"]
+    print("  stage " + " ".join(f"{n[:11]:>11}" for n in names) + f" {'total':>8}")
+    for st in memory.stages:
+        terms = [getattr(st, f"{n}_bytes", 0.0) / _GIB for n in names]
+        mark = "  <- peak" if st.stage == memory.peak_stage else ""
+        print(f"  {st.stage:>5} " + " ".join(f"{t:>11.2f}" for t in terms) +
+              f" {st.total_bytes / _GIB:>8.2f}{mark}")
+    verdict = "fits" if memory.fits else f"does NOT fit: {memory.explain()}"
+    print(f"peak {memory.peak_bytes / _GIB:.2f} GiB on stage {memory.peak_stage}: {verdict}")
+    print(f"step {cost.step_time_s * 1e3:.1f} ms: compute {cost.compute_s * 1e3:.1f}, "
+          f"tp {cost.tp_comm_s * 1e3:.1f}, cp {cost.cp_comm_s * 1e3:.1f}, "
+          f"pp {cost.pp_comm_s * 1e3:.1f}, dp {cost.dp_comm_s * 1e3:.1f}, "
+          f"bubble {cost.bubble_s * 1e3:.1f}, optimizer {cost.optimizer_s * 1e3:.1f} ms")
+    print(f"{cost.tokens_per_s:,.0f} tokens/s, {cost.tflops_per_gpu:.0f} TFLOP/s per GPU, "
+          f"MFU {cost.mfu:.1%}")

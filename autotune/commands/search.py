@@ -1,0 +1,100 @@
+"""`autotune MODEL --gpus N`: pick the backend, run the study with progress, print the best."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from autotune.backends import make_backend
+from autotune.errors import AutotuneError, ConfigError, LaunchError
+from autotune.hardware import ClusterSpec, local_gpu_count
+from autotune.model import ModelSpec
+from autotune.space import SearchSpace
+
+__all__ = ["run_search_command"]
+
+DEFAULT_REAL_TRIALS = 20
+
+
+def _choose_backend(requested: str, cluster: ClusterSpec) -> str:
+    local = local_gpu_count()
+    if requested == "auto":
+        if local == 0:
+            print("autotune: no GPU on this machine; planning with the analytical models "
+                  "(--backend simulate): every figure is a prediction", file=sys.stderr)
+            return "simulate"
+        requested = "worker"
+    if requested in ("worker", "megatron-lm"):
+        if local == 0:
+            raise LaunchError(f"--backend {requested} needs NVIDIA GPUs; none found (use "
+                              "--backend simulate to plan without them)")
+        if cluster.num_gpus > local:
+            raise ConfigError(f"--gpus {cluster.num_gpus} but this node has {local} GPU(s); "
+                              "multi-node trials are not supported yet (plan with --backend "
+                              "simulate)")
+    return requested
+
+
+def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, *,
+                       backend: str, megatron_lm: str | None, sampler: str,
+                       trials: int | None, time_budget: float | None, patience: int | None,
+                       results_dir: str, study: str | None, storage: str | None, resume: bool,
+                       steps: int, warmup_steps: int, trial_timeout: float | None,
+                       as_json: bool) -> None:
+    from autotune.search import SearchConfig, run_search
+    from autotune.search.progress import LiveProgress, best_table
+
+    name = _choose_backend(backend, cluster)
+    chosen = make_backend(name, cluster, megatron_lm)
+    if trials is None and not chosen.predicted and time_budget is None:
+        trials = DEFAULT_REAL_TRIALS
+    cfg = SearchConfig(model=model, cluster=cluster, space=space, backend=chosen,
+                       results_dir=Path(results_dir), study_name=study, storage=storage,
+                       sampler=sampler, n_trials=trials, time_budget_s=time_budget,
+                       patience=patience, resume=resume, train_steps=steps,
+                       warmup_steps=warmup_steps, trial_timeout_s=trial_timeout)
+    console = Console(stderr=True)
+    quiet = as_json or chosen.predicted
+    if quiet:
+        result = run_search(cfg)
+    else:
+        with LiveProgress(trials, console) as progress:
+            result = run_search(cfg, progress)
+    if as_json:
+        print(json.dumps({"study": result.study_name, "predicted": chosen.predicted,
+                          "stop_reason": result.stop_reason,
+                          "best": [_best_row(r, cluster) for r in result.best(10)]}, indent=2))
+    else:
+        out = Console()
+        out.print(best_table(result, title=f"{model.name} on {cluster.num_gpus} x "
+                             f"{cluster.gpu.name}: best layouts"
+                             + (" (predicted)" if chosen.predicted else "")))
+        launched = sum(1 for r in result.records if r.launched)
+        out.print(f"{launched} trials {'simulated' if chosen.predicted else 'launched'}, "
+                  f"{len(result.records)} in the study ({result.valid_strategies} valid "
+                  f"layouts); stopped: {result.stop_reason}")
+        out.print(f"study {result.study_name} in {result.storage}")
+    if result.interrupted:
+        raise AutotuneError("interrupted: the study is consistent; --resume continues it")
+
+
+def _best_row(record: object, cluster: ClusterSpec) -> dict[str, object]:
+    from autotune.search import TrialRecord
+
+    assert isinstance(record, TrialRecord)
+    s, m = record.strategy, record.metrics
+    peak = (m.peak_reserved_bytes or m.peak_allocated_bytes) if m else None
+    return {"trial": record.number, "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp,
+            "ep": s.ep, "vpp": s.vpp, "mbs": s.mbs, "gbs": s.gbs, "recompute": s.recompute,
+            "sequence_parallel": s.sequence_parallel,
+            "distributed_optimizer": s.distributed_optimizer,
+            "overlap_grad_reduce": s.overlap_grad_reduce,
+            "overlap_param_gather": s.overlap_param_gather, "impl": s.impl,
+            "tokens_per_s": record.tokens_per_s,
+            "mfu": m.mfu if m else None,
+            "step_time_s": m.step_time_s if m else None,
+            "peak_memory_gib": None if peak is None else peak / 2**30,
+            "predicted": bool(m and m.predicted)}

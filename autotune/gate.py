@@ -1,0 +1,91 @@
+"""The memory gate: which layouts are never launched, and what real OOMs teach.
+
+A layout is launched only when the memory model predicts it fits. A real OOM teaches two
+things (both remembered for the rest of the study): every larger micro-batch of the same layout
+runs out of memory too, and so does every layout the model predicts to need at least as much
+memory as the one that failed — the model underestimated, so its prediction for the failed
+layout becomes the effective capacity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from autotune.hardware import ClusterSpec
+from autotune.memory import MemoryEstimate, estimate_memory
+from autotune.model import ModelSpec
+from autotune.strategy import Strategy, check
+from autotune.trial import TrialStatus
+
+__all__ = ["GateDecision", "MemoryGate", "layout_key"]
+
+
+def layout_key(strategy: Strategy) -> Strategy:
+    """The strategy with mbs normalised: strategies sharing it differ only in micro-batch."""
+    return replace(strategy, mbs=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GateDecision:
+    """`status` None means launch; otherwise the status to record instead, with the reason."""
+
+    status: TrialStatus | None
+    reason: str
+    memory: MemoryEstimate | None
+    constraint: float
+    """Optuna constraint value: predicted peak over the usable capacity, in GiB (> 0 means
+    infeasible)."""
+
+    @property
+    def launch(self) -> bool:
+        return self.status is None
+
+
+@dataclass(slots=True)
+class MemoryGate:
+    """Decides per strategy, and learns from real OOMs."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    oom_mbs: dict[Strategy, int] = field(default_factory=dict)
+    """Per layout (layout_key), the smallest micro-batch that ran out of memory."""
+    learned_capacity_bytes: float | None = None
+    """The smallest predicted peak among real OOMs."""
+
+    def capacity_bytes(self) -> float:
+        capacity = float(self.cluster.gpu.memory_bytes)
+        if self.learned_capacity_bytes is not None:
+            capacity = min(capacity, self.learned_capacity_bytes)
+        return capacity
+
+    def decide(self, strategy: Strategy) -> GateDecision:
+        violations = check(strategy, self.model, self.cluster)
+        if violations:
+            return GateDecision(status=TrialStatus.INVALID, reason=violations[0].message,
+                                memory=None, constraint=1.0)
+        memory = estimate_memory(self.model, strategy, self.cluster)
+        capacity = self.capacity_bytes()
+        constraint = (memory.peak_bytes - capacity) / 2**30
+        smallest_oom = self.oom_mbs.get(layout_key(strategy))
+        if smallest_oom is not None and strategy.mbs >= smallest_oom:
+            return GateDecision(
+                status=TrialStatus.PREDICTED_OOM, memory=memory, constraint=max(constraint, 0.1),
+                reason=f"mbs={strategy.mbs} >= mbs={smallest_oom}, which ran out of memory "
+                       "with this layout")
+        if memory.peak_bytes > capacity:
+            learned = capacity < self.cluster.gpu.memory_bytes
+            why = (f"predicted {memory.peak_bytes / 2**30:.1f} GiB on the peak stage, over the "
+                   f"{'learned ' if learned else ''}capacity of {capacity / 2**30:.1f} GiB")
+            return GateDecision(status=TrialStatus.PREDICTED_OOM, reason=why, memory=memory,
+                                constraint=constraint)
+        return GateDecision(status=None, reason="predicted to fit", memory=memory,
+                            constraint=constraint)
+
+    def record_oom(self, strategy: Strategy, predicted_peak_bytes: float | None) -> None:
+        """Remember a real OOM of `strategy`."""
+        key = layout_key(strategy)
+        self.oom_mbs[key] = min(self.oom_mbs.get(key, strategy.mbs), strategy.mbs)
+        if predicted_peak_bytes is not None:
+            current = self.learned_capacity_bytes
+            self.learned_capacity_bytes = (predicted_peak_bytes if current is None
+                                           else min(current, predicted_peak_bytes))

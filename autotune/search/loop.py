@@ -1,0 +1,436 @@
+"""The search loop: ask -> gate -> run -> tell, on an Optuna study.
+
+Every valid layout is a point of the study's categorical dimensions (candidate lists fixed per
+study). Alpa's heuristic seeds come first; then the sampler proposes. A proposal that breaks a
+Megatron rule or is predicted not to fit is told PRUNED with its constraint and never launched;
+a real OOM is pruned and teaches the gate (autotune.gate). A proposal already measured is told
+again with the same outcome, so nothing runs twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from autotune.backends import Backend, te_available, trial_timeout_s
+from autotune.cost import CostParams, estimate_cost
+from autotune.errors import ConfigError
+from autotune.gate import MemoryGate, layout_key
+from autotune.hardware import ClusterSpec
+from autotune.heuristics import alpa_seeds, next_smaller_mbs
+from autotune.model import ModelSpec
+from autotune.search.storage import (
+    DIRECTIONS,
+    default_study_name,
+    open_study,
+    redact_url,
+    storage_url,
+)
+from autotune.space import SearchSpace, enumerate_space
+from autotune.strategy import Strategy
+from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
+
+__all__ = ["SearchConfig", "SearchResult", "TrialRecord", "run_search"]
+
+log = logging.getLogger(__name__)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+LAUNCHED = (TrialStatus.OK, TrialStatus.OOM, TrialStatus.TIMEOUT, TrialStatus.CRASH,
+            TrialStatus.NCCL_ERROR)
+_GIB = 2**30
+GRID_LIMIT = 3000
+RANKED_DEFAULT = 200
+"""Layouts the ranked sampler tries when --trials is not given."""
+"""With predictions, spaces of at most this many valid layouts are searched exhaustively."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchConfig:
+    model: ModelSpec
+    cluster: ClusterSpec
+    space: SearchSpace
+    backend: Backend
+    results_dir: Path = Path("results")
+    study_name: str | None = None
+    storage: str | None = None
+    """An Optuna RDB URL (postgresql://...); default SQLite at results/<study>/study.db."""
+    sampler: str = "auto"
+    """tpe (after Alpa's seeds), grid (every valid layout), ranked (the model's best first), or
+    auto: tpe for real trials; for predictions grid when the space is small, else ranked."""
+    n_trials: int | None = None
+    """Stop after this many launched (or simulated) trials."""
+    time_budget_s: float | None = None
+    patience: int | None = None
+    """Stop after this many launched trials without a better tokens/s."""
+    resume: bool = False
+    seed: int = 0
+    train_steps: int = 10
+    warmup_steps: int = 3
+    trial_timeout_s: float | None = None
+    """Per-trial timeout; default derived from the predicted step time."""
+    cost_params: CostParams | None = None
+    max_idle_asks: int = 40
+    """Consecutive proposals that launch nothing before the model's best untried layout is
+    enqueued instead."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrialRecord:
+    """One trial of the study as the user sees it."""
+
+    number: int
+    strategy: Strategy
+    status: TrialStatus
+    source: str
+    reason: str = ""
+    metrics: TrialMetrics | None = None
+    predicted_peak_bytes: float | None = None
+    predicted_tokens_per_s: float | None = None
+    duplicate_of: int | None = None
+
+    @property
+    def launched(self) -> bool:
+        return self.status in LAUNCHED and self.duplicate_of is None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        ok = self.metrics is not None and self.metrics.status is TrialStatus.OK
+        return self.metrics.tokens_per_s if ok and self.metrics else None
+
+
+@dataclass(slots=True)
+class SearchResult:
+    study_name: str
+    storage: str
+    """Redacted storage URL."""
+    records: list[TrialRecord] = field(default_factory=list)
+    stop_reason: str = ""
+    interrupted: bool = False
+    valid_strategies: int = 0
+    elapsed_s: float = 0.0
+
+    def best(self, k: int = 5) -> list[TrialRecord]:
+        ok = [r for r in self.records if r.tokens_per_s is not None and r.duplicate_of is None]
+        return sorted(ok, key=lambda r: -(r.tokens_per_s or 0.0))[:k]
+
+    def count(self, status: TrialStatus) -> int:
+        return sum(1 for r in self.records if r.status is status and r.duplicate_of is None)
+
+
+Observer = Callable[[TrialRecord, SearchResult], None]
+
+
+def _params(strategy: Strategy, free: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
+    return {dim: getattr(strategy, dim) for dim in free}
+
+
+def _key(params: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(sorted(params.items()))
+
+
+def _sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        # Multivariate TPE models the interactions (tp x pp x mbs) that decide memory and speed.
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8,
+                                          constant_liar=True)
+    if name in ("grid", "ranked"):
+        return optuna.samplers.RandomSampler(seed=seed)  # unused: every trial is enqueued
+    raise ConfigError(f"unknown sampler {name!r}; choose tpe, grid or ranked")
+
+
+class _Search:
+    def __init__(self, cfg: SearchConfig, observer: Observer | None) -> None:
+        self.cfg = cfg
+        self.observer = observer
+        summary = enumerate_space(cfg.space, cfg.model, cfg.cluster)
+        if not summary.valid:
+            raise ConfigError(f"no valid layout of {cfg.model.name} on "
+                              f"{cfg.cluster.num_gpus} GPUs in this search space")
+        self.valid = summary.valid
+        dims = {d: tuple(summary.valid_values(d)) for d in cfg.space.candidates}
+        self.free = {d: v for d, v in dims.items() if len(v) > 1}
+        self.fixed = {d: v[0] for d, v in dims.items() if len(v) == 1}
+        self.distributions = {d: CategoricalDistribution(list(v)) for d, v in self.free.items()}
+        self.by_key = {_key(_params(s, self.free)): s for s in self.valid}
+        self.gate = MemoryGate(cfg.model, cfg.cluster)
+        self.seen: dict[tuple[Any, ...], TrialRecord] = {}
+        self.good_mbs: dict[Strategy, int] = {}
+        self.best_tokens = 0.0
+        self.since_best = 0
+        self.launched = 0
+        self.impl = "te" if te_available() else "sdpa"
+        self.sampler = cfg.sampler
+        if self.sampler == "auto":
+            small = len(self.valid) <= GRID_LIMIT
+            self.sampler = "tpe" if not cfg.backend.predicted else ("grid" if small
+                                                                   else "ranked")
+        name = cfg.study_name or default_study_name(cfg.model, cfg.cluster, cfg.space,
+                                                    cfg.backend.name)
+        url = storage_url(cfg.results_dir, name, cfg.storage)
+        self.trial_root = cfg.results_dir / name / "trials"
+        sampler = _sampler(self.sampler, cfg.seed)
+        self.persistent: optuna.Study | None = None
+        self.persisted = 0
+        if cfg.backend.predicted:
+            # Predictions cost microseconds; a storage round trip per trial would dominate. The
+            # study runs in memory and its trials are written in one pass at the end.
+            self.persistent = open_study(name, url, sampler, resume=cfg.resume, heartbeat=False)
+            self.study = optuna.create_study(directions=list(DIRECTIONS), sampler=sampler)
+            finished = [t for t in self.persistent.get_trials(deepcopy=False)
+                        if t.state.is_finished()]
+            self.study.add_trials(finished)
+            self.persisted = len(finished)
+        else:
+            self.study = open_study(name, url, sampler, resume=cfg.resume, heartbeat=True)
+        self.queue: deque[tuple[Strategy, str]] = deque()
+        self.result = SearchResult(study_name=name, storage=redact_url(url),
+                                   valid_strategies=len(self.valid))
+
+    # -- strategies -----------------------------------------------------------------------
+    def strategy(self, params: dict[str, Any]) -> Strategy | None:
+        return self.by_key.get(_key({d: params[d] for d in self.free}))
+
+    def predicted_tokens(self, s: Strategy) -> float:
+        return estimate_cost(self.cfg.model, s, self.cfg.cluster,
+                             self.cfg.cost_params).tokens_per_s
+
+    def ranked_launchable(self) -> list[Strategy]:
+        fitting = [s for s in self.valid if self.gate.decide(s).launch]
+        return sorted(fitting, key=self.predicted_tokens, reverse=True)
+
+    # -- study bookkeeping ----------------------------------------------------------------
+    def replay(self) -> None:
+        """Rebuild state from a resumed study: seen layouts, OOM knowledge, best so far."""
+        for frozen in self.study.get_trials(deepcopy=False):
+            attrs = frozen.user_attrs.get("record")
+            if frozen.state not in (TrialState.COMPLETE, TrialState.PRUNED) or not attrs:
+                continue
+            s = self.strategy(frozen.params)
+            if s is None:
+                continue
+            record = record_from_attrs(frozen.number, s, attrs)
+            self.note(record, count_launch=False)
+
+    def note(self, record: TrialRecord, *, count_launch: bool = True) -> None:
+        self.result.records.append(record)
+        if record.duplicate_of is None:
+            self.seen.setdefault(_key(_params(record.strategy, self.free)), record)
+        if record.status is TrialStatus.OOM and record.duplicate_of is None:
+            self.gate.record_oom(record.strategy, record.predicted_peak_bytes)
+        tokens = record.tokens_per_s
+        if tokens is not None:
+            key = layout_key(record.strategy)
+            self.good_mbs[key] = max(self.good_mbs.get(key, 0), record.strategy.mbs)
+        if record.launched and count_launch:
+            self.launched += 1
+            if tokens is not None and tokens > self.best_tokens:
+                self.best_tokens, self.since_best = tokens, 0
+            else:
+                self.since_best += 1
+        elif tokens is not None:
+            self.best_tokens = max(self.best_tokens, tokens)
+        if self.observer is not None:
+            self.observer(record, self.result)
+
+    def enqueue(self, s: Strategy, source: str, *, first: bool = False) -> None:
+        """Queue a layout for a coming trial. The queue lives here, not in the study, so that
+        a grid of thousands costs nothing until each trial is asked for."""
+        if first:
+            self.queue.appendleft((s, source))
+        else:
+            self.queue.append((s, source))
+
+    # -- one trial ------------------------------------------------------------------------
+    def tell(self, trial: optuna.Trial, record: TrialRecord) -> None:
+        trial.set_user_attr("record", record_to_attrs(record, self.cfg.backend.predicted))
+        capacity = self.cfg.cluster.gpu.memory_bytes
+        m = record.metrics
+        if record.tokens_per_s is not None and m is not None:
+            peak = m.peak_reserved_bytes or m.peak_allocated_bytes or 0
+            trial.set_constraint("memory_gib", (peak - capacity) / _GIB)
+            self.study.tell(trial, [record.tokens_per_s, peak / _GIB])
+        elif record.status in (TrialStatus.CRASH, TrialStatus.TIMEOUT, TrialStatus.NCCL_ERROR):
+            self.study.tell(trial, state=TrialState.FAIL)
+        else:  # INVALID, PREDICTED_OOM, OOM: infeasible, and TPE learns from pruned trials
+            peak = record.predicted_peak_bytes or capacity
+            trial.set_constraint("memory_gib", max((peak - capacity) / _GIB, 0.1))
+            self.study.tell(trial, state=TrialState.PRUNED)
+        self.note(record)
+
+    def run_one(self) -> bool:
+        """Ask for one trial and finish it. False when the space is exhausted."""
+        took = False
+        while self.queue and not took:
+            queued, source = self.queue.popleft()
+            if _key(_params(queued, self.free)) not in self.seen:
+                self.study.enqueue_trial(_params(queued, self.free),
+                                         user_attrs={"source": source})
+                took = True
+        if not took and self.sampler != "tpe":
+            return False
+        trial = self.study.ask(self.distributions)
+        source = trial.user_attrs.get("source", "sampler")
+        s = self.strategy(trial.params)
+        if s is None:
+            params = {**trial.params, **self.fixed}
+            record = TrialRecord(number=trial.number,
+                                 strategy=Strategy(gbs=self.cfg.model.global_batch_size,
+                                                   **{k: v for k, v in params.items()
+                                                      if k in Strategy.__dataclass_fields__}),
+                                 status=TrialStatus.INVALID, source=source,
+                                 reason="breaks a Megatron rule (autotune MODEL --dry-run "
+                                        "lists them)")
+            self.tell(trial, record)
+            return True
+        previous = self.seen.get(_key(trial.params))
+        if previous is not None:
+            self.tell(trial, replace(previous, number=trial.number, source=source,
+                                     duplicate_of=previous.number))
+            return True
+        decision = self.gate.decide(s)
+        peak = decision.memory.peak_bytes if decision.memory else None
+        if not decision.launch:
+            assert decision.status is not None
+            self.tell(trial, TrialRecord(number=trial.number, strategy=s,
+                                         status=decision.status, source=source,
+                                         reason=decision.reason, predicted_peak_bytes=peak))
+            return True
+        cost = estimate_cost(self.cfg.model, s, self.cfg.cluster, self.cfg.cost_params)
+        spec = TrialSpec(model=self.cfg.model, strategy=s, train_steps=self.cfg.train_steps,
+                         warmup_steps=self.cfg.warmup_steps, seed=self.cfg.seed,
+                         gpu_peak_bf16_flops=self.cfg.cluster.gpu.peak_bf16_flops)
+        timeout = self.cfg.trial_timeout_s or trial_timeout_s(cost.step_time_s, spec)
+        trial_dir = self.trial_root / str(trial.number)
+        try:
+            metrics = self.cfg.backend.run(spec, trial_dir, timeout)
+        except KeyboardInterrupt:
+            trial.set_user_attr("record", {"status": "INTERRUPTED", "source": source,
+                                           "strategy": s.describe()})
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
+        record = TrialRecord(number=trial.number, strategy=s, status=metrics.status,
+                             source=source, reason=metrics.error or "", metrics=metrics,
+                             predicted_peak_bytes=peak, predicted_tokens_per_s=cost.tokens_per_s)
+        self.tell(trial, record)
+        if metrics.status is TrialStatus.OOM:
+            self.bisect(s)
+        return True
+
+    def bisect(self, failed: Strategy) -> None:
+        """After a real OOM, try a smaller micro-batch of the same layout (Alpa step 1)."""
+        candidates = self.cfg.space.candidates.get("mbs", (failed.mbs,))
+        smaller = next_smaller_mbs(candidates, failed.mbs, self.good_mbs.get(layout_key(failed)))
+        if smaller is None:
+            return
+        retry = replace(failed, mbs=smaller)
+        if _key(_params(retry, self.free)) in self.by_key and \
+                _key(_params(retry, self.free)) not in self.seen:
+            self.enqueue(retry, "oom-bisect", first=True)
+
+    # -- the loop -------------------------------------------------------------------------
+    def stop_reason(self, start: float) -> str | None:
+        cfg = self.cfg
+        if cfg.n_trials is not None and self.launched >= cfg.n_trials:
+            return f"reached --trials {cfg.n_trials}"
+        if cfg.time_budget_s is not None and time.monotonic() - start >= cfg.time_budget_s:
+            return f"reached --time-budget {cfg.time_budget_s:g} s"
+        if cfg.patience is not None and self.since_best >= cfg.patience:
+            return f"{cfg.patience} trials without improvement (--patience)"
+        return None
+
+    def seed(self) -> None:
+        if self.sampler == "grid":
+            for s in self.valid:
+                self.enqueue(s, "grid")
+            return
+        if self.sampler == "ranked":
+            limit = self.cfg.n_trials or RANKED_DEFAULT
+            for s in self.ranked_launchable()[:limit]:
+                self.enqueue(s, "ranked")
+            return
+        if self.study.trials:
+            return
+        for s in alpa_seeds(self.valid, lambda s: self.gate.decide(s).launch, self.impl):
+            self.enqueue(s, "alpa")
+
+    def waiting(self) -> int:
+        return len(self.queue)
+
+    def run(self) -> SearchResult:
+        start = time.monotonic()
+        self.replay()
+        self.seed()
+        idle = 0
+        try:
+            while (reason := self.stop_reason(start)) is None:
+                before = self.launched
+                if not self.run_one():
+                    reason = ("every layout of the grid was tried" if self.sampler == "grid"
+                              else "every ranked layout was tried")
+                    break
+                idle = 0 if self.launched > before else idle + 1
+                if idle >= self.cfg.max_idle_asks and self.waiting() == 0:
+                    untried = [s for s in self.ranked_launchable()
+                               if _key(_params(s, self.free)) not in self.seen]
+                    if not untried:
+                        reason = "every layout predicted to fit has been tried"
+                        break
+                    self.enqueue(untried[0], "model")
+                    idle = 0
+            self.result.stop_reason = reason
+        except KeyboardInterrupt:
+            self.result.interrupted = True
+            self.result.stop_reason = "interrupted (Ctrl-C); --resume continues the study"
+        finally:
+            self.persist()
+        self.result.elapsed_s = time.monotonic() - start
+        return self.result
+
+    def persist(self) -> None:
+        """Write the in-memory trials of a predicted study to its storage."""
+        if self.persistent is None:
+            return
+        new = [t for t in self.study.get_trials(deepcopy=False)[self.persisted:]
+               if t.state.is_finished()]
+        self.persistent.add_trials(new)
+        self.persisted += len(new)
+
+
+def run_search(cfg: SearchConfig, observer: Observer | None = None) -> SearchResult:
+    """Run (or resume) a study and return what happened."""
+    return _Search(cfg, observer).run()
+
+
+def record_to_attrs(record: TrialRecord, predicted: bool) -> dict[str, Any]:
+    """The trial's record as one JSON-able user attribute (one write per trial)."""
+    attrs: dict[str, Any] = {
+        "status": record.status.value, "source": record.source, "reason": record.reason,
+        "strategy": record.strategy.describe(),
+        "layout": {f: getattr(record.strategy, f) for f in Strategy.__dataclass_fields__},
+        "predicted_peak_bytes": record.predicted_peak_bytes,
+        "predicted_tokens_per_s": record.predicted_tokens_per_s,
+        "predicted": predicted,
+    }
+    if record.metrics is not None:
+        attrs["metrics"] = record.metrics.to_dict()
+    if record.duplicate_of is not None:
+        attrs["duplicate_of"] = record.duplicate_of
+    return attrs
+
+
+def record_from_attrs(number: int, strategy: Strategy, attrs: dict[str, Any]) -> TrialRecord:
+    metrics = TrialMetrics.from_dict(attrs["metrics"]) if attrs.get("metrics") else None
+    return TrialRecord(number=number, strategy=strategy, status=TrialStatus(attrs["status"]),
+                       source=attrs.get("source", "sampler"), reason=attrs.get("reason", ""),
+                       metrics=metrics, predicted_peak_bytes=attrs.get("predicted_peak_bytes"),
+                       predicted_tokens_per_s=attrs.get("predicted_tokens_per_s"),
+                       duplicate_of=attrs.get("duplicate_of"))

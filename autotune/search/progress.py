@@ -1,0 +1,95 @@
+"""Live progress of a search in the terminal (rich): a bar, the recent trials, the best so far."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from autotune.search.loop import SearchResult, TrialRecord
+from autotune.trial import TrialStatus
+
+__all__ = ["LiveProgress", "best_table", "format_record"]
+
+_GIB = 2**30
+_STYLE = {TrialStatus.OK: "green", TrialStatus.OOM: "red", TrialStatus.PREDICTED_OOM: "yellow",
+          TrialStatus.INVALID: "dim", TrialStatus.TIMEOUT: "red", TrialStatus.CRASH: "red",
+          TrialStatus.NCCL_ERROR: "red"}
+
+
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value / _GIB:.1f}"
+
+
+def format_record(r: TrialRecord) -> dict[str, str]:
+    m = r.metrics
+    peak = (m.peak_reserved_bytes or m.peak_allocated_bytes) if m else None
+    return {
+        "#": str(r.number), "layout": r.strategy.describe(), "status": r.status.value,
+        "tokens/s": "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
+        "MFU": "-" if not m or m.mfu is None or r.tokens_per_s is None else f"{m.mfu:.1%}",
+        "peak GiB": _gib(peak if peak is not None else r.predicted_peak_bytes),
+        "source": r.source + (f" (=#{r.duplicate_of})" if r.duplicate_of is not None else ""),
+    }
+
+
+def best_table(result: SearchResult, k: int = 10, title: str | None = None) -> Table:
+    predicted = any(r.metrics is not None and r.metrics.predicted for r in result.records)
+    table = Table(title=title or ("best layouts (predicted)" if predicted else "best layouts"))
+    for column in ("#", "layout", "tokens/s", "MFU", "peak GiB", "source"):
+        table.add_column(column, justify="right" if column != "layout" else "left")
+    for r in result.best(k):
+        row = format_record(r)
+        table.add_row(*(row[c] for c in ("#", "layout", "tokens/s", "MFU", "peak GiB",
+                                          "source")))
+    return table
+
+
+class LiveProgress:
+    """An observer for run_search that redraws a bar and a table after each trial."""
+
+    def __init__(self, total: int | None, console: Console | None = None,
+                 recent: int = 12) -> None:
+        self.console = console or Console(stderr=True)
+        self.recent: list[TrialRecord] = []
+        self.keep = recent
+        self.start = time.monotonic()
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                 TextColumn("{task.completed}/{task.total} launched"),
+                                 TimeElapsedColumn(), TimeRemainingColumn(),
+                                 console=self.console)
+        self.task = self.progress.add_task("searching", total=total)
+        self.live = Live(self.render(None), console=self.console, refresh_per_second=4,
+                         transient=False)
+
+    def __enter__(self) -> LiveProgress:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.live.__exit__(*exc)
+
+    def render(self, result: SearchResult | None) -> Group:
+        table = Table(expand=False)
+        for column in ("#", "layout", "status", "tokens/s", "MFU", "peak GiB", "source"):
+            table.add_column(column)
+        for r in self.recent:
+            row = format_record(r)
+            style = _STYLE.get(r.status, "")
+            table.add_row(*(row[c] for c in ("#", "layout", "status", "tokens/s", "MFU",
+                                              "peak GiB", "source")), style=style)
+        best = result.best(1) if result else []
+        line = (f"best so far: {best[0].strategy.describe()} at "
+                f"{best[0].tokens_per_s:,.0f} tokens/s (#{best[0].number})" if best
+                else "best so far: -")
+        return Group(self.progress, table, line)
+
+    def __call__(self, record: TrialRecord, result: SearchResult) -> None:
+        self.recent = [*self.recent, record][-self.keep:]
+        launched = sum(1 for r in result.records if r.launched)
+        self.progress.update(self.task, completed=launched)
+        self.live.update(self.render(result))

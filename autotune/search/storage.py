@@ -1,0 +1,76 @@
+"""Where studies live: SQLite under results/<study>/ by default, or any Optuna RDB URL."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+import optuna
+
+from autotune.errors import ConfigError
+from autotune.hardware import ClusterSpec
+from autotune.model import ModelSpec
+from autotune.space import SearchSpace
+
+__all__ = ["default_study_name", "open_study", "redact_url", "storage_url"]
+
+DIRECTIONS = ("maximize", "minimize")
+"""Objectives: tokens/s (whole job) and peak memory per GPU in GiB."""
+
+
+def default_study_name(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
+                       backend: str) -> str:
+    """`gpt2-xl-8gpu-h100-80gb-worker-1a2b3c4d`: the hash covers everything the candidate
+    lists depend on, so a changed space or model never reuses a study by accident."""
+    key = json.dumps({"model": asdict(model), "gpus": cluster.num_gpus,
+                      "per_node": cluster.gpus_per_node, "gpu": cluster.gpu.name,
+                      "space": {k: list(v) for k, v in space.candidates.items()},
+                      "backend": backend}, sort_keys=True, default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+    return f"{model.name}-{cluster.num_gpus}gpu-{cluster.gpu.name}-{backend}-{digest}"
+
+
+def storage_url(results_dir: Path, study_name: str, storage: str | None) -> str:
+    """The storage URL: `storage` as given, else SQLite at results/<study>/study.db."""
+    if storage:
+        return storage
+    folder = results_dir / study_name
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(folder / 'study.db').resolve()}"
+
+
+_PASSWORD = re.compile(r"(?P<head>[a-z0-9+]+://[^:/@]+:)(?P<secret>[^@]*)(?P<tail>@)", re.I)
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ***, for logs and reports."""
+    return _PASSWORD.sub(lambda m: f"{m['head']}***{m['tail']}", url)
+
+
+def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *, resume: bool,
+               heartbeat: bool) -> optuna.Study:
+    """Create the study, or load it with `resume`. An existing study is never overwritten."""
+    kwargs: dict[str, object] = {}
+    if heartbeat:
+        # A trial whose process dies stops beating; after the grace period it is marked FAIL
+        # by the next worker or resume (optuna.storages.fail_stale_trials).
+        kwargs = {"heartbeat_interval": 10, "grace_period": 60}
+    try:
+        storage = optuna.storages.RDBStorage(url, **kwargs)  # type: ignore[arg-type]
+    except Exception as exc:  # SQLAlchemy raises many types for a bad URL or server
+        raise ConfigError(f"cannot open storage {redact_url(url)}: "
+                          f"{str(exc).splitlines()[0]}") from exc
+    exists = name in {s.study_name for s in optuna.get_all_study_summaries(storage)}
+    if exists and not resume:
+        raise ConfigError(f"study {name} already exists in {redact_url(url)}; pass --resume to "
+                          "continue it or --study NAME for a new one")
+    if not exists and resume:
+        raise ConfigError(f"--resume: no study {name} in {redact_url(url)}")
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                directions=list(DIRECTIONS), load_if_exists=True)
+    if heartbeat:
+        optuna.storages.fail_stale_trials(study)
+    return study
