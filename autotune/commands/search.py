@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
 
-from autotune.backends import make_backend
+from autotune.backends import make_backend, te_available
 from autotune.errors import AutotuneError, ConfigError, LaunchError
 from autotune.hardware import ClusterSpec, local_gpu_count
 from autotune.model import ModelSpec
@@ -38,6 +39,25 @@ def _choose_backend(requested: str, cluster: ClusterSpec) -> str:
     return requested
 
 
+def _runnable_space(space: SearchSpace, backend: str) -> SearchSpace:
+    """Real trials can only use the implementations installed here: without Transformer Engine
+    `te` is dropped (and `sdpa` for Megatron-LM, which has no such implementation)."""
+    impls = space.candidates.get("impl")
+    if impls is None or backend == "simulate":
+        return space
+    drop = set() if te_available() else {"te"}
+    if backend == "megatron-lm":
+        drop.add("sdpa")
+    kept = tuple(i for i in impls if i not in drop)
+    if not kept:
+        raise ConfigError(f"impl candidates {', '.join(impls)} cannot run here "
+                          f"({'Transformer Engine is not installed' if 'te' in drop else ''})")
+    if len(kept) < len(impls):
+        print(f"autotune: impl {', '.join(sorted(set(impls) - set(kept)))} left out: not "
+              "available on this machine", file=sys.stderr)
+    return replace(space, candidates={**space.candidates, "impl": kept})
+
+
 def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, *,
                        backend: str, megatron_lm: str | None, sampler: str,
                        trials: int | None, time_budget: float | None, patience: int | None,
@@ -49,6 +69,7 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
 
     name = _choose_backend(backend, cluster)
     chosen = make_backend(name, cluster, megatron_lm)
+    space = _runnable_space(space, chosen.name)
     if trials is None and not chosen.predicted and time_budget is None:
         trials = DEFAULT_REAL_TRIALS
     cfg = SearchConfig(model=model, cluster=cluster, space=space, backend=chosen,
