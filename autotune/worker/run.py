@@ -1,0 +1,159 @@
+"""One trial on this rank: distributed init, build, timed training, result gathered on rank 0."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from autotune.flops import model_flops_per_token
+from autotune.trial import RankResult, TrialMetrics, TrialSpec, TrialStatus
+
+__all__ = ["metrics_from_ranks", "prepare_environment", "run_trial"]
+
+_TIMEOUT_ENV = "AUTOTUNE_NCCL_TIMEOUT_S"
+_EAGER_ENV = "AUTOTUNE_NCCL_EAGER_INIT"
+
+
+def prepare_environment(spec: TrialSpec) -> None:
+    """Environment that must be set before CUDA starts."""
+    s = spec.strategy
+    if s.tp > 1 or s.cp > 1:
+        # Megatron-LM requires one hardware queue so that TP/CP communication kernels are
+        # scheduled in issue order ahead of the compute they overlap with.
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    # Never let NCCL use NVLink multicast (NVLS): it can take a shared host's GPUs down.
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+
+def _init_distributed(spec: TrialSpec, phases: dict[str, float]) -> tuple[int, int]:
+    t0 = time.perf_counter()
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from autotune.worker.build import nccl_timeout_minutes
+
+    t1 = time.perf_counter()
+    s = spec.strategy
+    timeout_s = float(os.environ.get(_TIMEOUT_ENV, "120"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    # Binding the device makes NCCL create every communicator eagerly, the default group's and
+    # each of Megatron's sub-groups'; unbound, a communicator is made on its first collective.
+    eager = os.environ.get(_EAGER_ENV, "0") == "1"
+    dist.init_process_group("nccl", timeout=timedelta(seconds=timeout_s),
+                            device_id=torch.device("cuda", local_rank) if eager else None)
+    t2 = time.perf_counter()
+    world = dist.get_world_size()
+    if world != s.world_size:
+        raise RuntimeError(f"torchrun started {world} ranks but the strategy needs "
+                           f"dp={s.dp} x tp={s.tp} x pp={s.pp} x cp={s.cp} = {s.world_size}")
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=s.tp,
+        pipeline_model_parallel_size=s.pp,
+        virtual_pipeline_model_parallel_size=s.vpp if s.vpp > 1 else None,
+        context_parallel_size=s.cp,
+        expert_model_parallel_size=s.ep,
+        distributed_timeout_minutes=nccl_timeout_minutes(timeout_s),
+        # Gloo groups serve only checkpointing; creating them costs launch time.
+        create_gloo_process_groups=False,
+    )
+    torch.manual_seed(spec.seed)
+    model_parallel_cuda_manual_seed(spec.seed)
+    t3 = time.perf_counter()
+    phases.update(import_s=t1 - t0, pg_init_s=t2 - t1, mp_init_s=t3 - t2)
+    return dist.get_rank(), local_rank
+
+
+def metrics_from_ranks(spec: TrialSpec, times_s: tuple[float, ...], ranks: list[dict[str, Any]],
+                       phases_s: dict[str, float]) -> dict[str, Any]:
+    """result.json: TrialMetrics.to_dict() plus the worker's phase timings."""
+    import statistics
+
+    from autotune.worker.train import p90
+
+    m, s = spec.model, spec.strategy
+    median = statistics.median(times_s)
+    tokens = s.gbs * m.seq_length
+    tflops = model_flops_per_token(m) * tokens / median / s.world_size / 1e12
+    losses = [r["loss"] for r in ranks if r["loss"] is not None]
+    rank_results = tuple(RankResult(rank=r["rank"],
+                                    peak_allocated_bytes=r["peak_allocated_bytes"],
+                                    peak_reserved_bytes=r["peak_reserved_bytes"],
+                                    device_used_bytes=r["device_used_bytes"])
+                         for r in sorted(ranks, key=lambda r: r["rank"]))
+    used = [r.device_used_bytes for r in rank_results if r.device_used_bytes is not None]
+    metrics = TrialMetrics(
+        status=TrialStatus.OK,
+        step_time_s=median,
+        step_time_p90_s=p90(times_s),
+        tokens_per_s=tokens / median,
+        tflops_per_gpu=tflops,
+        mfu=tflops * 1e12 / spec.gpu_peak_bf16_flops,
+        peak_allocated_bytes=max(r.peak_allocated_bytes for r in rank_results),
+        peak_reserved_bytes=max(r.peak_reserved_bytes for r in rank_results),
+        device_used_bytes=max(used) if used else None,
+        loss_finite=bool(losses) and all(_finite(x) for x in losses),
+        ranks=rank_results,
+    )
+    data = metrics.to_dict()
+    data["step_times_s"] = list(times_s)
+    data["loss"] = sum(losses) / len(losses) if losses else None
+    data["worker_phases_s"] = phases_s
+    return data
+
+
+def _finite(x: float) -> bool:
+    return x == x and abs(x) != float("inf")
+
+
+def run_trial(spec: TrialSpec, out_dir: Path, started: float | None = None) -> None:
+    """Run the trial on this rank; rank 0 writes <out_dir>/result.json. Raises on failure.
+
+    `started` is the perf_counter() at the worker's entry, to report the start-up cost.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from autotune.worker import build, train
+    from autotune.worker.report import nvml_device_used_bytes, write_json
+
+    t0 = time.perf_counter()
+    if spec.strategy.impl == "te" and not build.has_transformer_engine():
+        raise RuntimeError("impl=te needs transformer-engine, which is not installed")
+    phases: dict[str, float] = {"startup_s": t0 - started} if started is not None else {}
+    rank, local_rank = _init_distributed(spec, phases)
+    if spec.strategy.impl == "sdpa":
+        from autotune.worker.attention import configure_sdpa_backends
+
+        configure_sdpa_backends()
+    t_init = time.perf_counter()
+    config = build.transformer_config(spec)
+    model = build.build_model(spec, config)
+    optimizer = build.build_optimizer(spec, model)
+    t_build = time.perf_counter()
+    steps = train.train(spec, model, optimizer, config)
+    t_train = time.perf_counter()
+
+    mine = {"rank": rank, "loss": steps.loss,
+            "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+            "device_used_bytes": nvml_device_used_bytes(local_rank)}
+    gathered: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
+    dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
+    phases.update(init_s=t_init - t0, build_s=t_build - t_init, train_s=t_train - t_build,
+                  timed_s=sum(steps.times_s))
+    if rank == 0:
+        write_json(out_dir / "result.json",
+                   metrics_from_ranks(spec, steps.times_s, gathered, phases))
+        print(f"AUTOTUNE_RESULT median_s={steps.median_s:.4f} "
+              f"phases={' '.join(f'{k}={v:.1f}' for k, v in phases.items())}",
+              file=sys.stderr, flush=True)
+    print(f"AUTOTUNE_STATUS rank={rank} status=OK", file=sys.stderr, flush=True)

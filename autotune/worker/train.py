@@ -1,0 +1,155 @@
+"""The timed training loop of a trial: synthetic batches, Megatron's schedules, step timing."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from autotune.model import padded_vocab_size
+from autotune.trial import TrialSpec
+
+__all__ = ["StepTimes", "make_batches", "p90", "train"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimes:
+    """Wall-clock seconds of each timed step (max over ranks) and the last step's loss."""
+
+    times_s: tuple[float, ...]
+    loss: float | None
+    """Mean per-token loss of the last step on a last pipeline stage; None elsewhere."""
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.times_s)
+
+    @property
+    def p90_s(self) -> float:
+        return p90(self.times_s)
+
+
+def p90(values: tuple[float, ...] | list[float]) -> float:
+    """The 90th percentile by linear interpolation between order statistics."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = 0.9 * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def make_batches(spec: TrialSpec, device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """One synthetic micro-batch per micro-batch of a step, the same on every rank of a DP
+    replica (fixed seed): tokens [mbs, seq] int64, labels = tokens shifted by one."""
+    m, s = spec.model, spec.strategy
+    generator = torch.Generator(device="cpu").manual_seed(spec.seed)
+    # Draw from the real vocabulary, not the padded one, as a tokenizer would.
+    vocab = min(m.vocab_size, padded_vocab_size(m, s.tp))
+    position_ids = torch.arange(m.seq_length, device=device).unsqueeze(0).expand(s.mbs, -1)
+    loss_mask = torch.ones(s.mbs, m.seq_length, dtype=torch.float, device=device)
+    batches = []
+    for _ in range(s.num_microbatches):
+        sample = torch.randint(0, vocab, (s.mbs, m.seq_length + 1), generator=generator)
+        sample = sample.to(device)
+        batches.append({"tokens": sample[:, :-1].contiguous(),
+                        "labels": sample[:, 1:].contiguous(),
+                        "position_ids": position_ids, "loss_mask": loss_mask})
+    return batches
+
+
+def _loss_func(loss_mask: torch.Tensor,
+               output_tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    # The 3-tuple form of megatron-core's schedules (forward_step_calc_loss): summed loss and
+    # token count; the schedule divides by both. No .item() here: it would sync every micro-batch.
+    losses = output_tensor.float().view(-1)
+    mask = loss_mask.view(-1)
+    loss = torch.sum(losses * mask)
+    num_tokens = mask.sum().to(torch.int)
+    reported = torch.stack([loss.detach(), num_tokens.detach().float()])
+    return loss, num_tokens, {"lm loss": reported}
+
+
+def _forward_step(data_iterator: Iterator[dict[str, torch.Tensor]],
+                  model: Any) -> tuple[torch.Tensor, Any]:
+    batch = next(data_iterator)
+    # attention_mask None: every impl applies the causal mask itself (AttnMaskType.causal).
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return output, partial(_loss_func, batch["loss_mask"])
+
+
+def _wire_grad_sync(spec: TrialSpec, model: list[Any], optimizer: Any, config: Any) -> None:
+    """Hook DDP and the optimizer into the schedule as Megatron-LM's training.py does."""
+    from megatron.core.distributed import finalize_model_grads
+
+    s = spec.strategy
+    config.grad_scale_func = optimizer.scale_loss
+    config.finalize_model_grads_func = finalize_model_grads
+    if s.overlap_grad_reduce:
+        no_sync = [chunk.no_sync for chunk in model]
+        grad_sync = [chunk.start_grad_sync for chunk in model]
+        config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
+        config.grad_sync_func = grad_sync[0] if len(model) == 1 else grad_sync
+    if s.overlap_param_gather and s.vpp > 1:
+        param_sync = [chunk.start_param_sync for chunk in model]
+        config.param_sync_func = param_sync[0] if len(model) == 1 else param_sync
+
+
+def _step(spec: TrialSpec, model: list[Any], optimizer: Any, iterators: list[Any],
+          forward_backward: Any) -> list[dict[str, Any]]:
+    s, m = spec.strategy, spec.model
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    losses = forward_backward(
+        forward_step_func=_forward_step,
+        data_iterator=iterators if len(model) > 1 else iterators[0],
+        model=model if len(model) > 1 else model[0],
+        num_microbatches=s.num_microbatches,
+        seq_length=m.seq_length // s.cp,
+        micro_batch_size=s.mbs,
+        decoder_seq_length=m.seq_length // s.cp,
+        forward_only=False,
+    )
+    optimizer.step()
+    return list(losses or [])
+
+
+def train(spec: TrialSpec, model: list[Any], optimizer: Any, config: Any) -> StepTimes:
+    """Run warm-up steps untimed, then the timed steps; every rank returns the same times."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    _wire_grad_sync(spec, model, optimizer, config)
+    batches = make_batches(spec, device)
+    # One iterator per model chunk: each virtual stage draws its own micro-batches.
+    iterators = [itertools.cycle(batches) for _ in model]
+    forward_backward = get_forward_backward_func()
+    for _ in range(spec.warmup_steps):
+        _step(spec, model, optimizer, iterators, forward_backward)
+    times = []
+    losses: list[dict[str, Any]] = []
+    torch.cuda.synchronize()
+    for _ in range(spec.train_steps):
+        start = time.perf_counter()
+        losses = _step(spec, model, optimizer, iterators, forward_backward)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    # A step ends when its slowest rank ends: take the max over ranks, once, after timing.
+    times_t = torch.tensor(times, dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(times_t, op=torch.distributed.ReduceOp.MAX)
+    return StepTimes(times_s=tuple(times_t.tolist()), loss=_mean_loss(losses))
+
+
+def _mean_loss(losses: list[dict[str, Any]]) -> float | None:
+    if not losses:
+        return None
+    total = torch.stack([d["lm loss"] for d in losses]).sum(dim=0)
+    return float(total[0] / total[1].clamp(min=1))
