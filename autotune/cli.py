@@ -219,6 +219,53 @@ def estimate(
     run_estimate(spec, cluster, fields, layout_path=layout, as_json=as_json)
 
 
+StudyName = Annotated[str | None, typer.Option(
+    "--study", help="Study name (default: the newest study under --results-dir).")]
+ResultsDir = Annotated[str, typer.Option("--results-dir", help="Where studies are written.")]
+Storage = Annotated[str | None, typer.Option(
+    "--storage", help="Optuna storage URL the study lives in (default: SQLite at "
+                      "RESULTS_DIR/STUDY/study.db).")]
+StudyModel = Annotated[str | None, typer.Option(
+    "--model", help="The study's model (preset or YAML), when its name does not say "
+                    "(studies named with --study).")]
+
+
+@app.command()
+def report(study: StudyName = None, results_dir: ResultsDir = "results",
+           storage: Storage = None, model: StudyModel = None) -> None:
+    """Pareto fronts, tables and plots of a study, written into its folder."""
+    from autotune.commands.report import run_report
+
+    run_report(study=study, results_dir=results_dir, storage=storage, model=model)
+
+
+@app.command()
+def export(
+    fmt: Annotated[str, typer.Option(
+        "--format", help="megatron-lm (torchrun + pretrain_gpt.py), torchrun (autotune's "
+                         "worker), slurm (sbatch script) or json (the layout).")],
+    study: StudyName = None,
+    results_dir: ResultsDir = "results",
+    storage: Storage = None,
+    trial: Annotated[int | None, typer.Option(
+        "--trial", help="Trial number (default: the best COMPLETE trial by tokens/s).")] = None,
+    output: Annotated[str | None, typer.Option(
+        "-o", "--output", help="Write to this file (default: stdout).")] = None,
+    megatron_lm: Annotated[str | None, typer.Option(
+        "--megatron-lm", help="Megatron-LM checkout on the machine that runs the script "
+                              "(default: $MEGATRON_LM, else ./Megatron-LM).")] = None,
+    nodes: Annotated[int | None, typer.Option(
+        "--nodes", help="Nodes to spread the layout's GPUs over (default: the study's).")
+    ] = None,
+    model: StudyModel = None,
+) -> None:
+    """Launch command (or JSON) for a study's best layout or --trial N."""
+    from autotune.commands.export import run_export
+
+    run_export(study=study, results_dir=results_dir, storage=storage, trial=trial, fmt=fmt,
+               output=output, megatron_lm=megatron_lm, nodes=nodes, model=model)
+
+
 def _print_dry_run(model: ModelSpec, cluster: ClusterSpec, space: Any, summary: Any,
                    as_json: bool) -> None:
     groups = sorted(summary.rejected.items(), key=lambda item: -item[1].count)

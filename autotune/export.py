@@ -1,0 +1,165 @@
+"""Layouts -> launch scripts: Megatron-LM under torchrun, autotune's worker, Slurm, or JSON.
+
+Megatron-LM flags come from autotune.megatron_args.megatron_lm_args, the one function that spells
+them; this module only arranges them into scripts. Pure: returns text, writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from autotune.errors import ConfigError
+from autotune.megatron_args import megatron_lm_args
+from autotune.model import ModelSpec
+from autotune.runner import SPEC_NAME, WORKER
+from autotune.strategy import Strategy
+from autotune.trial import TrialSpec
+
+__all__ = ["FORMATS", "TRAIN_ITERS", "layout_json", "megatron_lm_script", "slurm_script",
+           "torchrun_script"]
+
+FORMATS: tuple[str, ...] = ("megatron-lm", "torchrun", "slurm", "json")
+TRAIN_ITERS = 100
+"""Iterations of an exported Megatron-LM run: enough to read a steady step time."""
+RDZV_PORT = 29500
+JSON_KEYS: tuple[str, ...] = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "gbs", "recompute",
+                              "recompute_method", "recompute_num_layers", "sequence_parallel",
+                              "distributed_optimizer", "overlap_grad_reduce",
+                              "overlap_param_gather", "impl")
+_INDENT = "    "
+
+
+def layout_json(strategy: Strategy, *, model: str | None, gpus: int, gpu: str | None,
+                tokens_per_s: float | None, predicted: bool, study: str, trial: int,
+                seq_length: int | None = None) -> str:
+    """The layout as JSON; `autotune estimate MODEL --gpus N --layout FILE` reads it back."""
+    data: dict[str, Any] = {k: getattr(strategy, k) for k in JSON_KEYS}
+    data.update(model=model, gpus=gpus, gpu=gpu, seq_length=seq_length,
+                tokens_per_s=tokens_per_s, predicted=predicted, study=study, trial=trial)
+    return json.dumps(data, indent=2) + "\n"
+
+
+def _header(lines: Sequence[str]) -> list[str]:
+    return ["#!/usr/bin/env bash", *[f"# {line}" if line else "#" for line in lines]]
+
+
+def _continued(shell: Sequence[str], args: Sequence[str]) -> str:
+    """Lines of shell text as given, then one line per flag with its values, each argument
+    shell-quoted; joined with backslash continuations into one command."""
+    groups: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("--") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    lines = [shell[0], *[_INDENT + line for line in shell[1:]],
+             *[_INDENT + " ".join(shlex.quote(a) for a in g) for g in groups]]
+    return " \\\n".join(lines)
+
+
+def _megatron_parts(model: ModelSpec, strategy: Strategy, *, megatron_lm: str | None,
+                    train_iters: int) -> tuple[list[str], str, list[str]]:
+    """(comment lines, the pretrain_gpt.py path as shell text, Megatron-LM arguments)."""
+    notes = []
+    if strategy.impl == "sdpa":
+        # Megatron-LM has no "local spec with PyTorch SDPA"; TE's fused attention is its
+        # nearest equivalent (the measured figures were taken with SDPA).
+        strategy = replace(strategy, impl="te")
+        notes.append("impl sdpa (autotune's local spec with PyTorch SDPA attention) has no "
+                     "Megatron-LM equivalent; this uses --transformer-impl transformer_engine, "
+                     "whose fused attention is the closest.")
+    args = megatron_lm_args(model, strategy, train_iters=train_iters, mock_data=True)
+    real = megatron_lm_args(model, strategy, train_iters=train_iters, mock_data=False)
+    mock = args[len(real):] if args[:len(real)] == real else ["--mock-data"]
+    notes += [f"Data: Megatron-LM's mock dataset ({' '.join(mock)})."
+              " For real data replace those flags with --data-path PREFIX --tokenizer-type TYPE "
+              "(and --tokenizer-model / --vocab-file as the tokenizer needs).",
+              f"--train-iters {train_iters} is a short benchmark run; set your own for "
+              "training (and --save/--load for checkpoints)."]
+    if megatron_lm is not None:
+        script = shlex.quote(f"{megatron_lm.rstrip('/')}/pretrain_gpt.py")
+    else:
+        script = '"$MEGATRON_LM/pretrain_gpt.py"'
+    return notes, script, args
+
+
+def _env_lines(megatron_lm: str | None) -> list[str]:
+    lines = ["set -euo pipefail"]
+    if megatron_lm is None:
+        lines += ["# A Megatron-LM checkout (git clone https://github.com/NVIDIA/Megatron-LM), "
+                  "or export with --megatron-lm PATH.",
+                  'MEGATRON_LM="${MEGATRON_LM:-Megatron-LM}"']
+    # Megatron-LM asserts it with tensor/sequence parallelism: kernels queue in issue order, so
+    # the TP communication overlaps compute as scheduled.
+    lines += ["export CUDA_DEVICE_MAX_CONNECTIONS=1"]
+    return lines
+
+
+def _split(gpus: int, nodes: int) -> int:
+    if nodes < 1 or gpus % nodes:
+        raise ConfigError(f"--nodes {nodes} must be a positive divisor of the layout's "
+                          f"{gpus} GPUs")
+    return gpus // nodes
+
+
+def megatron_lm_script(model: ModelSpec, strategy: Strategy, *, title: Sequence[str],
+                       nodes: int = 1, megatron_lm: str | None = None,
+                       train_iters: int = TRAIN_ITERS) -> str:
+    """A bash script: torchrun over Megatron-LM's pretrain_gpt.py with every flag."""
+    gpus = strategy.world_size
+    per_node = _split(gpus, nodes)
+    notes, script, args = _megatron_parts(model, strategy, megatron_lm=megatron_lm,
+                                          train_iters=train_iters)
+    if nodes == 1:
+        launch = f"torchrun --standalone --nproc-per-node {per_node}"
+    else:
+        notes.append(f"Run this same script on each of the {nodes} nodes, with MASTER_ADDR set "
+                     "to the first node's address.")
+        launch = (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-id autotune "
+                  f"--rdzv-backend c10d --rdzv-endpoint \"${{MASTER_ADDR:?set MASTER_ADDR to "
+                  f"the first node's address}}:{RDZV_PORT}\"")
+    lines = [*_header([*title, *notes]), *_env_lines(megatron_lm)]
+    return "\n".join(lines) + "\n" + _continued([launch, script], args) + "\n"
+
+
+def slurm_script(model: ModelSpec, strategy: Strategy, *, title: Sequence[str], nodes: int,
+                 megatron_lm: str | None = None, train_iters: int = TRAIN_ITERS,
+                 job_name: str = "autotune") -> str:
+    """An sbatch script: one torchrun per node (srun), c10d rendezvous on the first node."""
+    gpus = strategy.world_size
+    per_node = _split(gpus, nodes)
+    notes, script, args = _megatron_parts(model, strategy, megatron_lm=megatron_lm,
+                                          train_iters=train_iters)
+    sbatch = [f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={nodes}",
+              "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={per_node}",
+              "#SBATCH --exclusive", "#SBATCH --output=%x-%j.out"]
+    body = [*_env_lines(megatron_lm),
+            "# The first node of the allocation hosts the rendezvous.",
+            'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+            "export MASTER_ADDR"]
+    # $SLURM_NNODES and $MASTER_ADDR expand in the batch shell, before srun starts one torchrun
+    # per node (--ntasks-per-node=1); each torchrun starts the node's GPUs' ranks.
+    launch = (f"srun torchrun --nnodes \"$SLURM_NNODES\" --nproc-per-node {per_node} "
+              f"--rdzv-id \"$SLURM_JOB_ID\" --rdzv-backend c10d "
+              f"--rdzv-endpoint \"$MASTER_ADDR:{RDZV_PORT}\"")
+    head = _header([])[0]
+    text = "\n".join([head, *sbatch, *[f"# {n}" for n in [*title, *notes]], *body])
+    return text + "\n" + _continued([launch, script], args) + "\n"
+
+
+def torchrun_script(spec: TrialSpec, *, title: Sequence[str]) -> str:
+    """autotune's own worker under torchrun, with its trial.json written by a heredoc."""
+    gpus = spec.strategy.world_size
+    marker = "AUTOTUNE_TRIAL_JSON"
+    notes = ["Runs autotune's megatron-core worker (pip install 'autotune[megatron]') on one "
+             "node; it writes result.json and its figures into the current folder."]
+    lines = [*_header([*title, *notes]), "set -euo pipefail",
+             f"cat > {SPEC_NAME} <<'{marker}'", spec.to_json(), marker]
+    launch = " ".join(shlex.quote(a) for a in
+                      ["torchrun", "--standalone", "--nproc-per-node", str(gpus), *WORKER])
+    command = _continued([launch], ["--spec", SPEC_NAME, "--out-dir", "."])
+    return "\n".join(lines) + "\n" + command + "\n"

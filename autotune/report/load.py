@@ -1,0 +1,312 @@
+"""Studies from storage: which study, which model and GPUs it searched, and one row per trial.
+
+A study stores each trial's layout and figures (the "record" user attribute of
+autotune.search.loop) but not the model it was searched for. That comes, in order, from the
+study's user attributes `model` / `cluster` (when a search writes them), from a trial's
+trials/<n>/trial.json (real runs write one), from the default study name
+`<model>-<N>gpu-<gpu>-<backend>-<hash>` with the preset of that name, or from `--model`.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.errors import ConfigError
+from autotune.hardware import DEFAULT_GPU, ClusterSpec, gpu_spec
+from autotune.model import ModelSpec, load_model
+from autotune.search.storage import redact_url, storage_url
+from autotune.strategy import Strategy
+from autotune.trial import TrialSpec
+
+__all__ = ["LAYOUT_FIELDS", "LoadedStudy", "StudyRef", "find_studies", "load_study",
+           "resolve_study", "trial_row"]
+
+LAYOUT_FIELDS: tuple[str, ...] = tuple(Strategy.__dataclass_fields__)
+_GIB = 2**30
+_DEFAULT_NAME = re.compile(r"^(?P<model>.+?)-(?P<gpus>\d+)gpu-(?P<gpu>[a-z0-9-]+?)-"
+                           r"(?P<backend>simulate|worker|megatron-lm)-[0-9a-f]{8}$")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StudyRef:
+    """Where a study lives: its name, storage URL and the folder its outputs go to."""
+
+    name: str
+    url: str
+    folder: Path
+
+    @property
+    def redacted(self) -> str:
+        return redact_url(self.url)
+
+
+@dataclass(slots=True, kw_only=True)
+class LoadedStudy:
+    """A study with what report and export need to know about it."""
+
+    ref: StudyRef
+    study: optuna.Study
+    trials: list[FrozenTrial]
+    rows: list[dict[str, Any]]
+    model: ModelSpec | None
+    model_source: str
+    """Where `model` came from, for the report: study attributes, trial.json, name, --model."""
+    cluster: ClusterSpec | None
+    backend: str | None
+    predicted: bool
+    """True when every figure comes from the analytical models."""
+    notes: list[str] = field(default_factory=list)
+
+    def row(self, number: int) -> dict[str, Any]:
+        for r in self.rows:
+            if r["trial"] == number:
+                return r
+        raise ConfigError(f"study {self.ref.name} has no trial {number} "
+                          f"(trials 0..{len(self.rows) - 1})")
+
+    def complete_rows(self) -> list[dict[str, Any]]:
+        """Rows of COMPLETE trials with a tokens/s figure, best first; among equal tokens/s
+        the lighter layout, then the lower trial number."""
+        done = [r for r in self.rows if r["state"] == "COMPLETE" and r["tokens_per_s"]]
+        return sorted(done, key=lambda r: (-r["tokens_per_s"],
+                                           r["peak_memory_gib"] or float("inf"), r["trial"]))
+
+
+def find_studies(results_dir: Path) -> list[Path]:
+    """Study folders (those with a study.db) under results_dir, newest study.db first."""
+    if not results_dir.is_dir():
+        return []
+    found = [p.parent for p in results_dir.glob("*/study.db")]
+    return sorted(found, key=lambda p: (p / "study.db").stat().st_mtime, reverse=True)
+
+
+def resolve_study(name: str | None, results_dir: Path, storage: str | None) -> StudyRef:
+    """The study to read: `name`, else the newest under results_dir (or in `storage`)."""
+    if storage:
+        try:
+            summaries = optuna.get_all_study_summaries(storage)
+        except Exception as exc:  # SQLAlchemy raises many types for a bad URL or server
+            raise ConfigError(f"cannot open storage {redact_url(storage)}: "
+                              f"{str(exc).splitlines()[0]}") from None
+        if not summaries:
+            raise ConfigError(f"no studies in {redact_url(storage)}")
+        names = [s.study_name for s in summaries]
+        if name is None:
+            # An RDB has no file times; the study that started last stands for the newest.
+            newest = max(summaries, key=lambda s: (s.datetime_start is not None,
+                                                   s.datetime_start or 0, s._study_id))
+            name = newest.study_name
+        elif name not in names:
+            raise ConfigError(f"unknown study {name} in {redact_url(storage)} "
+                              f"(studies: {', '.join(sorted(names))})")
+        return StudyRef(name=name, url=storage, folder=results_dir / name)
+    if name is None:
+        found = find_studies(results_dir)
+        if not found:
+            raise ConfigError(f"no studies under {results_dir} (run `autotune MODEL --gpus N "
+                              "--results-dir DIR` first, or pass --results-dir)")
+        name = found[0].name
+    folder = results_dir / name
+    if not (folder / "study.db").is_file():
+        known = ", ".join(p.name for p in find_studies(results_dir)) or "none"
+        raise ConfigError(f"unknown study {name} under {results_dir} (studies: {known})")
+    return StudyRef(name=name, url=storage_url(results_dir, name, None), folder=folder)
+
+
+def _record(trial: FrozenTrial) -> dict[str, Any]:
+    record = trial.user_attrs.get("record")
+    return record if isinstance(record, dict) else {}
+
+
+def _peak(metrics: dict[str, Any]) -> float | None:
+    # Reserved is what the allocator holds (what an OOM is about); allocated when not measured.
+    peak = metrics.get("peak_reserved_bytes") or metrics.get("peak_allocated_bytes")
+    return None if peak is None else float(peak)
+
+
+def _error_pct(measured: float | None, predicted: float | None) -> float | None:
+    if measured is None or not predicted:
+        return None
+    return 100.0 * (measured - predicted) / predicted
+
+
+def _label(describe: str, layout: dict[str, Any]) -> str:
+    # Strategy.describe() leaves out the overlap flags and the full-recompute details; two
+    # layouts that differ only there would read the same in a table.
+    extra = []
+    if layout.get("recompute") == "full" and (layout.get("recompute_method") != "uniform"
+                                              or layout.get("recompute_num_layers") != 1):
+        extra.append(f"{layout.get('recompute_method')}/{layout.get('recompute_num_layers')}")
+    if layout.get("overlap_param_gather"):
+        extra.append("opg")
+    return " ".join([describe, *extra]) if extra else describe
+
+
+def trial_row(trial: FrozenTrial) -> dict[str, Any]:
+    """One trial as a flat row: layout, status, measured and predicted figures."""
+    record = _record(trial)
+    layout = record.get("layout") or {}
+    metrics = record.get("metrics") or {}
+    predicted = bool(metrics.get("predicted", record.get("predicted", False)))
+    ok = metrics.get("status") == "OK"
+    tokens = metrics.get("tokens_per_s") if ok else None
+    peak = _peak(metrics)
+    predicted_peak = record.get("predicted_peak_bytes")
+    predicted_tokens = record.get("predicted_tokens_per_s")
+    world = (layout["dp"] * layout["tp"] * layout["pp"] * layout["cp"]
+             if {"dp", "tp", "pp", "cp"} <= set(layout) else None)
+    measured = not predicted and bool(metrics)
+    row: dict[str, Any] = {
+        "trial": trial.number, "state": trial.state.name,
+        "status": record.get("status", trial.state.name), "source": record.get("source", ""),
+        "layout": _label(record.get("strategy", ""), layout), "gpus": world,
+        **{f: layout.get(f) for f in LAYOUT_FIELDS},
+        "predicted": predicted,
+        "tokens_per_s": tokens,
+        "tokens_per_s_per_gpu": tokens / world if tokens and world else None,
+        "step_time_s": metrics.get("step_time_s") if ok else None,
+        "step_time_p90_s": metrics.get("step_time_p90_s") if ok else None,
+        "tflops_per_gpu": metrics.get("tflops_per_gpu") if ok else None,
+        "mfu": metrics.get("mfu") if ok else None,
+        "peak_memory_gib": None if peak is None else peak / _GIB,
+        "predicted_tokens_per_s": predicted_tokens,
+        "predicted_peak_memory_gib": None if predicted_peak is None else predicted_peak / _GIB,
+        # Errors compare a measurement with the model's prediction; a simulated trial has none.
+        "tokens_error_pct": _error_pct(tokens, predicted_tokens) if measured else None,
+        "memory_error_pct": _error_pct(peak, predicted_peak) if measured else None,
+        "duplicate_of": record.get("duplicate_of"),
+        "reason": record.get("reason", ""),
+        "wall_time_s": metrics.get("wall_time_s"),
+    }
+    return row
+
+
+def _model_from_attrs(study: optuna.Study) -> tuple[ModelSpec | None, dict[str, Any]]:
+    attrs = study.user_attrs
+    found = attrs.get("cluster")
+    cluster: dict[str, Any] = found if isinstance(found, dict) else {}
+    model = attrs.get("model")
+    if isinstance(model, dict):
+        try:
+            return ModelSpec(**model), cluster
+        except (TypeError, ConfigError):
+            pass
+    return None, cluster
+
+
+def _model_from_trial_json(folder: Path) -> tuple[ModelSpec | None, float | None]:
+    for path in sorted((folder / "trials").glob("*/trial.json")):
+        try:
+            spec = TrialSpec.from_json(path.read_text())
+        except (ConfigError, ValueError, OSError):
+            continue
+        return spec.model, spec.gpu_peak_bf16_flops
+    return None, None
+
+
+def _inferred_seq_length(rows: list[dict[str, Any]]) -> int | None:
+    # tokens/s = gbs * seq_length / step time (TrialMetrics.tokens_per_s), so an OK trial tells
+    # the sequence length even when --seq-len overrode the preset's.
+    for r in rows:
+        if r["tokens_per_s"] and r["step_time_s"] and r["gbs"]:
+            return round(float(r["tokens_per_s"]) * float(r["step_time_s"]) / int(r["gbs"]))
+    return None
+
+
+def _resolve_model(ref: StudyRef, study: optuna.Study, rows: list[dict[str, Any]],
+                   model_arg: str | None) -> tuple[ModelSpec | None, str, dict[str, Any]]:
+    match = _DEFAULT_NAME.match(ref.name)
+    hints: dict[str, Any] = {"gpu": match["gpu"], "backend": match["backend"],
+                             "num_gpus": int(match["gpus"])} if match else {}
+    model, cluster = _model_from_attrs(study)
+    hints.update({k: v for k, v in cluster.items() if v is not None})
+    if model_arg is not None:
+        model, source = load_model(model_arg), "--model"
+    elif model is not None:
+        source = "study attributes"
+    else:
+        model, _ = _model_from_trial_json(ref.folder)
+        source = "trials/*/trial.json"
+        if model is None and match:
+            try:
+                model, source = load_model(match["model"]), f"preset {match['model']}"
+            except ConfigError:
+                model = None
+    if model is None:
+        return None, "unknown", hints
+    gbs = next((r["gbs"] for r in rows if r["gbs"]), None)
+    seq = _inferred_seq_length(rows)
+    model = model.with_overrides(
+        global_batch_size=gbs if gbs and gbs != model.global_batch_size else None,
+        seq_length=seq if seq and seq != model.seq_length else None)
+    return model, source, hints
+
+
+def load_study(ref: StudyRef, model_arg: str | None = None) -> LoadedStudy:
+    """Read every trial of the study and work out its model and GPUs."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            study = optuna.load_study(study_name=ref.name, storage=ref.url)
+    except KeyError:
+        raise ConfigError(f"unknown study {ref.name} in {ref.redacted}") from None
+    except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad storage
+        raise ConfigError(f"cannot read study {ref.name} from {ref.redacted}: "
+                          f"{str(exc).splitlines()[0]}") from None
+    trials = study.get_trials(deepcopy=False)
+    rows = [trial_row(t) for t in trials]
+    model, source, hints = _resolve_model(ref, study, rows, model_arg)
+    gpus = next((r["gpus"] for r in rows if r["gpus"]), None) or hints.get("num_gpus")
+    cluster = None
+    notes: list[str] = []
+    if gpus:
+        gpu_name = hints.get("gpu") or DEFAULT_GPU
+        try:
+            gpu_spec(gpu_name)
+        except ConfigError:
+            notes.append(f"GPU type {gpu_name} unknown; memory figures assume {DEFAULT_GPU}")
+            gpu_name = DEFAULT_GPU
+        per_node = hints.get("gpus_per_node") or min(8, gpus)
+        cluster = ClusterSpec.make(gpus, per_node, gpu_name)
+    if model is None:
+        notes.append(f"the model of study {ref.name} is unknown (not a default study name, no "
+                     "trial.json); pass --model PRESET_OR_YAML for the memory breakdown")
+    done = [r for r in rows if r["state"] == "COMPLETE"]
+    predicted = bool(done) and all(r["predicted"] for r in done)
+    return LoadedStudy(ref=ref, study=study, trials=trials, rows=rows, model=model,
+                       model_source=source, cluster=cluster,
+                       backend=hints.get("backend"), predicted=predicted, notes=notes)
+
+
+def peer_studies(results_dir: Path, loaded: LoadedStudy) -> list[LoadedStudy]:
+    """Other studies under results_dir of the same model, sequence, batch and GPU type."""
+    if loaded.model is None or loaded.cluster is None:
+        return []
+    peers = []
+    for folder in find_studies(results_dir):
+        if folder.name == loaded.ref.name:
+            continue
+        match = _DEFAULT_NAME.match(folder.name)
+        if match and match["model"] != loaded.model.name:
+            continue  # cheap filter before reading a whole study
+        try:
+            other = load_study(resolve_study(folder.name, results_dir, None))
+        except ConfigError:
+            continue
+        if other.model is None or other.cluster is None:
+            continue
+        same = (other.model.name, other.model.seq_length, other.model.global_batch_size,
+                other.cluster.gpu.name) == (loaded.model.name, loaded.model.seq_length,
+                                            loaded.model.global_batch_size,
+                                            loaded.cluster.gpu.name)
+        if same:
+            peers.append(other)
+    return peers
