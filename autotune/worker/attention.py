@@ -43,7 +43,7 @@ def configure_sdpa_backends(choice: str | None = None) -> str:
     return choice
 
 
-class SdpaAttention(MegatronModule):
+class SdpaAttention(MegatronModule):  # type: ignore[misc]  # megatron-core is untyped
     """Causal self-attention core on PyTorch's fused SDPA kernels."""
 
     def __init__(self, config: TransformerConfig, layer_number: int,

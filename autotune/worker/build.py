@@ -117,7 +117,7 @@ class _TorchNorm:
     sequence parallelism: it tags its parameters `sequence_parallel` so finalize_model_grads
     all-reduces their partial gradients over the TP group (what apex's FusedLayerNorm does)."""
 
-    def __new__(cls, config: Any, hidden_size: int, eps: float = 1e-5,
+    def __new__(cls, config: Any, hidden_size: int, eps: float = 1e-5,  # type: ignore[misc]
                 **_: Any) -> torch.nn.Module:
         norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
         norm = norm_cls(hidden_size, eps=eps, dtype=config.params_dtype)

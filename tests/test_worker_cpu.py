@@ -1,0 +1,269 @@
+"""The worker's CPU-checkable parts: arguments, spec -> TransformerConfig, failure handling,
+synthetic data, the SDPA core attention against a reference, and the exit of a failing rank
+under torchrun (gloo) while its peer is blocked."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.model import ModelSpec, load_model
+from autotune.strategy import Strategy
+from autotune.trial import TrialSpec, TrialStatus
+from autotune.worker.__main__ import parse_args
+from autotune.worker.report import classify, error_line
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spec(model: str | ModelSpec, **strategy: object) -> TrialSpec:
+    m = load_model(model) if isinstance(model, str) else model
+    return TrialSpec(model=m, strategy=Strategy(**strategy))  # type: ignore[arg-type]
+
+
+def test_parse_args(tmp_path: Path) -> None:
+    args = parse_args(["--spec", str(tmp_path / "trial.json"), "--out-dir", str(tmp_path)])
+    assert args.spec == tmp_path / "trial.json"
+    assert args.out_dir == tmp_path
+
+
+def test_parse_args_requires_both() -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--spec", "trial.json"])
+
+
+def test_importing_the_package_imports_no_torch() -> None:
+    code = "import sys, autotune.worker, autotune.worker.__main__; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(("message", "status"), [
+    ("CUDA out of memory. Tried to allocate 2.00 GiB", TrialStatus.OOM),
+    ("CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)", TrialStatus.OOM),
+    ("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error", TrialStatus.NCCL_ERROR),
+    ("shapes do not match", TrialStatus.CRASH),
+])
+def test_classify_by_message(message: str, status: TrialStatus) -> None:
+    assert classify(RuntimeError(message)) == status
+
+
+def test_classify_by_type() -> None:
+    torch = pytest.importorskip("torch")
+    assert classify(torch.cuda.OutOfMemoryError("boom")) == TrialStatus.OOM
+    assert classify(torch.distributed.DistBackendError("x")) == TrialStatus.NCCL_ERROR
+    assert classify(ValueError("x")) == TrialStatus.CRASH
+
+
+def test_error_line_is_last_line_and_bounded() -> None:
+    assert error_line(RuntimeError("first\n\nlast line\n")) == "RuntimeError: last line"
+    assert error_line(KeyError()) == "KeyError"
+    assert len(error_line(RuntimeError("x" * 1000))) == 300
+
+
+# --- spec -> TransformerConfig (needs torch and megatron-core, CPU is enough) -------------
+
+@pytest.fixture(scope="module")
+def build():  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from autotune.worker import build as module
+
+    return module
+
+
+def test_gpt2_config(build) -> None:  # type: ignore[no-untyped-def]
+    import torch
+    import torch.nn.functional as F
+
+    kw = build.transformer_config_kwargs(_spec("gpt2-xl", mbs=4, gbs=64))
+    assert kw["num_layers"] == 48 and kw["hidden_size"] == 1600
+    assert kw["num_query_groups"] == 25 and kw["ffn_hidden_size"] == 6400
+    assert kw["hidden_dropout"] == kw["attention_dropout"] == 0.1
+    assert kw["activation_func"] is F.gelu and not kw["gated_linear_unit"]
+    assert kw["add_bias_linear"] and kw["normalization"] == "LayerNorm"
+    assert kw["params_dtype"] == kw["pipeline_dtype"] == torch.bfloat16 and kw["bf16"]
+    assert kw["virtual_pipeline_model_parallel_size"] is None
+    assert kw["recompute_granularity"] is None
+    assert not kw["variable_seq_lengths"]
+    assert "num_moe_experts" not in kw
+
+
+def test_mixtral_config(build) -> None:  # type: ignore[no-untyped-def]
+    import torch.nn.functional as F
+
+    spec = _spec("mixtral-8x7b", tp=2, pp=2, dp=2, ep=2, vpp=2, sequence_parallel=True,
+                 mbs=1, gbs=8, recompute="full", recompute_method="block",
+                 recompute_num_layers=2)
+    kw = build.transformer_config_kwargs(spec)
+    assert kw["activation_func"] is F.silu and kw["gated_linear_unit"]
+    assert kw["hidden_dropout"] == 0.0 and not kw["add_bias_linear"]
+    assert kw["num_query_groups"] == 8 and kw["normalization"] == "RMSNorm"
+    assert kw["num_moe_experts"] == 8 and kw["moe_router_topk"] == 2
+    assert kw["moe_token_dispatcher_type"] == "alltoall"
+    assert kw["virtual_pipeline_model_parallel_size"] == 2
+    assert (kw["tensor_model_parallel_size"], kw["pipeline_model_parallel_size"],
+            kw["expert_model_parallel_size"]) == (2, 2, 2)
+    assert kw["sequence_parallel"]
+    assert (kw["recompute_granularity"], kw["recompute_method"],
+            kw["recompute_num_layers"]) == ("full", "block", 2)
+    cfg = build.transformer_config(spec)  # megatron-core's own validation accepts it
+    assert cfg.num_moe_experts == 8
+
+
+@pytest.mark.parametrize(("recompute", "granularity"),
+                         [("none", None), ("selective", "selective"), ("full", "full")])
+def test_recompute_mapping(build, recompute: str, granularity: str | None) -> None:  # type: ignore[no-untyped-def]
+    kw = build.transformer_config_kwargs(_spec("gpt2", recompute=recompute))
+    assert kw["recompute_granularity"] == granularity
+    if recompute != "full":
+        assert kw["recompute_method"] is None and kw["recompute_num_layers"] is None
+
+
+def test_nccl_timeout_minutes(build) -> None:  # type: ignore[no-untyped-def]
+    assert build.nccl_timeout_minutes(120) == 2
+    assert build.nccl_timeout_minutes(5) == 1
+    assert build.nccl_timeout_minutes(121) == 3
+
+
+# --- data, percentiles, metrics ----------------------------------------------------------
+
+def test_make_batches_shift_and_shape() -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from autotune.worker.train import make_batches
+
+    m = ModelSpec(name="t", num_layers=2, hidden_size=64, num_attention_heads=4,
+                  vocab_size=1000, seq_length=16, global_batch_size=8)
+    spec = TrialSpec(model=m, strategy=Strategy(mbs=2, gbs=8))
+    batches = make_batches(spec, torch.device("cpu"))
+    assert len(batches) == 4
+    b = batches[0]
+    assert b["tokens"].shape == (2, 16) and b["tokens"].dtype == torch.int64
+    assert torch.equal(b["tokens"][:, 1:], b["labels"][:, :-1])
+    assert int(b["tokens"].max()) < 1000
+    again = make_batches(spec, torch.device("cpu"))
+    assert torch.equal(again[3]["labels"], batches[3]["labels"])  # fixed seed
+
+
+def test_p90() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from autotune.worker.train import p90
+
+    assert p90([1.0]) == 1.0
+    assert p90([float(x) for x in range(11)]) == pytest.approx(9.0)
+
+
+def test_metrics_from_ranks_uses_model_flops() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from autotune.flops import model_flops_per_token
+    from autotune.trial import TrialMetrics
+    from autotune.worker.run import metrics_from_ranks
+
+    spec = _spec("gpt2-xl", dp=2, mbs=8, gbs=64)
+    ranks = [{"rank": r, "loss": 10.5 if r == 1 else None, "peak_allocated_bytes": 10 + r,
+              "peak_reserved_bytes": 20 + r, "device_used_bytes": None} for r in (1, 0)]
+    data = metrics_from_ranks(spec, (2.0, 1.0, 1.5), ranks, {"init_s": 1.0})
+    metrics = TrialMetrics.from_dict(data)
+    assert metrics.status == TrialStatus.OK and metrics.step_time_s == 1.5
+    assert metrics.tokens_per_s == pytest.approx(64 * 1024 / 1.5)
+    tflops = model_flops_per_token(spec.model) * 64 * 1024 / 1.5 / 2 / 1e12
+    assert metrics.tflops_per_gpu == pytest.approx(tflops)
+    assert metrics.mfu == pytest.approx(tflops * 1e12 / spec.gpu_peak_bf16_flops)
+    assert metrics.peak_allocated_bytes == 11 and metrics.loss_finite is True
+    assert [r.rank for r in metrics.ranks] == [0, 1]
+    assert metrics.device_used_bytes is None
+
+
+# --- SDPA core attention ------------------------------------------------------------------
+
+def _reference_attention(q, k, v):  # type: ignore[no-untyped-def]
+    import torch
+
+    s, b, n, d = q.shape
+    k = k.repeat_interleave(n // k.shape[2], dim=2)
+    v = v.repeat_interleave(n // v.shape[2], dim=2)
+    scores = torch.einsum("sbnd,tbnd->bnst", q, k) / math.sqrt(d)
+    mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+    probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
+    return torch.einsum("bnst,tbnd->sbnd", probs, v).reshape(s, b, n * d)
+
+
+@pytest.mark.parametrize("groups", [4, 2, 1])
+def test_sdpa_attention_matches_reference(groups: int) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from autotune.worker.attention import SdpaAttention
+
+    config = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4,
+                               num_query_groups=groups, attention_dropout=0.0)
+    attn = SdpaAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal,
+                         attention_type="self")
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(6, 2, 4, 8, generator=g)
+    k = torch.randn(6, 2, groups, 8, generator=g)
+    v = torch.randn(6, 2, groups, 8, generator=g)
+    out = attn(q, k, v, None)
+    assert out.shape == (6, 2, 32)
+    torch.testing.assert_close(out, _reference_attention(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+def test_sdpa_backend_choice_rejects_unknown() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from autotune.worker.attention import configure_sdpa_backends
+
+    with pytest.raises(ValueError, match="AUTOTUNE_SDPA_BACKEND"):
+        configure_sdpa_backends("math")
+
+
+# --- a failing rank ends the job while its peer is blocked (torchrun, gloo, CPU) ----------
+
+_FAILING_RANKS = textwrap.dedent("""
+    import os, sys
+    from pathlib import Path
+    import torch, torch.distributed as dist
+    from autotune.worker.report import exit_with_failure
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    try:
+        if rank == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+        dist.recv(torch.zeros(1), src=1)  # blocks: rank 1 never sends
+    except BaseException as exc:
+        exit_with_failure(rank, exc, Path(sys.argv[1]))
+""")
+
+
+@pytest.mark.slow
+def test_oom_rank_exits_and_peer_is_stopped(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "ranks.py"
+    script.write_text(_FAILING_RANKS)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOTUNE_ABORT_WAIT_S": "2"}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                           "2", "--rdzv-endpoint", "127.0.0.1:29731", str(script),
+                           str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    failure = json.loads((tmp_path / "failure-rank1.json").read_text())
+    assert failure["status"] == "OOM" and failure["rank"] == 1
+    assert "AUTOTUNE_STATUS rank=1 status=OOM" in proc.stderr
+    assert "exitcode  : 3" in proc.stderr
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to end"
