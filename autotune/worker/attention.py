@@ -19,7 +19,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-__all__ = ["SdpaAttention", "configure_sdpa_backends", "sdpa_layer_spec"]
+__all__ = ["SdpaAttention", "configure_sdpa_backends"]
 
 _BACKEND_ENV = "AUTOTUNE_SDPA_BACKEND"
 
@@ -90,11 +90,3 @@ class SdpaAttention(MegatronModule):  # type: ignore[misc]  # megatron-core is u
         # [b, n, s, d] -> [s, b, n * d]
         return out.permute(2, 0, 1, 3).reshape(sq, b, heads * head_dim)
 
-
-def sdpa_layer_spec(local_spec: Any) -> Any:
-    """The local GPT layer spec with SdpaAttention as its core attention (a deep copy)."""
-    import copy
-
-    spec = copy.deepcopy(local_spec)
-    spec.submodules.self_attention.submodules.core_attention = SdpaAttention
-    return spec
