@@ -187,7 +187,10 @@ def build_model(spec: TrialSpec, config: Any) -> list[Any]:
         # in bf16, inputs cast on the first stage, the loss in fp32 on the last.
         chunks.append(Float16Module(config, model.cuda()))
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=False,
+        # Megatron-LM forces fp32 gradient accumulation and reduction with --bf16
+        # (arguments.py: accumulate_allreduce_grads_in_fp32); trials must use the memory and
+        # speed of the command that export prints, and the memory model assumes 4-byte grads.
+        grad_reduce_in_fp32=True,
         overlap_grad_reduce=s.overlap_grad_reduce,
         overlap_param_gather=s.overlap_param_gather,
         align_param_gather=s.overlap_param_gather and s.vpp > 1,

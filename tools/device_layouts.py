@@ -1,0 +1,89 @@
+"""Run a list of layouts through autotune's runner and worker (the product's trial path without
+the search), and print measured against predicted for each. For benchmark reports.
+
+    python tools/device_layouts.py MODEL GPUS GPU OUT_DIR LAYOUT...
+    LAYOUT = comma-separated Strategy fields, e.g. tp=2,sequence_parallel=1,mbs=32,impl=sdpa
+    (dp is derived from GPUS; unknown fields are an error). Trials that the memory model
+    predicts not to fit are launched anyway: this tool measures the model, it does not gate.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from autotune.backends import trial_timeout_s
+from autotune.commands.estimate import strategy_from_fields
+from autotune.cost import estimate_cost
+from autotune.hardware import ClusterSpec
+from autotune.memory import estimate_memory
+from autotune.metrics import metrics_from_run
+from autotune.model import load_model
+from autotune.runner import run_trial
+from autotune.trial import TrialSpec
+
+GIB = 2**30
+STEPS, WARMUP = 5, 2
+
+
+def _fields(text: str) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for item in text.split(","):
+        key, value = item.split("=")
+        if key in ("sequence_parallel", "distributed_optimizer", "overlap_grad_reduce",
+                   "overlap_param_gather"):
+            out[key] = value in ("1", "true", "True")
+        elif key in ("recompute", "recompute_method", "impl"):
+            out[key] = value
+        else:
+            out[key] = int(value)
+    return out
+
+
+def main() -> None:
+    model_name, gpus, gpu, out_dir, *layouts = sys.argv[1:]
+    model = load_model(model_name)
+    cluster = ClusterSpec.make(int(gpus), gpu=gpu)
+    rows = []
+    for i, text in enumerate(layouts):
+        s = strategy_from_fields(model, cluster, _fields(text))
+        memory = estimate_memory(model, s, cluster)
+        cost = estimate_cost(model, s, cluster)
+        spec = TrialSpec(model=model, strategy=s, train_steps=STEPS, warmup_steps=WARMUP,
+                         gpu_peak_bf16_flops=cluster.gpu.peak_bf16_flops)
+        trial_dir = Path(out_dir) / f"{i:02d}"
+        start = time.monotonic()
+        m = metrics_from_run(run_trial(spec, trial_dir,
+                                       timeout_s=trial_timeout_s(cost.step_time_s, spec)))
+        row = {"layout": s.describe(), "gbs": s.gbs, "status": m.status.value,
+               "tokens_per_s": m.tokens_per_s, "mfu": m.mfu, "step_time_s": m.step_time_s,
+               "peak_allocated_gib": (m.peak_allocated_bytes or 0) / GIB or None,
+               "peak_reserved_gib": (m.peak_reserved_bytes or 0) / GIB or None,
+               "device_used_gib": (m.device_used_bytes or 0) / GIB or None,
+               "predicted_peak_gib": memory.peak_bytes / GIB, "predicted_fits": memory.fits,
+               "predicted_tokens_per_s": cost.tokens_per_s,
+               "predicted_step_time_s": cost.step_time_s,
+               "wall_s": time.monotonic() - start,
+               "overhead_s": (m.wall_time_s or 0) - STEPS * (m.step_time_s or 0),
+               "error": (m.error or "").splitlines()[:1]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    (Path(out_dir) / "rows.json").write_text(json.dumps(rows, indent=1))
+    print("| layout | status | tokens/s | pred tokens/s | MFU % | step s | pred step s | "
+          "alloc GiB | reserved GiB | used GiB | pred GiB | wall s | overhead s |")
+    for r in rows:
+        def f(v: object, fmt: str) -> str:
+            return "-" if v is None else format(v, fmt)
+        print(f"| {r['layout']} | {r['status']} | {f(r['tokens_per_s'], ',.0f')} | "
+              f"{f(r['predicted_tokens_per_s'], ',.0f')} | "
+              f"{f(r['mfu'] and r['mfu'] * 100, '.1f')} | {f(r['step_time_s'], '.3f')} | "
+              f"{f(r['predicted_step_time_s'], '.3f')} | {f(r['peak_allocated_gib'], '.1f')} | "
+              f"{f(r['peak_reserved_gib'], '.1f')} | {f(r['device_used_gib'], '.1f')} | "
+              f"{f(r['predicted_peak_gib'], '.1f')} | {f(r['wall_s'], '.1f')} | "
+              f"{f(r['overhead_s'], '.1f')} |")
+
+
+if __name__ == "__main__":
+    main()
