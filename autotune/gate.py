@@ -72,12 +72,14 @@ class MemoryGate:
                 status=TrialStatus.PREDICTED_OOM, memory=memory, constraint=max(constraint, 0.1),
                 reason=f"mbs={strategy.mbs} >= mbs={smallest_oom}, which ran out of memory "
                        "with this layout")
-        if memory.peak_bytes > capacity:
-            learned = capacity < self.cluster.gpu.memory_bytes
+        learned = capacity < self.cluster.gpu.memory_bytes
+        # A layout predicted to need at least as much as one that really ran out of memory
+        # runs out too (same prediction, e.g. options the model does not price, included).
+        if memory.peak_bytes > capacity or (learned and memory.peak_bytes >= capacity):
             why = (f"predicted {memory.peak_bytes / 2**30:.1f} GiB on the peak stage, over the "
                    f"{'learned ' if learned else ''}capacity of {capacity / 2**30:.1f} GiB")
             return GateDecision(status=TrialStatus.PREDICTED_OOM, reason=why, memory=memory,
-                                constraint=constraint)
+                                constraint=max(constraint, 0.1))
         return GateDecision(status=None, reason="predicted to fit", memory=memory,
                             constraint=constraint)
 

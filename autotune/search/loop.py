@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,7 @@ from autotune.model import ModelSpec
 from autotune.search.storage import (
     DIRECTIONS,
     default_study_name,
+    heartbeat,
     open_study,
     redact_url,
     storage_url,
@@ -67,7 +69,8 @@ class SearchConfig:
     """tpe (after Alpa's seeds), grid (every valid layout), ranked (the model's best first), or
     auto: tpe for real trials; for predictions grid when the space is small, else ranked."""
     n_trials: int | None = None
-    """Stop after this many launched (or simulated) trials."""
+    """Stop once the study holds this many launched (or simulated) trials; a resumed study
+    counts the ones it already has."""
     time_budget_s: float | None = None
     patience: int | None = None
     """Stop after this many launched trials without a better tokens/s."""
@@ -192,6 +195,7 @@ class _Search:
         else:
             self.study = open_study(name, url, sampler, resume=cfg.resume, heartbeat=True)
         self.queue: deque[tuple[Strategy, str]] = deque()
+        self.last_told: int | None = None
         self.result = SearchResult(study_name=name, storage=redact_url(url),
                                    valid_strategies=len(self.valid))
 
@@ -219,6 +223,10 @@ class _Search:
                 continue
             record = record_from_attrs(frozen.number, s, attrs)
             self.note(record, count_launch=False)
+            if record.launched:
+                # --trials counts the study's launched trials, so a resumed study finishes the
+                # budget it started with instead of launching it again.
+                self.launched += 1
 
     def note(self, record: TrialRecord, *, count_launch: bool = True) -> None:
         self.result.records.append(record)
@@ -264,6 +272,7 @@ class _Search:
             peak = record.predicted_peak_bytes or capacity
             trial.set_constraint("memory_gib", max((peak - capacity) / _GIB, 0.1))
             self.study.tell(trial, state=TrialState.PRUNED)
+        self.last_told = trial.number
         self.note(record)
 
     def run_one(self) -> bool:
@@ -277,7 +286,23 @@ class _Search:
                 took = True
         if not took and self.sampler != "tpe":
             return False
-        trial = self.study.ask(self.distributions)
+        with warnings.catch_warnings():
+            # Optuna warns that heartbeats belong to Study.optimize; storage.heartbeat beats
+            # for our ask/tell trials instead.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            trial = self.study.ask(self.distributions)
+        with heartbeat(trial):
+            try:
+                self.finish(trial)
+            except KeyboardInterrupt:
+                # Whatever step was running, the trial ends FAIL, never RUNNING.
+                if self.last_told != trial.number:
+                    self.study.tell(trial, state=TrialState.FAIL)
+                raise
+        return True
+
+    def finish(self, trial: optuna.Trial) -> None:
+        """Gate, run and tell one asked trial."""
         source = trial.user_attrs.get("source", "sampler")
         s = self.strategy(trial.params)
         if s is None:
@@ -290,12 +315,12 @@ class _Search:
                                  reason="breaks a Megatron rule (autotune MODEL --dry-run "
                                         "lists them)")
             self.tell(trial, record)
-            return True
+            return
         previous = self.seen.get(_key(trial.params))
         if previous is not None:
             self.tell(trial, replace(previous, number=trial.number, source=source,
                                      duplicate_of=previous.number))
-            return True
+            return
         decision = self.gate.decide(s)
         peak = decision.memory.peak_bytes if decision.memory else None
         if not decision.launch:
@@ -303,7 +328,7 @@ class _Search:
             self.tell(trial, TrialRecord(number=trial.number, strategy=s,
                                          status=decision.status, source=source,
                                          reason=decision.reason, predicted_peak_bytes=peak))
-            return True
+            return
         cost = estimate_cost(self.cfg.model, s, self.cfg.cluster, self.cfg.cost_params)
         spec = TrialSpec(model=self.cfg.model, strategy=s, train_steps=self.cfg.train_steps,
                          warmup_steps=self.cfg.warmup_steps, seed=self.cfg.seed,
@@ -315,18 +340,19 @@ class _Search:
         except KeyboardInterrupt:
             trial.set_user_attr("record", {"status": "INTERRUPTED", "source": source,
                                            "strategy": s.describe()})
-            self.study.tell(trial, state=TrialState.FAIL)
-            raise
+            raise  # run_one tells FAIL
         record = TrialRecord(number=trial.number, strategy=s, status=metrics.status,
                              source=source, reason=metrics.error or "", metrics=metrics,
                              predicted_peak_bytes=peak, predicted_tokens_per_s=cost.tokens_per_s)
         self.tell(trial, record)
         if metrics.status is TrialStatus.OOM:
             self.bisect(s)
-        return True
+        elif record.tokens_per_s is not None and layout_key(s) in self.gate.oom_mbs:
+            self.bisect(replace(s, mbs=self.gate.oom_mbs[layout_key(s)]))
 
     def bisect(self, failed: Strategy) -> None:
-        """After a real OOM, try a smaller micro-batch of the same layout (Alpa step 1)."""
+        """After a real OOM, try a smaller micro-batch of the same layout (Alpa step 1); after
+        a success below a known OOM, the middle micro-batch between the two (bisection)."""
         candidates = self.cfg.space.candidates.get("mbs", (failed.mbs,))
         smaller = next_smaller_mbs(candidates, failed.mbs, self.good_mbs.get(layout_key(failed)))
         if smaller is None:
@@ -357,8 +383,7 @@ class _Search:
             for s in self.ranked_launchable()[:limit]:
                 self.enqueue(s, "ranked")
             return
-        if self.study.trials:
-            return
+        # On resume the seeds already tried are skipped when asked (run_one), the rest still run.
         for s in alpa_seeds(self.valid, lambda s: self.gate.decide(s).launch, self.impl):
             self.enqueue(s, "alpa")
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,10 +19,14 @@ from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec
 from autotune.space import SearchSpace
 
-__all__ = ["default_study_name", "open_study", "redact_url", "storage_url"]
+__all__ = ["default_study_name", "heartbeat", "open_study", "redact_url", "storage_url"]
 
 DIRECTIONS = ("maximize", "minimize")
 """Objectives: tokens/s (whole job) and peak memory per GPU in GiB."""
+HEARTBEAT_INTERVAL_S = 10
+"""Seconds between heartbeats of a running trial (RDB storage)."""
+HEARTBEAT_GRACE_S = 60
+"""A running trial without a heartbeat for this long is failed on the next open (resume)."""
 
 
 def default_study_name(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
@@ -57,9 +65,11 @@ def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *, res
     if heartbeat:
         # A trial whose process dies stops beating; after the grace period it is marked FAIL
         # by the next worker or resume (optuna.storages.fail_stale_trials).
-        kwargs = {"heartbeat_interval": 10, "grace_period": 60}
+        kwargs = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": HEARTBEAT_GRACE_S}
     try:
-        storage = optuna.storages.RDBStorage(url, **kwargs)  # type: ignore[arg-type]
+        with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            storage = optuna.storages.RDBStorage(url, **kwargs)  # type: ignore[arg-type]
     except Exception as exc:  # SQLAlchemy raises many types for a bad URL or server
         raise ConfigError(f"cannot open storage {redact_url(url)}: "
                           f"{str(exc).splitlines()[0]}") from exc
@@ -72,5 +82,36 @@ def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *, res
     study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
                                 directions=list(DIRECTIONS), load_if_exists=True)
     if heartbeat:
-        optuna.storages.fail_stale_trials(study)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
     return study
+
+
+@contextmanager
+def heartbeat(trial: optuna.Trial) -> Iterator[None]:
+    """Beat for `trial` while the block runs (RDB storage with heartbeats; else nothing).
+
+    Optuna beats only inside `Study.optimize`; a trial driven by ask/tell has no heartbeat, so
+    `fail_stale_trials` would never fail it once its process is killed. This beats for it.
+    """
+    storage = trial.storage
+    interval = getattr(storage, "get_heartbeat_interval", lambda: None)()
+    if interval is None:
+        yield
+        return
+    trial_id = trial._trial_id
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(timeout=interval):
+            storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+
+    storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+    thread = threading.Thread(target=beat, name=f"heartbeat-{trial.number}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

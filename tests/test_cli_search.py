@@ -1,0 +1,171 @@
+"""`autotune MODEL --gpus N` end to end on CPU: the simulate backend, backend choice, errors."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+import autotune.commands.search as search_command
+from autotune.cli import main
+
+ROW_KEYS = {"tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "gbs", "recompute", "sequence_parallel",
+            "distributed_optimizer", "tokens_per_s", "peak_memory_gib"}
+SMALL_SPACE = """\
+tp: [1, 2]
+pp: [1, 2]
+mbs: [1, 2, 4]
+distributed_optimizer: [false, true]
+overlap_grad_reduce: [true]
+impl: [sdpa]
+"""
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(err: str, message: str) -> None:
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("autotune: error: ") and message in err
+
+
+@pytest.fixture
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search_command, "local_gpu_count", lambda: 0)
+
+
+@pytest.fixture
+def space(tmp_path: Path) -> str:
+    path = tmp_path / "space.yaml"
+    path.write_text(SMALL_SPACE)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    """One simulate search of gpt2 on 2 GPUs over the default space (shared: it takes seconds)."""
+    results = tmp_path_factory.mktemp("results")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["gpt2", "--gpus", "2", "--backend", "simulate", "--results-dir",
+                     str(results), "--json"])
+    assert code == 0
+    return results, json.loads(out.getvalue())
+
+
+def stored_trials(results: Path, study: str) -> int:
+    url = f"sqlite:///{results / study / 'study.db'}"
+    return len(optuna.load_study(study_name=study, storage=url).trials)
+
+
+def test_simulate_search_prints_the_best_layouts_first(
+        simulated: tuple[Path, dict[str, object]]) -> None:
+    _, data = simulated
+    best = data["best"]
+    assert isinstance(best, list) and len(best) == 10
+    assert all(set(row) >= ROW_KEYS for row in best)
+    tokens = [row["tokens_per_s"] for row in best]
+    assert tokens == sorted(tokens, reverse=True) and tokens[0] > 0
+    assert all(row["tp"] * row["pp"] * row["dp"] * row["cp"] == 2 for row in best)
+    assert all(row["predicted"] for row in best) and data["predicted"] is True
+    assert data["stop_reason"] == "every layout of the grid was tried"
+
+
+def test_second_run_without_resume_is_refused_and_loses_nothing(
+        capsys: pytest.CaptureFixture[str], simulated: tuple[Path, dict[str, object]]) -> None:
+    results, data = simulated
+    study = str(data["study"])
+    before = stored_trials(results, study)
+    assert before > 0
+    code, out, err = run(capsys, "gpt2", "--gpus", "2", "--backend", "simulate",
+                         "--results-dir", str(results), "--json")
+    assert code == 2 and out == ""
+    one_line_error(err, f"study {study} already exists")
+    assert "--resume" in err
+    assert stored_trials(results, study) == before
+
+
+def test_resume_of_a_finished_simulate_study_adds_nothing(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, space: str) -> None:
+    args = ["gpt2", "--gpus", "2", "--backend", "simulate", "--space", space,
+            "--results-dir", str(tmp_path), "--json"]
+    code, out, _ = run(capsys, *args)
+    first = json.loads(out)
+    count = stored_trials(tmp_path, first["study"])
+    code, out, _ = run(capsys, *args, "--resume")
+    assert code == 0
+    assert json.loads(out)["best"] == first["best"]
+    assert stored_trials(tmp_path, first["study"]) == count
+
+
+def test_resume_without_a_study_is_refused(capsys: pytest.CaptureFixture[str],
+                                           tmp_path: Path, space: str) -> None:
+    code, out, err = run(capsys, "gpt2", "--gpus", "2", "--backend", "simulate", "--space",
+                         space, "--results-dir", str(tmp_path), "--resume")
+    assert code == 2 and out == ""
+    one_line_error(err, "--resume: no study")
+
+
+def test_auto_backend_without_gpus_says_so_and_simulates(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, space: str, no_gpu: None) -> None:
+    code, out, err = run(capsys, "gpt2", "--gpus", "2", "--space", space, "--results-dir",
+                         str(tmp_path), "--json")
+    assert code == 0
+    assert err.strip().splitlines() == [
+        "autotune: no GPU on this machine; planning with the analytical models "
+        "(--backend simulate): every figure is a prediction"]
+    data = json.loads(out)
+    assert data["predicted"] is True and "-simulate-" in data["study"]
+    assert data["best"] and all(set(row) >= ROW_KEYS for row in data["best"])
+
+
+def test_text_output_labels_predictions(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                        space: str, no_gpu: None) -> None:
+    code, out, _ = run(capsys, "gpt2", "--gpus", "2", "--space", space, "--results-dir",
+                       str(tmp_path))
+    assert code == 0
+    assert "(predicted)" in out and "trials simulated" in out
+
+
+@pytest.mark.parametrize(("backend", "code", "message"), [
+    ("worker", 1, "--backend worker needs NVIDIA GPUs; none found"),
+    ("megatron-lm", 1, "--backend megatron-lm needs NVIDIA GPUs; none found"),
+    ("warp", 2, "unknown backend 'warp'"),
+])
+def test_backend_errors_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                     space: str, no_gpu: None, backend: str, code: int,
+                                     message: str) -> None:
+    results = tmp_path / "results"
+    rc, out, err = run(capsys, "gpt2", "--gpus", "2", "--space", space, "--backend", backend,
+                       "--results-dir", str(results))
+    assert rc == code and out == ""
+    one_line_error(err, message)
+    assert not results.exists()  # refused before any study is created
+
+
+def test_simulate_search_never_imports_torch(tmp_path: Path, space: str) -> None:
+    args = ["gpt2", "--gpus", "2", "--backend", "simulate", "--space", space,
+            "--results-dir", str(tmp_path), "--json"]
+    code = (
+        "import sys\n"
+        "from autotune.cli import main\n"
+        f"rc = main({args!r})\n"
+        "names = ('torch', 'megatron', 'transformer_engine')\n"
+        "heavy = sorted(m for m in names if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+        "sys.exit(rc)\n"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout

@@ -1,0 +1,327 @@
+"""CPU tests of the whole search loop (ask -> gate -> run -> tell) over a scripted backend.
+
+The fake backend (tests/doubles/fake_backend.py) is not `predicted`, so these studies live in real
+SQLite storage with heartbeats, as real trials do.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import optuna
+import pytest
+from doubles.fake_backend import (
+    GIB,
+    FakeBackend,
+    small_cluster,
+    small_model,
+    small_space,
+)
+from optuna.trial import FrozenTrial, TrialState
+
+import autotune.search.loop as loop
+from autotune.backends import SimulateBackend
+from autotune.errors import ConfigError
+from autotune.gate import MemoryGate, layout_key
+from autotune.memory import estimate_memory
+from autotune.search import SearchConfig, SearchResult, TrialRecord, run_search
+from autotune.search import storage as storage_module
+from autotune.space import enumerate_space
+from autotune.strategy import Strategy
+from autotune.trial import TrialStatus
+
+REPO = Path(__file__).resolve().parents[1]
+FAKE_SCRIPT = Path(__file__).resolve().parent / "doubles" / "fake_backend.py"
+CLUSTER = small_cluster()
+MODEL = small_model()
+SPACE = small_space()
+
+
+def config(tmp_path: Path, backend: Any, **overrides: Any) -> SearchConfig:
+    values: dict[str, Any] = {"model": MODEL, "cluster": CLUSTER, "space": SPACE,
+                              "backend": backend, "results_dir": tmp_path, "study_name": "s",
+                              "sampler": "tpe"}
+    return SearchConfig(**{**values, **overrides})
+
+
+def stored(tmp_path: Path, name: str = "s") -> list[FrozenTrial]:
+    url = f"sqlite:///{(tmp_path / name / 'study.db').resolve()}"
+    return optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+
+
+def constraint(trial: FrozenTrial) -> float:
+    # Optuna 5 keeps trial.set_constraint(key, value) as the system attr "constraints:<key>".
+    return float(trial.system_attrs["constraints:memory_gib"])
+
+
+def predicted_peak(s: Strategy) -> float:
+    return estimate_memory(MODEL, s, CLUSTER).peak_bytes
+
+
+def launched(result: SearchResult) -> list[TrialRecord]:
+    return [r for r in result.records if r.launched]
+
+
+def fits(s: Strategy) -> bool:
+    return MemoryGate(MODEL, CLUSTER).decide(s).launch
+
+
+# -- the gate ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sampler", ["grid", "tpe"])
+def test_predicted_oom_is_pruned_with_a_constraint_and_never_launched(
+        tmp_path: Path, sampler: str) -> None:
+    backend = FakeBackend(CLUSTER)
+    trials = None if sampler == "grid" else 30
+    result = run_search(config(tmp_path, backend, sampler=sampler, n_trials=trials))
+
+    assert backend.calls and all(fits(s) for s in backend.calls)
+    predicted_oom = [t for t in stored(tmp_path)
+                     if t.user_attrs["record"]["status"] == "PREDICTED_OOM"]
+    if sampler == "grid":  # every valid layout meets the gate
+        valid = enumerate_space(SPACE, MODEL, CLUSTER).valid
+        assert len(predicted_oom) == sum(not fits(s) for s in valid) > 0
+    for trial in predicted_oom:
+        assert trial.state is TrialState.PRUNED
+        assert constraint(trial) > 0
+        assert trial.user_attrs["record"]["strategy"] not in {s.describe()
+                                                             for s in backend.calls}
+    assert result.count(TrialStatus.PREDICTED_OOM) == len(
+        [t for t in predicted_oom if "duplicate_of" not in t.user_attrs["record"]])
+
+
+def test_real_oom_is_pruned_and_bisects_the_micro_batch_of_its_layout(tmp_path: Path) -> None:
+    seed = Strategy(tp=1, pp=1, dp=4, mbs=4, gbs=MODEL.global_batch_size,
+                    distributed_optimizer=True, overlap_grad_reduce=True,
+                    overlap_param_gather=True, impl="sdpa")
+    backend = FakeBackend(CLUSTER, oom=lambda s: layout_key(s) == layout_key(seed) and s.mbs >= 2)
+    result = run_search(config(tmp_path, backend, n_trials=12))
+
+    # The first Alpa seed (largest dp, largest mbs predicted to fit) runs out of memory; the
+    # bisection retries mbs 2 (the middle of 1, 2), which fails too, then mbs 1, which runs.
+    assert backend.calls[:3] == [seed, replace(seed, mbs=2), replace(seed, mbs=1)]
+    sources = {r.strategy: r.source for r in launched(result)}
+    assert sources[replace(seed, mbs=2)] == sources[replace(seed, mbs=1)] == "oom-bisect"
+    # No micro-batch at or above one that ran out of memory is ever launched again.
+    smallest_oom: dict[Strategy, int] = {}
+    for s in backend.calls:
+        assert s.mbs < smallest_oom.get(layout_key(s), 10**9)
+        if layout_key(s) == layout_key(seed) and s.mbs >= 2:
+            smallest_oom[layout_key(s)] = min(smallest_oom.get(layout_key(s), s.mbs), s.mbs)
+    ooms = [t for t in stored(tmp_path) if t.user_attrs["record"]["status"] == "OOM"]
+    assert len(ooms) == 2
+    assert all(t.state is TrialState.PRUNED and constraint(t) > 0 for t in ooms)
+
+
+def test_bisection_climbs_back_after_a_success_below_the_oom(tmp_path: Path) -> None:
+    # With 40 GiB the first seed runs mbs 16; mbs >= 8 runs out of memory. Bisection: 16 fails,
+    # 4 (the middle of 1, 2, 4, 8) runs, 8 (between 4 and 16) fails, nothing is left between.
+    cluster = small_cluster(memory_gib=40)
+    seed = Strategy(tp=1, pp=1, dp=4, mbs=16, gbs=MODEL.global_batch_size,
+                    distributed_optimizer=True, overlap_grad_reduce=True,
+                    overlap_param_gather=True, impl="sdpa")
+    backend = FakeBackend(cluster, oom=lambda s: layout_key(s) == layout_key(seed) and s.mbs >= 8)
+    run_search(config(tmp_path, backend, cluster=cluster, n_trials=6))
+    assert backend.calls[:3] == [seed, replace(seed, mbs=4), replace(seed, mbs=8)]
+    assert layout_key(seed) not in {layout_key(s) for s in backend.calls[3:]}
+
+
+def test_a_real_oom_teaches_the_gate_a_smaller_capacity(tmp_path: Path) -> None:
+    # The memory model underestimates: nothing over 9 GiB runs, though 12 GiB are predicted.
+    backend = FakeBackend(CLUSTER, true_capacity_bytes=9 * GIB)
+    result = run_search(config(tmp_path, backend, n_trials=30))
+
+    learned: float | None = None
+    for s in backend.calls:
+        peak = predicted_peak(s)
+        if learned is not None:
+            assert peak < learned, f"{s.describe()} predicted {peak / GIB:.2f} GiB was launched"
+        if peak > 9 * GIB:
+            learned = peak if learned is None else min(learned, peak)
+    assert learned is not None and result.count(TrialStatus.OOM) >= 1
+    reasons = [r.reason for r in result.records if r.status is TrialStatus.PREDICTED_OOM]
+    assert any("learned capacity" in reason for reason in reasons)
+
+
+# -- no duplicates, stop conditions, samplers -----------------------------------------------
+
+
+def test_no_strategy_is_launched_twice_and_duplicates_are_recorded(tmp_path: Path) -> None:
+    backend = FakeBackend(CLUSTER, true_capacity_bytes=9 * GIB)
+    result = run_search(config(tmp_path, backend, n_trials=30))
+
+    assert len(backend.calls) == len(set(backend.calls)) == 30
+    by_number = {r.number: r for r in result.records}
+    duplicates = [r for r in result.records if r.duplicate_of is not None]
+    assert duplicates, "the sampler proposed no duplicate; the test needs a smaller space"
+    for dup in duplicates:
+        original = by_number[dup.duplicate_of]
+        assert original.duplicate_of is None and original.number < dup.number
+        assert (dup.strategy, dup.status) == (original.strategy, original.status)
+        assert not dup.launched
+    trials = {t.number: t for t in stored(tmp_path)}
+    assert all(trials[d.number].user_attrs["record"]["duplicate_of"] == d.duplicate_of
+               for d in duplicates)
+
+
+def test_stops_after_n_launched_trials(tmp_path: Path) -> None:
+    backend = FakeBackend(CLUSTER)
+    result = run_search(config(tmp_path, backend, n_trials=7))
+    assert len(backend.calls) == len(launched(result)) == 7
+    assert result.stop_reason == "reached --trials 7"
+
+
+def test_stops_after_patience_launches_without_improvement(tmp_path: Path) -> None:
+    backend = FakeBackend(CLUSTER, tokens=lambda s: 1000.0)  # nothing ever beats the first
+    result = run_search(config(tmp_path, backend, patience=4, n_trials=50))
+    assert len(backend.calls) == 5
+    assert "--patience" in result.stop_reason
+
+
+def test_stops_at_the_time_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(loop, "time", SimpleNamespace(monotonic=lambda: clock.now))
+
+    def slow_tokens(s: Strategy) -> float:
+        clock.now += 100.0  # each trial takes 100 s
+        return 1000.0 * s.dp
+
+    backend = FakeBackend(CLUSTER, tokens=slow_tokens)
+    result = run_search(config(tmp_path, backend, time_budget_s=250.0, n_trials=50))
+    assert len(backend.calls) == 3
+    assert result.stop_reason == "reached --time-budget 250 s"
+
+
+def test_grid_launches_every_layout_predicted_to_fit_once(tmp_path: Path) -> None:
+    backend = FakeBackend(CLUSTER)
+    result = run_search(config(tmp_path, backend, sampler="grid"))
+
+    valid = enumerate_space(SPACE, MODEL, CLUSTER).valid
+    expected = [s for s in valid if fits(s)]
+    assert 0 < len(expected) < len(valid)
+    assert sorted(backend.calls, key=repr) == sorted(expected, key=repr)
+    assert len(result.records) == len(valid)
+    assert result.stop_reason == "every layout of the grid was tried"
+
+
+# -- interruption and resume ------------------------------------------------------------------
+
+
+def test_resume_after_the_process_is_killed_mid_trial(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = tmp_path / "running"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get(
+        "PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(FAKE_SCRIPT), str(tmp_path), str(marker), "6"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+            assert time.monotonic() < deadline, "the third trial never started"
+            time.sleep(0.05)
+        running = [t for t in stored(tmp_path, "killed") if t.state is TrialState.RUNNING]
+        assert len(running) == 1
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.communicate()
+    killed = running[0].number
+    before = stored(tmp_path, "killed")
+    finished = {t.user_attrs["record"]["strategy"] for t in before if t.state.is_finished()}
+    assert len(finished) == 2
+
+    # The killed trial stopped beating; a short grace period lets this resume fail it.
+    monkeypatch.setattr(storage_module, "HEARTBEAT_INTERVAL_S", 1)
+    monkeypatch.setattr(storage_module, "HEARTBEAT_GRACE_S", 1)
+    time.sleep(2.5)  # heartbeats have one-second resolution in SQLite
+    backend = FakeBackend(CLUSTER)
+    result = run_search(config(tmp_path, backend, study_name="killed", n_trials=6,
+                               resume=True))
+
+    after = stored(tmp_path, "killed")
+    assert after[killed].state is TrialState.FAIL
+    assert not [t for t in after if t.state is TrialState.RUNNING]
+    assert not finished & {s.describe() for s in backend.calls}, "a finished trial re-ran"
+    assert len(backend.calls) == 4
+    assert len(launched(result)) == 6 and result.stop_reason == "reached --trials 6"
+    # The layout that was killed is tried again: it never produced a result.
+    assert marker.read_text() in {s.describe() for s in backend.calls}
+
+
+@pytest.mark.parametrize("where", ["backend", "gate"])
+def test_ctrl_c_leaves_a_consistent_study_that_resumes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    if where == "backend":
+        backend = FakeBackend(CLUSTER, interrupt_on_call=3)
+    else:  # between the ask and the launch of the third trial
+        backend = FakeBackend(CLUSTER)
+        real, count = loop.estimate_cost, [0]
+
+        def interrupting(*args: Any, **kwargs: Any) -> Any:
+            count[0] += 1
+            if count[0] == 3:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(loop, "estimate_cost", interrupting)
+    result = run_search(config(tmp_path, backend, n_trials=5))
+    assert result.interrupted and "--resume" in result.stop_reason
+    trials = stored(tmp_path)
+    assert not [t for t in trials if t.state is TrialState.RUNNING]
+    assert trials[-1].state is TrialState.FAIL
+    monkeypatch.undo()
+
+    first = [s for s in backend.calls[:2]]
+    again = FakeBackend(CLUSTER)
+    resumed = run_search(config(tmp_path, again, n_trials=5, resume=True))
+    assert not resumed.interrupted and resumed.stop_reason == "reached --trials 5"
+    assert not set(first) & set(again.calls)
+    assert len(again.calls) == 3 and len(launched(resumed)) == 5
+
+
+@pytest.mark.parametrize(("resume", "message"), [
+    (False, "already exists"),
+    (True, "--resume: no study"),
+])
+def test_study_exists_only_with_resume(tmp_path: Path, resume: bool, message: str) -> None:
+    if not resume:
+        run_search(config(tmp_path, FakeBackend(CLUSTER), n_trials=2))
+    backend = FakeBackend(CLUSTER)
+    with pytest.raises(ConfigError, match=message):
+        run_search(config(tmp_path, backend, n_trials=2, resume=resume,
+                          study_name="s" if not resume else "new"))
+    assert backend.calls == []
+    if not resume:
+        assert len(stored(tmp_path)) >= 2  # nothing lost
+
+
+def test_simulate_study_is_written_once_at_the_end_and_resumes_without_duplicates(
+        tmp_path: Path) -> None:
+    backend = SimulateBackend(CLUSTER)
+    during: list[int] = []
+
+    def observer(record: TrialRecord, result: SearchResult) -> None:
+        if not during:  # the in-memory study is not written trial by trial
+            during.append(len(stored(tmp_path)))
+
+    result = run_search(config(tmp_path, backend, sampler="auto"), observer)
+    trials = stored(tmp_path)
+    assert during == [0]
+    assert len(trials) == len(result.records) == result.valid_strategies
+    assert all(t.state.is_finished() for t in trials)
+    assert result.best(1)[0].metrics is not None and result.best(1)[0].metrics.predicted
+
+    resumed = run_search(config(tmp_path, backend, sampler="auto", resume=True))
+    assert len(stored(tmp_path)) == len(trials)
+    assert not launched(resumed)[len(launched(result)):]
+    assert [r.number for r in resumed.records] == [r.number for r in result.records]
