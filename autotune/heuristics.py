@@ -11,44 +11,45 @@ rule (strategy.RULES: tp_node); seeds are ordered by (2) and then walk (4).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
-from autotune.gate import layout_key
 from autotune.strategy import Strategy
 
 __all__ = ["alpa_seeds", "next_smaller_mbs"]
 
 
-def _default_options(s: Strategy, impl: str) -> bool:
-    """Megatron practice without tuning: no recompute, the distributed optimizer with dp > 1,
-    overlapped gradient reduce and parameter gather, sequence parallel with tp > 1, no
-    interleaving, context or expert parallelism."""
-    return (s.recompute == "none" and s.vpp == 1 and s.cp == 1
-            and s.distributed_optimizer == (s.dp > 1)
-            and s.overlap_grad_reduce and s.overlap_param_gather == s.distributed_optimizer
-            and s.sequence_parallel == (s.tp > 1) and s.impl == impl)
+def _mismatches(s: Strategy, impl: str) -> int:
+    """How far a layout's options are from Megatron practice without tuning: no recompute
+    beyond what is asked, the distributed optimizer and overlapped parameter gather with dp > 1,
+    overlapped gradient reduce, sequence parallel with tp > 1, no interleaving or context
+    parallelism, and the fastest implementation available."""
+    ideal = {"vpp": 1, "cp": 1, "distributed_optimizer": s.dp > 1,
+             "overlap_grad_reduce": True, "overlap_param_gather": s.dp > 1,
+             "sequence_parallel": s.tp > 1, "impl": impl}
+    return sum(getattr(s, name) != value for name, value in ideal.items())
 
 
 def alpa_seeds(valid: Sequence[Strategy], fits: Callable[[Strategy], bool], impl: str,
                limit: int = 6) -> list[Strategy]:
     """Up to `limit` strategies: per layout the largest micro-batch that fits, largest DP first.
 
-    Layouts with default options are preferred; when none of them fits at any micro-batch
-    (a model too large for its GPUs), recompute is allowed, selective before full, as a user
-    would do next.
+    Per (tp, pp, dp, ep) the options closest to Megatron practice that the space offers are
+    used (`_mismatches`); when nothing fits at any micro-batch without recompute (a model too
+    large for its GPUs), recompute is allowed, selective before full, as a user would do next.
     """
     for recompute in ("none", "selective", "full"):
-        best_mbs: dict[Strategy, Strategy] = {}
+        groups: dict[tuple[int, ...], list[Strategy]] = {}
         for s in valid:
-            candidate = s if recompute == "none" else replace(s, recompute="none")
-            if s.recompute != recompute or not _default_options(candidate, impl):
-                continue
-            key = layout_key(s)
-            if fits(s) and (key not in best_mbs or s.mbs > best_mbs[key].mbs):
-                best_mbs[key] = s
-        if best_mbs:
+            if s.recompute == recompute and fits(s):
+                groups.setdefault((s.tp, s.pp, s.dp, s.ep), []).append(s)
+        best: list[Strategy] = []
+        for members in groups.values():
+            closest = min(_mismatches(s, impl) for s in members)
+            options = [s for s in members if _mismatches(s, impl) == closest]
+            # The largest micro-batch; among equals, the first in the space's order.
+            best.append(max(options, key=lambda s: s.mbs))
+        if best:
             # Largest DP first; among equal DP, less TP (cheaper communication), then less PP.
-            ordered = sorted(best_mbs.values(), key=lambda s: (-s.dp, s.tp, s.pp, s.ep, -s.mbs))
+            ordered = sorted(best, key=lambda s: (-s.dp, s.tp, s.pp, s.ep, -s.mbs))
             return ordered[:limit]
     return []
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, fields
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,18 @@ import yaml
 
 from autotune.errors import ConfigError
 
-__all__ = ["ModelSpec", "list_presets", "load_model", "padded_vocab_size"]
+__all__ = ["ModelSpec", "list_presets", "load_model", "padded_vocab_size", "search_spaces_dir"]
 
-_MODELS_PACKAGE = "autotune.search_spaces.models"
+
+
+def search_spaces_dir() -> Traversable:
+    """The presets and search spaces: shipped as autotune.search_spaces when installed, read
+    from the repository's search_spaces/ when autotune runs from a checkout on PYTHONPATH
+    (as on GPU nodes without an install)."""
+    try:
+        return resources.files("autotune.search_spaces")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "search_spaces"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,7 +124,7 @@ def padded_vocab_size(model: ModelSpec, tp: int = 1) -> int:
 
 
 def _preset_files() -> dict[str, Any]:
-    root = resources.files(_MODELS_PACKAGE)
+    root = search_spaces_dir().joinpath("models")
     return {p.name.removesuffix(".yaml"): p for p in root.iterdir() if p.name.endswith(".yaml")}
 
 

@@ -6,7 +6,6 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import yaml
 
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
-from autotune.model import ModelSpec
+from autotune.model import ModelSpec, search_spaces_dir
 from autotune.strategy import RULES, Strategy, with_fields
 
 __all__ = ["DIMENSIONS", "SearchSpace", "SpaceSummary", "enumerate_space", "load_space"]
@@ -94,7 +93,7 @@ def space_from_mapping(data: Any, source: str) -> SearchSpace:
 def load_space(path: str | None = None) -> SearchSpace:
     """The space in `path`, or search_spaces/default.yaml."""
     if path is None:
-        text = resources.files("autotune.search_spaces").joinpath("default.yaml").read_text()
+        text = search_spaces_dir().joinpath("default.yaml").read_text()
         source = "default.yaml"
     else:
         file = Path(path)

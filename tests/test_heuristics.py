@@ -84,3 +84,19 @@ MBS = (1, 2, 4, 8, 16)
 def test_next_smaller_mbs_bisects(candidates: Sequence[int], failed: int,
                                   known_good: int | None, expected: int | None) -> None:
     assert next_smaller_mbs(candidates, failed, known_good) == expected
+
+
+def test_seeds_use_the_options_the_space_offers() -> None:
+    """A space without overlap (single GPU) still gets its Alpa seed: the closest options."""
+    from autotune.model import load_model
+    from autotune.space import enumerate_space, space_from_mapping
+    from tests.conftest import cluster
+
+    model, c = load_model("gpt2-xl"), cluster(1)
+    space = space_from_mapping({"mbs": [4, 8, 16, 32], "recompute": ["none", "selective"],
+                                "overlap_grad_reduce": [False], "impl": ["local", "sdpa"]},
+                               "single")
+    valid = enumerate_space(space, model, c).valid
+    fits = {s: s.mbs <= 16 and not (s.impl == "local" and s.mbs > 4) for s in valid}
+    seeds = alpa_seeds(valid, fits.__getitem__, "sdpa")
+    assert [(s.mbs, s.recompute, s.impl) for s in seeds] == [(16, "none", "sdpa")]
