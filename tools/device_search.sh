@@ -16,6 +16,8 @@ fi
 export PYTHONPATH=/tmp/site:$PWD
 out=${OUT:-/tmp/out}
 mkdir -p /tmp/r "$out"
+# Studies of an earlier call, brought back and carried as .carry/r, continue with --resume.
+[[ -d .carry/r ]] && cp -rn .carry/r/. /tmp/r/
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import sys, torch, megatron.core as mc, optuna; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'megatron-core', mc.__version__, 'optuna', optuna.__version__)"
