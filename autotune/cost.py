@@ -47,12 +47,14 @@ max(40M, 1M x dp) parameters; the last bucket's reduction cannot hide behind bac
 class CostParams:
     """Empirical efficiency constants (fractions of datasheet peaks, bytes moved per element).
 
-    Defaults: gemm_* from the usual H100 bf16 cuBLAS curve (~75% of peak on large GEMMs,
-    half of that at ~256 on the smaller dimension); the two elementwise factors were then
-    set so the two known measurements in this module's docstring are reproduced within ~2%.
+    Defaults: gemm_half_size, the attention, HBM and communication efficiencies are
+    datasheet-style guesses; gemm_efficiency_max, the two elementwise factors, step_overhead_s
+    and layer_launch_s were fitted (`autotune calibrate`) to 32 measured trials of gpt2-xl on one
+    H100 and gpt2-large on two H200 (megatron-core 0.16.1, no TE):
+    results/benchmarks/2026-11-21-h100-h200x2-model-accuracy.md, with its cross-validation.
     """
 
-    gemm_efficiency_max: float = 0.75
+    gemm_efficiency_max: float = 0.95
     """Fraction of peak bf16 FLOP/s that large GEMMs reach."""
     gemm_half_size: float = 256.0
     """eff = gemm_efficiency_max * x / (x + gemm_half_size), x the GEMM's smaller dimension per
@@ -64,10 +66,10 @@ class CostParams:
     """HBM bytes per attention score and head, forward + backward, of megatron-core's unfused
     attention without the fused softmax kernel: bf16 scores, fp32 upcast, masked_fill, fp32
     softmax, downcast, dropout + mask, and their backward (each a separate kernel)."""
-    elementwise_bytes_local: float = 14.6
+    elementwise_bytes_local: float = 4.66
     """HBM bytes moved (forward + backward) per byte of stored activation outside core attention,
     local spec: unfused bias, GeLU, dropout, residual adds and LayerNorm. Fitted to gpt2-xl."""
-    elementwise_bytes_te: float = 8.8
+    elementwise_bytes_te: float = 3.23
     """Same with Transformer Engine's fused LayerNorm-Linear, bias-GeLU and bias-dropout-add
     (also used for impl sdpa, whose non-attention kernels are the local ones but it keeps the
     SDPA fused attention). Fitted to gpt2-large on H200."""
@@ -82,7 +84,11 @@ class CostParams:
     optimizer_bytes_per_param: float = 32.0
     """Adam step HBM traffic per local-shard parameter: read grad, master, m, v (16 B), write
     master, m, v, bf16 param (14 B), plus the gradient-norm read (2 B)."""
-    step_overhead_s: float = 0.01
+    step_overhead_s: float = 0.047
+    layer_launch_s: float = 0.00162
+    """Host time to launch one layer's kernels for one micro-batch (forward + backward) that
+    the GPU does not hide: eager megatron-core issues ~100 small kernels per layer. Fitted to
+    measurements (autotune calibrate); it is what makes small micro-batches slow."""
     """Per-step fixed cost: data loading, loss all-reduce, Python, zeroing grad buffers."""
 
 
@@ -105,6 +111,8 @@ class CostEstimate:
     bubble_s: float
     optimizer_s: float
     overhead_s: float
+    launch_s: float
+    """Host launch time of every layer and micro-batch not hidden behind GPU work."""
     step_time_s: float
     tokens_per_s: float
     tflops_per_gpu: float
@@ -245,7 +253,8 @@ def estimate_cost(model: ModelSpec, strategy: Strategy, cluster: ClusterSpec,
     if s.pp > 1:
         bw = _link(cluster, cluster.num_gpus) * prm.comm_efficiency
         pp_mb = 2 * s.vpp * (prm.collective_latency_s + act_bytes / t / bw)
-    mb_s = compute_mb + tp_mb + cp_mb + ep_mb + pp_mb
+    launch_mb = layers * prm.layer_launch_s * (1 + 0.5 * full)  # recompute relaunches fwd
+    mb_s = compute_mb + tp_mb + cp_mb + ep_mb + pp_mb + launch_mb
     # Bubble: (p - 1)/v micro-batch times (Narayanan et al. 2021, Section 2.2.2).
     bubble_s = (s.pp - 1) / s.vpp * mb_s
 
@@ -263,7 +272,8 @@ def estimate_cost(model: ModelSpec, strategy: Strategy, cluster: ClusterSpec,
     return CostEstimate(compute_s=m * compute_mb, tp_comm_s=m * tp_mb, cp_comm_s=m * cp_mb,
                         ep_comm_s=m * ep_mb, pp_comm_s=m * pp_mb, dp_comm_s=dp_s,
                         bubble_s=bubble_s, optimizer_s=optimizer_s,
-                        overhead_s=prm.step_overhead_s, step_time_s=step,
+                        overhead_s=prm.step_overhead_s, launch_s=m * launch_mb,
+                        step_time_s=step,
                         tokens_per_s=tokens_per_s, tflops_per_gpu=tflops,
                         mfu=tflops * 1e12 / peak)
 

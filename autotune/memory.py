@@ -45,13 +45,15 @@ becomes exp(logits) / softmax and is saved for backward (4 B), per vocabulary en
 class MemoryParams:
     """Overheads outside the tensors the model allocates; fitted by autotune.calibration."""
 
-    cuda_context_bytes: float = 0.5 * GIB
-    """CUDA context + cuBLAS/cuDNN handles: ~0.5 GiB on H100 with torch 2.x (nvidia-smi minus
-    torch.cuda.memory_reserved in an idle process)."""
-    nccl_bytes_per_group: float = 0.25 * GIB
+    cuda_context_bytes: float = 2.57 * GIB
+    """CUDA context, cuBLAS/cuDNN workspaces and kernels loaded by torch 2.11 + megatron-core:
+    what NVML counts beyond torch's reserve. Fitted with the other two fields (`autotune
+    calibrate`) to NVML device memory of 32 trials on H100 and H200
+    (results/benchmarks/2026-11-21-h100-h200x2-model-accuracy.md)."""
+    nccl_bytes_per_group: float = 0.84 * GIB
     """NCCL channel buffers per communicator a rank uses (NCCL_BUFFSIZE 4 MiB x channels x
-    peers, plus proxy state); an order-of-magnitude default until fitted."""
-    fragmentation: float = 0.05
+    peers, plus proxy state); fitted as above."""
+    fragmentation: float = 0.039
     """PyTorch caching-allocator reserve beyond the peak allocated bytes, as a fraction."""
 
 

@@ -49,6 +49,7 @@ def rows(db: Path, timed_steps: int) -> list[str]:
                 f"{r.get('status', t.state.name)} | {f(tok, ',.0f')} | "
                 f"{f(m.get('mfu') and m['mfu'] * 100, '.1f')} | {f(step, '.3f')} | "
                 f"{f(peak and peak / GIB, '.2f')} | {f(reserved and reserved / GIB, '.2f')} | "
+                f"{f(used and used / GIB, '.2f')} | "
                 f"{f(pred and pred / GIB, '.2f')} | {f(mem_err, '+.1f')} | {f(ptok, ',.0f')} | "
                 f"{f(tok_err, '+.1f')} | {f(wall, '.1f')} | {f(overhead, '.1f')} |")
     return out

@@ -1,0 +1,81 @@
+"""The default analytical models against trials measured on real GPUs (tests/data).
+
+The targets are the product's: median memory error <= 5%, worst <= 10%, every measured OOM
+predicted not to fit, and predicted tokens/s rank-correlated with measured (Spearman >= 0.9).
+The constants were fitted to these same trials, so this guards against regressions; the
+out-of-sample figures are in results/benchmarks/2026-11-21-h100-h200x2-model-accuracy.md.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.cost import estimate_cost
+from autotune.hardware import ClusterSpec, gpu_spec
+from autotune.memory import estimate_memory
+from autotune.model import load_model
+from autotune.strategy import Strategy
+
+DATA = json.loads((Path(__file__).parent / "data" / "measured_trials.json").read_text())
+TRIALS: list[dict[str, Any]] = DATA["trials"]
+
+
+def _inputs(trial: dict[str, Any]) -> tuple[Any, Strategy, ClusterSpec]:
+    s = Strategy(**trial["strategy"])
+    model = load_model(trial["model"]).with_overrides(global_batch_size=s.gbs)
+    cluster = ClusterSpec(num_gpus=trial["gpus"], gpus_per_node=trial["gpus"],
+                          gpu=gpu_spec(trial["gpu"]))
+    return model, s, cluster
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    for position, index in enumerate(order):
+        ranks[index] = float(position)
+    return ranks
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    ra, rb = _ranks(a), _ranks(b)
+    n = len(a)
+    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True)) / (n * (n * n - 1))
+
+
+def test_the_data_covers_both_machines_and_real_ooms() -> None:
+    assert {t["gpu"] for t in TRIALS} == {"h100-80gb", "h200"}
+    assert sum(t["status"] == "OK" for t in TRIALS) >= 30
+    assert sum(t["status"] == "OOM" for t in TRIALS) >= 3
+
+
+def test_memory_error_on_measured_trials() -> None:
+    errors = []
+    for t in TRIALS:
+        if t["status"] == "OK":
+            predicted = estimate_memory(*_inputs(t)).peak_bytes
+            errors.append((predicted - t["device_used_bytes"]) / t["device_used_bytes"])
+    assert statistics.median(abs(e) for e in errors) <= 0.05
+    assert max(abs(e) for e in errors) <= 0.10
+
+
+@pytest.mark.parametrize("trial", [t for t in TRIALS if t["status"] == "OOM"],
+                         ids=lambda t: t["source"])
+def test_every_measured_oom_is_predicted_not_to_fit(trial: dict[str, Any]) -> None:
+    assert not estimate_memory(*_inputs(trial)).fits
+
+
+def test_throughput_ranks_like_the_measurements() -> None:
+    measured, predicted = [], []
+    for t in TRIALS:
+        if t["status"] == "OK":
+            model, s, cluster = _inputs(t)
+            measured.append(s.gbs * model.seq_length / t["step_time_s"])
+            predicted.append(estimate_cost(model, s, cluster).tokens_per_s)
+    assert spearman(measured, predicted) >= 0.9
+    errors = [abs(p - m) / m for m, p in zip(measured, predicted, strict=True)]
+    assert statistics.median(errors) <= 0.10
