@@ -11,7 +11,7 @@ from typing import Protocol
 from autotune.cost import CostParams, estimate_cost
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
-from autotune.memory import estimate_memory
+from autotune.memory import MemoryParams, estimate_memory
 from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
 __all__ = ["Backend", "MegatronLMBackend", "SimulateBackend", "WorkerBackend", "make_backend",
@@ -49,11 +49,12 @@ class SimulateBackend:
 
     cluster: ClusterSpec
     cost_params: CostParams | None = None
+    memory_params: MemoryParams | None = None
     name: str = "simulate"
     predicted: bool = True
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
-        memory = estimate_memory(spec.model, spec.strategy, self.cluster)
+        memory = estimate_memory(spec.model, spec.strategy, self.cluster, self.memory_params)
         if not memory.fits:
             return TrialMetrics(status=TrialStatus.PREDICTED_OOM, predicted=True,
                                 peak_allocated_bytes=int(memory.peak_bytes),
@@ -97,10 +98,11 @@ class MegatronLMBackend:
 
 
 def make_backend(name: str, cluster: ClusterSpec, megatron_lm: str | None = None,
-                 cost_params: CostParams | None = None) -> Backend:
+                 cost_params: CostParams | None = None,
+                 memory_params: MemoryParams | None = None) -> Backend:
     """The backend called `name` (simulate, worker, megatron-lm)."""
     if name == "simulate":
-        return SimulateBackend(cluster, cost_params)
+        return SimulateBackend(cluster, cost_params, memory_params)
     if name == "worker":
         return WorkerBackend()
     if name == "megatron-lm":

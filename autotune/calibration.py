@@ -32,8 +32,10 @@ __all__ = [
     "Sample",
     "fit_cost_params",
     "fit_memory_params",
+    "load_calibration",
     "load_params",
     "nelder_mead",
+    "save_calibration",
     "save_params",
 ]
 
@@ -171,3 +173,26 @@ def load_params(path: Path | str) -> CostParams | MemoryParams:
         return cls(**data["values"])
     except TypeError as exc:
         raise ConfigError(f"{path}: bad {kind} fields: {exc}") from exc
+
+
+def save_calibration(path: Path | str, cost: CostParams, memory: MemoryParams, *,
+                     samples: int, source: str) -> None:
+    """Both models' constants in one file, as `autotune calibrate` writes it."""
+    data = {"version": 1, "samples": samples, "source": source,
+            "cost": {"type": "CostParams", "values": asdict(cost)},
+            "memory": {"type": "MemoryParams", "values": asdict(memory)}}
+    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def load_calibration(path: Path | str) -> tuple[CostParams, MemoryParams]:
+    """The (cost, memory) constants of a file written by save_calibration."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read calibration file {path}: {exc}") from exc
+    try:
+        return (CostParams(**data["cost"]["values"]),
+                MemoryParams(**data["memory"]["values"]))
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: not a calibration file from `autotune calibrate` "
+                          f"({exc})") from exc

@@ -22,7 +22,7 @@ from autotune.strategy import RULE_LEVELS
 __all__ = ["app", "main"]
 
 log = logging.getLogger(__name__)
-_COMMANDS = ("models", "search", "estimate", "report", "export")
+_COMMANDS = ("models", "search", "estimate", "calibrate", "report", "export")
 
 
 class _SearchByDefault(typer.core.TyperGroup):
@@ -145,6 +145,8 @@ def search(
     trial_timeout: Annotated[float | None, typer.Option(
         "--trial-timeout", help="Seconds per trial (default: from the predicted step time).")
     ] = None,
+    calibration: Annotated[str | None, typer.Option(
+        "--calibration", help="Constants fitted by `autotune calibrate`.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Search for the fastest layout of MODEL on --gpus GPUs."""
@@ -171,7 +173,8 @@ def search(
                        sampler=sampler, trials=trials, time_budget=time_budget,
                        patience=patience, results_dir=results_dir, study=study,
                        storage=storage, resume=resume, steps=steps, warmup_steps=warmup_steps,
-                       trial_timeout=trial_timeout, as_json=as_json)
+                       trial_timeout=trial_timeout, calibration=calibration,
+                       as_json=as_json)
 
 
 @app.command()
@@ -205,6 +208,8 @@ def estimate(
     layout: Annotated[str | None, typer.Option(
         "--layout", help="A JSON file from `autotune export --format json` (its values "
                          "override the flags).")] = None,
+    calibration: Annotated[str | None, typer.Option(
+        "--calibration", help="Constants fitted by `autotune calibrate`.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Predict memory per pipeline stage, step time, tokens/s and MFU of one layout."""
@@ -216,7 +221,8 @@ def estimate(
         distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
         overlap_param_gather=overlap_param_gather, impl=impl)
     spec, cluster = _load_inputs(model, gpus, gpus_per_node, seq_len, gbs, gpu)
-    run_estimate(spec, cluster, fields, layout_path=layout, as_json=as_json)
+    run_estimate(spec, cluster, fields, layout_path=layout, as_json=as_json,
+                 calibration=calibration)
 
 
 StudyName = Annotated[str | None, typer.Option(
@@ -264,6 +270,22 @@ def export(
 
     run_export(study=study, results_dir=results_dir, storage=storage, trial=trial, fmt=fmt,
                output=output, megatron_lm=megatron_lm, nodes=nodes, model=model)
+
+
+@app.command()
+def calibrate(
+    results_dir: Annotated[list[str], typer.Option(
+        "--results-dir", help="Folders with measured trials (repeatable).")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Calibration file to write.")
+    ] = "calibration.json",
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", help="The GPU the trials ran on, when their trial.json does not say.")
+    ] = None,
+) -> None:
+    """Fit the memory and throughput models' constants to measured trials."""
+    from autotune.commands.calibrate import run_calibrate
+
+    run_calibrate(results_dir, gpu, output)
 
 
 def _print_dry_run(model: ModelSpec, cluster: ClusterSpec, space: Any, summary: Any,

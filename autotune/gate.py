@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from autotune.hardware import ClusterSpec
-from autotune.memory import MemoryEstimate, estimate_memory
+from autotune.memory import MemoryEstimate, MemoryParams, estimate_memory
 from autotune.model import ModelSpec
 from autotune.strategy import Strategy, check
 from autotune.trial import TrialStatus
@@ -51,6 +51,8 @@ class MemoryGate:
     """Per layout (layout_key), the smallest micro-batch that ran out of memory."""
     learned_capacity_bytes: float | None = None
     """The smallest predicted peak among real OOMs."""
+    params: MemoryParams | None = None
+    """Fitted memory constants (autotune calibrate); None for the defaults."""
 
     def capacity_bytes(self) -> float:
         capacity = float(self.cluster.gpu.memory_bytes)
@@ -63,7 +65,7 @@ class MemoryGate:
         if violations:
             return GateDecision(status=TrialStatus.INVALID, reason=violations[0].message,
                                 memory=None, constraint=1.0)
-        memory = estimate_memory(self.model, strategy, self.cluster)
+        memory = estimate_memory(self.model, strategy, self.cluster, self.params)
         capacity = self.capacity_bytes()
         constraint = (memory.peak_bytes - capacity) / 2**30
         smallest_oom = self.oom_mbs.get(layout_key(strategy))

@@ -43,11 +43,14 @@ class TrialSpec:
     seed: int = 1234
     gpu_peak_bf16_flops: float = 989e12
     """Peak of the GPU the trial runs on, for MFU."""
+    gpu_name: str | None = None
+    """The GPU table entry the trial was planned for (autotune calibrate reads it back)."""
 
     def to_json(self) -> str:
         return json.dumps({"model": asdict(self.model), "strategy": asdict(self.strategy),
                            "train_steps": self.train_steps, "warmup_steps": self.warmup_steps,
-                           "seed": self.seed, "gpu_peak_bf16_flops": self.gpu_peak_bf16_flops},
+                           "seed": self.seed, "gpu_peak_bf16_flops": self.gpu_peak_bf16_flops,
+                           "gpu_name": self.gpu_name},
                           indent=2)
 
     @classmethod
@@ -57,7 +60,8 @@ class TrialSpec:
             return cls(model=ModelSpec(**data["model"]), strategy=Strategy(**data["strategy"]),
                        train_steps=int(data["train_steps"]),
                        warmup_steps=int(data["warmup_steps"]), seed=int(data["seed"]),
-                       gpu_peak_bf16_flops=float(data["gpu_peak_bf16_flops"]))
+                       gpu_peak_bf16_flops=float(data["gpu_peak_bf16_flops"]),
+                       gpu_name=data.get("gpu_name"))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"malformed trial spec: {exc}") from exc
 

@@ -327,3 +327,20 @@ def test_simulate_study_is_written_once_at_the_end_and_resumes_without_duplicate
     assert len(stored(tmp_path)) == len(trials)
     assert not launched(resumed)[len(launched(result)):]
     assert [r.number for r in resumed.records] == [r.number for r in result.records]
+
+
+def test_the_cost_model_is_refitted_to_measured_trials(tmp_path: Path) -> None:
+    # The fake machine runs every layout at 2/3 of the speed the default model predicts.
+    from autotune.cost import CostParams, estimate_cost
+
+    def slower(s: Strategy) -> float:
+        return estimate_cost(MODEL, s, CLUSTER).tokens_per_s * 2 / 3
+
+    result = run_search(config(tmp_path, FakeBackend(CLUSTER, tokens=slower), n_trials=6))
+    measured = [r for r in launched(result) if r.tokens_per_s is not None]
+    assert len(measured) >= 4
+    assert result.fitted_on == len(measured)
+    assert result.cost_params is not None and result.cost_params != CostParams()
+    for r in measured:  # the refitted model predicts this machine within 10%
+        fitted = estimate_cost(MODEL, r.strategy, CLUSTER, result.cost_params).tokens_per_s
+        assert fitted == pytest.approx(r.tokens_per_s, rel=0.10)

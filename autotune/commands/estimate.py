@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from autotune.calibration import load_calibration
 from autotune.cost import estimate_cost
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
@@ -53,13 +54,15 @@ def strategy_from_fields(model: ModelSpec, cluster: ClusterSpec,
 
 
 def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any], *,
-                 layout_path: str | None, as_json: bool) -> None:
+                 layout_path: str | None, as_json: bool, calibration: str | None = None) -> None:
     if layout_path is not None:
         fields = {**fields, **_layout_file(layout_path)}
     fields.setdefault("gbs", model.global_batch_size)
     strategy = strategy_from_fields(model, cluster, fields)
-    memory = estimate_memory(model, strategy, cluster)
-    cost = estimate_cost(model, strategy, cluster)
+    cost_params, memory_params = (load_calibration(calibration) if calibration
+                                  else (None, None))
+    memory = estimate_memory(model, strategy, cluster, memory_params)
+    cost = estimate_cost(model, strategy, cluster, cost_params)
     if as_json:
         print(json.dumps({
             "model": model.name, "gpus": cluster.num_gpus, "gpu": cluster.gpu.name,

@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from autotune.backends import make_backend, te_available
+from autotune.calibration import load_calibration
 from autotune.errors import AutotuneError, ConfigError, LaunchError
 from autotune.hardware import ClusterSpec, local_gpu_count
 from autotune.model import ModelSpec
@@ -63,12 +64,14 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                        trials: int | None, time_budget: float | None, patience: int | None,
                        results_dir: str, study: str | None, storage: str | None, resume: bool,
                        steps: int, warmup_steps: int, trial_timeout: float | None,
-                       as_json: bool) -> None:
+                       as_json: bool, calibration: str | None = None) -> None:
     from autotune.search import SearchConfig, run_search
     from autotune.search.progress import LiveProgress, best_table
 
     name = _choose_backend(backend, cluster)
-    chosen = make_backend(name, cluster, megatron_lm)
+    cost_params, memory_params = (load_calibration(calibration) if calibration
+                                  else (None, None))
+    chosen = make_backend(name, cluster, megatron_lm, cost_params, memory_params)
     space = _runnable_space(space, chosen.name)
     if trials is None and not chosen.predicted and time_budget is None:
         trials = DEFAULT_REAL_TRIALS
@@ -76,7 +79,8 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                        results_dir=Path(results_dir), study_name=study, storage=storage,
                        sampler=sampler, n_trials=trials, time_budget_s=time_budget,
                        patience=patience, resume=resume, train_steps=steps,
-                       warmup_steps=warmup_steps, trial_timeout_s=trial_timeout)
+                       warmup_steps=warmup_steps, trial_timeout_s=trial_timeout,
+                       cost_params=cost_params, memory_params=memory_params)
     console = Console(stderr=True)
     quiet = as_json or chosen.predicted
     if quiet:

@@ -23,11 +23,13 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from autotune.backends import Backend, te_available, trial_timeout_s
+from autotune.calibration import fit_cost_params
 from autotune.cost import CostParams, estimate_cost
 from autotune.errors import ConfigError
 from autotune.gate import MemoryGate, layout_key
 from autotune.hardware import ClusterSpec
 from autotune.heuristics import alpa_seeds, next_smaller_mbs
+from autotune.memory import MemoryParams
 from autotune.model import ModelSpec
 from autotune.search.storage import (
     DIRECTIONS,
@@ -51,6 +53,8 @@ LAUNCHED = (TrialStatus.OK, TrialStatus.OOM, TrialStatus.TIMEOUT, TrialStatus.CR
 _GIB = 2**30
 GRID_LIMIT = 3000
 RANKED_DEFAULT = 200
+REFIT_FIELDS = ("gemm_efficiency_max", "step_overhead_s", "layer_launch_s")
+"""Constants refitted during a search: few, so a handful of trials pins them down."""
 """Layouts the ranked sampler tries when --trials is not given."""
 """With predictions, spaces of at most this many valid layouts are searched exhaustively."""
 
@@ -81,6 +85,11 @@ class SearchConfig:
     trial_timeout_s: float | None = None
     """Per-trial timeout; default derived from the predicted step time."""
     cost_params: CostParams | None = None
+    memory_params: MemoryParams | None = None
+    """Fitted constants (autotune calibrate --output FILE, then --calibration FILE)."""
+    refit_after: int = 4
+    """With this many measured trials, the cost constants are refitted to them, and the
+    model that ranks and times the next trials is the fitted one (0: never)."""
     max_idle_asks: int = 40
     """Consecutive proposals that launch nothing before the model's best untried layout is
     enqueued instead."""
@@ -120,6 +129,9 @@ class SearchResult:
     interrupted: bool = False
     valid_strategies: int = 0
     elapsed_s: float = 0.0
+    cost_params: CostParams | None = None
+    """The cost constants at the end: refitted to the measured trials once there are enough."""
+    fitted_on: int = 0
 
     def best(self, k: int = 5) -> list[TrialRecord]:
         ok = [r for r in self.records if r.tokens_per_s is not None and r.duplicate_of is None]
@@ -164,7 +176,9 @@ class _Search:
         self.fixed = {d: v[0] for d, v in dims.items() if len(v) == 1}
         self.distributions = {d: CategoricalDistribution(list(v)) for d, v in self.free.items()}
         self.by_key = {_key(_params(s, self.free)): s for s in self.valid}
-        self.gate = MemoryGate(cfg.model, cfg.cluster)
+        self.gate = MemoryGate(cfg.model, cfg.cluster, params=cfg.memory_params)
+        self.cost_params = cfg.cost_params
+        self.fitted_on = 0
         self.seen: dict[tuple[Any, ...], TrialRecord] = {}
         self.good_mbs: dict[Strategy, int] = {}
         self.best_tokens = 0.0
@@ -205,7 +219,7 @@ class _Search:
 
     def predicted_tokens(self, s: Strategy) -> float:
         return estimate_cost(self.cfg.model, s, self.cfg.cluster,
-                             self.cfg.cost_params).tokens_per_s
+                             self.cost_params).tokens_per_s
 
     def ranked_launchable(self) -> list[Strategy]:
         fitting = [s for s in self.valid if self.gate.decide(s).launch]
@@ -246,8 +260,26 @@ class _Search:
                 self.since_best += 1
         elif tokens is not None:
             self.best_tokens = max(self.best_tokens, tokens)
+        if tokens is not None and count_launch and not self.cfg.backend.predicted:
+            self.refit()
         if self.observer is not None:
             self.observer(record, self.result)
+
+    def refit(self) -> None:
+        """Refit the cost constants to the study's measured step times once there are
+        `refit_after` of them (and again with each new one), so that ranking and timeouts
+        follow what this machine really does."""
+        measured = [(self.cfg.model, r.strategy, self.cfg.cluster, r.metrics.step_time_s)
+                    for r in self.result.records
+                    if r.duplicate_of is None and r.tokens_per_s is not None and r.metrics
+                    and r.metrics.step_time_s]
+        if not self.cfg.refit_after or len(measured) < self.cfg.refit_after or \
+                len(measured) == self.fitted_on:
+            return
+        start = self.cost_params or CostParams()
+        self.cost_params = fit_cost_params(measured, names=REFIT_FIELDS, start=start)
+        self.fitted_on = len(measured)
+        log.info("cost model refitted to %d measured trials", len(measured))
 
     def enqueue(self, s: Strategy, source: str, *, first: bool = False) -> None:
         """Queue a layout for a coming trial. The queue lives here, not in the study, so that
@@ -329,10 +361,11 @@ class _Search:
                                          status=decision.status, source=source,
                                          reason=decision.reason, predicted_peak_bytes=peak))
             return
-        cost = estimate_cost(self.cfg.model, s, self.cfg.cluster, self.cfg.cost_params)
+        cost = estimate_cost(self.cfg.model, s, self.cfg.cluster, self.cost_params)
         spec = TrialSpec(model=self.cfg.model, strategy=s, train_steps=self.cfg.train_steps,
                          warmup_steps=self.cfg.warmup_steps, seed=self.cfg.seed,
-                         gpu_peak_bf16_flops=self.cfg.cluster.gpu.peak_bf16_flops)
+                         gpu_peak_bf16_flops=self.cfg.cluster.gpu.peak_bf16_flops,
+                         gpu_name=self.cfg.cluster.gpu.name)
         timeout = self.cfg.trial_timeout_s or trial_timeout_s(cost.step_time_s, spec)
         trial_dir = self.trial_root / str(trial.number)
         try:
@@ -393,6 +426,8 @@ class _Search:
     def run(self) -> SearchResult:
         start = time.monotonic()
         self.replay()
+        if not self.cfg.backend.predicted:
+            self.refit()
         self.seed()
         idle = 0
         try:
@@ -418,6 +453,7 @@ class _Search:
         finally:
             self.persist()
         self.result.elapsed_s = time.monotonic() - start
+        self.result.cost_params, self.result.fitted_on = self.cost_params, self.fitted_on
         return self.result
 
     def persist(self) -> None:

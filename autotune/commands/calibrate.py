@@ -1,0 +1,80 @@
+"""`autotune calibrate`: fit the analytical models' constants to trials measured here.
+
+Reads every finished trial under the results folders (trials/<n>/trial.json with its
+result.json or failure file), fits the throughput constants to measured step times and the
+memory overheads to NVML device memory, and writes both to one JSON file that `--calibration`
+of the search and of `estimate` accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from autotune.calibration import fit_cost_params, fit_memory_params, save_calibration
+from autotune.cost import CostParams, estimate_cost
+from autotune.errors import ConfigError
+from autotune.hardware import ClusterSpec, gpu_spec
+from autotune.memory import MemoryParams, estimate_memory
+from autotune.model import ModelSpec
+from autotune.strategy import Strategy
+from autotune.trial import TrialSpec
+
+__all__ = ["Measured", "collect", "run_calibrate"]
+
+COST_FIELDS = ("gemm_efficiency_max", "elementwise_bytes_local", "elementwise_bytes_te",
+               "step_overhead_s", "layer_launch_s")
+
+Measured = tuple[ModelSpec, Strategy, ClusterSpec, float, int]
+"""(model, strategy, cluster, median step time s, NVML device memory in use, bytes)."""
+
+
+def collect(folders: list[Path], gpu: str | None) -> list[Measured]:
+    """Every trial that ran to completion under `folders` (searched recursively)."""
+    found: list[Measured] = []
+    for folder in folders:
+        if not folder.is_dir():
+            raise ConfigError(f"results folder {folder} does not exist")
+        for spec_path in sorted(folder.rglob("trial.json")):
+            result = spec_path.parent / "result.json"
+            if not result.is_file():
+                continue
+            data = json.loads(result.read_text())
+            if data.get("status") != "OK" or not data.get("step_time_s") or \
+                    not data.get("device_used_bytes"):
+                continue
+            spec = TrialSpec.from_json(spec_path.read_text())
+            name = gpu or spec.gpu_name
+            if name is None:
+                raise ConfigError(f"{spec_path} does not say which GPU it ran on; pass --gpu")
+            world = spec.strategy.world_size
+            cluster = ClusterSpec(num_gpus=world, gpus_per_node=min(world, 8),
+                                  gpu=gpu_spec(name))
+            found.append((spec.model, spec.strategy, cluster, float(data["step_time_s"]),
+                          int(data["device_used_bytes"])))
+    return found
+
+
+def _errors(samples: list[Measured], cost: CostParams,
+            memory: MemoryParams) -> tuple[float, float]:
+    """Median relative error of step time and of device memory."""
+    step = [abs(estimate_cost(m, s, c, cost).step_time_s - t) / t for m, s, c, t, _ in samples]
+    mem = [abs(estimate_memory(m, s, c, memory).peak_bytes - u) / u for m, s, c, _, u in samples]
+    return statistics.median(step), statistics.median(mem)
+
+
+def run_calibrate(folders: list[str], gpu: str | None, output: str) -> None:
+    samples = collect([Path(f) for f in folders], gpu)
+    if len(samples) < 3:
+        raise ConfigError(f"calibration needs at least 3 measured trials, found {len(samples)} "
+                          f"under {', '.join(folders)}")
+    before = _errors(samples, CostParams(), MemoryParams())
+    cost = fit_cost_params([(m, s, c, t) for m, s, c, t, _ in samples], names=COST_FIELDS)
+    memory = fit_memory_params([(m, s, c, float(u)) for m, s, c, _, u in samples])
+    after = _errors(samples, cost, memory)
+    save_calibration(output, cost, memory, samples=len(samples), source=", ".join(folders))
+    print(f"{len(samples)} measured trials; median error of step time "
+          f"{before[0]:.1%} -> {after[0]:.1%}, of device memory {before[1]:.1%} -> "
+          f"{after[1]:.1%} (in-sample)")
+    print(f"wrote {output}; use it with --calibration {output}")

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.calibration import load_calibration
+from autotune.cli import main
+from autotune.model import load_model
+from autotune.strategy import Strategy
+from autotune.trial import TrialSpec
+
+DATA = json.loads((Path(__file__).parent / "data" / "measured_trials.json").read_text())
+
+
+def _write_trials(root: Path, with_gpu: bool = True) -> int:
+    """The measured trials of tests/data as trial folders, the way the worker leaves them."""
+    count = 0
+    for i, t in enumerate(DATA["trials"]):
+        s = Strategy(**t["strategy"])
+        model = load_model(t["model"]).with_overrides(global_batch_size=s.gbs)
+        folder = root / "study" / "trials" / str(i)
+        folder.mkdir(parents=True)
+        spec = TrialSpec(model=model, strategy=s, gpu_name=t["gpu"] if with_gpu else None)
+        spec.write(folder / "trial.json")
+        result: dict[str, Any] = {"status": t["status"], "step_time_s": t["step_time_s"],
+                                  "device_used_bytes": t["device_used_bytes"]}
+        (folder / "result.json").write_text(json.dumps(result))
+        count += t["status"] == "OK"
+    return count
+
+
+def test_calibrate_fits_and_writes_a_file_estimate_accepts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    measured = _write_trials(tmp_path)
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--results-dir", str(tmp_path), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"{measured} measured trials" in printed
+    cost, memory = load_calibration(out)
+    assert 0 < cost.gemm_efficiency_max <= 1 and cost.layer_launch_s > 0
+    assert memory.cuda_context_bytes > 0
+    args = ["estimate", "gpt2-large", "--gpus", "2", "--gpu", "h200", "--mbs", "32",
+            "--impl", "sdpa", "--json"]
+    assert main(args) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert main([*args, "--calibration", str(out)]) == 0
+    fitted = json.loads(capsys.readouterr().out)
+    # Measured on 2 x H200: 0.422 s per step (tests/data, large-layouts/00).
+    assert abs(fitted["step_time_s"] - 0.422) <= abs(default["step_time_s"] - 0.422) + 0.02
+
+
+def test_calibrate_needs_the_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _write_trials(tmp_path, with_gpu=False)
+    assert main(["calibrate", "--results-dir", str(tmp_path)]) == 2
+    assert "pass --gpu" in capsys.readouterr().err
+
+
+def test_calibrate_needs_measurements(tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--results-dir", str(tmp_path)]) == 2
+    assert "at least 3 measured trials, found 0" in capsys.readouterr().err
+
+
+def test_a_bad_calibration_file_is_one_line(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "cal.json"
+    bad.write_text("{}")
+    assert main(["estimate", "gpt2", "--gpus", "1", "--calibration", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "not a calibration file" in err and len(err.strip().splitlines()) == 1
