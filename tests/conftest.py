@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +37,20 @@ def cluster(num_gpus: int, gpus_per_node: int | None = None,
     """A cluster of a known GPU type (never the local one, so tests do not depend on it)."""
     per_node = gpus_per_node if gpus_per_node is not None else min(8, num_gpus)
     return ClusterSpec(num_gpus=num_gpus, gpus_per_node=per_node, gpu=gpu_spec(gpu))
+
+
+def heavy_imports_of(args: list[str], cwd: Path | None = None) -> tuple[int, str, str]:
+    """Run `autotune ARGS` in a fresh interpreter; (exit code, the heavy modules it imported
+    as printed, stderr). The CLI must keep torch, megatron and TE out of its process."""
+    code = (
+        "import sys\n"
+        "from autotune.cli import main\n"
+        f"rc = main({args!r})\n"
+        "names = ('torch', 'megatron', 'transformer_engine')\n"
+        "print('HEAVY', sorted(m for m in names if m in sys.modules))\n"
+        "sys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=cwd)
+    heavy = next((line for line in proc.stdout.splitlines() if line.startswith("HEAVY")), "")
+    return proc.returncode, heavy, proc.stderr

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
+from tests.conftest import heavy_imports_of
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -103,19 +104,9 @@ TORCH_FREE = [
 
 @pytest.mark.parametrize("args", TORCH_FREE)
 def test_cli_never_imports_torch(args: list[str]) -> None:
-    code = (
-        "import sys\n"
-        "from autotune.cli import main\n"
-        f"rc = main({args!r})\n"
-        "names = ('torch', 'megatron', 'transformer_engine')\n"
-        "heavy = sorted(m for m in names if m in sys.modules)\n"
-        "print('HEAVY', heavy)\n"
-        "sys.exit(rc)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert "HEAVY []" in proc.stdout
+    code, heavy, err = heavy_imports_of(args)
+    assert code == 0, err
+    assert heavy == "HEAVY []"
 
 
 def test_console_script_entry_point() -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -14,6 +12,7 @@ import pytest
 
 import autotune.commands.search as search_command
 from autotune.cli import main
+from tests.conftest import heavy_imports_of
 
 ROW_KEYS = {"tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "gbs", "recompute", "sequence_parallel",
             "distributed_optimizer", "tokens_per_s", "peak_memory_gib"}
@@ -155,17 +154,6 @@ def test_backend_errors_are_one_line(capsys: pytest.CaptureFixture[str], tmp_pat
 def test_simulate_search_never_imports_torch(tmp_path: Path, space: str) -> None:
     args = ["gpt2", "--gpus", "2", "--backend", "simulate", "--space", space,
             "--results-dir", str(tmp_path), "--json"]
-    code = (
-        "import sys\n"
-        "from autotune.cli import main\n"
-        f"rc = main({args!r})\n"
-        "names = ('torch', 'megatron', 'transformer_engine')\n"
-        "heavy = sorted(m for m in names if m in sys.modules)\n"
-        "print('HEAVY', heavy)\n"
-        "sys.exit(rc)\n"
-    )
-    repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, cwd=repo)
-    assert proc.returncode == 0, proc.stderr
-    assert "HEAVY []" in proc.stdout
+    code, heavy, err = heavy_imports_of(args, cwd=Path(__file__).resolve().parents[1])
+    assert code == 0, err
+    assert heavy == "HEAVY []"
