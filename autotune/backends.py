@@ -25,9 +25,13 @@ per-trial timeout adds this to the predicted time of the steps."""
 class Backend(Protocol):
     """Runs one trial."""
 
-    name: str
-    predicted: bool
-    """True when the numbers are predictions, not measurements."""
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def predicted(self) -> bool:
+        """True when the numbers are predictions, not measurements."""
+        ...
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics: ...
 
