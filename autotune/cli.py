@@ -148,8 +148,26 @@ def search(
     calibration: Annotated[str | None, typer.Option(
         "--calibration", help="Constants fitted by `autotune calibrate`.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    nodes: Annotated[int | None, typer.Option(
+        "--nodes", help="Nodes the --gpus span (--gpus = --nodes x --gpus-per-node); real "
+                        "trials over several nodes need --launcher.")] = None,
+    launcher: Annotated[str | None, typer.Option(
+        "--launcher", help="How multi-node trials start: slurm (srun from inside an "
+                           "allocation) or torchrun (this node hosts the rendezvous at "
+                           "--rdzv-endpoint; the other nodes run each trial's "
+                           "other_nodes.sh). See docs/MULTINODE.md.")] = None,
+    rdzv_endpoint: Annotated[str | None, typer.Option(
+        "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (slurm default: the "
+                                "allocation's first node).")] = None,
 ) -> None:
     """Search for the fastest layout of MODEL on --gpus GPUs."""
+    multi = None
+    if nodes is not None or launcher is not None or rdzv_endpoint is not None:
+        from autotune.commands.search import multinode_options
+
+        gpus_per_node, multi = multinode_options(gpus, gpus_per_node, nodes, launcher,
+                                                 rdzv_endpoint,
+                                                 "simulate" if dry_run else backend)
     spec, cluster = _load_inputs(model, gpus, gpus_per_node, seq_len, global_batch_size, gpu)
     space_spec = load_space(space)
     summary = enumerate_space(space_spec, spec, cluster)
@@ -174,7 +192,7 @@ def search(
                        patience=patience, results_dir=results_dir, study=study,
                        storage=storage, resume=resume, steps=steps, warmup_steps=warmup_steps,
                        trial_timeout=trial_timeout, calibration=calibration,
-                       as_json=as_json)
+                       as_json=as_json, multi=multi)
 
 
 @app.command()

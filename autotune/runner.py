@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -34,18 +35,28 @@ from autotune.trial import TrialSpec
 __all__ = [
     "DEFAULT_GRACE_S",
     "DEFAULT_NCCL_TIMEOUT_S",
+    "DEFAULT_RDZV_PORT",
+    "LAUNCHERS",
     "LOG_NAME",
     "NCCL_TIMEOUT_ENV",
+    "OTHER_NODES_NAME",
     "SPEC_NAME",
+    "SRUN",
+    "SRUN_ENV",
     "TORCHRUN",
+    "TORCHRUN_ENV",
     "WORKER",
+    "MultiNode",
     "RunOutput",
     "TrialInterrupted",
     "free_port",
     "megatron_lm_argv",
+    "multinode_argv",
     "run_command",
     "run_megatron_lm_trial",
+    "run_multinode_trial",
     "run_trial",
+    "slurm_first_node",
     "torchrun_argv",
     "trial_env",
 ]
@@ -216,6 +227,157 @@ def run_megatron_lm_trial(megatron_lm_path: Path, spec: TrialSpec, trial_dir: Pa
     argv = megatron_lm_argv(megatron_lm_path, spec, spec.strategy.world_size, free_port(),
                             launcher=launcher, nccl_timeout_s=nccl_timeout_s,
                             extra_args=extra_args)
+    return run_command(argv, trial_dir, timeout_s,
+                       trial_env(env, nccl_timeout_s=nccl_timeout_s), grace_s=grace_s)
+
+
+# --- Multi-node trials -----------------------------------------------------------------------
+# One torchrun per node, c10d rendezvous on one host, the worker unchanged: the same launch as
+# `autotune export --format slurm` writes. The search (this process) stays on one node; every
+# node must see the trial folder at the same path (a shared filesystem): the remote ranks read
+# trial.json from it, and global rank 0, which writes result.json, may be on any node.
+
+LAUNCHERS: tuple[str, ...] = ("slurm", "torchrun")
+SRUN: tuple[str, ...] = ("srun",)
+DEFAULT_RDZV_PORT = 29500
+"""Rendezvous port when the rendezvous host is another machine (its free ports are unknown)."""
+OTHER_NODES_NAME = "other_nodes.sh"
+"""With --launcher torchrun: the command each other node runs for this trial."""
+SRUN_ENV = "AUTOTUNE_SRUN"
+"""Replaces `srun` (split like a shell would): e.g. `srun --container-image=IMAGE
+--container-mounts=...` when the trials run in a container and autotune outside it."""
+TORCHRUN_ENV = "AUTOTUNE_TORCHRUN"
+"""Replaces this interpreter's torchrun on the nodes: e.g. `python -m torch.distributed.run`
+inside a container, where autotune's own interpreter path does not exist."""
+
+
+def _command_from_env(name: str, default: Sequence[str]) -> tuple[str, ...]:
+    value = os.environ.get(name, "").strip()
+    return tuple(shlex.split(value)) if value else tuple(default)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MultiNode:
+    """How a trial spreads over nodes: `nodes` x `gpus_per_node` ranks, started by `launcher`.
+
+    slurm: one `srun` step from inside an allocation (sbatch/salloc) starts a torchrun on each
+    node; the rendezvous is on the allocation's first node unless `rdzv_endpoint` says otherwise.
+    torchrun: autotune starts this node's torchrun, which hosts the rendezvous at
+    `rdzv_endpoint`; the other nodes run the command written to other_nodes.sh.
+    """
+
+    launcher: str
+    nodes: int
+    gpus_per_node: int
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the c10d rendezvous."""
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError(f"--launcher {self.launcher!r}: choose {' or '.join(LAUNCHERS)}")
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise ConfigError(f"--nodes {self.nodes} and --gpus-per-node {self.gpus_per_node} "
+                              "must be positive")
+        if self.launcher == "torchrun" and self.rdzv_endpoint is None:
+            raise ConfigError("--launcher torchrun needs --rdzv-endpoint HOST:PORT (an address "
+                              "of this node that the other nodes reach)")
+        if self.rdzv_endpoint is not None:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"--rdzv-endpoint {self.rdzv_endpoint!r} must be HOST:PORT")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def slurm_first_node(nodelist: str | None = None) -> str:
+    """The first host of the allocation ($SLURM_JOB_NODELIST, compressed like `gpu[01-04]`)."""
+    nodelist = nodelist if nodelist is not None else os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        raise LaunchError("--launcher slurm runs inside an allocation (sbatch or salloc): "
+                          "SLURM_JOB_NODELIST is not set (or give --rdzv-endpoint HOST:PORT)")
+    try:
+        # Only scontrol expands Slurm's compressed host lists reliably (gpu[01-03,07],x1).
+        done = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                              text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LaunchError(f"cannot run scontrol show hostnames {nodelist}: {exc}") from exc
+    hosts = done.stdout.split()
+    if done.returncode != 0 or not hosts:
+        raise LaunchError(f"scontrol show hostnames {nodelist} failed: "
+                          f"{done.stderr.strip() or 'no hosts'}")
+    return hosts[0]
+
+
+def _rdzv_endpoint(multi: MultiNode) -> str:
+    if multi.rdzv_endpoint is not None:
+        return multi.rdzv_endpoint
+    host = slurm_first_node()
+    # On the rendezvous host (where sbatch runs the batch script, and so autotune) a port free
+    # now avoids a clash with a previous trial's store still closing; elsewhere the fixed one.
+    here = socket.gethostname().split(".")[0]
+    port = free_port("") if here == host.split(".")[0] else DEFAULT_RDZV_PORT
+    return f"{host}:{port}"
+
+
+def multinode_argv(spec: TrialSpec, trial_dir: Path, multi: MultiNode, endpoint: str,
+                   rdzv_id: str, *, srun: Sequence[str] = SRUN,
+                   launcher: Sequence[str] = TORCHRUN,
+                   worker: Sequence[str] = WORKER) -> list[str]:
+    """The argv autotune runs on this node for a trial over `multi.nodes` nodes."""
+    world = spec.strategy.world_size
+    if world != multi.world_size:
+        raise ConfigError(f"a trial over {multi.nodes} node(s) x {multi.gpus_per_node} GPUs "
+                          f"needs world size {multi.world_size}: dp x tp x pp x cp = {world}")
+    trial_dir = Path(trial_dir).resolve()
+    # --rdzv-id unique per trial: a late agent of the previous trial never joins this one.
+    torchrun = [*launcher, "--nnodes", str(multi.nodes), "--nproc-per-node",
+                str(multi.gpus_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                "--rdzv-id", rdzv_id, *worker,
+                "--spec", str(trial_dir / SPEC_NAME), "--out-dir", str(trial_dir)]
+    if multi.launcher == "torchrun":
+        return torchrun
+    # One task per node, each a torchrun that starts the node's ranks; --kill-on-bad-exit: a
+    # node whose torchrun fails ends the step instead of leaving the others in the rendezvous.
+    return [*srun, "--nodes", str(multi.nodes), "--ntasks-per-node", "1", "--gpus-per-node",
+            str(multi.gpus_per_node), "--kill-on-bad-exit=1", *torchrun]
+
+
+def run_multinode_trial(spec: TrialSpec, trial_dir: Path, multi: MultiNode, *,
+                        timeout_s: float, grace_s: float = DEFAULT_GRACE_S,
+                        nccl_timeout_s: int = DEFAULT_NCCL_TIMEOUT_S,
+                        env: Mapping[str, str] | None = None,
+                        srun: Sequence[str] | None = None,
+                        launcher: Sequence[str] | None = None,
+                        worker: Sequence[str] = WORKER) -> RunOutput:
+    """Write trial.json and run the worker over `multi.nodes` nodes.
+
+    `srun` and `launcher` default to $AUTOTUNE_SRUN and $AUTOTUNE_TORCHRUN, else SRUN and
+    TORCHRUN.
+
+    With srun as the launched process, the runner's process-group kill reaches the remote ranks
+    too: srun forwards SIGTERM (and the SIGKILL after the grace period ends the step) to its
+    tasks on every node.
+    """
+    trial_dir = Path(trial_dir).resolve()
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    spec.write(trial_dir / SPEC_NAME)
+    endpoint = _rdzv_endpoint(multi)
+    rdzv_id = f"autotune-{os.getpid()}-{trial_dir.parent.name}-{trial_dir.name}"
+    argv = multinode_argv(spec, trial_dir, multi, endpoint, rdzv_id,
+                          srun=srun if srun is not None else _command_from_env(SRUN_ENV, SRUN),
+                          launcher=(launcher if launcher is not None
+                                    else _command_from_env(TORCHRUN_ENV, TORCHRUN)),
+                          worker=worker)
+    if multi.launcher == "torchrun":
+        # The same torchrun on every node joins the one rendezvous; c10d assigns node ranks.
+        script = trial_dir / OTHER_NODES_NAME
+        script.write_text("#!/usr/bin/env bash\n# Run on each of the other "
+                          f"{multi.nodes - 1} node(s) while autotune waits for this trial.\n"
+                          + " ".join(shlex.quote(a) for a in argv) + "\n")
+        logger.info("trial %s waits for %d other node(s): run bash %s on each", trial_dir.name,
+                    multi.nodes - 1, script)
     return run_command(argv, trial_dir, timeout_s,
                        trial_env(env, nccl_timeout_s=nccl_timeout_s), grace_s=grace_s)
 

@@ -4,25 +4,85 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
 
-from autotune.backends import make_backend, te_available
+from autotune.backends import Backend, make_backend, te_available
 from autotune.calibration import load_calibration
 from autotune.errors import AutotuneError, ConfigError, LaunchError
 from autotune.hardware import ClusterSpec, local_gpu_count
 from autotune.model import ModelSpec
+from autotune.runner import MultiNode
 from autotune.space import SearchSpace
+from autotune.trial import TrialMetrics, TrialSpec
 
-__all__ = ["run_search_command"]
+__all__ = ["multinode_options", "run_search_command"]
 
 DEFAULT_REAL_TRIALS = 20
 
 
-def _choose_backend(requested: str, cluster: ClusterSpec) -> str:
+def multinode_options(gpus: int, gpus_per_node: int | None, nodes: int | None,
+                      launcher: str | None, rdzv_endpoint: str | None,
+                      backend: str = "auto") -> tuple[int | None, MultiNode | None]:
+    """--nodes/--launcher/--rdzv-endpoint checked against --gpus: (GPUs per node, MultiNode).
+
+    With --backend simulate the nodes only shape the plan; otherwise more than one node needs a
+    --launcher that starts the trials there. GPUs per node default to --gpus / --nodes.
+    """
+    if nodes is None:
+        if launcher is not None or rdzv_endpoint is not None:
+            raise ConfigError("--launcher and --rdzv-endpoint need --nodes M")
+        return gpus_per_node, None
+    if nodes <= 0:
+        raise ConfigError(f"--nodes must be a positive integer, got {nodes}")
+    if gpus_per_node is None:
+        if gpus % nodes:
+            raise ConfigError(f"--gpus {gpus} is not a multiple of --nodes {nodes}")
+        gpus_per_node = gpus // nodes
+    if gpus != nodes * gpus_per_node:
+        raise ConfigError(f"--gpus {gpus} must equal --nodes {nodes} x --gpus-per-node "
+                          f"{gpus_per_node} = {nodes * gpus_per_node}")
+    if launcher is None:
+        if rdzv_endpoint is not None:
+            raise ConfigError("--rdzv-endpoint needs --launcher torchrun or slurm")
+        if nodes > 1 and backend != "simulate":
+            raise ConfigError(f"--nodes {nodes} needs --launcher slurm or torchrun to run "
+                              "trials there (or --backend simulate to plan)")
+        return gpus_per_node, None
+    return gpus_per_node, MultiNode(launcher=launcher, nodes=nodes,
+                                    gpus_per_node=gpus_per_node, rdzv_endpoint=rdzv_endpoint)
+
+
+@dataclass(frozen=True, slots=True)
+class _MultiNodeWorker:
+    """The worker backend with each trial launched over several nodes (runner.MultiNode)."""
+
+    multi: MultiNode
+    name: str = "worker"
+    predicted: bool = False
+
+    def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
+        from autotune.metrics import metrics_from_run
+        from autotune.runner import run_multinode_trial
+
+        return metrics_from_run(run_multinode_trial(spec, trial_dir, self.multi,
+                                                    timeout_s=timeout_s))
+
+
+def _choose_backend(requested: str, cluster: ClusterSpec,
+                    multi: MultiNode | None = None) -> str:
     local = local_gpu_count()
+    if multi is not None and multi.nodes > 1:
+        # The trials run on the allocation's (or the rendezvous') nodes, not only this one: the
+        # machine autotune runs on may be a GPU-less head node.
+        if requested == "auto":
+            requested = "worker"
+        if requested == "megatron-lm":
+            raise ConfigError("multi-node trials run autotune's worker; --backend megatron-lm "
+                              "runs on one node (use --backend worker or simulate)")
+        return requested
     if requested == "auto":
         if local == 0:
             print("autotune: no GPU on this machine; planning with the analytical models "
@@ -35,8 +95,8 @@ def _choose_backend(requested: str, cluster: ClusterSpec) -> str:
                               "--backend simulate to plan without them)")
         if cluster.num_gpus > local:
             raise ConfigError(f"--gpus {cluster.num_gpus} but this node has {local} GPU(s); "
-                              "multi-node trials are not supported yet (plan with --backend "
-                              "simulate)")
+                              "for trials over several nodes give --nodes M with --launcher "
+                              "slurm|torchrun (or plan with --backend simulate)")
     return requested
 
 
@@ -64,14 +124,17 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                        trials: int | None, time_budget: float | None, patience: int | None,
                        results_dir: str, study: str | None, storage: str | None, resume: bool,
                        steps: int, warmup_steps: int, trial_timeout: float | None,
-                       as_json: bool, calibration: str | None = None) -> None:
+                       as_json: bool, calibration: str | None = None,
+                       multi: MultiNode | None = None) -> None:
     from autotune.search import SearchConfig, run_search
     from autotune.search.progress import LiveProgress, best_table
 
-    name = _choose_backend(backend, cluster)
+    name = _choose_backend(backend, cluster, multi)
     cost_params, memory_params = (load_calibration(calibration) if calibration
                                   else (None, None))
-    chosen = make_backend(name, cluster, megatron_lm, cost_params, memory_params)
+    chosen: Backend = make_backend(name, cluster, megatron_lm, cost_params, memory_params)
+    if multi is not None and name == "worker":
+        chosen = _MultiNodeWorker(multi)
     space = _runnable_space(space, chosen.name)
     if trials is None and not chosen.predicted and time_budget is None:
         trials = DEFAULT_REAL_TRIALS
