@@ -5,6 +5,11 @@ study). Alpa's heuristic seeds come first; then the sampler proposes. A proposal
 Megatron rule or is predicted not to fit is told PRUNED with its constraint and never launched;
 a real OOM is pruned and teaches the gate (autotune.gate). A proposal already measured is told
 again with the same outcome, so nothing runs twice.
+
+Several processes may share one study (`--storage postgresql://...`, docs/SHARED_STUDIES.md).
+Each keeps its own queue (grid, ranked, Alpa seeds); the storage is the one truth: before each
+launch a worker re-reads it, skips layouts another worker finished or is running, and fails
+the trials of workers that died (heartbeats), whose layouts then become eligible again.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from autotune.model import ModelSpec
 from autotune.search.storage import (
     DIRECTIONS,
     default_study_name,
+    fail_stale,
     heartbeat,
     open_study,
     redact_url,
@@ -57,6 +63,10 @@ REFIT_FIELDS = ("gemm_efficiency_max", "step_overhead_s", "layer_launch_s")
 """Constants refitted during a search: few, so a handful of trials pins them down."""
 """Layouts the ranked sampler tries when --trials is not given."""
 """With predictions, spaces of at most this many valid layouts are searched exhaustively."""
+SHARED_POLL_S = 0.5
+"""A worker whose queued layouts are all running in other workers looks again this often."""
+PARAMS_WAIT_S = 2.0
+"""How long to wait for an older RUNNING trial's parameters to appear (see _Search.sync)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,6 +190,10 @@ class _Search:
         self.cost_params = cfg.cost_params
         self.fitted_on = 0
         self.seen: dict[tuple[Any, ...], TrialRecord] = {}
+        self.known: set[int] = set()
+        """Trial numbers already noted (told here, replayed, or read back by sync)."""
+        self.paramless: set[int] = set()
+        """RUNNING trials waited on once without parameters appearing (their worker died)."""
         self.good_mbs: dict[Strategy, int] = {}
         self.best_tokens = 0.0
         self.since_best = 0
@@ -235,14 +249,61 @@ class _Search:
             s = self.strategy(frozen.params)
             if s is None:
                 continue
-            record = record_from_attrs(frozen.number, s, attrs)
-            self.note(record, count_launch=False)
-            if record.launched:
-                # --trials counts the study's launched trials, so a resumed study finishes the
-                # budget it started with instead of launching it again.
-                self.launched += 1
+            self.note_stored(frozen.number, s, attrs)
+
+    def note_stored(self, number: int, s: Strategy, attrs: dict[str, Any]) -> None:
+        """Note a trial read back from storage (resume, or another worker's result)."""
+        record = record_from_attrs(number, s, attrs)
+        self.note(record, count_launch=False)
+        if record.launched:
+            # --trials counts the study's launched trials, so a resumed study finishes the
+            # budget it started with instead of launching it again; in a shared study it is a
+            # budget for all workers together.
+            self.launched += 1
+
+    def sync(self, mine: int | None = None) -> dict[tuple[Any, ...], int]:
+        """Shared storage: note the trials other workers finished since the last look (so
+        their layouts join `seen` and their OOMs teach the gate), and return the layouts of
+        RUNNING trials other than `mine`, each with the smallest trial number running it.
+
+        A trial's number is fixed when it is created, its parameters a moment later (after
+        the sampler ran); an older RUNNING trial still without them is waited for (briefly,
+        and once), else two workers that asked for one layout at once could both launch it.
+        """
+        if self.cfg.backend.predicted:
+            return {}  # an in-memory study: no other process can see it
+        states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        deadline = time.monotonic() + PARAMS_WAIT_S
+        while True:
+            trials = self.study.get_trials(deepcopy=False, states=states)
+            running: dict[tuple[Any, ...], int] = {}
+            pending = False
+            for t in trials:
+                if t.number == mine:
+                    continue
+                if t.state is TrialState.RUNNING:
+                    # An enqueued layout is known from its creation (fixed_params).
+                    params = t.params if len(t.params) == len(self.free) else \
+                        t.system_attrs.get("fixed_params", {})
+                    if not set(self.free) <= set(params):
+                        if mine is not None and t.number < mine and \
+                                t.number not in self.paramless:
+                            pending = True
+                            if time.monotonic() >= deadline:
+                                self.paramless.add(t.number)
+                        continue
+                    key = _key({d: params[d] for d in self.free})
+                    running[key] = min(running.get(key, t.number), t.number)
+                elif t.number not in self.known and t.user_attrs.get("record"):
+                    s = self.strategy(t.params)
+                    if s is not None:
+                        self.note_stored(t.number, s, t.user_attrs["record"])
+            if not pending or time.monotonic() >= deadline:
+                return running
+            time.sleep(0.05)
 
     def note(self, record: TrialRecord, *, count_launch: bool = True) -> None:
+        self.known.add(record.number)
         self.result.records.append(record)
         if record.duplicate_of is None:
             self.seen.setdefault(_key(_params(record.strategy, self.free)), record)
@@ -309,13 +370,28 @@ class _Search:
 
     def run_one(self) -> bool:
         """Ask for one trial and finish it. False when the space is exhausted."""
+        if not self.cfg.backend.predicted:
+            # A dead worker's trial stops beating: failing it here (every worker, before each
+            # ask) frees its layout for a retry by whoever is still alive.
+            fail_stale(self.study)
+        running = self.sync()
         took = False
+        deferred: list[tuple[Strategy, str]] = []
         while self.queue and not took:
             queued, source = self.queue.popleft()
-            if _key(_params(queued, self.free)) not in self.seen:
-                self.study.enqueue_trial(_params(queued, self.free),
-                                         user_attrs={"source": source})
-                took = True
+            key = _key(_params(queued, self.free))
+            if key in self.seen:
+                continue
+            if key in running:
+                # Another worker runs it now; keep it in case that worker dies (FAIL).
+                deferred.append((queued, source))
+                continue
+            self.study.enqueue_trial(_params(queued, self.free), user_attrs={"source": source})
+            took = True
+        self.queue.extend(deferred)
+        if not took and deferred and self.sampler != "tpe":
+            time.sleep(SHARED_POLL_S)  # only layouts running elsewhere are left: wait for them
+            return True
         if not took and self.sampler != "tpe":
             return False
         with warnings.catch_warnings():
@@ -348,10 +424,25 @@ class _Search:
                                         "lists them)")
             self.tell(trial, record)
             return
+        # Re-read the shared storage right before deciding: another worker may have finished
+        # this layout, or be running it, since the queue was checked.
+        running = self.sync(mine=trial.number)
         previous = self.seen.get(_key(trial.params))
         if previous is not None:
             self.tell(trial, replace(previous, number=trial.number, source=source,
                                      duplicate_of=previous.number))
+            return
+        other = running.get(_key(trial.params))
+        if other is not None and other < trial.number:
+            # The older trial runs it (the newer one yields, so exactly one of two racing
+            # workers launches). No outcome to copy yet: told FAIL, which TPE ignores and
+            # dedupe does not count, and queued again in case the other worker dies.
+            trial.set_user_attr("record", {"status": "DUPLICATE", "source": source,
+                                           "strategy": s.describe(), "duplicate_of": other,
+                                           "reason": f"running in trial {other}"})
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.last_told = trial.number
+            self.enqueue(s, source)
             return
         decision = self.gate.decide(s)
         peak = decision.memory.peak_bytes if decision.memory else None

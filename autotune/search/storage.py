@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 import warnings
@@ -19,14 +20,18 @@ from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec
 from autotune.space import SearchSpace
 
-__all__ = ["default_study_name", "heartbeat", "open_study", "redact_url", "storage_url"]
+__all__ = ["default_study_name", "fail_stale", "heartbeat", "open_study", "redact_url",
+           "storage_url"]
 
 DIRECTIONS = ("maximize", "minimize")
 """Objectives: tokens/s (whole job) and peak memory per GPU in GiB."""
-HEARTBEAT_INTERVAL_S = 10
+# Environment overrides exist for tests of shared studies: their worker subprocesses cannot be
+# monkeypatched, and a killed worker's trial should go stale in seconds, not a minute.
+HEARTBEAT_INTERVAL_S = int(os.environ.get("AUTOTUNE_HEARTBEAT_INTERVAL_S", "10"))
 """Seconds between heartbeats of a running trial (RDB storage)."""
-HEARTBEAT_GRACE_S = 60
-"""A running trial without a heartbeat for this long is failed on the next open (resume)."""
+HEARTBEAT_GRACE_S = int(os.environ.get("AUTOTUNE_HEARTBEAT_GRACE_S", "60"))
+"""A running trial without a heartbeat for this long is failed by the next open (resume) or,
+in a shared study, by any other worker before its next trial (search.loop)."""
 
 
 def default_study_name(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
@@ -82,10 +87,15 @@ def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *, res
     study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
                                 directions=list(DIRECTIONS), load_if_exists=True)
     if heartbeat:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
+        fail_stale(study)
     return study
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Mark FAIL the RUNNING trials whose heartbeat stopped (their process died)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
 
 
 @contextmanager

@@ -10,6 +10,7 @@ Also importable from a subprocess (the killed-process test): put tests/ on sys.p
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -71,6 +72,10 @@ class FakeBackend:
     """Written when the blocking call starts."""
     interrupt_on_call: int | None = None
     """The call (1-based) that raises KeyboardInterrupt, as Ctrl-C would."""
+    delay_s: float = 0.0
+    """Seconds each run takes, so that workers sharing a study overlap (tests/test_postgres.py)."""
+    launch_log: Path | None = None
+    """Each run appends `<pid> <layout>` here before it starts: the launches of all processes."""
     calls: list[Strategy] = field(default_factory=list)
     name: str = "fake"
     predicted: bool = False
@@ -83,6 +88,10 @@ class FakeBackend:
         s = spec.strategy
         self.calls.append(s)
         n = len(self.calls)
+        if self.launch_log is not None:
+            # One short O_APPEND write per launch: lines of concurrent workers never interleave.
+            with self.launch_log.open("a") as f:
+                f.write(f"{os.getpid()} {s.describe()}\n")
         if n == self.block_on_call:
             if self.started_marker is not None:
                 self.started_marker.write_text(s.describe())
@@ -90,6 +99,7 @@ class FakeBackend:
                 time.sleep(60)
         if n == self.interrupt_on_call:
             raise KeyboardInterrupt
+        time.sleep(self.delay_s)
         peak = self.true_peak_bytes(spec)
         over = self.true_capacity_bytes is not None and peak > self.true_capacity_bytes
         if over or self.oom(s):

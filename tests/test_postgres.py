@@ -1,0 +1,262 @@
+"""Shared studies on a real PostgreSQL server: several workers, one killed mid-trial.
+
+The server comes from `.ci/postgres.sh start`, which exports AUTOTUNE_TEST_POSTGRES_URL. Without
+it these tests are skipped, except in CI (CI=true), where a missing server is a failure.
+`test_redact_url_hides_the_password` needs no server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import optuna
+import pytest
+from doubles.fake_backend import small_model
+from doubles.shared_worker import CLUSTER, shared_space
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.search.storage import redact_url
+from autotune.space import enumerate_space
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).resolve().parent / "doubles" / "shared_worker.py"
+URL_ENV = "AUTOTUNE_TEST_POSTGRES_URL"
+# Heartbeats every second; a worker silent for 3 s is dead. Long enough that a live worker
+# (beating from a thread) is never failed, short enough that the test waits little.
+HEARTBEAT_ENV = {"AUTOTUNE_HEARTBEAT_INTERVAL_S": "1", "AUTOTUNE_HEARTBEAT_GRACE_S": "3"}
+
+
+@pytest.fixture
+def pg_url() -> str:
+    url = os.environ.get(URL_ENV)
+    if not url:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {URL_ENV} is unset: run `eval \"$(.ci/postgres.sh "
+                        "start)\"` before the tests")
+        pytest.skip(f"{URL_ENV} is not set (eval \"$(.ci/postgres.sh start)\")")
+    return url
+
+
+@pytest.fixture
+def study_name(pg_url: str) -> Iterator[str]:
+    """A fresh study in the shared database, deleted afterwards."""
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    with contextlib.suppress(KeyError):
+        optuna.delete_study(study_name=name, storage=pg_url)
+
+
+def _env() -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **HEARTBEAT_ENV}
+
+
+def _worker(url: str, study: str, log: Path, tmp: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(WORKER), url, study, str(log),
+                             "--results-dir", str(tmp / "results"), *extra],
+                            cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(what: str, ready: object, procs: list[subprocess.Popen[str]],
+              timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():  # type: ignore[operator]
+        for p in procs:
+            if p.poll() is not None:
+                out, err = p.communicate()
+                pytest.fail(f"a worker exited ({p.returncode}) before {what}:\n{out}\n"
+                            f"{err[-3000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _layout(t: FrozenTrial) -> str:
+    return str(t.user_attrs["record"]["strategy"])
+
+
+def test_workers_share_a_study_and_retry_the_killed_workers_trial(
+        pg_url: str, study_name: str, tmp_path: Path) -> None:
+    log, marker = tmp_path / "launches.txt", tmp_path / "blocked"
+    layouts = {s.describe() for s in enumerate_space(shared_space(), small_model(),
+                                                     CLUSTER).valid}
+    # Worker 0 creates the study; its second launch hangs until it is killed.
+    victim = _worker(pg_url, study_name, log, tmp_path, "--block-on", "2", "--marker",
+                     str(marker))
+    procs = [victim]
+    try:
+        _wait_for("the study exists", lambda: study_name in optuna.get_all_study_names(
+            pg_url), procs)
+        procs += [_worker(pg_url, study_name, log, tmp_path, "--resume") for _ in range(2)]
+        _wait_for("worker 0 blocks inside a trial", marker.exists, procs)
+        # Let the others get going, so that they run beside the doomed trial.
+        _wait_for("the other workers launch", lambda: len(log.read_text().splitlines()) >= 4,
+                  procs)
+        study = optuna.load_study(study_name=study_name, storage=pg_url)
+        killed = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                  if _layout_of_running(t) == marker.read_text()]
+        assert len(killed) == 1, "the blocked trial is not RUNNING in the storage"
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        for p in procs[1:]:
+            out, err = p.communicate(timeout=45)
+            assert p.returncode == 0, f"{out}\n{err[-3000:]}"
+            assert "every layout of the grid was tried" in out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+
+    trials = optuna.load_study(study_name=study_name,
+                               storage=pg_url).get_trials(deepcopy=False)
+    assert not [t.number for t in trials if t.state is TrialState.RUNNING]
+    dead = next(t for t in trials if t.number == killed[0].number)
+    assert dead.state is TrialState.FAIL
+
+    # Launches, from every process: each layout once, except the killed one (twice).
+    launches = Counter(line.split(" ", 1)[1] for line in log.read_text().splitlines())
+    assert set(launches) == layouts
+    assert {k: n for k, n in launches.items() if n > 1} == {marker.read_text(): 2}
+    pids = {line.split(" ", 1)[0] for line in log.read_text().splitlines()}
+    assert len(pids) == 3, "every worker launched trials"
+
+    # The study: every layout COMPLETE exactly once as a launched (non-duplicate) trial, the
+    # killed layout by another worker, after the kill.
+    done = [t for t in trials if t.state is TrialState.COMPLETE
+            and t.user_attrs["record"].get("duplicate_of") is None]
+    assert Counter(_layout(t) for t in done) == Counter(dict.fromkeys(layouts, 1))
+    retried = next(t for t in done if _layout(t) == marker.read_text())
+    assert retried.number > dead.number
+    # Trials told as duplicates point at a real trial of the same layout.
+    by_number = {t.number: t for t in trials}
+    for t in trials:
+        record = t.user_attrs.get("record", {})
+        if record.get("duplicate_of") is not None:
+            assert _layout(by_number[record["duplicate_of"]]) == _layout(t)
+
+
+def _layout_of_running(t: FrozenTrial) -> str | None:
+    """A RUNNING trial has no record yet: its layout, rebuilt from its parameters."""
+    for s in enumerate_space(shared_space(), small_model(), CLUSTER).valid:
+        if all(getattr(s, k) == v for k, v in t.params.items()):
+            return s.describe()
+    return None
+
+
+# -- passwords stay out of everything autotune writes -----------------------------------------
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql+psycopg://user:secret@host/db",
+    "postgresql://user:secret@host:5432/db?sslmode=require",
+    "mysql+pymysql://u:secret@127.0.0.1/optuna",
+])
+def test_redact_url_hides_the_password(url: str) -> None:
+    redacted = redact_url(url)
+    assert "secret" not in redacted and "***" in redacted
+    assert redacted.split("***")[0] == url.split("secret")[0]
+
+
+def _autotune(*args: str, cwd: Path, rc: int = 0) -> str:
+    """`autotune ARGS` in a fresh interpreter: its stdout and stderr, after checking its exit
+    code (the output is not shown on failure: it is the thing that may hold the password)."""
+    code = "import sys\nfrom autotune.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd, env=_env())
+    text = proc.stdout + proc.stderr
+    password = urlsplit(os.environ[URL_ENV]).password or "\0"
+    assert proc.returncode == rc, f"autotune {args[0]}: exit {proc.returncode}\n" + \
+        text.replace(password, "<PASSWORD>")[-3000:]
+    return text
+
+
+def test_no_output_or_file_shows_the_storage_password(pg_url: str, study_name: str,
+                                                      tmp_path: Path) -> None:
+    parts = urlsplit(pg_url)
+    password = parts.password
+    assert password, f"{URL_ENV} needs a password for this test"
+    results = str(tmp_path / "results")
+    # 16 layouts: the simulated study is written to the server in one pass, kept small.
+    space = tmp_path / "space.yaml"
+    space.write_text("tp: [1, 2]\npp: [1, 2]\nmbs: [1, 2]\ndistributed_optimizer: [false, true]\n"
+                     "sequence_parallel: [false]\nrecompute: [none]\nimpl: [sdpa]\n")
+    common = ("--storage", pg_url, "--study", study_name, "--results-dir", results)
+    search = ("search", "gpt2-medium", "--gpus", "4", "--backend", "simulate", "--space",
+              str(space))
+    outputs = [
+        _autotune(*search, "--sampler", "grid", "--debug", *common, cwd=tmp_path),
+        # An error names the storage: the study exists.
+        _autotune(*search, *common, cwd=tmp_path, rc=2),
+        _autotune("report", "--model", "gpt2-medium", *common, cwd=tmp_path),
+        _autotune("export", "--format", "torchrun", "--model", "gpt2-medium", "-o",
+                  str(tmp_path / "launch.sh"), *common, cwd=tmp_path),
+        _autotune("export", "--format", "json", *common, cwd=tmp_path),
+        # A server that is not there: the connection error names the URL.
+        _autotune("report", "--storage", parts._replace(
+            netloc=f"{parts.username}:{password}@127.0.0.1:1").geturl(),
+                  "--study", study_name, "--results-dir", results, cwd=tmp_path, rc=2),
+    ]
+    for i, text in enumerate(outputs):
+        assert password not in text, f"command {i} printed the password"
+    assert "16 trials simulated" in outputs[0]
+    assert "already exists" in outputs[1] and "***" in outputs[1]
+    assert "***" in outputs[5]
+    assert (tmp_path / "launch.sh").exists()
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(written) > 2, "report wrote nothing"
+    for path in written:
+        assert password.encode() not in path.read_bytes(), f"{path} holds the password"
+
+
+# -- the same rules on SQLite (no server needed) ----------------------------------------------
+
+
+def test_a_layout_running_in_a_dead_worker_is_waited_for_then_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A RUNNING trial of another (here: simulated, then silent) worker holds its layout until
+    its heartbeat goes stale; then this worker fails it and runs the layout itself."""
+    from doubles.fake_backend import FakeBackend
+
+    from autotune.search import SearchConfig, run_search
+    from autotune.search import storage as storage_module
+
+    monkeypatch.setattr(storage_module, "HEARTBEAT_INTERVAL_S", 1)
+    monkeypatch.setattr(storage_module, "HEARTBEAT_GRACE_S", 1)
+    url = storage_module.storage_url(tmp_path, "s", None)
+    study = storage_module.open_study("s", url, optuna.samplers.RandomSampler(), resume=False,
+                                      heartbeat=True)
+    held = enumerate_space(shared_space(), small_model(), CLUSTER).valid[5]
+    free = {"tp": held.tp, "pp": held.pp, "mbs": held.mbs,
+            "distributed_optimizer": held.distributed_optimizer}
+    study.enqueue_trial(free)
+    dists = {k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in
+             {"tp": (1, 2), "pp": (1, 2), "mbs": (1, 2),
+              "distributed_optimizer": (False, True)}.items()}
+    with warnings.catch_warnings():  # heartbeats "belong to Study.optimize"; we beat by hand
+        warnings.simplefilter("ignore", UserWarning)
+        dead = study.ask(dists)
+    study._storage.record_heartbeat(dead._trial_id)  # type: ignore[attr-defined]
+
+    backend = FakeBackend(CLUSTER)
+    result = run_search(SearchConfig(model=small_model(), cluster=CLUSTER, space=shared_space(),
+                                     backend=backend, results_dir=tmp_path, study_name="s",
+                                     sampler="grid", resume=True))
+    assert result.stop_reason == "every layout of the grid was tried"
+    assert Counter(s.describe() for s in backend.calls) == Counter(
+        s.describe() for s in enumerate_space(shared_space(), small_model(), CLUSTER).valid)
+    assert backend.calls[-1] == held, "the held layout waited for its worker to go stale"
+    trials = optuna.load_study(study_name="s", storage=url).get_trials(deepcopy=False)
+    assert trials[dead.number].state is TrialState.FAIL
+    assert not [t for t in trials if t.state is TrialState.RUNNING]
