@@ -90,7 +90,7 @@ def _megatron_parts(model: ModelSpec, strategy: Strategy, *, megatron_lm: str | 
 def _env_lines(megatron_lm: str | None) -> list[str]:
     lines = ["set -euo pipefail"]
     if megatron_lm is None:
-        lines += ["# A Megatron-LM checkout (git clone https://github.com/NVIDIA/Megatron-LM), "
+        lines += ["# A Megatron-LM checkout (the NVIDIA/Megatron-LM repository), "
                   "or export with --megatron-lm PATH.",
                   'MEGATRON_LM="${MEGATRON_LM:-Megatron-LM}"']
     # Megatron-LM asserts it with tensor/sequence parallelism: kernels queue in issue order, so

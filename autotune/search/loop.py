@@ -19,12 +19,12 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
 from autotune.backends import Backend, te_available, trial_timeout_s
@@ -184,7 +184,8 @@ class _Search:
         dims = {d: tuple(summary.valid_values(d)) for d in cfg.space.candidates}
         self.free = {d: v for d, v in dims.items() if len(v) > 1}
         self.fixed = {d: v[0] for d, v in dims.items() if len(v) == 1}
-        self.distributions = {d: CategoricalDistribution(list(v)) for d, v in self.free.items()}
+        self.distributions: dict[str, BaseDistribution] = {
+            d: CategoricalDistribution(list(v)) for d, v in self.free.items()}
         self.by_key = {_key(_params(s, self.free)): s for s in self.valid}
         self.gate = MemoryGate(cfg.model, cfg.cluster, params=cfg.memory_params)
         self.cost_params = cfg.cost_params
@@ -223,9 +224,21 @@ class _Search:
         else:
             self.study = open_study(name, url, sampler, resume=cfg.resume, heartbeat=True)
         self.queue: deque[tuple[Strategy, str]] = deque()
+        self.describe_study(self.persistent or self.study)
         self.last_told: int | None = None
         self.result = SearchResult(study_name=name, storage=redact_url(url),
                                    valid_strategies=len(self.valid))
+
+    def describe_study(self, study: optuna.Study) -> None:
+        """What the study is about, for report, export and optuna-dashboard."""
+        cluster = self.cfg.cluster
+        study.set_user_attr("model", asdict(self.cfg.model))
+        study.set_user_attr("cluster", {"num_gpus": cluster.num_gpus,
+                                        "gpus_per_node": cluster.gpus_per_node,
+                                        "gpu": cluster.gpu.name})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # set_metric_names is experimental in Optuna 5
+            study.set_metric_names(["tokens_per_s", "peak_memory_gib"])
 
     # -- strategies -----------------------------------------------------------------------
     def strategy(self, params: dict[str, Any]) -> Strategy | None:
@@ -362,8 +375,8 @@ class _Search:
         elif record.status in (TrialStatus.CRASH, TrialStatus.TIMEOUT, TrialStatus.NCCL_ERROR):
             self.study.tell(trial, state=TrialState.FAIL)
         else:  # INVALID, PREDICTED_OOM, OOM: infeasible, and TPE learns from pruned trials
-            peak = record.predicted_peak_bytes or capacity
-            trial.set_constraint("memory_gib", max((peak - capacity) / _GIB, 0.1))
+            predicted = record.predicted_peak_bytes or capacity
+            trial.set_constraint("memory_gib", max((predicted - capacity) / _GIB, 0.1))
             self.study.tell(trial, state=TrialState.PRUNED)
         self.last_told = trial.number
         self.note(record)

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import optuna
+from optuna.study import StudyDirection
 
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
@@ -23,7 +24,7 @@ from autotune.space import SearchSpace
 __all__ = ["default_study_name", "fail_stale", "heartbeat", "open_study", "redact_url",
            "storage_url"]
 
-DIRECTIONS = ("maximize", "minimize")
+DIRECTIONS: tuple[StudyDirection, ...] = (StudyDirection.MAXIMIZE, StudyDirection.MINIMIZE)
 """Objectives: tokens/s (whole job) and peak memory per GPU in GiB."""
 # Environment overrides exist for tests of shared studies: their worker subprocesses cannot be
 # monkeypatched, and a killed worker's trial should go stale in seconds, not a minute.
