@@ -71,17 +71,22 @@ class Strategy:
         return self.world_size // (self.tp * self.ep * self.pp)
 
     def describe(self) -> str:
-        """A compact label: `tp2 pp2 dp2 mbs4 sp rc=selective do`."""
+        """A compact label naming every non-default choice:
+        `tp2 pp2 dp2 mbs4 sp rc=full(block/2) do ogr opg sdpa`."""
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
         parts += [f"{name}{value}" for name, value in
                   (("cp", self.cp), ("ep", self.ep), ("vpp", self.vpp)) if value > 1]
         parts.append(f"mbs{self.mbs}")
         if self.sequence_parallel:
             parts.append("sp")
-        if self.recompute != "none":
+        if self.recompute == "full" and (self.recompute_method, self.recompute_num_layers) != (
+                "uniform", 1):
+            parts.append(f"rc=full({self.recompute_method}/{self.recompute_num_layers})")
+        elif self.recompute != "none":
             parts.append(f"rc={self.recompute}")
-        if self.distributed_optimizer:
-            parts.append("do")
+        parts += [flag for flag, on in (("do", self.distributed_optimizer),
+                                        ("ogr", self.overlap_grad_reduce),
+                                        ("opg", self.overlap_param_gather)) if on]
         parts.append(self.impl)
         return " ".join(parts)
 

@@ -49,11 +49,11 @@ def test_seeds_respect_the_limit() -> None:
 
 
 @pytest.mark.parametrize(("model", "gpus", "gpu", "seq", "recompute", "first"), [
-    ("gpt2-medium", 8, "h100-80gb", None, "none", "tp1 pp1 dp8 mbs8 do local"),
+    ("gpt2-medium", 8, "h100-80gb", None, "none", "tp1 pp1 dp8 mbs8 do ogr opg local"),
     # Too large without recompute: selective first, as a user would do next ...
-    ("gpt2-xl", 1, "h100-80gb", 4096, "selective", "tp1 pp1 dp1 mbs2 rc=selective local"),
+    ("gpt2-xl", 1, "h100-80gb", 4096, "selective", "tp1 pp1 dp1 mbs2 rc=selective ogr local"),
     # ... and full recompute when selective does not fit either.
-    ("gpt2-xl", 1, "a100-40gb", 4096, "full", "tp1 pp1 dp1 mbs1 rc=full local"),
+    ("gpt2-xl", 1, "a100-40gb", 4096, "full", "tp1 pp1 dp1 mbs1 rc=full ogr local"),
     # Nothing fits at all: no seeds.
     ("gpt-3.6b", 1, "a100-40gb", None, None, None),
 ])

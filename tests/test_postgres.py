@@ -197,8 +197,9 @@ def test_no_output_or_file_shows_the_storage_password(pg_url: str, study_name: s
               str(space))
     outputs = [
         _autotune(*search, "--sampler", "grid", "--debug", *common, cwd=tmp_path),
-        # An error names the storage: the study exists.
-        _autotune(*search, *common, cwd=tmp_path, rc=2),
+        # An error names the storage: --resume of a study that is not there.
+        _autotune(*search, "--resume", "--storage", pg_url, "--study", "no-such-study",
+                  "--results-dir", results, cwd=tmp_path, rc=2),
         _autotune("report", "--model", "gpt2-medium", *common, cwd=tmp_path),
         _autotune("export", "--format", "torchrun", "--model", "gpt2-medium", "-o",
                   str(tmp_path / "launch.sh"), *common, cwd=tmp_path),
@@ -211,7 +212,7 @@ def test_no_output_or_file_shows_the_storage_password(pg_url: str, study_name: s
     for i, text in enumerate(outputs):
         assert password not in text, f"command {i} printed the password"
     assert "16 trials simulated" in outputs[0]
-    assert "already exists" in outputs[1] and "***" in outputs[1]
+    assert "--resume: no study" in outputs[1] and "***" in outputs[1]
     assert "***" in outputs[5]
     assert (tmp_path / "launch.sh").exists()
     written = [p for p in tmp_path.rglob("*") if p.is_file()]

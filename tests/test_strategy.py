@@ -75,7 +75,16 @@ def test_num_microbatches(fields: dict[str, int], expected: int) -> None:
     assert Strategy(**fields).num_microbatches == expected  # type: ignore[arg-type]
 
 
-def test_describe_names_every_non_default() -> None:
-    s = Strategy(tp=2, pp=2, dp=2, vpp=2, mbs=4, gbs=64, sequence_parallel=True,
-                 recompute="selective", distributed_optimizer=True, impl="sdpa")
-    assert s.describe() == "tp2 pp2 dp2 vpp2 mbs4 sp rc=selective do sdpa"
+@pytest.mark.parametrize(("fields", "label"), [
+    (dict(tp=2, pp=2, dp=2, vpp=2, mbs=4, gbs=64, sequence_parallel=True,
+          recompute="selective", distributed_optimizer=True, impl="sdpa"),
+     "tp2 pp2 dp2 vpp2 mbs4 sp rc=selective do sdpa"),
+    (dict(dp=8, mbs=2, gbs=64, recompute="full", distributed_optimizer=True,
+          overlap_grad_reduce=True, overlap_param_gather=True),
+     "tp1 pp1 dp8 mbs2 rc=full do ogr opg local"),
+    (dict(pp=2, dp=4, mbs=2, gbs=64, recompute="full", recompute_method="block",
+          recompute_num_layers=3), "tp1 pp2 dp4 mbs2 rc=full(block/3) local"),
+    (dict(cp=2, ep=2, dp=4, gbs=64, impl="te"), "tp1 pp1 dp4 cp2 ep2 mbs1 te"),
+])
+def test_describe_names_every_non_default(fields: dict[str, object], label: str) -> None:
+    assert Strategy(**fields).describe() == label  # type: ignore[arg-type]

@@ -139,15 +139,12 @@ def _error_pct(measured: float | None, predicted: float | None) -> float | None:
 
 
 def _label(describe: str, layout: dict[str, Any]) -> str:
-    # Strategy.describe() leaves out the overlap flags and the full-recompute details; two
-    # layouts that differ only there would read the same in a table.
-    extra = []
-    if layout.get("recompute") == "full" and (layout.get("recompute_method") != "uniform"
-                                              or layout.get("recompute_num_layers") != 1):
-        extra.append(f"{layout.get('recompute_method')}/{layout.get('recompute_num_layers')}")
-    if layout.get("overlap_param_gather"):
-        extra.append("opg")
-    return " ".join([describe, *extra]) if extra else describe
+    """The layout's label, rebuilt from its fields (labels stored by older versions left out
+    the overlap flags); the stored label when the fields do not make a Strategy."""
+    try:
+        return Strategy(**layout).describe()
+    except TypeError:
+        return describe
 
 
 def trial_row(trial: FrozenTrial) -> dict[str, Any]:

@@ -215,7 +215,10 @@ class _Search:
         if cfg.backend.predicted:
             # Predictions cost microseconds; a storage round trip per trial would dominate. The
             # study runs in memory and its trials are written in one pass at the end.
-            self.persistent = open_study(name, url, sampler, resume=cfg.resume, heartbeat=False)
+            # Predictions are deterministic: running the same planning job again continues (and
+            # so shows) the stored study instead of refusing; --resume stays strict.
+            self.persistent = open_study(name, url, sampler, resume=cfg.resume or None,
+                                         heartbeat=False)
             self.study = optuna.create_study(directions=list(DIRECTIONS), sampler=sampler)
             finished = [t for t in self.persistent.get_trials(deepcopy=False)
                         if t.state.is_finished()]

@@ -64,9 +64,10 @@ def redact_url(url: str) -> str:
     return _PASSWORD.sub(lambda m: f"{m['head']}***{m['tail']}", url)
 
 
-def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *, resume: bool,
-               heartbeat: bool) -> optuna.Study:
-    """Create the study, or load it with `resume`. An existing study is never overwritten."""
+def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,
+               resume: bool | None, heartbeat: bool) -> optuna.Study:
+    """Create the study, or load it with `resume`; resume=None loads it if it exists, else
+    creates it. An existing study is never overwritten."""
     kwargs: dict[str, object] = {}
     if heartbeat:
         # A trial whose process dies stops beating; after the grace period it is marked FAIL
@@ -80,7 +81,7 @@ def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *, res
         raise ConfigError(f"cannot open storage {redact_url(url)}: "
                           f"{str(exc).splitlines()[0]}") from exc
     exists = name in {s.study_name for s in optuna.get_all_study_summaries(storage)}
-    if exists and not resume:
+    if exists and resume is False:
         raise ConfigError(f"study {name} already exists in {redact_url(url)}; pass --resume to "
                           "continue it or --study NAME for a new one")
     if not exists and resume:
