@@ -4,32 +4,39 @@ A trial runs as one process tree in its own session: torchrun and its workers (o
 stdout and stderr into `<trial_dir>/log.txt`, under a wall-clock timeout. On timeout or Ctrl-C the
 whole tree gets SIGTERM, a grace period, then SIGKILL, and nothing is left running.
 
-torchrun starts each worker with `start_new_session=True` (torch/distributed/elastic/
-multiprocessing/subprocess_handler), so the workers are not in torchrun's process group: killing
-that group alone would orphan them. The runner therefore follows the tree through /proc while the
-trial runs and signals every process group in it; on Linux it also makes the orchestrator a child
-subreaper (prctl PR_SET_CHILD_SUBREAPER) so orphaned trial processes become its children and can
-be reaped, instead of lingering as zombies under a container init that never reaps.
+The tree is followed through /proc, signalled and reaped by autotune.proctree (torchrun's workers
+leave its process group, so killing that group alone would orphan them).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import shlex
-import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.errors import ConfigError, LaunchError
+from autotune.launchers import (
+    DEFAULT_RDZV_PORT,
+    LAUNCHERS,
+    OTHER_NODES_NAME,
+    SPEC_NAME,
+    SRUN,
+    SRUN_ENV,
+    TORCHRUN,
+    TORCHRUN_ENV,
+    WORKER,
+    MultiNode,
+    multinode_argv,
+)
 from autotune.megatron_args import distributed_timeout_minutes, megatron_lm_args
+from autotune.proctree import ProcessTree, become_subreaper, shutdown, wait
 from autotune.trial import TrialSpec
 
 __all__ = [
@@ -69,14 +76,6 @@ DEFAULT_NCCL_TIMEOUT_S = 120
 """Collective timeout the worker passes to init_process_group: a blocked collective fails fast."""
 NCCL_TIMEOUT_ENV = "AUTOTUNE_NCCL_TIMEOUT_S"
 LOG_NAME = "log.txt"
-SPEC_NAME = "trial.json"
-TORCHRUN: tuple[str, ...] = (sys.executable, "-m", "torch.distributed.run")
-WORKER: tuple[str, ...] = ("-m", "autotune.worker")
-
-_POLL_S = 0.25
-"""How often the runner re-reads the process tree while a trial runs."""
-_REAP_S = 5.0
-"""After SIGKILL, how long to wait for the kernel to release every process of the trial."""
 
 # Set on every trial, over whatever the parent has: the GPU hosts need them, and a trial that
 # inherits a different value would measure something else.
@@ -237,58 +236,9 @@ def run_megatron_lm_trial(megatron_lm_path: Path, spec: TrialSpec, trial_dir: Pa
 # node must see the trial folder at the same path (a shared filesystem): the remote ranks read
 # trial.json from it, and global rank 0, which writes result.json, may be on any node.
 
-LAUNCHERS: tuple[str, ...] = ("slurm", "torchrun")
-SRUN: tuple[str, ...] = ("srun",)
-DEFAULT_RDZV_PORT = 29500
-"""Rendezvous port when the rendezvous host is another machine (its free ports are unknown)."""
-OTHER_NODES_NAME = "other_nodes.sh"
-"""With --launcher torchrun: the command each other node runs for this trial."""
-SRUN_ENV = "AUTOTUNE_SRUN"
-"""Replaces `srun` (split like a shell would): e.g. `srun --container-image=IMAGE
---container-mounts=...` when the trials run in a container and autotune outside it."""
-TORCHRUN_ENV = "AUTOTUNE_TORCHRUN"
-"""Replaces this interpreter's torchrun on the nodes: e.g. `python -m torch.distributed.run`
-inside a container, where autotune's own interpreter path does not exist."""
-
-
 def _command_from_env(name: str, default: Sequence[str]) -> tuple[str, ...]:
     value = os.environ.get(name, "").strip()
     return tuple(shlex.split(value)) if value else tuple(default)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MultiNode:
-    """How a trial spreads over nodes: `nodes` x `gpus_per_node` ranks, started by `launcher`.
-
-    slurm: one `srun` step from inside an allocation (sbatch/salloc) starts a torchrun on each
-    node; the rendezvous is on the allocation's first node unless `rdzv_endpoint` says otherwise.
-    torchrun: autotune starts this node's torchrun, which hosts the rendezvous at
-    `rdzv_endpoint`; the other nodes run the command written to other_nodes.sh.
-    """
-
-    launcher: str
-    nodes: int
-    gpus_per_node: int
-    rdzv_endpoint: str | None = None
-    """HOST:PORT of the c10d rendezvous."""
-
-    def __post_init__(self) -> None:
-        if self.launcher not in LAUNCHERS:
-            raise ConfigError(f"--launcher {self.launcher!r}: choose {' or '.join(LAUNCHERS)}")
-        if self.nodes < 1 or self.gpus_per_node < 1:
-            raise ConfigError(f"--nodes {self.nodes} and --gpus-per-node {self.gpus_per_node} "
-                              "must be positive")
-        if self.launcher == "torchrun" and self.rdzv_endpoint is None:
-            raise ConfigError("--launcher torchrun needs --rdzv-endpoint HOST:PORT (an address "
-                              "of this node that the other nodes reach)")
-        if self.rdzv_endpoint is not None:
-            host, _, port = self.rdzv_endpoint.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ConfigError(f"--rdzv-endpoint {self.rdzv_endpoint!r} must be HOST:PORT")
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node
 
 
 def slurm_first_node(nodelist: str | None = None) -> str:
@@ -319,29 +269,6 @@ def _rdzv_endpoint(multi: MultiNode) -> str:
     here = socket.gethostname().split(".")[0]
     port = free_port("") if here == host.split(".")[0] else DEFAULT_RDZV_PORT
     return f"{host}:{port}"
-
-
-def multinode_argv(spec: TrialSpec, trial_dir: Path, multi: MultiNode, endpoint: str,
-                   rdzv_id: str, *, srun: Sequence[str] = SRUN,
-                   launcher: Sequence[str] = TORCHRUN,
-                   worker: Sequence[str] = WORKER) -> list[str]:
-    """The argv autotune runs on this node for a trial over `multi.nodes` nodes."""
-    world = spec.strategy.world_size
-    if world != multi.world_size:
-        raise ConfigError(f"a trial over {multi.nodes} node(s) x {multi.gpus_per_node} GPUs "
-                          f"needs world size {multi.world_size}: dp x tp x pp x cp = {world}")
-    trial_dir = Path(trial_dir).resolve()
-    # --rdzv-id unique per trial: a late agent of the previous trial never joins this one.
-    torchrun = [*launcher, "--nnodes", str(multi.nodes), "--nproc-per-node",
-                str(multi.gpus_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-                "--rdzv-id", rdzv_id, *worker,
-                "--spec", str(trial_dir / SPEC_NAME), "--out-dir", str(trial_dir)]
-    if multi.launcher == "torchrun":
-        return torchrun
-    # One task per node, each a torchrun that starts the node's ranks; --kill-on-bad-exit: a
-    # node whose torchrun fails ends the step instead of leaving the others in the rendezvous.
-    return [*srun, "--nodes", str(multi.nodes), "--ntasks-per-node", "1", "--gpus-per-node",
-            str(multi.gpus_per_node), "--kill-on-bad-exit=1", *torchrun]
 
 
 def run_multinode_trial(spec: TrialSpec, trial_dir: Path, multi: MultiNode, *,
@@ -397,7 +324,7 @@ def run_command(argv: Sequence[str], trial_dir: Path, timeout_s: float,
     trial_dir = Path(trial_dir).resolve()
     trial_dir.mkdir(parents=True, exist_ok=True)
     log_path = trial_dir / LOG_NAME
-    _become_subreaper()
+    become_subreaper()
     timed_out = interrupted = False
     start = time.monotonic()
     with log_path.open("wb") as log:
@@ -408,9 +335,9 @@ def run_command(argv: Sequence[str], trial_dir: Path, timeout_s: float,
                                     start_new_session=True)
         except OSError as exc:
             raise LaunchError(f"cannot start {argv[0]}: {exc}") from exc
-        tree = _ProcessTree(proc.pid)
+        tree = ProcessTree(proc.pid)
         try:
-            timed_out = not _wait(proc, tree, start + timeout_s)
+            timed_out = not wait(proc, tree, start + timeout_s)
         except KeyboardInterrupt:
             # The trial is in its own session, so the terminal's Ctrl-C reached only us.
             interrupted = True
@@ -419,7 +346,7 @@ def run_command(argv: Sequence[str], trial_dir: Path, timeout_s: float,
                 why = "timed out" if timed_out else "interrupted"
                 _note(log, f"[autotune] {why} after {time.monotonic() - start:.1f} s; "
                            f"stopping the process tree (grace {grace_s:g} s)")
-            _shutdown(proc, tree, grace_s)
+            shutdown(proc, tree, grace_s)
     output = RunOutput(argv=tuple(argv), pid=proc.pid, returncode=proc.returncode,
                        timed_out=timed_out, interrupted=interrupted,
                        wall_time_s=time.monotonic() - start, log_path=log_path,
@@ -434,165 +361,3 @@ def _note(log: object, line: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         log.write(f"\n{line}\n".encode())  # type: ignore[attr-defined]
         log.flush()  # type: ignore[attr-defined]
-
-
-def _wait(proc: subprocess.Popen[bytes], tree: _ProcessTree, deadline: float) -> bool:
-    """True when the process exited before `deadline`; follows the tree meanwhile."""
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        try:
-            proc.wait(timeout=min(_POLL_S, remaining))
-        except subprocess.TimeoutExpired:
-            tree.refresh()
-        else:
-            tree.root_reaped = True
-            return True
-
-
-def _shutdown(proc: subprocess.Popen[bytes], tree: _ProcessTree, grace_s: float) -> None:
-    """SIGTERM whatever of the tree still runs, wait `grace_s`, SIGKILL the rest, reap."""
-    tree.refresh()
-    if proc.poll() is None or tree.running():
-        tree.signal(signal.SIGTERM)
-        end = time.monotonic() + grace_s
-        try:
-            while time.monotonic() < end:
-                if proc.poll() is not None:
-                    tree.root_reaped = True
-                tree.reap()
-                if proc.returncode is not None and not tree.running():
-                    break
-                time.sleep(0.05)
-        except KeyboardInterrupt:
-            pass  # a second Ctrl-C: skip the rest of the grace period, kill now
-        if proc.poll() is None or tree.running():
-            tree.signal(signal.SIGKILL)
-    proc.wait()
-    tree.root_reaped = True
-    end = time.monotonic() + _REAP_S
-    while tree.present() and time.monotonic() < end:
-        tree.signal(signal.SIGKILL)
-        tree.reap()
-        time.sleep(0.02)
-    if tree.present():
-        logger.warning("processes of trial %d outlived SIGKILL: %s", proc.pid,
-                       sorted(tree.present()))
-
-
-_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
-
-
-def _become_subreaper() -> None:
-    """Adopt orphaned descendants (Linux), so a killed trial leaves no unreaped zombies."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):  # no prctl: orphans go to init, as without us
-        logger.debug("prctl(PR_SET_CHILD_SUBREAPER) unavailable")
-
-
-@dataclass(frozen=True, slots=True)
-class _Proc:
-    pid: int
-    ppid: int
-    pgrp: int
-    start: int
-    """Clock ticks since boot at start: with the pid, identifies a process across pid reuse."""
-    zombie: bool
-
-
-def _scan() -> dict[int, _Proc] | None:
-    """Every process in /proc, or None where there is no /proc (then only the group is killed)."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return None
-    procs: dict[int, _Proc] = {}
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-            # proc(5): "pid (comm) state ppid pgrp session ... starttime(22)"; comm may hold
-            # spaces and parentheses, so split after the last ')'.
-            fields = data[data.rindex(b")") + 2:].split()
-            procs[int(name)] = _Proc(int(name), int(fields[1]), int(fields[2]),
-                                     int(fields[19]), fields[0] == b"Z")
-        except (OSError, ValueError, IndexError):
-            continue  # exited between listdir and open
-    return procs
-
-
-class _ProcessTree:
-    """The processes a trial started: its root, the root's group, and every descendant seen."""
-
-    def __init__(self, root: int) -> None:
-        self.root = root
-        self.root_reaped = False
-        """Set once Popen reaped the root: its pid may be reused, so walks stop starting there."""
-        self.known: dict[int, int] = {}
-        """pid -> start time of every process seen in the tree (root excluded)."""
-        self._procs: dict[int, _Proc] = {}
-        self.refresh()
-
-    def refresh(self) -> None:
-        procs = _scan()
-        if procs is None:
-            return
-        self._procs = procs
-        ours = {p.pid for p in self._members()}
-        if not self.root_reaped:
-            ours.add(self.root)
-        children: dict[int, list[int]] = {}
-        for p in procs.values():
-            children.setdefault(p.ppid, []).append(p.pid)
-        frontier = list(ours)
-        while frontier:
-            for child in children.get(frontier.pop(), ()):
-                if child not in ours:
-                    ours.add(child)
-                    frontier.append(child)
-        # Processes that stayed in the trial's group after their parent died are ours too.
-        ours |= {p.pid for p in procs.values() if p.pgrp == self.root}
-        for pid in ours - {self.root}:
-            self.known.setdefault(pid, procs[pid].start)
-
-    def _members(self) -> list[_Proc]:
-        """Known processes still in the process table (zombies included), pid reuse excluded."""
-        return [p for pid, start in self.known.items()
-                if (p := self._procs.get(pid)) is not None and p.start == start]
-
-    def running(self) -> bool:
-        return any(not p.zombie for p in self._members())
-
-    def present(self) -> set[int]:
-        self.refresh()
-        return {p.pid for p in self._members()}
-
-    def signal(self, sig: signal.Signals) -> None:
-        self.refresh()
-        members = self._members()
-        own_group = os.getpgrp()
-        groups = {p.pgrp for p in members}
-        if not self.root_reaped:
-            groups.add(self.root)
-        for group in groups - {own_group, 0, 1}:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, sig)
-        for p in members:  # also those that moved into a group of their own after the scan
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(p.pid, sig)
-
-    def reap(self) -> None:
-        """waitpid the orphans we adopted as subreaper; the root is Popen's to reap."""
-        me = os.getpid()
-        self.refresh()
-        for p in self._members():
-            if p.ppid == me and p.pid != self.root:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(p.pid, os.WNOHANG)
