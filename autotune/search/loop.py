@@ -18,158 +18,50 @@ import logging
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
-from autotune.backends import Backend, te_available, trial_timeout_s
-from autotune.calibration import fit_cost_params
-from autotune.cost import CostParams, estimate_cost
+from autotune.backends import te_available, trial_timeout_s
+from autotune.cost import estimate_cost
 from autotune.errors import ConfigError
 from autotune.gate import MemoryGate, layout_key
-from autotune.hardware import ClusterSpec
 from autotune.heuristics import alpa_seeds, next_smaller_mbs
-from autotune.memory import MemoryParams
-from autotune.model import ModelSpec
+from autotune.search.config import RANKED_DEFAULT, SearchConfig, make_sampler, sampler_name
+from autotune.search.records import (
+    Observer,
+    SearchResult,
+    TrialRecord,
+    record_from_attrs,
+    record_to_attrs,
+)
+from autotune.search.refit import refit_cost_params
+from autotune.search.shared import PARAMS_WAIT_S, SHARED_POLL_S, read_shared
+from autotune.search.shared import layout_params as _params
+from autotune.search.shared import params_key as _key
 from autotune.search.storage import (
-    DIRECTIONS,
     default_study_name,
+    describe_study,
     fail_stale,
     heartbeat,
+    open_planning_study,
     open_study,
     redact_url,
     storage_url,
 )
-from autotune.space import SearchSpace, enumerate_space
+from autotune.space import enumerate_space
 from autotune.strategy import Strategy
-from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
+from autotune.trial import TrialSpec, TrialStatus
 
 __all__ = ["SearchConfig", "SearchResult", "TrialRecord", "run_search"]
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-LAUNCHED = (TrialStatus.OK, TrialStatus.OOM, TrialStatus.TIMEOUT, TrialStatus.CRASH,
-            TrialStatus.NCCL_ERROR)
 _GIB = 2**30
-GRID_LIMIT = 3000
-RANKED_DEFAULT = 200
-REFIT_FIELDS = ("gemm_efficiency_max", "step_overhead_s", "layer_launch_s")
-"""Constants refitted during a search: few, so a handful of trials pins them down."""
-"""Layouts the ranked sampler tries when --trials is not given."""
-"""With predictions, spaces of at most this many valid layouts are searched exhaustively."""
-SHARED_POLL_S = 0.5
-"""A worker whose queued layouts are all running in other workers looks again this often."""
-PARAMS_WAIT_S = 2.0
-"""How long to wait for an older RUNNING trial's parameters to appear (see _Search.sync)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SearchConfig:
-    model: ModelSpec
-    cluster: ClusterSpec
-    space: SearchSpace
-    backend: Backend
-    results_dir: Path = Path("results")
-    study_name: str | None = None
-    storage: str | None = None
-    """An Optuna RDB URL (postgresql://...); default SQLite at results/<study>/study.db."""
-    sampler: str = "auto"
-    """tpe (after Alpa's seeds), grid (every valid layout), ranked (the model's best first), or
-    auto: tpe for real trials; for predictions grid when the space is small, else ranked."""
-    n_trials: int | None = None
-    """Stop once the study holds this many launched (or simulated) trials; a resumed study
-    counts the ones it already has."""
-    time_budget_s: float | None = None
-    patience: int | None = None
-    """Stop after this many launched trials without a better tokens/s."""
-    resume: bool = False
-    seed: int = 0
-    train_steps: int = 10
-    warmup_steps: int = 3
-    trial_timeout_s: float | None = None
-    """Per-trial timeout; default derived from the predicted step time."""
-    cost_params: CostParams | None = None
-    memory_params: MemoryParams | None = None
-    """Fitted constants (autotune calibrate --output FILE, then --calibration FILE)."""
-    refit_after: int = 4
-    """With this many measured trials, the cost constants are refitted to them, and the
-    model that ranks and times the next trials is the fitted one (0: never)."""
-    max_idle_asks: int = 40
-    """Consecutive proposals that launch nothing before the model's best untried layout is
-    enqueued instead."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrialRecord:
-    """One trial of the study as the user sees it."""
-
-    number: int
-    strategy: Strategy
-    status: TrialStatus
-    source: str
-    reason: str = ""
-    metrics: TrialMetrics | None = None
-    predicted_peak_bytes: float | None = None
-    predicted_tokens_per_s: float | None = None
-    duplicate_of: int | None = None
-
-    @property
-    def launched(self) -> bool:
-        return self.status in LAUNCHED and self.duplicate_of is None
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        ok = self.metrics is not None and self.metrics.status is TrialStatus.OK
-        return self.metrics.tokens_per_s if ok and self.metrics else None
-
-
-@dataclass(slots=True)
-class SearchResult:
-    study_name: str
-    storage: str
-    """Redacted storage URL."""
-    records: list[TrialRecord] = field(default_factory=list)
-    stop_reason: str = ""
-    interrupted: bool = False
-    valid_strategies: int = 0
-    elapsed_s: float = 0.0
-    cost_params: CostParams | None = None
-    """The cost constants at the end: refitted to the measured trials once there are enough."""
-    fitted_on: int = 0
-
-    def best(self, k: int = 5) -> list[TrialRecord]:
-        ok = [r for r in self.records if r.tokens_per_s is not None and r.duplicate_of is None]
-        return sorted(ok, key=lambda r: -(r.tokens_per_s or 0.0))[:k]
-
-    def count(self, status: TrialStatus) -> int:
-        return sum(1 for r in self.records if r.status is status and r.duplicate_of is None)
-
-
-Observer = Callable[[TrialRecord, SearchResult], None]
-
-
-def _params(strategy: Strategy, free: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
-    return {dim: getattr(strategy, dim) for dim in free}
-
-
-def _key(params: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(sorted(params.items()))
-
-
-def _sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
-    if name == "tpe":
-        # Multivariate TPE models the interactions (tp x pp x mbs) that decide memory and speed.
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8,
-                                          constant_liar=True)
-    if name in ("grid", "ranked"):
-        return optuna.samplers.RandomSampler(seed=seed)  # unused: every trial is enqueued
-    raise ConfigError(f"unknown sampler {name!r}; choose tpe, grid or ranked")
 
 
 class _Search:
@@ -200,48 +92,24 @@ class _Search:
         self.since_best = 0
         self.launched = 0
         self.impl = "te" if te_available() else "sdpa"
-        self.sampler = cfg.sampler
-        if self.sampler == "auto":
-            small = len(self.valid) <= GRID_LIMIT
-            self.sampler = "tpe" if not cfg.backend.predicted else ("grid" if small
-                                                                   else "ranked")
+        self.sampler = sampler_name(cfg, len(self.valid))
         name = cfg.study_name or default_study_name(cfg.model, cfg.cluster, cfg.space,
                                                     cfg.backend.name)
         url = storage_url(cfg.results_dir, name, cfg.storage)
         self.trial_root = cfg.results_dir / name / "trials"
-        sampler = _sampler(self.sampler, cfg.seed)
+        sampler = make_sampler(self.sampler, cfg.seed)
         self.persistent: optuna.Study | None = None
         self.persisted = 0
-        if cfg.backend.predicted:
-            # Predictions cost microseconds; a storage round trip per trial would dominate. The
-            # study runs in memory and its trials are written in one pass at the end.
-            # Predictions are deterministic: running the same planning job again continues (and
-            # so shows) the stored study instead of refusing; --resume stays strict.
-            self.persistent = open_study(name, url, sampler, resume=cfg.resume or None,
-                                         heartbeat=False)
-            self.study = optuna.create_study(directions=list(DIRECTIONS), sampler=sampler)
-            finished = [t for t in self.persistent.get_trials(deepcopy=False)
-                        if t.state.is_finished()]
-            self.study.add_trials(finished)
-            self.persisted = len(finished)
+        if cfg.backend.predicted:  # in memory, written to storage at the end (persist)
+            self.study, self.persistent, self.persisted = open_planning_study(
+                name, url, sampler, resume=cfg.resume)
         else:
             self.study = open_study(name, url, sampler, resume=cfg.resume, heartbeat=True)
         self.queue: deque[tuple[Strategy, str]] = deque()
-        self.describe_study(self.persistent or self.study)
+        describe_study(self.persistent or self.study, cfg.model, cfg.cluster)
         self.last_told: int | None = None
         self.result = SearchResult(study_name=name, storage=redact_url(url),
                                    valid_strategies=len(self.valid))
-
-    def describe_study(self, study: optuna.Study) -> None:
-        """What the study is about, for report, export and optuna-dashboard."""
-        cluster = self.cfg.cluster
-        study.set_user_attr("model", asdict(self.cfg.model))
-        study.set_user_attr("cluster", {"num_gpus": cluster.num_gpus,
-                                        "gpus_per_node": cluster.gpus_per_node,
-                                        "gpu": cluster.gpu.name})
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # set_metric_names is experimental in Optuna 5
-            study.set_metric_names(["tokens_per_s", "peak_memory_gib"])
 
     # -- strategies -----------------------------------------------------------------------
     def strategy(self, params: dict[str, Any]) -> Strategy | None:
@@ -288,33 +156,17 @@ class _Search:
         """
         if self.cfg.backend.predicted:
             return {}  # an in-memory study: no other process can see it
-        states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
         deadline = time.monotonic() + PARAMS_WAIT_S
         while True:
-            trials = self.study.get_trials(deepcopy=False, states=states)
-            running: dict[tuple[Any, ...], int] = {}
-            pending = False
-            for t in trials:
-                if t.number == mine:
-                    continue
-                if t.state is TrialState.RUNNING:
-                    # An enqueued layout is known from its creation (fixed_params).
-                    params = t.params if len(t.params) == len(self.free) else \
-                        t.system_attrs.get("fixed_params", {})
-                    if not set(self.free) <= set(params):
-                        if mine is not None and t.number < mine and \
-                                t.number not in self.paramless:
-                            pending = True
-                            if time.monotonic() >= deadline:
-                                self.paramless.add(t.number)
-                        continue
-                    key = _key({d: params[d] for d in self.free})
-                    running[key] = min(running.get(key, t.number), t.number)
-                elif t.number not in self.known and t.user_attrs.get("record"):
-                    s = self.strategy(t.params)
-                    if s is not None:
-                        self.note_stored(t.number, s, t.user_attrs["record"])
-            if not pending or time.monotonic() >= deadline:
+            running, finished, waiting = read_shared(self.study, self.free, mine, self.known,
+                                                     self.paramless)
+            if time.monotonic() >= deadline:
+                self.paramless.update(waiting)
+            for t in finished:
+                s = self.strategy(t.params)
+                if s is not None:
+                    self.note_stored(t.number, s, t.user_attrs["record"])
+            if not waiting or time.monotonic() >= deadline:
                 return running
             time.sleep(0.05)
 
@@ -346,17 +198,13 @@ class _Search:
         """Refit the cost constants to the study's measured step times once there are
         `refit_after` of them (and again with each new one), so that ranking and timeouts
         follow what this machine really does."""
-        measured = [(self.cfg.model, r.strategy, self.cfg.cluster, r.metrics.step_time_s)
-                    for r in self.result.records
-                    if r.duplicate_of is None and r.tokens_per_s is not None and r.metrics
-                    and r.metrics.step_time_s]
-        if not self.cfg.refit_after or len(measured) < self.cfg.refit_after or \
-                len(measured) == self.fitted_on:
+        fitted = refit_cost_params(self.result, self.cfg.model, self.cfg.cluster,
+                                   refit_after=self.cfg.refit_after, fitted_on=self.fitted_on,
+                                   start=self.cost_params)
+        if fitted is None:
             return
-        start = self.cost_params or CostParams()
-        self.cost_params = fit_cost_params(measured, names=REFIT_FIELDS, start=start)
-        self.fitted_on = len(measured)
-        log.info("cost model refitted to %d measured trials", len(measured))
+        self.cost_params, self.fitted_on = fitted
+        log.info("cost model refitted to %d measured trials", self.fitted_on)
 
     def enqueue(self, s: Strategy, source: str, *, first: bool = False) -> None:
         """Queue a layout for a coming trial. The queue lives here, not in the study, so that
@@ -576,29 +424,3 @@ class _Search:
 def run_search(cfg: SearchConfig, observer: Observer | None = None) -> SearchResult:
     """Run (or resume) a study and return what happened."""
     return _Search(cfg, observer).run()
-
-
-def record_to_attrs(record: TrialRecord, predicted: bool) -> dict[str, Any]:
-    """The trial's record as one JSON-able user attribute (one write per trial)."""
-    attrs: dict[str, Any] = {
-        "status": record.status.value, "source": record.source, "reason": record.reason,
-        "strategy": record.strategy.describe(),
-        "layout": {f: getattr(record.strategy, f) for f in Strategy.__dataclass_fields__},
-        "predicted_peak_bytes": record.predicted_peak_bytes,
-        "predicted_tokens_per_s": record.predicted_tokens_per_s,
-        "predicted": predicted,
-    }
-    if record.metrics is not None:
-        attrs["metrics"] = record.metrics.to_dict()
-    if record.duplicate_of is not None:
-        attrs["duplicate_of"] = record.duplicate_of
-    return attrs
-
-
-def record_from_attrs(number: int, strategy: Strategy, attrs: dict[str, Any]) -> TrialRecord:
-    metrics = TrialMetrics.from_dict(attrs["metrics"]) if attrs.get("metrics") else None
-    return TrialRecord(number=number, strategy=strategy, status=TrialStatus(attrs["status"]),
-                       source=attrs.get("source", "sampler"), reason=attrs.get("reason", ""),
-                       metrics=metrics, predicted_peak_bytes=attrs.get("predicted_peak_bytes"),
-                       predicted_tokens_per_s=attrs.get("predicted_tokens_per_s"),
-                       duplicate_of=attrs.get("duplicate_of"))

@@ -21,8 +21,8 @@ from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec
 from autotune.space import SearchSpace
 
-__all__ = ["default_study_name", "fail_stale", "heartbeat", "open_study", "redact_url",
-           "storage_url"]
+__all__ = ["default_study_name", "describe_study", "fail_stale", "heartbeat",
+           "open_planning_study", "open_study", "redact_url", "storage_url"]
 
 DIRECTIONS: tuple[StudyDirection, ...] = (StudyDirection.MAXIMIZE, StudyDirection.MINIMIZE)
 """Objectives: tokens/s (whole job) and peak memory per GPU in GiB."""
@@ -91,6 +91,32 @@ def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,
     if heartbeat:
         fail_stale(study)
     return study
+
+
+def open_planning_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,
+                        resume: bool) -> tuple[optuna.Study, optuna.Study, int]:
+    """For predictions: an in-memory study holding the stored study's finished trials, the
+    stored study, and how many trials the stored one has of the in-memory one."""
+    # Predictions cost microseconds; a storage round trip per trial would dominate. The
+    # study runs in memory and its trials are written in one pass at the end.
+    # Predictions are deterministic: running the same planning job again continues (and
+    # so shows) the stored study instead of refusing; --resume stays strict.
+    persistent = open_study(name, url, sampler, resume=resume or None, heartbeat=False)
+    study = optuna.create_study(directions=list(DIRECTIONS), sampler=sampler)
+    finished = [t for t in persistent.get_trials(deepcopy=False) if t.state.is_finished()]
+    study.add_trials(finished)
+    return study, persistent, len(finished)
+
+
+def describe_study(study: optuna.Study, model: ModelSpec, cluster: ClusterSpec) -> None:
+    """What the study is about, for report, export and optuna-dashboard."""
+    study.set_user_attr("model", asdict(model))
+    study.set_user_attr("cluster", {"num_gpus": cluster.num_gpus,
+                                    "gpus_per_node": cluster.gpus_per_node,
+                                    "gpu": cluster.gpu.name})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # set_metric_names is experimental in Optuna 5
+        study.set_metric_names(["tokens_per_s", "peak_memory_gib"])
 
 
 def fail_stale(study: optuna.Study) -> None:

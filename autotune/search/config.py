@@ -1,0 +1,77 @@
+"""What a search is asked to do (SearchConfig), and the Optuna sampler that follows from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+
+from autotune.backends import Backend
+from autotune.cost import CostParams
+from autotune.errors import ConfigError
+from autotune.hardware import ClusterSpec
+from autotune.memory import MemoryParams
+from autotune.model import ModelSpec
+from autotune.space import SearchSpace
+
+__all__ = ["GRID_LIMIT", "RANKED_DEFAULT", "SearchConfig", "make_sampler", "sampler_name"]
+
+GRID_LIMIT = 3000
+"""With predictions, spaces of at most this many valid layouts are searched exhaustively."""
+RANKED_DEFAULT = 200
+"""Layouts the ranked sampler tries when --trials is not given."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchConfig:
+    model: ModelSpec
+    cluster: ClusterSpec
+    space: SearchSpace
+    backend: Backend
+    results_dir: Path = Path("results")
+    study_name: str | None = None
+    storage: str | None = None
+    """An Optuna RDB URL (postgresql://...); default SQLite at results/<study>/study.db."""
+    sampler: str = "auto"
+    """tpe (after Alpa's seeds), grid (every valid layout), ranked (the model's best first), or
+    auto: tpe for real trials; for predictions grid when the space is small, else ranked."""
+    n_trials: int | None = None
+    """Stop once the study holds this many launched (or simulated) trials; a resumed study
+    counts the ones it already has."""
+    time_budget_s: float | None = None
+    patience: int | None = None
+    """Stop after this many launched trials without a better tokens/s."""
+    resume: bool = False
+    seed: int = 0
+    train_steps: int = 10
+    warmup_steps: int = 3
+    trial_timeout_s: float | None = None
+    """Per-trial timeout; default derived from the predicted step time."""
+    cost_params: CostParams | None = None
+    memory_params: MemoryParams | None = None
+    """Fitted constants (autotune calibrate --output FILE, then --calibration FILE)."""
+    refit_after: int = 4
+    """With this many measured trials, the cost constants are refitted to them, and the
+    model that ranks and times the next trials is the fitted one (0: never)."""
+    max_idle_asks: int = 40
+    """Consecutive proposals that launch nothing before the model's best untried layout is
+    enqueued instead."""
+
+
+def sampler_name(cfg: SearchConfig, valid: int) -> str:
+    """The sampler a search over `valid` layouts uses: `cfg.sampler`, with auto resolved."""
+    if cfg.sampler != "auto":
+        return cfg.sampler
+    small = valid <= GRID_LIMIT
+    return "tpe" if not cfg.backend.predicted else ("grid" if small else "ranked")
+
+
+def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        # Multivariate TPE models the interactions (tp x pp x mbs) that decide memory and speed.
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8,
+                                          constant_liar=True)
+    if name in ("grid", "ranked"):
+        return optuna.samplers.RandomSampler(seed=seed)  # unused: every trial is enqueued
+    raise ConfigError(f"unknown sampler {name!r}; choose tpe, grid or ranked")

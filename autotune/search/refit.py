@@ -1,0 +1,29 @@
+"""Refitting the cost model's constants to the step times a search has measured."""
+
+from __future__ import annotations
+
+from autotune.calibration import fit_cost_params
+from autotune.cost import CostParams
+from autotune.hardware import ClusterSpec
+from autotune.model import ModelSpec
+from autotune.search.records import SearchResult
+
+__all__ = ["REFIT_FIELDS", "refit_cost_params"]
+
+REFIT_FIELDS = ("gemm_efficiency_max", "step_overhead_s", "layer_launch_s")
+"""Constants refitted during a search: few, so a handful of trials pins them down."""
+
+
+def refit_cost_params(result: SearchResult, model: ModelSpec, cluster: ClusterSpec, *,
+                      refit_after: int, fitted_on: int,
+                      start: CostParams | None) -> tuple[CostParams, int] | None:
+    """The cost constants refitted to the measured step times in `result`, and how many there
+    are; None unless there are `refit_after` of them (0: never) and more than `fitted_on`."""
+    measured = [(model, r.strategy, cluster, r.metrics.step_time_s)
+                for r in result.records
+                if r.duplicate_of is None and r.tokens_per_s is not None and r.metrics
+                and r.metrics.step_time_s]
+    if not refit_after or len(measured) < refit_after or len(measured) == fitted_on:
+        return None
+    return fit_cost_params(measured, names=REFIT_FIELDS, start=start or CostParams()), \
+        len(measured)

@@ -1,0 +1,57 @@
+"""Several workers on one study: what the others have finished, and what they are running.
+
+Each worker keeps its own queue; the storage is the one truth. Before each launch a worker
+re-reads it (autotune.search.loop, _Search.sync) with `read_shared`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.strategy import Strategy
+
+__all__ = ["PARAMS_WAIT_S", "SHARED_POLL_S", "layout_params", "params_key", "read_shared"]
+
+SHARED_POLL_S = 0.5
+"""A worker whose queued layouts are all running in other workers looks again this often."""
+PARAMS_WAIT_S = 2.0
+"""How long to wait for an older RUNNING trial's parameters to appear (see _Search.sync)."""
+
+
+def layout_params(strategy: Strategy, free: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
+    return {dim: getattr(strategy, dim) for dim in free}
+
+
+def params_key(params: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(sorted(params.items()))
+
+
+def read_shared(study: optuna.Study, free: dict[str, tuple[Any, ...]], mine: int | None,
+                known: set[int], paramless: set[int],
+                ) -> tuple[dict[tuple[Any, ...], int], list[FrozenTrial], list[int]]:
+    """One look at the study from the worker of trial `mine`: the layouts of the other RUNNING
+    trials, each with the smallest trial number running it; the finished trials with a record
+    not in `known`; and the older RUNNING trials still without parameters, less `paramless`."""
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    running: dict[tuple[Any, ...], int] = {}
+    finished: list[FrozenTrial] = []
+    waiting: list[int] = []
+    for t in study.get_trials(deepcopy=False, states=states):
+        if t.number == mine:
+            continue
+        if t.state is TrialState.RUNNING:
+            # An enqueued layout is known from its creation (fixed_params).
+            params = t.params if len(t.params) == len(free) else \
+                t.system_attrs.get("fixed_params", {})
+            if not set(free) <= set(params):
+                if mine is not None and t.number < mine and t.number not in paramless:
+                    waiting.append(t.number)
+                continue
+            key = params_key({d: params[d] for d in free})
+            running[key] = min(running.get(key, t.number), t.number)
+        elif t.number not in known and t.user_attrs.get("record"):
+            finished.append(t)
+    return running, finished, waiting
