@@ -11,6 +11,7 @@ from typing import Protocol
 from autotune.cost import CostParams, estimate_cost
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
+from autotune.launchers import MultiNode
 from autotune.memory import MemoryParams, estimate_memory
 from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
@@ -73,16 +74,21 @@ class SimulateBackend:
 
 @dataclass(frozen=True, slots=True)
 class WorkerBackend:
-    """Real training steps: autotune's megatron-core worker under torchrun on this node."""
+    """Real training steps: autotune's megatron-core worker under torchrun, on this node or,
+    with `multi`, over several nodes (srun or a torchrun rendezvous)."""
 
+    multi: MultiNode | None = None
     name: str = "worker"
     predicted: bool = False
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
         from autotune.metrics import metrics_from_run
-        from autotune.runner import run_trial
+        from autotune.runner import run_multinode_trial, run_trial
 
-        return metrics_from_run(run_trial(spec, trial_dir, timeout_s=timeout_s))
+        if self.multi is None:
+            return metrics_from_run(run_trial(spec, trial_dir, timeout_s=timeout_s))
+        return metrics_from_run(run_multinode_trial(spec, trial_dir, self.multi,
+                                                    timeout_s=timeout_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +109,13 @@ class MegatronLMBackend:
 
 def make_backend(name: str, cluster: ClusterSpec, megatron_lm: str | None = None,
                  cost_params: CostParams | None = None,
-                 memory_params: MemoryParams | None = None) -> Backend:
+                 memory_params: MemoryParams | None = None,
+                 multi: MultiNode | None = None) -> Backend:
     """The backend called `name` (simulate, worker, megatron-lm)."""
     if name == "simulate":
         return SimulateBackend(cluster, cost_params, memory_params)
     if name == "worker":
-        return WorkerBackend()
+        return WorkerBackend(multi)
     if name == "megatron-lm":
         if megatron_lm is None:
             raise ConfigError("--backend megatron-lm needs --megatron-lm PATH (a Megatron-LM "

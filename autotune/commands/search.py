@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -16,7 +16,6 @@ from autotune.hardware import ClusterSpec, local_gpu_count
 from autotune.model import ModelSpec
 from autotune.runner import MultiNode
 from autotune.space import SearchSpace
-from autotune.trial import TrialMetrics, TrialSpec
 
 __all__ = ["multinode_options", "run_search_command"]
 
@@ -53,22 +52,6 @@ def multinode_options(gpus: int, gpus_per_node: int | None, nodes: int | None,
         return gpus_per_node, None
     return gpus_per_node, MultiNode(launcher=launcher, nodes=nodes,
                                     gpus_per_node=gpus_per_node, rdzv_endpoint=rdzv_endpoint)
-
-
-@dataclass(frozen=True, slots=True)
-class _MultiNodeWorker:
-    """The worker backend with each trial launched over several nodes (runner.MultiNode)."""
-
-    multi: MultiNode
-    name: str = "worker"
-    predicted: bool = False
-
-    def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
-        from autotune.metrics import metrics_from_run
-        from autotune.runner import run_multinode_trial
-
-        return metrics_from_run(run_multinode_trial(spec, trial_dir, self.multi,
-                                                    timeout_s=timeout_s))
 
 
 def _choose_backend(requested: str, cluster: ClusterSpec,
@@ -132,9 +115,8 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     name = _choose_backend(backend, cluster, multi)
     cost_params, memory_params = (load_calibration(calibration) if calibration
                                   else (None, None))
-    chosen: Backend = make_backend(name, cluster, megatron_lm, cost_params, memory_params)
-    if multi is not None and name == "worker":
-        chosen = _MultiNodeWorker(multi)
+    chosen: Backend = make_backend(name, cluster, megatron_lm, cost_params, memory_params,
+                                   multi)
     space = _runnable_space(space, chosen.name)
     if trials is None and not chosen.predicted and time_budget is None:
         trials = DEFAULT_REAL_TRIALS
