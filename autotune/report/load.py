@@ -225,6 +225,8 @@ def _resolve_model(ref: StudyRef, study: optuna.Study, rows: list[dict[str, Any]
                              "num_gpus": int(match["gpus"])} if match else {}
     model, cluster = _model_from_attrs(study)
     hints.update({k: v for k, v in cluster.items() if v is not None})
+    if isinstance(study.user_attrs.get("backend"), str):
+        hints["backend"] = study.user_attrs["backend"]
     if model_arg is not None:
         model, source = load_model(model_arg), "--model"
     elif model is not None:

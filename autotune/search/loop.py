@@ -106,7 +106,7 @@ class _Search:
         else:
             self.study = open_study(name, url, sampler, resume=cfg.resume, heartbeat=True)
         self.queue: deque[tuple[Strategy, str]] = deque()
-        describe_study(self.persistent or self.study, cfg.model, cfg.cluster)
+        describe_study(self.persistent or self.study, cfg.model, cfg.cluster, cfg.backend.name)
         self.last_told: int | None = None
         self.result = SearchResult(study_name=name, storage=redact_url(url),
                                    valid_strategies=len(self.valid))

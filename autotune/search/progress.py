@@ -21,6 +21,10 @@ _STYLE = {TrialStatus.OK: "green", TrialStatus.OOM: "red", TrialStatus.PREDICTED
           TrialStatus.NCCL_ERROR: "red"}
 
 
+_LIVE_COLUMNS = ("#", "layout", "status", "tokens/s", "MFU", "peak GiB", "wall s", "source")
+"""The live table: each trial as it finishes, with its wall time (launch included)."""
+
+
 def _gib(value: float | None) -> str:
     return "-" if value is None else f"{value / _GIB:.1f}"
 
@@ -34,6 +38,7 @@ def format_record(r: TrialRecord) -> dict[str, str]:
         "MFU": "-" if not m or m.mfu is None or r.tokens_per_s is None else f"{m.mfu:.1%}",
         "peak GiB": _gib(peak if peak is not None else r.predicted_peak_bytes),
         "source": r.source + (f" (=#{r.duplicate_of})" if r.duplicate_of is not None else ""),
+        "wall s": "-" if not m or m.wall_time_s is None else f"{m.wall_time_s:.0f}",
     }
 
 
@@ -75,13 +80,11 @@ class LiveProgress:
 
     def render(self, result: SearchResult | None) -> Group:
         table = Table(expand=False)
-        for column in ("#", "layout", "status", "tokens/s", "MFU", "peak GiB", "source"):
+        for column in _LIVE_COLUMNS:
             table.add_column(column)
         for r in self.recent:
             row = format_record(r)
-            style = _STYLE.get(r.status, "")
-            table.add_row(*(row[c] for c in ("#", "layout", "status", "tokens/s", "MFU",
-                                              "peak GiB", "source")), style=style)
+            table.add_row(*(row[c] for c in _LIVE_COLUMNS), style=_STYLE.get(r.status, ""))
         best = result.best(1) if result else []
         line = (f"best so far: {best[0].strategy.describe()} at "
                 f"{best[0].tokens_per_s:,.0f} tokens/s (#{best[0].number})" if best

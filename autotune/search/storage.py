@@ -108,9 +108,11 @@ def open_planning_study(name: str, url: str, sampler: optuna.samplers.BaseSample
     return study, persistent, len(finished)
 
 
-def describe_study(study: optuna.Study, model: ModelSpec, cluster: ClusterSpec) -> None:
+def describe_study(study: optuna.Study, model: ModelSpec, cluster: ClusterSpec,
+                   backend: str) -> None:
     """What the study is about, for report, export and optuna-dashboard."""
     study.set_user_attr("model", asdict(model))
+    study.set_user_attr("backend", backend)
     study.set_user_attr("cluster", {"num_gpus": cluster.num_gpus,
                                     "gpus_per_node": cluster.gpus_per_node,
                                     "gpu": cluster.gpu.name})
