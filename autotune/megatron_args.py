@@ -98,6 +98,11 @@ def _model_args(m: ModelSpec) -> list[str]:
     if not m.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     args += ["--make-vocab-size-divisible-by", str(m.make_vocab_size_divisible_by)]
+    # Megatron-LM's default is 0.1 for both; only a model that differs (Llama, Mixtral) says so.
+    if m.attention_dropout != 0.1:
+        args += ["--attention-dropout", str(m.attention_dropout)]
+    if m.hidden_dropout != 0.1:
+        args += ["--hidden-dropout", str(m.hidden_dropout)]
     if m.is_moe:
         assert m.num_experts is not None
         args += ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.moe_topk)]

@@ -32,9 +32,8 @@ __all__ = [
 ]
 
 DEFAULT_DROPOUT = 0.1
-"""megatron/core/transformer/transformer_config.py: hidden_dropout = attention_dropout = 0.1.
-The GPT-2 presets train with these defaults; a ModelSpec may carry `hidden_dropout` /
-`attention_dropout` attributes to override them (read with getattr)."""
+"""megatron/core/transformer/transformer_config.py: hidden_dropout = attention_dropout = 0.1,
+also ModelSpec's default; the Llama and Mixtral presets set 0 (no dropout masks kept)."""
 
 LOCAL_SOFTMAX_SAVED_BYTES = 4
 """Bytes per attention score that the local spec's softmax saves for backward.

@@ -56,6 +56,9 @@ class ModelSpec:
     tied_embeddings: bool = True
     position_embedding: str = "learned_absolute"
     rotary_base: int = 10000
+    hidden_dropout: float = 0.1
+    """Megatron's default (--hidden-dropout); GPT-2 trains with it, Llama and Mixtral with 0."""
+    attention_dropout: float = 0.1
     make_vocab_size_divisible_by: int = 128
 
     def __post_init__(self) -> None:

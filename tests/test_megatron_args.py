@@ -48,6 +48,8 @@ def _megatron_lm_parser() -> argparse.ArgumentParser:
                  "--vocab-size"):
         p.add_argument(name, type=int)
     p.add_argument("--lr", type=float)
+    p.add_argument("--attention-dropout", type=float)
+    p.add_argument("--hidden-dropout", type=float)
     for name in ("--group-query-attention", "--swiglu", "--squared-relu",
                  "--untie-embeddings-and-output-weights", "--sequence-parallel", "--bf16",
                  "--use-distributed-optimizer", "--overlap-grad-reduce",
@@ -228,3 +230,15 @@ def test_unknown_activation_is_a_config_error() -> None:
 @pytest.mark.parametrize(("seconds", "minutes"), [(1, 1), (60, 1), (61, 2), (120, 2), (600, 10)])
 def test_distributed_timeout_minutes_rounds_up(seconds: float, minutes: int) -> None:
     assert distributed_timeout_minutes(seconds) == minutes
+
+
+def test_presets_without_dropout_say_so() -> None:
+    from autotune.model import load_model
+
+    llama = megatron_lm_args(load_model("llama3-8b"), Strategy(tp=8, gbs=512))
+    assert llama[llama.index("--attention-dropout") + 1] == "0.0"
+    assert llama[llama.index("--hidden-dropout") + 1] == "0.0"
+    parsed = _megatron_lm_parser().parse_known_args(llama)[0]
+    assert parsed.attention_dropout == parsed.hidden_dropout == 0.0
+    gpt2 = megatron_lm_args(load_model("gpt2"), Strategy(gbs=64))
+    assert "--attention-dropout" not in gpt2 and "--hidden-dropout" not in gpt2

@@ -2,7 +2,8 @@
 
 The mapping follows Megatron-LM's megatron/training/arguments.py (`core_transformer_config_from_
 args`) and training.py (`get_model`, `setup_model_and_optimizer`), with Megatron-LM's defaults
-where the spec says nothing (bias-GELU and bias-dropout fusion on, grads reduced in bf16).
+where the spec says nothing (bias-GELU and bias-dropout fusion on; grads accumulated and
+reduced in fp32, as Megatron-LM does with --bf16).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from autotune.model import ModelSpec, padded_vocab_size
+from autotune.model import padded_vocab_size
 from autotune.strategy import Strategy
 from autotune.trial import TrialSpec
 
@@ -28,12 +29,6 @@ log = logging.getLogger(__name__)
 
 def has_transformer_engine() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
-
-
-def _dropout(model: ModelSpec) -> float:
-    # GPT-2-like presets (biases in every linear) train with dropout 0.1 as GPT-2 and
-    # Megatron-LM's GPT examples do; LLaMA/Mixtral-like presets use none.
-    return 0.1 if model.add_bias_linear else 0.0
 
 
 def _recompute(strategy: Strategy) -> dict[str, Any]:
@@ -51,7 +46,6 @@ def transformer_config_kwargs(spec: TrialSpec) -> dict[str, Any]:
     """TransformerConfig keyword arguments for the trial (pure: no CUDA needed)."""
     m, s = spec.model, spec.strategy
     swiglu = m.gated_linear_unit or m.activation in ("swiglu", "silu")
-    dropout = _dropout(m)
     kwargs: dict[str, Any] = {
         "num_layers": m.num_layers,
         "hidden_size": m.hidden_size,
@@ -69,8 +63,8 @@ def transformer_config_kwargs(spec: TrialSpec) -> dict[str, Any]:
         "params_dtype": torch.bfloat16,
         "pipeline_dtype": torch.bfloat16,
         "variable_seq_lengths": False,
-        "hidden_dropout": dropout,
-        "attention_dropout": dropout,
+        "hidden_dropout": m.hidden_dropout,
+        "attention_dropout": m.attention_dropout,
         "normalization": m.normalization,
         "add_bias_linear": m.add_bias_linear,
         "gated_linear_unit": swiglu,
