@@ -14,7 +14,7 @@ import yaml
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec, search_spaces_dir
-from autotune.strategy import RULES, Strategy, with_fields
+from autotune.strategy import RULES, Strategy, derive_dp, with_fields
 
 __all__ = ["DIMENSIONS", "SearchSpace", "SpaceSummary", "enumerate_space", "load_space"]
 
@@ -161,8 +161,8 @@ def enumerate_space(space: SearchSpace, model: ModelSpec,
         for choice in _product(levels[level]):
             strategy = with_fields(partial, **choice)
             if level == 0:
-                inner = strategy.tp * strategy.pp * strategy.cp
-                strategy = with_fields(strategy, dp=max(1, cluster.num_gpus // inner))
+                strategy = with_fields(strategy, dp=derive_dp(
+                    cluster.num_gpus, tp=strategy.tp, pp=strategy.pp, cp=strategy.cp))
             # Candidates are positive (checked on load), so only this level's rules remain.
             broken = next(((rule.name, message) for rule in rules_at[level]
                            if (message := rule.check(strategy, model, cluster)) is not None),

@@ -336,12 +336,10 @@ def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> Stra
     return strategy
 
 
-def derive_dp(cluster: ClusterSpec, *, tp: int, pp: int, cp: int) -> int | None:
-    """dp = world / (tp * pp * cp), or None when the GPUs do not split evenly."""
-    inner = tp * pp * cp
-    if inner <= 0 or cluster.num_gpus % inner:
-        return None
-    return cluster.num_gpus // inner
+def derive_dp(num_gpus: int, *, tp: int, pp: int, cp: int) -> int:
+    """dp = world / (tp * pp * cp), at least 1. When the GPUs do not split evenly the result
+    breaks the `world` rule, which then names the numbers."""
+    return max(1, num_gpus // max(1, tp * pp * cp))
 
 
 def with_fields(strategy: Strategy, **values: object) -> Strategy:

@@ -43,13 +43,8 @@ def strategy_from_fields(model: ModelSpec, cluster: ClusterSpec,
     values.setdefault("gbs", model.global_batch_size)
     if values["gbs"] is None:
         values["gbs"] = model.global_batch_size
-    dp = derive_dp(cluster, tp=values.get("tp", 1), pp=values.get("pp", 1),
+    dp = derive_dp(cluster.num_gpus, tp=values.get("tp", 1), pp=values.get("pp", 1),
                    cp=values.get("cp", 1))
-    inner = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
-    if dp is None:
-        raise ConfigError(f"tp={values.get('tp', 1)} x pp={values.get('pp', 1)} x "
-                          f"cp={values.get('cp', 1)} = {inner} must divide the "
-                          f"{cluster.num_gpus} GPUs")
     return validate(Strategy(dp=dp, **values), model, cluster)
 
 
