@@ -2,7 +2,7 @@
 # Real worker trials on the device machine, one torchrun per case, then one table.
 #
 #   tools/device_worker_bench.sh CASE...
-#   CASE = name:model:impl:mbs:recompute[:sdpa_backend[:VAR=value]]
+#   CASE = name:model:impl:mbs:recompute[:sdpa_backend[:VAR=value[:gbs]]]
 #          e.g. xl-sdpa8:gpt2-xl:sdpa:8:none     (model: a preset name or a .yaml path)
 #   A name starting with "prof" runs tools/device_profile.py on that trial instead.
 #
@@ -26,12 +26,12 @@ mkdir -p "$work" "$out"
 
 port=29500
 for case in "$@"; do
-  IFS=: read -r name model impl mbs recompute backend extra <<< "$case"
+  IFS=: read -r name model impl mbs recompute backend extra gbs <<< "$case"
   [[ $model == *.yaml ]] || model=search_spaces/models/$model.yaml
   dir=$work/$name
   port=$((port + 1))
   python3 tools/device_worker_bench.py spec "$dir" "$model" \
-      "$impl" "$mbs" "$recompute" || continue
+      "$impl" "$mbs" "$recompute" ${gbs:+"$gbs"} || continue
   start=$(date +%s.%N)
   if [[ $name == prof* ]]; then
     entry=(tools/device_profile.py "$dir/trial.json" "$dir/profile.txt")
