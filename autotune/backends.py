@@ -93,7 +93,8 @@ class WorkerBackend:
 
 @dataclass(frozen=True, slots=True)
 class MegatronLMBackend:
-    """Real training steps of Megatron-LM's own pretrain_gpt.py (a checkout at `path`)."""
+    """Real training steps of Megatron-LM's own pretrain_gpt.py (a checkout at `path`, or the
+    .py script `path` names)."""
 
     path: Path
     name: str = "megatron-lm"
@@ -120,7 +121,10 @@ def make_backend(name: str, cluster: ClusterSpec, megatron_lm: str | None = None
         if megatron_lm is None:
             raise ConfigError("--backend megatron-lm needs --megatron-lm PATH (a Megatron-LM "
                               "checkout)")
-        if not (Path(megatron_lm) / "pretrain_gpt.py").is_file():
-            raise ConfigError(f"--megatron-lm {megatron_lm}: no pretrain_gpt.py there")
+        from autotune.megatron_args import training_script
+
+        if not Path(training_script(megatron_lm)).is_file():
+            raise ConfigError(f"--megatron-lm {megatron_lm}: no {training_script(megatron_lm)} "
+                              "(give a Megatron-LM checkout or the .py script to launch)")
         return MegatronLMBackend(Path(megatron_lm))
     raise ConfigError(f"unknown backend {name!r}; choose simulate, worker or megatron-lm")

@@ -116,7 +116,8 @@ def search(
                           "models), worker (megatron-core steps on this node's GPUs), "
                           "megatron-lm (pretrain_gpt.py from --megatron-lm).")] = "auto",
     megatron_lm: Annotated[str | None, typer.Option(
-        "--megatron-lm", help="A Megatron-LM checkout, for --backend megatron-lm.")] = None,
+        "--megatron-lm", help="A Megatron-LM checkout (or the .py script to launch instead "
+                              "of its pretrain_gpt.py), for --backend megatron-lm.")] = None,
     sampler: Annotated[str, typer.Option(
         "--sampler", help="auto, tpe (after Alpa's seeds), grid (every valid layout) or "
                           "ranked (the analytical model's best first).")] = "auto",
@@ -276,18 +277,23 @@ def export(
     output: Annotated[str | None, typer.Option(
         "-o", "--output", help="Write to this file (default: stdout).")] = None,
     megatron_lm: Annotated[str | None, typer.Option(
-        "--megatron-lm", help="Megatron-LM checkout on the machine that runs the script "
+        "--megatron-lm", help="Megatron-LM checkout on the machine that runs the script, or "
+                              "the .py script to launch instead of its pretrain_gpt.py "
                               "(default: $MEGATRON_LM, else ./Megatron-LM).")] = None,
     nodes: Annotated[int | None, typer.Option(
         "--nodes", help="Nodes to spread the layout's GPUs over (default: the study's).")
     ] = None,
     model: StudyModel = None,
+    train_iters: Annotated[int | None, typer.Option(
+        "--train-iters", help="Iterations the megatron-lm or slurm command trains "
+                              "(default 100: a short benchmark run).")] = None,
 ) -> None:
     """Launch command (or JSON) for a study's best layout or --trial N."""
     from autotune.commands.export import run_export
 
     run_export(study=study, results_dir=results_dir, storage=storage, trial=trial, fmt=fmt,
-               output=output, megatron_lm=megatron_lm, nodes=nodes, model=model)
+               output=output, megatron_lm=megatron_lm, nodes=nodes, model=model,
+               train_iters=train_iters)
 
 
 @app.command()

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.megatron_args import megatron_lm_args
+from autotune.megatron_args import megatron_lm_args, training_script
 from autotune.model import ModelSpec
 from autotune.runner import SPEC_NAME, WORKER
 from autotune.strategy import Strategy
@@ -81,7 +81,7 @@ def _megatron_parts(model: ModelSpec, strategy: Strategy, *, megatron_lm: str | 
               f"--train-iters {train_iters} is a short benchmark run; set your own for "
               "training (and --save/--load for checkpoints)."]
     if megatron_lm is not None:
-        script = shlex.quote(f"{megatron_lm.rstrip('/')}/pretrain_gpt.py")
+        script = shlex.quote(training_script(megatron_lm))
     else:
         script = '"$MEGATRON_LM/pretrain_gpt.py"'
     return notes, script, args

@@ -14,7 +14,10 @@ from autotune.errors import ConfigError, InvalidStrategyError
 from autotune.model import ModelSpec
 from autotune.strategy import Strategy
 
-__all__ = ["TRANSFORMER_IMPLS", "distributed_timeout_minutes", "flag_names", "megatron_lm_args"]
+__all__ = ["TRAINING_SCRIPT", "TRANSFORMER_IMPLS", "distributed_timeout_minutes", "flag_names",
+           "megatron_lm_args", "training_script"]
+
+TRAINING_SCRIPT = "pretrain_gpt.py"
 
 TRANSFORMER_IMPLS: dict[str, str] = {"local": "local", "te": "transformer_engine"}
 """autotune impl -> Megatron-LM `--transformer-impl`. autotune's "sdpa" (a local spec with
@@ -40,6 +43,10 @@ def megatron_lm_args(model: ModelSpec, strategy: Strategy, *, train_iters: int |
     Megatron's synthetic GPT dataset with a NullTokenizer so no data or tokenizer files are needed.
     `extra_args` are appended verbatim; repeating a flag set here raises ConfigError.
     """
+    if seed < 1:
+        # megatron/core/tensor_parallel/random.py, model_parallel_cuda_manual_seed via
+        # initialize.py _set_random_seed: "Seed (0) should be a positive integer."
+        raise ConfigError(f"Megatron-LM needs a positive --seed, got {seed}")
     args: list[str] = []
     args += _model_args(model)
     args += _parallel_args(model, strategy)
@@ -61,6 +68,14 @@ def megatron_lm_args(model: ModelSpec, strategy: Strategy, *, train_iters: int |
         raise ConfigError(f"extra Megatron-LM argument(s) {', '.join(clash)} repeat flags "
                           "autotune already sets")
     return args + extra
+
+
+def training_script(megatron_lm: str) -> str:
+    """The script `--megatron-lm PATH` names: PATH/pretrain_gpt.py for a checkout, or PATH itself
+    when it is a .py file (a site wrapper that runs pretrain_gpt.py, e.g. one that sets up
+    a container or skips the build steps of a pip-installed megatron-core)."""
+    path = megatron_lm.rstrip("/")
+    return path if path.endswith(".py") else f"{path}/{TRAINING_SCRIPT}"
 
 
 def flag_names(args: Sequence[str]) -> list[str]:
@@ -159,19 +174,44 @@ def _optimizer_args(s: Strategy, *, lr: float, seed: int) -> list[str]:
     return args
 
 
+_LOCAL_SPEC_ARGS: tuple[str, ...] = (
+    "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-persist-layer-norm",
+    "--attention-softmax-in-fp32")
+"""impl local is the local spec on plain PyTorch, as autotune's worker measures it: no apex
+(gradient-accumulation fusion, persistent LayerNorm) and no fused softmax kernel. Megatron-LM's
+defaults turn all three on and, without apex or TE, stop at start-up (tensor_parallel/layers.py
+"gradient_accumulation_fusion ... requires", transformer/torch_norm.py persist_layer_norm,
+fusions/fused_softmax.py scaled_masked_softmax_cuda), so the command says so explicitly.
+The worker's TransformerConfig keeps megatron-core's attention_softmax_in_fp32=True, whose fp32
+probabilities the unfused attention saves for backward; Megatron-LM's flag defaults to False.
+Measured on an H100 (gpt2-xl, mbs 4): without the flag Megatron-LM peaked 9.4 GiB lower than
+the worker, 2 bytes x heads x s^2 x mbs per layer."""
+
+
 def _impl_args(s: Strategy) -> list[str]:
     if s.impl not in TRANSFORMER_IMPLS:
         raise InvalidStrategyError(
             f"impl={s.impl} has no Megatron-LM equivalent; --transformer-impl takes "
             f"{' or '.join(TRANSFORMER_IMPLS.values())} (impl {' or '.join(TRANSFORMER_IMPLS)})")
-    return ["--transformer-impl", TRANSFORMER_IMPLS[s.impl]]
+    args = ["--transformer-impl", TRANSFORMER_IMPLS[s.impl]]
+    if s.impl == "local":
+        args += _LOCAL_SPEC_ARGS
+    return args
 
 
 def _logging_args(log_interval: int) -> list[str]:
     # --log-throughput adds "throughput per GPU (TFLOP/s/GPU)" to each iteration line; timers
     # stay out of TensorBoard by leaving --log-timers-to-tensorboard (a store_true flag) unset.
     # --eval-iters 0 skips validation, which would otherwise run after the last iteration.
-    return ["--log-interval", str(log_interval), "--log-throughput", "--eval-iters", "0"]
+    # --eval-interval too: at core_v0.16.1 its default is None, and get_train_valid_test_num_
+    # samples (training.py) computes train_iters // eval_interval before looking at eval_iters,
+    # so a run without it dies with a TypeError (found running pretrain_gpt.py on an H100).
+    return ["--log-interval", str(log_interval), "--log-throughput", "--eval-iters", "0",
+            "--eval-interval", str(_EVAL_INTERVAL)]
+
+
+_EVAL_INTERVAL = 1000
+"""Megatron-LM's old default; with --eval-iters 0 no evaluation runs at any interval."""
 
 
 def _data_args(m: ModelSpec, *, mock_data: bool) -> list[str]:

@@ -35,7 +35,7 @@ from autotune.launchers import (
     MultiNode,
     multinode_argv,
 )
-from autotune.megatron_args import distributed_timeout_minutes, megatron_lm_args
+from autotune.megatron_args import distributed_timeout_minutes, megatron_lm_args, training_script
 from autotune.proctree import ProcessTree, become_subreaper, shutdown, wait
 from autotune.trial import TrialSpec
 
@@ -185,10 +185,11 @@ def megatron_lm_argv(megatron_lm_path: Path, spec: TrialSpec, nproc: int, port: 
     if nproc != world:
         raise ConfigError(f"a single-node trial needs nproc = world size: nproc={nproc}, "
                           f"dp x tp x pp x cp = {world}")
-    script = Path(megatron_lm_path).resolve() / "pretrain_gpt.py"
+    script = Path(training_script(str(megatron_lm_path))).resolve()
     args = megatron_lm_args(spec.model, spec.strategy,
                             train_iters=spec.warmup_steps + spec.train_steps, mock_data=True,
-                            seed=spec.seed,
+                            # Megatron-LM refuses seed 0, the worker's default.
+                            seed=spec.seed if spec.seed > 0 else 1234,
                             distributed_timeout_minutes=distributed_timeout_minutes(
                                 nccl_timeout_s),
                             extra_args=extra_args)
@@ -216,18 +217,20 @@ def run_megatron_lm_trial(megatron_lm_path: Path, spec: TrialSpec, trial_dir: Pa
                           launcher: Sequence[str] = TORCHRUN,
                           extra_args: Sequence[str] = ()) -> RunOutput:
     """Run Megatron-LM's pretrain_gpt.py from a checkout at `megatron_lm_path`."""
-    script = Path(megatron_lm_path) / "pretrain_gpt.py"
+    script = Path(training_script(str(megatron_lm_path)))
     if not script.is_file():
-        raise LaunchError(f"{script} does not exist: --megatron-lm-path must point at a "
-                          "Megatron-LM checkout")
+        raise LaunchError(f"{script} does not exist: --megatron-lm must point at a "
+                          "Megatron-LM checkout or the .py script to launch")
     trial_dir = Path(trial_dir).resolve()
     trial_dir.mkdir(parents=True, exist_ok=True)
     spec.write(trial_dir / SPEC_NAME)  # the record of what ran, though Megatron-LM never reads it
     argv = megatron_lm_argv(megatron_lm_path, spec, spec.strategy.world_size, free_port(),
                             launcher=launcher, nccl_timeout_s=nccl_timeout_s,
                             extra_args=extra_args)
-    return run_command(argv, trial_dir, timeout_s,
-                       trial_env(env, nccl_timeout_s=nccl_timeout_s), grace_s=grace_s)
+    run_env = trial_env(env, nccl_timeout_s=nccl_timeout_s)
+    # Megatron-LM asserts this with tp or cp > 1 (arguments.py, validate_args); harmless else.
+    run_env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    return run_command(argv, trial_dir, timeout_s, run_env, grace_s=grace_s)
 
 
 # --- Multi-node trials -----------------------------------------------------------------------

@@ -214,3 +214,26 @@ def test_parallel_and_recompute_flags_follow_the_trial(study: tuple[Path, str],
     assert "--sequence-parallel" in words and "--use-distributed-optimizer" in words
     assert words[words.index("--recompute-granularity") + 1] == "full"
     assert words[words.index("--micro-batch-size") + 1] == str(row["mbs"])
+
+
+@pytest.mark.parametrize(("given", "iters", "launched"), [
+    ("site/run_pretrain_gpt.py", "7", "site/run_pretrain_gpt.py"),  # a wrapper script
+    ("Megatron-LM", "12", "Megatron-LM/pretrain_gpt.py"),             # a checkout
+])
+def test_train_iters_and_script_path(study: tuple[Path, str], tmp_path: Path, given: str,
+                                     iters: str, launched: str,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "launch.sh"
+    code, _, err = export(capsys, study, "--format", "megatron-lm", "-o", str(script),
+                          "--megatron-lm", given, "--train-iters", iters)
+    assert code == 0, err
+    [call] = run_script(script, tmp_path)
+    assert call[4] == launched
+    assert call[call.index("--train-iters") + 1] == iters
+
+
+def test_train_iters_must_be_positive(study: tuple[Path, str],
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = export(capsys, study, "--format", "megatron-lm", "--train-iters", "0")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines()[-1].endswith("--train-iters must be a positive integer, got 0")

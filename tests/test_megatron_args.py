@@ -12,6 +12,7 @@ from autotune.megatron_args import (
     distributed_timeout_minutes,
     flag_names,
     megatron_lm_args,
+    training_script,
 )
 from autotune.model import ModelSpec, padded_vocab_size
 from autotune.strategy import Strategy
@@ -45,6 +46,7 @@ def _megatron_lm_parser() -> argparse.ArgumentParser:
                  "--expert-model-parallel-size", "--micro-batch-size", "--global-batch-size",
                  "--recompute-num-layers", "--seed", "--train-iters",
                  "--distributed-timeout-minutes", "--log-interval", "--eval-iters",
+                 "--eval-interval",
                  "--vocab-size"):
         p.add_argument(name, type=int)
     p.add_argument("--lr", type=float)
@@ -57,6 +59,14 @@ def _megatron_lm_parser() -> argparse.ArgumentParser:
                  "--log-timers-to-tensorboard"):
         p.add_argument(name, action="store_true")
     p.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear")
+    # core_v0.16.1 arguments.py: the first two store_false into the fusion's name, the third
+    # is a store_true named after itself.
+    p.add_argument("--no-masked-softmax-fusion", action="store_false",
+                   dest="masked_softmax_fusion")
+    p.add_argument("--no-gradient-accumulation-fusion", action="store_false",
+                   dest="gradient_accumulation_fusion")
+    p.add_argument("--no-persist-layer-norm", action="store_true")
+    p.add_argument("--attention-softmax-in-fp32", action="store_true")
     p.add_argument("--position-embedding-type",
                    choices=["learned_absolute", "rope", "mrope", "relative", "none"])
     p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"])
@@ -77,8 +87,10 @@ GPT2_BASE = [
     "--micro-batch-size", "4", "--global-batch-size", "64",
     "--bf16", "--lr", "0.0001", "--seed", "1234",
     "--transformer-impl", "local",
+    "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-persist-layer-norm",
+    "--attention-softmax-in-fp32",
     "--train-iters", "13",
-    "--log-interval", "1", "--log-throughput", "--eval-iters", "0",
+    "--log-interval", "1", "--log-throughput", "--eval-iters", "0", "--eval-interval", "1000",
     "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "50256",
 ]
 
@@ -98,7 +110,7 @@ LLAMA_PP_VPP = [
     "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
     "--transformer-impl", "transformer_engine",
     "--train-iters", "20", "--distributed-timeout-minutes", "2",
-    "--log-interval", "1", "--log-throughput", "--eval-iters", "0",
+    "--log-interval", "1", "--log-throughput", "--eval-iters", "0", "--eval-interval", "1000",
     "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128255",
 ]
 
@@ -118,7 +130,7 @@ MIXTRAL_EP = [
     "--bf16", "--lr", "0.0001", "--seed", "1234",
     "--use-distributed-optimizer",
     "--transformer-impl", "transformer_engine",
-    "--log-interval", "1", "--log-throughput", "--eval-iters", "0",
+    "--log-interval", "1", "--log-throughput", "--eval-iters", "0", "--eval-interval", "1000",
     "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "31999",
 ]
 
@@ -175,6 +187,12 @@ def test_every_flag_parses_as_megatron_lm_declares_it(model: ModelSpec,
     assert ns.recompute_granularity == (None if strategy.recompute == "none"
                                         else strategy.recompute)
     assert not ns.log_timers_to_tensorboard
+    # impl local runs on plain PyTorch, as the worker measured it: no apex or fused softmax.
+    local = strategy.impl == "local"
+    assert ns.gradient_accumulation_fusion is not local
+    assert ns.masked_softmax_fusion is not local
+    assert ns.no_persist_layer_norm is local
+    assert ns.attention_softmax_in_fp32 is local  # as megatron-core's TransformerConfig default
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
@@ -205,8 +223,8 @@ def test_real_data_leaves_the_data_flags_to_the_caller() -> None:
 
 
 def test_extra_args_are_appended() -> None:
-    args = megatron_lm_args(GPT2, Strategy(), extra_args=["--no-gradient-accumulation-fusion"])
-    assert args[-1] == "--no-gradient-accumulation-fusion"
+    args = megatron_lm_args(GPT2, Strategy(), extra_args=["--no-bias-gelu-fusion"])
+    assert args[-1] == "--no-bias-gelu-fusion"
 
 
 @pytest.mark.parametrize("extra", [["--micro-batch-size", "8"], ["--bf16"], ["--lr=3e-4"]])
@@ -242,3 +260,19 @@ def test_presets_without_dropout_say_so() -> None:
     assert parsed.attention_dropout == parsed.hidden_dropout == 0.0
     gpt2 = megatron_lm_args(load_model("gpt2"), Strategy(gbs=64))
     assert "--attention-dropout" not in gpt2 and "--hidden-dropout" not in gpt2
+
+
+@pytest.mark.parametrize(("path", "script"), [
+    ("/opt/Megatron-LM", "/opt/Megatron-LM/pretrain_gpt.py"),
+    ("/opt/Megatron-LM/", "/opt/Megatron-LM/pretrain_gpt.py"),
+    ("Megatron-LM", "Megatron-LM/pretrain_gpt.py"),
+    ("/site/run_pretrain_gpt.py", "/site/run_pretrain_gpt.py"),
+])
+def test_training_script_is_the_checkout_s_or_the_named_file(path: str, script: str) -> None:
+    assert training_script(path) == script
+
+
+@pytest.mark.parametrize("seed", [0, -1])
+def test_megatron_lm_refuses_a_seed_below_one(seed: int) -> None:
+    with pytest.raises(ConfigError, match="positive --seed"):
+        megatron_lm_args(GPT2, Strategy(), seed=seed)

@@ -32,7 +32,7 @@ def pick_row(loaded: Any, trial: int | None) -> dict[str, Any]:
 
 def run_export(*, study: str | None, results_dir: str, storage: str | None, trial: int | None,
                fmt: str, output: str | None, megatron_lm: str | None, nodes: int | None,
-               model: str | None = None) -> str:
+               model: str | None = None, train_iters: int | None = None) -> str:
     """Build the export text, write it to `output` (or stdout) and return it."""
     from autotune.export import (
         FORMATS,
@@ -49,6 +49,9 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
         raise ConfigError(f"unknown --format {fmt!r}; choose {', '.join(FORMATS)}")
     if nodes is not None and nodes < 1:
         raise ConfigError(f"--nodes must be a positive integer, got {nodes}")
+    if train_iters is not None and train_iters < 1:
+        raise ConfigError(f"--train-iters must be a positive integer, got {train_iters}")
+    iters = {} if train_iters is None else {"train_iters": train_iters}
     ref = resolve_study(study, Path(results_dir), storage)
     loaded = load_study(ref, model)
     row = pick_row(loaded, trial)
@@ -78,11 +81,12 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
         default_nodes = cluster.num_nodes if cluster else 1
         if fmt == "megatron-lm":
             text = megatron_lm_script(spec_model, strategy, title=title,
-                                      nodes=nodes or default_nodes, megatron_lm=megatron_lm)
+                                      nodes=nodes or default_nodes, megatron_lm=megatron_lm,
+                                      **iters)
         elif fmt == "slurm":
             text = slurm_script(spec_model, strategy, title=title, nodes=nodes or default_nodes,
                                 megatron_lm=megatron_lm,
-                                job_name=f"autotune-{spec_model.name}")
+                                job_name=f"autotune-{spec_model.name}", **iters)
         else:
             if (nodes or default_nodes) > 1:
                 raise ConfigError("--format torchrun runs autotune's worker on one node; use "
