@@ -6,7 +6,9 @@ Classification of a run that did not succeed, strongest evidence first:
 
 | evidence (failure files, `AUTOTUNE_STATUS` lines, log text, exit code)  | status      |
 |--------------------------------------------------------------------------|-------------|
+| Ctrl-C stopped the run                                                    | CRASH       |
 | a rank reports OOM, or the log shows a CUDA out-of-memory error          | OOM         |
+| torchrun's rendezvous store was unreachable and no rank reported anything | CRASH       |
 | the runner's timeout stopped the run                                      | TIMEOUT     |
 | a rank reports NCCL_ERROR, or the log shows an NCCL / watchdog error      | NCCL_ERROR  |
 | anything else: non-zero exit, or exit 0 without a usable result.json      | CRASH       |
@@ -60,6 +62,12 @@ _NCCL_PATTERNS = (
     "Watchdog caught collective operation timeout",
     "NCCL communicator was aborted",
     "DistBackendError",
+)
+# torchrun's c10d rendezvous could not reach its store: the launch failed, not the layout.
+_RENDEZVOUS_PATTERNS = (
+    "TCP client failed to connect",
+    "RendezvousConnectionError",
+    "RendezvousTimeoutError",
 )
 # Every crashed rank logs "ProcessGroupNCCL.cpp:...] Warning: WARNING: destroy_process_group()
 # was not called before program exit"; only ProcessGroupNCCL lines that speak of an error count.
@@ -142,10 +150,19 @@ def classify_failure(output: RunOutput) -> tuple[TrialStatus, str]:
     if nccl_line is not None:
         evidence.setdefault(TrialStatus.NCCL_ERROR, []).append(nccl_line.strip())
 
+    rendezvous_line = _first_line(log_text,
+                                  lambda line: any(p in line for p in _RENDEZVOUS_PATTERNS))
+
     if output.interrupted:
         status, headline = TrialStatus.CRASH, "interrupted (Ctrl-C)"
     elif TrialStatus.OOM in evidence:
         status, headline = TrialStatus.OOM, evidence[TrialStatus.OOM][0]
+    elif rendezvous_line is not None and not reports:
+        # No rank ever started (no failure report), so no layout figure: a CRASH with the
+        # reason, not a TIMEOUT that would read as "this layout is too slow".
+        status, headline = TrialStatus.CRASH, (
+            f"torchrun rendezvous failed (a launch problem, not the layout): "
+            f"{rendezvous_line.strip()}")
     elif output.timed_out:
         status, headline = TrialStatus.TIMEOUT, (
             f"timed out; stopped after {output.wall_time_s:.0f} s")

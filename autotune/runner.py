@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import shlex
 import socket
 import subprocess
@@ -133,12 +134,43 @@ class TrialInterrupted(KeyboardInterrupt):
         self.output = output
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free now on `host` (bind port 0 and read it back) for the rendezvous."""
+_PORT_FLOOR = 20000
+"""Lowest rendezvous port tried: above the well-known and most registered service ports."""
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low(default: int = 32768) -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+def free_port(host: str = "127.0.0.1", *, rng: random.Random | None = None,
+              attempts: int = 64) -> int:
+    """A TCP port free now on `host` for the rendezvous, below the kernel's ephemeral range.
+
+    A port from the ephemeral range (what binding port 0 returns) is also what the kernel hands
+    out as the source port of any outgoing connection, so it can be taken between this check
+    and torchrun's bind. Seen on 4 x H200: torchrun found its store port taken, waited 60 s as
+    a client of nobody, and the trial ended as a TIMEOUT. A random port below the range is
+    only ever taken by an explicit bind; random, so several autotune workers rarely collide.
+    """
+    rng = rng or random.Random()
+    high = _ephemeral_low()
+    if high - _PORT_FLOOR > 1:
+        for _ in range(attempts):
+            port = rng.randrange(_PORT_FLOOR, high)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        fallback: int = sock.getsockname()[1]
+        return fallback
 
 
 def trial_env(base: Mapping[str, str] | None = None, *,

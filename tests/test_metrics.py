@@ -46,6 +46,11 @@ def _failure_file(tmp_path: Path, rank: int, status: str, error: str = "boom") -
         json.dumps({"rank": rank, "status": status, "error": error}))
 
 
+RENDEZVOUS = ("[W1121 22:32:46.058154928 TCPStore.cpp:340] [c10d] TCP client failed to "
+              "connect/validate to host 127.0.0.1:53267 - retrying (try=0, timeout=60000ms, "
+              "delay=42189ms): The client socket has timed out after 60000ms while trying to "
+              "connect to (127.0.0.1, 53267).")
+
 # (returncode, timed_out, failure files, log) -> status
 CASES = [
     pytest.param(1, False, [(0, "OOM")], "", TrialStatus.OOM, id="file-oom"),
@@ -76,7 +81,19 @@ CASES = [
     pytest.param(-15, True, [], NCCL_WATCHDOG, TrialStatus.TIMEOUT, id="timeout-beats-nccl"),
     pytest.param(-9, True, [(1, "OOM")], "", TrialStatus.OOM, id="oom-beats-timeout"),
     pytest.param(0, True, [], "", TrialStatus.TIMEOUT, id="timeout-exit-0"),
+    # Seen on 4 x H200: the agent's store port was taken, it waited as a client until killed.
+    pytest.param(-15, True, [], RENDEZVOUS, TrialStatus.CRASH, id="rendezvous-is-not-timeout"),
+    pytest.param(1, False, [], RENDEZVOUS, TrialStatus.CRASH, id="rendezvous-error"),
+    pytest.param(-9, True, [(0, "OOM")], RENDEZVOUS, TrialStatus.OOM, id="oom-beats-rendezvous"),
 ]
+
+RENDEZVOUS_HEADLINE = "torchrun rendezvous failed (a launch problem, not the layout)"
+
+
+def test_rendezvous_failure_names_the_launch(tmp_path: Path) -> None:
+    metrics = metrics_from_run(_output(tmp_path, returncode=-15, timed_out=True, log=RENDEZVOUS))
+    assert metrics.status is TrialStatus.CRASH
+    assert metrics.error is not None and metrics.error.startswith(RENDEZVOUS_HEADLINE)
 
 
 @pytest.mark.parametrize(("returncode", "timed_out", "files", "log", "expected"), CASES)

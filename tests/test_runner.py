@@ -5,6 +5,7 @@ from __future__ import annotations
 import _thread
 import importlib.util
 import os
+import random
 import signal
 import socket
 import sys
@@ -106,6 +107,22 @@ def test_free_port_can_be_bound() -> None:
     port = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_free_port_stays_below_the_ephemeral_range() -> None:
+    # Ports the kernel hands out as source ports can be taken before torchrun binds them.
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port(rng=random.Random(seed)) for seed in range(20)}
+    assert all(20000 <= p < low for p in ports)
+    assert len(ports) > 1  # random: concurrent workers rarely pick the same
+
+
+def test_free_port_skips_a_taken_port() -> None:
+    taken = free_port(rng=random.Random(7))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", taken))
+        sock.listen()
+        assert free_port(rng=random.Random(7)) != taken
 
 
 def test_torchrun_argv(tmp_path: Path) -> None:

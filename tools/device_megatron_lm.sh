@@ -32,8 +32,13 @@ at() { python3 -m autotune.cli "$@"; }
 common=(--gpus 1 --space "$space" --steps 4 --warmup-steps 2 --results-dir "$r" --json)
 
 echo "=== 1. worker trial, then its exported Megatron-LM command, unchanged"
-at "$model" "${common[@]}" --backend worker --trials 1 --study mlm-worker \
-    > "$r/mlm-worker.out" 2> "$r/mlm-worker.err"; echo "worker rc=$?"
+# A worker study of an earlier call, carried as .carry/r/mlm-worker, is exported as it is.
+if [[ -d .carry/r/mlm-worker ]]; then
+  cp -r .carry/r/mlm-worker "$r/"
+else
+  at "$model" "${common[@]}" --backend worker --trials 1 --study mlm-worker \
+      > "$r/mlm-worker.out" 2> "$r/mlm-worker.err"; echo "worker rc=$?"
+fi
 at export --study mlm-worker --results-dir "$r" --format megatron-lm --megatron-lm "$mlm" \
     --train-iters 10 -o "$r/exported-megatron-lm.sh"; echo "export rc=$?"
 start=$(date +%s)
@@ -43,7 +48,8 @@ grep -E "iteration +[0-9]+/|memory \(MB\)" "$r/exported-megatron-lm.log" | tail 
 
 echo "=== 2. --backend megatron-lm"
 start=$(date +%s)
-at "$model" "${common[@]}" --backend megatron-lm --megatron-lm "$mlm" --trials 2 \
+at "$model" "${common[@]}" --backend megatron-lm --megatron-lm "$mlm" \
+    --trials "${BACKEND_TRIALS:-2}" \
     --study mlm-backend > "$r/mlm-backend.out" 2> "$r/mlm-backend.err"
 echo "backend search rc=$? wall=$(( $(date +%s) - start ))s"
 tail -5 "$r/mlm-backend.err"
