@@ -221,6 +221,8 @@ def estimate(
     overlap_grad_reduce: Annotated[bool, typer.Option("--overlap-grad-reduce")] = False,
     overlap_param_gather: Annotated[bool, typer.Option("--overlap-param-gather")] = False,
     impl: Annotated[str, typer.Option("--impl", help="local, sdpa or te.")] = "local",
+    cross_entropy_fusion: Annotated[bool, typer.Option(
+        "--cross-entropy-fusion", help="Megatron's fused cross entropy (native).")] = False,
     seq_len: SeqLen = None,
     gpu: Gpu = None,
     gpus_per_node: GpusPerNode = None,
@@ -238,7 +240,8 @@ def estimate(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sequence_parallel=sp, mbs=mbs, recompute=recompute,
         recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
         distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
-        overlap_param_gather=overlap_param_gather, impl=impl)
+        overlap_param_gather=overlap_param_gather, impl=impl,
+        cross_entropy_fusion=cross_entropy_fusion)
     spec, cluster = _load_inputs(model, gpus, gpus_per_node, seq_len, gbs, gpu)
     run_estimate(spec, cluster, fields, layout_path=layout, as_json=as_json,
                  calibration=calibration)

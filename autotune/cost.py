@@ -219,10 +219,13 @@ def estimate_cost(model: ModelSpec, strategy: Strategy, cluster: ClusterSpec,
     elem_s = tokens * layers * stored_per_token * elementwise * mats_passes / 3 / hbm
     layer_stage_s = gemm_s + attn_s + elem_s
     # The last stage adds the output layer (2 h V per token forward) and the vocab-parallel
-    # cross entropy over fp32 logits (cross_entropy.py: ~4 passes over 4-byte elements).
+    # cross entropy over fp32 logits (cross_entropy.py: ~4 passes over 4-byte elements; the
+    # fused kernels ~2: 3.5 ms less per 16k-token micro-batch of gpt2-xl on an H100,
+    # results/benchmarks/2026-11-21-h100-gpt2-xl-mfu.md).
     vocab_rank = padded_vocab_size(model, t) / t
+    ce_passes = 2 if s.cross_entropy_fusion else 4
     logits_s = (tokens * fl.logits * 3 / t / (peak * eff)
-                + tokens * vocab_rank * 4 * 4 / hbm)
+                + tokens * vocab_rank * 4 * ce_passes / hbm)
     # Stages run in lock-step; the last one (its layers + the logits) sets the pace.
     compute_mb = layer_stage_s + logits_s
 

@@ -29,7 +29,7 @@ RDZV_PORT = 29500
 JSON_KEYS: tuple[str, ...] = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "gbs", "recompute",
                               "recompute_method", "recompute_num_layers", "sequence_parallel",
                               "distributed_optimizer", "overlap_grad_reduce",
-                              "overlap_param_gather", "impl")
+                              "overlap_param_gather", "impl", "cross_entropy_fusion")
 _INDENT = "    "
 
 

@@ -171,6 +171,9 @@ def _optimizer_args(s: Strategy, *, lr: float, seed: int) -> list[str]:
         args.append("--overlap-grad-reduce")
     if s.overlap_param_gather:
         args.append("--overlap-param-gather")
+    if s.cross_entropy_fusion:
+        # TransformerConfig fields (model_parallel_config.py), flags generated from them.
+        args += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "native"]
     return args
 
 

@@ -39,6 +39,11 @@ OPTIMIZER_BYTES = 12
 LOGITS_BYTES_PER_ELEMENT = 6
 """megatron/core/tensor_parallel/cross_entropy.py: the bf16 logits (2 B) plus the fp32 copy that
 becomes exp(logits) / softmax and is saved for backward (4 B), per vocabulary entry and token."""
+FUSED_CE_EXTRA_BYTES_PER_ELEMENT = 4
+"""megatron/core/fusions/fused_cross_entropy.py: its torch.compile'd functions return new tensors
+instead of subtracting the max in place, so one more fp32 copy of the logits is live at the
+peak. Measured on an H100, gpt2-xl mbs 16: +3.1 GiB = 16 x 1024 x 50,304 x 4 B
+(results/benchmarks/2026-11-21-h100-gpt2-xl-mfu.md)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -223,7 +228,9 @@ def _stage(model: ModelSpec, s: Strategy, stage: int, mp: MemoryParams) -> Stage
         # Final norm input and output-layer input (2 B each), then the logits of the one
         # micro-batch between its forward and backward (1F1B runs the last stage's back-to-back).
         activations += tokens * 4 * h / tsp
-        logits = tokens * padded_vocab_size(model, s.tp) / s.tp * LOGITS_BYTES_PER_ELEMENT
+        per_element = LOGITS_BYTES_PER_ELEMENT + (FUSED_CE_EXTRA_BYTES_PER_ELEMENT
+                                                  if s.cross_entropy_fusion else 0)
+        logits = tokens * padded_vocab_size(model, s.tp) / s.tp * per_element
     weights = PARAM_BYTES * n_params
     grads = MAIN_GRAD_BYTES * n_params
     allocated = weights + grads + optimizer + activations + logits + workspace

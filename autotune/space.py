@@ -34,6 +34,7 @@ DIMENSIONS: dict[str, tuple[type, int]] = {
     "overlap_grad_reduce": (bool, 5),
     "overlap_param_gather": (bool, 5),
     "impl": (str, 5),
+    "cross_entropy_fusion": (bool, 5),
 }
 _LEVELS = 6
 

@@ -55,6 +55,9 @@ class Strategy:
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     impl: str = "local"
+    cross_entropy_fusion: bool = False
+    """Megatron's fused vocab-parallel cross entropy (`--cross-entropy-loss-fusion`, the native
+    torch.compile'd kernels): fewer passes over the fp32 logits, one more fp32 copy of them."""
 
     @property
     def world_size(self) -> int:
@@ -72,7 +75,7 @@ class Strategy:
 
     def describe(self) -> str:
         """A compact label naming every non-default choice:
-        `tp2 pp2 dp2 mbs4 sp rc=full(block/2) do ogr opg sdpa`."""
+        `tp2 pp2 dp2 mbs4 sp rc=full(block/2) do ogr opg cef sdpa`."""
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
         parts += [f"{name}{value}" for name, value in
                   (("cp", self.cp), ("ep", self.ep), ("vpp", self.vpp)) if value > 1]
@@ -86,7 +89,8 @@ class Strategy:
             parts.append(f"rc={self.recompute}")
         parts += [flag for flag, on in (("do", self.distributed_optimizer),
                                         ("ogr", self.overlap_grad_reduce),
-                                        ("opg", self.overlap_param_gather)) if on]
+                                        ("opg", self.overlap_param_gather),
+                                        ("cef", self.cross_entropy_fusion)) if on]
         parts.append(self.impl)
         return " ".join(parts)
 

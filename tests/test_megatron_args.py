@@ -67,6 +67,9 @@ def _megatron_lm_parser() -> argparse.ArgumentParser:
                    dest="gradient_accumulation_fusion")
     p.add_argument("--no-persist-layer-norm", action="store_true")
     p.add_argument("--attention-softmax-in-fp32", action="store_true")
+    # Generated from TransformerConfig (model_parallel_config.py) at core_v0.16.1.
+    p.add_argument("--cross-entropy-loss-fusion", action="store_true")
+    p.add_argument("--cross-entropy-fusion-impl", choices=["native", "te"])
     p.add_argument("--position-embedding-type",
                    choices=["learned_absolute", "rope", "mrope", "relative", "none"])
     p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"])
@@ -161,6 +164,7 @@ STRATEGIES = [
     Strategy(recompute="selective", gbs=64),
     Strategy(dp=8, distributed_optimizer=True, overlap_grad_reduce=True,
              overlap_param_gather=True, gbs=64),
+    Strategy(tp=2, dp=2, sequence_parallel=True, cross_entropy_fusion=True, impl="te", gbs=64),
 ]
 
 
@@ -193,6 +197,7 @@ def test_every_flag_parses_as_megatron_lm_declares_it(model: ModelSpec,
     assert ns.masked_softmax_fusion is not local
     assert ns.no_persist_layer_norm is local
     assert ns.attention_softmax_in_fp32 is local  # as megatron-core's TransformerConfig default
+    assert ns.cross_entropy_loss_fusion is strategy.cross_entropy_fusion
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])

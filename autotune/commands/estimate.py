@@ -19,7 +19,7 @@ __all__ = ["run_estimate", "strategy_from_fields"]
 _GIB = 2**30
 _LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "sequence_parallel", "mbs", "gbs", "recompute",
                 "recompute_method", "recompute_num_layers", "distributed_optimizer",
-                "overlap_grad_reduce", "overlap_param_gather", "impl")
+                "overlap_grad_reduce", "overlap_param_gather", "impl", "cross_entropy_fusion")
 
 
 def _layout_file(path: str) -> dict[str, Any]:

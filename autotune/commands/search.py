@@ -163,6 +163,7 @@ def _best_row(record: object, cluster: ClusterSpec) -> dict[str, object]:
             "distributed_optimizer": s.distributed_optimizer,
             "overlap_grad_reduce": s.overlap_grad_reduce,
             "overlap_param_gather": s.overlap_param_gather, "impl": s.impl,
+            "cross_entropy_fusion": s.cross_entropy_fusion,
             "tokens_per_s": record.tokens_per_s,
             "mfu": m.mfu if m else None,
             "step_time_s": m.step_time_s if m else None,

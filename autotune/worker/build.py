@@ -79,6 +79,8 @@ def transformer_config_kwargs(spec: TrialSpec) -> dict[str, Any]:
         # 2026-11-21-h100-worker-dev.md), so grads accumulate with a separate add.
         "gradient_accumulation_fusion": False,
         "masked_softmax_fusion": False,
+        "cross_entropy_loss_fusion": s.cross_entropy_fusion,
+        "cross_entropy_fusion_impl": "native",
         # megatron-core's default, kept on purpose: the unfused attention of impl local saves
         # fp32 probabilities. Megatron-LM's --attention-softmax-in-fp32 defaults to off, so
         # autotune.megatron_args passes it for impl local (measured: 9.4 GiB at gpt2-xl mbs 4).
