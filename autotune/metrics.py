@@ -63,6 +63,8 @@ _NCCL_PATTERNS = (
     "NCCL communicator was aborted",
     "DistBackendError",
 )
+RENDEZVOUS_FAILED = "torchrun rendezvous failed (a launch problem, not the layout)"
+"""Headline of TrialMetrics.error for a run that never got past torchrun's rendezvous."""
 # torchrun's c10d rendezvous could not reach its store: the launch failed, not the layout.
 _RENDEZVOUS_PATTERNS = (
     "TCP client failed to connect",
@@ -161,8 +163,7 @@ def classify_failure(output: RunOutput) -> tuple[TrialStatus, str]:
         # No rank ever started (no failure report), so no layout figure: a CRASH with the
         # reason, not a TIMEOUT that would read as "this layout is too slow".
         status, headline = TrialStatus.CRASH, (
-            f"torchrun rendezvous failed (a launch problem, not the layout): "
-            f"{rendezvous_line.strip()}")
+            f"{RENDEZVOUS_FAILED}: {rendezvous_line.strip()}")
     elif output.timed_out:
         status, headline = TrialStatus.TIMEOUT, (
             f"timed out; stopped after {output.wall_time_s:.0f} s")

@@ -344,3 +344,43 @@ def test_the_cost_model_is_refitted_to_measured_trials(tmp_path: Path) -> None:
     for r in measured:  # the refitted model predicts this machine within 10%
         fitted = estimate_cost(MODEL, r.strategy, CLUSTER, result.cost_params).tokens_per_s
         assert fitted == pytest.approx(r.tokens_per_s, rel=0.10)
+
+
+# -- launch failures ----------------------------------------------------------------------------
+
+
+class _RendezvousFailsFirst:
+    """Wraps FakeBackend: the first `failures` launches die in torchrun's rendezvous."""
+
+    def __init__(self, inner: FakeBackend, failures: int) -> None:
+        self.inner, self.failures, self.launches = inner, failures, 0
+        self.name, self.predicted = "fake", False
+
+    def run(self, spec: Any, trial_dir: Path, timeout_s: float) -> Any:
+        from autotune.metrics import RENDEZVOUS_FAILED
+        from autotune.trial import TrialMetrics
+
+        self.launches += 1
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        (trial_dir / "log.txt").write_text(f"launch {self.launches}\n")
+        if self.launches <= self.failures:
+            return TrialMetrics(status=TrialStatus.CRASH, wall_time_s=60.0,
+                                error=f"{RENDEZVOUS_FAILED}: TCP client failed to connect")
+        return replace(self.inner.run(spec, trial_dir, timeout_s), wall_time_s=20.0)
+
+
+@pytest.mark.parametrize(("failures", "status", "launches", "wall"), [
+    (1, TrialStatus.OK, 2, 80.0),      # relaunched once: the layout gets its measurement
+    (2, TrialStatus.CRASH, 2, 120.0),  # a second failure is recorded, not retried forever
+])
+def test_a_launch_that_never_reached_its_rendezvous_is_relaunched_once(
+        tmp_path: Path, failures: int, status: TrialStatus, launches: int, wall: float) -> None:
+    backend = _RendezvousFailsFirst(FakeBackend(CLUSTER), failures)
+    result = run_search(config(tmp_path, backend, n_trials=1))
+    [record] = launched(result)
+    assert record.status is status
+    assert backend.launches == launches
+    assert record.metrics is not None and record.metrics.wall_time_s == wall
+    trial_dir = tmp_path / "s" / "trials" / str(record.number)
+    assert (trial_dir / "log-launch-failed.txt").read_text() == "launch 1\n"
+    assert (trial_dir / "log.txt").read_text() == "launch 2\n"

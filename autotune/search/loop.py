@@ -19,6 +19,7 @@ import time
 import warnings
 from collections import deque
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -30,6 +31,7 @@ from autotune.cost import estimate_cost
 from autotune.errors import ConfigError
 from autotune.gate import MemoryGate, layout_key
 from autotune.heuristics import alpa_seeds, next_smaller_mbs
+from autotune.metrics import RENDEZVOUS_FAILED
 from autotune.search.config import RANKED_DEFAULT, SearchConfig, make_sampler, sampler_name
 from autotune.search.records import (
     Observer,
@@ -54,7 +56,7 @@ from autotune.search.storage import (
 )
 from autotune.space import enumerate_space
 from autotune.strategy import Strategy
-from autotune.trial import TrialSpec, TrialStatus
+from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
 __all__ = ["SearchConfig", "SearchResult", "TrialRecord", "run_search"]
 
@@ -325,6 +327,8 @@ class _Search:
         trial_dir = self.trial_root / str(trial.number)
         try:
             metrics = self.cfg.backend.run(spec, trial_dir, timeout)
+            if launch_failed(metrics):
+                metrics = self.relaunch(spec, trial_dir, timeout, metrics)
         except KeyboardInterrupt:
             trial.set_user_attr("record", {"status": "INTERRUPTED", "source": source,
                                            "strategy": s.describe()})
@@ -337,6 +341,21 @@ class _Search:
             self.bisect(s)
         elif record.tokens_per_s is not None and layout_key(s) in self.gate.oom_mbs:
             self.bisect(replace(s, mbs=self.gate.oom_mbs[layout_key(s)]))
+
+    def relaunch(self, spec: TrialSpec, trial_dir: Path, timeout: float,
+                 failed: TrialMetrics) -> TrialMetrics:
+        """Launch once more when the first launch never reached its rendezvous: that says
+        nothing about the layout (a port taken under torchrun, seen on 4 x H200). The first
+        attempt's log is kept beside the second's, and its wall time is counted."""
+        log.warning("trial %s: %s; launching it once more", trial_dir.name,
+                    (failed.error or "").splitlines()[0])
+        first_log = trial_dir / "log.txt"
+        if first_log.exists():
+            first_log.replace(trial_dir / "log-launch-failed.txt")
+        metrics = self.cfg.backend.run(spec, trial_dir, timeout)
+        if failed.wall_time_s is not None and metrics.wall_time_s is not None:
+            metrics = replace(metrics, wall_time_s=metrics.wall_time_s + failed.wall_time_s)
+        return metrics
 
     def bisect(self, failed: Strategy) -> None:
         """After a real OOM, try a smaller micro-batch of the same layout (Alpa step 1); after
@@ -419,6 +438,12 @@ class _Search:
                if t.state.is_finished()]
         self.persistent.add_trials(new)
         self.persisted += len(new)
+
+
+def launch_failed(metrics: TrialMetrics) -> bool:
+    """A CRASH before any rank started (the runner's rendezvous classification)."""
+    return (metrics.status is TrialStatus.CRASH
+            and (metrics.error or "").startswith(RENDEZVOUS_FAILED))
 
 
 def run_search(cfg: SearchConfig, observer: Observer | None = None) -> SearchResult:
