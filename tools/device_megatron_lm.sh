@@ -8,10 +8,11 @@
 #
 # Carry .whl (megatron-core), .whl-search (optuna, typer, pydantic...) and .carry/megatron-lm:
 # Megatron-LM's training code at tag core_v0.16.1 (pretrain_gpt.py, megatron/training,
-# megatron/legacy; not part of this repository), its extra wheels (six, regex, pyyaml) and
-# run_pretrain_gpt.py, a wrapper that skips the two build steps pretrain_gpt.py takes from a
-# source checkout (make of the dataset helpers, which the megatron-core wheel ships prebuilt;
-# nvcc -V, with no CUDA toolkit on the machine) and then runs pretrain_gpt.py unchanged.
+# megatron/legacy; not part of this repository) and its extra wheels (six, regex, pyyaml).
+# tools/run_pretrain_gpt.py, copied beside pretrain_gpt.py, skips the two build steps
+# pretrain_gpt.py takes from a source checkout (make of the dataset helpers, which the
+# megatron-core wheel ships prebuilt; nvcc -V, with no CUDA toolkit on the machine) and then
+# runs pretrain_gpt.py unchanged.
 set -u
 model=${1:?model} space=${2:?space yaml}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -23,6 +24,8 @@ export PYTHONPATH=/tmp/site:$PWD
 out=${OUT:-/tmp/out}
 r=/tmp/r
 mkdir -p "$r" "$out"
+# The wrapper beside pretrain_gpt.py finds the checkout by its own folder.
+cp tools/run_pretrain_gpt.py .carry/megatron-lm/run_pretrain_gpt.py
 mlm=$PWD/.carry/megatron-lm/run_pretrain_gpt.py
 at() { python3 -m autotune.cli "$@"; }
 {
