@@ -71,6 +71,12 @@ _RENDEZVOUS_PATTERNS = (
     "RendezvousConnectionError",
     "RendezvousTimeoutError",
 )
+# ...except at teardown: an agent whose store host already exited logs "has failed to shutdown
+# the rendezvous ... RendezvousConnectionError" after a run that did start.
+_RENDEZVOUS_TEARDOWN = "failed to shutdown the rendezvous"
+# Lines that only a started rank prints: autotune's worker (its first line and its results)
+# and Megatron-LM's pretrain_gpt.py (arguments.py prints the world size on rank 0 first).
+_RANK_STARTED = ("AUTOTUNE_STARTED", "AUTOTUNE_STATUS", "AUTOTUNE_RESULT", "using world size")
 # Every crashed rank logs "ProcessGroupNCCL.cpp:...] Warning: WARNING: destroy_process_group()
 # was not called before program exit"; only ProcessGroupNCCL lines that speak of an error count.
 _PG_NCCL_ERROR = re.compile(r"ProcessGroupNCCL.*(?:error|timed ?out|timeout|abort|exception)",
@@ -152,8 +158,9 @@ def classify_failure(output: RunOutput) -> tuple[TrialStatus, str]:
     if nccl_line is not None:
         evidence.setdefault(TrialStatus.NCCL_ERROR, []).append(nccl_line.strip())
 
-    rendezvous_line = _first_line(log_text,
-                                  lambda line: any(p in line for p in _RENDEZVOUS_PATTERNS))
+    rendezvous_line = _first_line(log_text, _is_rendezvous_failure)
+    if rendezvous_line is not None and any(m in log_text for m in _RANK_STARTED):
+        rendezvous_line = None  # a rank ran: whatever failed, it was not the launch
 
     if output.interrupted:
         status, headline = TrialStatus.CRASH, "interrupted (Ctrl-C)"
@@ -174,6 +181,11 @@ def classify_failure(output: RunOutput) -> tuple[TrialStatus, str]:
         status = TrialStatus.CRASH
         headline = crash[0] if crash else f"exit code {output.returncode}"
     return status, f"{headline}\n{error_excerpt(log_text)}".rstrip()
+
+
+def _is_rendezvous_failure(line: str) -> bool:
+    return (any(p in line for p in _RENDEZVOUS_PATTERNS)
+            and _RENDEZVOUS_TEARDOWN not in line)
 
 
 def error_excerpt(log_text: str, lines: int = ERROR_EXCERPT_LINES) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -59,3 +60,26 @@ def test_too_few_gpus_is_one_line() -> None:
                  env={"CUDA_VISIBLE_DEVICES": "0,1"})
     assert done.returncode != 0
     assert "need 4 GPUs" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_no_gpus_needed_without_gpus_per_node() -> None:
+    done = _srun("--nodes", "2", sys.executable, "-c", _SHOW_ENV,
+                 env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/nonexistent:/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 2
+
+
+def test_sigterm_during_start_up_leaves_no_task(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    script = (f"import pathlib, time\npathlib.Path({str(marker)!r}).open('a').write('x')\n"
+              "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(SRUN), "--nodes", "16", sys.executable, "-c",
+                             script], env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+                            start_new_session=True)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    time.sleep(0.5)
+    # Every task that started is gone with the step: the process group is empty but for none.
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)

@@ -51,6 +51,10 @@ RENDEZVOUS = ("[W1121 22:32:46.058154928 TCPStore.cpp:340] [c10d] TCP client fai
               "delay=42189ms): The client socket has timed out after 60000ms while trying to "
               "connect to (127.0.0.1, 53267).")
 
+TEARDOWN = ("W1121 torch/distributed/elastic/rendezvous/dynamic_rendezvous.py] The node "
+            "'host_1_0' has failed to shutdown the rendezvous 'autotune-1-s-0' due to an error "
+            "of type RendezvousConnectionError.")
+
 # (returncode, timed_out, failure files, log) -> status
 CASES = [
     pytest.param(1, False, [(0, "OOM")], "", TrialStatus.OOM, id="file-oom"),
@@ -85,9 +89,26 @@ CASES = [
     pytest.param(-15, True, [], RENDEZVOUS, TrialStatus.CRASH, id="rendezvous-is-not-timeout"),
     pytest.param(1, False, [], RENDEZVOUS, TrialStatus.CRASH, id="rendezvous-error"),
     pytest.param(-9, True, [(0, "OOM")], RENDEZVOUS, TrialStatus.OOM, id="oom-beats-rendezvous"),
+    # A rank started: whatever failed later, the launch did not (e.g. a peer's store gone).
+    pytest.param(-15, True, [], f"AUTOTUNE_STARTED rank=0\n{RENDEZVOUS}", TrialStatus.TIMEOUT,
+                 id="started-then-timeout"),
+    pytest.param(1, False, [], f"using world size: 2, data-parallel size: 2\n{RENDEZVOUS}",
+                 TrialStatus.CRASH, id="megatron-started-then-crash"),
+    # torchrun's normal multi-node teardown is not a launch failure.
+    pytest.param(-15, True, [], "step 3\n" + TEARDOWN, TrialStatus.TIMEOUT,
+                 id="teardown-warning-is-not-rendezvous"),
 ]
 
 RENDEZVOUS_HEADLINE = "torchrun rendezvous failed (a launch problem, not the layout)"
+
+
+@pytest.mark.parametrize("log", [f"AUTOTUNE_STARTED rank=0\n{RENDEZVOUS}",
+                                 f"using world size: 2, data-parallel size: 2\n{RENDEZVOUS}",
+                                 f"step 3\n{TEARDOWN}"])
+def test_only_a_launch_where_no_rank_started_is_a_rendezvous_failure(tmp_path: Path,
+                                                                       log: str) -> None:
+    metrics = metrics_from_run(_output(tmp_path, returncode=1, timed_out=False, log=log))
+    assert not (metrics.error or "").startswith(RENDEZVOUS_HEADLINE)
 
 
 def test_rendezvous_failure_names_the_launch(tmp_path: Path) -> None:

@@ -109,12 +109,34 @@ def test_free_port_can_be_bound() -> None:
         sock.bind(("127.0.0.1", port))
 
 
-def test_free_port_stays_below_the_ephemeral_range() -> None:
+def test_free_port_stays_out_of_the_ephemeral_range() -> None:
     # Ports the kernel hands out as source ports can be taken before torchrun binds them.
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    low, high = (int(x) for x in
+                 Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
     ports = {free_port(rng=random.Random(seed)) for seed in range(20)}
-    assert all(20000 <= p < low for p in ports)
+    assert all(20000 <= p < low or high < p < 65536 for p in ports)
     assert len(ports) > 1  # random: concurrent workers rarely pick the same
+
+
+@pytest.mark.parametrize(("ephemeral", "allowed"), [
+    ((15000, 60999), range(61000, 65536)),   # nothing free below: above the range
+    ((32768, 65535), range(20000, 32768)),   # nothing above: below it
+])
+def test_free_port_uses_whichever_side_of_the_range_exists(
+        monkeypatch: pytest.MonkeyPatch, ephemeral: tuple[int, int], allowed: range) -> None:
+    import autotune.runner as runner
+
+    monkeypatch.setattr(runner, "_ephemeral_range", lambda: ephemeral)
+    assert all(free_port(rng=random.Random(seed)) in allowed for seed in range(10))
+
+
+def test_free_port_checks_every_local_address() -> None:
+    # TCPStore binds the wildcard address: a listener on another loopback address blocks it.
+    probe = free_port(rng=random.Random(11))
+    with socket.socket() as other:
+        other.bind(("127.0.0.2", probe))
+        other.listen()
+        assert free_port(rng=random.Random(11)) != probe
 
 
 def test_free_port_skips_a_taken_port() -> None:

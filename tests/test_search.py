@@ -384,3 +384,32 @@ def test_a_launch_that_never_reached_its_rendezvous_is_relaunched_once(
     trial_dir = tmp_path / "s" / "trials" / str(record.number)
     assert (trial_dir / "log-launch-failed.txt").read_text() == "launch 1\n"
     assert (trial_dir / "log.txt").read_text() == "launch 2\n"
+
+
+def test_resume_after_the_space_frees_a_new_dimension(tmp_path: Path) -> None:
+    # Trials stored before cross_entropy_fusion was in the space ran with its default (off);
+    # resuming with it freed must replay them as such, not fail on the missing parameter.
+    first = run_search(config(tmp_path, FakeBackend(CLUSTER), n_trials=3))
+    backend = FakeBackend(CLUSTER)
+    wider = small_space(cross_entropy_fusion=[False, True])
+    second = run_search(config(tmp_path, backend, space=wider, resume=True, n_trials=6))
+    old = {r.strategy for r in launched(first)}
+    assert all(not s.cross_entropy_fusion for s in old)
+    assert not old & set(backend.calls)  # nothing that ran before runs again
+    assert len(launched(second)) >= len(launched(first))
+
+
+def test_report_rows_of_old_trials_get_the_new_field_s_default(tmp_path: Path) -> None:
+    from autotune.report.load import trial_row
+
+    run_search(config(tmp_path, FakeBackend(CLUSTER), n_trials=1))
+    [done] = [t for t in stored(tmp_path) if t.state is TrialState.COMPLETE]
+    record = dict(done.user_attrs["record"])
+    record["layout"] = {k: v for k, v in record["layout"].items()
+                        if k != "cross_entropy_fusion"}  # as stored before the field existed
+    old = optuna.trial.create_trial(state=TrialState.COMPLETE, values=done.values,
+                                    params=done.params, distributions=done.distributions,
+                                    user_attrs={"record": record})
+    row = trial_row(old)
+    assert row["cross_entropy_fusion"] is False
+    assert row["tp"] == done.user_attrs["record"]["layout"]["tp"]

@@ -267,3 +267,13 @@ def test_oom_rank_exits_and_peer_is_stopped(tmp_path: Path) -> None:
     assert "AUTOTUNE_STATUS rank=1 status=OOM" in proc.stderr
     assert "exitcode  : 3" in proc.stderr
     assert elapsed < 60, f"the job took {elapsed:.0f} s to end"
+
+
+def test_worker_announces_its_start_before_anything_can_fail(tmp_path: Path) -> None:
+    # The runner tells "no rank ever started" (a rendezvous failure) by this first line.
+    proc = subprocess.run([sys.executable, "-m", "autotune.worker", "--spec",
+                           str(tmp_path / "missing.json"), "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": "5"})
+    assert proc.returncode != 0
+    assert proc.stderr.splitlines()[0] == "AUTOTUNE_STARTED rank=5"

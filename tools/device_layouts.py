@@ -33,7 +33,7 @@ def _fields(text: str) -> dict[str, object]:
     for item in text.split(","):
         key, value = item.split("=")
         if key in ("sequence_parallel", "distributed_optimizer", "overlap_grad_reduce",
-                   "overlap_param_gather"):
+                   "overlap_param_gather", "cross_entropy_fusion"):
             out[key] = value in ("1", "true", "True")
         elif key in ("recompute", "recompute_method", "impl"):
             out[key] = value

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A stand-in for Slurm's `srun` that runs an M-node job step on one multi-GPU machine.
 
-    AUTOTUNE_SRUN="python3 tools/local_srun.py" autotune MODEL --gpus 2 --nodes 2 \
+    AUTOTUNE_SRUN="python3 $PWD/tools/local_srun.py" autotune MODEL --gpus 2 --nodes 2 \
         --gpus-per-node 1 --launcher slurm --rdzv-endpoint 127.0.0.1:29555 ...
 
 Each "node" is one task process that sees only its own `--gpus-per-node` GPUs
@@ -50,9 +50,13 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def _visible_gpus() -> list[str]:
-    if visible := os.environ.get("CUDA_VISIBLE_DEVICES"):
-        return visible.split(",")
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:  # set, even empty ("no GPUs"), it is the answer
+        return [g for g in visible.split(",") if g.strip()]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+    except OSError:
+        return []
     return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
 
 
@@ -81,23 +85,33 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 def main(argv: list[str]) -> int:
     opts, command = _parse(argv)
-    gpus = _visible_gpus()
-    need = opts.nodes * opts.gpus_per_node
-    if opts.gpus_per_node and len(gpus) < need:
-        sys.exit(f"local_srun: {opts.nodes} nodes x {opts.gpus_per_node} GPUs need {need} "
-                 f"GPUs, this machine shows {len(gpus)}")
     g = opts.gpus_per_node
-    procs = [subprocess.Popen(command, env=_node_env(n, opts.nodes,
-                                                     gpus[n * g:(n + 1) * g] if g else []))
-             for n in range(opts.nodes)]
+    gpus = _visible_gpus() if g else []
+    need = opts.nodes * g
+    if g and len(gpus) < need:
+        sys.exit(f"local_srun: {opts.nodes} nodes x {g} GPUs need {need} GPUs, this machine "
+                 f"shows {len(gpus)}")
+    procs: list[subprocess.Popen[bytes]] = []
+    stopping: list[int] = []
 
     def forward(signum: int, _: FrameType | None) -> None:
+        # Installed before the first task starts: a signal during start-up reaches every task
+        # started so far, and no further task is started.
+        stopping.append(signum)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    for n in range(opts.nodes):
+        if stopping:
+            break
+        procs.append(subprocess.Popen(command, env=_node_env(
+            n, opts.nodes, gpus[n * g:(n + 1) * g] if g else [])))
+    if stopping:
+        _stop(procs)
+        return 128 + stopping[0]
     kill_on_bad_exit = opts.kill_on_bad_exit not in ("0", "false")
     while True:
         codes = [p.poll() for p in procs]

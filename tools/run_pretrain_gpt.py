@@ -3,9 +3,10 @@
     MEGATRON_LM=/path/to/Megatron-LM torchrun ... tools/run_pretrain_gpt.py --mock-data ...
     autotune ... --backend megatron-lm --megatron-lm tools/run_pretrain_gpt.py   (same env var)
 
-For a checkout of Megatron-LM's training code (pretrain_gpt.py, megatron/training, ...) used
-with the megatron-core wheel instead of the checkout's own megatron/core, on a machine without
-a CUDA toolkit. pretrain_gpt.py's start-up (megatron/training/initialize.py,
+For Megatron-LM's training code (pretrain_gpt.py, megatron/training, ...) on top of the
+megatron-core wheel, or on a machine without a CUDA toolkit. The checkout goes first on
+sys.path, so a full checkout's own megatron/core is the one imported; without one, the wheel's.
+pretrain_gpt.py's start-up (megatron/training/initialize.py,
 _compile_dependencies) takes two build steps from a source checkout; this replaces them and
 then runs pretrain_gpt.py as __main__:
 

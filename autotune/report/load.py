@@ -29,6 +29,7 @@ __all__ = ["LAYOUT_FIELDS", "LoadedStudy", "StudyRef", "find_studies", "load_stu
            "resolve_study", "trial_row"]
 
 LAYOUT_FIELDS: tuple[str, ...] = tuple(Strategy.__dataclass_fields__)
+_DEFAULTS: dict[str, Any] = {f: getattr(Strategy(), f) for f in LAYOUT_FIELDS}
 _GIB = 2**30
 _DEFAULT_NAME = re.compile(r"^(?P<model>.+?)-(?P<gpus>\d+)gpu-(?P<gpu>[a-z0-9-]+?)-"
                            r"(?P<backend>simulate|worker|megatron-lm)-[0-9a-f]{8}$")
@@ -165,7 +166,8 @@ def trial_row(trial: FrozenTrial) -> dict[str, Any]:
         "trial": trial.number, "state": trial.state.name,
         "status": record.get("status", trial.state.name), "source": record.get("source", ""),
         "layout": _label(record.get("strategy", ""), layout), "gpus": world,
-        **{f: layout.get(f) for f in LAYOUT_FIELDS},
+        # A field added after the trial was stored (cross_entropy_fusion) ran at its default.
+        **{f: layout.get(f, _DEFAULTS.get(f) if layout else None) for f in LAYOUT_FIELDS},
         "predicted": predicted,
         "tokens_per_s": tokens,
         "tokens_per_s_per_gpu": tokens / world if tokens and world else None,

@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 _GIB = 2**30
+_DEFAULTS: dict[str, Any] = {f: getattr(Strategy(), f) for f in Strategy.__dataclass_fields__}
 
 
 class _Search:
@@ -115,7 +116,9 @@ class _Search:
 
     # -- strategies -----------------------------------------------------------------------
     def strategy(self, params: dict[str, Any]) -> Strategy | None:
-        return self.by_key.get(_key({d: params[d] for d in self.free}))
+        # A trial stored before the space freed a dimension (e.g. cross_entropy_fusion added
+        # to the YAML for --resume) has no parameter for it: it ran with Strategy's default.
+        return self.by_key.get(_key({d: params.get(d, _DEFAULTS[d]) for d in self.free}))
 
     def predicted_tokens(self, s: Strategy) -> float:
         return estimate_cost(self.cfg.model, s, self.cfg.cluster,

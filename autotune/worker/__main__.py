@@ -14,7 +14,9 @@ from pathlib import Path
 
 _STARTED = time.perf_counter()
 
-__all__ = ["main", "parse_args"]
+__all__ = ["STARTED_MARKER", "main", "parse_args"]
+
+STARTED_MARKER = "AUTOTUNE_STARTED"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -30,6 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
+    # The runner reads this to tell a launch that never reached a rank (torchrun's rendezvous
+    # failed) from a trial that started and then failed.
+    print(f"{STARTED_MARKER} rank={rank}", file=sys.stderr, flush=True)
     logging.basicConfig(level=logging.WARNING, format=f"[rank{rank}] %(name)s: %(message)s")
     from autotune.worker.report import exit_with_failure
 
