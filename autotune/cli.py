@@ -186,6 +186,9 @@ def search(
     for flag, value in (("--trials", trials), ("--patience", patience), ("--steps", steps)):
         if value is not None and value <= 0:
             raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    if time_budget is not None and not time_budget > 0:  # `not >`: NaN too
+        raise ConfigError(f"--time-budget must be a positive number of seconds, got "
+                          f"{time_budget:g}")
     from autotune.commands.search import run_search_command
 
     run_search_command(spec, cluster, space_spec, backend=backend, megatron_lm=megatron_lm,
@@ -236,6 +239,12 @@ def estimate(
     """Predict memory per pipeline stage, step time, tokens/s and MFU of one layout."""
     from autotune.commands.estimate import run_estimate
 
+    if layout is not None:
+        from autotune.commands.estimate import layout_context
+
+        gpu, seq_len, gpus_per_node = layout_context(
+            layout, model_name=model, gpus=gpus, gpu=gpu, seq_len=seq_len,
+            gpus_per_node=gpus_per_node)
     fields: dict[str, Any] = dict(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sequence_parallel=sp, mbs=mbs, recompute=recompute,
         recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,

@@ -35,10 +35,11 @@ _INDENT = "    "
 
 def layout_json(strategy: Strategy, *, model: str | None, gpus: int, gpu: str | None,
                 tokens_per_s: float | None, predicted: bool, study: str, trial: int,
-                seq_length: int | None = None) -> str:
+                seq_length: int | None = None, gpus_per_node: int | None = None) -> str:
     """The layout as JSON; `autotune estimate MODEL --gpus N --layout FILE` reads it back."""
     data: dict[str, Any] = {k: getattr(strategy, k) for k in JSON_KEYS}
     data.update(model=model, gpus=gpus, gpu=gpu, seq_length=seq_length,
+                gpus_per_node=gpus_per_node,
                 tokens_per_s=tokens_per_s, predicted=predicted, study=study, trial=trial)
     return json.dumps(data, indent=2) + "\n"
 

@@ -71,3 +71,22 @@ def test_a_bad_calibration_file_is_one_line(tmp_path: Path,
     assert main(["estimate", "gpt2", "--gpus", "1", "--calibration", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "not a calibration file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_fit_worse_than_the_defaults_is_not_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whatever the fitter returns, the file never holds constants that predict the measured
+    # trials worse than the defaults do.
+    import autotune.commands.calibrate as calibrate
+    from autotune.cost import CostParams
+
+    _write_trials(tmp_path)
+    monkeypatch.setattr(calibrate, "fit_cost_params",
+                        lambda *a, **k: CostParams(gemm_efficiency_max=0.2))
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--results-dir", str(tmp_path), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "step time: default constants kept: the fit was worse" in printed
+    cost, _ = load_calibration(out)
+    assert cost == CostParams()

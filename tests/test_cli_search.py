@@ -157,3 +157,47 @@ def test_simulate_search_never_imports_torch(tmp_path: Path, space: str) -> None
     code, heavy, err = heavy_imports_of(args, cwd=Path(__file__).resolve().parents[1])
     assert code == 0, err
     assert heavy == "HEAVY []"
+
+
+@pytest.mark.parametrize("other", [
+    ["gpt2-medium", "--gpus", "2"],                      # another model
+    ["gpt2", "--gpus", "2", "--gpu", "h200"],             # another GPU
+    ["gpt2", "--gpus", "2", "--seq-len", "512"],          # another sequence length
+])
+def test_a_study_name_of_another_job_is_refused_and_left_intact(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, other: list[str]) -> None:
+    common = ["--backend", "simulate", "--results-dir", str(tmp_path), "--study", "mine",
+              "--trials", "4"]
+    code, _, err = run(capsys, "gpt2", "--gpus", "2", *common)
+    assert code == 0, err
+    url = f"sqlite:///{tmp_path / 'mine' / 'study.db'}"
+    before = len(optuna.load_study(study_name="mine", storage=url).trials)
+    code, out, err = run(capsys, *other, *common)
+    assert code == 2 and out == ""
+    one_line_error(err, "study mine holds gpt2 (seq 1024, gbs 64) on 2 x h100-80gb")
+    study = optuna.load_study(study_name="mine", storage=url)
+    assert len(study.trials) == before and study.user_attrs["model"]["name"] == "gpt2"
+    assert run(capsys, "gpt2", "--gpus", "2", *common)[0] == 0  # the same job still resumes
+
+
+def test_a_plan_with_another_sampler_is_another_study(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: Path) -> None:
+    base = ["gpt2", "--gpus", "2", "--backend", "simulate", "--results-dir", str(tmp_path),
+            "--trials", "6", "--json"]
+    names = set()
+    for sampler in ("tpe", "ranked", "tpe"):
+        code, out, err = run(capsys, *base, "--sampler", sampler)
+        assert code == 0, err
+        names.add(json.loads(out)["study"])
+    assert len(names) == 2  # tpe twice reuses its plan; ranked gets its own
+    assert len([p for p in tmp_path.iterdir() if (p / "study.db").exists()]) == 2
+
+
+@pytest.mark.parametrize("budget", ["0", "-1", "nan"])
+def test_time_budget_must_be_positive(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                      budget: str) -> None:
+    code, out, err = run(capsys, "gpt2", "--gpus", "2", "--backend", "simulate",
+                         "--results-dir", str(tmp_path), "--time-budget", budget)
+    assert code == 2 and out == ""
+    one_line_error(err, "--time-budget must be a positive number of seconds")
+    assert not any(tmp_path.iterdir())  # nothing recorded

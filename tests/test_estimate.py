@@ -95,3 +95,58 @@ def test_text_has_one_row_per_stage_and_marks_the_peak(capsys: pytest.CaptureFix
     stage = int(peaks[0].split()[0])
     assert f"on stage {stage}: fits" in out
     assert "tokens/s" in out and "MFU" in out and "(predicted)" in out
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ({"mbs": "x"}, "mbs must be int, got 'x'"),
+    ({"gbs": "64"}, "gbs must be int, got '64'"),
+    ({"tp": None}, "tp must be int, got None"),
+    ({"sequence_parallel": "no"}, "sequence_parallel must be bool, got 'no'"),
+    ({"distributed_optimizer": 1}, "distributed_optimizer must be bool, got 1"),
+    ({"pp": True}, "pp must be int, got True"),
+    ({"model": "gpt2", "mbs": 1}, "is a layout of gpt2, not of gpt2-xl"),
+    ({"gpus": 4, "mbs": 1}, "is for 4 GPUs; --gpus says 8"),
+    ({"gpu": 7, "mbs": 1}, "gpu must be str, got 7"),
+])
+def test_layout_values_of_the_wrong_type_or_job_are_one_line(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, content: dict[str, object],
+        message: str) -> None:
+    layout = tmp_path / "layout.json"
+    layout.write_text(json.dumps(content))
+    code, out, err = run(capsys, *ESTIMATE, "--layout", str(layout))
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_exported_layout_brings_its_machine_and_sequence(capsys: pytest.CaptureFixture[str],
+                                                        tmp_path: Path) -> None:
+    # A plan for A100-40GB, seq 2048, 2 GPUs per node: the JSON export, read back by estimate
+    # without those flags, must give the study's own predicted figures.
+    results = tmp_path / "r"
+    code, _, err = run(capsys, "gpt2-large", "--gpus", "4", "--gpus-per-node", "2", "--gpu",
+                       "a100-40gb", "--seq-len", "2048", "--global-batch-size", "32",
+                       "--backend", "simulate", "--results-dir", str(results),
+                       "--study", "plan", "--trials", "5")
+    assert code == 0, err
+    layout = tmp_path / "best.json"
+    code, _, err = run(capsys, "export", "--results-dir", str(results), "--study", "plan",
+                       "--format", "json", "-o", str(layout))
+    assert code == 0, err
+    exported = json.loads(layout.read_text())
+    assert (exported["gpu"], exported["seq_length"], exported["gpus_per_node"]) == (
+        "a100-40gb", 2048, 2)
+    code, out, _ = run(capsys, "estimate", "gpt2-large", "--gpus", "4", "--layout",
+                       str(layout), "--json")
+    assert code == 0
+    estimate = json.loads(out)
+    assert estimate["gpu"] == "a100-40gb"
+    assert estimate["tokens_per_s"] == pytest.approx(exported["tokens_per_s"], rel=1e-9)
+
+
+def test_step_terms_add_up_to_the_step(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "estimate", "gpt2-xl", "--gpus", "8", "--pp", "2", "--mbs", "4")
+    assert code == 0
+    line = next(x for x in out.splitlines() if x.startswith("step "))
+    step = float(re.match(r"step ([\d.]+) ms", line).group(1))  # type: ignore[union-attr]
+    terms = [float(v) for v in re.findall(r" ([\d.]+)(?=,| ms$)", line.split(":", 1)[1])]
+    assert sum(terms) == pytest.approx(step, abs=0.1 * len(terms))

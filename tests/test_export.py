@@ -237,3 +237,14 @@ def test_train_iters_must_be_positive(study: tuple[Path, str],
     code, out, err = export(capsys, study, "--format", "megatron-lm", "--train-iters", "0")
     assert code == 2 and out == ""
     assert err.strip().splitlines()[-1].endswith("--train-iters must be a positive integer, got 0")
+
+
+@pytest.mark.parametrize("fmt", ["megatron-lm", "slurm"])
+def test_nodes_may_not_split_tensor_parallelism(study: tuple[Path, str], fmt: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    trials = load_study(resolve_study(study[1], study[0], None)).complete_rows()
+    number = next(r["trial"] for r in trials if r["tp"] == 2)
+    code, out, err = export(capsys, study, "--format", fmt, "--trial", str(number),
+                            "--nodes", "2")
+    assert code == 2 and out == ""
+    assert "fewer than the layout's tp=2: tensor parallelism must stay inside a node" in err

@@ -14,7 +14,7 @@ from autotune.memory import estimate_memory
 from autotune.model import ModelSpec
 from autotune.strategy import Strategy, derive_dp, validate
 
-__all__ = ["run_estimate", "strategy_from_fields"]
+__all__ = ["layout_context", "run_estimate", "strategy_from_fields"]
 
 _GIB = 2**30
 _LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "sequence_parallel", "mbs", "gbs", "recompute",
@@ -22,7 +22,7 @@ _LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "sequence_parallel", "mbs", "gbs"
                 "overlap_grad_reduce", "overlap_param_gather", "impl", "cross_entropy_fusion")
 
 
-def _layout_file(path: str) -> dict[str, Any]:
+def _read_layout(path: str) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -33,7 +33,52 @@ def _layout_file(path: str) -> dict[str, Any]:
     layout = data.get("layout", data) if isinstance(data, dict) else None
     if not isinstance(layout, dict):
         raise ConfigError(f"layout file {path}: expected a JSON object")
-    return {k: v for k, v in layout.items() if k in _LAYOUT_KEYS}
+    return layout
+
+
+def _check_type(path: str, key: str, value: Any, expected: type) -> None:
+    # bool is an int to Python; a layout's true/false and its sizes must not pass for each other.
+    ok = (isinstance(value, bool) if expected is bool
+          else isinstance(value, expected) and not isinstance(value, bool))
+    if not ok:
+        raise ConfigError(f"layout file {path}: {key} must be {expected.__name__}, "
+                          f"got {value!r}")
+
+
+def _layout_file(path: str) -> dict[str, Any]:
+    layout = _read_layout(path)
+    fields = {k: v for k, v in layout.items() if k in _LAYOUT_KEYS}
+    for key, value in fields.items():
+        _check_type(path, key, value, type(getattr(_DEFAULT, key)))
+    return fields
+
+
+_DEFAULT = Strategy(gbs=1)
+_CONTEXT_TYPES: dict[str, type] = {"model": str, "gpus": int, "gpu": str, "seq_length": int,
+                                   "gpus_per_node": int}
+
+
+def layout_context(path: str, *, model_name: str, gpus: int, gpu: str | None,
+                   seq_len: int | None, gpus_per_node: int | None
+                   ) -> tuple[str | None, int | None, int | None]:
+    """(gpu, seq_len, gpus_per_node) for `estimate --layout FILE`: the machine and sequence
+    the layout was exported for override the flags, as the layout's own values do. A layout of
+    another model or GPU count is refused: its figures would not be the study's."""
+    layout = _read_layout(path)
+    context = {k: layout[k] for k in _CONTEXT_TYPES if layout.get(k) is not None}
+    for key, value in context.items():
+        _check_type(path, key, value, _CONTEXT_TYPES[key])
+    if "gpus" in context and context["gpus"] != gpus:
+        raise ConfigError(f"layout file {path} is for {context['gpus']} GPUs; --gpus says {gpus}")
+    if "model" in context:
+        from autotune.model import load_model
+
+        name = load_model(model_name).name
+        if context["model"] != name:
+            raise ConfigError(f"layout file {path} is a layout of {context['model']}, "
+                              f"not of {name}")
+    return (context.get("gpu", gpu), context.get("seq_length", seq_len),
+            context.get("gpus_per_node", gpus_per_node))
 
 
 def strategy_from_fields(model: ModelSpec, cluster: ClusterSpec,
@@ -72,7 +117,7 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
             "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu,
             "time_breakdown_s": {k: getattr(cost, k) for k in (
                 "compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s",
-                "bubble_s", "optimizer_s", "overhead_s")},
+                "bubble_s", "optimizer_s", "overhead_s", "launch_s")},
             "predicted": True,
         }, indent=2))
         return
@@ -89,9 +134,11 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
               f" {st.total_bytes / _GIB:>8.2f}{mark}")
     verdict = "fits" if memory.fits else f"does NOT fit: {memory.explain()}"
     print(f"peak {memory.peak_bytes / _GIB:.2f} GiB on stage {memory.peak_stage}: {verdict}")
-    print(f"step {cost.step_time_s * 1e3:.1f} ms: compute {cost.compute_s * 1e3:.1f}, "
-          f"tp {cost.tp_comm_s * 1e3:.1f}, cp {cost.cp_comm_s * 1e3:.1f}, "
-          f"pp {cost.pp_comm_s * 1e3:.1f}, dp {cost.dp_comm_s * 1e3:.1f}, "
-          f"bubble {cost.bubble_s * 1e3:.1f}, optimizer {cost.optimizer_s * 1e3:.1f} ms")
+    parts = {"compute": cost.compute_s, "tp": cost.tp_comm_s, "cp": cost.cp_comm_s,
+             "ep": cost.ep_comm_s, "pp": cost.pp_comm_s, "dp": cost.dp_comm_s,
+             "bubble": cost.bubble_s, "optimizer": cost.optimizer_s,
+             "step overhead": cost.overhead_s, "kernel launch": cost.launch_s}
+    print(f"step {cost.step_time_s * 1e3:.1f} ms: "
+          + ", ".join(f"{name} {value * 1e3:.1f}" for name, value in parts.items()) + " ms")
     print(f"{cost.tokens_per_s:,.0f} tokens/s, {cost.tflops_per_gpu:.0f} TFLOP/s per GPU, "
           f"MFU {cost.mfu:.1%}")

@@ -18,7 +18,7 @@ import logging
 import time
 import warnings
 from collections import deque
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +96,13 @@ class _Search:
         self.launched = 0
         self.impl = "te" if te_available() else "sdpa"
         self.sampler = sampler_name(cfg, len(self.valid))
+        # A plan's figures depend on the sampler and the constants too: other ones, other study.
+        variant = ({"sampler": self.sampler,
+                    "cost_params": asdict(cfg.cost_params) if cfg.cost_params else None,
+                    "memory_params": asdict(cfg.memory_params) if cfg.memory_params else None}
+                   if cfg.backend.predicted else None)
         name = cfg.study_name or default_study_name(cfg.model, cfg.cluster, cfg.space,
-                                                    cfg.backend.name)
+                                                    cfg.backend.name, variant)
         url = storage_url(cfg.results_dir, name, cfg.storage)
         self.trial_root = cfg.results_dir / name / "trials"
         sampler = make_sampler(self.sampler, cfg.seed)

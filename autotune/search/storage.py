@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.study import StudyDirection
@@ -36,13 +37,18 @@ in a shared study, by any other worker before its next trial (search.loop)."""
 
 
 def default_study_name(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
-                       backend: str) -> str:
+                       backend: str, variant: dict[str, Any] | None = None) -> str:
     """`gpt2-xl-8gpu-h100-80gb-worker-1a2b3c4d`: the hash covers everything the candidate
-    lists depend on, so a changed space or model never reuses a study by accident."""
-    key = json.dumps({"model": asdict(model), "gpus": cluster.num_gpus,
-                      "per_node": cluster.gpus_per_node, "gpu": cluster.gpu.name,
-                      "space": {k: list(v) for k, v in space.candidates.items()},
-                      "backend": backend}, sort_keys=True, default=str)
+    lists depend on, so a changed space or model never reuses a study by accident. `variant`
+    adds what else decides the trials' figures: for a planning study, the sampler and the
+    calibration (a plan with other constants or another sampler is another plan)."""
+    about: dict[str, Any] = {"model": asdict(model), "gpus": cluster.num_gpus,
+                             "per_node": cluster.gpus_per_node, "gpu": cluster.gpu.name,
+                             "space": {k: list(v) for k, v in space.candidates.items()},
+                             "backend": backend}
+    if variant:
+        about["variant"] = variant
+    key = json.dumps(about, sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:8]
     return f"{model.name}-{cluster.num_gpus}gpu-{cluster.gpu.name}-{backend}-{digest}"
 
@@ -108,14 +114,46 @@ def open_planning_study(name: str, url: str, sampler: optuna.samplers.BaseSample
     return study, persistent, len(finished)
 
 
+def _as_stored(value: Any) -> Any:
+    """`value` as it reads back from the study's user attributes (JSON: tuples become lists)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _conflict(old: Any, new: Any) -> bool:
+    """Whether a stored description contradicts the new one. Dicts are compared on the keys
+    both have, so a field added in a later version (absent from old studies) is no conflict."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return any(old[k] != new[k] for k in old.keys() & new.keys())
+    return bool(old != new)
+
+
 def describe_study(study: optuna.Study, model: ModelSpec, cluster: ClusterSpec,
                    backend: str) -> None:
-    """What the study is about, for report, export and optuna-dashboard."""
-    study.set_user_attr("model", asdict(model))
-    study.set_user_attr("backend", backend)
-    study.set_user_attr("cluster", {"num_gpus": cluster.num_gpus,
-                                    "gpus_per_node": cluster.gpus_per_node,
-                                    "gpu": cluster.gpu.name})
+    """What the study is about, for report, export and optuna-dashboard.
+
+    A study that already describes another model, machine or backend is refused: its trials
+    would be mixed with this run's under this run's name (`--study` reused by mistake).
+    """
+    about = {"model": _as_stored(asdict(model)), "backend": backend,
+             "cluster": {"num_gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node,
+                         "gpu": cluster.gpu.name}}
+    stored = study.user_attrs
+    differs = [key for key, value in about.items() if key in stored
+               and _conflict(stored[key], value)]
+    if differs:
+        old_model = stored.get("model", {})
+        old_cluster = stored.get("cluster", {})
+        raise ConfigError(
+            f"study {study.study_name} holds {old_model.get('name', '?')} (seq "
+            f"{old_model.get('seq_length', '?')}, gbs {old_model.get('global_batch_size', '?')})"
+            f" on {old_cluster.get('num_gpus', '?')} x {old_cluster.get('gpu', '?')} "
+            f"({old_cluster.get('gpus_per_node', '?')} per node) with backend "
+            f"{stored.get('backend', '?')}; this run is {model.name} (seq {model.seq_length}, "
+            f"gbs {model.global_batch_size}) on {cluster.num_gpus} x {cluster.gpu.name} "
+            f"({cluster.gpus_per_node} per node) with backend {backend}: give another --study "
+            "or --results-dir")
+    for key, value in about.items():
+        study.set_user_attr(key, value)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # set_metric_names is experimental in Optuna 5
         study.set_metric_names(["tokens_per_s", "peak_memory_gib"])
