@@ -201,3 +201,13 @@ def test_time_budget_must_be_positive(capsys: pytest.CaptureFixture[str], tmp_pa
     assert code == 2 and out == ""
     one_line_error(err, "--time-budget must be a positive number of seconds")
     assert not any(tmp_path.iterdir())  # nothing recorded
+
+
+def test_a_plan_where_nothing_fits_says_so(capsys: pytest.CaptureFixture[str],
+                                           tmp_path: Path) -> None:
+    code, _, err = run(capsys, "gpt-1t", "--gpus", "1", "--backend", "simulate",
+                       "--results-dir", str(tmp_path))
+    assert code == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("autotune: error: no layout is predicted to fit: the smallest peak")
+    assert "GiB per GPU" in last and "against 79.6 GiB on h100-80gb" in last

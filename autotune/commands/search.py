@@ -6,6 +6,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -149,6 +150,32 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
         out.print(f"study {result.study_name} in {result.storage}")
     if result.interrupted:
         raise AutotuneError("interrupted: the study is consistent; --resume continues it")
+    if not result.best(1):
+        raise AutotuneError(_why_nothing(result, cluster))
+
+
+def _why_nothing(result: Any, cluster: ClusterSpec) -> str:
+    """One line for a study without a single successful layout: what stood in the way."""
+    from collections import Counter
+
+    from autotune.trial import TrialStatus
+
+    launched = [r for r in result.records if r.launched]
+    if launched:
+        counts = Counter(r.status.value for r in launched)
+        statuses = ", ".join(f"{n} {status}" for status, n in counts.most_common())
+        return (f"none of the {len(launched)} launched trials completed ({statuses}); their "
+                f"logs are under the study's trials/ folder")
+    oom = [r for r in result.records if r.status is TrialStatus.PREDICTED_OOM
+           and r.predicted_peak_bytes]
+    if oom:
+        least = min(oom, key=lambda r: r.predicted_peak_bytes)
+        return (f"no layout is predicted to fit: the smallest peak is "
+                f"{least.predicted_peak_bytes / 2**30:,.1f} GiB per GPU "
+                f"({least.strategy.describe()}) against {cluster.gpu.memory_bytes / 2**30:.1f} "
+                f"GiB on {cluster.gpu.name}; use more GPUs, or a space with more recompute, "
+                "pipeline stages or the distributed optimizer")
+    return f"no layout was tried ({result.stop_reason})"
 
 
 def _best_row(record: object, cluster: ClusterSpec) -> dict[str, object]:
