@@ -74,6 +74,11 @@ class ModelSpec:
         if self.num_attention_heads % self.query_groups:
             raise ConfigError(f"model {self.name}: num_query_groups={self.query_groups} must "
                               f"divide num_attention_heads={self.num_attention_heads}")
+        for name, allowed in (("normalization", ("LayerNorm", "RMSNorm")),
+                              ("activation", ("gelu", "swiglu", "silu", "squared_relu"))):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"model {self.name}: {name} must be one of "
+                                  f"{', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.position_embedding not in ("learned_absolute", "rope", "none"):
             raise ConfigError(f"model {self.name}: position_embedding must be learned_absolute, "
                               f"rope or none, got {self.position_embedding!r}")

@@ -14,7 +14,15 @@ import yaml
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec, search_spaces_dir
-from autotune.strategy import RULES, Strategy, derive_dp, with_fields
+from autotune.strategy import (
+    IMPL_CHOICES,
+    RECOMPUTE_CHOICES,
+    RECOMPUTE_METHODS,
+    RULES,
+    Strategy,
+    derive_dp,
+    with_fields,
+)
 
 __all__ = ["DIMENSIONS", "SearchSpace", "SpaceSummary", "enumerate_space", "load_space"]
 
@@ -53,6 +61,11 @@ class SearchSpace:
         return {k: v for k, v in self.candidates.items() if DIMENSIONS[k][1] == level}
 
 
+_CHOICES: dict[str, tuple[str, ...]] = {"recompute": RECOMPUTE_CHOICES,
+                                        "recompute_method": RECOMPUTE_METHODS,
+                                        "impl": IMPL_CHOICES}
+
+
 def _check_value(dim: str, value: Any, source: str) -> Any:
     kind = DIMENSIONS[dim][0]
     if kind is int:
@@ -64,6 +77,9 @@ def _check_value(dim: str, value: Any, source: str) -> Any:
             raise ConfigError(f"{source}: {dim} candidates must be true or false, got {value!r}")
     elif not isinstance(value, str):
         raise ConfigError(f"{source}: {dim} candidates must be strings, got {value!r}")
+    elif dim in _CHOICES and value not in _CHOICES[dim]:
+        raise ConfigError(f"{source}: {dim} candidates must be among "
+                          f"{', '.join(_CHOICES[dim])}, got {value!r}")
     return value
 
 

@@ -94,6 +94,12 @@ def test_load_by_path(tmp_path: Path) -> None:
      "seq_length: 8\nglobal_batch_size: 8\n", "hidden_size=65 must be divisible"),
     ("name: x\nnum_layers: 0\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n"
      "seq_length: 8\nglobal_batch_size: 8\n", "num_layers must be a positive integer"),
+    ("name: x\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n"
+     "seq_length: 8\nglobal_batch_size: 8\nnormalization: foo\n",
+     "normalization must be one of LayerNorm, RMSNorm, got 'foo'"),
+    ("name: x\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nvocab_size: 10\n"
+     "seq_length: 8\nglobal_batch_size: 8\nactivation: relu\n",
+     "activation must be one of gelu, swiglu, silu, squared_relu, got 'relu'"),
 ])
 def test_bad_model_files(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bad.yaml"

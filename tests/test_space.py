@@ -63,6 +63,9 @@ def test_default_space_loads_every_dimension() -> None:
     ("sequence_parallel: [yes-please]\n", "true or false"),
     ("tp: []\n", "at least one candidate"),
     ("impl: [1]\n", "must be strings"),
+    ("impl: [sdpa, flash]\n", "impl candidates must be among local, te, sdpa, got 'flash'"),
+    ("recompute: [none, partial]\n", "recompute candidates must be among none, selective"),
+    ("recompute_method: [foo]\n", "recompute_method candidates must be among uniform, block"),
 ])
 def test_bad_space_files(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "space.yaml"
