@@ -244,9 +244,14 @@ def test_sdpa_has_no_megatron_lm_equivalent() -> None:
 
 
 def test_unknown_activation_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="activation must be one of"):
+        ModelSpec(name="odd", num_layers=2, hidden_size=64, num_attention_heads=4,
+                  vocab_size=1000, seq_length=128, global_batch_size=8, activation="relu")
+    # A known activation in a combination Megatron-LM has no flag for.
     odd = ModelSpec(name="odd", num_layers=2, hidden_size=64, num_attention_heads=4,
-                    vocab_size=1000, seq_length=128, global_batch_size=8, activation="relu")
-    with pytest.raises(ConfigError, match="activation='relu'"):
+                    vocab_size=1000, seq_length=128, global_batch_size=8,
+                    activation="squared_relu", gated_linear_unit=True)
+    with pytest.raises(ConfigError, match="activation='squared_relu'"):
         megatron_lm_args(odd, Strategy())
 
 
