@@ -127,4 +127,4 @@ def make_backend(name: str, cluster: ClusterSpec, megatron_lm: str | None = None
             raise ConfigError(f"--megatron-lm {megatron_lm}: no {training_script(megatron_lm)} "
                               "(give a Megatron-LM checkout or the .py script to launch)")
         return MegatronLMBackend(Path(megatron_lm))
-    raise ConfigError(f"unknown backend {name!r}; choose simulate, worker or megatron-lm")
+    raise ConfigError(f"unknown backend {name!r}; choose auto, simulate, worker or megatron-lm")

@@ -74,4 +74,4 @@ def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
                                           constant_liar=True)
     if name in ("grid", "ranked"):
         return optuna.samplers.RandomSampler(seed=seed)  # unused: every trial is enqueued
-    raise ConfigError(f"unknown sampler {name!r}; choose tpe, grid or ranked")
+    raise ConfigError(f"unknown sampler {name!r}; choose auto, tpe, grid or ranked")
