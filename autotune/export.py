@@ -13,9 +13,9 @@ from dataclasses import replace
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.launchers import SPEC_NAME, WORKER
 from autotune.megatron_args import megatron_lm_args, training_script
 from autotune.model import ModelSpec
-from autotune.runner import SPEC_NAME, WORKER
 from autotune.strategy import Strategy
 from autotune.trial import TrialSpec
 
@@ -100,19 +100,27 @@ def _env_lines(megatron_lm: str | None) -> list[str]:
     return lines
 
 
-def _split(gpus: int, nodes: int) -> int:
+def _split(strategy: Strategy, nodes: int) -> int:
+    """GPUs per node when the layout's GPUs are spread over `nodes` nodes."""
+    gpus = strategy.world_size
     if nodes < 1 or gpus % nodes:
         raise ConfigError(f"--nodes {nodes} must be a positive divisor of the layout's "
                           f"{gpus} GPUs")
-    return gpus // nodes
+    per_node = gpus // nodes
+    if strategy.tp > per_node:
+        # The layout was chosen with TP inside a node (NVLink); spreading it thinner would
+        # put tensor-parallel all-reduces on the network.
+        raise ConfigError(f"--nodes {nodes} leaves {per_node} GPUs per node, fewer than the "
+                          f"layout's tp={strategy.tp}: tensor parallelism must stay inside a "
+                          "node")
+    return per_node
 
 
 def megatron_lm_script(model: ModelSpec, strategy: Strategy, *, title: Sequence[str],
                        nodes: int = 1, megatron_lm: str | None = None,
                        train_iters: int = TRAIN_ITERS) -> str:
     """A bash script: torchrun over Megatron-LM's pretrain_gpt.py with every flag."""
-    gpus = strategy.world_size
-    per_node = _split(gpus, nodes)
+    per_node = _split(strategy, nodes)
     notes, script, args = _megatron_parts(model, strategy, megatron_lm=megatron_lm,
                                           train_iters=train_iters)
     if nodes == 1:
@@ -131,8 +139,7 @@ def slurm_script(model: ModelSpec, strategy: Strategy, *, title: Sequence[str], 
                  megatron_lm: str | None = None, train_iters: int = TRAIN_ITERS,
                  job_name: str = "autotune") -> str:
     """An sbatch script: one torchrun per node (srun), c10d rendezvous on the first node."""
-    gpus = strategy.world_size
-    per_node = _split(gpus, nodes)
+    per_node = _split(strategy, nodes)
     notes, script, args = _megatron_parts(model, strategy, megatron_lm=megatron_lm,
                                           train_iters=train_iters)
     sbatch = [f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={nodes}",

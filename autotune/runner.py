@@ -25,7 +25,6 @@ from pathlib import Path
 from autotune.errors import ConfigError, LaunchError
 from autotune.launchers import (
     DEFAULT_RDZV_PORT,
-    LAUNCHERS,
     OTHER_NODES_NAME,
     SPEC_NAME,
     SRUN,
@@ -43,23 +42,12 @@ from autotune.trial import TrialSpec
 __all__ = [
     "DEFAULT_GRACE_S",
     "DEFAULT_NCCL_TIMEOUT_S",
-    "DEFAULT_RDZV_PORT",
-    "LAUNCHERS",
     "LOG_NAME",
     "NCCL_TIMEOUT_ENV",
-    "OTHER_NODES_NAME",
-    "SPEC_NAME",
-    "SRUN",
-    "SRUN_ENV",
-    "TORCHRUN",
-    "TORCHRUN_ENV",
-    "WORKER",
-    "MultiNode",
     "RunOutput",
     "TrialInterrupted",
     "free_port",
     "megatron_lm_argv",
-    "multinode_argv",
     "run_command",
     "run_megatron_lm_trial",
     "run_multinode_trial",
@@ -278,10 +266,8 @@ def run_megatron_lm_trial(megatron_lm_path: Path, spec: TrialSpec, trial_dir: Pa
     argv = megatron_lm_argv(megatron_lm_path, spec, spec.strategy.world_size, free_port(),
                             launcher=launcher, nccl_timeout_s=nccl_timeout_s,
                             extra_args=extra_args)
-    run_env = trial_env(env, nccl_timeout_s=nccl_timeout_s)
-    # Megatron-LM asserts this with tp or cp > 1 (arguments.py, validate_args); harmless else.
-    run_env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    return run_command(argv, trial_dir, timeout_s, run_env, grace_s=grace_s)
+    return run_command(argv, trial_dir, timeout_s,
+                       trial_env(env, nccl_timeout_s=nccl_timeout_s), grace_s=grace_s)
 
 
 # --- Multi-node trials -----------------------------------------------------------------------

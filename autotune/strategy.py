@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from autotune.errors import InvalidStrategyError
 from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec
 
-__all__ = ["RULES", "RULE_LEVELS", "Rule", "Strategy", "Violation", "check", "validate"]
+__all__ = ["RULES", "RULE_LEVELS", "STRATEGY_DEFAULTS", "Rule", "Strategy", "Violation",
+           "check", "validate"]
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
@@ -93,6 +94,12 @@ class Strategy:
                                         ("cef", self.cross_entropy_fusion)) if on]
         parts.append(self.impl)
         return " ".join(parts)
+
+
+STRATEGY_DEFAULTS: dict[str, Any] = {f: getattr(Strategy(), f)
+                                     for f in Strategy.__dataclass_fields__}
+"""Each Strategy field's default: what a trial stored before a field existed ran with, and the
+type a layout file's value must have."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,18 +13,10 @@ import pytest
 import autotune.commands.search as search_command
 from autotune.cli import main
 from autotune.errors import ConfigError, LaunchError
+from autotune.launchers import OTHER_NODES_NAME, TORCHRUN, WORKER, MultiNode, multinode_argv
 from autotune.metrics import metrics_from_run
 from autotune.model import ModelSpec
-from autotune.runner import (
-    OTHER_NODES_NAME,
-    TORCHRUN,
-    WORKER,
-    MultiNode,
-    free_port,
-    multinode_argv,
-    run_multinode_trial,
-    slurm_first_node,
-)
+from autotune.runner import free_port, run_multinode_trial, slurm_first_node
 from autotune.strategy import Strategy
 from autotune.trial import TrialSpec, TrialStatus
 from tests.conftest import cluster

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ConfigError, LaunchError
+from autotune.launchers import TORCHRUN
 from autotune.megatron_args import flag_names
 from autotune.metrics import metrics_from_run
 from autotune.model import ModelSpec
 from autotune.runner import (
     NCCL_TIMEOUT_ENV,
-    TORCHRUN,
     RunOutput,
     TrialInterrupted,
     free_port,

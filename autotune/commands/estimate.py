@@ -12,7 +12,7 @@ from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
 from autotune.memory import estimate_memory
 from autotune.model import ModelSpec
-from autotune.strategy import Strategy, derive_dp, validate
+from autotune.strategy import STRATEGY_DEFAULTS, Strategy, derive_dp, validate
 
 __all__ = ["layout_context", "run_estimate", "strategy_from_fields"]
 
@@ -49,11 +49,10 @@ def _layout_file(path: str) -> dict[str, Any]:
     layout = _read_layout(path)
     fields = {k: v for k, v in layout.items() if k in _LAYOUT_KEYS}
     for key, value in fields.items():
-        _check_type(path, key, value, type(getattr(_DEFAULT, key)))
+        _check_type(path, key, value, type(STRATEGY_DEFAULTS[key]))
     return fields
 
 
-_DEFAULT = Strategy(gbs=1)
 _CONTEXT_TYPES: dict[str, type] = {"model": str, "gpus": int, "gpu": str, "seq_length": int,
                                    "gpus_per_node": int}
 

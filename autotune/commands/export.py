@@ -80,15 +80,6 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
                  f"study {ref.name}, trial {row['trial']}: {row['layout']}, gbs {strategy.gbs}",
                  f"{row['tokens_per_s']:,.0f} tokens/s, {figure}."]
         default_nodes = cluster.num_nodes if cluster else 1
-        spread = nodes or default_nodes
-        if (fmt in ("megatron-lm", "slurm") and spread >= 1
-                and strategy.world_size % spread == 0
-                and strategy.tp > strategy.world_size // spread):
-            # The layout was chosen with TP inside a node (NVLink); spreading it thinner would
-            # put tensor-parallel all-reduces on the network.
-            raise ConfigError(f"--nodes {spread} leaves {strategy.world_size // spread} GPUs "
-                              f"per node, fewer than the layout's tp={strategy.tp}: tensor "
-                              "parallelism must stay inside a node")
         if fmt == "megatron-lm":
             text = megatron_lm_script(spec_model, strategy, title=title,
                                       nodes=nodes or default_nodes, megatron_lm=megatron_lm,

@@ -22,14 +22,13 @@ from autotune.errors import ConfigError
 from autotune.hardware import DEFAULT_GPU, ClusterSpec, gpu_spec
 from autotune.model import ModelSpec, load_model
 from autotune.search.storage import redact_url, storage_url
-from autotune.strategy import Strategy
+from autotune.strategy import STRATEGY_DEFAULTS, Strategy
 from autotune.trial import TrialSpec
 
 __all__ = ["LAYOUT_FIELDS", "LoadedStudy", "StudyRef", "find_studies", "load_study",
            "resolve_study", "trial_row"]
 
 LAYOUT_FIELDS: tuple[str, ...] = tuple(Strategy.__dataclass_fields__)
-_DEFAULTS: dict[str, Any] = {f: getattr(Strategy(), f) for f in LAYOUT_FIELDS}
 _GIB = 2**30
 _DEFAULT_NAME = re.compile(r"^(?P<model>.+?)-(?P<gpus>\d+)gpu-(?P<gpu>[a-z0-9-]+?)-"
                            r"(?P<backend>simulate|worker|megatron-lm)-[0-9a-f]{8}$")
@@ -167,7 +166,7 @@ def trial_row(trial: FrozenTrial) -> dict[str, Any]:
         "status": record.get("status", trial.state.name), "source": record.get("source", ""),
         "layout": _label(record.get("strategy", ""), layout), "gpus": world,
         # A field added after the trial was stored (cross_entropy_fusion) ran at its default.
-        **{f: layout.get(f, _DEFAULTS.get(f) if layout else None) for f in LAYOUT_FIELDS},
+        **{f: layout.get(f, STRATEGY_DEFAULTS[f] if layout else None) for f in LAYOUT_FIELDS},
         "predicted": predicted,
         "tokens_per_s": tokens,
         "tokens_per_s_per_gpu": tokens / world if tokens and world else None,

@@ -55,7 +55,7 @@ from autotune.search.storage import (
     storage_url,
 )
 from autotune.space import enumerate_space
-from autotune.strategy import Strategy
+from autotune.strategy import STRATEGY_DEFAULTS, Strategy
 from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
 __all__ = ["SearchConfig", "SearchResult", "TrialRecord", "run_search"]
@@ -64,7 +64,6 @@ log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 _GIB = 2**30
-_DEFAULTS: dict[str, Any] = {f: getattr(Strategy(), f) for f in Strategy.__dataclass_fields__}
 
 
 class _Search:
@@ -123,7 +122,7 @@ class _Search:
     def strategy(self, params: dict[str, Any]) -> Strategy | None:
         # A trial stored before the space freed a dimension (e.g. cross_entropy_fusion added
         # to the YAML for --resume) has no parameter for it: it ran with Strategy's default.
-        return self.by_key.get(_key({d: params.get(d, _DEFAULTS[d]) for d in self.free}))
+        return self.by_key.get(_key({d: params.get(d, STRATEGY_DEFAULTS[d]) for d in self.free}))
 
     def predicted_tokens(self, s: Strategy) -> float:
         return estimate_cost(self.cfg.model, s, self.cfg.cluster,
