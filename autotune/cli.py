@@ -239,21 +239,21 @@ def estimate(
     """Predict memory per pipeline stage, step time, tokens/s and MFU of one layout."""
     from autotune.commands.estimate import run_estimate
 
-    if layout is not None:
-        from autotune.commands.estimate import layout_context
-
-        gpu, seq_len, gpus_per_node = layout_context(
-            layout, model_name=model, gpus=gpus, gpu=gpu, seq_len=seq_len,
-            gpus_per_node=gpus_per_node)
     fields: dict[str, Any] = dict(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sequence_parallel=sp, mbs=mbs, recompute=recompute,
         recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
         distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
         overlap_param_gather=overlap_param_gather, impl=impl,
         cross_entropy_fusion=cross_entropy_fusion)
+    if layout is not None:
+        from autotune.commands.estimate import layout_file
+
+        from_file, gpu, seq_len, gpus_per_node = layout_file(
+            layout, model_name=model, gpus=gpus, gpu=gpu, seq_len=seq_len,
+            gpus_per_node=gpus_per_node)
+        fields.update(from_file)
     spec, cluster = _load_inputs(model, gpus, gpus_per_node, seq_len, gbs, gpu)
-    run_estimate(spec, cluster, fields, layout_path=layout, as_json=as_json,
-                 calibration=calibration)
+    run_estimate(spec, cluster, fields, as_json=as_json, calibration=calibration)
 
 
 StudyName = Annotated[str | None, typer.Option(

@@ -18,6 +18,7 @@ from autotune.trial import TrialSpec
 __all__ = [
     "DEFAULT_RDZV_PORT",
     "LAUNCHERS",
+    "LOG_NAME",
     "OTHER_NODES_NAME",
     "SPEC_NAME",
     "SRUN",
@@ -30,6 +31,8 @@ __all__ = [
 ]
 
 SPEC_NAME = "trial.json"
+LOG_NAME = "log.txt"
+"""A trial's combined stdout and stderr, in its folder."""
 TORCHRUN: tuple[str, ...] = (sys.executable, "-m", "torch.distributed.run")
 WORKER: tuple[str, ...] = ("-m", "autotune.worker")
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from autotune.errors import ConfigError, LaunchError
 from autotune.launchers import (
     DEFAULT_RDZV_PORT,
+    LOG_NAME,
     OTHER_NODES_NAME,
     SPEC_NAME,
     SRUN,
@@ -42,7 +43,6 @@ from autotune.trial import TrialSpec
 __all__ = [
     "DEFAULT_GRACE_S",
     "DEFAULT_NCCL_TIMEOUT_S",
-    "LOG_NAME",
     "NCCL_TIMEOUT_ENV",
     "RunOutput",
     "TrialInterrupted",
@@ -64,7 +64,6 @@ DEFAULT_GRACE_S = 10.0
 DEFAULT_NCCL_TIMEOUT_S = 120
 """Collective timeout the worker passes to init_process_group: a blocked collective fails fast."""
 NCCL_TIMEOUT_ENV = "AUTOTUNE_NCCL_TIMEOUT_S"
-LOG_NAME = "log.txt"
 
 # Set on every trial, over whatever the parent has: the GPU hosts need them, and a trial that
 # inherits a different value would measure something else.

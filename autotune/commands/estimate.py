@@ -14,7 +14,7 @@ from autotune.memory import estimate_memory
 from autotune.model import ModelSpec
 from autotune.strategy import STRATEGY_DEFAULTS, Strategy, derive_dp, validate
 
-__all__ = ["layout_context", "run_estimate", "strategy_from_fields"]
+__all__ = ["layout_file", "run_estimate", "strategy_from_fields"]
 
 _GIB = 2**30
 _LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "sequence_parallel", "mbs", "gbs", "recompute",
@@ -45,25 +45,26 @@ def _check_type(path: str, key: str, value: Any, expected: type) -> None:
                           f"got {value!r}")
 
 
-def _layout_file(path: str) -> dict[str, Any]:
-    layout = _read_layout(path)
-    fields = {k: v for k, v in layout.items() if k in _LAYOUT_KEYS}
-    for key, value in fields.items():
-        _check_type(path, key, value, type(STRATEGY_DEFAULTS[key]))
-    return fields
-
-
+_TIME_TERMS: tuple[tuple[str, str], ...] = (
+    ("compute", "compute_s"), ("tp", "tp_comm_s"), ("cp", "cp_comm_s"), ("ep", "ep_comm_s"),
+    ("pp", "pp_comm_s"), ("dp", "dp_comm_s"), ("bubble", "bubble_s"),
+    ("optimizer", "optimizer_s"), ("step overhead", "overhead_s"),
+    ("kernel launch", "launch_s"))
+"""(printed label, CostEstimate field): the terms that add up to the step time."""
 _CONTEXT_TYPES: dict[str, type] = {"model": str, "gpus": int, "gpu": str, "seq_length": int,
                                    "gpus_per_node": int}
 
 
-def layout_context(path: str, *, model_name: str, gpus: int, gpu: str | None,
-                   seq_len: int | None, gpus_per_node: int | None
-                   ) -> tuple[str | None, int | None, int | None]:
-    """(gpu, seq_len, gpus_per_node) for `estimate --layout FILE`: the machine and sequence
-    the layout was exported for override the flags, as the layout's own values do. A layout of
+def layout_file(path: str, *, model_name: str, gpus: int, gpu: str | None,
+                seq_len: int | None, gpus_per_node: int | None
+                ) -> tuple[dict[str, Any], str | None, int | None, int | None]:
+    """(layout fields, gpu, seq_len, gpus_per_node) for `estimate --layout FILE`. The layout's
+    values, and the machine and sequence it was exported for, override the flags. A layout of
     another model or GPU count is refused: its figures would not be the study's."""
     layout = _read_layout(path)
+    fields = {k: v for k, v in layout.items() if k in _LAYOUT_KEYS}
+    for key, value in fields.items():
+        _check_type(path, key, value, type(STRATEGY_DEFAULTS[key]))
     context = {k: layout[k] for k in _CONTEXT_TYPES if layout.get(k) is not None}
     for key, value in context.items():
         _check_type(path, key, value, _CONTEXT_TYPES[key])
@@ -76,7 +77,7 @@ def layout_context(path: str, *, model_name: str, gpus: int, gpu: str | None,
         if context["model"] != name:
             raise ConfigError(f"layout file {path} is a layout of {context['model']}, "
                               f"not of {name}")
-    return (context.get("gpu", gpu), context.get("seq_length", seq_len),
+    return (fields, context.get("gpu", gpu), context.get("seq_length", seq_len),
             context.get("gpus_per_node", gpus_per_node))
 
 
@@ -93,9 +94,7 @@ def strategy_from_fields(model: ModelSpec, cluster: ClusterSpec,
 
 
 def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any], *,
-                 layout_path: str | None, as_json: bool, calibration: str | None = None) -> None:
-    if layout_path is not None:
-        fields = {**fields, **_layout_file(layout_path)}
+                 as_json: bool, calibration: str | None = None) -> None:
     fields.setdefault("gbs", model.global_batch_size)
     strategy = strategy_from_fields(model, cluster, fields)
     cost_params, memory_params = (load_calibration(calibration) if calibration
@@ -114,9 +113,7 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
                            for st in memory.stages],
             "step_time_s": cost.step_time_s, "tokens_per_s": cost.tokens_per_s,
             "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu,
-            "time_breakdown_s": {k: getattr(cost, k) for k in (
-                "compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s",
-                "bubble_s", "optimizer_s", "overhead_s", "launch_s")},
+            "time_breakdown_s": {field: getattr(cost, field) for _, field in _TIME_TERMS},
             "predicted": True,
         }, indent=2))
         return
@@ -133,11 +130,8 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
               f" {st.total_bytes / _GIB:>8.2f}{mark}")
     verdict = "fits" if memory.fits else f"does NOT fit: {memory.explain()}"
     print(f"peak {memory.peak_bytes / _GIB:.2f} GiB on stage {memory.peak_stage}: {verdict}")
-    parts = {"compute": cost.compute_s, "tp": cost.tp_comm_s, "cp": cost.cp_comm_s,
-             "ep": cost.ep_comm_s, "pp": cost.pp_comm_s, "dp": cost.dp_comm_s,
-             "bubble": cost.bubble_s, "optimizer": cost.optimizer_s,
-             "step overhead": cost.overhead_s, "kernel launch": cost.launch_s}
     print(f"step {cost.step_time_s * 1e3:.1f} ms: "
-          + ", ".join(f"{name} {value * 1e3:.1f}" for name, value in parts.items()) + " ms")
+          + ", ".join(f"{label} {getattr(cost, field) * 1e3:.1f}" for label, field in _TIME_TERMS)
+          + " ms")
     print(f"{cost.tokens_per_s:,.0f} tokens/s, {cost.tflops_per_gpu:.0f} TFLOP/s per GPU, "
           f"MFU {cost.mfu:.1%}")

@@ -31,6 +31,7 @@ from autotune.cost import estimate_cost
 from autotune.errors import ConfigError
 from autotune.gate import MemoryGate, layout_key
 from autotune.heuristics import alpa_seeds, next_smaller_mbs
+from autotune.launchers import LOG_NAME
 from autotune.metrics import RENDEZVOUS_FAILED
 from autotune.search.config import RANKED_DEFAULT, SearchConfig, make_sampler, sampler_name
 from autotune.search.records import (
@@ -356,7 +357,7 @@ class _Search:
         attempt's log is kept beside the second's, and its wall time is counted."""
         log.warning("trial %s: %s; launching it once more", trial_dir.name,
                     (failed.error or "").splitlines()[0])
-        first_log = trial_dir / "log.txt"
+        first_log = trial_dir / LOG_NAME
         if first_log.exists():
             first_log.replace(trial_dir / "log-launch-failed.txt")
         metrics = self.cfg.backend.run(spec, trial_dir, timeout)
