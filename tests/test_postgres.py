@@ -234,7 +234,9 @@ def test_a_layout_running_in_a_dead_worker_is_waited_for_then_retried(
     from autotune.search import storage as storage_module
 
     monkeypatch.setattr(storage_module, "HEARTBEAT_INTERVAL_S", 1)
-    monkeypatch.setattr(storage_module, "HEARTBEAT_GRACE_S", 1)
+    # Long enough that the held trial is still fresh when the search starts on a loaded 2-core
+    # CI machine (with 1 s it went stale before the first ask once, and ran in grid order).
+    monkeypatch.setattr(storage_module, "HEARTBEAT_GRACE_S", 4)
     url = storage_module.storage_url(tmp_path, "s", None)
     study = storage_module.open_study("s", url, optuna.samplers.RandomSampler(), resume=False,
                                       heartbeat=True)
