@@ -277,3 +277,52 @@ def test_worker_announces_its_start_before_anything_can_fail(tmp_path: Path) -> 
                           env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": "5"})
     assert proc.returncode != 0
     assert proc.stderr.splitlines()[0] == "AUTOTUNE_STARTED rank=5"
+
+
+# --- QKV linear with its bias in the GEMM (impl sdpa) -------------------------------------
+
+def _linear_kwargs(torch, **flags: object) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    g = torch.Generator().manual_seed(1)
+    kwargs: dict[str, object] = {
+        "input": torch.randn(5, 3, 8, generator=g, requires_grad=True),
+        "weight": torch.randn(12, 8, generator=g, requires_grad=True),
+        "bias": torch.randn(12, generator=g, requires_grad=True),
+        "gradient_accumulation_fusion": False, "allreduce_dgrad": False,
+        "sequence_parallel": False, "grad_output_buffer": None, "wgrad_deferral_limit": None,
+        "tp_group": None}
+    kwargs.update(flags)
+    return kwargs
+
+
+def test_bias_in_gemm_matches_megatron_linear_and_its_grads() -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from megatron.core.tensor_parallel.layers import (
+        linear_with_grad_accumulation_and_async_allreduce as megatron_linear,
+    )
+
+    from autotune.worker.linear import bias_in_gemm
+
+    grads = []
+    for impl in (megatron_linear, bias_in_gemm(megatron_linear)):
+        kwargs = _linear_kwargs(torch)
+        out = impl(**kwargs)
+        out.pow(2).sum().backward()
+        grads.append((out.detach(), *(kwargs[k].grad for k in ("input", "weight", "bias"))))
+    for ours, theirs in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize("flags", [
+    {"sequence_parallel": True}, {"allreduce_dgrad": True},
+    {"gradient_accumulation_fusion": True}, {"grad_output_buffer": []}, {"bias": None}])
+def test_bias_in_gemm_leaves_megatron_communication_to_megatron(flags: dict[str, object]) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from autotune.worker.linear import bias_in_gemm
+
+    calls: list[dict[str, object]] = []
+    kwargs = _linear_kwargs(torch, **flags)
+    result = bias_in_gemm(lambda **kw: calls.append(kw) or torch.zeros(1))(**kwargs)
+    assert calls == [kwargs]
+    assert result.tolist() == [0.0]

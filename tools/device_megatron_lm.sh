@@ -5,6 +5,7 @@
 #   2. `autotune ... --backend megatron-lm` runs a small search whose trials are pretrain_gpt.py.
 #
 #   tools/device_megatron_lm.sh MODEL SPACE_YAML
+#   PARTS="1 2" (default) picks the parts to run.
 #
 # Carry .whl (megatron-core), .whl-search (optuna, typer, pydantic...) and .carry/megatron-lm:
 # Megatron-LM's training code at tag core_v0.16.1 (pretrain_gpt.py, megatron/training,
@@ -34,6 +35,8 @@ at() { python3 -m autotune.cli "$@"; }
 } 2>&1 | tee "$r/versions.txt"
 common=(--gpus 1 --space "$space" --steps 4 --warmup-steps 2 --results-dir "$r" --json)
 
+parts=" ${PARTS:-1 2} "
+if [[ $parts == *" 1 "* ]]; then
 echo "=== 1. worker trial, then its exported Megatron-LM command, unchanged"
 # A worker study of an earlier call, carried as .carry/r/mlm-worker, is exported as it is.
 if [[ -d .carry/r/mlm-worker ]]; then
@@ -48,7 +51,9 @@ start=$(date +%s)
 bash "$r/exported-megatron-lm.sh" > "$r/exported-megatron-lm.log" 2>&1
 echo "exported script rc=$? wall=$(( $(date +%s) - start ))s"
 grep -E "iteration +[0-9]+/|memory \(MB\)" "$r/exported-megatron-lm.log" | tail -6
+fi
 
+if [[ $parts == *" 2 "* ]]; then
 echo "=== 2. --backend megatron-lm"
 start=$(date +%s)
 at "$model" "${common[@]}" --backend megatron-lm --megatron-lm "$mlm" \
@@ -56,6 +61,7 @@ at "$model" "${common[@]}" --backend megatron-lm --megatron-lm "$mlm" \
     --study mlm-backend > "$r/mlm-backend.out" 2> "$r/mlm-backend.err"
 echo "backend search rc=$? wall=$(( $(date +%s) - start ))s"
 tail -5 "$r/mlm-backend.err"
+fi
 python3 tools/study_table.py "$r" 4 > "$out/summary.txt" 2>&1
 tar czf "$out/results.tgz" -C /tmp r
 cat "$out/summary.txt"

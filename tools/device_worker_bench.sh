@@ -3,7 +3,8 @@
 #
 #   tools/device_worker_bench.sh CASE...
 #   CASE = name:model:impl:mbs:recompute[:sdpa_backend[:VAR=value[:gbs]]]
-#          e.g. xl-sdpa8:gpt2-xl:sdpa:8:none     (model: a preset name or a .yaml path)
+#          e.g. xl-sdpa8:gpt2-xl:sdpa:8:none     (model: a preset name or a .yaml path;
+#          impl sdpa+cef adds Megatron's fused cross entropy)
 #   A name starting with "prof" runs tools/device_profile.py on that trial instead.
 #
 # Needs the megatron-core wheel in .whl/ (carried). Logs of every case go to $OUT/runs.tgz,

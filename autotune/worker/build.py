@@ -150,8 +150,10 @@ def _layer_spec(spec: TrialSpec, config: Any, vp_stage: int | None) -> Any:
     layer.submodules.pre_mlp_layernorm = _TorchNorm
     if impl == "sdpa":
         from autotune.worker.attention import SdpaAttention
+        from autotune.worker.linear import BiasInGemmColumnParallelLinear
 
         layer.submodules.self_attention.submodules.core_attention = SdpaAttention
+        layer.submodules.self_attention.submodules.linear_qkv = BiasInGemmColumnParallelLinear
     n = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[layer] * n, layer_norm=_TorchNorm)
 
