@@ -7,6 +7,8 @@ one torchrun per node, c10d rendezvous on one host, the worker unchanged: the sa
 
 from __future__ import annotations
 
+import re
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,16 +25,28 @@ __all__ = [
     "SPEC_NAME",
     "SRUN",
     "SRUN_ENV",
+    "STACKS_NAME",
+    "STACKS_SIGNAL",
+    "STARTED_MARKER",
     "TORCHRUN",
     "TORCHRUN_ENV",
     "WORKER",
     "MultiNode",
     "multinode_argv",
+    "started_ranks",
 ]
 
 SPEC_NAME = "trial.json"
 LOG_NAME = "log.txt"
 """A trial's combined stdout and stderr, in its folder."""
+STARTED_MARKER = "AUTOTUNE_STARTED"
+"""First line of each worker rank: `AUTOTUNE_STARTED rank=R pid=P`."""
+STACKS_NAME = "stacks-rank{rank}.txt"
+"""Where a worker rank writes the Python stack of every thread when it gets STACKS_SIGNAL."""
+STACKS_SIGNAL = signal.SIGUSR1
+"""Sent by the runner to each started rank of a trial that timed out, before stopping it, so the
+trial folder says where every rank was blocked (faulthandler, which works inside C calls)."""
+_STARTED_LINE = re.compile(rf"{STARTED_MARKER} rank=(\d+) pid=(\d+)")
 TORCHRUN: tuple[str, ...] = (sys.executable, "-m", "torch.distributed.run")
 WORKER: tuple[str, ...] = ("-m", "autotune.worker")
 
@@ -106,3 +120,8 @@ def multinode_argv(spec: TrialSpec, trial_dir: Path, multi: MultiNode, endpoint:
     # node whose torchrun fails ends the step instead of leaving the others in the rendezvous.
     return [*srun, "--nodes", str(multi.nodes), "--ntasks-per-node", "1", "--gpus-per-node",
             str(multi.gpus_per_node), "--kill-on-bad-exit=1", *torchrun]
+
+
+def started_ranks(log_text: str) -> dict[int, int]:
+    """rank -> pid of every worker rank that announced its start in a trial's log."""
+    return {int(m[1]): int(m[2]) for m in _STARTED_LINE.finditer(log_text)}

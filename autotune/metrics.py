@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.launchers import STACKS_NAME
 from autotune.trial import RankResult, TrialMetrics, TrialSpec, TrialStatus
 
 if TYPE_CHECKING:
@@ -38,9 +39,11 @@ __all__ = [
     "RESULT_NAME",
     "classify_failure",
     "error_excerpt",
+    "innermost_frame",
     "metrics_from_megatron_log",
     "metrics_from_run",
     "parse_megatron_log",
+    "stack_summary",
 ]
 
 RESULT_NAME = "result.json"
@@ -174,6 +177,9 @@ def classify_failure(output: RunOutput) -> tuple[TrialStatus, str]:
     elif output.timed_out:
         status, headline = TrialStatus.TIMEOUT, (
             f"timed out; stopped after {output.wall_time_s:.0f} s")
+        where = stack_summary(output.trial_dir)
+        if where:
+            headline += f"; where the ranks were: {where}"
     elif TrialStatus.NCCL_ERROR in evidence:
         status, headline = TrialStatus.NCCL_ERROR, evidence[TrialStatus.NCCL_ERROR][0]
     else:
@@ -181,6 +187,39 @@ def classify_failure(output: RunOutput) -> tuple[TrialStatus, str]:
         status = TrialStatus.CRASH
         headline = crash[0] if crash else f"exit code {output.returncode}"
     return status, f"{headline}\n{error_excerpt(log_text)}".rstrip()
+
+
+_STACKS_FILE = re.compile(re.escape(STACKS_NAME).replace(r"\{rank\}", r"(\d+)"))
+_FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def innermost_frame(dump: str) -> str | None:
+    """`dir/file.py:line func` of the main thread's innermost Python frame in a faulthandler
+    dump. faulthandler lists threads newest first, so the main thread is the last block, and
+    each block innermost frame first."""
+    blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip())
+              if b.strip()]
+    for block in reversed(blocks):
+        for line in block.splitlines():
+            if m := _FRAME.match(line):
+                path = Path(m["path"])
+                return f"{path.parent.name}/{path.name}:{m['line']} {m['func']}"
+    return None
+
+
+def stack_summary(trial_dir: Path) -> str | None:
+    """`rank R: frame` for each rank that wrote its stacks (autotune.launchers.STACKS_NAME)."""
+    found = []
+    for path in trial_dir.glob(STACKS_NAME.format(rank="*")):
+        if not (rank := _STACKS_FILE.fullmatch(path.name)):
+            continue
+        try:
+            frame = innermost_frame(path.read_text(errors="replace"))
+        except OSError:
+            continue
+        if frame is not None:
+            found.append((int(rank[1]), frame))
+    return "; ".join(f"rank {r}: {frame}" for r, frame in sorted(found)) or None
 
 
 def _is_rendezvous_failure(line: str) -> bool:

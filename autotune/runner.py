@@ -30,11 +30,14 @@ from autotune.launchers import (
     SPEC_NAME,
     SRUN,
     SRUN_ENV,
+    STACKS_NAME,
+    STACKS_SIGNAL,
     TORCHRUN,
     TORCHRUN_ENV,
     WORKER,
     MultiNode,
     multinode_argv,
+    started_ranks,
 )
 from autotune.megatron_args import distributed_timeout_minutes, megatron_lm_args, training_script
 from autotune.proctree import ProcessTree, become_subreaper, shutdown, wait
@@ -44,6 +47,7 @@ __all__ = [
     "DEFAULT_GRACE_S",
     "DEFAULT_NCCL_TIMEOUT_S",
     "NCCL_TIMEOUT_ENV",
+    "STACKS_WAIT_S",
     "RunOutput",
     "TrialInterrupted",
     "free_port",
@@ -388,6 +392,8 @@ def run_command(argv: Sequence[str], trial_dir: Path, timeout_s: float,
                 why = "timed out" if timed_out else "interrupted"
                 _note(log, f"[autotune] {why} after {time.monotonic() - start:.1f} s; "
                            f"stopping the process tree (grace {grace_s:g} s)")
+            if timed_out:
+                _ask_for_stacks(log, log_path, tree)
             shutdown(proc, tree, grace_s)
     output = RunOutput(argv=tuple(argv), pid=proc.pid, returncode=proc.returncode,
                        timed_out=timed_out, interrupted=interrupted,
@@ -396,6 +402,30 @@ def run_command(argv: Sequence[str], trial_dir: Path, timeout_s: float,
     if interrupted:
         raise TrialInterrupted(output)
     return output
+
+
+STACKS_WAIT_S = 2.0
+"""How long a timed-out trial's ranks get to write their stacks before SIGTERM."""
+
+
+def _ask_for_stacks(log: object, log_path: Path, tree: ProcessTree) -> None:
+    """Send STACKS_SIGNAL to every rank the log says started and that is still in the trial's
+    tree (pids are checked against it, so a reused pid is never signalled); wait for the dumps."""
+    try:
+        ranks = started_ranks(log_path.read_text(errors="replace"))
+    except OSError:
+        return
+    present = tree.present() | ({tree.root} if not tree.root_reaped else set())
+    asked = []
+    for rank, pid in sorted(ranks.items()):
+        if pid in present:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, STACKS_SIGNAL)
+                asked.append(rank)
+    if asked:
+        _note(log, f"[autotune] asked ranks {', '.join(map(str, asked))} for their Python "
+                   f"stacks ({STACKS_NAME.format(rank='<r>')})")
+        time.sleep(STACKS_WAIT_S)
 
 
 def _note(log: object, line: str) -> None:

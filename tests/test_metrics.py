@@ -11,9 +11,11 @@ import pytest
 from autotune.metrics import (
     classify_failure,
     error_excerpt,
+    innermost_frame,
     metrics_from_megatron_log,
     metrics_from_run,
     parse_megatron_log,
+    stack_summary,
 )
 from autotune.model import ModelSpec
 from autotune.runner import RunOutput
@@ -311,3 +313,48 @@ def test_megatron_failure_is_classified_like_a_worker_failure(tmp_path: Path) ->
     log = MEGATRON_LOG.split(" [2025-11-21 10:00:03")[0] + OOM_TRACE
     metrics = metrics_from_megatron_log(_output(tmp_path, returncode=1, log=log), SPEC)
     assert metrics.status is TrialStatus.OOM
+
+
+# --- where a timed-out trial's ranks were -------------------------------------------------
+
+_MAIN_IN_P2P = """\
+Thread 0x00007f10aa7fc640 (most recent call first):
+  File "/usr/lib/python3.12/threading.py", line 359 in wait
+  File "/opt/torch/_inductor/compile_worker/subproc_pool.py", line 60 in _recv_msg
+
+Current thread 0x00007f10c3a3e740 (most recent call first):
+  File "/s/megatron/core/pipeline_parallel/p2p_communication.py", line 345 in _batched_p2p_ops
+  File "/tmp/site/megatron/core/pipeline_parallel/p2p_communication.py", line 512 in _communicate
+  File "/work/autotune/worker/train.py", line 118 in _step
+"""
+_SIGNAL_IN_HELPER_THREAD = """\
+Current thread 0x00007f10aa7fc640 (most recent call first):
+  File "/usr/lib/python3.12/threading.py", line 359 in wait
+
+Thread 0x00007f10c3a3e740 (most recent call first):
+  File "/tmp/site/torch/distributed/distributed_c10d.py", line 4879 in barrier
+  File "/work/autotune/worker/run.py", line 60 in _init_distributed
+"""
+
+
+@pytest.mark.parametrize(("dump", "frame"), [
+    (_MAIN_IN_P2P, "pipeline_parallel/p2p_communication.py:345 _batched_p2p_ops"),
+    (_SIGNAL_IN_HELPER_THREAD, "distributed/distributed_c10d.py:4879 barrier"),
+    ('Current thread 0x01 (most recent call first):\n  File "x.py", line 3 in <module>\n',
+     "/x.py:3 <module>"),
+    ("", None),
+    ("Fatal Python error: something else\n", None),
+])
+def test_innermost_frame_of_the_main_thread(dump: str, frame: str | None) -> None:
+    assert innermost_frame(dump) == frame
+
+
+def test_stack_summary_lists_ranks_in_order(tmp_path: Path) -> None:
+    (tmp_path / "stacks-rank10.txt").write_text(_SIGNAL_IN_HELPER_THREAD)
+    (tmp_path / "stacks-rank2.txt").write_text(_MAIN_IN_P2P)
+    (tmp_path / "stacks-rank3.txt").write_text("")  # never signalled: no dump
+    (tmp_path / "stacks-rankX.txt").write_text(_MAIN_IN_P2P)
+    assert stack_summary(tmp_path) == (
+        "rank 2: pipeline_parallel/p2p_communication.py:345 _batched_p2p_ops; "
+        "rank 10: distributed/distributed_c10d.py:4879 barrier")
+    assert stack_summary(tmp_path / "missing") is None

@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -22,6 +23,7 @@ from autotune.metrics import metrics_from_run
 from autotune.model import ModelSpec
 from autotune.runner import (
     NCCL_TIMEOUT_ENV,
+    STACKS_WAIT_S,
     RunOutput,
     TrialInterrupted,
     free_port,
@@ -240,6 +242,37 @@ def test_timeout_stops_a_hung_process(tmp_path: Path) -> None:
     metrics = metrics_from_run(output)
     assert metrics.status is TrialStatus.TIMEOUT
     assert "timed out" in output.log_path.read_text()
+
+
+def test_timeout_asks_the_ranks_for_their_stacks_first(tmp_path: Path) -> None:
+    output = run_command(_double("hang", "--out-dir", str(tmp_path)), tmp_path, timeout_s=1,
+                         grace_s=5)
+    assert output.timed_out
+    assert 1 + STACKS_WAIT_S <= output.wall_time_s < 1 + STACKS_WAIT_S + SLACK_S
+    assert "asked ranks 0 for their Python stacks" in output.log_path.read_text()
+    assert "wait_for_a_collective_that_never_completes" in (
+        tmp_path / "stacks-rank0.txt").read_text()
+    metrics = metrics_from_run(output)
+    assert metrics.status is TrialStatus.TIMEOUT
+    assert metrics.error is not None
+    headline = metrics.error.splitlines()[0]
+    assert "where the ranks were: rank 0: doubles/hang.py:" in headline
+    assert headline.endswith("wait_for_a_collective_that_never_completes")
+
+
+def test_stacks_are_asked_only_of_processes_in_the_trial(tmp_path: Path) -> None:
+    # A log naming a pid outside the trial (a reused or foreign pid) must not get the signal:
+    # SIGUSR1 would kill this bystander.
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        argv = _double("hang", "--out-dir", str(tmp_path), "--claim-pid", str(bystander.pid))
+        output = run_command(argv, tmp_path, timeout_s=1, grace_s=5)
+        assert output.timed_out
+        assert "asked ranks" not in output.log_path.read_text()
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
 
 
 @pytest.mark.parametrize("detach", [False, True], ids=["same-group", "own-session"])

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.launchers import started_ranks
 from autotune.model import ModelSpec, load_model
 from autotune.strategy import Strategy
 from autotune.trial import TrialSpec, TrialStatus
@@ -276,7 +277,11 @@ def test_worker_announces_its_start_before_anything_can_fail(tmp_path: Path) -> 
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": "5"})
     assert proc.returncode != 0
-    assert proc.stderr.splitlines()[0] == "AUTOTUNE_STARTED rank=5"
+    first = proc.stderr.splitlines()[0]
+    assert started_ranks(first) == {5: int(first.rsplit("=", 1)[1])}
+    assert first.startswith("AUTOTUNE_STARTED rank=5 pid=")
+    # the stack-dump file is open from the start, empty until the runner asks for it
+    assert (tmp_path / "stacks-rank5.txt").read_text() == ""
 
 
 # --- QKV linear with its bias in the GEMM (impl sdpa) -------------------------------------

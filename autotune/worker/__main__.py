@@ -6,17 +6,23 @@ Exit codes: 0 OK, 3 OOM, 4 CRASH or NCCL_ERROR, 2 bad arguments.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 _STARTED = time.perf_counter()
 
-__all__ = ["STARTED_MARKER", "main", "parse_args"]
+# Imported after _STARTED on purpose: the start-up phase counts autotune's own imports.
+from autotune.launchers import STACKS_NAME, STACKS_SIGNAL, STARTED_MARKER  # noqa: E402
 
-STARTED_MARKER = "AUTOTUNE_STARTED"
+__all__ = ["main", "parse_args"]
+
+_stacks_file: TextIO | None = None
+"""Kept open for the life of the process: faulthandler writes into it on STACKS_SIGNAL."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,9 +38,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
+    _register_stack_dump(args.out_dir, rank)
     # The runner reads this to tell a launch that never reached a rank (torchrun's rendezvous
-    # failed) from a trial that started and then failed.
-    print(f"{STARTED_MARKER} rank={rank}", file=sys.stderr, flush=True)
+    # failed) from a trial that started and then failed, and to find the ranks' pids when it
+    # asks a timed-out trial for its stacks (so the handler is registered first).
+    print(f"{STARTED_MARKER} rank={rank} pid={os.getpid()}", file=sys.stderr, flush=True)
     logging.basicConfig(level=logging.WARNING, format=f"[rank{rank}] %(name)s: %(message)s")
     from autotune.worker.report import exit_with_failure
 
@@ -52,6 +60,17 @@ def main(argv: list[str] | None = None) -> None:
     # Skip interpreter and NCCL teardown: the result is written, and destroy_process_group can
     # block for seconds (or hang when a peer is gone).
     os._exit(0)
+
+
+def _register_stack_dump(out_dir: Path, rank: int) -> None:
+    """On STACKS_SIGNAL write every thread's Python stack to out_dir/stacks-rank<r>.txt."""
+    global _stacks_file
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _stacks_file = (out_dir / STACKS_NAME.format(rank=rank)).open("w")
+    except OSError:
+        return  # the trial still runs; a timeout then says less about where it hung
+    faulthandler.register(STACKS_SIGNAL, file=_stacks_file, all_threads=True)
 
 
 if __name__ == "__main__":
