@@ -99,6 +99,17 @@ def test_gpt2_config(build) -> None:  # type: ignore[no-untyped-def]
     assert "num_moe_experts" not in kw
 
 
+@pytest.mark.parametrize(("pp", "vpp", "overlap", "batched"), [
+    (1, 1, False, True), (4, 1, False, True), (4, 2, True, False), (2, 2, True, False)])
+def test_pipeline_p2p_as_megatron_lm_runs_it(build, pp: int, vpp: int, overlap: bool,  # type: ignore[no-untyped-def]
+                                             batched: bool) -> None:
+    # Megatron-LM: --overlap-p2p-communication on by default, off without vpp; batched = not it.
+    kw = build.transformer_config_kwargs(_spec("gpt2-xl", pp=pp, vpp=vpp, mbs=8, gbs=64))
+    assert (kw["overlap_p2p_comm"], kw["batch_p2p_comm"]) == (overlap, batched)
+    config = build.transformer_config(_spec("gpt2-xl", pp=pp, vpp=vpp, mbs=8, gbs=64))
+    assert config.overlap_p2p_comm is overlap
+
+
 def test_mixtral_config(build) -> None:  # type: ignore[no-untyped-def]
     import torch.nn.functional as F
 

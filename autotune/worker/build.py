@@ -89,6 +89,13 @@ def transformer_config_kwargs(spec: TrialSpec) -> dict[str, Any]:
         # Megatron-LM frees pipeline outputs after sending them (--deallocate-pipeline-outputs
         # is on by default in arguments.py).
         "deallocate_pipeline_outputs": True,
+        # Megatron-LM's interleaved schedule overlaps its p2p sends and receives with compute
+        # (--overlap-p2p-communication is on by default; arguments.py sets batch_p2p_comm = not
+        # overlap_p2p_comm and turns the overlap off without vpp). megatron-core's own defaults
+        # (batched, no overlap) deadlocked gpt2-xl pp4 vpp2 with 4 micro-batches on 4 x H200
+        # (results/benchmarks/2026-11-21-h200x4-gpt2-xl-grid.md).
+        "overlap_p2p_comm": s.vpp > 1,
+        "batch_p2p_comm": s.vpp == 1,
         **_recompute(s),
     }
     if m.normalization == "RMSNorm":
