@@ -17,7 +17,7 @@ from autotune.errors import AutotuneError, ConfigError
 from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec, list_presets, load_model
 from autotune.space import describe_limits, enumerate_space, load_space
-from autotune.strategy import RULE_LEVELS
+from autotune.strategy import RULE_LEVELS, canonical
 
 __all__ = ["app", "main"]
 
@@ -344,6 +344,10 @@ def _print_dry_run(model: ModelSpec, cluster: ClusterSpec, space: Any, summary: 
     print(f"search space {space.source}: {len(space.candidates)} dimensions, "
           f"{summary.total:,} combinations")
     print(f"valid strategies: {len(summary.valid):,}")
+    distinct = len(set(map(canonical, summary.valid)))
+    if distinct < len(summary.valid):
+        print(f"  distinct runs: {distinct:,} (with one data-parallel rank the distributed "
+              "optimizer and overlap flags change nothing; a search runs such a layout once)")
     print("rejected, by Megatron's rule (first broken rule counts):")
     width = max(len(rule) for rule, _ in groups) if groups else 0
     for rule, group in groups:

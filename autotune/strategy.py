@@ -15,8 +15,8 @@ from autotune.errors import InvalidStrategyError
 from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec
 
-__all__ = ["RULES", "RULE_LEVELS", "STRATEGY_DEFAULTS", "Rule", "Strategy", "Violation",
-           "check", "validate"]
+__all__ = ["DATA_PARALLEL_OPTIONS", "RULES", "RULE_LEVELS", "STRATEGY_DEFAULTS", "Rule",
+           "Strategy", "Violation", "canonical", "check", "validate"]
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
@@ -351,6 +351,25 @@ def derive_dp(num_gpus: int, *, tp: int, pp: int, cp: int) -> int:
     """dp = world / (tp * pp * cp), at least 1. When the GPUs do not split evenly the result
     breaks the `world` rule, which then names the numbers."""
     return max(1, num_gpus // max(1, tp * pp * cp))
+
+
+DATA_PARALLEL_OPTIONS = ("distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather")
+"""Options that act only on gradients and parameters across data-parallel replicas."""
+
+
+def canonical(strategy: Strategy) -> Strategy:
+    """The same layout with DATA_PARALLEL_OPTIONS off where there is nothing to act on.
+
+    megatron-core's DDP reduces gradients, and its distributed optimizer shards state, over the
+    data-parallel group with context parallelism (dp x cp ranks), and expert parameters over
+    the expert-data-parallel group. When both have one rank, `do ogr opg` change neither memory
+    nor communication: a search treats such a layout as the one without them, so it never
+    launches both.
+    """
+    if strategy.dp * strategy.cp > 1 or strategy.expert_dp > 1:
+        return strategy
+    return replace(strategy, distributed_optimizer=False, overlap_grad_reduce=False,
+                   overlap_param_gather=False)
 
 
 def with_fields(strategy: Strategy, **values: object) -> Strategy:

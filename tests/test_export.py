@@ -211,9 +211,15 @@ def test_parallel_and_recompute_flags_follow_the_trial(study: tuple[Path, str],
     assert code == 0, err
     words = shlex.split(out, comments=True)
     assert words[words.index("--tensor-model-parallel-size") + 1] == "2"
-    assert "--sequence-parallel" in words and "--use-distributed-optimizer" in words
+    assert "--sequence-parallel" in words
     assert words[words.index("--recompute-granularity") + 1] == "full"
     assert words[words.index("--micro-batch-size") + 1] == str(row["mbs"])
+    for do in (False, True):  # tp2 uses every GPU here: the optimizer flag from a dp2 trial
+        other = next(r for r in rows if bool(r["distributed_optimizer"]) is do)
+        code, out, err = export(capsys, study, "--format", "megatron-lm", "--trial",
+                                str(other["trial"]))
+        assert code == 0, err
+        assert ("--use-distributed-optimizer" in shlex.split(out, comments=True)) is do
 
 
 @pytest.mark.parametrize(("given", "iters", "launched"), [

@@ -56,7 +56,7 @@ from autotune.search.storage import (
     storage_url,
 )
 from autotune.space import enumerate_space
-from autotune.strategy import STRATEGY_DEFAULTS, Strategy
+from autotune.strategy import STRATEGY_DEFAULTS, Strategy, canonical
 from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
 __all__ = ["SearchConfig", "SearchResult", "TrialRecord", "run_search"]
@@ -75,13 +75,15 @@ class _Search:
         if not summary.valid:
             raise ConfigError(f"no valid layout of {cfg.model.name} on "
                               f"{cfg.cluster.num_gpus} GPUs in this search space")
-        self.valid = summary.valid
+        # One of each set of layouts that are the same run (autotune.strategy.canonical);
+        # every parameter combination still maps to its canonical layout.
+        self.valid = list(dict.fromkeys(canonical(s) for s in summary.valid))
         dims = {d: tuple(summary.valid_values(d)) for d in cfg.space.candidates}
         self.free = {d: v for d, v in dims.items() if len(v) > 1}
         self.fixed = {d: v[0] for d, v in dims.items() if len(v) == 1}
         self.distributions: dict[str, BaseDistribution] = {
             d: CategoricalDistribution(list(v)) for d, v in self.free.items()}
-        self.by_key = {_key(_params(s, self.free)): s for s in self.valid}
+        self.by_key = {_key(_params(s, self.free)): canonical(s) for s in summary.valid}
         self.gate = MemoryGate(cfg.model, cfg.cluster, params=cfg.memory_params)
         self.cost_params = cfg.cost_params
         self.fitted_on = 0
@@ -121,9 +123,18 @@ class _Search:
 
     # -- strategies -----------------------------------------------------------------------
     def strategy(self, params: dict[str, Any]) -> Strategy | None:
+        """The layout a trial's parameters stand for, in canonical form (what runs)."""
         # A trial stored before the space freed a dimension (e.g. cross_entropy_fusion added
         # to the YAML for --resume) has no parameter for it: it ran with Strategy's default.
         return self.by_key.get(_key({d: params.get(d, STRATEGY_DEFAULTS[d]) for d in self.free}))
+
+    def key(self, s: Strategy) -> tuple[Any, ...]:
+        """Equal for two layouts that are the same run (autotune.strategy.canonical)."""
+        return _key(_params(canonical(s), self.free))
+
+    def params_key(self, params: dict[str, Any]) -> tuple[Any, ...]:
+        s = self.strategy(params)
+        return _key(params) if s is None else self.key(s)
 
     def predicted_tokens(self, s: Strategy) -> float:
         return estimate_cost(self.cfg.model, s, self.cfg.cluster,
@@ -169,7 +180,7 @@ class _Search:
         deadline = time.monotonic() + PARAMS_WAIT_S
         while True:
             running, finished, waiting = read_shared(self.study, self.free, mine, self.known,
-                                                     self.paramless)
+                                                     self.paramless, key_of=self.params_key)
             if time.monotonic() >= deadline:
                 self.paramless.update(waiting)
             for t in finished:
@@ -184,7 +195,7 @@ class _Search:
         self.known.add(record.number)
         self.result.records.append(record)
         if record.duplicate_of is None:
-            self.seen.setdefault(_key(_params(record.strategy, self.free)), record)
+            self.seen.setdefault(self.key(record.strategy), record)
         if record.status is TrialStatus.OOM and record.duplicate_of is None:
             self.gate.record_oom(record.strategy, record.predicted_peak_bytes)
         tokens = record.tokens_per_s
@@ -253,7 +264,7 @@ class _Search:
         deferred: list[tuple[Strategy, str]] = []
         while self.queue and not took:
             queued, source = self.queue.popleft()
-            key = _key(_params(queued, self.free))
+            key = self.key(queued)
             if key in self.seen:
                 continue
             if key in running:
@@ -301,12 +312,12 @@ class _Search:
         # Re-read the shared storage right before deciding: another worker may have finished
         # this layout, or be running it, since the queue was checked.
         running = self.sync(mine=trial.number)
-        previous = self.seen.get(_key(trial.params))
+        previous = self.seen.get(self.params_key(trial.params))
         if previous is not None:
             self.tell(trial, replace(previous, number=trial.number, source=source,
                                      duplicate_of=previous.number))
             return
-        other = running.get(_key(trial.params))
+        other = running.get(self.params_key(trial.params))
         if other is not None and other < trial.number:
             # The older trial runs it (the newer one yields, so exactly one of two racing
             # workers launches). No outcome to copy yet: told FAIL, which TPE ignores and
@@ -373,8 +384,7 @@ class _Search:
         if smaller is None:
             return
         retry = replace(failed, mbs=smaller)
-        if _key(_params(retry, self.free)) in self.by_key and \
-                _key(_params(retry, self.free)) not in self.seen:
+        if _key(_params(retry, self.free)) in self.by_key and self.key(retry) not in self.seen:
             self.enqueue(retry, "oom-bisect", first=True)
 
     # -- the loop -------------------------------------------------------------------------
@@ -422,7 +432,7 @@ class _Search:
                 idle = 0 if self.launched > before else idle + 1
                 if idle >= self.cfg.max_idle_asks and self.waiting() == 0:
                     untried = [s for s in self.ranked_launchable()
-                               if _key(_params(s, self.free)) not in self.seen]
+                               if self.key(s) not in self.seen]
                     if not untried:
                         reason = "every layout predicted to fit has been tried"
                         break

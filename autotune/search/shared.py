@@ -6,6 +6,7 @@ re-reads it (autotune.search.loop, _Search.sync) with `read_shared`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -31,10 +32,12 @@ def params_key(params: dict[str, Any]) -> tuple[Any, ...]:
 
 def read_shared(study: optuna.Study, free: dict[str, tuple[Any, ...]], mine: int | None,
                 known: set[int], paramless: set[int],
+                key_of: Callable[[dict[str, Any]], tuple[Any, ...]] = params_key,
                 ) -> tuple[dict[tuple[Any, ...], int], list[FrozenTrial], list[int]]:
     """One look at the study from the worker of trial `mine`: the layouts of the other RUNNING
-    trials, each with the smallest trial number running it; the finished trials with a record
-    not in `known`; and the older RUNNING trials still without parameters, less `paramless`."""
+    trials (keyed by `key_of` their parameters), each with the smallest trial number running
+    it; the finished trials with a record not in `known`; and the older RUNNING trials still
+    without parameters, less `paramless`."""
     states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
     running: dict[tuple[Any, ...], int] = {}
     finished: list[FrozenTrial] = []
@@ -50,7 +53,7 @@ def read_shared(study: optuna.Study, free: dict[str, tuple[Any, ...]], mine: int
                 if mine is not None and t.number < mine and t.number not in paramless:
                     waiting.append(t.number)
                 continue
-            key = params_key({d: params[d] for d in free})
+            key = key_of({d: params[d] for d in free})
             running[key] = min(running.get(key, t.number), t.number)
         elif t.number not in known and t.user_attrs.get("record"):
             finished.append(t)
