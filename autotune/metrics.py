@@ -95,16 +95,14 @@ def metrics_from_run(output: RunOutput) -> TrialMetrics:
             return _with_wall_time(result, output.wall_time_s)
         why = result if isinstance(result, str) else f"result.json has status {result.status}"
         return _failure(output, TrialStatus.CRASH, f"worker exited 0 but {why}")
-    status, message = classify_failure(output)
-    return _failure(output, status, message)
+    return _failure(output)
 
 
 def metrics_from_megatron_log(output: RunOutput, spec: TrialSpec) -> TrialMetrics:
     """The metrics of a Megatron-LM run, from its log: median step time after the warm-up
     iterations, throughput, and the largest memory report of each rank."""
     if output.returncode != 0 or output.timed_out or output.interrupted:
-        status, message = classify_failure(output)
-        return _failure(output, status, message)
+        return _failure(output)
     parsed = parse_megatron_log(_read_log(output.log_path))
     timed = [it for it in parsed["iterations"] if it["iteration"] > spec.warmup_steps]
     times_s = [it["elapsed_ms"] / 1000.0 for it in timed if it["elapsed_ms"] is not None]
@@ -145,6 +143,12 @@ def metrics_from_megatron_log(output: RunOutput, spec: TrialSpec) -> TrialMetric
 
 def classify_failure(output: RunOutput) -> tuple[TrialStatus, str]:
     """The status of a run that did not succeed, and an error excerpt for TrialMetrics.error."""
+    status, message, _ = _classify(output)
+    return status, message
+
+
+def _classify(output: RunOutput) -> tuple[TrialStatus, str, bool]:
+    """classify_failure, and whether no rank ever started (a launch failure)."""
     log_text = _read_log(output.log_path)
     reports = _failure_reports(output.trial_dir)
     evidence: dict[TrialStatus, list[str]] = {}
@@ -165,6 +169,7 @@ def classify_failure(output: RunOutput) -> tuple[TrialStatus, str]:
     if rendezvous_line is not None and any(m in log_text for m in _RANK_STARTED):
         rendezvous_line = None  # a rank ran: whatever failed, it was not the launch
 
+    launch_failed = False
     if output.interrupted:
         status, headline = TrialStatus.CRASH, "interrupted (Ctrl-C)"
     elif TrialStatus.OOM in evidence:
@@ -174,6 +179,7 @@ def classify_failure(output: RunOutput) -> tuple[TrialStatus, str]:
         # reason, not a TIMEOUT that would read as "this layout is too slow".
         status, headline = TrialStatus.CRASH, (
             f"{RENDEZVOUS_FAILED}: {rendezvous_line.strip()}")
+        launch_failed = True
     elif output.timed_out:
         status, headline = TrialStatus.TIMEOUT, (
             f"timed out; stopped after {output.wall_time_s:.0f} s")
@@ -186,7 +192,7 @@ def classify_failure(output: RunOutput) -> tuple[TrialStatus, str]:
         crash = evidence.get(TrialStatus.CRASH)
         status = TrialStatus.CRASH
         headline = crash[0] if crash else f"exit code {output.returncode}"
-    return status, f"{headline}\n{error_excerpt(log_text)}".rstrip()
+    return status, f"{headline}\n{error_excerpt(log_text)}".rstrip(), launch_failed
 
 
 _STACKS_FILE = re.compile(re.escape(STACKS_NAME).replace(r"\{rank\}", r"(\d+)"))
@@ -371,8 +377,14 @@ def _read_log(path: Path) -> str:
         return ""
 
 
-def _failure(output: RunOutput, status: TrialStatus, message: str) -> TrialMetrics:
-    return TrialMetrics(status=status, error=message, wall_time_s=output.wall_time_s)
+def _failure(output: RunOutput, status: TrialStatus | None = None,
+             message: str | None = None) -> TrialMetrics:
+    """The metrics of a failed run: classified from its files unless `status` is given."""
+    launch_failed = False
+    if status is None or message is None:
+        status, message, launch_failed = _classify(output)
+    return TrialMetrics(status=status, error=message, wall_time_s=output.wall_time_s,
+                        launch_failed=launch_failed)
 
 
 def _with_wall_time(metrics: TrialMetrics, wall_time_s: float) -> TrialMetrics:

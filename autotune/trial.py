@@ -104,6 +104,9 @@ class TrialMetrics:
     """Seconds from launch to exit, launch overhead included."""
     predicted: bool = False
     """True when the figures come from the analytical models, not a run."""
+    launch_failed: bool = False
+    """True when no rank ever started (torchrun's rendezvous failed): a CRASH that says
+    nothing about the layout, so a search launches it once more."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

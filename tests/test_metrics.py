@@ -111,12 +111,15 @@ def test_only_a_launch_where_no_rank_started_is_a_rendezvous_failure(tmp_path: P
                                                                        log: str) -> None:
     metrics = metrics_from_run(_output(tmp_path, returncode=1, timed_out=False, log=log))
     assert not (metrics.error or "").startswith(RENDEZVOUS_HEADLINE)
+    assert not metrics.launch_failed
 
 
 def test_rendezvous_failure_names_the_launch(tmp_path: Path) -> None:
     metrics = metrics_from_run(_output(tmp_path, returncode=-15, timed_out=True, log=RENDEZVOUS))
-    assert metrics.status is TrialStatus.CRASH
+    assert metrics.status is TrialStatus.CRASH and metrics.launch_failed
     assert metrics.error is not None and metrics.error.startswith(RENDEZVOUS_HEADLINE)
+    # the flag survives the round trip through a stored record
+    assert TrialMetrics.from_dict(metrics.to_dict()).launch_failed
 
 
 @pytest.mark.parametrize(("returncode", "timed_out", "files", "log", "expected"), CASES)
@@ -128,6 +131,8 @@ def test_failure_classification(tmp_path: Path, returncode: int, timed_out: bool
     output = _output(tmp_path, returncode=returncode, timed_out=timed_out, log=log)
     metrics = metrics_from_run(output)
     assert metrics.status is expected
+    assert metrics.launch_failed is (expected is TrialStatus.CRASH and log == RENDEZVOUS
+                                     and not files)
     assert metrics.wall_time_s == output.wall_time_s
     assert metrics.error
 

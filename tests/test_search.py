@@ -365,7 +365,7 @@ class _RendezvousFailsFirst:
         trial_dir.mkdir(parents=True, exist_ok=True)
         (trial_dir / "log.txt").write_text(f"launch {self.launches}\n")
         if self.launches <= self.failures:
-            return TrialMetrics(status=TrialStatus.CRASH, wall_time_s=60.0,
+            return TrialMetrics(status=TrialStatus.CRASH, wall_time_s=60.0, launch_failed=True,
                                 error=f"{RENDEZVOUS_FAILED}: TCP client failed to connect")
         return replace(self.inner.run(spec, trial_dir, timeout_s), wall_time_s=20.0)
 

@@ -32,7 +32,6 @@ from autotune.errors import ConfigError
 from autotune.gate import MemoryGate, layout_key
 from autotune.heuristics import alpa_seeds, next_smaller_mbs
 from autotune.launchers import LOG_NAME
-from autotune.metrics import RENDEZVOUS_FAILED
 from autotune.search.config import RANKED_DEFAULT, SearchConfig, make_sampler, sampler_name
 from autotune.search.records import (
     Observer,
@@ -346,7 +345,7 @@ class _Search:
         trial_dir = self.trial_root / str(trial.number)
         try:
             metrics = self.cfg.backend.run(spec, trial_dir, timeout)
-            if launch_failed(metrics):
+            if metrics.launch_failed:
                 metrics = self.relaunch(spec, trial_dir, timeout, metrics)
         except KeyboardInterrupt:
             trial.set_user_attr("record", {"status": "INTERRUPTED", "source": source,
@@ -456,12 +455,6 @@ class _Search:
                if t.state.is_finished()]
         self.persistent.add_trials(new)
         self.persisted += len(new)
-
-
-def launch_failed(metrics: TrialMetrics) -> bool:
-    """A CRASH before any rank started (the runner's rendezvous classification)."""
-    return (metrics.status is TrialStatus.CRASH
-            and (metrics.error or "").startswith(RENDEZVOUS_FAILED))
 
 
 def run_search(cfg: SearchConfig, observer: Observer | None = None) -> SearchResult:
