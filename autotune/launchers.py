@@ -33,6 +33,7 @@ __all__ = [
     "WORKER",
     "MultiNode",
     "multinode_argv",
+    "split_srun_argv",
     "started_ranks",
 ]
 
@@ -120,6 +121,16 @@ def multinode_argv(spec: TrialSpec, trial_dir: Path, multi: MultiNode, endpoint:
     # node whose torchrun fails ends the step instead of leaving the others in the rendezvous.
     return [*srun, "--nodes", str(multi.nodes), "--ntasks-per-node", "1", "--gpus-per-node",
             str(multi.gpus_per_node), "--kill-on-bad-exit=1", *torchrun]
+
+
+def split_srun_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """srun's own options and the task command, as `multinode_argv` writes them: options first,
+    each `--opt value` (two words) or `--opt=value` (one); the first other word starts the task.
+    For srun stand-ins (tools/local_srun.py, the tests' fake_srun)."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 1 if "=" in argv[i] else 2
+    return list(argv[:i]), list(argv[i:])
 
 
 def started_ranks(log_text: str) -> dict[int, int]:

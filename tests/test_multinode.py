@@ -13,9 +13,16 @@ import pytest
 import autotune.commands.search as search_command
 from autotune.cli import main
 from autotune.errors import ConfigError, LaunchError
-from autotune.launchers import OTHER_NODES_NAME, TORCHRUN, WORKER, MultiNode, multinode_argv
+from autotune.launchers import (
+    OTHER_NODES_NAME,
+    TORCHRUN,
+    WORKER,
+    MultiNode,
+    multinode_argv,
+    split_srun_argv,
+)
 from autotune.metrics import metrics_from_run
-from autotune.model import ModelSpec
+from autotune.model import ModelSpec, load_model
 from autotune.runner import free_port, run_multinode_trial, slurm_first_node
 from autotune.strategy import Strategy
 from autotune.trial import TrialSpec, TrialStatus
@@ -191,3 +198,23 @@ def test_srun_and_torchrun_from_the_environment(tmp_path: Path,
     assert recorded[recorded.index("--kill-on-bad-exit=1") + 1:][:3] == [sys.executable, "-c",
                                                                          "pass"]
     assert output.returncode == 0
+
+
+@pytest.mark.parametrize(("argv", "options", "command"), [
+    (["--nodes", "2", "--kill-on-bad-exit=1", "torchrun", "--nnodes", "2"],
+     ["--nodes", "2", "--kill-on-bad-exit=1"], ["torchrun", "--nnodes", "2"]),
+    (["python", "-m", "x"], [], ["python", "-m", "x"]),
+    (["--nodes", "2"], ["--nodes", "2"], []),
+    ([], [], []),
+])
+def test_split_srun_argv(argv: list[str], options: list[str], command: list[str]) -> None:
+    assert split_srun_argv(argv) == (options, command)
+
+
+def test_split_srun_argv_reads_what_multinode_argv_writes(tmp_path: Path) -> None:
+    multi = MultiNode(nodes=2, gpus_per_node=4, launcher="slurm")
+    spec = TrialSpec(model=load_model("gpt2"), strategy=Strategy(dp=8, mbs=1, gbs=64))
+    argv = multinode_argv(spec, tmp_path, multi, "node0:29500", "rid", srun=("srun",),
+                          launcher=("torchrun",))
+    options, command = split_srun_argv(argv[1:])
+    assert command[0] == "torchrun" and "--kill-on-bad-exit=1" in options

@@ -35,18 +35,19 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--ntasks-per-node", type=int, default=1)
     parser.add_argument("--gpus-per-node", type=int, default=0)
     parser.add_argument("--kill-on-bad-exit", default="0")
-    # srun options end at the first word that is not an option: the task command.
-    i = 0
-    while i < len(argv) and argv[i].startswith("-"):
-        i += 1 if "=" in argv[i] else 2
-    opts, unknown = parser.parse_known_args(argv[:i])
+    # Imported here, after main() installed its signal handlers: a SIGTERM during the import
+    # must still end the step as srun would (exit 128 + signal), not kill it outright.
+    from autotune.launchers import split_srun_argv
+
+    options, command = split_srun_argv(argv)
+    opts, unknown = parser.parse_known_args(options)
     if unknown:
         sys.exit(f"local_srun: unsupported srun options {unknown}")
-    if not argv[i:]:
+    if not command:
         sys.exit("local_srun: no command")
     if opts.ntasks_per_node != 1:
         sys.exit("local_srun: only --ntasks-per-node 1 is emulated")
-    return opts, argv[i:]
+    return opts, command
 
 
 def _visible_gpus() -> list[str]:
@@ -84,19 +85,12 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    opts, command = _parse(argv)
-    g = opts.gpus_per_node
-    gpus = _visible_gpus() if g else []
-    need = opts.nodes * g
-    if g and len(gpus) < need:
-        sys.exit(f"local_srun: {opts.nodes} nodes x {g} GPUs need {need} GPUs, this machine "
-                 f"shows {len(gpus)}")
     procs: list[subprocess.Popen[bytes]] = []
     stopping: list[int] = []
 
     def forward(signum: int, _: FrameType | None) -> None:
-        # Installed before the first task starts: a signal during start-up reaches every task
-        # started so far, and no further task is started.
+        # Installed before anything else: a signal during start-up reaches every task started
+        # so far, and no further task is started.
         stopping.append(signum)
         for p in procs:
             if p.poll() is None:
@@ -104,6 +98,13 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    opts, command = _parse(argv)
+    g = opts.gpus_per_node
+    gpus = _visible_gpus() if g else []
+    need = opts.nodes * g
+    if g and len(gpus) < need:
+        sys.exit(f"local_srun: {opts.nodes} nodes x {g} GPUs need {need} GPUs, this machine "
+                 f"shows {len(gpus)}")
     for n in range(opts.nodes):
         if stopping:
             break

@@ -12,17 +12,14 @@ import json
 import os
 import sys
 
+from autotune.launchers import split_srun_argv
+
 argv = sys.argv[1:]
 if log := os.environ.get("FAKE_SRUN_LOG"):
     with open(log, "a") as f:
         f.write(json.dumps(sys.argv) + "\n")
 
-# srun's own options come first; `--opt=value` is one word, `--opt value` two. The first word
-# that is not an option starts the task command.
-i = 0
-while i < len(argv) and argv[i].startswith("-"):
-    i += 1 if "=" in argv[i] else 2
-command = argv[i:]
+_, command = split_srun_argv(argv)
 if not command:
     sys.exit("fake_srun: no command")
 if "--nnodes" in command:
