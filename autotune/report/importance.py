@@ -21,8 +21,8 @@ def tokens_importances(study: optuna.Study) -> dict[str, float] | str:
     if len(done) < MIN_TRIALS:
         return (f"Too few COMPLETE trials for parameter importances ({len(done)}; "
                 f"at least {MIN_TRIALS}).")
-    varied = {name for t in done for name in t.params
-              if len({repr(u.params.get(name)) for u in done}) > 1}
+    names = {name for t in done for name in t.params}
+    varied = {name for name in names if len({repr(t.params.get(name)) for t in done}) > 1}
     if not varied:
         return "No parameter took more than one value among the COMPLETE trials."
     try:

@@ -32,6 +32,7 @@ from autotune.errors import ConfigError
 from autotune.gate import MemoryGate, layout_key
 from autotune.heuristics import alpa_seeds, next_smaller_mbs
 from autotune.launchers import LOG_NAME
+from autotune.search.bulk import add_finished_trials
 from autotune.search.config import RANKED_DEFAULT, SearchConfig, make_sampler, sampler_name
 from autotune.search.records import (
     Observer,
@@ -453,7 +454,7 @@ class _Search:
             return
         new = [t for t in self.study.get_trials(deepcopy=False)[self.persisted:]
                if t.state.is_finished()]
-        self.persistent.add_trials(new)
+        add_finished_trials(self.persistent, new)
         self.persisted += len(new)
 
 
