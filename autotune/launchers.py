@@ -41,13 +41,14 @@ SPEC_NAME = "trial.json"
 LOG_NAME = "log.txt"
 """A trial's combined stdout and stderr, in its folder."""
 STARTED_MARKER = "AUTOTUNE_STARTED"
-"""First line of each worker rank: `AUTOTUNE_STARTED rank=R pid=P`."""
+"""First line of each worker rank: `AUTOTUNE_STARTED rank=R pid=P host=H` (pid and host only
+when the rank can write its stacks on STACKS_SIGNAL)."""
 STACKS_NAME = "stacks-rank{rank}.txt"
 """Where a worker rank writes the Python stack of every thread when it gets STACKS_SIGNAL."""
 STACKS_SIGNAL = signal.SIGUSR1
 """Sent by the runner to each started rank of a trial that timed out, before stopping it, so the
 trial folder says where every rank was blocked (faulthandler, which works inside C calls)."""
-_STARTED_LINE = re.compile(rf"{STARTED_MARKER} rank=(\d+) pid=(\d+)")
+_STARTED_LINE = re.compile(rf"{STARTED_MARKER} rank=(\d+) pid=(\d+) host=(\S+)")
 TORCHRUN: tuple[str, ...] = (sys.executable, "-m", "torch.distributed.run")
 WORKER: tuple[str, ...] = ("-m", "autotune.worker")
 
@@ -133,6 +134,7 @@ def split_srun_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return list(argv[:i]), list(argv[i:])
 
 
-def started_ranks(log_text: str) -> dict[int, int]:
-    """rank -> pid of every worker rank that announced its start in a trial's log."""
-    return {int(m[1]): int(m[2]) for m in _STARTED_LINE.finditer(log_text)}
+def started_ranks(log_text: str, host: str) -> dict[int, int]:
+    """rank -> pid of every worker rank on `host` that announced its start, with a stack
+    handler, in a trial's log (the log of a multi-node trial holds other hosts' ranks too)."""
+    return {int(m[1]): int(m[2]) for m in _STARTED_LINE.finditer(log_text) if m[3] == host}

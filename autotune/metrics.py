@@ -209,23 +209,40 @@ def innermost_frame(dump: str) -> str | None:
         for line in block.splitlines():
             if m := _FRAME.match(line):
                 path = Path(m["path"])
-                return f"{path.parent.name}/{path.name}:{m['line']} {m['func']}"
+                where = f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+                return f"{where}:{m['line']} {m['func']}"
     return None
 
 
 def stack_summary(trial_dir: Path) -> str | None:
-    """`rank R: frame` for each rank that wrote its stacks (autotune.launchers.STACKS_NAME)."""
+    """`ranks 0-3,5: frame; rank 4: frame` over the ranks that wrote their stacks
+    (autotune.launchers.STACKS_NAME): ranks stopped at the same frame are named together."""
     found = []
     for path in trial_dir.glob(STACKS_NAME.format(rank="*")):
-        if not (rank := _STACKS_FILE.fullmatch(path.name)):
+        if not (named := _STACKS_FILE.fullmatch(path.name)):
             continue
         try:
             frame = innermost_frame(path.read_text(errors="replace"))
         except OSError:
             continue
         if frame is not None:
-            found.append((int(rank[1]), frame))
-    return "; ".join(f"rank {r}: {frame}" for r, frame in sorted(found)) or None
+            found.append((int(named[1]), frame))
+    by_frame: dict[str, list[int]] = {}
+    for rank, frame in sorted(found):
+        by_frame.setdefault(frame, []).append(rank)
+    return "; ".join(f"{_rank_list(ranks)}: {frame}" for frame, ranks in by_frame.items()) or None
+
+
+def _rank_list(ranks: list[int]) -> str:
+    """[0, 1, 2, 3, 5] -> `ranks 0-3,5`; [4] -> `rank 4`."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
 
 
 def _is_rendezvous_failure(line: str) -> bool:

@@ -392,9 +392,13 @@ def run_command(argv: Sequence[str], trial_dir: Path, timeout_s: float,
                 why = "timed out" if timed_out else "interrupted"
                 _note(log, f"[autotune] {why} after {time.monotonic() - start:.1f} s; "
                            f"stopping the process tree (grace {grace_s:g} s)")
-            if timed_out:
-                _ask_for_stacks(log, log_path, tree)
-            shutdown(proc, tree, grace_s)
+            try:
+                if timed_out:
+                    _ask_for_stacks(log, log_path, tree)
+            except KeyboardInterrupt:
+                interrupted = True  # Ctrl-C while the ranks write their stacks: stop now
+            finally:
+                shutdown(proc, tree, grace_s)
     output = RunOutput(argv=tuple(argv), pid=proc.pid, returncode=proc.returncode,
                        timed_out=timed_out, interrupted=interrupted,
                        wall_time_s=time.monotonic() - start, log_path=log_path,
@@ -412,7 +416,7 @@ def _ask_for_stacks(log: object, log_path: Path, tree: ProcessTree) -> None:
     """Send STACKS_SIGNAL to every rank the log says started and that is still in the trial's
     tree (pids are checked against it, so a reused pid is never signalled); wait for the dumps."""
     try:
-        ranks = started_ranks(log_path.read_text(errors="replace"))
+        ranks = started_ranks(log_path.read_text(errors="replace"), socket.gethostname())
     except OSError:
         return
     present = tree.present() | ({tree.root} if not tree.root_reaped else set())

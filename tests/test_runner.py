@@ -260,6 +260,21 @@ def test_timeout_asks_the_ranks_for_their_stacks_first(tmp_path: Path) -> None:
     assert headline.endswith("wait_for_a_collective_that_never_completes")
 
 
+def test_ctrl_c_while_the_ranks_write_their_stacks_still_stops_the_trial(tmp_path: Path) -> None:
+    timer = threading.Timer(1 + STACKS_WAIT_S / 2, _thread.interrupt_main)  # inside the wait
+    timer.start()
+    try:
+        with pytest.raises(TrialInterrupted) as info:
+            run_command(_double("hang", "--out-dir", str(tmp_path)), tmp_path, timeout_s=1,
+                        grace_s=5)
+    finally:
+        timer.cancel()
+    output: RunOutput = info.value.output
+    assert output.interrupted and output.timed_out
+    assert output.returncode == -signal.SIGTERM
+    assert _group_gone(output.pid)
+
+
 def test_stacks_are_asked_only_of_processes_in_the_trial(tmp_path: Path) -> None:
     # A log naming a pid outside the trial (a reused or foreign pid) must not get the signal:
     # SIGUSR1 would kill this bystander.

@@ -414,3 +414,24 @@ def test_report_rows_of_old_trials_get_the_new_field_s_default(tmp_path: Path) -
     row = trial_row(old)
     assert row["cross_entropy_fusion"] is False
     assert row["tp"] == done.user_attrs["record"]["layout"]["tp"]
+
+
+def test_an_invalid_proposal_never_hides_the_valid_layout_it_resembles(tmp_path: Path) -> None:
+    # An INVALID record's strategy is built from the proposal with dp left at 1; its key must
+    # not be the canonical key of a real layout (here tp1 pp1 dp4 mbs1 ogr), which would then
+    # be told a duplicate of the INVALID trial and never run.
+    from autotune.search.loop import _Search
+
+    backend = FakeBackend(CLUSTER)
+    search = _Search(config(tmp_path, backend, n_trials=2), None)
+    valid = next(v for v in search.valid if (v.tp, v.pp, v.mbs) == (1, 1, 1)
+                 and not (v.sequence_parallel or v.distributed_optimizer))
+    bad = {"tp": 1, "pp": 1, "mbs": 1, "sequence_parallel": False,
+           "distributed_optimizer": False, "overlap_param_gather": True}  # opg needs do
+    for params in (bad, {d: getattr(valid, d) for d in search.free}):
+        search.study.enqueue_trial({k: v for k, v in params.items() if k in search.free})
+        search.finish(search.study.ask(search.distributions))
+    invalid, ran = search.result.records
+    assert invalid.status is TrialStatus.INVALID
+    assert ran.duplicate_of is None and ran.status is TrialStatus.OK
+    assert backend.calls == [valid]

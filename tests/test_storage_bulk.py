@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 from pathlib import Path
 
 import optuna
@@ -57,7 +58,7 @@ def test_bulk_written_trials_read_back_as_add_trials_writes_them(
     with caplog.at_level(logging.DEBUG, logger="autotune.search.bulk"):
         add_finished_trials(bulk, trials[:4])
         add_finished_trials(bulk, trials[4:])  # numbered after the trials already stored
-    assert "fell back" not in caplog.text  # the bulk path itself wrote them
+    assert "one by one" not in caplog.text  # the bulk path itself wrote them
     fresh = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'b.db'}")
     expected = [_view(t) for t in reference.get_trials()]
     assert [_view(t) for t in fresh.get_trials()] == expected
@@ -69,7 +70,7 @@ def test_other_storages_take_optunas_own_path(caplog: pytest.LogCaptureFixture) 
     with caplog.at_level(logging.DEBUG, logger="autotune.search.bulk"):
         add_finished_trials(study, _trials(3))
     assert [t.number for t in study.get_trials()] == [0, 1, 2]
-    assert "fell back to add_trials" in caplog.text
+    assert "writing 3 trials one by one" in caplog.text
 
 
 def test_a_failed_bulk_write_leaves_nothing_half_written(tmp_path: Path) -> None:
@@ -80,3 +81,33 @@ def test_a_failed_bulk_write_leaves_nothing_half_written(tmp_path: Path) -> None
         add_finished_trials(study, bad)
     assert optuna.load_study(study_name="s",
                              storage=f"sqlite:///{tmp_path / 'c.db'}").get_trials() == []
+
+
+def test_choices_incompatible_with_the_stored_ones_are_refused_as_optuna_does(
+        tmp_path: Path) -> None:
+    study = _study(tmp_path / "d.db", "s")
+    add_finished_trials(study, _trials(3))
+    narrower = _trials(1)
+    narrower[0].distributions["tp"] = CategoricalDistribution([1, 2])  # another space
+    for write in (study.add_trials, lambda trials: add_finished_trials(study, trials)):
+        with pytest.raises(ValueError):
+            write(narrower)
+    assert len(optuna.load_study(study_name="s",
+                                 storage=f"sqlite:///{tmp_path / 'd.db'}").get_trials()) == 3
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "Asia/Kolkata"])
+def test_times_read_back_unchanged_in_any_time_zone(tmp_path: Path, zone: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        trials = _trials(4)
+        reference, bulk = _study(tmp_path / "a.db", "s"), _study(tmp_path / "b.db", "s")
+        reference.add_trials(trials)
+        add_finished_trials(bulk, trials)
+        assert [_view(t) for t in bulk.get_trials()] == [_view(t) for t in
+                                                          reference.get_trials()]
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -281,6 +282,22 @@ def test_oom_rank_exits_and_peer_is_stopped(tmp_path: Path) -> None:
     assert elapsed < 60, f"the job took {elapsed:.0f} s to end"
 
 
+def test_a_rank_that_cannot_write_its_stacks_gives_no_pid(tmp_path: Path) -> None:
+    # Without the handler, the runner's STACKS_SIGNAL would kill the rank: it must not be asked.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = subprocess.run([sys.executable, "-m", "autotune.worker", "--spec",
+                           str(tmp_path / "missing.json"), "--out-dir", str(blocker / "out")],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": "2"})
+    assert proc.returncode != 0
+    assert proc.stderr.splitlines()[0] == "AUTOTUNE_STARTED rank=2"
+
+
+def proc_pid(started_line: str) -> int:
+    return int(started_line.split("pid=")[1].split()[0])
+
+
 def test_worker_announces_its_start_before_anything_can_fail(tmp_path: Path) -> None:
     # The runner tells "no rank ever started" (a rendezvous failure) by this first line.
     proc = subprocess.run([sys.executable, "-m", "autotune.worker", "--spec",
@@ -289,8 +306,9 @@ def test_worker_announces_its_start_before_anything_can_fail(tmp_path: Path) -> 
                           env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": "5"})
     assert proc.returncode != 0
     first = proc.stderr.splitlines()[0]
-    assert started_ranks(first) == {5: int(first.rsplit("=", 1)[1])}
-    assert first.startswith("AUTOTUNE_STARTED rank=5 pid=")
+    assert first == f"AUTOTUNE_STARTED rank=5 pid={proc_pid(first)} host={socket.gethostname()}"
+    assert started_ranks(first, socket.gethostname()) == {5: proc_pid(first)}
+    assert started_ranks(first, "another-node") == {}
     # the stack-dump file is open from the start, empty until the runner asks for it
     assert (tmp_path / "stacks-rank5.txt").read_text() == ""
 

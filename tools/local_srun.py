@@ -35,11 +35,13 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--ntasks-per-node", type=int, default=1)
     parser.add_argument("--gpus-per-node", type=int, default=0)
     parser.add_argument("--kill-on-bad-exit", default="0")
-    # Imported here, after main() installed its signal handlers: a SIGTERM during the import
-    # must still end the step as srun would (exit 128 + signal), not kill it outright.
-    from autotune.launchers import split_srun_argv
-
-    options, command = split_srun_argv(argv)
+    # srun's options end at the first word that is not one (`--opt value`, `--opt=value`), as
+    # autotune.launchers.split_srun_argv reads them; repeated here because this script must
+    # run on any python3, where autotune may not be importable.
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 1 if "=" in argv[i] else 2
+    options, command = argv[:i], argv[i:]
     opts, unknown = parser.parse_known_args(options)
     if unknown:
         sys.exit(f"local_srun: unsupported srun options {unknown}")

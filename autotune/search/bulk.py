@@ -8,10 +8,12 @@ this process owns the study, so they are inserted here in one transaction into O
 tables (optuna/storages/_rdb/models.py), one bulk INSERT per table, numbered after the trials
 already stored.
 
-Those models are not public API. Anything this code does not recognise (another storage,
-another Optuna) raises before the commit, and the trials go through `add_trials` instead:
-slower, never different. tests/test_storage_bulk.py reads bulk-written trials back through
-Optuna and compares them with the same trials written by `add_trials`.
+Those tables are not public API (pyproject pins optuna below 6). Anything this code does not
+recognise (another storage, another Optuna) raises before the commit, and the trials go through
+`add_trials` instead, with a warning. The checks add_trial makes are made here too (each
+trial's consistency, its number of values, each parameter's distribution against the one
+stored). tests/test_storage_bulk.py reads bulk-written trials back through Optuna and compares
+them with the same trials written by `add_trials`, in several time zones.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import datetime
 import json
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -40,8 +43,26 @@ def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> N
     try:
         _insert(study, trials)
     except Exception as exc:  # any surprise (the transaction rolled back): the public path
-        log.debug("bulk insert of %d trials fell back to add_trials: %r", len(trials), exc)
+        log.warning("writing %d trials one by one (slower): the bulk insert failed: %r",
+                    len(trials), exc)
         study.add_trials(trials)
+
+
+def _check_distributions(session: Any, models: Any, study_id: int,
+                         trials: Sequence[FrozenTrial]) -> None:
+    """Raise, as Optuna's add_trial does, where a parameter's distribution is incompatible with
+    the one the study already stores for it (a study resumed with other choices)."""
+    from optuna.distributions import check_distribution_compatibility, json_to_distribution
+    from sqlalchemy import select
+
+    params, trials_table = models.TrialParamModel.__table__, models.TrialModel.__table__
+    stored = {name: json_to_distribution(text) for name, text in session.execute(
+        select(params.c.param_name, params.c.distribution_json)
+        .join(trials_table, params.c.trial_id == trials_table.c.trial_id)
+        .where(trials_table.c.study_id == study_id).distinct())}
+    for t in trials:
+        for name, dist in t.distributions.items():
+            check_distribution_compatibility(stored.setdefault(name, dist), dist)
 
 
 def _utc(value: datetime.datetime | None) -> datetime.datetime | None:
@@ -63,6 +84,11 @@ def _insert(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
         raise TypeError(f"not an RDB storage: {type(rdb).__name__}")
     if any(not t.state.is_finished() or t.intermediate_values for t in trials):
         raise ValueError("only finished trials without intermediate values")
+    for t in trials:  # what add_trial checks of each trial, then of its values
+        t._validate()
+        if t.values is not None and len(t.values) != len(study.directions):
+            raise ValueError(f"trial has {len(t.values)} values, the study "
+                             f"{len(study.directions)} objectives")
     study_id = study._study_id
     table = models.TrialModel.__table__
     with _create_scoped_session(rdb.scoped_session) as session:
@@ -70,6 +96,7 @@ def _insert(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
         models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
         first = session.scalar(select(func.count()).select_from(table).where(
             table.c.study_id == study_id)) or 0
+        _check_distributions(session, models, study_id, trials)
         # SQLAlchemy Core, not ORM objects: one executemany per table.
         session.execute(insert(table), [
             {"number": first + i, "study_id": study_id, "state": t.state,

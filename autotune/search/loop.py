@@ -129,8 +129,14 @@ class _Search:
         return self.by_key.get(_key({d: params.get(d, STRATEGY_DEFAULTS[d]) for d in self.free}))
 
     def key(self, s: Strategy) -> tuple[Any, ...]:
-        """Equal for two layouts that are the same run (autotune.strategy.canonical)."""
-        return _key(_params(canonical(s), self.free))
+        """Equal for two valid layouts that are the same run (autotune.strategy.canonical).
+
+        Only a valid layout is mapped to its canonical form: an INVALID record's strategy is
+        built from the proposal's parameters with dp left at 1, and canonicalising it could
+        give the key of a real layout, which would then never run."""
+        raw = _key(_params(s, self.free))
+        valid = self.by_key.get(raw)
+        return raw if valid is None else _key(_params(valid, self.free))
 
     def params_key(self, params: dict[str, Any]) -> tuple[Any, ...]:
         s = self.strategy(params)

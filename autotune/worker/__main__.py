@@ -9,6 +9,7 @@ import argparse
 import faulthandler
 import logging
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -38,11 +39,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
-    _register_stack_dump(args.out_dir, rank)
     # The runner reads this to tell a launch that never reached a rank (torchrun's rendezvous
     # failed) from a trial that started and then failed, and to find the ranks' pids when it
-    # asks a timed-out trial for its stacks (so the handler is registered first).
-    print(f"{STARTED_MARKER} rank={rank} pid={os.getpid()}", file=sys.stderr, flush=True)
+    # asks a timed-out trial for its stacks: the pid is given only once the handler is in
+    # place, since STACKS_SIGNAL would otherwise kill the rank.
+    where = (f" pid={os.getpid()} host={socket.gethostname()}"
+             if _register_stack_dump(args.out_dir, rank) else "")
+    print(f"{STARTED_MARKER} rank={rank}{where}", file=sys.stderr, flush=True)
     logging.basicConfig(level=logging.WARNING, format=f"[rank{rank}] %(name)s: %(message)s")
     from autotune.worker.report import exit_with_failure
 
@@ -62,15 +65,17 @@ def main(argv: list[str] | None = None) -> None:
     os._exit(0)
 
 
-def _register_stack_dump(out_dir: Path, rank: int) -> None:
-    """On STACKS_SIGNAL write every thread's Python stack to out_dir/stacks-rank<r>.txt."""
+def _register_stack_dump(out_dir: Path, rank: int) -> bool:
+    """On STACKS_SIGNAL write every thread's Python stack to out_dir/stacks-rank<r>.txt.
+    False when the file cannot be opened: the trial still runs, a timeout says less."""
     global _stacks_file
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         _stacks_file = (out_dir / STACKS_NAME.format(rank=rank)).open("w")
     except OSError:
-        return  # the trial still runs; a timeout then says less about where it hung
+        return False
     faulthandler.register(STACKS_SIGNAL, file=_stacks_file, all_threads=True)
+    return True
 
 
 if __name__ == "__main__":

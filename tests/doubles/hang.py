@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ if "--out-dir" in sys.argv:
     faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True)
     claimed = (sys.argv[sys.argv.index("--claim-pid") + 1] if "--claim-pid" in sys.argv
                else os.getpid())
-    print(f"{STARTED_MARKER} rank=0 pid={claimed}", file=sys.stderr, flush=True)
+    print(f"{STARTED_MARKER} rank=0 pid={claimed} host={socket.gethostname()}", file=sys.stderr,
+          flush=True)
 print("waiting for a collective that never completes", flush=True)
 wait_for_a_collective_that_never_completes()
