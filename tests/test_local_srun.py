@@ -83,3 +83,14 @@ def test_sigterm_during_start_up_leaves_no_task(tmp_path: Path) -> None:
     # Every task that started is gone with the step: the process group is empty but for none.
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)
+
+
+def test_runs_on_a_python_without_autotune() -> None:
+    # Documented as `python3 tools/local_srun.py`: any interpreter, autotune installed or not
+    # (-S: no site-packages, so autotune cannot be imported).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-S", str(SRUN), "--nodes", "2", sys.executable,
+                           "-c", "print('task')"], capture_output=True, text=True, timeout=30,
+                          env={**env, "CUDA_VISIBLE_DEVICES": ""}, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["task", "task"]
