@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.launchers import STACKS_NAME
+from autotune.launchers import STACKS_NAME, STARTED_MARKER
 from autotune.trial import RankResult, TrialMetrics, TrialSpec, TrialStatus
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ _RENDEZVOUS_PATTERNS = (
 _RENDEZVOUS_TEARDOWN = "failed to shutdown the rendezvous"
 # Lines that only a started rank prints: autotune's worker (its first line and its results)
 # and Megatron-LM's pretrain_gpt.py (arguments.py prints the world size on rank 0 first).
-_RANK_STARTED = ("AUTOTUNE_STARTED", "AUTOTUNE_STATUS", "AUTOTUNE_RESULT", "using world size")
+_RANK_STARTED = (STARTED_MARKER, "AUTOTUNE_STATUS", "AUTOTUNE_RESULT", "using world size")
 # Every crashed rank logs "ProcessGroupNCCL.cpp:...] Warning: WARNING: destroy_process_group()
 # was not called before program exit"; only ProcessGroupNCCL lines that speak of an error count.
 _PG_NCCL_ERROR = re.compile(r"ProcessGroupNCCL.*(?:error|timed ?out|timeout|abort|exception)",
@@ -95,14 +95,14 @@ def metrics_from_run(output: RunOutput) -> TrialMetrics:
             return _with_wall_time(result, output.wall_time_s)
         why = result if isinstance(result, str) else f"result.json has status {result.status}"
         return _failure(output, TrialStatus.CRASH, f"worker exited 0 but {why}")
-    return _failure(output)
+    return _failure(output, *_classify(output))
 
 
 def metrics_from_megatron_log(output: RunOutput, spec: TrialSpec) -> TrialMetrics:
     """The metrics of a Megatron-LM run, from its log: median step time after the warm-up
     iterations, throughput, and the largest memory report of each rank."""
     if output.returncode != 0 or output.timed_out or output.interrupted:
-        return _failure(output)
+        return _failure(output, *_classify(output))
     parsed = parse_megatron_log(_read_log(output.log_path))
     timed = [it for it in parsed["iterations"] if it["iteration"] > spec.warmup_steps]
     times_s = [it["elapsed_ms"] / 1000.0 for it in timed if it["elapsed_ms"] is not None]
@@ -394,12 +394,8 @@ def _read_log(path: Path) -> str:
         return ""
 
 
-def _failure(output: RunOutput, status: TrialStatus | None = None,
-             message: str | None = None) -> TrialMetrics:
-    """The metrics of a failed run: classified from its files unless `status` is given."""
-    launch_failed = False
-    if status is None or message is None:
-        status, message, launch_failed = _classify(output)
+def _failure(output: RunOutput, status: TrialStatus, message: str,
+             launch_failed: bool = False) -> TrialMetrics:
     return TrialMetrics(status=status, error=message, wall_time_s=output.wall_time_s,
                         launch_failed=launch_failed)
 

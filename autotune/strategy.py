@@ -361,15 +361,14 @@ def canonical(strategy: Strategy) -> Strategy:
     """The same layout with DATA_PARALLEL_OPTIONS off where there is nothing to act on.
 
     megatron-core's DDP reduces gradients, and its distributed optimizer shards state, over the
-    data-parallel group with context parallelism (dp x cp ranks), and expert parameters over
-    the expert-data-parallel group. When both have one rank, `do ogr opg` change neither memory
-    nor communication: a search treats such a layout as the one without them, so it never
-    launches both.
+    data-parallel group with context parallelism (dp x cp ranks); expert parameters use the
+    expert-data-parallel group, dp x cp / ep ranks, never more. When dp x cp is one rank,
+    `do ogr opg` change neither memory nor communication: a search treats such a layout as the
+    one without them, so it never launches both.
     """
-    if strategy.dp * strategy.cp > 1 or strategy.expert_dp > 1:
+    if strategy.dp * strategy.cp > 1:
         return strategy
-    return replace(strategy, distributed_optimizer=False, overlap_grad_reduce=False,
-                   overlap_param_gather=False)
+    return with_fields(strategy, **dict.fromkeys(DATA_PARALLEL_OPTIONS, False))
 
 
 def with_fields(strategy: Strategy, **values: object) -> Strategy:

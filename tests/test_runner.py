@@ -132,21 +132,16 @@ def test_free_port_uses_whichever_side_of_the_range_exists(
     assert all(free_port(rng=random.Random(seed)) in allowed for seed in range(10))
 
 
-def test_free_port_checks_every_local_address() -> None:
-    # TCPStore binds the wildcard address: a listener on another loopback address blocks it.
-    probe = free_port(rng=random.Random(11))
-    with socket.socket() as other:
-        other.bind(("127.0.0.2", probe))
-        other.listen()
-        assert free_port(rng=random.Random(11)) != probe
-
-
-def test_free_port_skips_a_taken_port() -> None:
-    taken = free_port(rng=random.Random(7))
+@pytest.mark.parametrize(("listener", "seed"), [
+    ("127.0.0.1", 7),   # the port taken on the rendezvous address itself
+    ("127.0.0.2", 11),  # TCPStore binds the wildcard address: another loopback address blocks it
+])
+def test_free_port_skips_a_taken_port(listener: str, seed: int) -> None:
+    taken = free_port(rng=random.Random(seed))
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", taken))
+        sock.bind((listener, taken))
         sock.listen()
-        assert free_port(rng=random.Random(7)) != taken
+        assert free_port(rng=random.Random(seed)) != taken
 
 
 def test_torchrun_argv(tmp_path: Path) -> None:

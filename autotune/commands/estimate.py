@@ -9,6 +9,7 @@ from typing import Any
 from autotune.calibration import load_calibration
 from autotune.cost import estimate_cost
 from autotune.errors import ConfigError
+from autotune.export import JSON_KEYS
 from autotune.hardware import ClusterSpec
 from autotune.memory import estimate_memory
 from autotune.model import ModelSpec
@@ -17,9 +18,9 @@ from autotune.strategy import STRATEGY_DEFAULTS, Strategy, derive_dp, validate
 __all__ = ["layout_file", "run_estimate", "strategy_from_fields"]
 
 _GIB = 2**30
-_LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "sequence_parallel", "mbs", "gbs", "recompute",
-                "recompute_method", "recompute_num_layers", "distributed_optimizer",
-                "overlap_grad_reduce", "overlap_param_gather", "impl", "cross_entropy_fusion")
+# The layout fields `autotune export --format json` writes, less dp: estimate derives it from
+# the GPU count, as the enumerator does.
+_LAYOUT_KEYS = tuple(k for k in JSON_KEYS if k != "dp")
 
 
 def _read_layout(path: str) -> dict[str, Any]:

@@ -75,15 +75,15 @@ class _Search:
         if not summary.valid:
             raise ConfigError(f"no valid layout of {cfg.model.name} on "
                               f"{cfg.cluster.num_gpus} GPUs in this search space")
-        # One of each set of layouts that are the same run (autotune.strategy.canonical);
-        # every parameter combination still maps to its canonical layout.
-        self.valid = list(dict.fromkeys(canonical(s) for s in summary.valid))
         dims = {d: tuple(summary.valid_values(d)) for d in cfg.space.candidates}
         self.free = {d: v for d, v in dims.items() if len(v) > 1}
         self.fixed = {d: v[0] for d, v in dims.items() if len(v) == 1}
         self.distributions: dict[str, BaseDistribution] = {
             d: CategoricalDistribution(list(v)) for d, v in self.free.items()}
+        # Every parameter combination maps to its canonical layout (autotune.strategy.canonical)
+        # and the search knows one of each set of layouts that are the same run.
         self.by_key = {_key(_params(s, self.free)): canonical(s) for s in summary.valid}
+        self.valid = list(dict.fromkeys(self.by_key.values()))
         self.gate = MemoryGate(cfg.model, cfg.cluster, params=cfg.memory_params)
         self.cost_params = cfg.cost_params
         self.fitted_on = 0
