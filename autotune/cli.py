@@ -6,6 +6,7 @@ stderr and an exit code here, at the edge, and nowhere else.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import sys
@@ -15,9 +16,10 @@ import typer
 
 from autotune.errors import AutotuneError, ConfigError
 from autotune.hardware import ClusterSpec
+from autotune.identity import representatives
 from autotune.model import ModelSpec, list_presets, load_model
 from autotune.space import describe_limits, enumerate_space, load_space
-from autotune.strategy import RULE_LEVELS, canonical
+from autotune.strategy import DIMENSIONS, RULE_LEVELS
 
 __all__ = ["app", "main"]
 
@@ -199,33 +201,11 @@ def search(
                        as_json=as_json, multi=multi)
 
 
-@app.command()
-def estimate(
+def _estimate(
     model: Annotated[str, typer.Argument(help="A preset name or a model YAML file.")],
     gpus: Gpus,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor parallel size.")] = 1,
-    pp: Annotated[int, typer.Option("--pp", help="Pipeline parallel size.")] = 1,
-    vpp: Annotated[int, typer.Option("--vpp", help="Virtual stages per pipeline rank.")] = 1,
-    cp: Annotated[int, typer.Option("--cp", help="Context parallel size.")] = 1,
-    ep: Annotated[int, typer.Option("--ep", help="Expert parallel size.")] = 1,
-    sp: Annotated[bool, typer.Option("--sp", help="Sequence parallel.")] = False,
-    mbs: Annotated[int, typer.Option("--mbs", help="Micro-batch size.")] = 1,
     gbs: Annotated[int | None, typer.Option("--gbs", help="Global batch size "
                                                           "(default: the preset's).")] = None,
-    recompute: Annotated[str, typer.Option(
-        "--recompute", help="none, selective or full.")] = "none",
-    recompute_method: Annotated[str, typer.Option(
-        "--recompute-method", help="uniform or block (full recompute).")] = "uniform",
-    recompute_num_layers: Annotated[int, typer.Option(
-        "--recompute-num-layers", help="Layers per recompute group (full recompute).")] = 1,
-    distributed_optimizer: Annotated[bool, typer.Option(
-        "--distributed-optimizer", help="Shard optimizer state over data parallel ranks.")
-    ] = False,
-    overlap_grad_reduce: Annotated[bool, typer.Option("--overlap-grad-reduce")] = False,
-    overlap_param_gather: Annotated[bool, typer.Option("--overlap-param-gather")] = False,
-    impl: Annotated[str, typer.Option("--impl", help="local, sdpa or te.")] = "local",
-    cross_entropy_fusion: Annotated[bool, typer.Option(
-        "--cross-entropy-fusion", help="Megatron's fused cross entropy (native).")] = False,
     seq_len: SeqLen = None,
     gpu: Gpu = None,
     gpus_per_node: GpusPerNode = None,
@@ -235,16 +215,12 @@ def estimate(
     calibration: Annotated[str | None, typer.Option(
         "--calibration", help="Constants fitted by `autotune calibrate`.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    **dimensions: Any,
 ) -> None:
     """Predict memory per pipeline stage, step time, tokens/s and MFU of one layout."""
     from autotune.commands.estimate import run_estimate
 
-    fields: dict[str, Any] = dict(
-        tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sequence_parallel=sp, mbs=mbs, recompute=recompute,
-        recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
-        distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
-        overlap_param_gather=overlap_param_gather, impl=impl,
-        cross_entropy_fusion=cross_entropy_fusion)
+    fields: dict[str, Any] = dict(dimensions)
     if layout is not None:
         from autotune.commands.estimate import layout_file
 
@@ -254,6 +230,28 @@ def estimate(
         fields.update(from_file)
     spec, cluster = _load_inputs(model, gpus, gpus_per_node, seq_len, gbs, gpu)
     run_estimate(spec, cluster, fields, as_json=as_json, calibration=calibration)
+
+
+def _with_dimension_options(command: Any) -> Any:
+    """The command with one option per layout dimension, generated from the dimension table
+    (autotune.strategy.DIMENSIONS): its flag, help, type (an enum lists its choices) and
+    default. dp follows from --gpus and gbs is the preset's unless --gbs says otherwise."""
+    signature = inspect.signature(command, eval_str=True)
+    fixed = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    generated = []
+    for dim in DIMENSIONS.values():
+        if dim.name in ("dp", "gbs"):
+            continue
+        option = typer.Option(dim.option, help=dim.help.split("\n")[0])
+        generated.append(inspect.Parameter(dim.name, inspect.Parameter.KEYWORD_ONLY,
+                                           default=dim.default,
+                                           annotation=Annotated[dim.kind, option]))
+    command.__signature__ = signature.replace(parameters=[
+        *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in fixed), *generated])
+    return command
+
+
+estimate = app.command("estimate")(_with_dimension_options(_estimate))
 
 
 StudyName = Annotated[str | None, typer.Option(
@@ -344,10 +342,10 @@ def _print_dry_run(model: ModelSpec, cluster: ClusterSpec, space: Any, summary: 
     print(f"search space {space.source}: {len(space.candidates)} dimensions, "
           f"{summary.total:,} combinations")
     print(f"valid strategies: {len(summary.valid):,}")
-    distinct = len(set(map(canonical, summary.valid)))
+    distinct = len(set(representatives(model, summary.valid).values()))
     if distinct < len(summary.valid):
-        print(f"  distinct runs: {distinct:,} (with one data-parallel rank the distributed "
-              "optimizer and overlap flags change nothing; a search runs such a layout once)")
+        print(f"  distinct runs: {distinct:,} (layouts that give Megatron the same "
+              "configuration are one run, which a search launches once)")
     print("rejected, by Megatron's rule (first broken rule counts):")
     width = max(len(rule) for rule, _ in groups) if groups else 0
     for rule, group in groups:

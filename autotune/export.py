@@ -13,10 +13,10 @@ from dataclasses import replace
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.launchers import SPEC_NAME, WORKER
 from autotune.megatron_args import megatron_lm_args, training_script
 from autotune.model import ModelSpec
-from autotune.strategy import Strategy
+from autotune.protocol import SPEC_NAME, WORKER
+from autotune.strategy import DIMENSIONS, Impl, Strategy
 from autotune.trial import TrialSpec
 
 __all__ = ["FORMATS", "TRAIN_ITERS", "layout_json", "megatron_lm_script", "slurm_script",
@@ -26,10 +26,8 @@ FORMATS: tuple[str, ...] = ("megatron-lm", "torchrun", "slurm", "json")
 TRAIN_ITERS = 100
 """Iterations of an exported Megatron-LM run: enough to read a steady step time."""
 RDZV_PORT = 29500
-JSON_KEYS: tuple[str, ...] = ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "gbs", "recompute",
-                              "recompute_method", "recompute_num_layers", "sequence_parallel",
-                              "distributed_optimizer", "overlap_grad_reduce",
-                              "overlap_param_gather", "impl", "cross_entropy_fusion")
+JSON_KEYS: tuple[str, ...] = tuple(DIMENSIONS)
+"""Every layout field (autotune.strategy.DIMENSIONS); estimate --layout reads them back."""
 _INDENT = "    "
 
 
@@ -69,7 +67,7 @@ def _megatron_parts(model: ModelSpec, strategy: Strategy, *, megatron_lm: str | 
     if strategy.impl == "sdpa":
         # Megatron-LM has no "local spec with PyTorch SDPA"; TE's fused attention is its
         # nearest equivalent (the measured figures were taken with SDPA).
-        strategy = replace(strategy, impl="te")
+        strategy = replace(strategy, impl=Impl.TE)
         notes.append("impl sdpa (autotune's local spec with PyTorch SDPA attention) has no "
                      "Megatron-LM equivalent; this uses --transformer-impl transformer_engine, "
                      "whose fused attention is the closest.")

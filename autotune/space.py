@@ -11,40 +11,16 @@ from typing import Any
 
 import yaml
 
+from autotune.dimensions import LEVELS
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec, search_spaces_dir
-from autotune.strategy import (
-    IMPL_CHOICES,
-    RECOMPUTE_CHOICES,
-    RECOMPUTE_METHODS,
-    RULES,
-    Strategy,
-    derive_dp,
-    with_fields,
-)
+from autotune.strategy import RULES, SEARCHED, Strategy, derive_dp, with_fields
 
 __all__ = ["DIMENSIONS", "SearchSpace", "SpaceSummary", "enumerate_space", "load_space"]
 
-# Dimension name -> (type, enumeration level). The levels match the rule levels in strategy.
-DIMENSIONS: dict[str, tuple[type, int]] = {
-    "tp": (int, 0),
-    "pp": (int, 0),
-    "cp": (int, 0),
-    "vpp": (int, 1),
-    "ep": (int, 2),
-    "sequence_parallel": (bool, 3),
-    "mbs": (int, 4),
-    "recompute": (str, 5),
-    "recompute_method": (str, 5),
-    "recompute_num_layers": (int, 5),
-    "distributed_optimizer": (bool, 5),
-    "overlap_grad_reduce": (bool, 5),
-    "overlap_param_gather": (bool, 5),
-    "impl": (str, 5),
-    "cross_entropy_fusion": (bool, 5),
-}
-_LEVELS = 6
+DIMENSIONS = SEARCHED
+"""The dimensions a space file may list, with their levels (autotune.strategy.DIMENSIONS)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,29 +34,14 @@ class SearchSpace:
         return math.prod(len(v) for v in self.candidates.values())
 
     def at_level(self, level: int) -> dict[str, tuple[Any, ...]]:
-        return {k: v for k, v in self.candidates.items() if DIMENSIONS[k][1] == level}
-
-
-_CHOICES: dict[str, tuple[str, ...]] = {"recompute": RECOMPUTE_CHOICES,
-                                        "recompute_method": RECOMPUTE_METHODS,
-                                        "impl": IMPL_CHOICES}
+        return {k: v for k, v in self.candidates.items() if DIMENSIONS[k].level == level}
 
 
 def _check_value(dim: str, value: Any, source: str) -> Any:
-    kind = DIMENSIONS[dim][0]
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{source}: {dim} candidates must be positive integers, "
-                              f"got {value!r}")
-    elif kind is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{source}: {dim} candidates must be true or false, got {value!r}")
-    elif not isinstance(value, str):
-        raise ConfigError(f"{source}: {dim} candidates must be strings, got {value!r}")
-    elif dim in _CHOICES and value not in _CHOICES[dim]:
-        raise ConfigError(f"{source}: {dim} candidates must be among "
-                          f"{', '.join(_CHOICES[dim])}, got {value!r}")
-    return value
+    problem = DIMENSIONS[dim].check(value)
+    if problem is not None:
+        raise ConfigError(f"{source}: {dim} candidates must be {problem}, got {value!r}")
+    return DIMENSIONS[dim].coerce(value)
 
 
 def space_from_mapping(data: Any, source: str) -> SearchSpace:
@@ -166,13 +127,13 @@ def enumerate_space(space: SearchSpace, model: ModelSpec,
     Rules are checked level by level, so a layout rejected at level k is counted once for all
     combinations of the deeper dimensions instead of being expanded.
     """
-    levels = [space.at_level(level) for level in range(_LEVELS)]
+    levels = [space.at_level(level) for level in range(LEVELS)]
     deeper = [math.prod(len(v) for lv in levels[k + 1:] for v in lv.values())
-              for k in range(_LEVELS)]
+              for k in range(LEVELS)]
     rejected: dict[str, RejectGroup] = {}
     valid: list[Strategy] = []
     base = Strategy(gbs=model.global_batch_size)
-    rules_at = [[rule for rule in RULES if rule.level == level] for level in range(_LEVELS)]
+    rules_at = [[rule for rule in RULES if rule.level == level] for level in range(LEVELS)]
 
     def expand(level: int, partial: Strategy) -> None:
         for choice in _product(levels[level]):
@@ -186,7 +147,7 @@ def enumerate_space(space: SearchSpace, model: ModelSpec,
                           None)
             if broken is not None:
                 rejected.setdefault(broken[0], RejectGroup()).add(deeper[level], broken[1])
-            elif level + 1 < _LEVELS:
+            elif level + 1 < LEVELS:
                 expand(level + 1, strategy)
             else:
                 valid.append(strategy)

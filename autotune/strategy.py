@@ -8,57 +8,93 @@ enumerator in `space` can reject a partial layout before it expands the deeper d
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
+from autotune.dimensions import (
+    Dimension,
+    Impl,
+    Recompute,
+    RecomputeMethod,
+    always,
+    dimension,
+    flag_label,
+    unless_default,
+    value_label,
+)
 from autotune.errors import InvalidStrategyError
 from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec
 
-__all__ = ["DATA_PARALLEL_OPTIONS", "RULES", "RULE_LEVELS", "STRATEGY_DEFAULTS", "Rule",
-           "Strategy", "Violation", "canonical", "check", "validate"]
+__all__ = ["DATA_PARALLEL_OPTIONS", "DIMENSIONS", "RULES", "RULE_LEVELS", "SEARCHED",
+           "STRATEGY_DEFAULTS", "Impl", "Recompute", "RecomputeMethod", "Rule", "Strategy",
+           "Violation", "canonical", "check", "validate"]
 
-Recompute = Literal["none", "selective", "full"]
-RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
-RECOMPUTE_METHODS: tuple[str, ...] = ("uniform", "block")
-IMPL_CHOICES: tuple[str, ...] = ("local", "te", "sdpa")
-"""Transformer implementations: megatron-core's local spec, Transformer Engine's spec, and
-autotune's local spec with PyTorch scaled_dot_product_attention as core attention."""
+
+def _recompute_label(s: Strategy, value: Recompute) -> str | None:
+    """`rc=selective`, `rc=full`, or `rc=full(block/2)` when the method or layer count is not
+    the default: recompute_method and recompute_num_layers mean nothing without full."""
+    if value == Recompute.FULL and (s.recompute_method, s.recompute_num_layers) != (
+            RecomputeMethod.UNIFORM, 1):
+        return f"rc=full({s.recompute_method}/{s.recompute_num_layers})"
+    return None if value == Recompute.NONE else f"rc={value}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Strategy:
-    """One Megatron parallel layout plus the batch and memory options that go with it."""
+    """One Megatron parallel layout plus the batch and memory options that go with it.
 
-    tp: int = 1
-    """Tensor parallel size (Megatron `--tensor-model-parallel-size`)."""
-    pp: int = 1
-    """Pipeline parallel size."""
-    dp: int = 1
-    """Data parallel size: world / (tp * pp * cp)."""
-    cp: int = 1
-    """Context parallel size: the sequence is split over cp GPUs."""
-    ep: int = 1
-    """Expert parallel size (MoE); experts are split over ep ranks of the data-parallel group."""
-    vpp: int = 1
-    """Virtual pipeline stages (model chunks) per pipeline rank; 1 means no interleaving."""
-    mbs: int = 1
-    """Micro-batch size in sequences."""
-    gbs: int = 1
-    """Global batch size in sequences."""
-    sequence_parallel: bool = False
-    recompute: str = "none"
-    """Activation recomputation granularity: none, selective (core attention) or full."""
-    recompute_method: str = "uniform"
-    """With full recompute: uniform (every group of layers) or block (the first n layers)."""
-    recompute_num_layers: int = 1
-    distributed_optimizer: bool = False
-    overlap_grad_reduce: bool = False
-    overlap_param_gather: bool = False
-    impl: str = "local"
-    cross_entropy_fusion: bool = False
-    """Megatron's fused vocab-parallel cross entropy (`--cross-entropy-loss-fusion`, the native
-    torch.compile'd kernels): fewer passes over the fp32 logits, one more fp32 copy of them."""
+    Each field's metadata (help, enumeration level, label, estimate flag) is declared once,
+    here, with `dimension(...)`; DIMENSIONS below collects it for every consumer."""
+
+    tp: int = dimension(1, level=0, label=always("tp"), flag="--tp", help=(
+        "Tensor parallel size (Megatron `--tensor-model-parallel-size`)."))
+    pp: int = dimension(1, level=0, label=always("pp"), flag="--pp", help=(
+        "Pipeline parallel size."))
+    dp: int = dimension(1, level=None, label=always("dp"), help=(
+        "Data parallel size: world / (tp * pp * cp), derived from the GPU count."))
+    cp: int = dimension(1, level=0, label=unless_default("cp", 1), flag="--cp", help=(
+        "Context parallel size: the sequence is split over cp GPUs."))
+    ep: int = dimension(1, level=2, label=unless_default("ep", 1), flag="--ep", help=(
+        "Expert parallel size (MoE): experts split over ep ranks of the data-parallel group."))
+    vpp: int = dimension(1, level=1, label=unless_default("vpp", 1), flag="--vpp", help=(
+        "Virtual pipeline stages (model chunks) per pipeline rank; 1: no interleaving."))
+    mbs: int = dimension(1, level=4, label=always("mbs"), flag="--mbs", help=(
+        "Micro-batch size in sequences."))
+    gbs: int = dimension(1, level=None, label=None, folded_into="the model", help=(
+        "Global batch size in sequences (the model's; estimate's --gbs overrides it)."))
+    sequence_parallel: bool = dimension(False, level=3, label=flag_label("sp"), flag="--sp",
+                                        help="Sequence parallelism (needs tp > 1).")
+    recompute: Recompute = dimension(Recompute.NONE, level=5, label=_recompute_label, help=(
+        "Activation recomputation: none, selective (core attention) or full."))
+    recompute_method: RecomputeMethod = dimension(
+        RecomputeMethod.UNIFORM, level=5, label=None, folded_into="recompute", help=(
+            "With full recompute: uniform (every group of layers) or block (the first n "
+            "layers of each stage)."))
+    recompute_num_layers: int = dimension(1, level=5, label=None, folded_into="recompute",
+                                          help="With full recompute: layers per group (uniform)"
+                                               " or recomputed layers per stage (block).")
+    distributed_optimizer: bool = dimension(False, level=5, label=flag_label("do"), help=(
+        "Shard the optimizer state over the data-parallel ranks."))
+    overlap_grad_reduce: bool = dimension(False, level=5, label=flag_label("ogr"), help=(
+        "Overlap the gradient reduce-scatter/all-reduce with the backward pass."))
+    overlap_param_gather: bool = dimension(False, level=5, label=flag_label("opg"), help=(
+        "Overlap the distributed optimizer's parameter all-gather with the forward pass."))
+    cross_entropy_fusion: bool = dimension(False, level=5, label=flag_label("cef"), help=(
+        "Megatron's fused vocab-parallel cross entropy (`--cross-entropy-loss-fusion`, the "
+        "native torch.compile'd kernels): fewer passes over the fp32 logits, one more fp32 "
+        "copy of them."))
+    impl: Impl = dimension(Impl.LOCAL, level=5, label=value_label(), help=(
+        "Transformer implementation: local, sdpa or te."))
+
+    def __post_init__(self) -> None:
+        # Values read back from YAML, JSON or Optuna's storage are plain strings: keep the
+        # enum members, so that a layout prints, hashes and compares one way.
+        for name in _ENUM_FIELDS:
+            value = getattr(self, name)
+            coerced = _FIELD_META[name].coerce(value)
+            if coerced is not value:
+                object.__setattr__(self, name, coerced)
 
     @property
     def world_size(self) -> int:
@@ -75,29 +111,23 @@ class Strategy:
         return self.world_size // (self.tp * self.ep * self.pp)
 
     def describe(self) -> str:
-        """A compact label naming every non-default choice:
-        `tp2 pp2 dp2 mbs4 sp rc=full(block/2) do ogr opg cef sdpa`."""
-        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
-        parts += [f"{name}{value}" for name, value in
-                  (("cp", self.cp), ("ep", self.ep), ("vpp", self.vpp)) if value > 1]
-        parts.append(f"mbs{self.mbs}")
-        if self.sequence_parallel:
-            parts.append("sp")
-        if self.recompute == "full" and (self.recompute_method, self.recompute_num_layers) != (
-                "uniform", 1):
-            parts.append(f"rc=full({self.recompute_method}/{self.recompute_num_layers})")
-        elif self.recompute != "none":
-            parts.append(f"rc={self.recompute}")
-        parts += [flag for flag, on in (("do", self.distributed_optimizer),
-                                        ("ogr", self.overlap_grad_reduce),
-                                        ("opg", self.overlap_param_gather),
-                                        ("cef", self.cross_entropy_fusion)) if on]
-        parts.append(self.impl)
-        return " ".join(parts)
+        """A compact label naming every non-default choice, each dimension's label in field
+        order: `tp2 pp2 dp2 mbs4 sp rc=full(block/2) do ogr opg cef sdpa`."""
+        parts = [dim.label(self, getattr(self, dim.name)) for dim in DIMENSIONS.values()
+                 if dim.label is not None]
+        return " ".join(p for p in parts if p)
 
 
-STRATEGY_DEFAULTS: dict[str, Any] = {f: getattr(Strategy(), f)
-                                     for f in Strategy.__dataclass_fields__}
+_FIELD_META: dict[str, Dimension] = {
+    f.name: replace(f.metadata["dimension"], name=f.name) for f in fields(Strategy)}
+DIMENSIONS: dict[str, Dimension] = _FIELD_META
+"""Every Strategy field's Dimension, in field order: the one table the space, estimate's
+options, the export, the best-trial rows and tools/ derive from."""
+_ENUM_FIELDS = tuple(name for name, dim in DIMENSIONS.items() if dim.choices is not None)
+SEARCHED: dict[str, Dimension] = {n: d for n, d in DIMENSIONS.items() if d.level is not None}
+"""The dimensions a search space may list, with their enumeration levels."""
+
+STRATEGY_DEFAULTS: dict[str, Any] = {name: dim.default for name, dim in DIMENSIONS.items()}
 """Each Strategy field's default: what a trial stored before a field existed ran with, and the
 type a layout file's value must have."""
 
@@ -250,9 +280,9 @@ def _vpp_microbatches(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
 
 
 def _recompute_kind(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
-    if s.recompute not in RECOMPUTE_CHOICES:
-        return f"recompute={s.recompute!r} must be one of {', '.join(RECOMPUTE_CHOICES)}"
-    if s.recompute == "full" and s.recompute_method not in RECOMPUTE_METHODS:
+    if not isinstance(s.recompute, Recompute):
+        return f"recompute={s.recompute!r} must be one of {', '.join(Recompute)}"
+    if s.recompute == Recompute.FULL and not isinstance(s.recompute_method, RecomputeMethod):
         return f"recompute_method={s.recompute_method!r} must be uniform or block"
     return None
 
@@ -277,8 +307,8 @@ def _opg_do(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
 
 
 def _impl_known(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
-    if s.impl not in IMPL_CHOICES:
-        return f"impl={s.impl!r} must be one of {', '.join(IMPL_CHOICES)}"
+    if not isinstance(s.impl, Impl):
+        return f"impl={s.impl!r} must be one of {', '.join(Impl)}"
     return None
 
 

@@ -22,6 +22,7 @@ from autotune.memory import estimate_memory
 from autotune.metrics import metrics_from_run
 from autotune.model import load_model
 from autotune.runner import run_trial
+from autotune.strategy import DIMENSIONS
 from autotune.trial import TrialSpec
 
 GIB = 2**30
@@ -31,14 +32,10 @@ STEPS, WARMUP = 5, 2
 def _fields(text: str) -> dict[str, object]:
     out: dict[str, object] = {}
     for item in text.split(","):
-        key, value = item.split("=")
-        if key in ("sequence_parallel", "distributed_optimizer", "overlap_grad_reduce",
-                   "overlap_param_gather", "cross_entropy_fusion"):
-            out[key] = value in ("1", "true", "True")
-        elif key in ("recompute", "recompute_method", "impl"):
-            out[key] = value
-        else:
-            out[key] = int(value)
+        key, _, value = item.partition("=")
+        if key not in DIMENSIONS:
+            raise SystemExit(f"unknown layout field {key!r}; known: {', '.join(DIMENSIONS)}")
+        out[key] = DIMENSIONS[key].parse(value)
     return out
 
 

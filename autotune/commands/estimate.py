@@ -9,18 +9,17 @@ from typing import Any
 from autotune.calibration import load_calibration
 from autotune.cost import estimate_cost
 from autotune.errors import ConfigError
-from autotune.export import JSON_KEYS
 from autotune.hardware import ClusterSpec
 from autotune.memory import estimate_memory
 from autotune.model import ModelSpec
-from autotune.strategy import STRATEGY_DEFAULTS, Strategy, derive_dp, validate
+from autotune.strategy import DIMENSIONS, Strategy, derive_dp, validate
 
 __all__ = ["layout_file", "run_estimate", "strategy_from_fields"]
 
 _GIB = 2**30
 # The layout fields `autotune export --format json` writes, less dp: estimate derives it from
 # the GPU count, as the enumerator does.
-_LAYOUT_KEYS = tuple(k for k in JSON_KEYS if k != "dp")
+_LAYOUT_KEYS = tuple(k for k in DIMENSIONS if k != "dp")
 
 
 def _read_layout(path: str) -> dict[str, Any]:
@@ -65,7 +64,8 @@ def layout_file(path: str, *, model_name: str, gpus: int, gpu: str | None,
     layout = _read_layout(path)
     fields = {k: v for k, v in layout.items() if k in _LAYOUT_KEYS}
     for key, value in fields.items():
-        _check_type(path, key, value, type(STRATEGY_DEFAULTS[key]))
+        # An enum dimension is a string in JSON; its value is checked by Megatron's rules.
+        _check_type(path, key, value, str if DIMENSIONS[key].choices else DIMENSIONS[key].kind)
     context = {k: layout[k] for k in _CONTEXT_TYPES if layout.get(k) is not None}
     for key, value in context.items():
         _check_type(path, key, value, _CONTEXT_TYPES[key])

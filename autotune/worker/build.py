@@ -1,116 +1,46 @@
 """Model, DDP wrapper and optimizer of one trial, built with megatron-core from the TrialSpec.
 
-The mapping follows Megatron-LM's megatron/training/arguments.py (`core_transformer_config_from_
-args`) and training.py (`get_model`, `setup_model_and_optimizer`), with Megatron-LM's defaults
-where the spec says nothing (bias-GELU and bias-dropout fusion on; grads accumulated and
-reduced in fp32, as Megatron-LM does with --bf16).
+What to build (every configuration value) comes from autotune.worker.config.worker_config; this
+module turns it into megatron-core objects on the GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
-import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from autotune.model import padded_vocab_size
-from autotune.strategy import Strategy
+from autotune.protocol import te_available
 from autotune.trial import TrialSpec
+from autotune.worker.config import worker_config
 
-__all__ = ["build_model", "build_optimizer", "has_transformer_engine", "transformer_config",
-           "transformer_config_kwargs"]
+__all__ = ["build_model", "build_optimizer", "transformer_config", "transformer_config_kwargs"]
 
 log = logging.getLogger(__name__)
 
 
-def has_transformer_engine() -> bool:
-    return importlib.util.find_spec("transformer_engine") is not None
+_DTYPES = {"bfloat16": torch.bfloat16}
+_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu}
 
 
-def _recompute(strategy: Strategy) -> dict[str, Any]:
-    if strategy.recompute == "none":
-        return {"recompute_granularity": None, "recompute_method": None,
-                "recompute_num_layers": None}
-    if strategy.recompute == "selective":
-        return {"recompute_granularity": "selective", "recompute_method": None,
-                "recompute_num_layers": None}
-    return {"recompute_granularity": "full", "recompute_method": strategy.recompute_method,
-            "recompute_num_layers": strategy.recompute_num_layers}
+def _resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """worker_config's names of dtypes and activations as the torch objects they name."""
+    out = dict(kwargs)
+    for key in ("params_dtype", "pipeline_dtype"):
+        if key in out:
+            out[key] = _DTYPES[out[key]]
+    if "activation_func" in out:
+        out["activation_func"] = _ACTIVATIONS[out["activation_func"]]
+    return out
 
 
 def transformer_config_kwargs(spec: TrialSpec) -> dict[str, Any]:
-    """TransformerConfig keyword arguments for the trial (pure: no CUDA needed)."""
-    m, s = spec.model, spec.strategy
-    swiglu = m.gated_linear_unit or m.activation in ("swiglu", "silu")
-    kwargs: dict[str, Any] = {
-        "num_layers": m.num_layers,
-        "hidden_size": m.hidden_size,
-        "num_attention_heads": m.num_attention_heads,
-        "num_query_groups": m.query_groups,
-        "ffn_hidden_size": m.ffn_size,
-        "kv_channels": m.head_dim,
-        "tensor_model_parallel_size": s.tp,
-        "pipeline_model_parallel_size": s.pp,
-        "virtual_pipeline_model_parallel_size": s.vpp if s.vpp > 1 else None,
-        "context_parallel_size": s.cp,
-        "expert_model_parallel_size": s.ep,
-        "sequence_parallel": s.sequence_parallel,
-        "bf16": True,
-        "params_dtype": torch.bfloat16,
-        "pipeline_dtype": torch.bfloat16,
-        "variable_seq_lengths": False,
-        "hidden_dropout": m.hidden_dropout,
-        "attention_dropout": m.attention_dropout,
-        "normalization": m.normalization,
-        "add_bias_linear": m.add_bias_linear,
-        "gated_linear_unit": swiglu,
-        "activation_func": F.silu if swiglu else F.gelu,
-        # Megatron-LM's defaults (--bias-gelu-fusion, --bias-dropout-fusion); megatron-core
-        # compiles these element-wise kernels with torch.compile (megatron/core/jit.py).
-        "bias_activation_fusion": swiglu or m.add_bias_linear,
-        "bias_dropout_fusion": True,
-        # Megatron-LM turns this on with apex's fused_weight_gradient_mlp_cuda, which the worker
-        # does not assume. A torch stand-in (addmm_ into main_grad) was measured on an H100:
-        # no gain at gpt2-xl mbs 16, 11% slower at mbs 8 (results/benchmarks/
-        # 2026-11-21-h100-worker-dev.md), so grads accumulate with a separate add.
-        "gradient_accumulation_fusion": False,
-        "masked_softmax_fusion": False,
-        "cross_entropy_loss_fusion": s.cross_entropy_fusion,
-        "cross_entropy_fusion_impl": "native",
-        # megatron-core's default, kept on purpose: the unfused attention of impl local saves
-        # fp32 probabilities. Megatron-LM's --attention-softmax-in-fp32 defaults to off, so
-        # autotune.megatron_args passes it for impl local (measured: 9.4 GiB at gpt2-xl mbs 4).
-        "attention_softmax_in_fp32": True,
-        "init_method_std": 0.02,
-        # Megatron-LM frees pipeline outputs after sending them (--deallocate-pipeline-outputs
-        # is on by default in arguments.py).
-        "deallocate_pipeline_outputs": True,
-        # Megatron-LM's interleaved schedule overlaps its p2p sends and receives with compute
-        # (--overlap-p2p-communication is on by default; arguments.py sets batch_p2p_comm = not
-        # overlap_p2p_comm and turns the overlap off without vpp). megatron-core's own defaults
-        # (batched, no overlap) deadlocked gpt2-xl pp4 vpp2 with 4 micro-batches on 4 x H200
-        # (results/benchmarks/2026-11-21-h200x4-gpt2-xl-grid.md).
-        "overlap_p2p_comm": s.vpp > 1,
-        "batch_p2p_comm": s.vpp == 1,
-        **_recompute(s),
-    }
-    if m.normalization == "RMSNorm":
-        kwargs["layernorm_epsilon"] = 1e-5
-    if m.is_moe:
-        kwargs.update({
-            "num_moe_experts": m.num_experts,
-            "moe_router_topk": m.moe_topk,
-            "moe_ffn_hidden_size": m.expert_ffn_size,
-            "moe_token_dispatcher_type": "alltoall",
-            "moe_router_load_balancing_type": "aux_loss",
-            "moe_aux_loss_coeff": 1e-2,
-            "moe_grouped_gemm": s.impl == "te",
-        })
-    return kwargs
+    """TransformerConfig keyword arguments for the trial (pure: no CUDA needed), from
+    autotune.worker.config, the one mapping of a layout to megatron-core's configuration."""
+    return _resolved(worker_config(spec.model, spec.strategy).transformer)
 
 
 def transformer_config(spec: TrialSpec) -> Any:
@@ -144,7 +74,7 @@ def _layer_spec(spec: TrialSpec, config: Any, vp_stage: int | None) -> Any:
     m, impl = spec.model, spec.strategy.impl
     experts = m.num_experts if m.is_moe else None
     if impl == "te":
-        if not has_transformer_engine():
+        if not te_available():
             raise RuntimeError("impl=te needs transformer-engine (pip install "
                                "'autotune[te]', best inside an NGC PyTorch image)")
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
@@ -173,6 +103,7 @@ def build_model(spec: TrialSpec, config: Any) -> list[Any]:
     from megatron.core.transformer.module import Float16Module
 
     m, s = spec.model, spec.strategy
+    wanted = worker_config(m, s)
     _patch_megatron_core()
     vpp = s.vpp if s.vpp > 1 else None
     chunks = []
@@ -181,7 +112,7 @@ def build_model(spec: TrialSpec, config: Any) -> list[Any]:
         model = GPTModel(
             config=config,
             transformer_layer_spec=_layer_spec(spec, config, vp_stage),
-            vocab_size=padded_vocab_size(m, s.tp),
+            vocab_size=wanted.model["vocab_size"],
             max_sequence_length=m.max_positions,
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False,
                                                                vp_stage=vp_stage),
@@ -195,16 +126,7 @@ def build_model(spec: TrialSpec, config: Any) -> list[Any]:
         # Megatron-LM wraps bf16 models the same way (training.py, get_model): every parameter
         # in bf16, inputs cast on the first stage, the loss in fp32 on the last.
         chunks.append(Float16Module(config, model.cuda()))
-    ddp_config = DistributedDataParallelConfig(
-        # Megatron-LM forces fp32 gradient accumulation and reduction with --bf16
-        # (arguments.py: accumulate_allreduce_grads_in_fp32); trials must use the memory and
-        # speed of the command that export prints, and the memory model assumes 4-byte grads.
-        grad_reduce_in_fp32=True,
-        overlap_grad_reduce=s.overlap_grad_reduce,
-        overlap_param_gather=s.overlap_param_gather,
-        align_param_gather=s.overlap_param_gather and s.vpp > 1,
-        use_distributed_optimizer=s.distributed_optimizer,
-    )
+    ddp_config = DistributedDataParallelConfig(**wanted.ddp)
     # Only the first chunk gets buckets, as in Megatron-LM (later chunks' grads are ready last).
     return [DistributedDataParallel(config=config, ddp_config=dataclasses.replace(ddp_config),
                                     module=chunk, disable_bucketing=i > 0)
@@ -225,9 +147,7 @@ def build_optimizer(spec: TrialSpec, model: list[Any]) -> Any:
     """Megatron's mixed-precision Adam over the chunks, on a fused kernel where possible."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    config = OptimizerConfig(optimizer="adam", lr=1e-4, bf16=True, params_dtype=torch.bfloat16,
-                             use_distributed_optimizer=spec.strategy.distributed_optimizer,
-                             clip_grad=1.0)
+    config = OptimizerConfig(**_resolved(worker_config(spec.model, spec.strategy).optimizer))
     optimizer = get_megatron_optimizer(config, model, use_gloo_process_groups=False)
     fused = _use_fused_torch_adam(optimizer)
     _use_foreach_multi_tensor_ops()
@@ -300,8 +220,3 @@ def _use_foreach_multi_tensor_ops() -> None:
     for module in (clip_grads, mcore_optimizer):
         if module.multi_tensor_scale_impl is mcore_utils.local_multi_tensor_scale:
             module.multi_tensor_scale_impl = _foreach_scale
-
-
-def nccl_timeout_minutes(timeout_s: float) -> int:
-    """initialize_model_parallel takes its sub-groups' timeout in whole minutes."""
-    return max(1, math.ceil(timeout_s / 60))

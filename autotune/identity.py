@@ -1,0 +1,88 @@
+"""When two layouts are the same run: they give Megatron the same configuration.
+
+A layout's key is what the trial's worker and the exported Megatron-LM command would receive
+(autotune.worker.config.worker_config and autotune.megatron_args.megatron_lm_args), not a list of
+special cases: Megatron ignores `recompute_method` and `recompute_num_layers` without full
+recompute, so layouts that differ only there get one key because neither side receives them.
+The search, the grid, `--dry-run`'s count of distinct runs and the duplicate records all use it.
+
+A hand rule remains only where the configuration differs but the run provably does not
+(SAME_RUN_RULES, each with its reason).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from autotune.dimensions import Impl
+from autotune.megatron_args import megatron_lm_args
+from autotune.model import ModelSpec
+from autotune.strategy import DATA_PARALLEL_OPTIONS, DIMENSIONS, Strategy, with_fields
+from autotune.worker.config import worker_config
+
+__all__ = ["SAME_RUN_RULES", "SameRunRule", "configuration", "representatives", "run_key"]
+
+
+@dataclass(frozen=True, slots=True)
+class SameRunRule:
+    """Layouts whose configurations differ but whose runs do not: `applies` says when,
+    `normalise` gives the layout they all run as."""
+
+    name: str
+    reason: str
+    applies: Callable[[Strategy], bool]
+    normalise: Callable[[Strategy], Strategy]
+
+
+SAME_RUN_RULES: tuple[SameRunRule, ...] = (
+    SameRunRule(
+        "one data-parallel rank",
+        "megatron-core's DDP reduces gradients, and its distributed optimizer shards state, over "
+        "the data-parallel group with context parallelism (dp x cp ranks); expert parameters use "
+        "the expert-data-parallel group, dp x cp / ep ranks, never more. With one such rank the "
+        "distributed optimizer and the overlap flags have nothing to shard or overlap: the same "
+        "kernels, memory and communication.",
+        lambda s: s.dp * s.cp == 1,
+        lambda s: with_fields(s, **dict.fromkeys(DATA_PARALLEL_OPTIONS, False))),
+)
+
+
+def configuration(model: ModelSpec, strategy: Strategy) -> str:
+    """What Megatron receives for the layout: the worker's megatron-core configuration and the
+    exported command's Megatron-LM arguments, as one text."""
+    # Megatron-LM has no impl sdpa; the export writes Transformer Engine's spec for it
+    # (autotune.export), and the worker's layer spec keeps the two apart.
+    exported = strategy if strategy.impl != Impl.SDPA else replace(strategy, impl=Impl.TE)
+    args = megatron_lm_args(model, exported, mock_data=True)
+    return worker_config(model, strategy).signature() + "\n" + " ".join(args)
+
+
+def run_key(model: ModelSpec, strategy: Strategy) -> str:
+    """Equal for two valid layouts exactly when they are the same run."""
+    for rule in SAME_RUN_RULES:
+        if rule.applies(strategy):
+            strategy = rule.normalise(strategy)
+    return configuration(model, strategy)
+
+
+def _non_defaults(s: Strategy) -> int:
+    return sum(getattr(s, name) != dim.default for name, dim in DIMENSIONS.items())
+
+
+def representatives(model: ModelSpec, strategies: Iterable[Strategy]) -> dict[Strategy, Strategy]:
+    """Each valid layout -> the one layout of its run that a search launches: of the layouts
+    with its key, the one with the fewest non-default options (first in order on a tie), with
+    the hand rules applied (so its label says what really runs)."""
+    groups: dict[str, list[Strategy]] = {}
+    for s in strategies:
+        groups.setdefault(run_key(model, s), []).append(s)
+    chosen: dict[Strategy, Strategy] = {}
+    for members in groups.values():
+        rep = min(members, key=_non_defaults)
+        for rule in SAME_RUN_RULES:
+            if rule.applies(rep):
+                rep = rule.normalise(rep)
+        for s in members:
+            chosen[s] = rep
+    return chosen
