@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from autotune.dimensions import Impl
 from autotune.megatron_args import megatron_lm_args
@@ -48,17 +49,17 @@ SAME_RUN_RULES: tuple[SameRunRule, ...] = (
 )
 
 
-def configuration(model: ModelSpec, strategy: Strategy) -> str:
+def configuration(model: ModelSpec, strategy: Strategy) -> tuple[Any, ...]:
     """What Megatron receives for the layout: the worker's megatron-core configuration and the
-    exported command's Megatron-LM arguments, as one text."""
+    exported command's Megatron-LM arguments, as one hashable value."""
     # Megatron-LM has no impl sdpa; the export writes Transformer Engine's spec for it
     # (autotune.export), and the worker's layer spec keeps the two apart.
     exported = strategy if strategy.impl != Impl.SDPA else replace(strategy, impl=Impl.TE)
     args = megatron_lm_args(model, exported, mock_data=True)
-    return worker_config(model, strategy).signature() + "\n" + " ".join(args)
+    return worker_config(model, strategy).signature(), tuple(args)
 
 
-def run_key(model: ModelSpec, strategy: Strategy) -> str:
+def run_key(model: ModelSpec, strategy: Strategy) -> tuple[Any, ...]:
     """Equal for two valid layouts exactly when they are the same run."""
     for rule in SAME_RUN_RULES:
         if rule.applies(strategy):
@@ -74,12 +75,12 @@ def representatives(model: ModelSpec, strategies: Iterable[Strategy]) -> dict[St
     """Each valid layout -> the one layout of its run that a search launches: of the layouts
     with its key, the one with the fewest non-default options (first in order on a tie), with
     the hand rules applied (so its label says what really runs)."""
-    groups: dict[str, list[Strategy]] = {}
+    groups: dict[tuple[Any, ...], list[Strategy]] = {}
     for s in strategies:
         groups.setdefault(run_key(model, s), []).append(s)
     chosen: dict[Strategy, Strategy] = {}
     for members in groups.values():
-        rep = min(members, key=_non_defaults)
+        rep = members[0] if len(members) == 1 else min(members, key=_non_defaults)
         for rule in SAME_RUN_RULES:
             if rule.applies(rep):
                 rep = rule.normalise(rep)

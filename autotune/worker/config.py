@@ -15,7 +15,6 @@ reduced in fp32, as Megatron-LM does with --bf16).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +41,13 @@ class WorkerConfig:
     schedule: dict[str, Any]
     """What megatron-core's forward_backward_func gets per step."""
 
-    def signature(self) -> str:
-        """One canonical text of the whole configuration: equal for two layouts exactly when
+    def signature(self) -> tuple[Any, ...]:
+        """The whole configuration as one hashable value: equal for two layouts exactly when
         the worker would configure megatron-core the same way."""
-        return json.dumps([self.transformer, self.ddp, self.optimizer, self.model,
-                           self.schedule], sort_keys=True)
+        # worker_config inserts the keys in one order for a given model, so the items need no
+        # sorting (this runs for every valid layout of a space: 22,671 for gpt-1t on 3072 GPUs).
+        return tuple(tuple(part.items()) for part in (
+            self.transformer, self.ddp, self.optimizer, self.model, self.schedule))
 
 
 def _recompute(s: Strategy) -> dict[str, Any]:

@@ -1,0 +1,124 @@
+"""A layout's identity (autotune.identity): layouts are the same run exactly when they give
+Megatron the same configuration, checked over every shipped space and preset."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.dimensions import Impl, Recompute
+from autotune.hardware import ClusterSpec
+from autotune.identity import SAME_RUN_RULES, configuration, representatives, run_key
+from autotune.model import list_presets, load_model
+from autotune.space import SearchSpace, enumerate_space, load_space
+from autotune.strategy import DATA_PARALLEL_OPTIONS, SEARCHED, Strategy
+
+SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
+GPUS_FOR_SPACE = {"default.yaml": (8,), "one-node.yaml": (8,), "four-gpu.yaml": (4,),
+                  "two-gpu.yaml": (2,), "single-gpu.yaml": (1,)}
+"""Each shipped space with the GPU count it is written for (the default: one node)."""
+
+IGNORED: dict[str, tuple[Callable[[Strategy], bool], str]] = {
+    "recompute_method": (lambda s: s.recompute != Recompute.FULL,
+                         "Megatron reads it only with full recompute"),
+    "recompute_num_layers": (lambda s: s.recompute != Recompute.FULL,
+                             "Megatron reads it only with full recompute"),
+    **{name: (lambda s: s.dp * s.cp == 1, "nothing to shard or overlap with one DP rank")
+       for name in DATA_PARALLEL_OPTIONS},
+}
+"""When a dimension makes no difference to the run, written from Megatron's documentation
+independently of autotune.identity: two layouts may share a key only by differing here."""
+
+
+def _explained(a: Strategy, b: Strategy) -> bool:
+    differ = [d for d in SEARCHED if getattr(a, d) != getattr(b, d)]
+    return all(d in IGNORED and IGNORED[d][0](a) and IGNORED[d][0](b) for d in differ)
+
+
+def _check_space(preset: str, gpus: int, space: SearchSpace) -> int:
+    model = load_model(preset)
+    cluster = ClusterSpec.make(gpus, gpu="h100-80gb", gpus_per_node=min(8, gpus))
+    valid = enumerate_space(space, model, cluster).valid
+    reps = representatives(model, valid)
+    groups: dict[Strategy, list[Strategy]] = {}
+    for s in valid:
+        groups.setdefault(reps[s], []).append(s)
+    for rep, members in groups.items():
+        assert rep in members or all(_explained(rep, s) for s in members)
+        for a, b in itertools.combinations(members, 2):
+            # Same key: the layouts differ only where Megatron ignores the difference.
+            assert _explained(a, b), f"{a.describe()} and {b.describe()} share a key"
+    # Distinct keys: distinct configurations, and every explained pair shares a key.
+    assert len({run_key(model, rep) for rep in groups}) == len(groups)
+    by_rest: dict[tuple[Any, ...], list[Strategy]] = {}
+    for s in valid:
+        rest = tuple(getattr(s, d) for d in SEARCHED if d not in IGNORED)
+        by_rest.setdefault(rest, []).append(s)
+    for members in by_rest.values():
+        for a, b in itertools.combinations(members, 2):
+            if _explained(a, b):
+                assert reps[a] == reps[b], f"{a.describe()} and {b.describe()} run twice"
+    return len(valid)
+
+
+@pytest.mark.parametrize("space_file", sorted(GPUS_FOR_SPACE))
+def test_every_shipped_space_and_preset(space_file: str) -> None:
+    assert {p.name for p in SPACES.glob("*.yaml")} == set(GPUS_FOR_SPACE)
+    space = load_space(str(SPACES / space_file))
+    checked = sum(_check_space(preset, gpus, space)
+                  for preset in list_presets() for gpus in GPUS_FOR_SPACE[space_file])
+    assert checked > 0
+
+
+@functools.cache
+def _all_dimensions() -> SearchSpace:
+    candidates: dict[str, tuple[Any, ...]] = {}
+    for name, dim in SEARCHED.items():
+        if dim.kind is bool:
+            candidates[name] = (False, True)
+        elif issubclass(dim.kind, enum.Enum):
+            candidates[name] = tuple(dim.kind)
+        else:
+            candidates[name] = (1, 2)
+    return SearchSpace(candidates=candidates, source="all dimensions")
+
+
+@pytest.mark.parametrize("preset", ["gpt2", "mixtral-8x7b"])
+def test_a_dimension_outside_the_key_must_be_explained(preset: str) -> None:
+    """Every searched dimension varies here: one that neither the worker nor the exported
+    command receives would put two different layouts under one key, and fail."""
+    assert _check_space(preset, 8, _all_dimensions()) > 1000
+
+
+@pytest.mark.parametrize(("a", "b", "same"), [
+    (dict(recompute="none", recompute_num_layers=2), dict(recompute="none",
+                                                          recompute_num_layers=8), True),
+    (dict(recompute="full", recompute_method="block", recompute_num_layers=2),
+     dict(recompute="full", recompute_method="block", recompute_num_layers=8), False),
+    (dict(recompute="selective", recompute_method="block"),
+     dict(recompute="selective", recompute_method="uniform"), True),
+    (dict(distributed_optimizer=True), dict(distributed_optimizer=False), True),
+    (dict(dp=2, distributed_optimizer=True), dict(dp=2, distributed_optimizer=False), False),
+    (dict(impl="sdpa"), dict(impl="te"), False),
+    (dict(impl="local"), dict(impl="sdpa"), False),
+])
+def test_same_run(a: dict[str, Any], b: dict[str, Any], same: bool) -> None:
+    model = load_model("gpt2-xl")
+    sa, sb = Strategy(gbs=64, **a), Strategy(gbs=64, **b)
+    assert (run_key(model, sa) == run_key(model, sb)) is same
+
+
+def test_the_hand_rules_change_only_options_whose_configuration_differs() -> None:
+    """A hand rule is for layouts Megatron configures differently but runs the same; one that
+    normalises a layout to the same configuration is redundant."""
+    model = load_model("gpt2-xl")
+    s = Strategy(gbs=64, distributed_optimizer=True, overlap_grad_reduce=True, impl=Impl.SDPA)
+    for rule in SAME_RUN_RULES:
+        assert rule.applies(s) and rule.reason
+        assert configuration(model, rule.normalise(s)) != configuration(model, s)
