@@ -3,7 +3,6 @@ or Megatron-LM's pretrain_gpt.py. Each backend turns a TrialSpec into TrialMetri
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -16,7 +15,7 @@ from autotune.memory import MemoryParams, estimate_memory
 from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
 __all__ = ["Backend", "MegatronLMBackend", "SimulateBackend", "WorkerBackend", "make_backend",
-           "te_available", "trial_timeout_s"]
+           "trial_timeout_s"]
 
 LAUNCH_OVERHEAD_S = 60.0
 """Launch, rendezvous, model build and CUDA/NCCL initialisation before the first step; the
@@ -35,11 +34,6 @@ class Backend(Protocol):
         ...
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics: ...
-
-
-def te_available() -> bool:
-    """Transformer Engine is importable (checked without importing it, which loads torch)."""
-    return importlib.util.find_spec("transformer_engine") is not None
 
 
 def trial_timeout_s(predicted_step_s: float, spec: TrialSpec, factor: float = 4.0) -> float:

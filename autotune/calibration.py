@@ -33,10 +33,8 @@ __all__ = [
     "fit_cost_params",
     "fit_memory_params",
     "load_calibration",
-    "load_params",
     "nelder_mead",
     "save_calibration",
-    "save_params",
 ]
 
 Sample = tuple[ModelSpec, Strategy, ClusterSpec, float]
@@ -146,33 +144,6 @@ def fit_memory_params(samples: Sequence[Sample], *, names: Sequence[str] = MEMOR
 
     result: MemoryParams = _fit(start or MemoryParams(), names, samples, predict)
     return result
-
-
-_TYPES: dict[str, type[CostParams] | type[MemoryParams]] = {
-    "CostParams": CostParams, "MemoryParams": MemoryParams}
-
-
-def save_params(path: Path | str, params: CostParams | MemoryParams) -> None:
-    """Write params as JSON: {"type": "CostParams", "version": 1, "values": {...}}."""
-    data = {"type": type(params).__name__, "version": 1, "values": asdict(params)}
-    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
-def load_params(path: Path | str) -> CostParams | MemoryParams:
-    """Read params written by save_params; unknown or missing fields raise ConfigError."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read calibration file {path}: {exc}") from exc
-    kind = data.get("type") if isinstance(data, dict) else None
-    if kind not in _TYPES or not isinstance(data.get("values"), dict):
-        raise ConfigError(f"{path}: not a calibration file (type must be one of "
-                          f"{', '.join(_TYPES)})")
-    cls = _TYPES[kind]
-    try:
-        return cls(**data["values"])
-    except TypeError as exc:
-        raise ConfigError(f"{path}: bad {kind} fields: {exc}") from exc
 
 
 def save_calibration(path: Path | str, cost: CostParams, memory: MemoryParams, *,

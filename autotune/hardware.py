@@ -1,6 +1,7 @@
 """GPUs and clusters: a table of GPU types and the `ClusterSpec` a search runs against.
 
-Only this module imports pynvml, and only when asked to detect the local GPU.
+pynvml is imported here only when asked to detect the local GPU; the worker imports it too
+(autotune.worker.report, a rank's device memory as NVML sees it).
 """
 
 from __future__ import annotations
@@ -81,11 +82,6 @@ class ClusterSpec:
     @property
     def num_nodes(self) -> int:
         return max(1, self.num_gpus // self.gpus_per_node)
-
-    @property
-    def node_size(self) -> int:
-        """GPUs that share NVLink: a whole node, or all GPUs when they fit in one."""
-        return min(self.num_gpus, self.gpus_per_node)
 
     @classmethod
     def make(cls, num_gpus: int, gpus_per_node: int | None = None,

@@ -2,19 +2,19 @@
 
 Data and argv only: nothing here starts a process (autotune.runner does). A multi-node trial is
 one torchrun per node, c10d rendezvous on one host, the worker unchanged: the same launch as
-`autotune export --format slurm` writes.
+`autotune export --format slurm` writes. What the worker itself is told and leaves behind is
+autotune.protocol's.
 """
 
 from __future__ import annotations
 
-import re
-import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.errors import ConfigError
+from autotune.protocol import WORKER, worker_args
 from autotune.trial import TrialSpec
 
 __all__ = [
@@ -22,35 +22,18 @@ __all__ = [
     "LAUNCHERS",
     "LOG_NAME",
     "OTHER_NODES_NAME",
-    "SPEC_NAME",
     "SRUN",
     "SRUN_ENV",
-    "STACKS_NAME",
-    "STACKS_SIGNAL",
-    "STARTED_MARKER",
     "TORCHRUN",
     "TORCHRUN_ENV",
-    "WORKER",
     "MultiNode",
     "multinode_argv",
     "split_srun_argv",
-    "started_ranks",
 ]
 
-SPEC_NAME = "trial.json"
 LOG_NAME = "log.txt"
-"""A trial's combined stdout and stderr, in its folder."""
-STARTED_MARKER = "AUTOTUNE_STARTED"
-"""First line of each worker rank: `AUTOTUNE_STARTED rank=R pid=P host=H` (pid and host only
-when the rank can write its stacks on STACKS_SIGNAL)."""
-STACKS_NAME = "stacks-rank{rank}.txt"
-"""Where a worker rank writes the Python stack of every thread when it gets STACKS_SIGNAL."""
-STACKS_SIGNAL = signal.SIGUSR1
-"""Sent by the runner to each started rank of a trial that timed out, before stopping it, so the
-trial folder says where every rank was blocked (faulthandler, which works inside C calls)."""
-_STARTED_LINE = re.compile(rf"{STARTED_MARKER} rank=(\d+) pid=(\d+) host=(\S+)")
+"""A trial's combined stdout and stderr, in its folder (written by the runner, not the worker)."""
 TORCHRUN: tuple[str, ...] = (sys.executable, "-m", "torch.distributed.run")
-WORKER: tuple[str, ...] = ("-m", "autotune.worker")
 
 LAUNCHERS: tuple[str, ...] = ("slurm", "torchrun")
 SRUN: tuple[str, ...] = ("srun",)
@@ -114,8 +97,7 @@ def multinode_argv(spec: TrialSpec, trial_dir: Path, multi: MultiNode, endpoint:
     # --rdzv-id unique per trial: a late agent of the previous trial never joins this one.
     torchrun = [*launcher, "--nnodes", str(multi.nodes), "--nproc-per-node",
                 str(multi.gpus_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-                "--rdzv-id", rdzv_id, *worker,
-                "--spec", str(trial_dir / SPEC_NAME), "--out-dir", str(trial_dir)]
+                "--rdzv-id", rdzv_id, *worker, *worker_args(trial_dir)]
     if multi.launcher == "torchrun":
         return torchrun
     # One task per node, each a torchrun that starts the node's ranks; --kill-on-bad-exit: a
@@ -133,8 +115,3 @@ def split_srun_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         i += 1 if "=" in argv[i] else 2
     return list(argv[:i]), list(argv[i:])
 
-
-def started_ranks(log_text: str, host: str) -> dict[int, int]:
-    """rank -> pid of every worker rank on `host` that announced its start, with a stack
-    handler, in a trial's log (the log of a multi-node trial holds other hosts' ranks too)."""
-    return {int(m[1]): int(m[2]) for m in _STARTED_LINE.finditer(log_text) if m[3] == host}

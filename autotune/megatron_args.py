@@ -7,15 +7,14 @@ commit 000c4ac24f61159c138b0975def722c65245983c); elsewhere autotune speaks in t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from autotune.errors import ConfigError, InvalidStrategyError
 from autotune.model import ModelSpec
 from autotune.strategy import Strategy
 
-__all__ = ["TRAINING_SCRIPT", "TRANSFORMER_IMPLS", "distributed_timeout_minutes", "flag_names",
-           "megatron_lm_args", "training_script"]
+__all__ = ["TRAINING_SCRIPT", "TRANSFORMER_IMPLS", "flag_names", "megatron_lm_args",
+           "training_script"]
 
 TRAINING_SCRIPT = "pretrain_gpt.py"
 
@@ -81,11 +80,6 @@ def training_script(megatron_lm: str) -> str:
 def flag_names(args: Sequence[str]) -> list[str]:
     """The `--flag` names in an argument list, in order (values and `=value` tails dropped)."""
     return [a.split("=", 1)[0] for a in args if a.startswith("--")]
-
-
-def distributed_timeout_minutes(timeout_s: float) -> int:
-    """Megatron-LM's `--distributed-timeout-minutes` takes whole minutes: round up, at least 1."""
-    return max(1, math.ceil(timeout_s / 60))
 
 
 def _model_args(m: ModelSpec) -> list[str]:

@@ -1,13 +1,14 @@
 """A finished run -> TrialMetrics: read result.json, failure-rank*.json and the log, classify.
 
-Pure apart from reading the trial's files; no process is started here.
+Pure apart from reading the trial's files; no process is started here. The files and lines it
+reads are autotune.protocol's.
 
 Classification of a run that did not succeed, strongest evidence first:
 
-| evidence (failure files, `AUTOTUNE_STATUS` lines, log text, exit code)  | status      |
-|--------------------------------------------------------------------------|-------------|
+| evidence (failure files, `AUTOTUNE_STATUS` lines, log text, exit code)    | status      |
+|---------------------------------------------------------------------------|-------------|
 | Ctrl-C stopped the run                                                    | CRASH       |
-| a rank reports OOM, or the log shows a CUDA out-of-memory error          | OOM         |
+| a rank reports OOM, the log shows CUDA out of memory, or the exit code 3  | OOM         |
 | torchrun's rendezvous store was unreachable and no rank reported anything | CRASH       |
 | the runner's timeout stopped the run                                      | TIMEOUT     |
 | a rank reports NCCL_ERROR, or the log shows an NCCL / watchdog error      | NCCL_ERROR  |
@@ -23,12 +24,22 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.launchers import STACKS_NAME, STARTED_MARKER
+from autotune.protocol import (
+    FAILURE_GLOB,
+    FAILURE_PREFIX,
+    RANK_MARKERS,
+    RESULT_NAME,
+    STACKS_NAME,
+    STATUS_MARKER,
+    exit_status,
+    parse_status_lines,
+    percentile,
+)
 from autotune.trial import RankResult, TrialMetrics, TrialSpec, TrialStatus
 
 if TYPE_CHECKING:
@@ -36,8 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ERROR_EXCERPT_LINES",
-    "RESULT_NAME",
-    "classify_failure",
+    "RENDEZVOUS_FAILED",
+    "classify_run",
     "error_excerpt",
     "innermost_frame",
     "metrics_from_megatron_log",
@@ -46,10 +57,7 @@ __all__ = [
     "stack_summary",
 ]
 
-RESULT_NAME = "result.json"
 ERROR_EXCERPT_LINES = 40
-WORKER_EXIT_OOM = 3
-"""The worker's exit code for an out-of-memory rank (4: any other error)."""
 
 _LOG_TAIL_BYTES = 8 * 1024 * 1024
 """Only the end of a huge log is searched: the error that ended the run is printed last."""
@@ -79,12 +87,11 @@ _RENDEZVOUS_PATTERNS = (
 _RENDEZVOUS_TEARDOWN = "failed to shutdown the rendezvous"
 # Lines that only a started rank prints: autotune's worker (its first line and its results)
 # and Megatron-LM's pretrain_gpt.py (arguments.py prints the world size on rank 0 first).
-_RANK_STARTED = (STARTED_MARKER, "AUTOTUNE_STATUS", "AUTOTUNE_RESULT", "using world size")
+_RANK_STARTED = (*RANK_MARKERS, "using world size")
 # Every crashed rank logs "ProcessGroupNCCL.cpp:...] Warning: WARNING: destroy_process_group()
 # was not called before program exit"; only ProcessGroupNCCL lines that speak of an error count.
 _PG_NCCL_ERROR = re.compile(r"ProcessGroupNCCL.*(?:error|timed ?out|timeout|abort|exception)",
                             re.IGNORECASE)
-_STATUS_LINE = re.compile(r"AUTOTUNE_STATUS rank=(\d+) status=([A-Z_]+)")
 
 
 def metrics_from_run(output: RunOutput) -> TrialMetrics:
@@ -93,16 +100,17 @@ def metrics_from_run(output: RunOutput) -> TrialMetrics:
         result = _read_result(output.trial_dir / RESULT_NAME)
         if isinstance(result, TrialMetrics) and result.status is TrialStatus.OK:
             return _with_wall_time(result, output.wall_time_s)
-        why = result if isinstance(result, str) else f"result.json has status {result.status}"
+        why = (result if isinstance(result, str)
+               else f"{RESULT_NAME} has status {result.status}")
         return _failure(output, TrialStatus.CRASH, f"worker exited 0 but {why}")
-    return _failure(output, *_classify(output))
+    return _failure(output, *classify_run(output))
 
 
 def metrics_from_megatron_log(output: RunOutput, spec: TrialSpec) -> TrialMetrics:
     """The metrics of a Megatron-LM run, from its log: median step time after the warm-up
     iterations, throughput, and the largest memory report of each rank."""
     if output.returncode != 0 or output.timed_out or output.interrupted:
-        return _failure(output, *_classify(output))
+        return _failure(output, *classify_run(output))
     parsed = parse_megatron_log(_read_log(output.log_path))
     timed = [it for it in parsed["iterations"] if it["iteration"] > spec.warmup_steps]
     times_s = [it["elapsed_ms"] / 1000.0 for it in timed if it["elapsed_ms"] is not None]
@@ -124,7 +132,7 @@ def metrics_from_megatron_log(output: RunOutput, spec: TrialSpec) -> TrialMetric
     return TrialMetrics(
         status=TrialStatus.OK,
         step_time_s=step_s,
-        step_time_p90_s=_percentile(times_s, 0.9),
+        step_time_p90_s=percentile(times_s, 0.9),
         tokens_per_s=spec.strategy.gbs * spec.model.seq_length / step_s,
         tflops_per_gpu=tflops_per_gpu,
         # Megatron's TFLOP/s count (num_floating_point_operations in training.py) over the peak.
@@ -141,26 +149,21 @@ def metrics_from_megatron_log(output: RunOutput, spec: TrialSpec) -> TrialMetric
     )
 
 
-def classify_failure(output: RunOutput) -> tuple[TrialStatus, str]:
-    """The status of a run that did not succeed, and an error excerpt for TrialMetrics.error."""
-    status, message, _ = _classify(output)
-    return status, message
-
-
-def _classify(output: RunOutput) -> tuple[TrialStatus, str, bool]:
-    """classify_failure, and whether no rank ever started (a launch failure)."""
+def classify_run(output: RunOutput) -> tuple[TrialStatus, str, bool]:
+    """The status of a run that did not succeed (the table above), an error excerpt for
+    TrialMetrics.error, and whether no rank ever started (a launch failure)."""
     log_text = _read_log(output.log_path)
     reports = _failure_reports(output.trial_dir)
     evidence: dict[TrialStatus, list[str]] = {}
     for rank, status, message in reports:
         evidence.setdefault(status, []).append(f"rank {rank}: {status}: {message}")
-    for rank, status in _status_lines(log_text):
-        evidence.setdefault(status, []).append(f"rank {rank}: {status} (AUTOTUNE_STATUS)")
+    for rank, status in parse_status_lines(log_text):
+        evidence.setdefault(status, []).append(f"rank {rank}: {status} ({STATUS_MARKER})")
     oom_line = _first_line(log_text, lambda line: any(p in line for p in _OOM_PATTERNS))
     if oom_line is not None:
         evidence.setdefault(TrialStatus.OOM, []).append(oom_line.strip())
-    if output.returncode == WORKER_EXIT_OOM:
-        evidence.setdefault(TrialStatus.OOM, []).append(f"exit code {WORKER_EXIT_OOM}")
+    if exit_status(output.returncode) is TrialStatus.OOM:
+        evidence.setdefault(TrialStatus.OOM, []).append(f"exit code {output.returncode}")
     nccl_line = _first_line(log_text, _is_nccl_error)
     if nccl_line is not None:
         evidence.setdefault(TrialStatus.NCCL_ERROR, []).append(nccl_line.strip())
@@ -216,7 +219,7 @@ def innermost_frame(dump: str) -> str | None:
 
 def stack_summary(trial_dir: Path) -> str | None:
     """`ranks 0-3,5: frame; rank 4: frame` over the ranks that wrote their stacks
-    (autotune.launchers.STACKS_NAME): ranks stopped at the same frame are named together."""
+    (autotune.protocol.STACKS_NAME): ranks stopped at the same frame are named together."""
     found = []
     for path in trial_dir.glob(STACKS_NAME.format(rank="*")):
         if not (named := _STACKS_FILE.fullmatch(path.name)):
@@ -335,15 +338,6 @@ def _mib(value: float) -> int:
     return round(value * 1024 * 1024)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default method), q in [0, 1]."""
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def _is_nccl_error(line: str) -> bool:
     return any(p in line for p in _NCCL_PATTERNS) or _PG_NCCL_ERROR.search(line) is not None
 
@@ -352,22 +346,15 @@ def _first_line(text: str, predicate: Callable[[str], bool]) -> str | None:
     return next((line for line in text.splitlines() if predicate(line)), None)
 
 
-def _status_lines(text: str) -> Iterable[tuple[int, TrialStatus]]:
-    for m in _STATUS_LINE.finditer(text):
-        try:
-            yield int(m.group(1)), TrialStatus(m.group(2))
-        except ValueError:
-            continue
-
-
 def _failure_reports(trial_dir: Path) -> list[tuple[int, TrialStatus, str]]:
-    """(rank, status, message) from every readable failure-rank<r>.json, by rank."""
+    """(rank, status, message) from every readable failure file (protocol.failure_name),
+    by rank."""
     reports = []
-    for path in sorted(trial_dir.glob("failure-rank*.json")):
+    for path in sorted(trial_dir.glob(FAILURE_GLOB)):
         try:
             data = json.loads(path.read_text())
             status = TrialStatus(data["status"])
-            rank = int(data.get("rank", path.stem.removeprefix("failure-rank")))
+            rank = int(data.get("rank", path.stem.removeprefix(FAILURE_PREFIX)))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a rank killed while writing: the log still tells
         reports.append((rank, status, str(data.get("error", "")).strip()))
@@ -378,9 +365,9 @@ def _read_result(path: Path) -> TrialMetrics | str:
     try:
         return TrialMetrics.from_dict(json.loads(path.read_text()))
     except FileNotFoundError:
-        return "wrote no result.json"
+        return f"wrote no {RESULT_NAME}"
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        return f"result.json is unreadable ({exc})"
+        return f"{RESULT_NAME} is unreadable ({exc})"
 
 
 def _read_log(path: Path) -> str:

@@ -27,26 +27,30 @@ from autotune.launchers import (
     DEFAULT_RDZV_PORT,
     LOG_NAME,
     OTHER_NODES_NAME,
-    SPEC_NAME,
     SRUN,
     SRUN_ENV,
-    STACKS_NAME,
-    STACKS_SIGNAL,
     TORCHRUN,
     TORCHRUN_ENV,
-    WORKER,
     MultiNode,
     multinode_argv,
-    started_ranks,
 )
-from autotune.megatron_args import distributed_timeout_minutes, megatron_lm_args, training_script
+from autotune.megatron_args import megatron_lm_args, training_script
 from autotune.proctree import ProcessTree, become_subreaper, shutdown, wait
+from autotune.protocol import (
+    DEFAULT_NCCL_TIMEOUT_S,
+    NCCL_TIMEOUT_ENV,
+    SPEC_NAME,
+    STACKS_NAME,
+    STACKS_SIGNAL,
+    WORKER,
+    distributed_timeout_minutes,
+    started_ranks,
+    worker_args,
+)
 from autotune.trial import TrialSpec
 
 __all__ = [
     "DEFAULT_GRACE_S",
-    "DEFAULT_NCCL_TIMEOUT_S",
-    "NCCL_TIMEOUT_ENV",
     "STACKS_WAIT_S",
     "RunOutput",
     "TrialInterrupted",
@@ -65,9 +69,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 10.0
 """Seconds between SIGTERM and SIGKILL."""
-DEFAULT_NCCL_TIMEOUT_S = 120
-"""Collective timeout the worker passes to init_process_group: a blocked collective fails fast."""
-NCCL_TIMEOUT_ENV = "AUTOTUNE_NCCL_TIMEOUT_S"
 
 # Set on every trial, over whatever the parent has: the GPU hosts need them, and a trial that
 # inherits a different value would measure something else.
@@ -214,8 +215,7 @@ def torchrun_argv(spec: TrialSpec, trial_dir: Path, nproc: int, port: int, *,
         raise ConfigError(f"a single-node trial needs nproc = world size: nproc={nproc}, "
                           f"dp x tp x pp x cp = {world}")
     trial_dir = Path(trial_dir).resolve()
-    return [*_launcher_argv(nproc, port, launcher), *worker,
-            "--spec", str(trial_dir / SPEC_NAME), "--out-dir", str(trial_dir)]
+    return [*_launcher_argv(nproc, port, launcher), *worker, *worker_args(trial_dir)]
 
 
 def megatron_lm_argv(megatron_lm_path: Path, spec: TrialSpec, nproc: int, port: int, *,

@@ -1,18 +1,10 @@
-"""Calibration: the optimizer, recovering known constants, and the JSON round trip."""
+"""Calibration: the optimizer and recovering known constants."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from autotune.calibration import (
-    fit_cost_params,
-    fit_memory_params,
-    load_params,
-    nelder_mead,
-    save_params,
-)
+from autotune.calibration import fit_cost_params, fit_memory_params, nelder_mead
 from autotune.cost import CostParams, estimate_cost
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec, gpu_spec
@@ -68,20 +60,3 @@ def test_fit_rejects_bad_samples() -> None:
         fit_cost_params([(model, Strategy(mbs=1, gbs=8), C1, 0.0)])
     with pytest.raises(ConfigError, match="unknown"):
         fit_cost_params([(model, Strategy(mbs=1, gbs=8), C1, 1.0)], names=("nope",))
-
-
-@pytest.mark.parametrize("params", [CostParams(gemm_efficiency_max=0.7, hbm_bytes_per_s=3e12),
-                                    MemoryParams(fragmentation=0.2)])
-def test_save_load_round_trip(tmp_path: Path, params: CostParams | MemoryParams) -> None:
-    path = tmp_path / "calibration.json"
-    save_params(path, params)
-    assert load_params(path) == params
-
-
-@pytest.mark.parametrize("text", ["not json", '{"type": "Other", "values": {}}',
-                                  '{"type": "CostParams", "values": {"bogus": 1}}', "[]"])
-def test_load_params_rejects_bad_files(tmp_path: Path, text: str) -> None:
-    path = tmp_path / "bad.json"
-    path.write_text(text)
-    with pytest.raises(ConfigError):
-        load_params(path)

@@ -8,13 +8,9 @@ from collections import Counter
 import pytest
 
 from autotune.errors import ConfigError, InvalidStrategyError
-from autotune.megatron_args import (
-    distributed_timeout_minutes,
-    flag_names,
-    megatron_lm_args,
-    training_script,
-)
+from autotune.megatron_args import flag_names, megatron_lm_args, training_script
 from autotune.model import ModelSpec, padded_vocab_size
+from autotune.protocol import distributed_timeout_minutes
 from autotune.strategy import Strategy
 
 GPT2 = ModelSpec(name="gpt2", num_layers=12, hidden_size=768, num_attention_heads=12,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.metrics import (
-    classify_failure,
+    classify_run,
     error_excerpt,
     innermost_frame,
     metrics_from_megatron_log,
@@ -162,7 +162,7 @@ def test_exit_0_without_a_usable_result_is_a_crash(tmp_path: Path, content: str 
 
 
 def test_interrupted_is_a_crash_that_says_so(tmp_path: Path) -> None:
-    status, message = classify_failure(_output(tmp_path, returncode=-15, interrupted=True))
+    status, message, _ = classify_run(_output(tmp_path, returncode=-15, interrupted=True))
     assert status is TrialStatus.CRASH
     assert "interrupted" in message
 

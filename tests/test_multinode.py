@@ -16,13 +16,13 @@ from autotune.errors import ConfigError, LaunchError
 from autotune.launchers import (
     OTHER_NODES_NAME,
     TORCHRUN,
-    WORKER,
     MultiNode,
     multinode_argv,
     split_srun_argv,
 )
 from autotune.metrics import metrics_from_run
 from autotune.model import ModelSpec, load_model
+from autotune.protocol import WORKER
 from autotune.runner import free_port, run_multinode_trial, slurm_first_node
 from autotune.strategy import Strategy
 from autotune.trial import TrialSpec, TrialStatus

@@ -21,8 +21,8 @@ from autotune.launchers import TORCHRUN
 from autotune.megatron_args import flag_names
 from autotune.metrics import metrics_from_run
 from autotune.model import ModelSpec
+from autotune.protocol import NCCL_TIMEOUT_ENV
 from autotune.runner import (
-    NCCL_TIMEOUT_ENV,
     STACKS_WAIT_S,
     RunOutput,
     TrialInterrupted,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.launchers import started_ranks
 from autotune.model import ModelSpec, load_model
+from autotune.protocol import distributed_timeout_minutes, percentile, started_ranks
 from autotune.strategy import Strategy
 from autotune.trial import TrialSpec, TrialStatus
 from autotune.worker.__main__ import parse_args
@@ -142,10 +142,10 @@ def test_recompute_mapping(build, recompute: str, granularity: str | None) -> No
         assert kw["recompute_method"] is None and kw["recompute_num_layers"] is None
 
 
-def test_nccl_timeout_minutes(build) -> None:  # type: ignore[no-untyped-def]
-    assert build.nccl_timeout_minutes(120) == 2
-    assert build.nccl_timeout_minutes(5) == 1
-    assert build.nccl_timeout_minutes(121) == 3
+def test_nccl_timeout_minutes() -> None:
+    assert distributed_timeout_minutes(120) == 2
+    assert distributed_timeout_minutes(5) == 1
+    assert distributed_timeout_minutes(121) == 3
 
 
 # --- data, percentiles, metrics ----------------------------------------------------------
@@ -169,12 +169,8 @@ def test_make_batches_shift_and_shape() -> None:
 
 
 def test_p90() -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("megatron.core")
-    from autotune.worker.train import p90
-
-    assert p90([1.0]) == 1.0
-    assert p90([float(x) for x in range(11)]) == pytest.approx(9.0)
+    assert percentile([1.0], 0.9) == 1.0
+    assert percentile([float(x) for x in range(11)], 0.9) == pytest.approx(9.0)
 
 
 def test_metrics_from_ranks_uses_model_flops() -> None:

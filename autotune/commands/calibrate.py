@@ -18,6 +18,7 @@ from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec, gpu_spec
 from autotune.memory import MemoryParams, estimate_memory
 from autotune.model import ModelSpec
+from autotune.protocol import RESULT_NAME, SPEC_NAME
 from autotune.strategy import Strategy
 from autotune.trial import TrialSpec
 
@@ -36,8 +37,8 @@ def collect(folders: list[Path], gpu: str | None) -> list[Measured]:
     for folder in folders:
         if not folder.is_dir():
             raise ConfigError(f"results folder {folder} does not exist")
-        for spec_path in sorted(folder.rglob("trial.json")):
-            result = spec_path.parent / "result.json"
+        for spec_path in sorted(folder.rglob(SPEC_NAME)):
+            result = spec_path.parent / RESULT_NAME
             if not result.is_file():
                 continue
             data = json.loads(result.read_text())

@@ -10,12 +10,13 @@ from typing import Any
 
 from rich.console import Console
 
-from autotune.backends import Backend, make_backend, te_available
+from autotune.backends import Backend, make_backend
 from autotune.calibration import load_calibration
 from autotune.errors import AutotuneError, ConfigError, LaunchError
 from autotune.hardware import ClusterSpec, local_gpu_count
 from autotune.launchers import MultiNode
 from autotune.model import ModelSpec
+from autotune.protocol import te_available
 from autotune.space import SearchSpace
 
 __all__ = ["multinode_options", "run_search_command"]

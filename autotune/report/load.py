@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial
 from autotune.errors import ConfigError
 from autotune.hardware import DEFAULT_GPU, ClusterSpec, gpu_spec
 from autotune.model import ModelSpec, load_model
+from autotune.protocol import SPEC_NAME
 from autotune.search.storage import redact_url, storage_url
 from autotune.strategy import STRATEGY_DEFAULTS, Strategy
 from autotune.trial import TrialSpec
@@ -201,7 +202,7 @@ def _model_from_attrs(study: optuna.Study) -> tuple[ModelSpec | None, dict[str, 
 
 
 def _model_from_trial_json(folder: Path) -> tuple[ModelSpec | None, float | None]:
-    for path in sorted((folder / "trials").glob("*/trial.json")):
+    for path in sorted((folder / "trials").glob(f"*/{SPEC_NAME}")):
         try:
             spec = TrialSpec.from_json(path.read_text())
         except (ConfigError, ValueError, OSError):

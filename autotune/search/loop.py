@@ -26,12 +26,13 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
-from autotune.backends import te_available, trial_timeout_s
+from autotune.backends import trial_timeout_s
 from autotune.cost import estimate_cost
 from autotune.errors import ConfigError
 from autotune.gate import MemoryGate, layout_key
 from autotune.heuristics import alpa_seeds, next_smaller_mbs
 from autotune.launchers import LOG_NAME
+from autotune.protocol import te_available
 from autotune.search.bulk import add_finished_trials
 from autotune.search.config import RANKED_DEFAULT, SearchConfig, make_sampler, sampler_name
 from autotune.search.records import (

@@ -1,6 +1,7 @@
 """`python -m autotune.worker --spec trial.json --out-dir DIR`, one process per GPU (torchrun).
 
-Exit codes: 0 OK, 3 OOM, 4 CRASH or NCCL_ERROR, 2 bad arguments.
+Exit codes: 0 OK, 2 bad arguments, else autotune.protocol.EXIT_CODES (3 OOM, 4 CRASH or
+NCCL_ERROR). Files, log lines and environment variables are autotune.protocol's too.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TextIO
 _STARTED = time.perf_counter()
 
 # Imported after _STARTED on purpose: the start-up phase counts autotune's own imports.
-from autotune.launchers import STACKS_NAME, STACKS_SIGNAL, STARTED_MARKER  # noqa: E402
+from autotune.protocol import STACKS_NAME, STACKS_SIGNAL, started_line  # noqa: E402
 
 __all__ = ["main", "parse_args"]
 
@@ -43,19 +44,19 @@ def main(argv: list[str] | None = None) -> None:
     # failed) from a trial that started and then failed, and to find the ranks' pids when it
     # asks a timed-out trial for its stacks: the pid is given only once the handler is in
     # place, since STACKS_SIGNAL would otherwise kill the rank.
-    where = (f" pid={os.getpid()} host={socket.gethostname()}"
-             if _register_stack_dump(args.out_dir, rank) else "")
-    print(f"{STARTED_MARKER} rank={rank}{where}", file=sys.stderr, flush=True)
+    line = (started_line(rank, pid=os.getpid(), host=socket.gethostname())
+            if _register_stack_dump(args.out_dir, rank) else started_line(rank))
+    print(line, file=sys.stderr, flush=True)
     logging.basicConfig(level=logging.WARNING, format=f"[rank{rank}] %(name)s: %(message)s")
     from autotune.worker.report import exit_with_failure
 
     try:
         from autotune.trial import TrialSpec
-        from autotune.worker.run import prepare_environment, run_trial
+        from autotune.worker.run import prepare_environment, run_rank
 
         spec = TrialSpec.from_json(args.spec.read_text())
         prepare_environment(spec)
-        run_trial(spec, args.out_dir, started=_STARTED)
+        run_rank(spec, args.out_dir, started=_STARTED)
     except BaseException as exc:  # every failure becomes a status; SystemExit included
         exit_with_failure(rank, exc, args.out_dir)
     sys.stdout.flush()

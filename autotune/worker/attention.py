@@ -19,9 +19,9 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-__all__ = ["SdpaAttention", "configure_sdpa_backends"]
+from autotune.protocol import SDPA_BACKEND_ENV
 
-_BACKEND_ENV = "AUTOTUNE_SDPA_BACKEND"
+__all__ = ["SdpaAttention", "configure_sdpa_backends"]
 
 
 def configure_sdpa_backends(choice: str | None = None) -> str:
@@ -30,11 +30,11 @@ def configure_sdpa_backends(choice: str | None = None) -> str:
     The math fallback is switched off: it is the O(s^2)-memory path impl "local" already
     measures, and silently landing on it would make an sdpa trial lie about its memory.
     """
-    choice = (choice or os.environ.get(_BACKEND_ENV) or "auto").lower()
+    choice = (choice or os.environ.get(SDPA_BACKEND_ENV) or "auto").lower()
     allowed = {"auto": ("flash", "cudnn", "efficient"), "flash": ("flash",),
                "cudnn": ("cudnn",), "efficient": ("efficient",)}
     if choice not in allowed:
-        raise ValueError(f"{_BACKEND_ENV}={choice!r} must be one of {', '.join(allowed)}")
+        raise ValueError(f"{SDPA_BACKEND_ENV}={choice!r} must be one of {', '.join(allowed)}")
     on = allowed[choice]
     torch.backends.cuda.enable_flash_sdp("flash" in on)
     torch.backends.cuda.enable_cudnn_sdp("cudnn" in on)

@@ -16,13 +16,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from autotune.protocol import ABORT_WAIT_ENV, EXIT_CODES, failure_name, status_line
 from autotune.trial import TrialStatus
 
-__all__ = ["EXIT_CODES", "classify", "error_line", "exit_with_failure", "nvml_device_used_bytes",
-           "write_json"]
+__all__ = ["classify", "error_line", "exit_with_failure", "nvml_device_used_bytes", "write_json"]
 
-EXIT_CODES = {TrialStatus.OOM: 3, TrialStatus.CRASH: 4, TrialStatus.NCCL_ERROR: 4}
-_ABORT_WAIT_ENV = "AUTOTUNE_ABORT_WAIT_S"
 _MAX_ERROR_CHARS = 300
 
 # Allocation failures that surface as plain RuntimeErrors from cuBLAS, cuDNN or NCCL.
@@ -91,16 +89,16 @@ def exit_with_failure(rank: int, exc: BaseException, out_dir: Path) -> None:
     """Record the failure of this rank, abort its communicators and exit (never returns)."""
     status = classify(exc)
     try:
-        write_json(out_dir / f"failure-rank{rank}.json",
+        write_json(out_dir / failure_name(rank),
                    {"rank": rank, "status": status.value, "error": error_line(exc),
                     "traceback": traceback.format_exception(exc)[-12:]})
     except Exception as write_exc:  # a full disk must not keep the rank alive
         print(f"autotune worker: could not write the failure file: {write_exc}",
               file=sys.stderr)
     traceback.print_exception(exc, file=sys.stderr)
-    print(f"AUTOTUNE_STATUS rank={rank} status={status.value}", file=sys.stderr, flush=True)
+    print(status_line(rank, status), file=sys.stderr, flush=True)
     sys.stdout.flush()
-    _abort_communicators(float(os.environ.get(_ABORT_WAIT_ENV, "5")))
+    _abort_communicators(float(os.environ.get(ABORT_WAIT_ENV, "5")))
     os._exit(EXIT_CODES[status])
 
 

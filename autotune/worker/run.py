@@ -10,12 +10,20 @@ from pathlib import Path
 from typing import Any
 
 from autotune.flops import model_flops_per_token
+from autotune.protocol import (
+    DEFAULT_NCCL_TIMEOUT_S,
+    NCCL_EAGER_INIT_ENV,
+    NCCL_TIMEOUT_ENV,
+    RESULT_NAME,
+    distributed_timeout_minutes,
+    percentile,
+    result_line,
+    status_line,
+    te_available,
+)
 from autotune.trial import RankResult, TrialMetrics, TrialSpec, TrialStatus
 
-__all__ = ["metrics_from_ranks", "prepare_environment", "run_trial"]
-
-_TIMEOUT_ENV = "AUTOTUNE_NCCL_TIMEOUT_S"
-_EAGER_ENV = "AUTOTUNE_NCCL_EAGER_INIT"
+__all__ = ["metrics_from_ranks", "prepare_environment", "run_rank"]
 
 
 def prepare_environment(spec: TrialSpec) -> None:
@@ -38,16 +46,14 @@ def _init_distributed(spec: TrialSpec, phases: dict[str, float]) -> tuple[int, i
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from autotune.worker.build import nccl_timeout_minutes
-
     t1 = time.perf_counter()
     s = spec.strategy
-    timeout_s = float(os.environ.get(_TIMEOUT_ENV, "120"))
+    timeout_s = float(os.environ.get(NCCL_TIMEOUT_ENV, str(DEFAULT_NCCL_TIMEOUT_S)))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)
     # Binding the device makes NCCL create every communicator eagerly, the default group's and
     # each of Megatron's sub-groups'; unbound, a communicator is made on its first collective.
-    eager = os.environ.get(_EAGER_ENV, "0") == "1"
+    eager = os.environ.get(NCCL_EAGER_INIT_ENV, "0") == "1"
     dist.init_process_group("nccl", timeout=timedelta(seconds=timeout_s),
                             device_id=torch.device("cuda", local_rank) if eager else None)
     t2 = time.perf_counter()
@@ -61,7 +67,7 @@ def _init_distributed(spec: TrialSpec, phases: dict[str, float]) -> tuple[int, i
         virtual_pipeline_model_parallel_size=s.vpp if s.vpp > 1 else None,
         context_parallel_size=s.cp,
         expert_model_parallel_size=s.ep,
-        distributed_timeout_minutes=nccl_timeout_minutes(timeout_s),
+        distributed_timeout_minutes=distributed_timeout_minutes(timeout_s),
         # Gloo groups serve only checkpointing; creating them costs launch time.
         create_gloo_process_groups=False,
     )
@@ -77,8 +83,6 @@ def metrics_from_ranks(spec: TrialSpec, times_s: tuple[float, ...], ranks: list[
     """result.json: TrialMetrics.to_dict() plus the worker's phase timings."""
     import statistics
 
-    from autotune.worker.train import p90
-
     m, s = spec.model, spec.strategy
     median = statistics.median(times_s)
     tokens = s.gbs * m.seq_length
@@ -93,7 +97,7 @@ def metrics_from_ranks(spec: TrialSpec, times_s: tuple[float, ...], ranks: list[
     metrics = TrialMetrics(
         status=TrialStatus.OK,
         step_time_s=median,
-        step_time_p90_s=p90(times_s),
+        step_time_p90_s=percentile(times_s, 0.9),
         tokens_per_s=tokens / median,
         tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / spec.gpu_peak_bf16_flops,
@@ -114,8 +118,8 @@ def _finite(x: float) -> bool:
     return x == x and abs(x) != float("inf")
 
 
-def run_trial(spec: TrialSpec, out_dir: Path, started: float | None = None) -> None:
-    """Run the trial on this rank; rank 0 writes <out_dir>/result.json. Raises on failure.
+def run_rank(spec: TrialSpec, out_dir: Path, started: float | None = None) -> None:
+    """Run this rank's part of the trial; rank 0 writes <out_dir>/result.json. Raises on failure.
 
     `started` is the perf_counter() at the worker's entry, to report the start-up cost.
     """
@@ -126,7 +130,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, started: float | None = None) -> N
     from autotune.worker.report import nvml_device_used_bytes, write_json
 
     t0 = time.perf_counter()
-    if spec.strategy.impl == "te" and not build.has_transformer_engine():
+    if spec.strategy.impl == "te" and not te_available():
         raise RuntimeError("impl=te needs transformer-engine, which is not installed")
     phases: dict[str, float] = {"startup_s": t0 - started} if started is not None else {}
     rank, local_rank = _init_distributed(spec, phases)
@@ -151,9 +155,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, started: float | None = None) -> N
     phases.update(init_s=t_init - t0, build_s=t_build - t_init, train_s=t_train - t_build,
                   timed_s=sum(steps.times_s))
     if rank == 0:
-        write_json(out_dir / "result.json",
+        write_json(out_dir / RESULT_NAME,
                    metrics_from_ranks(spec, steps.times_s, gathered, phases))
-        print(f"AUTOTUNE_RESULT median_s={steps.median_s:.4f} "
-              f"phases={' '.join(f'{k}={v:.1f}' for k, v in phases.items())}",
-              file=sys.stderr, flush=True)
-    print(f"AUTOTUNE_STATUS rank={rank} status=OK", file=sys.stderr, flush=True)
+        print(result_line(steps.median_s, phases), file=sys.stderr, flush=True)
+    print(status_line(rank, TrialStatus.OK), file=sys.stderr, flush=True)

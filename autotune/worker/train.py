@@ -15,7 +15,7 @@ import torch
 from autotune.model import padded_vocab_size
 from autotune.trial import TrialSpec
 
-__all__ = ["StepTimes", "make_batches", "p90", "train"]
+__all__ = ["StepTimes", "make_batches", "train"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,21 +29,6 @@ class StepTimes:
     @property
     def median_s(self) -> float:
         return statistics.median(self.times_s)
-
-    @property
-    def p90_s(self) -> float:
-        return p90(self.times_s)
-
-
-def p90(values: tuple[float, ...] | list[float]) -> float:
-    """The 90th percentile by linear interpolation between order statistics."""
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    pos = 0.9 * (len(ordered) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def make_batches(spec: TrialSpec, device: torch.device) -> list[dict[str, torch.Tensor]]:
