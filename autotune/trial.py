@@ -29,6 +29,11 @@ class TrialStatus(enum.StrEnum):
     NCCL_ERROR = "NCCL_ERROR"
     PREDICTED_OOM = "PREDICTED_OOM"
     INVALID = "INVALID"
+    DUPLICATE = "DUPLICATE"
+    """Not launched: another worker of a shared study was running the same layout (told FAIL,
+    and queued again in case that worker dies)."""
+    INTERRUPTED = "INTERRUPTED"
+    """Stopped by Ctrl-C while it ran (told FAIL; --resume runs it again)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +112,12 @@ class TrialMetrics:
     launch_failed: bool = False
     """True when no rank ever started (torchrun's rendezvous failed): a CRASH that says
     nothing about the layout, so a search launches it once more."""
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """Peak memory per GPU: reserved (what the allocator holds, what an OOM is about), else
+        allocated where reserved was not measured. The one place that chooses between them."""
+        return self.peak_reserved_bytes or self.peak_allocated_bytes
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -5,14 +5,18 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.errors import ConfigError
 
-__all__ = ["pick_row", "run_export"]
+if TYPE_CHECKING:  # optuna and the report's loader are imported when an export runs
+    from autotune.report.load import LoadedStudy
+    from autotune.search.records import TrialRecord
+
+__all__ = ["pick_record", "run_export"]
 
 
-def pick_row(loaded: Any, trial: int | None) -> dict[str, Any]:
+def pick_record(loaded: LoadedStudy, trial: int | None) -> TrialRecord:
     """The best COMPLETE trial by tokens/s, or trial `trial`, which must be COMPLETE."""
     ranked = loaded.complete_rows()
     best = f"; the best is trial {ranked[0]['trial']}" if ranked else ""
@@ -20,14 +24,15 @@ def pick_row(loaded: Any, trial: int | None) -> dict[str, Any]:
         if not ranked:
             raise ConfigError(f"study {loaded.ref.name} has no COMPLETE trial with a tokens/s "
                               "figure to export")
-        row: dict[str, Any] = ranked[0]
-        return row
-    row = loaded.row(trial)
-    if row["state"] != "COMPLETE" or not row["tokens_per_s"]:
-        why = f"{row['state']}, {row['status']}" + (f": {row['reason']}" if row["reason"] else "")
+        return loaded.record(ranked[0]["trial"])
+    state = loaded.row(trial)["state"]  # Optuna's state: the record does not hold it
+    record = loaded.records.get(trial)
+    if state != "COMPLETE" or record is None or not record.tokens_per_s:
+        why = state if record is None else f"{state}, {record.status}" + (
+            f": {record.reason}" if record.reason else "")
         raise ConfigError(f"trial {trial} of study {loaded.ref.name} is not COMPLETE ({why}); "
                           f"only COMPLETE trials can be exported{best}")
-    return row
+    return record
 
 
 def run_export(*, study: str | None, results_dir: str, storage: str | None, trial: int | None,
@@ -42,7 +47,6 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
         torchrun_script,
     )
     from autotune.report.load import load_study, resolve_study
-    from autotune.strategy import Strategy
     from autotune.trial import TrialSpec
 
     if fmt not in FORMATS:
@@ -54,18 +58,18 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
     iters = {} if train_iters is None else {"train_iters": train_iters}
     ref = resolve_study(study, Path(results_dir), storage)
     loaded = load_study(ref, model)
-    row = pick_row(loaded, trial)
-    strategy = Strategy(**{k: row[k] for k in Strategy.__dataclass_fields__})
+    record = pick_record(loaded, trial)
+    strategy, tokens = record.strategy, record.tokens_per_s or 0.0
     chosen = "the best COMPLETE trial" if trial is None else "--trial"
-    print(f"autotune: exporting trial {row['trial']} ({chosen}) of study {ref.name}: "
-          f"{row['layout']}", file=sys.stderr)
+    print(f"autotune: exporting trial {record.number} ({chosen}) of study {ref.name}: "
+          f"{record.label}", file=sys.stderr)
     spec_model, cluster = loaded.model, loaded.cluster
     if fmt == "json":
         text = layout_json(strategy, model=spec_model.name if spec_model else None,
                            gpus=strategy.world_size,
                            gpu=cluster.gpu.name if cluster else None,
-                           tokens_per_s=row["tokens_per_s"], predicted=row["predicted"],
-                           study=ref.name, trial=row["trial"],
+                           tokens_per_s=tokens, predicted=record.predicted,
+                           study=ref.name, trial=record.number,
                            seq_length=spec_model.seq_length if spec_model else None,
                            gpus_per_node=cluster.gpus_per_node if cluster else None)
     else:
@@ -73,12 +77,12 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
             raise ConfigError(f"the model of study {ref.name} is unknown (not a default study "
                               "name, no trial.json); pass --model PRESET_OR_YAML")
         figure = "predicted by autotune's analytical models, not measured" \
-            if row["predicted"] else "measured"
+            if record.predicted else "measured"
         gpu = cluster.gpu.name if cluster else "GPU"
         title = [f"autotune export --format {fmt}: {spec_model.name} (seq "
                  f"{spec_model.seq_length}) on {strategy.world_size} x {gpu}",
-                 f"study {ref.name}, trial {row['trial']}: {row['layout']}, gbs {strategy.gbs}",
-                 f"{row['tokens_per_s']:,.0f} tokens/s, {figure}."]
+                 f"study {ref.name}, trial {record.number}: {record.label}, gbs {strategy.gbs}",
+                 f"{tokens:,.0f} tokens/s, {figure}."]
         default_nodes = cluster.num_nodes if cluster else 1
         if fmt == "megatron-lm":
             text = megatron_lm_script(spec_model, strategy, title=title,

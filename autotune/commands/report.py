@@ -62,7 +62,6 @@ def run_report(*, study: str | None, results_dir: str, storage: str | None,
     )
     from autotune.report.pareto import fold_ties, pareto_front, scaling_points
     from autotune.report.plots import pareto_html, pareto_png, scaling_html, scaling_png
-    from autotune.strategy import Strategy
 
     _require_extras()
     root = Path(results_dir)
@@ -100,9 +99,8 @@ def run_report(*, study: str | None, results_dir: str, storage: str | None,
 
     breakdown = None
     if top and loaded.model is not None and loaded.cluster is not None:
-        layout = {k: top[0][k] for k in Strategy.__dataclass_fields__}
-        breakdown = estimate_memory(loaded.model, Strategy(**layout),
-                                    loaded.cluster).breakdown_gib()
+        winner = loaded.record(top[0]["trial"]).strategy
+        breakdown = estimate_memory(loaded.model, winner, loaded.cluster).breakdown_gib()
 
     scaling: list[dict[str, Any]] = []
     if storage is None and loaded.cluster is not None and top:

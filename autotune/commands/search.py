@@ -6,7 +6,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -18,6 +18,9 @@ from autotune.launchers import MultiNode
 from autotune.model import ModelSpec
 from autotune.protocol import te_available
 from autotune.space import SearchSpace
+
+if TYPE_CHECKING:  # the search (optuna) is imported when a search runs, not for --help
+    from autotune.search.records import SearchResult
 
 __all__ = ["multinode_options", "run_search_command"]
 
@@ -144,8 +147,8 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
         out.print(best_table(result, title=f"{model.name} on {cluster.num_gpus} x "
                              f"{cluster.gpu.name}: best layouts"
                              + (" (predicted)" if chosen.predicted else "")))
-        launched = sum(1 for r in result.records if r.launched)
-        out.print(f"{launched} trials {'simulated' if chosen.predicted else 'launched'}, "
+        out.print(f"{result.launched} trials "
+                  f"{'simulated' if chosen.predicted else 'launched'}, "
                   f"{len(result.records)} in the study ({result.valid_strategies} valid "
                   f"layouts); stopped: {result.stop_reason}")
         out.print(f"study {result.study_name} in {result.storage}")
@@ -155,7 +158,7 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
         raise AutotuneError(_why_nothing(result, cluster))
 
 
-def _why_nothing(result: Any, cluster: ClusterSpec) -> str:
+def _why_nothing(result: SearchResult, cluster: ClusterSpec) -> str:
     """One line for a study without a single successful layout: what stood in the way."""
     from collections import Counter
 
@@ -167,13 +170,13 @@ def _why_nothing(result: Any, cluster: ClusterSpec) -> str:
         statuses = ", ".join(f"{n} {status}" for status, n in counts.most_common())
         return (f"none of the {len(launched)} launched trials completed ({statuses}); their "
                 f"logs are under the study's trials/ folder")
-    oom = [r for r in result.records if r.status is TrialStatus.PREDICTED_OOM
-           and r.predicted_peak_bytes]
+    oom = [(r.predicted_peak_bytes, r) for r in result.records
+           if r.status is TrialStatus.PREDICTED_OOM and r.predicted_peak_bytes]
     if oom:
-        least = min(oom, key=lambda r: r.predicted_peak_bytes)
+        peak, least = min(oom, key=lambda pair: pair[0])
         return (f"no layout is predicted to fit: the smallest peak is "
-                f"{least.predicted_peak_bytes / 2**30:,.1f} GiB per GPU "
-                f"({least.strategy.describe()}) against {cluster.gpu.memory_bytes / 2**30:.1f} "
+                f"{peak / 2**30:,.1f} GiB per GPU "
+                f"({least.label}) against {cluster.gpu.memory_bytes / 2**30:.1f} "
                 f"GiB on {cluster.gpu.name}; use more GPUs, or a space with more recompute, "
                 "pipeline stages or the distributed optimizer")
     return f"no layout was tried ({result.stop_reason})"
@@ -184,7 +187,7 @@ def _best_row(record: object, cluster: ClusterSpec) -> dict[str, object]:
 
     assert isinstance(record, TrialRecord)
     s, m = record.strategy, record.metrics
-    peak = (m.peak_reserved_bytes or m.peak_allocated_bytes) if m else None
+    peak = m.peak_bytes if m else None
     return {"trial": record.number, "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp,
             "ep": s.ep, "vpp": s.vpp, "mbs": s.mbs, "gbs": s.gbs, "recompute": s.recompute,
             "sequence_parallel": s.sequence_parallel,

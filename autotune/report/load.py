@@ -1,7 +1,7 @@
 """Studies from storage: which study, which model and GPUs it searched, and one row per trial.
 
-A study stores each trial's layout and figures (the "record" user attribute of
-autotune.search.loop) but not the model it was searched for. That comes, in order, from the
+A study stores each trial's layout and figures (its record, autotune.search.records, read here
+with `read_records`) but not the model it was searched for. That comes, in order, from the
 study's user attributes `model` / `cluster` (when a search writes them), from a trial's
 trials/<n>/trial.json (real runs write one), from the default study name
 `<model>-<N>gpu-<gpu>-<backend>-<hash>` with the preset of that name, or from `--model`.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +22,18 @@ from autotune.errors import ConfigError
 from autotune.hardware import DEFAULT_GPU, ClusterSpec, gpu_spec
 from autotune.model import ModelSpec, load_model
 from autotune.protocol import SPEC_NAME
+from autotune.search.records import RECORD_ATTR, TrialRecord, stored_record
 from autotune.search.storage import redact_url, storage_url
-from autotune.strategy import STRATEGY_DEFAULTS, Strategy
+from autotune.strategy import Strategy
 from autotune.trial import TrialSpec
 
 __all__ = ["LAYOUT_FIELDS", "LoadedStudy", "StudyRef", "find_studies", "load_study",
-           "resolve_study", "trial_row"]
+           "read_records", "resolve_study", "trial_row"]
 
 LAYOUT_FIELDS: tuple[str, ...] = tuple(Strategy.__dataclass_fields__)
+_FIGURES = ("tokens_per_s", "tokens_per_s_per_gpu", "step_time_s", "step_time_p90_s",
+            "tflops_per_gpu", "mfu", "peak_memory_gib", "predicted_tokens_per_s",
+            "predicted_peak_memory_gib", "tokens_error_pct", "memory_error_pct")
 _GIB = 2**30
 _DEFAULT_NAME = re.compile(r"^(?P<model>.+?)-(?P<gpus>\d+)gpu-(?P<gpu>[a-z0-9-]+?)-"
                            r"(?P<backend>simulate|worker|megatron-lm)-[0-9a-f]{8}$")
@@ -56,7 +60,10 @@ class LoadedStudy:
     ref: StudyRef
     study: optuna.Study
     trials: list[FrozenTrial]
+    records: dict[int, TrialRecord]
+    """Each trial's record by trial number (read_records); a trial without one is absent."""
     rows: list[dict[str, Any]]
+    """One flat row per trial (trial_row): the report's tables and trials.csv."""
     model: ModelSpec | None
     model_source: str
     """Where `model` came from, for the report: study attributes, trial.json, name, --model."""
@@ -72,6 +79,12 @@ class LoadedStudy:
                 return r
         raise ConfigError(f"study {self.ref.name} has no trial {number} "
                           f"(trials 0..{len(self.rows) - 1})")
+
+    def record(self, number: int) -> TrialRecord:
+        found = self.records.get(number)
+        if found is None:
+            raise ConfigError(f"trial {number} of study {self.ref.name} has no record")
+        return found
 
     def complete_rows(self) -> list[dict[str, Any]]:
         """Rows of COMPLETE trials with a tokens/s figure, best first; among equal tokens/s
@@ -122,70 +135,82 @@ def resolve_study(name: str | None, results_dir: Path, storage: str | None) -> S
     return StudyRef(name=name, url=storage_url(results_dir, name, None), folder=folder)
 
 
-def _record(trial: FrozenTrial) -> dict[str, Any]:
-    record = trial.user_attrs.get("record")
-    return record if isinstance(record, dict) else {}
-
-
-def _peak(metrics: dict[str, Any]) -> float | None:
-    # Reserved is what the allocator holds (what an OOM is about); allocated when not measured.
-    peak = metrics.get("peak_reserved_bytes") or metrics.get("peak_allocated_bytes")
-    return None if peak is None else float(peak)
-
-
 def _error_pct(measured: float | None, predicted: float | None) -> float | None:
     if measured is None or not predicted:
         return None
     return 100.0 * (measured - predicted) / predicted
 
 
-def _label(describe: str, layout: dict[str, Any]) -> str:
-    """The layout's label, rebuilt from its fields (labels stored by older versions left out
-    the overlap flags); the stored label when the fields do not make a Strategy."""
+def _from_params(params: dict[str, Any], like: Strategy) -> Strategy | None:
+    """The layout of a trial's parameters, the dimensions they do not name (the space's fixed
+    ones) taken from `like`, another layout of the same study; dp fills the same GPUs."""
     try:
-        return Strategy(**layout).describe()
-    except TypeError:
-        return describe
+        s = replace(like, **{k: v for k, v in params.items() if k in LAYOUT_FIELDS})
+    except (TypeError, ValueError):
+        return None
+    inner = s.tp * s.pp * s.cp
+    return replace(s, dp=like.world_size // inner) if like.world_size % inner == 0 else None
 
 
-def trial_row(trial: FrozenTrial) -> dict[str, Any]:
-    """One trial as a flat row: layout, status, measured and predicted figures."""
-    record = _record(trial)
-    layout = record.get("layout") or {}
-    metrics = record.get("metrics") or {}
-    predicted = bool(metrics.get("predicted", record.get("predicted", False)))
-    ok = metrics.get("status") == "OK"
-    tokens = metrics.get("tokens_per_s") if ok else None
-    peak = _peak(metrics)
-    predicted_peak = record.get("predicted_peak_bytes")
-    predicted_tokens = record.get("predicted_tokens_per_s")
-    world = (layout["dp"] * layout["tp"] * layout["pp"] * layout["cp"]
-             if {"dp", "tp", "pp", "cp"} <= set(layout) else None)
-    measured = not predicted and bool(metrics)
-    row: dict[str, Any] = {
-        "trial": trial.number, "state": trial.state.name,
-        "status": record.get("status", trial.state.name), "source": record.get("source", ""),
-        "layout": _label(record.get("strategy", ""), layout), "gpus": world,
-        # A field added after the trial was stored (cross_entropy_fusion) ran at its default.
-        **{f: layout.get(f, STRATEGY_DEFAULTS[f] if layout else None) for f in LAYOUT_FIELDS},
-        "predicted": predicted,
+def read_records(trials: list[FrozenTrial]) -> dict[int, TrialRecord]:
+    """The record of each trial that has one, by trial number.
+
+    Records of earlier versions that lack a layout (DUPLICATE, INTERRUPTED) get theirs from
+    the trial's parameters and the fixed dimensions of the study's other layouts."""
+    records: dict[int, TrialRecord] = {}
+    layoutless: list[FrozenTrial] = []
+    for t in trials:
+        record = stored_record(t)
+        if record is not None:
+            records[t.number] = record
+        elif t.user_attrs.get(RECORD_ATTR):
+            layoutless.append(t)
+    like = next(iter(records.values()), None)
+    for t in layoutless:
+        s = _from_params(t.params, like.strategy) if like is not None else None
+        record = stored_record(t, s) if s is not None else None
+        if record is not None:
+            records[t.number] = record
+    return records
+
+
+def trial_row(trial: FrozenTrial, record: TrialRecord | None = None) -> dict[str, Any]:
+    """One trial as a flat row: layout, status, measured and predicted figures. `record` is
+    the trial's record (read_records); without it, the one the trial alone gives."""
+    record = record or stored_record(trial)
+    row: dict[str, Any] = {"trial": trial.number, "state": trial.state.name}
+    if record is None:  # running, or failed before a record was written
+        return {**row, "status": trial.state.name, "source": "", "layout": "", "gpus": None,
+                **dict.fromkeys(LAYOUT_FIELDS), "predicted": False,
+                **dict.fromkeys(_FIGURES), "duplicate_of": None, "reason": "",
+                "wall_time_s": None}
+    s, m = record.strategy, record.metrics
+    tokens = record.tokens_per_s
+    ok = m if tokens is not None else None  # the measurements of an OK trial
+    peak, predicted_peak = record.peak_bytes, record.predicted_peak_bytes
+    predicted_tokens = record.predicted_tokens_per_s
+    # Errors compare a measurement with the model's prediction; a simulated trial has none.
+    measured = not record.predicted and m is not None
+    return {
+        **row, "status": record.status.value, "source": record.source,
+        "layout": record.label, "gpus": s.world_size,
+        **{f: getattr(s, f) for f in LAYOUT_FIELDS},
+        "predicted": record.predicted,
         "tokens_per_s": tokens,
-        "tokens_per_s_per_gpu": tokens / world if tokens and world else None,
-        "step_time_s": metrics.get("step_time_s") if ok else None,
-        "step_time_p90_s": metrics.get("step_time_p90_s") if ok else None,
-        "tflops_per_gpu": metrics.get("tflops_per_gpu") if ok else None,
-        "mfu": metrics.get("mfu") if ok else None,
+        "tokens_per_s_per_gpu": tokens / s.world_size if tokens else None,
+        "step_time_s": ok.step_time_s if ok else None,
+        "step_time_p90_s": ok.step_time_p90_s if ok else None,
+        "tflops_per_gpu": ok.tflops_per_gpu if ok else None,
+        "mfu": ok.mfu if ok else None,
         "peak_memory_gib": None if peak is None else peak / _GIB,
         "predicted_tokens_per_s": predicted_tokens,
         "predicted_peak_memory_gib": None if predicted_peak is None else predicted_peak / _GIB,
-        # Errors compare a measurement with the model's prediction; a simulated trial has none.
         "tokens_error_pct": _error_pct(tokens, predicted_tokens) if measured else None,
         "memory_error_pct": _error_pct(peak, predicted_peak) if measured else None,
-        "duplicate_of": record.get("duplicate_of"),
-        "reason": record.get("reason", ""),
-        "wall_time_s": metrics.get("wall_time_s"),
+        "duplicate_of": record.duplicate_of,
+        "reason": record.reason,
+        "wall_time_s": m.wall_time_s if m else None,
     }
-    return row
 
 
 def _model_from_attrs(study: optuna.Study) -> tuple[ModelSpec | None, dict[str, Any]]:
@@ -263,7 +288,8 @@ def load_study(ref: StudyRef, model_arg: str | None = None) -> LoadedStudy:
         raise ConfigError(f"cannot read study {ref.name} from {ref.redacted}: "
                           f"{str(exc).splitlines()[0]}") from None
     trials = study.get_trials(deepcopy=False)
-    rows = [trial_row(t) for t in trials]
+    records = read_records(trials)
+    rows = [trial_row(t, records.get(t.number)) for t in trials]
     model, source, hints = _resolve_model(ref, study, rows, model_arg)
     gpus = next((r["gpus"] for r in rows if r["gpus"]), None) or hints.get("num_gpus")
     cluster = None
@@ -282,8 +308,8 @@ def load_study(ref: StudyRef, model_arg: str | None = None) -> LoadedStudy:
                      "trial.json); pass --model PRESET_OR_YAML for the memory breakdown")
     done = [r for r in rows if r["state"] == "COMPLETE"]
     predicted = bool(done) and all(r["predicted"] for r in done)
-    return LoadedStudy(ref=ref, study=study, trials=trials, rows=rows, model=model,
-                       model_source=source, cluster=cluster,
+    return LoadedStudy(ref=ref, study=study, trials=trials, records=records, rows=rows,
+                       model=model, model_source=source, cluster=cluster,
                        backend=hints.get("backend"), predicted=predicted, notes=notes)
 
 

@@ -39,8 +39,8 @@ from autotune.search.records import (
     Observer,
     SearchResult,
     TrialRecord,
-    record_from_attrs,
-    record_to_attrs,
+    store_record,
+    stored_record,
 )
 from autotune.search.refit import refit_cost_params
 from autotune.search.shared import PARAMS_WAIT_S, SHARED_POLL_S, read_shared
@@ -155,17 +155,15 @@ class _Search:
     def replay(self) -> None:
         """Rebuild state from a resumed study: seen layouts, OOM knowledge, best so far."""
         for frozen in self.study.get_trials(deepcopy=False):
-            attrs = frozen.user_attrs.get("record")
-            if frozen.state not in (TrialState.COMPLETE, TrialState.PRUNED) or not attrs:
+            if frozen.state not in (TrialState.COMPLETE, TrialState.PRUNED):
                 continue
             s = self.strategy(frozen.params)
-            if s is None:
-                continue
-            self.note_stored(frozen.number, s, attrs)
+            record = stored_record(frozen, s) if s is not None else None
+            if record is not None:
+                self.note_stored(record)
 
-    def note_stored(self, number: int, s: Strategy, attrs: dict[str, Any]) -> None:
+    def note_stored(self, record: TrialRecord) -> None:
         """Note a trial read back from storage (resume, or another worker's result)."""
-        record = record_from_attrs(number, s, attrs)
         self.note(record, count_launch=False)
         if record.launched:
             # --trials counts the study's launched trials, so a resumed study finishes the
@@ -192,8 +190,9 @@ class _Search:
                 self.paramless.update(waiting)
             for t in finished:
                 s = self.strategy(t.params)
-                if s is not None:
-                    self.note_stored(t.number, s, t.user_attrs["record"])
+                record = stored_record(t, s) if s is not None else None
+                if record is not None:
+                    self.note_stored(record)
             if not waiting or time.monotonic() >= deadline:
                 return running
             time.sleep(0.05)
@@ -244,11 +243,10 @@ class _Search:
 
     # -- one trial ------------------------------------------------------------------------
     def tell(self, trial: optuna.Trial, record: TrialRecord) -> None:
-        trial.set_user_attr("record", record_to_attrs(record, self.cfg.backend.predicted))
+        store_record(trial, record)
         capacity = self.cfg.cluster.gpu.memory_bytes
-        m = record.metrics
-        if record.tokens_per_s is not None and m is not None:
-            peak = m.peak_reserved_bytes or m.peak_allocated_bytes or 0
+        if record.tokens_per_s is not None:
+            peak = record.peak_bytes or 0
             trial.set_constraint("memory_gib", (peak - capacity) / _GIB)
             self.study.tell(trial, [record.tokens_per_s, peak / _GIB])
         elif record.status in (TrialStatus.CRASH, TrialStatus.TIMEOUT, TrialStatus.NCCL_ERROR):
@@ -304,6 +302,7 @@ class _Search:
     def finish(self, trial: optuna.Trial) -> None:
         """Gate, run and tell one asked trial."""
         source = trial.user_attrs.get("source", "sampler")
+        predicted = self.cfg.backend.predicted
         s = self.strategy(trial.params)
         if s is None:
             params = {**trial.params, **self.fixed}
@@ -312,6 +311,7 @@ class _Search:
                                                    **{k: v for k, v in params.items()
                                                       if k in Strategy.__dataclass_fields__}),
                                  status=TrialStatus.INVALID, source=source,
+                                 predicted=predicted,
                                  reason="breaks a Megatron rule (autotune MODEL --dry-run "
                                         "lists them)")
             self.tell(trial, record)
@@ -329,9 +329,9 @@ class _Search:
             # The older trial runs it (the newer one yields, so exactly one of two racing
             # workers launches). No outcome to copy yet: told FAIL, which TPE ignores and
             # dedupe does not count, and queued again in case the other worker dies.
-            trial.set_user_attr("record", {"status": "DUPLICATE", "source": source,
-                                           "strategy": s.describe(), "duplicate_of": other,
-                                           "reason": f"running in trial {other}"})
+            store_record(trial, TrialRecord(
+                number=trial.number, strategy=s, status=TrialStatus.DUPLICATE, source=source,
+                duplicate_of=other, reason=f"running in trial {other}", predicted=predicted))
             self.study.tell(trial, state=TrialState.FAIL)
             self.last_told = trial.number
             self.enqueue(s, source)
@@ -342,7 +342,8 @@ class _Search:
             assert decision.status is not None
             self.tell(trial, TrialRecord(number=trial.number, strategy=s,
                                          status=decision.status, source=source,
-                                         reason=decision.reason, predicted_peak_bytes=peak))
+                                         reason=decision.reason, predicted_peak_bytes=peak,
+                                         predicted=predicted))
             return
         cost = estimate_cost(self.cfg.model, s, self.cfg.cluster, self.cost_params)
         spec = TrialSpec(model=self.cfg.model, strategy=s, train_steps=self.cfg.train_steps,
@@ -356,12 +357,15 @@ class _Search:
             if metrics.launch_failed:
                 metrics = self.relaunch(spec, trial_dir, timeout, metrics)
         except KeyboardInterrupt:
-            trial.set_user_attr("record", {"status": "INTERRUPTED", "source": source,
-                                           "strategy": s.describe()})
+            store_record(trial, TrialRecord(
+                number=trial.number, strategy=s, status=TrialStatus.INTERRUPTED, source=source,
+                predicted_peak_bytes=peak, predicted_tokens_per_s=cost.tokens_per_s,
+                predicted=predicted))
             raise  # run_one tells FAIL
         record = TrialRecord(number=trial.number, strategy=s, status=metrics.status,
                              source=source, reason=metrics.error or "", metrics=metrics,
-                             predicted_peak_bytes=peak, predicted_tokens_per_s=cost.tokens_per_s)
+                             predicted_peak_bytes=peak, predicted_tokens_per_s=cost.tokens_per_s,
+                             predicted=predicted)
         self.tell(trial, record)
         if metrics.status is TrialStatus.OOM:
             self.bisect(s)

@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from autotune.search.loop import SearchResult, TrialRecord
+from autotune.search.records import SearchResult, TrialRecord
 from autotune.trial import TrialStatus
 
 __all__ = ["LiveProgress", "best_table", "format_record"]
@@ -18,7 +18,8 @@ __all__ = ["LiveProgress", "best_table", "format_record"]
 _GIB = 2**30
 _STYLE = {TrialStatus.OK: "green", TrialStatus.OOM: "red", TrialStatus.PREDICTED_OOM: "yellow",
           TrialStatus.INVALID: "dim", TrialStatus.TIMEOUT: "red", TrialStatus.CRASH: "red",
-          TrialStatus.NCCL_ERROR: "red"}
+          TrialStatus.NCCL_ERROR: "red", TrialStatus.DUPLICATE: "dim",
+          TrialStatus.INTERRUPTED: "red"}
 
 
 _LIVE_COLUMNS = ("#", "layout", "status", "tokens/s", "MFU", "peak GiB", "wall s", "source")
@@ -31,9 +32,9 @@ def _gib(value: float | None) -> str:
 
 def format_record(r: TrialRecord) -> dict[str, str]:
     m = r.metrics
-    peak = (m.peak_reserved_bytes or m.peak_allocated_bytes) if m else None
+    peak = r.peak_bytes
     return {
-        "#": str(r.number), "layout": r.strategy.describe(), "status": r.status.value,
+        "#": str(r.number), "layout": r.label, "status": r.status.value,
         "tokens/s": "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
         "MFU": "-" if not m or m.mfu is None or r.tokens_per_s is None else f"{m.mfu:.1%}",
         "peak GiB": _gib(peak if peak is not None else r.predicted_peak_bytes),
@@ -86,13 +87,12 @@ class LiveProgress:
             row = format_record(r)
             table.add_row(*(row[c] for c in _LIVE_COLUMNS), style=_STYLE.get(r.status, ""))
         best = result.best(1) if result else []
-        line = (f"best so far: {best[0].strategy.describe()} at "
+        line = (f"best so far: {best[0].label} at "
                 f"{best[0].tokens_per_s:,.0f} tokens/s (#{best[0].number})" if best
                 else "best so far: -")
         return Group(self.progress, table, line)
 
     def __call__(self, record: TrialRecord, result: SearchResult) -> None:
         self.recent = [*self.recent, record][-self.keep:]
-        launched = sum(1 for r in result.records if r.launched)
-        self.progress.update(self.task, completed=launched)
+        self.progress.update(self.task, completed=result.launched)
         self.live.update(self.render(result))

@@ -1,24 +1,33 @@
 """What a search reports: one record per trial, the search's result, and their stored form.
 
-A trial's record is stored in the study as one JSON-able user attribute (`record`), which
-report, export and a resumed or shared search read back.
+A trial's record is stored in the study as one JSON-able user attribute (`record`), written by
+`store_record` alone and read back by `read_record` alone: a resumed or shared search, report
+and export all read it that way. The reader takes what every earlier version wrote: keys that
+were added later (a layout field such as cross_entropy_fusion runs at its default), and the
+DUPLICATE and INTERRUPTED records that versions before the typed record wrote without a layout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
 
 from autotune.cost import CostParams
 from autotune.strategy import Strategy
 from autotune.trial import TrialMetrics, TrialStatus
 
-__all__ = ["LAUNCHED", "Observer", "SearchResult", "TrialRecord", "record_from_attrs",
-           "record_to_attrs"]
+__all__ = ["LAUNCHED", "RECORD_ATTR", "Observer", "SearchResult", "TrialRecord", "read_record",
+           "record_attrs", "store_record", "stored_record"]
 
+RECORD_ATTR = "record"
+"""The trial's user attribute that holds its record."""
 LAUNCHED = (TrialStatus.OK, TrialStatus.OOM, TrialStatus.TIMEOUT, TrialStatus.CRASH,
             TrialStatus.NCCL_ERROR)
+_LAYOUT_FIELDS = tuple(Strategy.__dataclass_fields__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,11 +38,16 @@ class TrialRecord:
     strategy: Strategy
     status: TrialStatus
     source: str
+    """Who proposed it: alpa, sampler, grid, ranked, model, oom-bisect."""
     reason: str = ""
     metrics: TrialMetrics | None = None
     predicted_peak_bytes: float | None = None
     predicted_tokens_per_s: float | None = None
     duplicate_of: int | None = None
+    """The earlier trial of the same layout whose outcome this one repeats (or, DUPLICATE,
+    that another worker was running)."""
+    predicted: bool = False
+    """True when the figures come from the analytical models (a planning study)."""
 
     @property
     def launched(self) -> bool:
@@ -43,6 +57,15 @@ class TrialRecord:
     def tokens_per_s(self) -> float | None:
         ok = self.metrics is not None and self.metrics.status is TrialStatus.OK
         return self.metrics.tokens_per_s if ok and self.metrics else None
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """The measured (or simulated) peak memory per GPU; None without figures."""
+        return self.metrics.peak_bytes if self.metrics is not None else None
+
+    @property
+    def label(self) -> str:
+        return self.strategy.describe()
 
 
 @dataclass(slots=True)
@@ -66,19 +89,25 @@ class SearchResult:
     def count(self, status: TrialStatus) -> int:
         return sum(1 for r in self.records if r.status is status and r.duplicate_of is None)
 
+    @property
+    def launched(self) -> int:
+        """Trials launched (or simulated) that this result holds."""
+        return sum(1 for r in self.records if r.launched)
+
 
 Observer = Callable[[TrialRecord, SearchResult], None]
 
 
-def record_to_attrs(record: TrialRecord, predicted: bool) -> dict[str, Any]:
-    """The trial's record as one JSON-able user attribute (one write per trial)."""
+def record_attrs(record: TrialRecord) -> dict[str, Any]:
+    """The record's stored form: one JSON-able dict (`strategy` is the label, for people and
+    tools reading the storage; `layout` is what the reader rebuilds the layout from)."""
     attrs: dict[str, Any] = {
         "status": record.status.value, "source": record.source, "reason": record.reason,
-        "strategy": record.strategy.describe(),
-        "layout": {f: getattr(record.strategy, f) for f in Strategy.__dataclass_fields__},
+        "strategy": record.label,
+        "layout": {f: getattr(record.strategy, f) for f in _LAYOUT_FIELDS},
         "predicted_peak_bytes": record.predicted_peak_bytes,
         "predicted_tokens_per_s": record.predicted_tokens_per_s,
-        "predicted": predicted,
+        "predicted": record.predicted,
     }
     if record.metrics is not None:
         attrs["metrics"] = record.metrics.to_dict()
@@ -87,10 +116,64 @@ def record_to_attrs(record: TrialRecord, predicted: bool) -> dict[str, Any]:
     return attrs
 
 
-def record_from_attrs(number: int, strategy: Strategy, attrs: dict[str, Any]) -> TrialRecord:
-    metrics = TrialMetrics.from_dict(attrs["metrics"]) if attrs.get("metrics") else None
-    return TrialRecord(number=number, strategy=strategy, status=TrialStatus(attrs["status"]),
-                       source=attrs.get("source", "sampler"), reason=attrs.get("reason", ""),
-                       metrics=metrics, predicted_peak_bytes=attrs.get("predicted_peak_bytes"),
-                       predicted_tokens_per_s=attrs.get("predicted_tokens_per_s"),
-                       duplicate_of=attrs.get("duplicate_of"))
+def store_record(trial: optuna.Trial, record: TrialRecord) -> None:
+    """Write the record to its trial (one write per trial)."""
+    trial.set_user_attr(RECORD_ATTR, record_attrs(record))
+
+
+def _layout(value: object) -> Strategy | None:
+    if not isinstance(value, Mapping):
+        return None
+    try:  # a field added after the record was written is absent: it ran at its default
+        return Strategy(**{f: value[f] for f in _LAYOUT_FIELDS if f in value})
+    except (TypeError, ValueError):
+        return None
+
+
+def _metrics(value: object) -> TrialMetrics | None:
+    if not isinstance(value, Mapping) or not value:
+        return None
+    try:
+        return TrialMetrics.from_dict(dict(value))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
+
+
+def read_record(number: int, attrs: object,
+                strategy: Strategy | None = None) -> TrialRecord | None:
+    """The record of trial `number` from its stored form `attrs`, with `strategy` as its
+    layout when given (a search derives it from the trial's parameters), else the stored
+    layout. None when there is nothing to read: no record, a status this version does not
+    know, or no layout (a DUPLICATE or INTERRUPTED record of an earlier version, without
+    `strategy`)."""
+    if not isinstance(attrs, Mapping):
+        return None
+    try:
+        status = TrialStatus(str(attrs.get("status")))
+    except ValueError:
+        return None
+    strategy = strategy or _layout(attrs.get("layout"))
+    if strategy is None:
+        return None
+    raw_metrics = attrs.get("metrics")
+    predicted = attrs.get("predicted", False)
+    if isinstance(raw_metrics, Mapping):  # the metrics say it themselves where they exist
+        predicted = raw_metrics.get("predicted", predicted)
+    duplicate_of = attrs.get("duplicate_of")
+    return TrialRecord(number=number, strategy=strategy, status=status,
+                       source=str(attrs.get("source") or "sampler"),
+                       reason=str(attrs.get("reason") or ""), metrics=_metrics(raw_metrics),
+                       predicted_peak_bytes=_number(attrs.get("predicted_peak_bytes")),
+                       predicted_tokens_per_s=_number(attrs.get("predicted_tokens_per_s")),
+                       duplicate_of=duplicate_of if isinstance(duplicate_of, int) else None,
+                       predicted=bool(predicted))
+
+
+def stored_record(trial: FrozenTrial, strategy: Strategy | None = None) -> TrialRecord | None:
+    """`read_record` of a stored trial."""
+    return read_record(trial.number, trial.user_attrs.get(RECORD_ATTR), strategy)
