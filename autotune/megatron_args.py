@@ -62,6 +62,8 @@ def megatron_lm_args(model: ModelSpec, strategy: Strategy, *, train_iters: int |
     args += _logging_args(log_interval)
     args += _data_args(model, mock_data=mock_data)
     extra = list(extra_args)
+    if not extra:
+        return args
     clash = sorted(set(flag_names(args)) & set(flag_names(extra)))
     if clash:
         raise ConfigError(f"extra Megatron-LM argument(s) {', '.join(clash)} repeat flags "
