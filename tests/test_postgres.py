@@ -226,22 +226,21 @@ def test_no_output_or_file_shows_the_storage_password(pg_url: str, study_name: s
 # -- the same rules on SQLite (no server needed) ----------------------------------------------
 
 
-def test_a_layout_running_in_a_dead_worker_is_waited_for_then_retried(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_layout_running_in_a_dead_worker_is_waited_for_then_retried(tmp_path: Path) -> None:
     """A RUNNING trial of another (here: simulated, then silent) worker holds its layout until
     its heartbeat goes stale; then this worker fails it and runs the layout itself."""
     from doubles.fake_backend import FakeBackend
 
-    from autotune.search import SearchConfig, run_search
-    from autotune.search import storage as storage_module
+    from autotune.search import SearchConfig
+    from autotune.search.loop import Search
+    from autotune.search.storage import Heartbeat, open_study, storage_url
 
-    monkeypatch.setattr(storage_module, "HEARTBEAT_INTERVAL_S", 1)
-    # Long enough that the held trial is still fresh when the search starts on a loaded 2-core
-    # CI machine (with 1 s it went stale before the first ask once, and ran in grid order).
-    monkeypatch.setattr(storage_module, "HEARTBEAT_GRACE_S", 4)
-    url = storage_module.storage_url(tmp_path, "s", None)
-    study = storage_module.open_study("s", url, optuna.samplers.RandomSampler(), resume=False,
-                                      heartbeat=True)
+    # The grace is long enough that the held trial is still fresh when the search starts on a
+    # loaded 2-core CI machine (with 1 s it went stale before the first ask once, and ran in
+    # grid order).
+    beat = Heartbeat(interval_s=1, grace_s=4)
+    url = storage_url(tmp_path, "s", None)
+    study = open_study("s", url, optuna.samplers.RandomSampler(), resume=False, heartbeat=beat)
     held = enumerate_space(shared_space(), small_model(), CLUSTER).valid[5]
     free = {"tp": held.tp, "pp": held.pp, "mbs": held.mbs,
             "distributed_optimizer": held.distributed_optimizer}
@@ -255,9 +254,9 @@ def test_a_layout_running_in_a_dead_worker_is_waited_for_then_retried(
     study._storage.record_heartbeat(dead._trial_id)  # type: ignore[attr-defined]
 
     backend = FakeBackend(CLUSTER)
-    result = run_search(SearchConfig(model=small_model(), cluster=CLUSTER, space=shared_space(),
-                                     backend=backend, results_dir=tmp_path, study_name="s",
-                                     sampler="grid", resume=True))
+    result = Search(SearchConfig(model=small_model(), cluster=CLUSTER, space=shared_space(),
+                                 backend=backend, results_dir=tmp_path, study_name="s",
+                                 sampler="grid", resume=True), heartbeat=beat).run()
     assert result.stop_reason == "every layout of the grid was tried"
     assert Counter(s.describe() for s in backend.calls) == Counter(s.describe() for s in set(
         map(canonical, enumerate_space(shared_space(), small_model(), CLUSTER).valid)))

@@ -13,7 +13,6 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import optuna
@@ -27,13 +26,13 @@ from doubles.fake_backend import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-import autotune.search.loop as loop
 from autotune.backends import SimulateBackend
 from autotune.errors import ConfigError
 from autotune.gate import MemoryGate, layout_key
 from autotune.memory import estimate_memory
 from autotune.search import SearchConfig, SearchResult, TrialRecord, run_search
-from autotune.search import storage as storage_module
+from autotune.search.loop import Search
+from autotune.search.storage import Heartbeat
 from autotune.space import enumerate_space
 from autotune.strategy import Strategy, canonical
 from autotune.trial import TrialStatus
@@ -189,16 +188,16 @@ def test_stops_after_patience_launches_without_improvement(tmp_path: Path) -> No
     assert "--patience" in result.stop_reason
 
 
-def test_stops_at_the_time_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = SimpleNamespace(now=0.0)
-    monkeypatch.setattr(loop, "time", SimpleNamespace(monotonic=lambda: clock.now))
+def test_stops_at_the_time_budget(tmp_path: Path) -> None:
+    now = [0.0]
 
     def slow_tokens(s: Strategy) -> float:
-        clock.now += 100.0  # each trial takes 100 s
+        now[0] += 100.0  # each trial takes 100 s
         return 1000.0 * s.dp
 
     backend = FakeBackend(CLUSTER, tokens=slow_tokens)
-    result = run_search(config(tmp_path, backend, time_budget_s=250.0, n_trials=50))
+    result = Search(config(tmp_path, backend, time_budget_s=250.0, n_trials=50),
+                    clock=lambda: now[0]).run()
     assert len(backend.calls) == 3
     assert result.stop_reason == "reached --time-budget 250 s"
 
@@ -219,8 +218,7 @@ def test_grid_launches_every_layout_predicted_to_fit_once(tmp_path: Path) -> Non
 # -- interruption and resume ------------------------------------------------------------------
 
 
-def test_resume_after_the_process_is_killed_mid_trial(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_after_the_process_is_killed_mid_trial(tmp_path: Path) -> None:
     marker = tmp_path / "running"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get(
         "PYTHONPATH", "")])}
@@ -244,12 +242,10 @@ def test_resume_after_the_process_is_killed_mid_trial(tmp_path: Path,
     assert len(finished) == 2
 
     # The killed trial stopped beating; a short grace period lets this resume fail it.
-    monkeypatch.setattr(storage_module, "HEARTBEAT_INTERVAL_S", 1)
-    monkeypatch.setattr(storage_module, "HEARTBEAT_GRACE_S", 1)
     time.sleep(2.5)  # heartbeats have one-second resolution in SQLite
     backend = FakeBackend(CLUSTER)
-    result = run_search(config(tmp_path, backend, study_name="killed", n_trials=6,
-                               resume=True))
+    result = Search(config(tmp_path, backend, study_name="killed", n_trials=6, resume=True),
+                    heartbeat=Heartbeat(interval_s=1, grace_s=1)).run()
 
     after = stored(tmp_path, "killed")
     assert after[killed].state is TrialState.FAIL
@@ -263,26 +259,24 @@ def test_resume_after_the_process_is_killed_mid_trial(tmp_path: Path,
 
 @pytest.mark.parametrize("where", ["backend", "gate"])
 def test_ctrl_c_leaves_a_consistent_study_that_resumes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
-    if where == "backend":
-        backend = FakeBackend(CLUSTER, interrupt_on_call=3)
-    else:  # between the ask and the launch of the third trial
-        backend = FakeBackend(CLUSTER)
-        real, count = loop.estimate_cost, [0]
+        tmp_path: Path, where: str) -> None:
+    backend = FakeBackend(CLUSTER, interrupt_on_call=3 if where == "backend" else None)
+    search = Search(config(tmp_path, backend, n_trials=5))
+    if where == "gate":  # between the ask and the launch of the third trial
+        real, count = search.knowledge.predict, [0]
 
-        def interrupting(*args: Any, **kwargs: Any) -> Any:
+        def interrupting(s: Strategy) -> Any:
             count[0] += 1
-            if count[0] == 3:
+            if count[0] == 3:  # the third launch's predicted step time (its timeout)
                 raise KeyboardInterrupt
-            return real(*args, **kwargs)
+            return real(s)
 
-        monkeypatch.setattr(loop, "estimate_cost", interrupting)
-    result = run_search(config(tmp_path, backend, n_trials=5))
+        search.knowledge.predict = interrupting  # type: ignore[method-assign]
+    result = search.run()
     assert result.interrupted and "--resume" in result.stop_reason
     trials = stored(tmp_path)
     assert not [t for t in trials if t.state is TrialState.RUNNING]
     assert trials[-1].state is TrialState.FAIL
-    monkeypatch.undo()
 
     first = [s for s in backend.calls[:2]]
     again = FakeBackend(CLUSTER)
@@ -420,17 +414,16 @@ def test_an_invalid_proposal_never_hides_the_valid_layout_it_resembles(tmp_path:
     # An INVALID record's strategy is built from the proposal with dp left at 1; its key must
     # not be the canonical key of a real layout (here tp1 pp1 dp4 mbs1 ogr), which would then
     # be told a duplicate of the INVALID trial and never run.
-    from autotune.search.loop import _Search
-
     backend = FakeBackend(CLUSTER)
-    search = _Search(config(tmp_path, backend, n_trials=2), None)
-    valid = next(v for v in search.valid if (v.tp, v.pp, v.mbs) == (1, 1, 1)
+    search = Search(config(tmp_path, backend, n_trials=2))
+    layouts, study = search.layouts, search.store.study
+    valid = next(v for v in layouts.valid if (v.tp, v.pp, v.mbs) == (1, 1, 1)
                  and not (v.sequence_parallel or v.distributed_optimizer))
     bad = {"tp": 1, "pp": 1, "mbs": 1, "sequence_parallel": False,
            "distributed_optimizer": False, "overlap_param_gather": True}  # opg needs do
-    for params in (bad, {d: getattr(valid, d) for d in search.free}):
-        search.study.enqueue_trial({k: v for k, v in params.items() if k in search.free})
-        search.finish(search.study.ask(search.distributions))
+    for params in (bad, layouts.params(valid)):
+        study.enqueue_trial({k: v for k, v in params.items() if k in layouts.free})
+        search.executor.finish(study.ask(layouts.distributions))
     invalid, ran = search.result.records
     assert invalid.status is TrialStatus.INVALID
     assert ran.duplicate_of is None and ran.status is TrialStatus.OK

@@ -1,7 +1,7 @@
-"""The search: an Optuna study over valid layouts (the only package that imports optuna)."""
+"""The search: an Optuna study over valid layouts (autotune.search.loop assembles its parts)."""
 
 from __future__ import annotations
 
-from autotune.search.loop import SearchConfig, SearchResult, TrialRecord, run_search
+from autotune.search.loop import Search, SearchConfig, SearchResult, TrialRecord, run_search
 
-__all__ = ["SearchConfig", "SearchResult", "TrialRecord", "run_search"]
+__all__ = ["Search", "SearchConfig", "SearchResult", "TrialRecord", "run_search"]

@@ -1,7 +1,7 @@
 """Several workers on one study: what the others have finished, and what they are running.
 
 Each worker keeps its own queue; the storage is the one truth. Before each launch a worker
-re-reads it (autotune.search.loop, _Search.sync) with `read_shared`.
+re-reads it (autotune.search.store, RealRunStore.sync) with `read_shared`.
 """
 
 from __future__ import annotations
@@ -12,34 +12,26 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.strategy import Strategy
+from autotune.search.layouts import ParamsKey, params_key
 
-__all__ = ["PARAMS_WAIT_S", "SHARED_POLL_S", "layout_params", "params_key", "read_shared"]
+__all__ = ["PARAMS_WAIT_S", "SHARED_POLL_S", "read_shared"]
 
 SHARED_POLL_S = 0.5
 """A worker whose queued layouts are all running in other workers looks again this often."""
 PARAMS_WAIT_S = 2.0
-"""How long to wait for an older RUNNING trial's parameters to appear (see _Search.sync)."""
-
-
-def layout_params(strategy: Strategy, free: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
-    return {dim: getattr(strategy, dim) for dim in free}
-
-
-def params_key(params: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(sorted(params.items()))
+"""How long to wait for an older RUNNING trial's parameters to appear (RealRunStore.sync)."""
 
 
 def read_shared(study: optuna.Study, free: dict[str, tuple[Any, ...]], mine: int | None,
                 known: set[int], paramless: set[int],
-                key_of: Callable[[dict[str, Any]], tuple[Any, ...]] = params_key,
-                ) -> tuple[dict[tuple[Any, ...], int], list[FrozenTrial], list[int]]:
+                key_of: Callable[[dict[str, Any]], ParamsKey] = params_key,
+                ) -> tuple[dict[ParamsKey, int], list[FrozenTrial], list[int]]:
     """One look at the study from the worker of trial `mine`: the layouts of the other RUNNING
     trials (keyed by `key_of` their parameters), each with the smallest trial number running
     it; the finished trials with a record not in `known`; and the older RUNNING trials still
     without parameters, less `paramless`."""
     states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-    running: dict[tuple[Any, ...], int] = {}
+    running: dict[ParamsKey, int] = {}
     finished: list[FrozenTrial] = []
     waiting: list[int] = []
     for t in study.get_trials(deepcopy=False, states=states):

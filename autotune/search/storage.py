@@ -10,7 +10,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec
 from autotune.space import SearchSpace
 
-__all__ = ["default_study_name", "describe_study", "fail_stale", "heartbeat",
+__all__ = ["Heartbeat", "default_study_name", "describe_study", "fail_stale", "heartbeat",
            "open_planning_study", "open_study", "redact_url", "storage_url"]
 
 DIRECTIONS: tuple[StudyDirection, ...] = (StudyDirection.MAXIMIZE, StudyDirection.MINIMIZE)
@@ -33,7 +33,15 @@ HEARTBEAT_INTERVAL_S = int(os.environ.get("AUTOTUNE_HEARTBEAT_INTERVAL_S", "10")
 """Seconds between heartbeats of a running trial (RDB storage)."""
 HEARTBEAT_GRACE_S = int(os.environ.get("AUTOTUNE_HEARTBEAT_GRACE_S", "60"))
 """A running trial without a heartbeat for this long is failed by the next open (resume) or,
-in a shared study, by any other worker before its next trial (search.loop)."""
+in a shared study, by any other worker before its next trial (search.store)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    """How often a running trial beats, and how long without a beat marks its process dead."""
+
+    interval_s: int = HEARTBEAT_INTERVAL_S
+    grace_s: int = HEARTBEAT_GRACE_S
 
 
 def default_study_name(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
@@ -71,14 +79,15 @@ def redact_url(url: str) -> str:
 
 
 def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,
-               resume: bool | None, heartbeat: bool) -> optuna.Study:
+               resume: bool | None, heartbeat: Heartbeat | None) -> optuna.Study:
     """Create the study, or load it with `resume`; resume=None loads it if it exists, else
-    creates it. An existing study is never overwritten."""
+    creates it. An existing study is never overwritten. With `heartbeat`, running trials beat
+    (see `heartbeat()`) and stale ones are failed now."""
     kwargs: dict[str, object] = {}
-    if heartbeat:
+    if heartbeat is not None:
         # A trial whose process dies stops beating; after the grace period it is marked FAIL
         # by the next worker or resume (optuna.storages.fail_stale_trials).
-        kwargs = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": HEARTBEAT_GRACE_S}
+        kwargs = {"heartbeat_interval": heartbeat.interval_s, "grace_period": heartbeat.grace_s}
     try:
         with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -94,7 +103,7 @@ def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,
         raise ConfigError(f"--resume: no study {name} in {redact_url(url)}")
     study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
                                 directions=list(DIRECTIONS), load_if_exists=True)
-    if heartbeat:
+    if heartbeat is not None:
         fail_stale(study)
     return study
 
@@ -107,7 +116,7 @@ def open_planning_study(name: str, url: str, sampler: optuna.samplers.BaseSample
     # study runs in memory and its trials are written in one pass at the end.
     # Predictions are deterministic: running the same planning job again continues (and
     # so shows) the stored study instead of refusing; --resume stays strict.
-    persistent = open_study(name, url, sampler, resume=resume or None, heartbeat=False)
+    persistent = open_study(name, url, sampler, resume=resume or None, heartbeat=None)
     study = optuna.create_study(directions=list(DIRECTIONS), sampler=sampler)
     finished = [t for t in persistent.get_trials(deepcopy=False) if t.state.is_finished()]
     study.add_trials(finished)

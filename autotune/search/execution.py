@@ -1,0 +1,217 @@
+"""One trial, from the ask to the tell: gate, launch, and what its outcome teaches.
+
+A proposal that breaks a Megatron rule is told INVALID; one already tried repeats that outcome
+(a duplicate); one another worker is running yields to it (DUPLICATE); one predicted not to fit
+is told PREDICTED_OOM. Only the rest is launched, with a timeout from the predicted step time,
+and launched once more when the launch never reached its rendezvous. A real OOM is pruned and
+teaches the gate (autotune.gate), and the micro-batch of its layout is bisected.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import optuna
+
+from autotune.backends import trial_timeout_s
+from autotune.cost import CostEstimate, CostParams, estimate_cost
+from autotune.gate import MemoryGate, layout_key
+from autotune.heuristics import next_smaller_mbs
+from autotune.launchers import LOG_NAME
+from autotune.search.config import SearchConfig
+from autotune.search.layouts import LayoutMap, ParamsKey
+from autotune.search.ledger import LayoutQueue, Ledger
+from autotune.search.records import SearchResult, TrialRecord
+from autotune.search.refit import refit_cost_params
+from autotune.search.store import StudyStore
+from autotune.strategy import Strategy
+from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
+
+__all__ = ["Knowledge", "SearchParts", "TrialExecutor"]
+
+log = logging.getLogger(__name__)
+
+
+class Knowledge:
+    """What the trials taught: the memory gate (real OOMs), the largest micro-batch that ran
+    per layout, and the cost constants refitted to measured step times."""
+
+    def __init__(self, cfg: SearchConfig, result: SearchResult, *, refits: bool) -> None:
+        self.cfg = cfg
+        self.result = result
+        self.refits = refits
+        """Whether the figures are measurements to refit to (a plan's are the model's own)."""
+        self.gate = MemoryGate(cfg.model, cfg.cluster, params=cfg.memory_params)
+        self.cost_params: CostParams | None = cfg.cost_params
+        self.fitted_on = 0
+        self.good_mbs: dict[Strategy, int] = {}
+        """Per layout (gate.layout_key), the largest micro-batch that ran."""
+
+    def learn(self, record: TrialRecord, told: bool) -> None:
+        """Ledger.note's learner: take in one record."""
+        if record.status is TrialStatus.OOM and record.duplicate_of is None:
+            self.gate.record_oom(record.strategy, record.predicted_peak_bytes)
+        if record.tokens_per_s is not None:
+            key = layout_key(record.strategy)
+            self.good_mbs[key] = max(self.good_mbs.get(key, 0), record.strategy.mbs)
+            if told:
+                self.refit()
+
+    def refit(self) -> None:
+        """Refit the cost constants to the study's measured step times once there are
+        `refit_after` of them (and again with each new one), so that ranking and timeouts
+        follow what this machine really does."""
+        if not self.refits:
+            return
+        fitted = refit_cost_params(self.result, self.cfg.model, self.cfg.cluster,
+                                   refit_after=self.cfg.refit_after, fitted_on=self.fitted_on,
+                                   start=self.cost_params)
+        if fitted is None:
+            return
+        self.cost_params, self.fitted_on = fitted
+        log.info("cost model refitted to %d measured trials", self.fitted_on)
+
+    def predict(self, s: Strategy) -> CostEstimate:
+        return estimate_cost(self.cfg.model, s, self.cfg.cluster, self.cost_params)
+
+    def fits(self, s: Strategy) -> bool:
+        return self.gate.decide(s).launch
+
+    def ranked(self, layouts: list[Strategy]) -> list[Strategy]:
+        """The layouts predicted to fit, fastest predicted first."""
+        fitting = [s for s in layouts if self.fits(s)]
+        return sorted(fitting, key=lambda s: self.predict(s).tokens_per_s, reverse=True)
+
+    def smaller_mbs(self, failed: Strategy) -> Strategy | None:
+        """After a real OOM, the same layout with a smaller micro-batch (Alpa step 1); after a
+        success below a known OOM, the middle micro-batch between the two (bisection)."""
+        candidates = self.cfg.space.candidates.get("mbs", (failed.mbs,))
+        smaller = next_smaller_mbs(candidates, failed.mbs, self.good_mbs.get(layout_key(failed)))
+        return None if smaller is None else replace(failed, mbs=smaller)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchParts:
+    """One search's parts that trial execution and scheduling share (autotune.search.loop
+    builds them)."""
+
+    cfg: SearchConfig
+    layouts: LayoutMap
+    store: StudyStore
+    ledger: Ledger
+    knowledge: Knowledge
+    queue: LayoutQueue
+
+
+class TrialExecutor:
+    """Gate, run and tell one asked trial (see the module)."""
+
+    def __init__(self, parts: SearchParts) -> None:
+        self.parts = parts
+        self.trial_root = parts.cfg.results_dir / parts.store.name / "trials"
+
+    def look(self, mine: int | None = None) -> dict[ParamsKey, int]:
+        """Note the trials other workers finished since the last look (so that their layouts
+        count as tried and their OOMs teach the gate); return the layouts they are running,
+        each with its smallest trial number (StudyStore.sync)."""
+        finished, running = self.parts.store.sync(mine)
+        for record in finished:
+            self.parts.ledger.note(record, told=False)
+        return running
+
+    def tell(self, trial: optuna.Trial, record: TrialRecord) -> None:
+        self.parts.store.tell(trial, record)
+        self.parts.ledger.note(record)
+
+    def finish(self, trial: optuna.Trial) -> None:
+        """Gate, run and tell one asked trial."""
+        p = self.parts
+        source = trial.user_attrs.get("source", "sampler")
+        predicted = p.cfg.backend.predicted
+        s = p.layouts.strategy(trial.params)
+        if s is None:
+            self.tell(trial, TrialRecord(
+                number=trial.number, strategy=p.layouts.proposal(trial.params),
+                status=TrialStatus.INVALID, source=source, predicted=predicted,
+                reason="breaks a Megatron rule (autotune MODEL --dry-run lists them)"))
+            return
+        # Re-read the shared storage right before deciding: another worker may have finished
+        # this layout, or be running it, since the queue was checked.
+        running = self.look(mine=trial.number)
+        key = p.layouts.key(s)
+        previous = p.ledger.seen.get(key)
+        if previous is not None:
+            self.tell(trial, replace(previous, number=trial.number, source=source,
+                                     duplicate_of=previous.number))
+            return
+        other = running.get(key)
+        if other is not None and other < trial.number:
+            # The older trial runs it (the newer one yields, so exactly one of two racing
+            # workers launches). No outcome to copy yet: told FAIL, which TPE ignores and
+            # dedupe does not count, and queued again in case the other worker dies.
+            p.store.tell(trial, TrialRecord(
+                number=trial.number, strategy=s, status=TrialStatus.DUPLICATE, source=source,
+                duplicate_of=other, reason=f"running in trial {other}", predicted=predicted))
+            p.queue.push(s, source)
+            return
+        decision = p.knowledge.gate.decide(s)
+        peak = decision.memory.peak_bytes if decision.memory else None
+        planned = TrialRecord(number=trial.number, strategy=s, status=TrialStatus.OK,
+                              source=source, predicted_peak_bytes=peak, predicted=predicted)
+        if not decision.launch:
+            assert decision.status is not None
+            self.tell(trial, replace(planned, status=decision.status, reason=decision.reason))
+            return
+        self.launch(trial, planned)
+
+    def launch(self, trial: optuna.Trial, planned: TrialRecord) -> None:
+        """Run a layout the gate let through, tell its outcome, and bisect after an OOM."""
+        s, cfg = planned.strategy, self.parts.cfg
+        cost = self.parts.knowledge.predict(s)
+        planned = replace(planned, predicted_tokens_per_s=cost.tokens_per_s)
+        spec = TrialSpec(model=cfg.model, strategy=s, train_steps=cfg.train_steps,
+                         warmup_steps=cfg.warmup_steps, seed=cfg.seed,
+                         gpu_peak_bf16_flops=cfg.cluster.gpu.peak_bf16_flops,
+                         gpu_name=cfg.cluster.gpu.name)
+        timeout = cfg.trial_timeout_s or trial_timeout_s(cost.step_time_s, spec)
+        trial_dir = self.trial_root / str(trial.number)
+        try:
+            metrics = cfg.backend.run(spec, trial_dir, timeout)
+            if metrics.launch_failed:
+                metrics = self.relaunch(spec, trial_dir, timeout, metrics)
+        except KeyboardInterrupt:
+            self.parts.store.tell(trial, replace(planned, status=TrialStatus.INTERRUPTED))
+            raise
+        record = replace(planned, status=metrics.status, reason=metrics.error or "",
+                         metrics=metrics)
+        self.tell(trial, record)
+        oom_mbs = self.parts.knowledge.gate.oom_mbs
+        if metrics.status is TrialStatus.OOM:
+            self.bisect(s)
+        elif record.tokens_per_s is not None and layout_key(s) in oom_mbs:
+            self.bisect(replace(s, mbs=oom_mbs[layout_key(s)]))
+
+    def relaunch(self, spec: TrialSpec, trial_dir: Path, timeout: float,
+                 failed: TrialMetrics) -> TrialMetrics:
+        """Launch once more when the first launch never reached its rendezvous: that says
+        nothing about the layout (a port taken under torchrun, seen on 4 x H200). The first
+        attempt's log is kept beside the second's, and its wall time is counted."""
+        log.warning("trial %s: %s; launching it once more", trial_dir.name,
+                    (failed.error or "").splitlines()[0])
+        first_log = trial_dir / LOG_NAME
+        if first_log.exists():
+            first_log.replace(trial_dir / "log-launch-failed.txt")
+        metrics = self.parts.cfg.backend.run(spec, trial_dir, timeout)
+        if failed.wall_time_s is not None and metrics.wall_time_s is not None:
+            metrics = replace(metrics, wall_time_s=metrics.wall_time_s + failed.wall_time_s)
+        return metrics
+
+    def bisect(self, failed: Strategy) -> None:
+        """Queue the next micro-batch of `failed`'s layout to try (Knowledge.smaller_mbs) first,
+        when it is a valid layout not tried yet."""
+        p = self.parts
+        retry = p.knowledge.smaller_mbs(failed)
+        if retry is not None and p.layouts.is_valid(retry) and not p.ledger.tried(retry):
+            p.queue.push(retry, "oom-bisect", first=True)

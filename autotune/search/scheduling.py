@@ -1,0 +1,140 @@
+"""Which layout each trial tries, and when the search stops.
+
+The queue is seeded by the sampler: every layout (grid), the analytical model's best first
+(ranked), or Alpa's heuristic seeds before TPE proposes. Seeds already tried (a resume, another
+worker) are skipped when their turn comes; a layout another worker is running is deferred. The
+search stops at --trials, --time-budget or --patience, when the queue of a grid or ranking is
+empty, or when proposals keep launching nothing and every layout predicted to fit was tried.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from autotune.heuristics import alpa_seeds
+from autotune.protocol import te_available
+from autotune.search.config import RANKED_DEFAULT
+from autotune.search.execution import SearchParts, TrialExecutor
+from autotune.search.records import SearchResult
+from autotune.search.shared import SHARED_POLL_S
+from autotune.strategy import Strategy
+
+__all__ = ["Clock", "Scheduler"]
+
+Clock = Callable[[], float]
+"""Seconds from an arbitrary start (time.monotonic): the time budget and the elapsed time."""
+
+
+class Scheduler:
+    """The search's main loop over the parts it is given (autotune.search.loop builds them)."""
+
+    def __init__(self, parts: SearchParts, executor: TrialExecutor, *, sampler: str,
+                 clock: Clock = time.monotonic) -> None:
+        self.parts = parts
+        self.executor = executor
+        self.sampler = sampler
+        self.clock = clock
+
+    def seed(self) -> None:
+        p = self.parts
+        if self.sampler == "grid":
+            for s in p.layouts.valid:
+                p.queue.push(s, "grid")
+            return
+        if self.sampler == "ranked":
+            limit = p.cfg.n_trials or RANKED_DEFAULT
+            for s in p.knowledge.ranked(p.layouts.valid)[:limit]:
+                p.queue.push(s, "ranked")
+            return
+        # On resume the seeds already tried are skipped when asked (run_one), the rest still run.
+        impl = "te" if te_available() else "sdpa"
+        for s in alpa_seeds(p.layouts.valid, p.knowledge.fits, impl):
+            p.queue.push(s, "alpa")
+
+    def stop_reason(self, start: float) -> str | None:
+        cfg, ledger = self.parts.cfg, self.parts.ledger
+        if cfg.n_trials is not None and ledger.launched >= cfg.n_trials:
+            return f"reached --trials {cfg.n_trials}"
+        if cfg.time_budget_s is not None and self.clock() - start >= cfg.time_budget_s:
+            return f"reached --time-budget {cfg.time_budget_s:g} s"
+        if cfg.patience is not None and ledger.since_best >= cfg.patience:
+            return f"{cfg.patience} trials without improvement (--patience)"
+        return None
+
+    def next_queued(self) -> tuple[bool, bool]:
+        """Enqueue the first queued layout not tried nor running elsewhere as the next trial:
+        (whether one was, whether layouts running elsewhere were deferred)."""
+        p = self.parts
+        p.store.before_ask()
+        running = self.executor.look()
+        deferred: list[tuple[Strategy, str]] = []
+        took = False
+        while p.queue and not took:
+            queued, source = p.queue.pop()
+            if p.ledger.tried(queued):
+                continue
+            if p.layouts.key(queued) in running:
+                # Another worker runs it now; keep it in case that worker dies (FAIL).
+                deferred.append((queued, source))
+                continue
+            p.store.enqueue(queued, source)
+            took = True
+        for queued, source in deferred:
+            p.queue.push(queued, source)
+        return took, bool(deferred)
+
+    def run_one(self) -> bool:
+        """Ask for one trial and finish it. False when the space is exhausted."""
+        took, deferred = self.next_queued()
+        if not took and self.sampler != "tpe":
+            if not deferred:
+                return False
+            time.sleep(SHARED_POLL_S)  # only layouts running elsewhere are left: wait for them
+            return True
+        store = self.parts.store
+        trial = store.ask()
+        with store.running(trial):
+            self.executor.finish(trial)
+        return True
+
+    def fallback(self) -> str | None:
+        """Proposals keep launching nothing: queue the model's best untried layout, or say
+        why there is none."""
+        p = self.parts
+        untried = [s for s in p.knowledge.ranked(p.layouts.valid) if not p.ledger.tried(s)]
+        if not untried:
+            return "every layout predicted to fit has been tried"
+        p.queue.push(untried[0], "model")
+        return None
+
+    def run(self) -> SearchResult:
+        p = self.parts
+        start = self.clock()
+        result = p.ledger.result
+        for record in p.store.stored_records():
+            p.ledger.note(record, told=False)
+        p.knowledge.refit()
+        self.seed()
+        idle = 0
+        try:
+            while (reason := self.stop_reason(start)) is None:
+                before = p.ledger.launched
+                if not self.run_one():
+                    reason = ("every layout of the grid was tried" if self.sampler == "grid"
+                              else "every ranked layout was tried")
+                    break
+                idle = 0 if p.ledger.launched > before else idle + 1
+                if idle >= p.cfg.max_idle_asks and not p.queue:
+                    if (reason := self.fallback()) is not None:
+                        break
+                    idle = 0
+            result.stop_reason = reason
+        except KeyboardInterrupt:
+            result.interrupted = True
+            result.stop_reason = "interrupted (Ctrl-C); --resume continues the study"
+        finally:
+            p.store.close()
+        result.elapsed_s = self.clock() - start
+        result.cost_params, result.fitted_on = p.knowledge.cost_params, p.knowledge.fitted_on
+        return result

@@ -1,0 +1,243 @@
+"""Where a search's study lives: its trials are asked for, told, and read back here.
+
+Two kinds behind one interface, `StudyStore`:
+- `RealRunStore`: real trials, in Optuna's RDB storage (SQLite under results/<study>/ by
+  default, or a shared server) as they happen. Running trials beat, so that the trial of a
+  killed process is failed (by a resume, or by any other worker before its next trial), and
+  several workers can share the study: before each launch a worker re-reads it (`sync`), skips
+  the layouts others finished or are running, and learns from their results.
+- `PlanningStore`: predictions cost microseconds, and a storage round trip per trial would
+  dominate. The study runs in memory, holding the stored study's finished trials, and its new
+  trials are written in one pass when the search ends (`close`). No other process sees it.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any, ClassVar
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.search.bulk import add_finished_trials
+from autotune.search.config import SearchConfig, make_sampler
+from autotune.search.layouts import LayoutMap, ParamsKey
+from autotune.search.records import TrialRecord, store_record, stored_record
+from autotune.search.shared import PARAMS_WAIT_S, read_shared
+from autotune.search.storage import (
+    Heartbeat,
+    default_study_name,
+    describe_study,
+    fail_stale,
+    heartbeat,
+    open_planning_study,
+    open_study,
+    storage_url,
+)
+from autotune.strategy import Strategy
+from autotune.trial import TrialStatus
+
+__all__ = ["PlanningStore", "RealRunStore", "StudyStore", "open_store"]
+
+_GIB = 2**30
+_FAILED = (TrialStatus.CRASH, TrialStatus.TIMEOUT, TrialStatus.NCCL_ERROR,
+           TrialStatus.DUPLICATE, TrialStatus.INTERRUPTED)
+"""Told FAIL: nothing learned about the layout's fit (TPE ignores them, dedupe too)."""
+
+
+class StudyStore(ABC):
+    """A search's study: ask, tell, and the trials already there. Tell writes the trial's
+    record (autotune.search.records) and what Optuna learns from it."""
+
+    measured: ClassVar[bool]
+    """Whether the figures told here are measurements, which the cost model refits to."""
+
+    def __init__(self, study: optuna.Study, layouts: LayoutMap, *, name: str, url: str,
+                 capacity_bytes: float) -> None:
+        self.study = study
+        self.layouts = layouts
+        self.name = name
+        self.url = url
+        self.capacity_bytes = capacity_bytes
+        self.known: set[int] = set()
+        """Trial numbers already handed out as records (told here, replayed, or synced)."""
+        self.last_told: int | None = None
+
+    @staticmethod
+    def study_name(cfg: SearchConfig, variant: dict[str, Any] | None) -> str:
+        return cfg.study_name or default_study_name(cfg.model, cfg.cluster, cfg.space,
+                                                    cfg.backend.name, variant)
+
+    def _read(self, trial: FrozenTrial) -> TrialRecord | None:
+        self.known.add(trial.number)
+        # The layout comes from the parameters, as the search maps them now.
+        s = self.layouts.strategy(trial.params)
+        return stored_record(trial, s) if s is not None else None
+
+    def stored_records(self) -> Iterator[TrialRecord]:
+        """The records of the finished trials already in the study (a resume)."""
+        states = (TrialState.COMPLETE, TrialState.PRUNED)
+        for trial in self.study.get_trials(deepcopy=False, states=states):
+            record = self._read(trial)
+            if record is not None:
+                yield record
+
+    @abstractmethod
+    def sync(self, mine: int | None = None) -> tuple[list[TrialRecord], dict[ParamsKey, int]]:
+        """What other workers did since the last look: the records they finished, and the
+        layouts (by LayoutMap.key) they are running, each with its smallest trial number."""
+
+    @abstractmethod
+    def before_ask(self) -> None:
+        """Housekeeping before a trial is asked for."""
+
+    def enqueue(self, s: Strategy, source: str) -> None:
+        """Make `s` the next trial asked for."""
+        self.study.enqueue_trial(self.layouts.params(s), user_attrs={"source": source})
+
+    def ask(self) -> optuna.Trial:
+        with warnings.catch_warnings():
+            # Optuna warns that heartbeats belong to Study.optimize; storage.heartbeat beats
+            # for our ask/tell trials instead.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            return self.study.ask(self.layouts.distributions)
+
+    @contextmanager
+    def running(self, trial: optuna.Trial) -> Iterator[None]:
+        """While the trial runs it beats (storage.heartbeat); a Ctrl-C at any step of it ends
+        it FAIL, never RUNNING."""
+        with heartbeat(trial):
+            try:
+                yield
+            except KeyboardInterrupt:
+                if self.last_told != trial.number:
+                    self.study.tell(trial, state=TrialState.FAIL)
+                raise
+
+    def tell(self, trial: optuna.Trial, record: TrialRecord) -> None:
+        """Write the trial's record and finish it: COMPLETE with (tokens/s, peak GiB) when it
+        ran, FAIL when it says nothing about the layout's fit, else PRUNED (infeasible: TPE
+        learns from pruned trials) with a positive memory constraint."""
+        store_record(trial, record)
+        capacity = self.capacity_bytes
+        if record.tokens_per_s is not None:
+            peak = record.peak_bytes or 0
+            trial.set_constraint("memory_gib", (peak - capacity) / _GIB)
+            self.study.tell(trial, [record.tokens_per_s, peak / _GIB])
+        elif record.status in _FAILED:
+            self.study.tell(trial, state=TrialState.FAIL)
+        else:  # INVALID, PREDICTED_OOM, OOM
+            predicted = record.predicted_peak_bytes or capacity
+            trial.set_constraint("memory_gib", max((predicted - capacity) / _GIB, 0.1))
+            self.study.tell(trial, state=TrialState.PRUNED)
+        self.last_told = trial.number
+        self.known.add(trial.number)
+
+    @abstractmethod
+    def close(self) -> None:
+        """Write to storage what is not there yet (the search ends)."""
+
+
+class RealRunStore(StudyStore):
+    """Real trials, each written to the RDB storage as it happens (see the module)."""
+
+    measured = True
+
+    def __init__(self, study: optuna.Study, layouts: LayoutMap, *, name: str, url: str,
+                 capacity_bytes: float) -> None:
+        super().__init__(study, layouts, name=name, url=url, capacity_bytes=capacity_bytes)
+        self.paramless: set[int] = set()
+        """RUNNING trials waited on once without parameters appearing (their worker died)."""
+
+    @classmethod
+    def open(cls, cfg: SearchConfig, layouts: LayoutMap, sampler: str,
+             beat: Heartbeat) -> RealRunStore:
+        name = cls.study_name(cfg, None)
+        url = storage_url(cfg.results_dir, name, cfg.storage)
+        study = open_study(name, url, make_sampler(sampler, cfg.seed), resume=cfg.resume,
+                           heartbeat=beat)
+        describe_study(study, cfg.model, cfg.cluster, cfg.backend.name)
+        return cls(study, layouts, name=name, url=url,
+                   capacity_bytes=cfg.cluster.gpu.memory_bytes)
+
+    def before_ask(self) -> None:
+        # A dead worker's trial stops beating: failing it here (every worker, before each
+        # ask) frees its layout for a retry by whoever is still alive.
+        fail_stale(self.study)
+
+    def sync(self, mine: int | None = None) -> tuple[list[TrialRecord], dict[ParamsKey, int]]:
+        """See StudyStore.sync; `mine` is the trial this worker is about to run.
+
+        A trial's number is fixed when it is created, its parameters a moment later (after
+        the sampler ran); an older RUNNING trial still without them is waited for (briefly,
+        and once), else two workers that asked for one layout at once could both launch it.
+        """
+        deadline = time.monotonic() + PARAMS_WAIT_S
+        records: list[TrialRecord] = []
+        while True:
+            running, finished, waiting = read_shared(
+                self.study, self.layouts.free, mine, self.known, self.paramless,
+                key_of=self.layouts.params_key)
+            if time.monotonic() >= deadline:
+                self.paramless.update(waiting)
+            records += [r for r in map(self._read, finished) if r is not None]
+            if not waiting or time.monotonic() >= deadline:
+                return records, running
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        """Nothing: every trial was written as it was told."""
+
+
+class PlanningStore(StudyStore):
+    """Predicted trials, in memory until the search ends (see the module)."""
+
+    measured = False
+
+    def __init__(self, study: optuna.Study, layouts: LayoutMap, *, name: str, url: str,
+                 capacity_bytes: float, persistent: optuna.Study, persisted: int) -> None:
+        super().__init__(study, layouts, name=name, url=url, capacity_bytes=capacity_bytes)
+        self.persistent = persistent
+        self.persisted = persisted
+        """How many trials of the in-memory study the stored one has."""
+
+    @classmethod
+    def open(cls, cfg: SearchConfig, layouts: LayoutMap, sampler: str) -> PlanningStore:
+        # A plan's figures depend on the sampler and the constants too: other ones, other study.
+        variant = {"sampler": sampler,
+                   "cost_params": asdict(cfg.cost_params) if cfg.cost_params else None,
+                   "memory_params": asdict(cfg.memory_params) if cfg.memory_params else None}
+        name = cls.study_name(cfg, variant)
+        url = storage_url(cfg.results_dir, name, cfg.storage)
+        study, persistent, persisted = open_planning_study(
+            name, url, make_sampler(sampler, cfg.seed), resume=cfg.resume)
+        describe_study(persistent, cfg.model, cfg.cluster, cfg.backend.name)
+        return cls(study, layouts, name=name, url=url,
+                   capacity_bytes=cfg.cluster.gpu.memory_bytes, persistent=persistent,
+                   persisted=persisted)
+
+    def sync(self, mine: int | None = None) -> tuple[list[TrialRecord], dict[ParamsKey, int]]:
+        return [], {}  # an in-memory study: no other process can see it
+
+    def before_ask(self) -> None:
+        """Nothing: no other process runs trials of an in-memory study."""
+
+    def close(self) -> None:
+        new = [t for t in self.study.get_trials(deepcopy=False)[self.persisted:]
+               if t.state.is_finished()]
+        add_finished_trials(self.persistent, new)
+        self.persisted += len(new)
+
+
+def open_store(cfg: SearchConfig, layouts: LayoutMap, sampler: str, *,
+               beat: Heartbeat | None = None) -> StudyStore:
+    """The study of this search: planned in memory when the backend predicts, else real runs
+    in storage (with `beat`'s heartbeats, default Heartbeat())."""
+    if cfg.backend.predicted:
+        return PlanningStore.open(cfg, layouts, sampler)
+    return RealRunStore.open(cfg, layouts, sampler, beat or Heartbeat())
