@@ -28,7 +28,7 @@ from autotune.model import ModelSpec
 
 __all__ = ["DATA_PARALLEL_OPTIONS", "DIMENSIONS", "RULES", "RULE_LEVELS", "SEARCHED",
            "STRATEGY_DEFAULTS", "Impl", "Recompute", "RecomputeMethod", "Rule", "Strategy",
-           "Violation", "canonical", "check", "validate"]
+           "Violation", "check", "validate"]
 
 
 def _recompute_label(s: Strategy, value: Recompute) -> str | None:
@@ -385,20 +385,6 @@ def derive_dp(num_gpus: int, *, tp: int, pp: int, cp: int) -> int:
 
 DATA_PARALLEL_OPTIONS = ("distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather")
 """Options that act only on gradients and parameters across data-parallel replicas."""
-
-
-def canonical(strategy: Strategy) -> Strategy:
-    """The same layout with DATA_PARALLEL_OPTIONS off where there is nothing to act on.
-
-    megatron-core's DDP reduces gradients, and its distributed optimizer shards state, over the
-    data-parallel group with context parallelism (dp x cp ranks); expert parameters use the
-    expert-data-parallel group, dp x cp / ep ranks, never more. When dp x cp is one rank,
-    `do ogr opg` change neither memory nor communication: a search treats such a layout as the
-    one without them, so it never launches both.
-    """
-    if strategy.dp * strategy.cp > 1:
-        return strategy
-    return with_fields(strategy, **dict.fromkeys(DATA_PARALLEL_OPTIONS, False))
 
 
 def with_fields(strategy: Strategy, **values: object) -> Strategy:

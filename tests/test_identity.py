@@ -122,3 +122,24 @@ def test_the_hand_rules_change_only_options_whose_configuration_differs() -> Non
     for rule in SAME_RUN_RULES:
         assert rule.applies(s) and rule.reason
         assert configuration(model, rule.normalise(s)) != configuration(model, s)
+
+
+_DP_OPTIONS = {"distributed_optimizer": True, "overlap_grad_reduce": True,
+               "overlap_param_gather": True}
+
+
+@pytest.mark.parametrize(("layout", "kept"), [
+    ({"tp": 2, "pp": 2, "dp": 1}, False),  # one DP rank: nothing to reduce or shard
+    ({"tp": 1, "pp": 1, "dp": 1}, False),
+    ({"tp": 1, "pp": 2, "dp": 2}, True),
+    ({"tp": 2, "pp": 1, "dp": 1, "cp": 2}, True),  # DDP and the optimizer span dp x cp
+    ({"tp": 1, "pp": 1, "dp": 1, "ep": 1}, False),
+])
+def test_one_data_parallel_rank_drops_the_data_parallel_options(
+        layout: dict[str, int], kept: bool) -> None:
+    s = Strategy(gbs=64, mbs=1, **layout, **_DP_OPTIONS)
+    c = representatives(load_model("gpt2-xl"), [s])[s]
+    assert (c == s) is kept
+    assert (c.distributed_optimizer, c.overlap_grad_reduce, c.overlap_param_gather) == (
+        (True, True, True) if kept else (False, False, False))
+    assert representatives(load_model("gpt2-xl"), [c])[c] == c

@@ -76,7 +76,11 @@ def test_sigterm_during_start_up_leaves_no_task(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, str(SRUN), "--nodes", "16", sys.executable, "-c",
                              script], env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
                             start_new_session=True)
-    time.sleep(0.05)
+    # The first task has started (so local_srun's handlers are in place: a signal before the
+    # interpreter ran them would test Python, not local_srun) while the other 15 still start.
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     time.sleep(0.5)

@@ -26,9 +26,10 @@ from doubles.fake_backend import small_model
 from doubles.shared_worker import CLUSTER, shared_space
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.identity import representatives
 from autotune.search.storage import redact_url
 from autotune.space import enumerate_space
-from autotune.strategy import canonical
+from autotune.strategy import Strategy
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "doubles" / "shared_worker.py"
@@ -83,6 +84,12 @@ def _wait_for(what: str, ready: object, procs: list[subprocess.Popen[str]],
         time.sleep(0.05)
 
 
+def _runs() -> dict[Strategy, Strategy]:
+    """Each valid layout of the shared space -> the layout that runs for it."""
+    model = small_model()
+    return representatives(model, enumerate_space(shared_space(), model, CLUSTER).valid)
+
+
 def _layout(t: FrozenTrial) -> str:
     return str(t.user_attrs["record"]["strategy"])
 
@@ -90,8 +97,7 @@ def _layout(t: FrozenTrial) -> str:
 def test_workers_share_a_study_and_retry_the_killed_workers_trial(
         pg_url: str, study_name: str, tmp_path: Path) -> None:
     log, marker = tmp_path / "launches.txt", tmp_path / "blocked"
-    layouts = {canonical(s).describe() for s in enumerate_space(shared_space(), small_model(),
-                                                               CLUSTER).valid}
+    layouts = {s.describe() for s in set(_runs().values())}
     # Worker 0 creates the study; its second launch hangs until it is killed.
     victim = _worker(pg_url, study_name, log, tmp_path, "--block-on", "2", "--marker",
                      str(marker))
@@ -152,7 +158,7 @@ def _layout_of_running(t: FrozenTrial) -> str | None:
     """A RUNNING trial has no record yet: its layout, rebuilt from its parameters."""
     for s in enumerate_space(shared_space(), small_model(), CLUSTER).valid:
         if all(getattr(s, k) == v for k, v in t.params.items()):
-            return canonical(s).describe()
+            return _runs()[s].describe()
     return None
 
 
@@ -258,9 +264,9 @@ def test_a_layout_running_in_a_dead_worker_is_waited_for_then_retried(tmp_path: 
                                  backend=backend, results_dir=tmp_path, study_name="s",
                                  sampler="grid", resume=True), heartbeat=beat).run()
     assert result.stop_reason == "every layout of the grid was tried"
-    assert Counter(s.describe() for s in backend.calls) == Counter(s.describe() for s in set(
-        map(canonical, enumerate_space(shared_space(), small_model(), CLUSTER).valid)))
-    assert backend.calls[-1] == canonical(held), "the held layout waited for its worker"
+    assert Counter(s.describe() for s in backend.calls) == Counter(
+        s.describe() for s in set(_runs().values()))
+    assert backend.calls[-1] == _runs()[held], "the held layout waited for its worker"
     trials = optuna.load_study(study_name="s", storage=url).get_trials(deepcopy=False)
     assert trials[dead.number].state is TrialState.FAIL
     assert not [t for t in trials if t.state is TrialState.RUNNING]

@@ -29,12 +29,13 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.backends import SimulateBackend
 from autotune.errors import ConfigError
 from autotune.gate import MemoryGate, layout_key
+from autotune.identity import representatives
 from autotune.memory import estimate_memory
 from autotune.search import SearchConfig, SearchResult, TrialRecord, run_search
 from autotune.search.loop import Search
 from autotune.search.storage import Heartbeat
 from autotune.space import enumerate_space
-from autotune.strategy import Strategy, canonical
+from autotune.strategy import Strategy
 from autotune.trial import TrialStatus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,7 +88,7 @@ def test_predicted_oom_is_pruned_with_a_constraint_and_never_launched(
     predicted_oom = [t for t in stored(tmp_path)
                      if t.user_attrs["record"]["status"] == "PREDICTED_OOM"]
     if sampler == "grid":  # every distinct valid layout meets the gate
-        valid = {canonical(s) for s in enumerate_space(SPACE, MODEL, CLUSTER).valid}
+        valid = set(representatives(MODEL, enumerate_space(SPACE, MODEL, CLUSTER).valid).values())
         assert len(predicted_oom) == sum(not fits(s) for s in valid) > 0
     for trial in predicted_oom:
         assert trial.state is TrialState.PRUNED
@@ -207,7 +208,7 @@ def test_grid_launches_every_layout_predicted_to_fit_once(tmp_path: Path) -> Non
     result = run_search(config(tmp_path, backend, sampler="grid"))
 
     # one run for each set of layouts that are the same run (do/ogr/opg with one DP rank)
-    valid = set(map(canonical, enumerate_space(SPACE, MODEL, CLUSTER).valid))
+    valid = set(representatives(MODEL, enumerate_space(SPACE, MODEL, CLUSTER).valid).values())
     expected = [s for s in valid if fits(s)]
     assert 0 < len(expected) < len(valid)
     assert sorted(backend.calls, key=repr) == sorted(expected, key=repr)
@@ -412,7 +413,7 @@ def test_report_rows_of_old_trials_get_the_new_field_s_default(tmp_path: Path) -
 
 def test_an_invalid_proposal_never_hides_the_valid_layout_it_resembles(tmp_path: Path) -> None:
     # An INVALID record's strategy is built from the proposal with dp left at 1; its key must
-    # not be the canonical key of a real layout (here tp1 pp1 dp4 mbs1 ogr), which would then
+    # not be the run key of a real layout (here tp1 pp1 dp4 mbs1 ogr), which would then
     # be told a duplicate of the INVALID trial and never run.
     backend = FakeBackend(CLUSTER)
     search = Search(config(tmp_path, backend, n_trials=2))

@@ -11,6 +11,7 @@ from doubles.fake_backend import FakeBackend, small_cluster, small_model, small_
 from optuna.trial import TrialState
 
 from autotune.backends import SimulateBackend
+from autotune.identity import representatives
 from autotune.search import SearchConfig
 from autotune.search.layouts import LayoutMap
 from autotune.search.ledger import LayoutQueue, Ledger
@@ -18,7 +19,7 @@ from autotune.search.records import SearchResult, TrialRecord, stored_record
 from autotune.search.storage import DIRECTIONS
 from autotune.search.store import PlanningStore, RealRunStore, StudyStore, open_store
 from autotune.space import enumerate_space
-from autotune.strategy import Strategy, canonical
+from autotune.strategy import Strategy
 from autotune.trial import TrialMetrics, TrialStatus
 
 CLUSTER, MODEL, SPACE = small_cluster(), small_model(), small_space()
@@ -39,14 +40,15 @@ def layouts() -> LayoutMap:
 
 def test_parameters_and_layouts_map_both_ways(layouts: LayoutMap) -> None:
     valid = enumerate_space(SPACE, MODEL, CLUSTER).valid
-    assert set(layouts.valid) == {canonical(s) for s in valid}
+    runs = representatives(MODEL, valid)
+    assert set(layouts.valid) == set(runs.values())
     assert set(layouts.free) == {"tp", "pp", "mbs", "sequence_parallel",
                                  "distributed_optimizer", "overlap_param_gather"}
     assert layouts.fixed == {"overlap_grad_reduce": True, "recompute": "none", "impl": "sdpa"}
     for s in valid:
         # Every valid layout's parameters stand for the layout that runs for it.
-        assert layouts.strategy(layouts.params(s)) == canonical(s)
-        assert layouts.key(s) == layouts.key(canonical(s)) == layouts.params_key(
+        assert layouts.strategy(layouts.params(s)) == runs[s]
+        assert layouts.key(s) == layouts.key(runs[s]) == layouts.params_key(
             layouts.params(s))
         assert layouts.is_valid(s)
 

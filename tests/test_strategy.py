@@ -4,7 +4,7 @@ import pytest
 
 from autotune.errors import InvalidStrategyError
 from autotune.model import load_model
-from autotune.strategy import Strategy, canonical, check, validate
+from autotune.strategy import Strategy, check, validate
 from tests.conftest import cluster
 
 # model, gpus, strategy fields, broken rule (None = valid), a fragment of the message
@@ -88,24 +88,3 @@ def test_num_microbatches(fields: dict[str, int], expected: int) -> None:
 ])
 def test_describe_names_every_non_default(fields: dict[str, object], label: str) -> None:
     assert Strategy(**fields).describe() == label  # type: ignore[arg-type]
-
-
-_DP_OPTIONS = {"distributed_optimizer": True, "overlap_grad_reduce": True,
-               "overlap_param_gather": True}
-
-
-@pytest.mark.parametrize(("layout", "kept"), [
-    ({"tp": 2, "pp": 2, "dp": 1}, False),  # one DP rank: nothing to reduce or shard
-    ({"tp": 1, "pp": 1, "dp": 1}, False),
-    ({"tp": 1, "pp": 2, "dp": 2}, True),
-    ({"tp": 2, "pp": 1, "dp": 1, "cp": 2}, True),  # DDP and the optimizer span dp x cp
-    ({"tp": 1, "pp": 1, "dp": 1, "ep": 1}, False),
-])
-def test_canonical_drops_data_parallel_options_only_without_data_parallel_ranks(
-        layout: dict[str, int], kept: bool) -> None:
-    s = Strategy(gbs=64, mbs=1, **layout, **_DP_OPTIONS)
-    c = canonical(s)
-    assert (c == s) is kept
-    assert (c.distributed_optimizer, c.overlap_grad_reduce, c.overlap_param_gather) == (
-        (True, True, True) if kept else (False, False, False))
-    assert canonical(c) == c

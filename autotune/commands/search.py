@@ -18,6 +18,7 @@ from autotune.launchers import MultiNode
 from autotune.model import ModelSpec
 from autotune.protocol import te_available
 from autotune.space import SearchSpace
+from autotune.strategy import DIMENSIONS
 
 if TYPE_CHECKING:  # the search (optuna) is imported when a search runs, not for --help
     from autotune.search.records import SearchResult
@@ -188,13 +189,8 @@ def _best_row(record: object, cluster: ClusterSpec) -> dict[str, object]:
     assert isinstance(record, TrialRecord)
     s, m = record.strategy, record.metrics
     peak = m.peak_bytes if m else None
-    return {"trial": record.number, "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp,
-            "ep": s.ep, "vpp": s.vpp, "mbs": s.mbs, "gbs": s.gbs, "recompute": s.recompute,
-            "sequence_parallel": s.sequence_parallel,
-            "distributed_optimizer": s.distributed_optimizer,
-            "overlap_grad_reduce": s.overlap_grad_reduce,
-            "overlap_param_gather": s.overlap_param_gather, "impl": s.impl,
-            "cross_entropy_fusion": s.cross_entropy_fusion,
+    # Every layout field, from the dimension table (JSON: enums print as their values).
+    return {"trial": record.number, **{name: getattr(s, name) for name in DIMENSIONS},
             "tokens_per_s": record.tokens_per_s,
             "mfu": m.mfu if m else None,
             "step_time_s": m.step_time_s if m else None,

@@ -3,8 +3,8 @@
 Every valid layout is a point of the study's categorical dimensions: the dimensions whose valid
 candidates number more than one are the study's parameters (free), the others are the same in
 every trial (fixed). Candidate lists are fixed per study (the study name hashes the space).
-Several valid layouts may be the same run; each maps to one of them (its canonical form), and
-the search knows only those.
+Several valid layouts may be the same run (autotune.identity: they give Megatron the same
+configuration); each maps to one of them, and the search knows only those.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from typing import Any
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from autotune.errors import ConfigError
+from autotune.identity import representatives
+from autotune.model import ModelSpec
 from autotune.search.config import SearchConfig
 from autotune.space import enumerate_space
-from autotune.strategy import STRATEGY_DEFAULTS, Strategy, canonical
+from autotune.strategy import STRATEGY_DEFAULTS, Strategy
 
 __all__ = ["LayoutMap", "ParamsKey", "layout_params", "params_key"]
 
@@ -38,17 +40,18 @@ class LayoutMap:
     """The study's dimensions and the two-way mapping between parameters and layouts."""
 
     def __init__(self, valid: Sequence[Strategy], candidates: Mapping[str, tuple[Any, ...]],
-                 *, gbs: int) -> None:
+                 *, model: ModelSpec) -> None:
         """`valid`: every valid layout of the space; `candidates`: per dimension of the space,
-        the values that appear in a valid layout; `gbs`: the model's global batch."""
-        self.gbs = gbs
+        the values that appear in a valid layout; `model`: what the layouts train."""
+        self.gbs = model.global_batch_size
         self.free = {d: v for d, v in candidates.items() if len(v) > 1}
         """The study's parameters, each with its candidates."""
         self.fixed = {d: v[0] for d, v in candidates.items() if len(v) == 1}
         self.distributions: dict[str, BaseDistribution] = {
             d: CategoricalDistribution(list(v)) for d, v in self.free.items()}
         # Each parameter combination of a valid layout maps to the layout that runs for it.
-        self.by_key = {params_key(self.params(s)): canonical(s) for s in valid}
+        runs = representatives(model, valid)
+        self.by_key = {params_key(self.params(s)): runs[s] for s in valid}
         self.valid = list(dict.fromkeys(self.by_key.values()))
         """One layout of each set of valid layouts that are the same run."""
 
@@ -60,14 +63,14 @@ class LayoutMap:
             raise ConfigError(f"no valid layout of {cfg.model.name} on "
                               f"{cfg.cluster.num_gpus} GPUs in this search space")
         candidates = {d: tuple(summary.valid_values(d)) for d in cfg.space.candidates}
-        return cls(summary.valid, candidates, gbs=cfg.model.global_batch_size)
+        return cls(summary.valid, candidates, model=cfg.model)
 
     def params(self, s: Strategy) -> dict[str, Any]:
         return layout_params(s, self.free)
 
     def strategy(self, params: Mapping[str, Any]) -> Strategy | None:
-        """The layout a trial's parameters stand for, in canonical form (what runs); None
-        when they break a rule."""
+        """The layout that runs for a trial's parameters (one per run key); None when they
+        break a rule."""
         # A trial stored before the space freed a dimension (e.g. cross_entropy_fusion added
         # to the YAML for --resume) has no parameter for it: it ran with Strategy's default.
         return self.by_key.get(params_key({d: params.get(d, STRATEGY_DEFAULTS[d])
@@ -86,9 +89,9 @@ class LayoutMap:
     def key(self, s: Strategy) -> ParamsKey:
         """Equal for two valid layouts that are the same run.
 
-        Only a valid layout is mapped to its canonical form: an INVALID record's strategy is
-        built from the proposal's parameters with dp left at 1, and canonicalising it could
-        give the key of a real layout, which would then never run."""
+        Only a valid layout is mapped to the layout that runs for it: an INVALID record's
+        strategy is built from the proposal's parameters with dp left at 1, and mapping it
+        could give the key of a real layout, which would then never run."""
         raw = params_key(self.params(s))
         valid = self.by_key.get(raw)
         return raw if valid is None else params_key(self.params(valid))

@@ -2,8 +2,8 @@
 
 A search is assembled from one part per concern (docs/ARCHITECTURE.md, "A search, trial by
 trial"):
-- layouts.LayoutMap: the study's parameters <-> layouts (free and fixed dimensions, canonical
-  layouts, keys);
+- layouts.LayoutMap: the study's parameters <-> layouts (free and fixed dimensions, the one
+  layout of each run (autotune.identity), keys);
 - store.StudyStore: the study's storage, in memory for a plan (PlanningStore) or in RDB storage
   shared with other workers for real runs (RealRunStore);
 - execution: one trial (TrialExecutor: gate, launch, relaunch, bisection) and what trials teach
