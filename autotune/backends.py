@@ -3,6 +3,7 @@ or Megatron-LM's pretrain_gpt.py. Each backend turns a TrialSpec into TrialMetri
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -14,8 +15,26 @@ from autotune.launchers import MultiNode
 from autotune.memory import MemoryParams, estimate_memory
 from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
-__all__ = ["Backend", "MegatronLMBackend", "SimulateBackend", "WorkerBackend", "make_backend",
-           "trial_timeout_s"]
+__all__ = ["Backend", "BackendName", "MegatronLMBackend", "SimulateBackend", "WorkerBackend",
+           "make_backend", "trial_timeout_s"]
+
+
+class BackendName(enum.StrEnum):
+    """Where trials run: auto (worker with GPUs, else simulate), simulate (the analytical
+    models), worker (autotune's megatron-core worker) or megatron-lm (pretrain_gpt.py)."""
+
+    AUTO = "auto"
+    SIMULATE = "simulate"
+    WORKER = "worker"
+    MEGATRON_LM = "megatron-lm"
+
+    @classmethod
+    def parse(cls, name: str) -> BackendName:
+        try:
+            return cls(name)
+        except ValueError:
+            raise ConfigError(f"unknown backend {name!r}; choose auto, simulate, worker or "
+                              "megatron-lm") from None
 
 LAUNCH_OVERHEAD_S = 60.0
 """Launch, rendezvous, model build and CUDA/NCCL initialisation before the first step; the
@@ -49,7 +68,7 @@ class SimulateBackend:
     cluster: ClusterSpec
     cost_params: CostParams | None = None
     memory_params: MemoryParams | None = None
-    name: str = "simulate"
+    name: str = BackendName.SIMULATE
     predicted: bool = True
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
@@ -72,7 +91,7 @@ class WorkerBackend:
     with `multi`, over several nodes (srun or a torchrun rendezvous)."""
 
     multi: MultiNode | None = None
-    name: str = "worker"
+    name: str = BackendName.WORKER
     predicted: bool = False
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
@@ -91,7 +110,7 @@ class MegatronLMBackend:
     .py script `path` names)."""
 
     path: Path
-    name: str = "megatron-lm"
+    name: str = BackendName.MEGATRON_LM
     predicted: bool = False
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
@@ -102,16 +121,17 @@ class MegatronLMBackend:
         return metrics_from_megatron_log(output, spec)
 
 
-def make_backend(name: str, cluster: ClusterSpec, megatron_lm: str | None = None,
+def make_backend(name: BackendName | str, cluster: ClusterSpec, megatron_lm: str | None = None,
                  cost_params: CostParams | None = None,
                  memory_params: MemoryParams | None = None,
                  multi: MultiNode | None = None) -> Backend:
     """The backend called `name` (simulate, worker, megatron-lm)."""
-    if name == "simulate":
+    name = BackendName.parse(name)
+    if name == BackendName.SIMULATE:
         return SimulateBackend(cluster, cost_params, memory_params)
-    if name == "worker":
+    if name == BackendName.WORKER:
         return WorkerBackend(multi)
-    if name == "megatron-lm":
+    if name == BackendName.MEGATRON_LM:
         if megatron_lm is None:
             raise ConfigError("--backend megatron-lm needs --megatron-lm PATH (a Megatron-LM "
                               "checkout)")
@@ -121,4 +141,4 @@ def make_backend(name: str, cluster: ClusterSpec, megatron_lm: str | None = None
             raise ConfigError(f"--megatron-lm {megatron_lm}: no {training_script(megatron_lm)} "
                               "(give a Megatron-LM checkout or the .py script to launch)")
         return MegatronLMBackend(Path(megatron_lm))
-    raise ConfigError(f"unknown backend {name!r}; choose auto, simulate, worker or megatron-lm")
+    raise ConfigError("--backend auto is resolved (commands.search) before a backend is made")

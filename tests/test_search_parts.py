@@ -15,7 +15,7 @@ from autotune.identity import representatives
 from autotune.search import SearchConfig
 from autotune.search.layouts import LayoutMap
 from autotune.search.ledger import LayoutQueue, Ledger
-from autotune.search.records import SearchResult, TrialRecord, stored_record
+from autotune.search.records import SearchResult, Source, TrialRecord, stored_record
 from autotune.search.storage import DIRECTIONS
 from autotune.search.store import PlanningStore, RealRunStore, StudyStore, open_store
 from autotune.space import enumerate_space
@@ -98,10 +98,10 @@ def test_tell_writes_the_record_and_the_state_optuna_learns_from(
     store: StudyStore = RealRunStore(optuna.create_study(directions=list(DIRECTIONS)), layouts,
                                      name="s", url="memory", capacity_bytes=12 * GIB)
     s = layouts.valid[0]
-    store.enqueue(s, "test")
+    store.enqueue(s, Source.GRID)
     trial = store.ask()
     metrics = TrialMetrics(status=status, tokens_per_s=1e4, peak_allocated_bytes=10 * GIB)
-    record = TrialRecord(number=trial.number, strategy=s, status=status, source="test",
+    record = TrialRecord(number=trial.number, strategy=s, status=status, source=Source.GRID,
                          metrics=metrics, predicted_peak_bytes=13 * GIB)
     store.tell(trial, record)
     [frozen] = store.study.get_trials()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from autotune.backends import Backend, make_backend
+from autotune.backends import Backend, BackendName, make_backend
 from autotune.calibration import load_calibration
 from autotune.errors import AutotuneError, ConfigError, LaunchError
 from autotune.hardware import ClusterSpec, local_gpu_count
@@ -61,42 +61,43 @@ def multinode_options(gpus: int, gpus_per_node: int | None, nodes: int | None,
 
 
 def _choose_backend(requested: str, cluster: ClusterSpec,
-                    multi: MultiNode | None = None) -> str:
+                    multi: MultiNode | None = None) -> BackendName:
     local = local_gpu_count()
+    name = BackendName.parse(requested)
     if multi is not None and multi.nodes > 1:
         # The trials run on the allocation's (or the rendezvous') nodes, not only this one: the
         # machine autotune runs on may be a GPU-less head node.
-        if requested == "auto":
-            requested = "worker"
-        if requested == "megatron-lm":
+        if name == BackendName.AUTO:
+            name = BackendName.WORKER
+        if name == BackendName.MEGATRON_LM:
             raise ConfigError("multi-node trials run autotune's worker; --backend megatron-lm "
                               "runs on one node (use --backend worker or simulate)")
-        return requested
-    if requested == "auto":
+        return name
+    if name == BackendName.AUTO:
         if local == 0:
             print("autotune: no GPU on this machine; planning with the analytical models "
                   "(--backend simulate): every figure is a prediction", file=sys.stderr)
-            return "simulate"
-        requested = "worker"
-    if requested in ("worker", "megatron-lm"):
+            return BackendName.SIMULATE
+        name = BackendName.WORKER
+    if name in (BackendName.WORKER, BackendName.MEGATRON_LM):
         if local == 0:
-            raise LaunchError(f"--backend {requested} needs NVIDIA GPUs; none found (use "
+            raise LaunchError(f"--backend {name} needs NVIDIA GPUs; none found (use "
                               "--backend simulate to plan without them)")
         if cluster.num_gpus > local:
             raise ConfigError(f"--gpus {cluster.num_gpus} but this node has {local} GPU(s); "
                               "for trials over several nodes give --nodes M with --launcher "
                               "slurm|torchrun (or plan with --backend simulate)")
-    return requested
+    return name
 
 
 def _runnable_space(space: SearchSpace, backend: str) -> SearchSpace:
     """Real trials can only use the implementations installed here: without Transformer Engine
     `te` is dropped (and `sdpa` for Megatron-LM, which has no such implementation)."""
     impls = space.candidates.get("impl")
-    if impls is None or backend == "simulate":
+    if impls is None or backend == BackendName.SIMULATE:
         return space
     drop = set() if te_available() else {"te"}
-    if backend == "megatron-lm":
+    if backend == BackendName.MEGATRON_LM:
         drop.add("sdpa")
     kept = tuple(i for i in impls if i not in drop)
     if not kept:
@@ -116,6 +117,7 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                        as_json: bool, calibration: str | None = None,
                        multi: MultiNode | None = None) -> None:
     from autotune.search import SearchConfig, run_search
+    from autotune.search.config import Sampler
     from autotune.search.progress import LiveProgress, best_table
 
     name = _choose_backend(backend, cluster, multi)
@@ -128,7 +130,7 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
         trials = DEFAULT_REAL_TRIALS
     cfg = SearchConfig(model=model, cluster=cluster, space=space, backend=chosen,
                        results_dir=Path(results_dir), study_name=study, storage=storage,
-                       sampler=sampler, n_trials=trials, time_budget_s=time_budget,
+                       sampler=Sampler.parse(sampler), n_trials=trials, time_budget_s=time_budget,
                        patience=patience, resume=resume, train_steps=steps,
                        warmup_steps=warmup_steps, trial_timeout_s=trial_timeout,
                        cost_params=cost_params, memory_params=memory_params)

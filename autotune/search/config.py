@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,27 @@ from autotune.memory import MemoryParams
 from autotune.model import ModelSpec
 from autotune.space import SearchSpace
 
-__all__ = ["GRID_LIMIT", "RANKED_DEFAULT", "SearchConfig", "make_sampler", "sampler_name"]
+__all__ = ["GRID_LIMIT", "RANKED_DEFAULT", "Sampler", "SearchConfig", "make_sampler",
+           "sampler_name"]
+
+
+class Sampler(enum.StrEnum):
+    """Who proposes the layouts: tpe (after Alpa's seeds), grid (every valid layout), ranked
+    (the analytical model's best first), or auto: tpe for real trials; for predictions grid
+    when the space is small, else ranked."""
+
+    AUTO = "auto"
+    TPE = "tpe"
+    GRID = "grid"
+    RANKED = "ranked"
+
+    @classmethod
+    def parse(cls, name: str) -> Sampler:
+        try:
+            return cls(name)
+        except ValueError:
+            raise ConfigError(f"unknown sampler {name!r}; choose auto, tpe, grid or ranked") \
+                from None
 
 GRID_LIMIT = 3000
 """With predictions, spaces of at most this many valid layouts are searched exhaustively."""
@@ -33,9 +54,8 @@ class SearchConfig:
     study_name: str | None = None
     storage: str | None = None
     """An Optuna RDB URL (postgresql://...); default SQLite at results/<study>/study.db."""
-    sampler: str = "auto"
-    """tpe (after Alpa's seeds), grid (every valid layout), ranked (the model's best first), or
-    auto: tpe for real trials; for predictions grid when the space is small, else ranked."""
+    sampler: Sampler = Sampler.AUTO
+    """See Sampler; a plain name is accepted and checked."""
     n_trials: int | None = None
     """Stop once the study holds this many launched (or simulated) trials; a resumed study
     counts the ones it already has."""
@@ -58,20 +78,24 @@ class SearchConfig:
     """Consecutive proposals that launch nothing before the model's best untried layout is
     enqueued instead."""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sampler", Sampler.parse(self.sampler))
 
-def sampler_name(cfg: SearchConfig, valid: int) -> str:
+
+def sampler_name(cfg: SearchConfig, valid: int) -> Sampler:
     """The sampler a search over `valid` layouts uses: `cfg.sampler`, with auto resolved."""
-    if cfg.sampler != "auto":
+    if cfg.sampler != Sampler.AUTO:
         return cfg.sampler
-    small = valid <= GRID_LIMIT
-    return "tpe" if not cfg.backend.predicted else ("grid" if small else "ranked")
+    if not cfg.backend.predicted:
+        return Sampler.TPE
+    return Sampler.GRID if valid <= GRID_LIMIT else Sampler.RANKED
 
 
-def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
-    if name == "tpe":
+def make_sampler(name: Sampler, seed: int) -> optuna.samplers.BaseSampler:
+    if name == Sampler.TPE:
         # Multivariate TPE models the interactions (tp x pp x mbs) that decide memory and speed.
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8,
                                           constant_liar=True)
-    if name in ("grid", "ranked"):
+    if name in (Sampler.GRID, Sampler.RANKED):
         return optuna.samplers.RandomSampler(seed=seed)  # unused: every trial is enqueued
-    raise ConfigError(f"unknown sampler {name!r}; choose auto, tpe, grid or ranked")
+    raise ConfigError(f"sampler {name!r} must be resolved (sampler_name) before the study")

@@ -23,7 +23,7 @@ from autotune.launchers import LOG_NAME
 from autotune.search.config import SearchConfig
 from autotune.search.layouts import LayoutMap, ParamsKey
 from autotune.search.ledger import LayoutQueue, Ledger
-from autotune.search.records import SearchResult, TrialRecord
+from autotune.search.records import SearchResult, Source, TrialRecord
 from autotune.search.refit import refit_cost_params
 from autotune.search.store import StudyStore
 from autotune.strategy import Strategy
@@ -128,7 +128,7 @@ class TrialExecutor:
     def finish(self, trial: optuna.Trial) -> None:
         """Gate, run and tell one asked trial."""
         p = self.parts
-        source = trial.user_attrs.get("source", "sampler")
+        source = Source.read(trial.user_attrs.get("source", Source.SAMPLER))
         predicted = p.cfg.backend.predicted
         s = p.layouts.strategy(trial.params)
         if s is None:
@@ -214,4 +214,4 @@ class TrialExecutor:
         p = self.parts
         retry = p.knowledge.smaller_mbs(failed)
         if retry is not None and p.layouts.is_valid(retry) and not p.ledger.tried(retry):
-            p.queue.push(retry, "oom-bisect", first=True)
+            p.queue.push(retry, Source.OOM_BISECT, first=True)

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable
 
 from autotune.search.layouts import LayoutMap, ParamsKey
-from autotune.search.records import Observer, SearchResult, TrialRecord
+from autotune.search.records import Observer, SearchResult, Source, TrialRecord
 from autotune.strategy import Strategy
 
 __all__ = ["LayoutQueue", "Learner", "Ledger"]
@@ -68,15 +68,15 @@ class LayoutQueue:
     asked for."""
 
     def __init__(self) -> None:
-        self._items: deque[tuple[Strategy, str]] = deque()
+        self._items: deque[tuple[Strategy, Source]] = deque()
 
-    def push(self, s: Strategy, source: str, *, first: bool = False) -> None:
+    def push(self, s: Strategy, source: Source, *, first: bool = False) -> None:
         if first:
             self._items.appendleft((s, source))
         else:
             self._items.append((s, source))
 
-    def pop(self) -> tuple[Strategy, str]:
+    def pop(self) -> tuple[Strategy, Source]:
         return self._items.popleft()
 
     def __len__(self) -> int:

@@ -9,6 +9,7 @@ DUPLICATE and INTERRUPTED records that versions before the typed record wrote wi
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,8 +21,32 @@ from autotune.cost import CostParams
 from autotune.strategy import Strategy
 from autotune.trial import TrialMetrics, TrialStatus
 
-__all__ = ["LAUNCHED", "RECORD_ATTR", "Observer", "SearchResult", "TrialRecord", "read_record",
-           "record_attrs", "store_record", "stored_record"]
+__all__ = ["LAUNCHED", "RECORD_ATTR", "Observer", "SearchResult", "Source", "TrialRecord",
+           "read_record", "record_attrs", "store_record", "stored_record"]
+
+
+class Source(enum.StrEnum):
+    """Who proposed a trial's layout."""
+
+    ALPA = "alpa"
+    """Alpa's heuristic seeds (autotune.heuristics)."""
+    SAMPLER = "sampler"
+    """Optuna's sampler (TPE)."""
+    GRID = "grid"
+    RANKED = "ranked"
+    """The analytical model's best layouts, in order."""
+    MODEL = "model"
+    """The model's best untried layout, when the sampler keeps proposing nothing new."""
+    OOM_BISECT = "oom-bisect"
+    """A smaller micro-batch after a real OOM (Alpa's first step, by bisection)."""
+
+    @classmethod
+    def read(cls, value: object) -> Source:
+        """A stored source; one this version does not know reads as the sampler's."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            return cls.SAMPLER
 
 RECORD_ATTR = "record"
 """The trial's user attribute that holds its record."""
@@ -37,8 +62,7 @@ class TrialRecord:
     number: int
     strategy: Strategy
     status: TrialStatus
-    source: str
-    """Who proposed it: alpa, sampler, grid, ranked, model, oom-bisect."""
+    source: Source
     reason: str = ""
     metrics: TrialMetrics | None = None
     predicted_peak_bytes: float | None = None
@@ -166,7 +190,7 @@ def read_record(number: int, attrs: object,
         predicted = raw_metrics.get("predicted", predicted)
     duplicate_of = attrs.get("duplicate_of")
     return TrialRecord(number=number, strategy=strategy, status=status,
-                       source=str(attrs.get("source") or "sampler"),
+                       source=Source.read(attrs.get("source")),
                        reason=str(attrs.get("reason") or ""), metrics=_metrics(raw_metrics),
                        predicted_peak_bytes=_number(attrs.get("predicted_peak_bytes")),
                        predicted_tokens_per_s=_number(attrs.get("predicted_tokens_per_s")),

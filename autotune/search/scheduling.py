@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 from autotune.heuristics import alpa_seeds
 from autotune.protocol import te_available
-from autotune.search.config import RANKED_DEFAULT
+from autotune.search.config import RANKED_DEFAULT, Sampler
 from autotune.search.execution import SearchParts, TrialExecutor
-from autotune.search.records import SearchResult
+from autotune.search.records import SearchResult, Source
 from autotune.search.shared import SHARED_POLL_S
 from autotune.strategy import Strategy
 
@@ -29,7 +29,7 @@ Clock = Callable[[], float]
 class Scheduler:
     """The search's main loop over the parts it is given (autotune.search.loop builds them)."""
 
-    def __init__(self, parts: SearchParts, executor: TrialExecutor, *, sampler: str,
+    def __init__(self, parts: SearchParts, executor: TrialExecutor, *, sampler: Sampler,
                  clock: Clock = time.monotonic) -> None:
         self.parts = parts
         self.executor = executor
@@ -38,19 +38,19 @@ class Scheduler:
 
     def seed(self) -> None:
         p = self.parts
-        if self.sampler == "grid":
+        if self.sampler == Sampler.GRID:
             for s in p.layouts.valid:
-                p.queue.push(s, "grid")
+                p.queue.push(s, Source.GRID)
             return
-        if self.sampler == "ranked":
+        if self.sampler == Sampler.RANKED:
             limit = p.cfg.n_trials or RANKED_DEFAULT
             for s in p.knowledge.ranked(p.layouts.valid)[:limit]:
-                p.queue.push(s, "ranked")
+                p.queue.push(s, Source.RANKED)
             return
         # On resume the seeds already tried are skipped when asked (run_one), the rest still run.
         impl = "te" if te_available() else "sdpa"
         for s in alpa_seeds(p.layouts.valid, p.knowledge.fits, impl):
-            p.queue.push(s, "alpa")
+            p.queue.push(s, Source.ALPA)
 
     def stop_reason(self, start: float) -> str | None:
         cfg, ledger = self.parts.cfg, self.parts.ledger
@@ -68,7 +68,7 @@ class Scheduler:
         p = self.parts
         p.store.before_ask()
         running = self.executor.look()
-        deferred: list[tuple[Strategy, str]] = []
+        deferred: list[tuple[Strategy, Source]] = []
         took = False
         while p.queue and not took:
             queued, source = p.queue.pop()
@@ -87,7 +87,7 @@ class Scheduler:
     def run_one(self) -> bool:
         """Ask for one trial and finish it. False when the space is exhausted."""
         took, deferred = self.next_queued()
-        if not took and self.sampler != "tpe":
+        if not took and self.sampler != Sampler.TPE:
             if not deferred:
                 return False
             time.sleep(SHARED_POLL_S)  # only layouts running elsewhere are left: wait for them
@@ -105,7 +105,7 @@ class Scheduler:
         untried = [s for s in p.knowledge.ranked(p.layouts.valid) if not p.ledger.tried(s)]
         if not untried:
             return "every layout predicted to fit has been tried"
-        p.queue.push(untried[0], "model")
+        p.queue.push(untried[0], Source.MODEL)
         return None
 
     def run(self) -> SearchResult:
@@ -121,7 +121,7 @@ class Scheduler:
             while (reason := self.stop_reason(start)) is None:
                 before = p.ledger.launched
                 if not self.run_one():
-                    reason = ("every layout of the grid was tried" if self.sampler == "grid"
+                    reason = ("every layout of the grid was tried" if self.sampler == Sampler.GRID
                               else "every ranked layout was tried")
                     break
                 idle = 0 if p.ledger.launched > before else idle + 1

@@ -25,9 +25,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search.bulk import add_finished_trials
-from autotune.search.config import SearchConfig, make_sampler
+from autotune.search.config import Sampler, SearchConfig, make_sampler
 from autotune.search.layouts import LayoutMap, ParamsKey
-from autotune.search.records import TrialRecord, store_record, stored_record
+from autotune.search.records import Source, TrialRecord, store_record, stored_record
 from autotune.search.shared import PARAMS_WAIT_S, read_shared
 from autotune.search.storage import (
     Heartbeat,
@@ -96,7 +96,7 @@ class StudyStore(ABC):
     def before_ask(self) -> None:
         """Housekeeping before a trial is asked for."""
 
-    def enqueue(self, s: Strategy, source: str) -> None:
+    def enqueue(self, s: Strategy, source: Source) -> None:
         """Make `s` the next trial asked for."""
         self.study.enqueue_trial(self.layouts.params(s), user_attrs={"source": source})
 
@@ -155,7 +155,7 @@ class RealRunStore(StudyStore):
         """RUNNING trials waited on once without parameters appearing (their worker died)."""
 
     @classmethod
-    def open(cls, cfg: SearchConfig, layouts: LayoutMap, sampler: str,
+    def open(cls, cfg: SearchConfig, layouts: LayoutMap, sampler: Sampler,
              beat: Heartbeat) -> RealRunStore:
         name = cls.study_name(cfg, None)
         url = storage_url(cfg.results_dir, name, cfg.storage)
@@ -207,7 +207,7 @@ class PlanningStore(StudyStore):
         """How many trials of the in-memory study the stored one has."""
 
     @classmethod
-    def open(cls, cfg: SearchConfig, layouts: LayoutMap, sampler: str) -> PlanningStore:
+    def open(cls, cfg: SearchConfig, layouts: LayoutMap, sampler: Sampler) -> PlanningStore:
         # A plan's figures depend on the sampler and the constants too: other ones, other study.
         variant = {"sampler": sampler,
                    "cost_params": asdict(cfg.cost_params) if cfg.cost_params else None,
@@ -234,7 +234,7 @@ class PlanningStore(StudyStore):
         self.persisted += len(new)
 
 
-def open_store(cfg: SearchConfig, layouts: LayoutMap, sampler: str, *,
+def open_store(cfg: SearchConfig, layouts: LayoutMap, sampler: Sampler, *,
                beat: Heartbeat | None = None) -> StudyStore:
     """The study of this search: planned in memory when the backend predicts, else real runs
     in storage (with `beat`'s heartbeats, default Heartbeat())."""
