@@ -72,12 +72,12 @@ class SimulateBackend:
     predicted: bool = True
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
-        memory = estimate_memory(spec.model, spec.strategy, self.cluster, self.memory_params)
+        memory = estimate_memory(spec.model, spec.layout, self.cluster, self.memory_params)
         if not memory.fits:
             return TrialMetrics(status=TrialStatus.PREDICTED_OOM, predicted=True,
                                 peak_allocated_bytes=int(memory.peak_bytes),
                                 error=memory.explain())
-        cost = estimate_cost(spec.model, spec.strategy, self.cluster, self.cost_params)
+        cost = estimate_cost(spec.model, spec.layout, self.cluster, self.cost_params)
         return TrialMetrics(status=TrialStatus.OK, predicted=True,
                             step_time_s=cost.step_time_s, step_time_p90_s=cost.step_time_s,
                             tokens_per_s=cost.tokens_per_s, tflops_per_gpu=cost.tflops_per_gpu,

@@ -22,9 +22,9 @@ from typing import Any
 from autotune.cost import CostParams, estimate_cost
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
+from autotune.layout import Layout
 from autotune.memory import MemoryParams, estimate_memory
 from autotune.model import ModelSpec
-from autotune.strategy import Strategy
 
 __all__ = [
     "COST_FIT_FIELDS",
@@ -37,8 +37,8 @@ __all__ = [
     "save_calibration",
 ]
 
-Sample = tuple[ModelSpec, Strategy, ClusterSpec, float]
-"""(model, strategy, cluster, measured value): step time in seconds or peak bytes."""
+Sample = tuple[ModelSpec, Layout, ClusterSpec, float]
+"""(model, layout, cluster, measured value): step time in seconds or peak bytes."""
 
 COST_FIT_FIELDS: tuple[str, ...] = ("gemm_efficiency_max", "elementwise_bytes_local",
                                     "elementwise_bytes_te", "step_overhead_s")
@@ -93,7 +93,7 @@ def nelder_mead(f: Callable[[list[float]], float], x0: Sequence[float], *, step:
 
 
 def _fit(default: Any, names: Sequence[str], samples: Sequence[Sample],
-         predict: Callable[[Any, ModelSpec, Strategy, ClusterSpec], float]) -> Any:
+         predict: Callable[[Any, ModelSpec, Layout, ClusterSpec], float]) -> Any:
     if not samples:
         raise ConfigError("calibration needs at least one measured sample")
     for *_, measured in samples:
@@ -114,8 +114,8 @@ def _fit(default: Any, names: Sequence[str], samples: Sequence[Sample],
     def loss(x: list[float]) -> float:
         params = make(x)
         err = 0.0
-        for (model, strategy, cluster, _), lm in zip(samples, log_measured, strict=True):
-            err += (math.log(predict(params, model, strategy, cluster)) - lm) ** 2
+        for (model, layout, cluster, _), lm in zip(samples, log_measured, strict=True):
+            err += (math.log(predict(params, model, layout, cluster)) - lm) ** 2
         ridge = sum((a - b) ** 2 for a, b in zip(x, log0, strict=True))
         return err / len(samples) + _RIDGE * ridge
 
@@ -125,7 +125,7 @@ def _fit(default: Any, names: Sequence[str], samples: Sequence[Sample],
 def fit_cost_params(samples: Sequence[Sample], *, names: Sequence[str] = COST_FIT_FIELDS,
                     start: CostParams | None = None) -> CostParams:
     """CostParams whose predicted step times best match the measured ones (seconds)."""
-    def predict(p: CostParams, m: ModelSpec, s: Strategy, c: ClusterSpec) -> float:
+    def predict(p: CostParams, m: ModelSpec, s: Layout, c: ClusterSpec) -> float:
         return estimate_cost(m, s, c, p).step_time_s
 
     result: CostParams = _fit(start or CostParams(), names, samples, predict)
@@ -139,7 +139,7 @@ def fit_memory_params(samples: Sequence[Sample], *, names: Sequence[str] = MEMOR
     Measured peaks should be what `MemoryEstimate.peak_bytes` predicts: device memory in use
     (NVML, context and NCCL included) on the busiest rank, not torch's max_allocated.
     """
-    def predict(p: MemoryParams, m: ModelSpec, s: Strategy, c: ClusterSpec) -> float:
+    def predict(p: MemoryParams, m: ModelSpec, s: Layout, c: ClusterSpec) -> float:
         return estimate_memory(m, s, c, p).peak_bytes
 
     result: MemoryParams = _fit(start or MemoryParams(), names, samples, predict)

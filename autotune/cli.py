@@ -17,9 +17,9 @@ import typer
 from autotune.errors import AutotuneError, ConfigError
 from autotune.hardware import ClusterSpec
 from autotune.identity import representatives
+from autotune.layout import DIMENSIONS, RULE_LEVELS
 from autotune.model import ModelSpec, list_presets, load_model
 from autotune.space import describe_limits, enumerate_space, load_space
-from autotune.strategy import DIMENSIONS, RULE_LEVELS
 
 __all__ = ["app", "main"]
 
@@ -209,7 +209,7 @@ def _estimate(
     seq_len: SeqLen = None,
     gpu: Gpu = None,
     gpus_per_node: GpusPerNode = None,
-    layout: Annotated[str | None, typer.Option(
+    layout_path: Annotated[str | None, typer.Option(
         "--layout", help="A JSON file from `autotune export --format json` (its values "
                          "override the flags).")] = None,
     calibration: Annotated[str | None, typer.Option(
@@ -221,11 +221,11 @@ def _estimate(
     from autotune.commands.estimate import run_estimate
 
     fields: dict[str, Any] = dict(dimensions)
-    if layout is not None:
+    if layout_path is not None:
         from autotune.commands.estimate import layout_file
 
         from_file, gpu, seq_len, gpus_per_node = layout_file(
-            layout, model_name=model, gpus=gpus, gpu=gpu, seq_len=seq_len,
+            layout_path, model_name=model, gpus=gpus, gpu=gpu, seq_len=seq_len,
             gpus_per_node=gpus_per_node)
         fields.update(from_file)
     spec, cluster = _load_inputs(model, gpus, gpus_per_node, seq_len, gbs, gpu)
@@ -234,7 +234,7 @@ def _estimate(
 
 def _with_dimension_options(command: Any) -> Any:
     """The command with one option per layout dimension, generated from the dimension table
-    (autotune.strategy.DIMENSIONS): its flag, help, type (an enum lists its choices) and
+    (autotune.layout.DIMENSIONS): its flag, help, type (an enum lists its choices) and
     default. dp follows from --gpus and gbs is the preset's unless --gbs says otherwise."""
     signature = inspect.signature(command, eval_str=True)
     fixed = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
@@ -341,7 +341,7 @@ def _print_dry_run(model: ModelSpec, cluster: ClusterSpec, space: Any, summary: 
           f"seq {model.seq_length}, global batch {model.global_batch_size}")
     print(f"search space {space.source}: {len(space.candidates)} dimensions, "
           f"{summary.total:,} combinations")
-    print(f"valid strategies: {len(summary.valid):,}")
+    print(f"valid strategies: {len(summary.valid):,}")  # text asserted by tests: kept
     distinct = len(set(representatives(model, summary.valid).values()))
     if distinct < len(summary.valid):
         print(f"  distinct runs: {distinct:,} (layouts that give Megatron the same "

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 from autotune.flops import forward_flops_per_token, hardware_flops_per_token, model_flops_per_token
 from autotune.hardware import ClusterSpec
+from autotune.layout import Layout
 from autotune.memory import MAIN_GRAD_BYTES, PARAM_BYTES, stage_params
 from autotune.memory_activations import layer_activations
 from autotune.model import ModelSpec, padded_vocab_size
-from autotune.strategy import Strategy
 
 __all__ = ["HBM_BYTES_PER_S", "CostEstimate", "CostParams", "estimate_cost"]
 
@@ -180,11 +180,11 @@ def _link(cluster: ClusterSpec, span: int) -> float:
     return gpu.intra_node_bytes_per_s
 
 
-def estimate_cost(model: ModelSpec, strategy: Strategy, cluster: ClusterSpec,
+def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
                   params: CostParams | None = None) -> CostEstimate:
-    """Predicted step time and throughput of `strategy` for `model` on `cluster`."""
+    """Predicted step time and throughput of `layout` for `model` on `cluster`."""
     prm = params or DEFAULT_COST_PARAMS
-    s = strategy
+    s = layout
     fl = _flops(model)
     gpu = cluster.gpu
     hbm = (prm.hbm_bytes_per_s or HBM_BYTES_PER_S.get(gpu.name, _DEFAULT_HBM_BYTES_PER_S)) \
@@ -281,7 +281,7 @@ def estimate_cost(model: ModelSpec, strategy: Strategy, cluster: ClusterSpec,
                         mfu=tflops * 1e12 / peak)
 
 
-def _largest_stage(model: ModelSpec, s: Strategy) -> tuple[float, float]:
+def _largest_stage(model: ModelSpec, s: Layout) -> tuple[float, float]:
     """(dense, expert) parameters of the stage with the most: first (embedding) or last."""
     first = stage_params(model, s, 0)
     if s.pp == 1:
@@ -290,7 +290,7 @@ def _largest_stage(model: ModelSpec, s: Strategy) -> tuple[float, float]:
     return first if sum(first) >= sum(last) else last
 
 
-def _dp_exposed(model: ModelSpec, s: Strategy, cluster: ClusterSpec, prm: CostParams, *,
+def _dp_exposed(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostParams, *,
                 bwd_window_s: float, fwd_window_s: float) -> float:
     """Exposed gradient reduction (+ parameter all-gather with the distributed optimizer).
 

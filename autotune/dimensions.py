@@ -1,8 +1,8 @@
 """What a layout's dimensions are: their value types and the metadata each carries once.
 
-Every field of `autotune.strategy.Strategy` is declared with `dimension(...)`, which keeps its
-default, help text, enumeration level, label in `Strategy.describe()` and command-line flag in
-the dataclass field's metadata. `autotune.strategy.DIMENSIONS` collects them; the search space,
+Every field of `autotune.layout.Layout` is declared with `dimension(...)`, which keeps its
+default, help text, enumeration level, label in `Layout.describe()` and command-line flag in
+the dataclass field's metadata. `autotune.layout.DIMENSIONS` collects them; the search space,
 `estimate`'s options, the JSON export, the best-trial rows and tools/ are derived from it instead
 of keeping lists of their own. Adding a dimension is one field here plus the domain knowledge
 (rule, Megatron-LM flag, worker config, memory, cost), and tests/test_dimension_contract.py fails
@@ -22,7 +22,7 @@ __all__ = ["LEVELS", "Dimension", "Impl", "Label", "Recompute", "RecomputeMethod
 LEVELS = 6
 """Enumeration levels: 0 tp, pp, cp (dp follows); 1 vpp; 2 ep; 3 sequence parallel; 4 mbs;
 5 recompute, optimizer, overlap and implementation. A validity rule of level k reads only the
-fields of levels <= k (autotune.strategy.RULES), so the enumerator rejects a partial layout
+fields of levels <= k (autotune.layout.RULES), so the enumerator rejects a partial layout
 before it expands the deeper levels."""
 
 
@@ -51,7 +51,7 @@ class Impl(enum.StrEnum):
 
 
 Label = Callable[[Any, Any], str | None]
-"""(strategy, value) -> this dimension's part of `Strategy.describe()`, or None for no part."""
+"""(layout, value) -> this dimension's part of `Layout.describe()`, or None for no part."""
 
 
 def always(prefix: str) -> Label:
@@ -76,10 +76,10 @@ def value_label() -> Label:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Dimension:
-    """One Strategy field's metadata."""
+    """One Layout field's metadata."""
 
     name: str = ""
-    """The Strategy field (filled in by autotune.strategy from the dataclass)."""
+    """The Layout field (filled in by autotune.layout from the dataclass)."""
     default: Any
     help: str
     level: int | None
@@ -108,7 +108,7 @@ class Dimension:
     def coerce(self, value: Any) -> Any:
         """A value of an enum dimension as its member (plain strings come from YAML, JSON
         and Optuna's storage); anything else unchanged. An unknown string stays as it is, so
-        that the validity rules name it (autotune.strategy, rules recompute_kind and
+        that the validity rules name it (autotune.layout, rules recompute_kind and
         impl_known)."""
         kind = self.kind
         if issubclass(kind, enum.Enum) and not isinstance(value, kind):
@@ -154,7 +154,7 @@ class Dimension:
 
 def dimension(default: Any, *, help: str, level: int | None, label: Label | None,
               folded_into: str | None = None, flag: str | None = None) -> Any:
-    """A Strategy field whose metadata is its Dimension (typed Any, as dataclasses.field is)."""
+    """A Layout field whose metadata is its Dimension (typed Any, as dataclasses.field is)."""
     meta = Dimension(default=default, help=help, level=level, label=label,
                      folded_into=folded_into, flag=flag)
     return field(default=default, metadata={"dimension": meta})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["AutotuneError", "ConfigError", "InvalidStrategyError", "LaunchError"]
+__all__ = ["AutotuneError", "ConfigError", "InvalidLayoutError", "LaunchError"]
 
 
 class AutotuneError(Exception):
@@ -17,7 +17,7 @@ class ConfigError(AutotuneError):
     exit_code = 2
 
 
-class InvalidStrategyError(AutotuneError):
+class InvalidLayoutError(AutotuneError):
     """A parallel layout that Megatron would reject; the message names the rule and the numbers."""
 
     exit_code = 2

@@ -12,17 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from autotune.hardware import ClusterSpec
+from autotune.layout import Layout, check
 from autotune.memory import MemoryEstimate, MemoryParams, estimate_memory
 from autotune.model import ModelSpec
-from autotune.strategy import Strategy, check
 from autotune.trial import TrialStatus
 
 __all__ = ["GateDecision", "MemoryGate", "layout_key"]
 
 
-def layout_key(strategy: Strategy) -> Strategy:
-    """The strategy with mbs normalised: strategies sharing it differ only in micro-batch."""
-    return replace(strategy, mbs=1)
+def layout_key(layout: Layout) -> Layout:
+    """The layout with mbs normalised: layouts sharing it differ only in micro-batch."""
+    return replace(layout, mbs=1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,11 +43,11 @@ class GateDecision:
 
 @dataclass(slots=True)
 class MemoryGate:
-    """Decides per strategy, and learns from real OOMs."""
+    """Decides per layout, and learns from real OOMs."""
 
     model: ModelSpec
     cluster: ClusterSpec
-    oom_mbs: dict[Strategy, int] = field(default_factory=dict)
+    oom_mbs: dict[Layout, int] = field(default_factory=dict)
     """Per layout (layout_key), the smallest micro-batch that ran out of memory."""
     learned_capacity_bytes: float | None = None
     """The smallest predicted peak among real OOMs."""
@@ -60,19 +60,19 @@ class MemoryGate:
             capacity = min(capacity, self.learned_capacity_bytes)
         return capacity
 
-    def decide(self, strategy: Strategy) -> GateDecision:
-        violations = check(strategy, self.model, self.cluster)
+    def decide(self, layout: Layout) -> GateDecision:
+        violations = check(layout, self.model, self.cluster)
         if violations:
             return GateDecision(status=TrialStatus.INVALID, reason=violations[0].message,
                                 memory=None, constraint=1.0)
-        memory = estimate_memory(self.model, strategy, self.cluster, self.params)
+        memory = estimate_memory(self.model, layout, self.cluster, self.params)
         capacity = self.capacity_bytes()
         constraint = (memory.peak_bytes - capacity) / 2**30
-        smallest_oom = self.oom_mbs.get(layout_key(strategy))
-        if smallest_oom is not None and strategy.mbs >= smallest_oom:
+        smallest_oom = self.oom_mbs.get(layout_key(layout))
+        if smallest_oom is not None and layout.mbs >= smallest_oom:
             return GateDecision(
                 status=TrialStatus.PREDICTED_OOM, memory=memory, constraint=max(constraint, 0.1),
-                reason=f"mbs={strategy.mbs} >= mbs={smallest_oom}, which ran out of memory "
+                reason=f"mbs={layout.mbs} >= mbs={smallest_oom}, which ran out of memory "
                        "with this layout")
         learned = capacity < self.cluster.gpu.memory_bytes
         # A layout predicted to need at least as much as one that really ran out of memory
@@ -85,10 +85,10 @@ class MemoryGate:
         return GateDecision(status=None, reason="predicted to fit", memory=memory,
                             constraint=constraint)
 
-    def record_oom(self, strategy: Strategy, predicted_peak_bytes: float | None) -> None:
-        """Remember a real OOM of `strategy`."""
-        key = layout_key(strategy)
-        self.oom_mbs[key] = min(self.oom_mbs.get(key, strategy.mbs), strategy.mbs)
+    def record_oom(self, layout: Layout, predicted_peak_bytes: float | None) -> None:
+        """Remember a real OOM of `layout`."""
+        key = layout_key(layout)
+        self.oom_mbs[key] = min(self.oom_mbs.get(key, layout.mbs), layout.mbs)
         if predicted_peak_bytes is not None:
             current = self.learned_capacity_bytes
             self.learned_capacity_bytes = (predicted_peak_bytes if current is None

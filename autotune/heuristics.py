@@ -5,19 +5,19 @@ Learning", Section 8.1 describes how the authors tuned Megatron-LM by hand: (1) 
 micro-batch that does not run out of memory; (2) the largest data-parallel degree at that
 micro-batch; (3) tensor parallelism only inside a node; (4) then adjust DP and PP for the best
 throughput. Here the memory model replaces their trial-and-error for (1); (3) is a validity
-rule (strategy.RULES: tp_node); seeds are ordered by (2) and then walk (4).
+rule (autotune.layout.RULES: tp_node); seeds are ordered by (2) and then walk (4).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from autotune.strategy import Strategy
+from autotune.layout import Layout
 
 __all__ = ["alpa_seeds", "next_smaller_mbs"]
 
 
-def _mismatches(s: Strategy, impl: str) -> int:
+def _mismatches(s: Layout, impl: str) -> int:
     """How far a layout's options are from Megatron practice without tuning: no recompute
     beyond what is asked, the distributed optimizer and overlapped parameter gather with dp > 1,
     overlapped gradient reduce, sequence parallel with tp > 1, no interleaving or context
@@ -31,20 +31,21 @@ def _mismatches(s: Strategy, impl: str) -> int:
     return sum(getattr(s, name) != value for name, value in ideal.items())
 
 
-def alpa_seeds(valid: Sequence[Strategy], fits: Callable[[Strategy], bool], impl: str,
-               limit: int = 6) -> list[Strategy]:
-    """Up to `limit` strategies: per layout the largest micro-batch that fits, largest DP first.
+def alpa_seeds(valid: Sequence[Layout], fits: Callable[[Layout], bool], impl: str,
+               limit: int = 6) -> list[Layout]:
+    """Up to `limit` layouts: per (tp, pp, dp, ep) the largest micro-batch that fits, largest
+    DP first.
 
-    Per (tp, pp, dp, ep) the options closest to Megatron practice that the space offers are
+    Within each (tp, pp, dp, ep) the options closest to Megatron practice that the space offers are
     used (`_mismatches`); when nothing fits at any micro-batch without recompute (a model too
     large for its GPUs), recompute is allowed, selective before full, as a user would do next.
     """
     for recompute in ("none", "selective", "full"):
-        groups: dict[tuple[int, ...], list[Strategy]] = {}
+        groups: dict[tuple[int, ...], list[Layout]] = {}
         for s in valid:
             if s.recompute == recompute and fits(s):
                 groups.setdefault((s.tp, s.pp, s.dp, s.ep), []).append(s)
-        best: list[Strategy] = []
+        best: list[Layout] = []
         for members in groups.values():
             closest = min(_mismatches(s, impl) for s in members)
             options = [s for s in members if _mismatches(s, impl) == closest]

@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.dimensions import Impl
+from autotune.layout import DATA_PARALLEL_OPTIONS, DIMENSIONS, Layout, with_fields
 from autotune.megatron_args import megatron_lm_args
 from autotune.model import ModelSpec
-from autotune.strategy import DATA_PARALLEL_OPTIONS, DIMENSIONS, Strategy, with_fields
 from autotune.worker.config import worker_config
 
 __all__ = ["SAME_RUN_RULES", "SameRunRule", "configuration", "representatives", "run_key"]
@@ -32,8 +32,8 @@ class SameRunRule:
 
     name: str
     reason: str
-    applies: Callable[[Strategy], bool]
-    normalise: Callable[[Strategy], Strategy]
+    applies: Callable[[Layout], bool]
+    normalise: Callable[[Layout], Layout]
 
 
 SAME_RUN_RULES: tuple[SameRunRule, ...] = (
@@ -49,36 +49,36 @@ SAME_RUN_RULES: tuple[SameRunRule, ...] = (
 )
 
 
-def configuration(model: ModelSpec, strategy: Strategy) -> tuple[Any, ...]:
+def configuration(model: ModelSpec, layout: Layout) -> tuple[Any, ...]:
     """What Megatron receives for the layout: the worker's megatron-core configuration and the
     exported command's Megatron-LM arguments, as one hashable value."""
     # Megatron-LM has no impl sdpa; the export writes Transformer Engine's spec for it
-    # (autotune.export), and the worker's layer spec keeps the two apart.
-    exported = strategy if strategy.impl != Impl.SDPA else replace(strategy, impl=Impl.TE)
+    # (autotune.scripts), and the worker's layer spec keeps the two apart.
+    exported = layout if layout.impl != Impl.SDPA else replace(layout, impl=Impl.TE)
     args = megatron_lm_args(model, exported, mock_data=True)
-    return worker_config(model, strategy).signature(), tuple(args)
+    return worker_config(model, layout).signature(), tuple(args)
 
 
-def run_key(model: ModelSpec, strategy: Strategy) -> tuple[Any, ...]:
+def run_key(model: ModelSpec, layout: Layout) -> tuple[Any, ...]:
     """Equal for two valid layouts exactly when they are the same run."""
     for rule in SAME_RUN_RULES:
-        if rule.applies(strategy):
-            strategy = rule.normalise(strategy)
-    return configuration(model, strategy)
+        if rule.applies(layout):
+            layout = rule.normalise(layout)
+    return configuration(model, layout)
 
 
-def _non_defaults(s: Strategy) -> int:
+def _non_defaults(s: Layout) -> int:
     return sum(getattr(s, name) != dim.default for name, dim in DIMENSIONS.items())
 
 
-def representatives(model: ModelSpec, strategies: Iterable[Strategy]) -> dict[Strategy, Strategy]:
+def representatives(model: ModelSpec, layouts: Iterable[Layout]) -> dict[Layout, Layout]:
     """Each valid layout -> the one layout of its run that a search launches: of the layouts
     with its key, the one with the fewest non-default options (first in order on a tie), with
     the hand rules applied (so its label says what really runs)."""
-    groups: dict[tuple[Any, ...], list[Strategy]] = {}
-    for s in strategies:
+    groups: dict[tuple[Any, ...], list[Layout]] = {}
+    for s in layouts:
         groups.setdefault(run_key(model, s), []).append(s)
-    chosen: dict[Strategy, Strategy] = {}
+    chosen: dict[Layout, Layout] = {}
     for members in groups.values():
         rep = members[0] if len(members) == 1 else min(members, key=_non_defaults)
         for rule in SAME_RUN_RULES:

@@ -89,7 +89,7 @@ def multinode_argv(spec: TrialSpec, trial_dir: Path, multi: MultiNode, endpoint:
                    launcher: Sequence[str] = TORCHRUN,
                    worker: Sequence[str] = WORKER) -> list[str]:
     """The argv autotune runs on this node for a trial over `multi.nodes` nodes."""
-    world = spec.strategy.world_size
+    world = spec.layout.world_size
     if world != multi.world_size:
         raise ConfigError(f"a trial over {multi.nodes} node(s) x {multi.gpus_per_node} GPUs "
                           f"needs world size {multi.world_size}: dp x tp x pp x cp = {world}")

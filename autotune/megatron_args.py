@@ -1,4 +1,4 @@
-"""The one place that spells Megatron-LM's command-line flags: `ModelSpec` + `Strategy` -> argv.
+"""The one place that spells Megatron-LM's command-line flags: `ModelSpec` + `Layout` -> argv.
 
 Every flag below is spelled as Megatron-LM's megatron/training/arguments.py declares it (read at
 commit 000c4ac24f61159c138b0975def722c65245983c); elsewhere autotune speaks in the short names
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autotune.errors import ConfigError, InvalidStrategyError
+from autotune.errors import ConfigError, InvalidLayoutError
+from autotune.layout import Layout
 from autotune.model import ModelSpec
-from autotune.strategy import Strategy
 
 __all__ = ["TRAINING_SCRIPT", "TRANSFORMER_IMPLS", "flag_names", "megatron_lm_args",
            "training_script"]
@@ -32,7 +32,7 @@ _ACTIVATION_FLAGS: dict[tuple[str, bool], tuple[str, ...]] = {
 }
 
 
-def megatron_lm_args(model: ModelSpec, strategy: Strategy, *, train_iters: int | None = None,
+def megatron_lm_args(model: ModelSpec, layout: Layout, *, train_iters: int | None = None,
                      mock_data: bool = True, lr: float = 1.0e-4, seed: int = 1234,
                      log_interval: int = 1, distributed_timeout_minutes: int | None = None,
                      extra_args: Sequence[str] = ()) -> list[str]:
@@ -48,11 +48,11 @@ def megatron_lm_args(model: ModelSpec, strategy: Strategy, *, train_iters: int |
         raise ConfigError(f"Megatron-LM needs a positive --seed, got {seed}")
     args: list[str] = []
     args += _model_args(model)
-    args += _parallel_args(model, strategy)
-    args += _batch_args(strategy)
-    args += _recompute_args(strategy)
-    args += _optimizer_args(strategy, lr=lr, seed=seed)
-    args += _impl_args(strategy)
+    args += _parallel_args(model, layout)
+    args += _batch_args(layout)
+    args += _recompute_args(layout)
+    args += _optimizer_args(layout, lr=lr, seed=seed)
+    args += _impl_args(layout)
     if train_iters is not None:
         if train_iters < 1:
             raise ConfigError(f"train_iters must be >= 1, got {train_iters}")
@@ -122,7 +122,7 @@ def _model_args(m: ModelSpec) -> list[str]:
     return args
 
 
-def _parallel_args(m: ModelSpec, s: Strategy) -> list[str]:
+def _parallel_args(m: ModelSpec, s: Layout) -> list[str]:
     args = ["--tensor-model-parallel-size", str(s.tp),
             "--pipeline-model-parallel-size", str(s.pp)]
     if s.vpp > 1:
@@ -143,11 +143,11 @@ def _parallel_args(m: ModelSpec, s: Strategy) -> list[str]:
     return args
 
 
-def _batch_args(s: Strategy) -> list[str]:
+def _batch_args(s: Layout) -> list[str]:
     return ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(s.gbs)]
 
 
-def _recompute_args(s: Strategy) -> list[str]:
+def _recompute_args(s: Layout) -> list[str]:
     if s.recompute == "none":
         return []
     if s.recompute == "selective":
@@ -156,10 +156,10 @@ def _recompute_args(s: Strategy) -> list[str]:
     if s.recompute == "full":
         return ["--recompute-granularity", "full", "--recompute-method", s.recompute_method,
                 "--recompute-num-layers", str(s.recompute_num_layers)]
-    raise InvalidStrategyError(f"recompute={s.recompute!r} must be none, selective or full")
+    raise InvalidLayoutError(f"recompute={s.recompute!r} must be none, selective or full")
 
 
-def _optimizer_args(s: Strategy, *, lr: float, seed: int) -> list[str]:
+def _optimizer_args(s: Layout, *, lr: float, seed: int) -> list[str]:
     args = ["--bf16", "--lr", repr(lr), "--seed", str(seed)]
     if s.distributed_optimizer:
         args.append("--use-distributed-optimizer")
@@ -187,9 +187,9 @@ Measured on an H100 (gpt2-xl, mbs 4): without the flag Megatron-LM peaked 9.4 Gi
 the worker, 2 bytes x heads x s^2 x mbs per layer."""
 
 
-def _impl_args(s: Strategy) -> list[str]:
+def _impl_args(s: Layout) -> list[str]:
     if s.impl not in TRANSFORMER_IMPLS:
-        raise InvalidStrategyError(
+        raise InvalidLayoutError(
             f"impl={s.impl} has no Megatron-LM equivalent; --transformer-impl takes "
             f"{' or '.join(TRANSFORMER_IMPLS.values())} (impl {' or '.join(TRANSFORMER_IMPLS)})")
     args = ["--transformer-impl", TRANSFORMER_IMPLS[s.impl]]

@@ -15,6 +15,7 @@ import functools
 from dataclasses import dataclass
 
 from autotune.hardware import ClusterSpec
+from autotune.layout import Layout
 from autotune.memory_activations import (
     full_recompute_chunk,
     inflight_microbatches,
@@ -22,7 +23,6 @@ from autotune.memory_activations import (
     layer_bytes,
 )
 from autotune.model import ModelSpec, padded_vocab_size
-from autotune.strategy import Strategy
 
 __all__ = ["MemoryEstimate", "MemoryParams", "StageMemory", "estimate_memory", "stage_params"]
 
@@ -166,19 +166,19 @@ def _param_counts(model: ModelSpec, tp: int, ep: int, pp: int) -> _Params:
     return _Params(layer_dense=dense, layer_expert=expert, first_extra=first, last_extra=last)
 
 
-def stage_params(model: ModelSpec, strategy: Strategy, stage: int) -> tuple[float, float]:
+def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, float]:
     """(dense, expert) parameters on one rank of pipeline stage `stage`."""
-    counts = _param_counts(model, strategy.tp, strategy.ep, strategy.pp)
-    layers = model.num_layers // strategy.pp
+    counts = _param_counts(model, layout.tp, layout.ep, layout.pp)
+    layers = model.num_layers // layout.pp
     dense = layers * counts.layer_dense
     if stage == 0:
         dense += counts.first_extra
-    if stage == strategy.pp - 1:
+    if stage == layout.pp - 1:
         dense += counts.last_extra
     return dense, layers * counts.layer_expert
 
 
-def _nccl_groups(s: Strategy, model: ModelSpec) -> int:
+def _nccl_groups(s: Layout, model: ModelSpec) -> int:
     """Communicators a rank uses: tp, cp, dp (x cp), pp, embedding, ep, expert-dp."""
     groups = (s.tp > 1) + (s.cp > 1) + (s.dp * s.cp > 1) + 2 * (s.pp > 1)
     if model.is_moe:
@@ -186,7 +186,7 @@ def _nccl_groups(s: Strategy, model: ModelSpec) -> int:
     return int(groups)
 
 
-def _stage(model: ModelSpec, s: Strategy, stage: int, mp: MemoryParams) -> StageMemory:
+def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMemory:
     dense, expert = stage_params(model, s, stage)
     n_params = dense + expert
     # Distributed optimizer: master weights and moments sharded over the dp x cp group for dense
@@ -241,17 +241,17 @@ def _stage(model: ModelSpec, s: Strategy, stage: int, mp: MemoryParams) -> Stage
                        logits_bytes=logits, workspace_bytes=workspace, overhead_bytes=overhead)
 
 
-def estimate_memory(model: ModelSpec, strategy: Strategy, cluster: ClusterSpec,
+def estimate_memory(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
                     params: MemoryParams | None = None) -> MemoryEstimate:
-    """Peak bytes per GPU of `strategy` for `model` on `cluster`, stage by stage.
+    """Peak bytes per GPU of `layout` for `model` on `cluster`, stage by stage.
 
     Stages reported: 0 (embedding, most micro-batches in flight), 1 (the busiest middle stage:
     in-flight counts fall with the stage index) and pp - 1 (output layer, logits, loss).
     """
     mp = params or DEFAULT_MEMORY_PARAMS
-    pp = strategy.pp
+    pp = layout.pp
     indices = (0,) if pp == 1 else (0, 1) if pp == 2 else (0, 1, pp - 1)
-    stages = tuple(_stage(model, strategy, i, mp) for i in indices)
+    stages = tuple(_stage(model, layout, i, mp) for i in indices)
     peak = max(stages, key=lambda st: st.total_bytes)
     return MemoryEstimate(stages=stages, peak_stage=peak.stage, peak_bytes=peak.total_bytes,
                           capacity_bytes=cluster.gpu.memory_bytes, gpu_name=cluster.gpu.name)

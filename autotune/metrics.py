@@ -133,7 +133,7 @@ def metrics_from_megatron_log(output: RunOutput, spec: TrialSpec) -> TrialMetric
         status=TrialStatus.OK,
         step_time_s=step_s,
         step_time_p90_s=percentile(times_s, 0.9),
-        tokens_per_s=spec.strategy.gbs * spec.model.seq_length / step_s,
+        tokens_per_s=spec.layout.gbs * spec.model.seq_length / step_s,
         tflops_per_gpu=tflops_per_gpu,
         # Megatron's TFLOP/s count (num_floating_point_operations in training.py) over the peak.
         mfu=(tflops_per_gpu * 1e12 / spec.gpu_peak_bf16_flops

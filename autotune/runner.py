@@ -210,7 +210,7 @@ def torchrun_argv(spec: TrialSpec, trial_dir: Path, nproc: int, port: int, *,
                   launcher: Sequence[str] = TORCHRUN,
                   worker: Sequence[str] = WORKER) -> list[str]:
     """torchrun over the autotune worker (or `worker`, e.g. a test double script)."""
-    world = spec.strategy.world_size
+    world = spec.layout.world_size
     if nproc != world:
         raise ConfigError(f"a single-node trial needs nproc = world size: nproc={nproc}, "
                           f"dp x tp x pp x cp = {world}")
@@ -223,12 +223,12 @@ def megatron_lm_argv(megatron_lm_path: Path, spec: TrialSpec, nproc: int, port: 
                      nccl_timeout_s: int = DEFAULT_NCCL_TIMEOUT_S,
                      extra_args: Sequence[str] = ()) -> list[str]:
     """torchrun over Megatron-LM's pretrain_gpt.py on mock data for warm-up + timed iterations."""
-    world = spec.strategy.world_size
+    world = spec.layout.world_size
     if nproc != world:
         raise ConfigError(f"a single-node trial needs nproc = world size: nproc={nproc}, "
                           f"dp x tp x pp x cp = {world}")
     script = Path(training_script(str(megatron_lm_path))).resolve()
-    args = megatron_lm_args(spec.model, spec.strategy,
+    args = megatron_lm_args(spec.model, spec.layout,
                             train_iters=spec.warmup_steps + spec.train_steps, mock_data=True,
                             # Megatron-LM refuses seed 0, the worker's default.
                             seed=spec.seed if spec.seed > 0 else 1234,
@@ -246,7 +246,7 @@ def run_trial(spec: TrialSpec, trial_dir: Path, *, timeout_s: float,
     trial_dir = Path(trial_dir).resolve()
     trial_dir.mkdir(parents=True, exist_ok=True)
     spec.write(trial_dir / SPEC_NAME)
-    argv = torchrun_argv(spec, trial_dir, spec.strategy.world_size, free_port(),
+    argv = torchrun_argv(spec, trial_dir, spec.layout.world_size, free_port(),
                          launcher=launcher, worker=worker)
     return run_command(argv, trial_dir, timeout_s,
                        trial_env(env, nccl_timeout_s=nccl_timeout_s), grace_s=grace_s)
@@ -266,7 +266,7 @@ def run_megatron_lm_trial(megatron_lm_path: Path, spec: TrialSpec, trial_dir: Pa
     trial_dir = Path(trial_dir).resolve()
     trial_dir.mkdir(parents=True, exist_ok=True)
     spec.write(trial_dir / SPEC_NAME)  # the record of what ran, though Megatron-LM never reads it
-    argv = megatron_lm_argv(megatron_lm_path, spec, spec.strategy.world_size, free_port(),
+    argv = megatron_lm_argv(megatron_lm_path, spec, spec.layout.world_size, free_port(),
                             launcher=launcher, nccl_timeout_s=nccl_timeout_s,
                             extra_args=extra_args)
     return run_command(argv, trial_dir, timeout_s,

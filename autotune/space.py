@@ -14,18 +14,18 @@ import yaml
 from autotune.dimensions import LEVELS
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
+from autotune.layout import RULES, SEARCHED, Layout, derive_dp, with_fields
 from autotune.model import ModelSpec, search_spaces_dir
-from autotune.strategy import RULES, SEARCHED, Strategy, derive_dp, with_fields
 
 __all__ = ["DIMENSIONS", "SearchSpace", "SpaceSummary", "enumerate_space", "load_space"]
 
 DIMENSIONS = SEARCHED
-"""The dimensions a space file may list, with their levels (autotune.strategy.DIMENSIONS)."""
+"""The dimensions a space file may list, with their levels (autotune.layout.DIMENSIONS)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchSpace:
-    """Candidates per dimension. A dimension missing from the file keeps Strategy's default."""
+    """Candidates per dimension. A dimension missing from the file keeps Layout's default."""
 
     candidates: dict[str, tuple[Any, ...]]
     source: str = "default"
@@ -89,7 +89,7 @@ def load_space(path: str | None = None) -> SearchSpace:
 
 @dataclass(slots=True)
 class RejectGroup:
-    """Strategies rejected by one rule: how many, and a few of the messages."""
+    """Layouts rejected by one rule: how many, and a few of the messages."""
 
     count: int = 0
     examples: list[str] = field(default_factory=list)
@@ -105,11 +105,11 @@ class SpaceSummary:
     """The result of enumerating a space for one model and cluster."""
 
     total: int
-    valid: list[Strategy]
+    valid: list[Layout]
     rejected: dict[str, RejectGroup]
 
     def valid_values(self, dim: str) -> list[Any]:
-        """The candidates of `dim` that appear in at least one valid strategy."""
+        """The candidates of `dim` that appear in at least one valid layout."""
         seen = {getattr(s, dim) for s in self.valid}
         return sorted(seen, key=lambda v: (str(type(v)), v))
 
@@ -122,7 +122,7 @@ def _product(options: dict[str, tuple[Any, ...]]) -> Iterator[dict[str, Any]]:
 
 def enumerate_space(space: SearchSpace, model: ModelSpec,
                     cluster: ClusterSpec) -> SpaceSummary:
-    """Every combination of the space, split into valid strategies and rejections by rule.
+    """Every combination of the space, split into valid layouts and rejections by rule.
 
     Rules are checked level by level, so a layout rejected at level k is counted once for all
     combinations of the deeper dimensions instead of being expanded.
@@ -131,26 +131,26 @@ def enumerate_space(space: SearchSpace, model: ModelSpec,
     deeper = [math.prod(len(v) for lv in levels[k + 1:] for v in lv.values())
               for k in range(LEVELS)]
     rejected: dict[str, RejectGroup] = {}
-    valid: list[Strategy] = []
-    base = Strategy(gbs=model.global_batch_size)
+    valid: list[Layout] = []
+    base = Layout(gbs=model.global_batch_size)
     rules_at = [[rule for rule in RULES if rule.level == level] for level in range(LEVELS)]
 
-    def expand(level: int, partial: Strategy) -> None:
+    def expand(level: int, partial: Layout) -> None:
         for choice in _product(levels[level]):
-            strategy = with_fields(partial, **choice)
+            layout = with_fields(partial, **choice)
             if level == 0:
-                strategy = with_fields(strategy, dp=derive_dp(
-                    cluster.num_gpus, tp=strategy.tp, pp=strategy.pp, cp=strategy.cp))
+                layout = with_fields(layout, dp=derive_dp(
+                    cluster.num_gpus, tp=layout.tp, pp=layout.pp, cp=layout.cp))
             # Candidates are positive (checked on load), so only this level's rules remain.
             broken = next(((rule.name, message) for rule in rules_at[level]
-                           if (message := rule.check(strategy, model, cluster)) is not None),
+                           if (message := rule.check(layout, model, cluster)) is not None),
                           None)
             if broken is not None:
                 rejected.setdefault(broken[0], RejectGroup()).add(deeper[level], broken[1])
             elif level + 1 < LEVELS:
-                expand(level + 1, strategy)
+                expand(level + 1, layout)
             else:
-                valid.append(strategy)
+                valid.append(layout)
 
     expand(0, base)
     return SpaceSummary(total=space.size(), valid=valid, rejected=rejected)

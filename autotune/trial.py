@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.layout import Layout
 from autotune.model import ModelSpec
-from autotune.strategy import Strategy
 
 __all__ = ["RankResult", "TrialMetrics", "TrialSpec", "TrialStatus"]
 
@@ -41,7 +41,7 @@ class TrialSpec:
     """Everything a worker needs to run one trial."""
 
     model: ModelSpec
-    strategy: Strategy
+    layout: Layout
     train_steps: int = 10
     """Timed training steps after warm-up."""
     warmup_steps: int = 3
@@ -52,7 +52,9 @@ class TrialSpec:
     """The GPU table entry the trial was planned for (autotune calibrate reads it back)."""
 
     def to_json(self) -> str:
-        return json.dumps({"model": asdict(self.model), "strategy": asdict(self.strategy),
+        # The layout's key is "strategy": trial.json is the worker's wire format and the key
+        # predates the name; from_json reads the same key, so old trial.json files still load.
+        return json.dumps({"model": asdict(self.model), "strategy": asdict(self.layout),
                            "train_steps": self.train_steps, "warmup_steps": self.warmup_steps,
                            "seed": self.seed, "gpu_peak_bf16_flops": self.gpu_peak_bf16_flops,
                            "gpu_name": self.gpu_name},
@@ -62,7 +64,7 @@ class TrialSpec:
     def from_json(cls, text: str) -> TrialSpec:
         data = json.loads(text)
         try:
-            return cls(model=ModelSpec(**data["model"]), strategy=Strategy(**data["strategy"]),
+            return cls(model=ModelSpec(**data["model"]), layout=Layout(**data["strategy"]),
                        train_steps=int(data["train_steps"]),
                        warmup_steps=int(data["warmup_steps"]), seed=int(data["seed"]),
                        gpu_peak_bf16_flops=float(data["gpu_peak_bf16_flops"]),

@@ -8,8 +8,8 @@ import pytest
 
 from autotune.calibration import load_calibration
 from autotune.cli import main
+from autotune.layout import Layout
 from autotune.model import load_model
-from autotune.strategy import Strategy
 from autotune.trial import TrialSpec
 
 DATA = json.loads((Path(__file__).parent / "data" / "measured_trials.json").read_text())
@@ -19,11 +19,11 @@ def _write_trials(root: Path, with_gpu: bool = True) -> int:
     """The measured trials of tests/data as trial folders, the way the worker leaves them."""
     count = 0
     for i, t in enumerate(DATA["trials"]):
-        s = Strategy(**t["strategy"])
+        s = Layout(**t["strategy"])
         model = load_model(t["model"]).with_overrides(global_batch_size=s.gbs)
         folder = root / "study" / "trials" / str(i)
         folder.mkdir(parents=True)
-        spec = TrialSpec(model=model, strategy=s, gpu_name=t["gpu"] if with_gpu else None)
+        spec = TrialSpec(model=model, layout=s, gpu_name=t["gpu"] if with_gpu else None)
         spec.write(folder / "trial.json")
         result: dict[str, Any] = {"status": t["status"], "step_time_s": t["step_time_s"],
                                   "device_used_bytes": t["device_used_bytes"]}

@@ -8,9 +8,9 @@ from autotune.calibration import fit_cost_params, fit_memory_params, nelder_mead
 from autotune.cost import CostParams, estimate_cost
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec, gpu_spec
+from autotune.layout import Layout
 from autotune.memory import GIB, MemoryParams, estimate_memory
 from autotune.model import load_model
-from autotune.strategy import Strategy
 
 C1 = ClusterSpec(num_gpus=1, gpus_per_node=1, gpu=gpu_spec("h100-80gb"))
 C2 = ClusterSpec(num_gpus=2, gpus_per_node=2, gpu=gpu_spec("h100-80gb"))
@@ -31,7 +31,7 @@ def test_fit_cost_params_recovers_constants() -> None:
     samples = []
     for mbs in (1, 2, 4):
         for impl in ("local", "sdpa"):
-            s = Strategy(mbs=mbs, gbs=64, impl=impl)
+            s = Layout(mbs=mbs, gbs=64, impl=impl)
             samples.append((model, s, C1, estimate_cost(model, s, C1, truth).step_time_s))
     fitted = fit_cost_params(samples, names=("gemm_efficiency_max", "elementwise_bytes_local"))
     assert fitted.gemm_efficiency_max == pytest.approx(0.6, rel=0.02)
@@ -45,7 +45,7 @@ def test_fit_memory_params_recovers_overheads() -> None:
     samples = []
     for model_name in ("gpt2", "gpt2-medium", "gpt2-large"):
         model = load_model(model_name)
-        for s, c in ((Strategy(mbs=2, gbs=8), C1), (Strategy(dp=2, mbs=4, gbs=8), C2)):
+        for s, c in ((Layout(mbs=2, gbs=8), C1), (Layout(dp=2, mbs=4, gbs=8), C2)):
             samples.append((model, s, c, estimate_memory(model, s, c, truth).peak_bytes))
     fitted = fit_memory_params(samples)
     for name in ("cuda_context_bytes", "nccl_bytes_per_group", "fragmentation"):
@@ -57,6 +57,6 @@ def test_fit_rejects_bad_samples() -> None:
     with pytest.raises(ConfigError):
         fit_cost_params([])
     with pytest.raises(ConfigError, match="positive"):
-        fit_cost_params([(model, Strategy(mbs=1, gbs=8), C1, 0.0)])
+        fit_cost_params([(model, Layout(mbs=1, gbs=8), C1, 0.0)])
     with pytest.raises(ConfigError, match="unknown"):
-        fit_cost_params([(model, Strategy(mbs=1, gbs=8), C1, 1.0)], names=("nope",))
+        fit_cost_params([(model, Layout(mbs=1, gbs=8), C1, 1.0)], names=("nope",))

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from autotune.cost import CostParams, estimate_cost, gemm_efficiency, ring_allreduce_s
 from autotune.flops import model_flops_per_token
 from autotune.hardware import ClusterSpec, gpu_spec
+from autotune.layout import Layout, check
 from autotune.model import load_model
-from autotune.strategy import Strategy, check
 
 
 def cluster(n: int, gpu: str = "h100-80gb", per_node: int = 8) -> ClusterSpec:
@@ -30,7 +30,7 @@ def test_ring_allreduce_golden() -> None:
 def test_tp_comm_golden() -> None:
     # gpt2-xl tp 2, mbs 2: per layer 4 all-reduces of s b h 2 = 1024*2*1600*2 = 6,553,600 B,
     # each 20 us + 2 * 1/2 * 6,553,600 / 3.6e11 = 38.2044 us; x 48 layers x m = 32 micro-batches.
-    model, s = load_model("gpt2-xl"), Strategy(tp=2, mbs=2, gbs=64)
+    model, s = load_model("gpt2-xl"), Layout(tp=2, mbs=2, gbs=64)
     est = estimate_cost(model, s, cluster(2))
     per = 20e-6 + 6_553_600 / 3.6e11
     assert est.tp_comm_s == pytest.approx(32 * 48 * 4 * per)
@@ -41,15 +41,15 @@ def test_tp_comm_golden() -> None:
 def test_bubble_fraction(pp: int, vpp: int, gbs: int) -> None:
     # Narayanan et al. 2021 Section 2.2: bubble / ideal = (p - 1)/(v m).
     model = load_model("gpt-1.7b")  # 24 layers
-    s = Strategy(pp=pp, vpp=vpp, mbs=1, gbs=gbs)
+    s = Layout(pp=pp, vpp=vpp, mbs=1, gbs=gbs)
     assert not check(s, model, cluster(pp))
     est = estimate_cost(model, s, cluster(pp))
     assert est.bubble_fraction == pytest.approx((pp - 1) / (vpp * s.num_microbatches))
 
 
 def test_throughput_consistent() -> None:
-    model, s = load_model("llama3-8b"), Strategy(tp=2, dp=4, mbs=1, gbs=64,
-                                                 sequence_parallel=True, impl="te")
+    model, s = load_model("llama3-8b"), Layout(tp=2, dp=4, mbs=1, gbs=64,
+                                               sequence_parallel=True, impl="te")
     est = estimate_cost(model, s, cluster(8))
     assert est.tokens_per_s == pytest.approx(64 * 8192 / est.step_time_s)
     assert est.tflops_per_gpu == pytest.approx(
@@ -68,7 +68,7 @@ def test_gemm_efficiency_saturates() -> None:
 
 def test_cross_node_dp_is_slower_and_overlap_hides_it() -> None:
     model = load_model("gpt2-xl")
-    s = Strategy(dp=16, mbs=4, gbs=256, impl="te")
+    s = Layout(dp=16, mbs=4, gbs=256, impl="te")
     inter = estimate_cost(model, s, cluster(16)).dp_comm_s
     intra = estimate_cost(model, replace(s, dp=8, gbs=128), cluster(8)).dp_comm_s
     assert inter > 3 * intra
@@ -78,8 +78,8 @@ def test_cross_node_dp_is_slower_and_overlap_hides_it() -> None:
 
 def test_local_attention_slower_than_flash() -> None:
     model, c = load_model("gpt2-xl"), cluster(1)
-    local = estimate_cost(model, Strategy(mbs=4, gbs=64, impl="local"), c)
-    sdpa = estimate_cost(model, Strategy(mbs=4, gbs=64, impl="sdpa"), c)
+    local = estimate_cost(model, Layout(mbs=4, gbs=64, impl="local"), c)
+    sdpa = estimate_cost(model, Layout(mbs=4, gbs=64, impl="sdpa"), c)
     assert sdpa.step_time_s < local.step_time_s
 
 
@@ -87,7 +87,7 @@ def test_context_parallel_ring_hides_behind_attention() -> None:
     # llama3-8b, s = 8192, cp 2: per layer the K/V ring moves 4096 tokens x 2 x 1024 x 2 B =
     # 16.8 MB (x3 fwd + bwd) in ~0.2 ms over NVLink, while attention takes ~4 ms: fully hidden.
     model = load_model("llama3-8b")
-    s = Strategy(cp=2, dp=4, mbs=1, gbs=64, impl="te")
+    s = Layout(cp=2, dp=4, mbs=1, gbs=64, impl="te")
     assert not check(s, model, cluster(8))
     assert estimate_cost(model, s, cluster(8)).cp_comm_s == 0.0
     # On a link 100x slower the ring outlasts attention; only the excess is exposed.
@@ -109,7 +109,7 @@ def test_more_microbatches_never_raise_bubble(model: object, tp: int, pp: int, v
     assert isinstance(model, ModelSpec)
     dp = 8 // (tp * pp)
     assume(dp >= 1)
-    s = Strategy(tp=tp, pp=pp, dp=dp, vpp=vpp, mbs=1, gbs=dp * pp * mult)
+    s = Layout(tp=tp, pp=pp, dp=dp, vpp=vpp, mbs=1, gbs=dp * pp * mult)
     more = replace(s, gbs=2 * s.gbs)
     assume(not check(s, model, C8) and not check(more, model, C8))
     assert (estimate_cost(model, more, C8).bubble_fraction
@@ -118,9 +118,9 @@ def test_more_microbatches_never_raise_bubble(model: object, tp: int, pp: int, v
 
 def test_estimate_is_fast() -> None:
     model, c = load_model("gpt-1t"), cluster(3072)
-    s = Strategy(tp=8, pp=64, dp=6, vpp=2, mbs=1, gbs=3072, sequence_parallel=True,
-                 recompute="selective", distributed_optimizer=True, overlap_grad_reduce=True,
-                 impl="te")
+    s = Layout(tp=8, pp=64, dp=6, vpp=2, mbs=1, gbs=3072, sequence_parallel=True,
+               recompute="selective", distributed_optimizer=True, overlap_grad_reduce=True,
+               impl="te")
     assert not check(s, model, c)
     per_call = timeit.timeit(lambda: estimate_cost(model, s, c), number=2000) / 2000
     assert per_call < 200e-6  # ~15 us on a laptop core; generous for slow CI machines

@@ -1,6 +1,6 @@
 """The dimension contract: every layout dimension reaches every consumer that must see it.
 
-For every dimension of autotune.strategy.DIMENSIONS that a space can search, two valid layouts
+For every dimension of autotune.layout.DIMENSIONS that a space can search, two valid layouts
 that differ in it alone and are not the same run (autotune.identity) must differ in the
 Megatron-LM arguments that export writes, in the worker's megatron-core configuration, and in the
 memory or the cost model's prediction. A dimension that one of them ignores fails here, unless
@@ -24,11 +24,11 @@ from autotune.cost import estimate_cost
 from autotune.dimensions import Impl
 from autotune.hardware import ClusterSpec
 from autotune.identity import run_key
+from autotune.layout import DIMENSIONS, SEARCHED, Layout
 from autotune.megatron_args import megatron_lm_args
 from autotune.memory import estimate_memory
 from autotune.model import ModelSpec, load_model
 from autotune.space import SearchSpace, enumerate_space
-from autotune.strategy import DIMENSIONS, SEARCHED, Strategy
 from autotune.worker.config import worker_config
 
 CONSUMERS = ("megatron-lm", "worker", "model")
@@ -43,14 +43,14 @@ class Allowed:
 
     dimension: str
     consumer: str
-    when: Callable[[Strategy, Strategy], bool]
+    when: Callable[[Layout, Layout], bool]
     reason: str
 
 
 ALLOWED: tuple[Allowed, ...] = (
     Allowed("impl", "megatron-lm", lambda a, b: {a.impl, b.impl} == {Impl.SDPA, Impl.TE},
             "Megatron-LM has no sdpa implementation; export writes Transformer Engine's spec, "
-            "the nearest (autotune.export), and the worker keeps the two apart."),
+            "the nearest (autotune.scripts), and the worker keeps the two apart."),
     Allowed("impl", "model", lambda a, b: {a.impl, b.impl} == {Impl.SDPA, Impl.TE},
             "The memory and cost models price sdpa and te alike: both run fused (flash) "
             "attention that keeps no s x s scores, around the same GEMMs "
@@ -74,13 +74,13 @@ def _all_dimensions_space() -> SearchSpace:
     return SearchSpace(candidates=candidates, source="all dimensions")
 
 
-def _exported_args(model: ModelSpec, s: Strategy) -> list[str]:
+def _exported_args(model: ModelSpec, s: Layout) -> list[str]:
     exported = s if s.impl != Impl.SDPA else replace(s, impl=Impl.TE)
     return megatron_lm_args(model, exported, mock_data=True)
 
 
-def _differs(consumer: str, model: ModelSpec, cluster: ClusterSpec, a: Strategy,
-             b: Strategy) -> bool:
+def _differs(consumer: str, model: ModelSpec, cluster: ClusterSpec, a: Layout,
+             b: Layout) -> bool:
     if consumer == "megatron-lm":
         return _exported_args(model, a) != _exported_args(model, b)
     if consumer == "worker":
@@ -92,7 +92,7 @@ def _differs(consumer: str, model: ModelSpec, cluster: ClusterSpec, a: Strategy,
 
 
 @functools.cache
-def _layouts(preset: str, gpus: int) -> tuple[ModelSpec, ClusterSpec, dict[Strategy, str]]:
+def _layouts(preset: str, gpus: int) -> tuple[ModelSpec, ClusterSpec, dict[Layout, str]]:
     """The valid layouts of the all-dimensions space, each with its run key."""
     model = load_model(preset)
     cluster = ClusterSpec.make(gpus, gpu="h100-80gb")
@@ -100,11 +100,11 @@ def _layouts(preset: str, gpus: int) -> tuple[ModelSpec, ClusterSpec, dict[Strat
     return model, cluster, {s: run_key(model, s) for s in valid}
 
 
-def _pairs(preset: str, gpus: int, name: str) -> list[tuple[Strategy, Strategy]]:
+def _pairs(preset: str, gpus: int, name: str) -> list[tuple[Layout, Layout]]:
     """Valid layouts that differ in `name` alone and are different runs, a seeded sample."""
     _, _, keys = _layouts(preset, gpus)
     others = [d for d in SEARCHED if d != name]
-    by_rest: dict[tuple[Any, ...], list[Strategy]] = {}
+    by_rest: dict[tuple[Any, ...], list[Layout]] = {}
     for s in keys:
         by_rest.setdefault(tuple(getattr(s, d) for d in others), []).append(s)
     pairs = [(a, b) for group in by_rest.values() for a, b in itertools.combinations(group, 2)

@@ -18,12 +18,12 @@ from optuna.trial import TrialState
 from autotune.backends import SimulateBackend
 from autotune.cli import main
 from autotune.hardware import ClusterSpec, gpu_spec
+from autotune.layout import Layout
 from autotune.megatron_args import megatron_lm_args
 from autotune.model import load_model
 from autotune.report.load import load_study, resolve_study
 from autotune.search import SearchConfig, run_search
 from autotune.space import space_from_mapping
-from autotune.strategy import Strategy
 from autotune.trial import TrialSpec
 
 MODEL = load_model("gpt2")
@@ -70,13 +70,13 @@ def run_script(script: Path, tmp_path: Path, *, fakes: tuple[str, ...] = ("torch
     return [json.loads(line) for line in calls.read_text().splitlines()]
 
 
-def winner(study: tuple[Path, str]) -> tuple[int, Strategy]:
+def winner(study: tuple[Path, str]) -> tuple[int, Layout]:
     row = load_study(resolve_study(study[1], study[0], None)).complete_rows()[0]
-    return row["trial"], Strategy(**{k: row[k] for k in Strategy.__dataclass_fields__})
+    return row["trial"], Layout(**{k: row[k] for k in Layout.__dataclass_fields__})
 
 
-def expected_args(strategy: Strategy) -> list[str]:
-    te = replace(strategy, impl="te") if strategy.impl == "sdpa" else strategy
+def expected_args(layout: Layout) -> list[str]:
+    te = replace(layout, impl="te") if layout.impl == "sdpa" else layout
     return megatron_lm_args(MODEL, te, train_iters=100, mock_data=True)
 
 
@@ -88,20 +88,20 @@ def test_megatron_lm_script_runs_with_every_flag(study: tuple[Path, str], tmp_pa
                             "--megatron-lm", str(checkout))
     assert code == 0, err
     assert out == "" and f"wrote {script}" in err
-    number, strategy = winner(study)
+    number, layout = winner(study)
     assert f"exporting trial {number}" in err
     text = script.read_text()
     assert text.startswith("#!/usr/bin/env bash\n") and os.access(script, os.X_OK)
     [call] = run_script(script, tmp_path)
     launcher = ["torchrun", "--standalone", "--nproc-per-node", "2"]
-    assert call == [*launcher, f"{checkout}/pretrain_gpt.py", *expected_args(strategy)]
+    assert call == [*launcher, f"{checkout}/pretrain_gpt.py", *expected_args(layout)]
     for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length",
                  "--ffn-hidden-size", "--max-position-embeddings", "--tensor-model-parallel-size",
                  "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size",
                  "--transformer-impl"):
         assert flag in call
-    assert call[call.index("--tensor-model-parallel-size") + 1] == str(strategy.tp)
-    assert call[call.index("--micro-batch-size") + 1] == str(strategy.mbs)
+    assert call[call.index("--tensor-model-parallel-size") + 1] == str(layout.tp)
+    assert call[call.index("--micro-batch-size") + 1] == str(layout.mbs)
     assert call[call.index("--global-batch-size") + 1] == str(MODEL.global_batch_size)
     assert call[call.index("--num-layers") + 1] == str(MODEL.num_layers)
     # Every line of the command but the last continues; each argument is quoted.
@@ -142,11 +142,11 @@ def test_slurm_script(study: tuple[Path, str], tmp_path: Path,
     env = {"SLURM_NNODES": "2", "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node-[a-b]",
            "MEGATRON_LM": "/opt/Megatron-LM"}
     [call] = run_script(script, tmp_path, fakes=("srun",), env=env)
-    _, strategy = winner(study)
+    _, layout = winner(study)
     assert call == ["srun", "torchrun", "--nnodes", "2", "--nproc-per-node", "1",
                     "--rdzv-id", "77", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                     "node-a:29500", "/opt/Megatron-LM/pretrain_gpt.py",
-                    *expected_args(strategy)]
+                    *expected_args(layout)]
 
 
 def test_torchrun_script_writes_its_trial_json(study: tuple[Path, str], tmp_path: Path,
@@ -158,7 +158,7 @@ def test_torchrun_script_writes_its_trial_json(study: tuple[Path, str], tmp_path
     assert call == ["torchrun", "--standalone", "--nproc-per-node", "2", "-m",
                     "autotune.worker", "--spec", "trial.json", "--out-dir", "."]
     spec = TrialSpec.from_json((tmp_path / "trial.json").read_text())
-    assert spec.model == MODEL and spec.strategy == winner(study)[1]
+    assert spec.model == MODEL and spec.layout == winner(study)[1]
 
 
 def test_json_round_trips_into_estimate(study: tuple[Path, str], tmp_path: Path,
@@ -166,17 +166,17 @@ def test_json_round_trips_into_estimate(study: tuple[Path, str], tmp_path: Path,
     path = tmp_path / "layout.json"
     code, _, err = export(capsys, study, "--format", "json", "-o", str(path))
     assert code == 0, err
-    layout = json.loads(path.read_text())
-    _, strategy = winner(study)
-    assert {k: layout[k] for k in ("tp", "pp", "dp", "mbs", "gbs", "impl", "recompute")} == {
-        k: getattr(strategy, k) for k in ("tp", "pp", "dp", "mbs", "gbs", "impl", "recompute")}
-    assert (layout["model"], layout["gpus"], layout["predicted"]) == ("gpt2", 2, True)
+    exported = json.loads(path.read_text())
+    _, layout = winner(study)
+    assert {k: exported[k] for k in ("tp", "pp", "dp", "mbs", "gbs", "impl", "recompute")} == {
+        k: getattr(layout, k) for k in ("tp", "pp", "dp", "mbs", "gbs", "impl", "recompute")}
+    assert (exported["model"], exported["gpus"], exported["predicted"]) == ("gpt2", 2, True)
     assert main(["estimate", "gpt2", "--gpus", "2", "--layout", str(path), "--json"]) == 0
     estimate = json.loads(capsys.readouterr().out)
     for key in ("tp", "pp", "dp", "cp", "mbs", "gbs", "sequence_parallel", "recompute",
                 "distributed_optimizer", "overlap_param_gather", "impl"):
-        assert estimate["layout"][key] == layout[key], key
-    assert estimate["tokens_per_s"] == pytest.approx(layout["tokens_per_s"], rel=1e-9)
+        assert estimate["layout"][key] == exported[key], key
+    assert estimate["tokens_per_s"] == pytest.approx(exported["tokens_per_s"], rel=1e-9)
 
 
 def test_errors_are_one_line_exit_2(study: tuple[Path, str], tmp_path: Path,

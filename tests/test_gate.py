@@ -9,9 +9,9 @@ from conftest import cluster
 
 from autotune.gate import MemoryGate, layout_key
 from autotune.hardware import ClusterSpec
+from autotune.layout import Layout
 from autotune.memory import estimate_memory
 from autotune.model import load_model
-from autotune.strategy import Strategy
 from autotune.trial import TrialStatus
 
 GPT2_XL = load_model("gpt2-xl")
@@ -19,23 +19,23 @@ GPT2_MEDIUM = load_model("gpt2-medium")
 GIB = 2**30
 
 
-def strategy(**fields: object) -> Strategy:
+def layout(**fields: object) -> Layout:
     values: dict[str, object] = {"gbs": 64, "dp": 8, "distributed_optimizer": True,
                                  "overlap_grad_reduce": True, "impl": "sdpa"}
-    return Strategy(**{**values, **fields})  # type: ignore[arg-type]
+    return Layout(**{**values, **fields})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("model", "c", "s", "status", "reason"), [
-    (GPT2_XL, cluster(8), strategy(tp=2, dp=4), TrialStatus.INVALID,
+    (GPT2_XL, cluster(8), layout(tp=2, dp=4), TrialStatus.INVALID,
      "tp=2 must divide num_attention_heads=25"),
-    (GPT2_XL, cluster(8), strategy(tp=1, dp=2, pp=2), TrialStatus.INVALID,
+    (GPT2_XL, cluster(8), layout(tp=1, dp=2, pp=2), TrialStatus.INVALID,
      "must equal the 8 GPUs"),
-    (GPT2_XL, cluster(8), strategy(mbs=8), None, "predicted to fit"),
-    (GPT2_XL, cluster(8, gpu="a100-40gb"), strategy(mbs=8, dp=8, distributed_optimizer=False),
+    (GPT2_XL, cluster(8), layout(mbs=8), None, "predicted to fit"),
+    (GPT2_XL, cluster(8, gpu="a100-40gb"), layout(mbs=8, dp=8, distributed_optimizer=False),
      TrialStatus.PREDICTED_OOM, "over the capacity of 40.0 GiB"),
-    (GPT2_MEDIUM, cluster(8), strategy(mbs=8), None, "predicted to fit"),
+    (GPT2_MEDIUM, cluster(8), layout(mbs=8), None, "predicted to fit"),
 ])
-def test_decide(model: object, c: ClusterSpec, s: Strategy, status: TrialStatus | None,
+def test_decide(model: object, c: ClusterSpec, s: Layout, status: TrialStatus | None,
                 reason: str) -> None:
     decision = MemoryGate(model, c).decide(s)  # type: ignore[arg-type]
     assert decision.status is status
@@ -50,7 +50,7 @@ def test_decide(model: object, c: ClusterSpec, s: Strategy, status: TrialStatus 
 
 def test_a_real_oom_prunes_larger_micro_batches_of_its_layout() -> None:
     gate = MemoryGate(GPT2_MEDIUM, cluster(8))
-    failed = strategy(mbs=4)
+    failed = layout(mbs=4)
     gate.record_oom(failed, None)  # no prediction: only the micro-batch rule is learned
     assert gate.oom_mbs == {layout_key(failed): 4}
     assert gate.learned_capacity_bytes is None
@@ -61,7 +61,7 @@ def test_a_real_oom_prunes_larger_micro_batches_of_its_layout() -> None:
             assert decision.status is TrialStatus.PREDICTED_OOM and decision.constraint > 0
             assert f"mbs={mbs} >= mbs=4, which ran out of memory" in decision.reason
     # Another layout is untouched by the micro-batch rule.
-    assert gate.decide(strategy(mbs=8, pp=2, dp=4)).launch
+    assert gate.decide(layout(mbs=8, pp=2, dp=4)).launch
     gate.record_oom(replace(failed, mbs=8), None)  # a larger OOM keeps the smallest
     assert gate.oom_mbs == {layout_key(failed): 4}
     gate.record_oom(replace(failed, mbs=2), None)
@@ -71,13 +71,13 @@ def test_a_real_oom_prunes_larger_micro_batches_of_its_layout() -> None:
 def test_a_real_oom_lowers_the_capacity_to_its_prediction() -> None:
     c = cluster(8)
     gate = MemoryGate(GPT2_MEDIUM, c)
-    failed = strategy(mbs=4, pp=2, dp=4)
+    failed = layout(mbs=4, pp=2, dp=4)
     peak = estimate_memory(GPT2_MEDIUM, failed, c).peak_bytes
     gate.record_oom(failed, peak)
     assert gate.learned_capacity_bytes == peak == gate.capacity_bytes()
 
-    bigger = strategy(mbs=8)  # another layout predicted to need more
-    smaller = strategy(mbs=1)
+    bigger = layout(mbs=8)  # another layout predicted to need more
+    smaller = layout(mbs=1)
     same = replace(failed, overlap_param_gather=True)  # priced the same by the model
     assert estimate_memory(GPT2_MEDIUM, bigger, c).peak_bytes > peak
     assert estimate_memory(GPT2_MEDIUM, same, c).peak_bytes == peak
@@ -88,7 +88,7 @@ def test_a_real_oom_lowers_the_capacity_to_its_prediction() -> None:
         if not launch:
             assert "learned capacity" in decision.reason and decision.constraint > 0
 
-    gate.record_oom(strategy(mbs=16), peak * 2)  # a larger prediction never raises it
+    gate.record_oom(layout(mbs=16), peak * 2)  # a larger prediction never raises it
     assert gate.learned_capacity_bytes == peak
     gate.record_oom(smaller, peak / 2)
     assert gate.learned_capacity_bytes == peak / 2

@@ -9,9 +9,9 @@ from conftest import cluster
 
 from autotune.gate import MemoryGate, layout_key
 from autotune.heuristics import alpa_seeds, next_smaller_mbs
+from autotune.layout import Layout
 from autotune.model import load_model
 from autotune.space import enumerate_space, space_from_mapping
-from autotune.strategy import Strategy
 
 SPACE = {"tp": [1, 2, 4], "pp": [1, 2, 4], "mbs": [1, 2, 4, 8],
          "sequence_parallel": [False, True], "distributed_optimizer": [False, True],
@@ -20,7 +20,7 @@ SPACE = {"tp": [1, 2, 4], "pp": [1, 2, 4], "mbs": [1, 2, 4, 8],
 
 
 def seeds_of(model: str, gpus: int, gpu: str, impl: str, seq: int | None = None,
-             limit: int = 6) -> tuple[list[Strategy], list[Strategy], MemoryGate]:
+             limit: int = 6) -> tuple[list[Layout], list[Layout], MemoryGate]:
     spec = load_model(model).with_overrides(seq_length=seq, global_batch_size=None)
     c = cluster(gpus, gpu=gpu)
     space = space_from_mapping({**SPACE, "impl": [impl]}, "test")

@@ -15,16 +15,16 @@ import pytest
 from autotune.dimensions import Impl, Recompute
 from autotune.hardware import ClusterSpec
 from autotune.identity import SAME_RUN_RULES, configuration, representatives, run_key
+from autotune.layout import DATA_PARALLEL_OPTIONS, SEARCHED, Layout
 from autotune.model import list_presets, load_model
 from autotune.space import SearchSpace, enumerate_space, load_space
-from autotune.strategy import DATA_PARALLEL_OPTIONS, SEARCHED, Strategy
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 GPUS_FOR_SPACE = {"default.yaml": (8,), "one-node.yaml": (8,), "four-gpu.yaml": (4,),
                   "two-gpu.yaml": (2,), "single-gpu.yaml": (1,)}
 """Each shipped space with the GPU count it is written for (the default: one node)."""
 
-IGNORED: dict[str, tuple[Callable[[Strategy], bool], str]] = {
+IGNORED: dict[str, tuple[Callable[[Layout], bool], str]] = {
     "recompute_method": (lambda s: s.recompute != Recompute.FULL,
                          "Megatron reads it only with full recompute"),
     "recompute_num_layers": (lambda s: s.recompute != Recompute.FULL,
@@ -36,7 +36,7 @@ IGNORED: dict[str, tuple[Callable[[Strategy], bool], str]] = {
 independently of autotune.identity: two layouts may share a key only by differing here."""
 
 
-def _explained(a: Strategy, b: Strategy) -> bool:
+def _explained(a: Layout, b: Layout) -> bool:
     differ = [d for d in SEARCHED if getattr(a, d) != getattr(b, d)]
     return all(d in IGNORED and IGNORED[d][0](a) and IGNORED[d][0](b) for d in differ)
 
@@ -46,7 +46,7 @@ def _check_space(preset: str, gpus: int, space: SearchSpace) -> int:
     cluster = ClusterSpec.make(gpus, gpu="h100-80gb", gpus_per_node=min(8, gpus))
     valid = enumerate_space(space, model, cluster).valid
     reps = representatives(model, valid)
-    groups: dict[Strategy, list[Strategy]] = {}
+    groups: dict[Layout, list[Layout]] = {}
     for s in valid:
         groups.setdefault(reps[s], []).append(s)
     for rep, members in groups.items():
@@ -56,7 +56,7 @@ def _check_space(preset: str, gpus: int, space: SearchSpace) -> int:
             assert _explained(a, b), f"{a.describe()} and {b.describe()} share a key"
     # Distinct keys: distinct configurations, and every explained pair shares a key.
     assert len({run_key(model, rep) for rep in groups}) == len(groups)
-    by_rest: dict[tuple[Any, ...], list[Strategy]] = {}
+    by_rest: dict[tuple[Any, ...], list[Layout]] = {}
     for s in valid:
         rest = tuple(getattr(s, d) for d in SEARCHED if d not in IGNORED)
         by_rest.setdefault(rest, []).append(s)
@@ -110,7 +110,7 @@ def test_a_dimension_outside_the_key_must_be_explained(preset: str) -> None:
 ])
 def test_same_run(a: dict[str, Any], b: dict[str, Any], same: bool) -> None:
     model = load_model("gpt2-xl")
-    sa, sb = Strategy(gbs=64, **a), Strategy(gbs=64, **b)
+    sa, sb = Layout(gbs=64, **a), Layout(gbs=64, **b)
     assert (run_key(model, sa) == run_key(model, sb)) is same
 
 
@@ -118,7 +118,7 @@ def test_the_hand_rules_change_only_options_whose_configuration_differs() -> Non
     """A hand rule is for layouts Megatron configures differently but runs the same; one that
     normalises a layout to the same configuration is redundant."""
     model = load_model("gpt2-xl")
-    s = Strategy(gbs=64, distributed_optimizer=True, overlap_grad_reduce=True, impl=Impl.SDPA)
+    s = Layout(gbs=64, distributed_optimizer=True, overlap_grad_reduce=True, impl=Impl.SDPA)
     for rule in SAME_RUN_RULES:
         assert rule.applies(s) and rule.reason
         assert configuration(model, rule.normalise(s)) != configuration(model, s)
@@ -137,7 +137,7 @@ _DP_OPTIONS = {"distributed_optimizer": True, "overlap_grad_reduce": True,
 ])
 def test_one_data_parallel_rank_drops_the_data_parallel_options(
         layout: dict[str, int], kept: bool) -> None:
-    s = Strategy(gbs=64, mbs=1, **layout, **_DP_OPTIONS)
+    s = Layout(gbs=64, mbs=1, **layout, **_DP_OPTIONS)
     c = representatives(load_model("gpt2-xl"), [s])[s]
     assert (c == s) is kept
     assert (c.distributed_optimizer, c.overlap_grad_reduce, c.overlap_param_gather) == (

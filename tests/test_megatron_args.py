@@ -7,11 +7,11 @@ from collections import Counter
 
 import pytest
 
-from autotune.errors import ConfigError, InvalidStrategyError
+from autotune.errors import ConfigError, InvalidLayoutError
+from autotune.layout import Layout
 from autotune.megatron_args import flag_names, megatron_lm_args, training_script
 from autotune.model import ModelSpec, padded_vocab_size
 from autotune.protocol import distributed_timeout_minutes
-from autotune.strategy import Strategy
 
 GPT2 = ModelSpec(name="gpt2", num_layers=12, hidden_size=768, num_attention_heads=12,
                  vocab_size=50257, seq_length=1024, max_position_embeddings=1024,
@@ -134,66 +134,66 @@ MIXTRAL_EP = [
 ]
 
 
-@pytest.mark.parametrize(("model", "strategy", "kwargs", "expected"), [
-    (GPT2, Strategy(mbs=4, gbs=64), {"train_iters": 13}, GPT2_BASE),
-    (LLAMA, Strategy(tp=2, pp=4, dp=1, vpp=2, mbs=1, gbs=512, sequence_parallel=True,
-                     recompute="full", recompute_method="block", recompute_num_layers=2,
-                     distributed_optimizer=True, overlap_grad_reduce=True,
-                     overlap_param_gather=True, impl="te"),
+@pytest.mark.parametrize(("model", "layout", "kwargs", "expected"), [
+    (GPT2, Layout(mbs=4, gbs=64), {"train_iters": 13}, GPT2_BASE),
+    (LLAMA, Layout(tp=2, pp=4, dp=1, vpp=2, mbs=1, gbs=512, sequence_parallel=True,
+                   recompute="full", recompute_method="block", recompute_num_layers=2,
+                   distributed_optimizer=True, overlap_grad_reduce=True,
+                   overlap_param_gather=True, impl="te"),
      {"train_iters": 20, "distributed_timeout_minutes": 2}, LLAMA_PP_VPP),
-    (MIXTRAL, Strategy(tp=2, dp=4, ep=4, mbs=1, gbs=512, sequence_parallel=True,
-                       recompute="selective", distributed_optimizer=True, impl="te"),
+    (MIXTRAL, Layout(tp=2, dp=4, ep=4, mbs=1, gbs=512, sequence_parallel=True,
+                     recompute="selective", distributed_optimizer=True, impl="te"),
      {}, MIXTRAL_EP),
 ], ids=["gpt2-dp", "llama-tp-pp-vpp-sp-full-block-do-overlap", "mixtral-ep-tp-sp-selective"])
-def test_exact_flags(model: ModelSpec, strategy: Strategy, kwargs: dict[str, int],
+def test_exact_flags(model: ModelSpec, layout: Layout, kwargs: dict[str, int],
                      expected: list[str]) -> None:
-    assert megatron_lm_args(model, strategy, **kwargs) == expected
+    assert megatron_lm_args(model, layout, **kwargs) == expected
 
 
-STRATEGIES = [
-    Strategy(),
-    Strategy(tp=2, dp=4, sequence_parallel=True, mbs=2, gbs=64),
-    Strategy(pp=4, vpp=2, dp=2, mbs=1, gbs=64),
-    Strategy(cp=2, dp=4, impl="te", mbs=1, gbs=64),
-    Strategy(tp=2, cp=2, dp=2, sequence_parallel=True, impl="te", gbs=64),
-    Strategy(recompute="full", recompute_method="uniform", recompute_num_layers=4, gbs=64),
-    Strategy(recompute="selective", gbs=64),
-    Strategy(dp=8, distributed_optimizer=True, overlap_grad_reduce=True,
-             overlap_param_gather=True, gbs=64),
-    Strategy(tp=2, dp=2, sequence_parallel=True, cross_entropy_fusion=True, impl="te", gbs=64),
+LAYOUTS = [
+    Layout(),
+    Layout(tp=2, dp=4, sequence_parallel=True, mbs=2, gbs=64),
+    Layout(pp=4, vpp=2, dp=2, mbs=1, gbs=64),
+    Layout(cp=2, dp=4, impl="te", mbs=1, gbs=64),
+    Layout(tp=2, cp=2, dp=2, sequence_parallel=True, impl="te", gbs=64),
+    Layout(recompute="full", recompute_method="uniform", recompute_num_layers=4, gbs=64),
+    Layout(recompute="selective", gbs=64),
+    Layout(dp=8, distributed_optimizer=True, overlap_grad_reduce=True,
+           overlap_param_gather=True, gbs=64),
+    Layout(tp=2, dp=2, sequence_parallel=True, cross_entropy_fusion=True, impl="te", gbs=64),
 ]
 
 
 @pytest.mark.parametrize("model", [GPT2, LLAMA, MIXTRAL], ids=lambda m: m.name)
-@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.describe())
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda s: s.describe())
 def test_every_flag_parses_as_megatron_lm_declares_it(model: ModelSpec,
-                                                      strategy: Strategy) -> None:
-    args = megatron_lm_args(model, strategy, train_iters=10, distributed_timeout_minutes=2)
+                                                      layout: Layout) -> None:
+    args = megatron_lm_args(model, layout, train_iters=10, distributed_timeout_minutes=2)
     names = flag_names(args)
     assert [n for n, c in Counter(names).items() if c > 1] == []
     ns = _megatron_lm_parser().parse_args(args)  # unknown flags or bad values raise
-    assert ns.tensor_model_parallel_size == strategy.tp
-    assert ns.pipeline_model_parallel_size == strategy.pp
-    assert (ns.context_parallel_size or 1) == strategy.cp
-    assert (ns.num_virtual_stages_per_pipeline_rank or 1) == strategy.vpp
-    assert ns.micro_batch_size == strategy.mbs
-    assert ns.global_batch_size == strategy.gbs
-    assert ns.sequence_parallel == strategy.sequence_parallel
-    assert ns.use_distributed_optimizer == strategy.distributed_optimizer
+    assert ns.tensor_model_parallel_size == layout.tp
+    assert ns.pipeline_model_parallel_size == layout.pp
+    assert (ns.context_parallel_size or 1) == layout.cp
+    assert (ns.num_virtual_stages_per_pipeline_rank or 1) == layout.vpp
+    assert ns.micro_batch_size == layout.mbs
+    assert ns.global_batch_size == layout.gbs
+    assert ns.sequence_parallel == layout.sequence_parallel
+    assert ns.use_distributed_optimizer == layout.distributed_optimizer
     assert ns.num_layers == model.num_layers
     assert ns.ffn_hidden_size == model.ffn_size
     assert ns.add_bias_linear == model.add_bias_linear
     assert ns.untie_embeddings_and_output_weights == (not model.tied_embeddings)
-    assert ns.recompute_granularity == (None if strategy.recompute == "none"
-                                        else strategy.recompute)
+    assert ns.recompute_granularity == (None if layout.recompute == "none"
+                                        else layout.recompute)
     assert not ns.log_timers_to_tensorboard
     # impl local runs on plain PyTorch, as the worker measured it: no apex or fused softmax.
-    local = strategy.impl == "local"
+    local = layout.impl == "local"
     assert ns.gradient_accumulation_fusion is not local
     assert ns.masked_softmax_fusion is not local
     assert ns.no_persist_layer_norm is local
     assert ns.attention_softmax_in_fp32 is local  # as megatron-core's TransformerConfig default
-    assert ns.cross_entropy_loss_fusion is strategy.cross_entropy_fusion
+    assert ns.cross_entropy_loss_fusion is layout.cross_entropy_fusion
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
@@ -201,42 +201,42 @@ def test_every_flag_parses_as_megatron_lm_declares_it(model: ModelSpec,
 def test_null_tokenizer_gets_autotunes_padded_vocabulary(model: ModelSpec, tp: int) -> None:
     # Megatron-LM: NullTokenizer.vocab_size = --vocab-size + 1, then padded to a multiple of
     # make_vocab_size_divisible_by * tp (vocab_size_with_padding).
-    args = megatron_lm_args(model, Strategy(tp=tp))
+    args = megatron_lm_args(model, Layout(tp=tp))
     vocab = int(args[args.index("--vocab-size") + 1]) + 1
     multiple = model.make_vocab_size_divisible_by * tp
     assert -(-vocab // multiple) * multiple == padded_vocab_size(model, tp)
 
 
 def test_moe_without_ep_keeps_the_allgather_dispatcher() -> None:
-    args = megatron_lm_args(MIXTRAL, Strategy(dp=8, gbs=512))
+    args = megatron_lm_args(MIXTRAL, Layout(dp=8, gbs=512))
     assert args[args.index("--moe-token-dispatcher-type") + 1] == "allgather"
     assert "--expert-model-parallel-size" not in args
 
 
 def test_dense_model_has_no_moe_flags() -> None:
-    names = flag_names(megatron_lm_args(GPT2, Strategy()))
+    names = flag_names(megatron_lm_args(GPT2, Layout()))
     assert not [n for n in names if "expert" in n or n.startswith("--moe")]
 
 
 def test_real_data_leaves_the_data_flags_to_the_caller() -> None:
-    names = flag_names(megatron_lm_args(GPT2, Strategy(), mock_data=False))
+    names = flag_names(megatron_lm_args(GPT2, Layout(), mock_data=False))
     assert not {"--mock-data", "--tokenizer-type", "--vocab-size"} & set(names)
 
 
 def test_extra_args_are_appended() -> None:
-    args = megatron_lm_args(GPT2, Strategy(), extra_args=["--no-bias-gelu-fusion"])
+    args = megatron_lm_args(GPT2, Layout(), extra_args=["--no-bias-gelu-fusion"])
     assert args[-1] == "--no-bias-gelu-fusion"
 
 
 @pytest.mark.parametrize("extra", [["--micro-batch-size", "8"], ["--bf16"], ["--lr=3e-4"]])
 def test_extra_args_may_not_repeat_a_flag(extra: list[str]) -> None:
     with pytest.raises(ConfigError, match="repeat"):
-        megatron_lm_args(GPT2, Strategy(), extra_args=extra)
+        megatron_lm_args(GPT2, Layout(), extra_args=extra)
 
 
 def test_sdpa_has_no_megatron_lm_equivalent() -> None:
-    with pytest.raises(InvalidStrategyError, match="impl=sdpa"):
-        megatron_lm_args(GPT2, Strategy(impl="sdpa"))
+    with pytest.raises(InvalidLayoutError, match="impl=sdpa"):
+        megatron_lm_args(GPT2, Layout(impl="sdpa"))
 
 
 def test_unknown_activation_is_a_config_error() -> None:
@@ -248,7 +248,7 @@ def test_unknown_activation_is_a_config_error() -> None:
                     vocab_size=1000, seq_length=128, global_batch_size=8,
                     activation="squared_relu", gated_linear_unit=True)
     with pytest.raises(ConfigError, match="activation='squared_relu'"):
-        megatron_lm_args(odd, Strategy())
+        megatron_lm_args(odd, Layout())
 
 
 @pytest.mark.parametrize(("seconds", "minutes"), [(1, 1), (60, 1), (61, 2), (120, 2), (600, 10)])
@@ -259,12 +259,12 @@ def test_distributed_timeout_minutes_rounds_up(seconds: float, minutes: int) -> 
 def test_presets_without_dropout_say_so() -> None:
     from autotune.model import load_model
 
-    llama = megatron_lm_args(load_model("llama3-8b"), Strategy(tp=8, gbs=512))
+    llama = megatron_lm_args(load_model("llama3-8b"), Layout(tp=8, gbs=512))
     assert llama[llama.index("--attention-dropout") + 1] == "0.0"
     assert llama[llama.index("--hidden-dropout") + 1] == "0.0"
     parsed = _megatron_lm_parser().parse_known_args(llama)[0]
     assert parsed.attention_dropout == parsed.hidden_dropout == 0.0
-    gpt2 = megatron_lm_args(load_model("gpt2"), Strategy(gbs=64))
+    gpt2 = megatron_lm_args(load_model("gpt2"), Layout(gbs=64))
     assert "--attention-dropout" not in gpt2 and "--hidden-dropout" not in gpt2
 
 
@@ -281,4 +281,4 @@ def test_training_script_is_the_checkout_s_or_the_named_file(path: str, script: 
 @pytest.mark.parametrize("seed", [0, -1])
 def test_megatron_lm_refuses_a_seed_below_one(seed: int) -> None:
     with pytest.raises(ConfigError, match="positive --seed"):
-        megatron_lm_args(GPT2, Strategy(), seed=seed)
+        megatron_lm_args(GPT2, Layout(), seed=seed)

@@ -1,10 +1,10 @@
 """Cross-check autotune's rules against megatron-core itself (0.16.1, CPU torch).
 
-For each strategy we let megatron-core judge it the way a real launch would, as far as a CPU can:
+For each layout we let megatron-core judge it the way a real launch would, as far as a CPU can:
 `parallel_state.initialize_model_parallel` on a fake process group of the job's world size,
 `TransformerConfig(...)`, `get_num_layers_to_build` for every pipeline rank and virtual stage,
 the constant micro-batch calculator, and the core attention module of the local spec.
-Whenever megatron-core rejects a strategy, autotune must reject it too.
+Whenever megatron-core rejects a layout, autotune must reject it too.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from autotune.layout import Layout, check
 from autotune.model import ModelSpec, load_model
-from autotune.strategy import Strategy, check
 from tests.conftest import cluster
 
 if os.environ.get("CI"):  # CI installs megatron-core on purpose: a skip there would hide a gap.
@@ -61,7 +61,7 @@ def _world(size: int) -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=size)
 
 
-def _transformer_config(model: ModelSpec, s: Strategy) -> TransformerConfig:
+def _transformer_config(model: ModelSpec, s: Layout) -> TransformerConfig:
     recompute: dict[str, Any] = {}
     if s.recompute != "none":
         recompute["recompute_granularity"] = s.recompute
@@ -83,8 +83,8 @@ def _transformer_config(model: ModelSpec, s: Strategy) -> TransformerConfig:
         pipeline_dtype=torch.bfloat16, **recompute, **moe)
 
 
-def megatron_verdict(model: ModelSpec, s: Strategy, gpus: int) -> str | None:
-    """None when megatron-core accepts the strategy, else its error message."""
+def megatron_verdict(model: ModelSpec, s: Layout, gpus: int) -> str | None:
+    """None when megatron-core accepts the layout, else its error message."""
     try:
         _world(gpus)
         parallel_state.initialize_model_parallel(
@@ -111,10 +111,10 @@ def megatron_verdict(model: ModelSpec, s: Strategy, gpus: int) -> str | None:
     return None
 
 
-def _strategy(model: ModelSpec, gpus: int, **fields: Any) -> Strategy:
+def _layout(model: ModelSpec, gpus: int, **fields: Any) -> Layout:
     inner = fields.get("tp", 1) * fields.get("pp", 1) * fields.get("cp", 1)
     fields.setdefault("gbs", model.global_batch_size)
-    return Strategy(dp=max(1, gpus // inner), **fields)
+    return Layout(dp=max(1, gpus // inner), **fields)
 
 
 # model, gpus, fields, whether megatron-core accepts it
@@ -149,7 +149,7 @@ def _model(name: str) -> ModelSpec:
 def test_table_agrees_with_megatron(name: str, gpus: int, fields: dict[str, Any],
                                     accepted: bool) -> None:
     model = _model(name)
-    s = _strategy(model, gpus, **fields)
+    s = _layout(model, gpus, **fields)
     verdict = megatron_verdict(model, s, gpus)
     assert (verdict is None) == accepted, verdict
     if verdict is not None:
@@ -157,7 +157,7 @@ def test_table_agrees_with_megatron(name: str, gpus: int, fields: dict[str, Any]
             f"megatron-core rejects {s.describe()} ({verdict}) but autotune accepts it")
 
 
-def _random_strategies(count: int, seed: int) -> list[tuple[str, int, Strategy]]:
+def _random_layouts(count: int, seed: int) -> list[tuple[str, int, Layout]]:
     rng = random.Random(seed)
     names = ["gpt2", "gpt2-large", "gpt2-xl", "gpt-1.7b", "llama3-8b", "tiny-moe"]
     out = []
@@ -176,15 +176,15 @@ def _random_strategies(count: int, seed: int) -> list[tuple[str, int, Strategy]]
             impl=rng.choice(["local", "sdpa", "te"]),
             gbs=rng.choice([model.global_batch_size, 48, 96]),
         )
-        out.append((name, gpus, _strategy(model, gpus, **fields)))
+        out.append((name, gpus, _layout(model, gpus, **fields)))
     return out
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_random_strategies_never_accepted_when_megatron_rejects(seed: int) -> None:
+def test_random_layouts_never_accepted_when_megatron_rejects(seed: int) -> None:
     disagreements = []
     rejected = 0
-    for name, gpus, s in _random_strategies(150, seed):
+    for name, gpus, s in _random_layouts(150, seed):
         model = _model(name)
         verdict = megatron_verdict(model, s, gpus)
         if verdict is None:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from autotune import memory_activations
 from autotune.hardware import ClusterSpec, gpu_spec
+from autotune.layout import Layout, check
 from autotune.memory import GIB, MemoryParams, estimate_memory, stage_params
 from autotune.memory_activations import (
     full_recompute_chunk,
@@ -21,7 +22,6 @@ from autotune.memory_activations import (
 )
 from autotune.model import ModelSpec, list_presets, load_model
 from autotune.params import count_parameters
-from autotune.strategy import Strategy, check
 
 
 def cluster(n: int, gpu: str = "h100-80gb", per_node: int = 8) -> ClusterSpec:
@@ -127,7 +127,7 @@ P_17B_TP2 = 828_642_816
 def test_model_states_gpt_1_7b(tp: int, dp: int, do: bool, weights: int, grads: int,
                                optimizer: int) -> None:
     model = load_model("gpt-1.7b")
-    s = Strategy(tp=tp, dp=dp, mbs=1, gbs=8 * dp, distributed_optimizer=do)
+    s = Layout(tp=tp, dp=dp, mbs=1, gbs=8 * dp, distributed_optimizer=do)
     c = cluster(tp * dp)
     assert not check(s, model, c)
     stage = estimate_memory(model, s, c).stages[0]
@@ -140,13 +140,13 @@ def test_model_states_gpt_1_7b(tp: int, dp: int, do: bool, weights: int, grads: 
 def test_stage_params_agree_with_parameter_counts(name: str) -> None:
     # The sharded counts of the memory model, summed at tp = ep = pp = 1, are autotune.params'.
     model = load_model(name)
-    dense, expert = stage_params(model, Strategy(), 0)
+    dense, expert = stage_params(model, Layout(), 0)
     assert dense + expert == count_parameters(model)
 
 
 def test_pipeline_stages_split_embedding_and_logits() -> None:
     model = load_model("gpt-1.7b")
-    s = Strategy(pp=4, mbs=1, gbs=16)
+    s = Layout(pp=4, mbs=1, gbs=16)
     est = estimate_memory(model, s, cluster(4))
     first, middle, last = est.stages
     assert (first.stage, middle.stage, last.stage) == (0, 1, 3)
@@ -164,20 +164,20 @@ def test_pipeline_stages_split_embedding_and_logits() -> None:
 def test_gpt2_xl_fits_at_mbs4_not_mbs8() -> None:
     # Measured on one H100 80GB with megatron-core's local spec: mbs 4 runs, mbs 8 OOMs.
     model, c = load_model("gpt2-xl"), cluster(1)
-    fits = estimate_memory(model, Strategy(mbs=4, gbs=64), c)
-    oom = estimate_memory(model, Strategy(mbs=8, gbs=64), c)
+    fits = estimate_memory(model, Layout(mbs=4, gbs=64), c)
+    oom = estimate_memory(model, Layout(mbs=8, gbs=64), c)
     assert fits.fits and fits.explain() is None
     assert not oom.fits
     assert oom.explain() == (f"stage 0 needs {oom.peak_bytes / GIB:.1f} GiB but the h100-80gb "
                              f"has {81559 / 1024:.1f} GiB")
-    assert estimate_memory(model, Strategy(mbs=8, gbs=64, impl="sdpa"), c).fits
+    assert estimate_memory(model, Layout(mbs=8, gbs=64, impl="sdpa"), c).fits
     breakdown = fits.breakdown_gib()
     assert breakdown["total"] == pytest.approx(fits.peak_bytes / GIB)
     assert set(breakdown) >= {"weights", "gradients", "optimizer", "activations", "logits"}
 
 
 def test_memory_params_overheads() -> None:
-    model, c, s = load_model("gpt2"), cluster(2), Strategy(dp=2, mbs=1, gbs=2)
+    model, c, s = load_model("gpt2"), cluster(2), Layout(dp=2, mbs=1, gbs=2)
     base = estimate_memory(model, s, c, MemoryParams(cuda_context_bytes=0,
                                                      nccl_bytes_per_group=0, fragmentation=0))
     more = estimate_memory(model, s, c, MemoryParams(cuda_context_bytes=GIB,
@@ -190,22 +190,22 @@ C8 = cluster(8)
 
 
 @st.composite
-def layouts(draw: st.DrawFn) -> tuple[ModelSpec, Strategy]:
+def layouts(draw: st.DrawFn) -> tuple[ModelSpec, Layout]:
     model = draw(st.sampled_from(MODELS))
     tp = draw(st.sampled_from([1, 2, 4, 8]))
     pp = draw(st.sampled_from([1, 2, 4]))
     assume(8 % (tp * pp) == 0)
     dp = 8 // (tp * pp)
     mbs = draw(st.sampled_from([1, 2]))
-    s = Strategy(tp=tp, pp=pp, dp=dp, mbs=mbs, gbs=mbs * dp * draw(st.sampled_from([4, 8])),
-                 vpp=draw(st.sampled_from([1, 2])) if pp > 1 else 1,
-                 ep=draw(st.sampled_from([1, 2])) if model.is_moe else 1,
-                 sequence_parallel=tp > 1 and (model.is_moe or draw(st.booleans())),
-                 recompute=draw(st.sampled_from(["none", "selective", "full"])),
-                 recompute_method=draw(st.sampled_from(["uniform", "block"])),
-                 recompute_num_layers=draw(st.sampled_from([1, 2])),
-                 distributed_optimizer=draw(st.booleans()),
-                 impl=draw(st.sampled_from(["local", "sdpa", "te"])))
+    s = Layout(tp=tp, pp=pp, dp=dp, mbs=mbs, gbs=mbs * dp * draw(st.sampled_from([4, 8])),
+               vpp=draw(st.sampled_from([1, 2])) if pp > 1 else 1,
+               ep=draw(st.sampled_from([1, 2])) if model.is_moe else 1,
+               sequence_parallel=tp > 1 and (model.is_moe or draw(st.booleans())),
+               recompute=draw(st.sampled_from(["none", "selective", "full"])),
+               recompute_method=draw(st.sampled_from(["uniform", "block"])),
+               recompute_num_layers=draw(st.sampled_from([1, 2])),
+               distributed_optimizer=draw(st.booleans()),
+               impl=draw(st.sampled_from(["local", "sdpa", "te"])))
     assume(not check(s, model, C8))
     return model, s
 
@@ -216,7 +216,7 @@ PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCh
 
 @PROPS
 @given(layouts())
-def test_more_tp_never_raises_weights(layout: tuple[ModelSpec, Strategy]) -> None:
+def test_more_tp_never_raises_weights(layout: tuple[ModelSpec, Layout]) -> None:
     model, s = layout
     wider = replace(s, tp=2 * s.tp, dp=s.dp // 2, gbs=s.gbs)
     assume(s.dp % 2 == 0 and not check(wider, model, C8))
@@ -227,7 +227,7 @@ def test_more_tp_never_raises_weights(layout: tuple[ModelSpec, Strategy]) -> Non
 
 @PROPS
 @given(layouts())
-def test_recompute_never_raises_activations(layout: tuple[ModelSpec, Strategy]) -> None:
+def test_recompute_never_raises_activations(layout: tuple[ModelSpec, Layout]) -> None:
     model, s = layout
 
     def acts(**kw: object) -> float:
@@ -242,7 +242,7 @@ def test_recompute_never_raises_activations(layout: tuple[ModelSpec, Strategy]) 
 
 @PROPS
 @given(layouts())
-def test_distributed_optimizer_never_raises_memory(layout: tuple[ModelSpec, Strategy]) -> None:
+def test_distributed_optimizer_never_raises_memory(layout: tuple[ModelSpec, Layout]) -> None:
     model, s = layout
     with_do = estimate_memory(model, replace(s, distributed_optimizer=True), C8)
     without = estimate_memory(model, replace(s, distributed_optimizer=False,
@@ -252,8 +252,8 @@ def test_distributed_optimizer_never_raises_memory(layout: tuple[ModelSpec, Stra
 
 def test_estimate_is_fast() -> None:
     model, c = load_model("gpt-1t"), cluster(3072)
-    s = Strategy(tp=8, pp=64, dp=6, vpp=2, mbs=1, gbs=3072, sequence_parallel=True,
-                 recompute="selective", distributed_optimizer=True)
+    s = Layout(tp=8, pp=64, dp=6, vpp=2, mbs=1, gbs=3072, sequence_parallel=True,
+               recompute="selective", distributed_optimizer=True)
     assert not check(s, model, c)
     per_call = timeit.timeit(lambda: estimate_memory(model, s, c), number=2000) / 2000
     assert per_call < 200e-6  # ~20 us on a laptop core; generous for slow CI machines

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.layout import Layout
 from autotune.metrics import (
     classify_run,
     error_excerpt,
@@ -19,7 +20,6 @@ from autotune.metrics import (
 )
 from autotune.model import ModelSpec
 from autotune.runner import RunOutput
-from autotune.strategy import Strategy
 from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
 OOM_TRACE = ("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
@@ -240,7 +240,7 @@ loss scale: 1.0 | number of skipped iterations:   0 | number of nan iterations: 
 
 MODEL = ModelSpec(name="gpt2", num_layers=12, hidden_size=768, num_attention_heads=12,
                   vocab_size=50257, seq_length=1024, global_batch_size=64)
-SPEC = TrialSpec(model=MODEL, strategy=Strategy(tp=2, dp=2, mbs=4, gbs=64), train_steps=4,
+SPEC = TrialSpec(model=MODEL, layout=Layout(tp=2, dp=2, mbs=4, gbs=64), train_steps=4,
                  warmup_steps=2, gpu_peak_bf16_flops=989e12)
 
 

@@ -17,16 +17,16 @@ import pytest
 
 from autotune.cost import estimate_cost
 from autotune.hardware import ClusterSpec, gpu_spec
+from autotune.layout import Layout
 from autotune.memory import estimate_memory
 from autotune.model import load_model
-from autotune.strategy import Strategy
 
 DATA = json.loads((Path(__file__).parent / "data" / "measured_trials.json").read_text())
 TRIALS: list[dict[str, Any]] = DATA["trials"]
 
 
-def _inputs(trial: dict[str, Any]) -> tuple[Any, Strategy, ClusterSpec]:
-    s = Strategy(**trial["strategy"])
+def _inputs(trial: dict[str, Any]) -> tuple[Any, Layout, ClusterSpec]:
+    s = Layout(**trial["strategy"])
     model = load_model(trial["model"]).with_overrides(global_batch_size=s.gbs)
     cluster = ClusterSpec(num_gpus=trial["gpus"], gpus_per_node=trial["gpus"],
                           gpu=gpu_spec(trial["gpu"]))

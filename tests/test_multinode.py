@@ -20,11 +20,11 @@ from autotune.launchers import (
     multinode_argv,
     split_srun_argv,
 )
+from autotune.layout import Layout
 from autotune.metrics import metrics_from_run
 from autotune.model import ModelSpec, load_model
 from autotune.protocol import WORKER
 from autotune.runner import free_port, run_multinode_trial, slurm_first_node
-from autotune.strategy import Strategy
 from autotune.trial import TrialSpec, TrialStatus
 from tests.conftest import cluster
 
@@ -32,7 +32,7 @@ DOUBLES = Path(__file__).parent / "doubles"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 MODEL = ModelSpec(name="tiny", num_layers=4, hidden_size=64, num_attention_heads=4,
                   vocab_size=1000, seq_length=128, global_batch_size=8)
-SPEC = TrialSpec(model=MODEL, strategy=Strategy(tp=2, dp=8, gbs=8))  # world 16
+SPEC = TrialSpec(model=MODEL, layout=Layout(tp=2, dp=8, gbs=8))  # world 16
 
 
 def _tail(trial_dir: Path) -> list[str]:
@@ -154,7 +154,7 @@ def fake_srun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                                                 ("oom", TrialStatus.OOM)])
 def test_trial_through_fake_srun(tmp_path: Path, fake_srun: Path, double: str,
                                  status: TrialStatus) -> None:
-    spec = TrialSpec(model=MODEL, strategy=Strategy(dp=4, gbs=8))  # 2 nodes x 2 GPUs
+    spec = TrialSpec(model=MODEL, layout=Layout(dp=4, gbs=8))  # 2 nodes x 2 GPUs
     endpoint = f"127.0.0.1:{free_port()}"
     multi = MultiNode(launcher="slurm", nodes=2, gpus_per_node=2, rdzv_endpoint=endpoint)
     trial_dir = tmp_path / "trials" / "0"
@@ -172,7 +172,7 @@ def test_trial_through_fake_srun(tmp_path: Path, fake_srun: Path, double: str,
 
 def test_torchrun_launcher_writes_the_other_nodes_command(tmp_path: Path) -> None:
     # The "torchrun" here exits at once: only the script for the other nodes is under test.
-    spec = TrialSpec(model=MODEL, strategy=Strategy(dp=4, gbs=8))
+    spec = TrialSpec(model=MODEL, layout=Layout(dp=4, gbs=8))
     multi = MultiNode(launcher="torchrun", nodes=2, gpus_per_node=2,
                       rdzv_endpoint="10.0.0.1:29400")
     output = run_multinode_trial(spec, tmp_path / "3", multi, timeout_s=10, grace_s=1,
@@ -190,7 +190,7 @@ def test_srun_and_torchrun_from_the_environment(tmp_path: Path,
     monkeypatch.setenv("AUTOTUNE_TORCHRUN", f"{sys.executable} -c pass")
     log = tmp_path / "srun.jsonl"
     monkeypatch.setenv("FAKE_SRUN_LOG", str(log))
-    spec = TrialSpec(model=MODEL, strategy=Strategy(dp=4, gbs=8))
+    spec = TrialSpec(model=MODEL, layout=Layout(dp=4, gbs=8))
     multi = MultiNode(launcher="slurm", nodes=2, gpus_per_node=2, rdzv_endpoint="h:1")
     output = run_multinode_trial(spec, tmp_path / "1", multi, timeout_s=10, grace_s=1)
     recorded = json.loads(log.read_text())[1:]
@@ -213,7 +213,7 @@ def test_split_srun_argv(argv: list[str], options: list[str], command: list[str]
 
 def test_split_srun_argv_reads_what_multinode_argv_writes(tmp_path: Path) -> None:
     multi = MultiNode(nodes=2, gpus_per_node=4, launcher="slurm")
-    spec = TrialSpec(model=load_model("gpt2"), strategy=Strategy(dp=8, mbs=1, gbs=64))
+    spec = TrialSpec(model=load_model("gpt2"), layout=Layout(dp=8, mbs=1, gbs=64))
     argv = multinode_argv(spec, tmp_path, multi, "node0:29500", "rid", srun=("srun",),
                           launcher=("torchrun",))
     options, command = split_srun_argv(argv[1:])

@@ -27,9 +27,9 @@ from doubles.shared_worker import CLUSTER, shared_space
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.identity import representatives
+from autotune.layout import Layout
 from autotune.search.storage import redact_url
 from autotune.space import enumerate_space
-from autotune.strategy import Strategy
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "doubles" / "shared_worker.py"
@@ -84,7 +84,7 @@ def _wait_for(what: str, ready: object, procs: list[subprocess.Popen[str]],
         time.sleep(0.05)
 
 
-def _runs() -> dict[Strategy, Strategy]:
+def _runs() -> dict[Layout, Layout]:
     """Each valid layout of the shared space -> the layout that runs for it."""
     model = small_model()
     return representatives(model, enumerate_space(shared_space(), model, CLUSTER).valid)

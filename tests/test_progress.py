@@ -25,6 +25,6 @@ def test_live_progress_shows_each_trial_and_the_best(tmp_path: Path) -> None:
     for column in ("layout", "status", "tokens/s", "peak GiB", "wall s", "source"):
         assert column in text
     best = result.best(1)[0]
-    assert f"best so far: {best.strategy.describe()}" in text
+    assert f"best so far: {best.layout.describe()}" in text
     console.print(best_table(result))
-    assert best.strategy.describe() in out.getvalue().split("best layouts")[-1]
+    assert best.layout.describe() in out.getvalue().split("best layouts")[-1]

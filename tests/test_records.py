@@ -22,17 +22,17 @@ from optuna.trial import TrialState
 from autotune.backends import SimulateBackend
 from autotune.cli import main
 from autotune.hardware import ClusterSpec, gpu_spec
+from autotune.layout import Layout
 from autotune.model import load_model
 from autotune.report.load import load_study, read_records, resolve_study, trial_row
 from autotune.search import SearchConfig, run_search
 from autotune.search.records import TrialRecord, read_record, record_attrs
 from autotune.space import load_space
-from autotune.strategy import Strategy
 from autotune.trial import TrialMetrics, TrialStatus
 
 OLD = Path(__file__).resolve().parent / "data" / "old-studies"
-LAYOUT = Strategy(tp=2, pp=1, dp=2, mbs=4, gbs=64, sequence_parallel=True,
-                  distributed_optimizer=True, overlap_grad_reduce=True, impl="sdpa")
+LAYOUT = Layout(tp=2, pp=1, dp=2, mbs=4, gbs=64, sequence_parallel=True,
+                distributed_optimizer=True, overlap_grad_reduce=True, impl="sdpa")
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_peak_is_reserved_else_allocated() -> None:
     assert both.peak_bytes == 7
     assert replace(both, peak_reserved_bytes=None).peak_bytes == 5
     assert TrialMetrics(status=TrialStatus.CRASH).peak_bytes is None
-    record = TrialRecord(number=0, strategy=LAYOUT, status=TrialStatus.OK, source="x",
+    record = TrialRecord(number=0, layout=LAYOUT, status=TrialStatus.OK, source="x",
                          metrics=both)
     assert record.peak_bytes == 7
 
@@ -63,19 +63,19 @@ def test_the_stored_form_reads_back_as_the_same_record() -> None:
     metrics = TrialMetrics(status=TrialStatus.OK, tokens_per_s=1e5, step_time_s=0.6,
                            peak_allocated_bytes=2**33, peak_reserved_bytes=2**34, mfu=0.4)
     for record in (
-            TrialRecord(number=3, strategy=LAYOUT, status=TrialStatus.OK, source="alpa",
+            TrialRecord(number=3, layout=LAYOUT, status=TrialStatus.OK, source="alpa",
                         metrics=metrics, predicted_peak_bytes=1.5e10,
                         predicted_tokens_per_s=1.1e5),
-            TrialRecord(number=4, strategy=LAYOUT, status=TrialStatus.DUPLICATE,
+            TrialRecord(number=4, layout=LAYOUT, status=TrialStatus.DUPLICATE,
                         source="sampler", duplicate_of=3, reason="running in trial 3"),
-            TrialRecord(number=5, strategy=LAYOUT, status=TrialStatus.INTERRUPTED,
+            TrialRecord(number=5, layout=LAYOUT, status=TrialStatus.INTERRUPTED,
                         source="grid", predicted=True)):
         attrs = json.loads(json.dumps(record_attrs(record)))  # as the storage keeps it
         assert read_record(record.number, attrs) == record
 
 
 def test_the_reader_takes_what_earlier_versions_wrote() -> None:
-    attrs = record_attrs(TrialRecord(number=1, strategy=LAYOUT, status=TrialStatus.PREDICTED_OOM,
+    attrs = record_attrs(TrialRecord(number=1, layout=LAYOUT, status=TrialStatus.PREDICTED_OOM,
                                      source="alpa", predicted_peak_bytes=9e10))
     # A layout field added later (cross_entropy_fusion) ran at its default.
     older = {**attrs, "layout": {k: v for k, v in attrs["layout"].items()
@@ -92,7 +92,7 @@ def test_the_reader_takes_what_earlier_versions_wrote() -> None:
     assert read_record(7, raw) is None
     interrupted = read_record(7, raw, LAYOUT)
     assert interrupted is not None and interrupted.status is TrialStatus.INTERRUPTED
-    assert interrupted.strategy == LAYOUT and not interrupted.launched
+    assert interrupted.layout == LAYOUT and not interrupted.launched
     # Nothing to read.
     for nothing in (None, {}, "OK", {"status": "SOMETHING_NEW", "layout": attrs["layout"]}):
         assert read_record(0, nothing, LAYOUT) is None
@@ -105,7 +105,7 @@ def test_a_trial_without_a_record_is_a_row_of_its_state() -> None:
         "FAIL", "", None, None)
     assert set(row) == set(trial_row(optuna.trial.create_trial(
         state=TrialState.PRUNED, user_attrs={"record": record_attrs(TrialRecord(
-            number=0, strategy=LAYOUT, status=TrialStatus.INVALID, source="sampler"))})))
+            number=0, layout=LAYOUT, status=TrialStatus.INVALID, source="sampler"))})))
 
 
 # -- studies written before the typed record ------------------------------------------------
@@ -172,7 +172,7 @@ def test_export_reads_the_old_studies(old_url: str, tmp_path: Path,
 
 def test_a_real_run_study_of_the_old_format_resumes(old_url: str, tmp_path: Path) -> None:
     before = read_records(stored(old_url, "old-measured"))
-    ran = {r.strategy for r in before.values() if r.launched}
+    ran = {r.layout for r in before.values() if r.launched}
     backend = FakeBackend(small_cluster())
     cfg = SearchConfig(model=small_model(), cluster=small_cluster(),
                        space=load_space(str(OLD / "measured-space.yaml")), backend=backend,

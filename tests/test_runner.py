@@ -18,6 +18,7 @@ import pytest
 
 from autotune.errors import ConfigError, LaunchError
 from autotune.launchers import TORCHRUN
+from autotune.layout import Layout
 from autotune.megatron_args import flag_names
 from autotune.metrics import metrics_from_run
 from autotune.model import ModelSpec
@@ -34,7 +35,6 @@ from autotune.runner import (
     torchrun_argv,
     trial_env,
 )
-from autotune.strategy import Strategy
 from autotune.trial import TrialSpec, TrialStatus
 
 DOUBLES = Path(__file__).parent / "doubles"
@@ -145,7 +145,7 @@ def test_free_port_skips_a_taken_port(listener: str, seed: int) -> None:
 
 
 def test_torchrun_argv(tmp_path: Path) -> None:
-    spec = TrialSpec(model=MODEL, strategy=Strategy(tp=2, dp=2, gbs=8))
+    spec = TrialSpec(model=MODEL, layout=Layout(tp=2, dp=2, gbs=8))
     assert torchrun_argv(spec, tmp_path, 4, 29500) == [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--nnodes", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29500",
@@ -154,7 +154,7 @@ def test_torchrun_argv(tmp_path: Path) -> None:
 
 
 def test_torchrun_argv_with_other_launcher_and_worker(tmp_path: Path) -> None:
-    spec = TrialSpec(model=MODEL, strategy=Strategy())
+    spec = TrialSpec(model=MODEL, layout=Layout())
     argv = torchrun_argv(spec, tmp_path, 1, 1234, launcher=("torchrun",),
                          worker=("/w/double.py", "--detach"))
     assert argv[:2] == ["torchrun", "--nproc-per-node"]
@@ -163,13 +163,13 @@ def test_torchrun_argv_with_other_launcher_and_worker(tmp_path: Path) -> None:
 
 
 def test_torchrun_argv_needs_nproc_equal_to_the_world(tmp_path: Path) -> None:
-    spec = TrialSpec(model=MODEL, strategy=Strategy(tp=2, dp=2))
+    spec = TrialSpec(model=MODEL, layout=Layout(tp=2, dp=2))
     with pytest.raises(ConfigError, match="nproc=2"):
         torchrun_argv(spec, tmp_path, 2, 29500)
 
 
 def test_megatron_lm_argv(tmp_path: Path) -> None:
-    spec = TrialSpec(model=MODEL, strategy=Strategy(tp=2, dp=2, gbs=8, impl="te"),
+    spec = TrialSpec(model=MODEL, layout=Layout(tp=2, dp=2, gbs=8, impl="te"),
                      train_steps=10, warmup_steps=3)
     argv = megatron_lm_argv(tmp_path / "Megatron-LM", spec, 4, 29501, nccl_timeout_s=90)
     prefix = [*TORCHRUN, "--nproc-per-node", "4", "--nnodes", "1", "--rdzv-backend", "c10d",
@@ -185,7 +185,7 @@ def test_megatron_lm_argv(tmp_path: Path) -> None:
 
 
 def test_megatron_lm_trial_needs_a_checkout(tmp_path: Path) -> None:
-    spec = TrialSpec(model=MODEL, strategy=Strategy())
+    spec = TrialSpec(model=MODEL, layout=Layout())
     with pytest.raises(LaunchError, match=r"pretrain_gpt\.py"):
         run_megatron_lm_trial(tmp_path, spec, tmp_path / "t", timeout_s=5)
 
@@ -334,7 +334,7 @@ def test_bad_limits_are_config_errors(tmp_path: Path, timeout_s: float, grace_s:
 def test_torchrun_workers_in_their_own_sessions_are_killed(tmp_path: Path) -> None:
     # torchrun starts every worker with start_new_session=True, so they are not in torchrun's
     # process group; with SIGTERM ignored they also outlive torchrun's own shutdown.
-    spec = TrialSpec(model=MODEL, strategy=Strategy(dp=2, gbs=8))
+    spec = TrialSpec(model=MODEL, layout=Layout(dp=2, gbs=8))
     argv = torchrun_argv(spec, tmp_path, 2, free_port(),
                          worker=(str(DOUBLES / "stubborn.py"), "--detach"))
     start = time.monotonic()
@@ -349,7 +349,7 @@ def test_torchrun_workers_in_their_own_sessions_are_killed(tmp_path: Path) -> No
 
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch for torchrun")
 def test_run_trial_under_torchrun_classifies_an_oom(tmp_path: Path) -> None:
-    spec = TrialSpec(model=MODEL, strategy=Strategy(dp=2, gbs=8))
+    spec = TrialSpec(model=MODEL, layout=Layout(dp=2, gbs=8))
     output = run_trial(spec, tmp_path, timeout_s=30, grace_s=1,
                        worker=(str(DOUBLES / "oom.py"),))
     assert TrialSpec.from_json((tmp_path / "trial.json").read_text()) == spec

@@ -30,12 +30,12 @@ from autotune.backends import SimulateBackend
 from autotune.errors import ConfigError
 from autotune.gate import MemoryGate, layout_key
 from autotune.identity import representatives
+from autotune.layout import Layout
 from autotune.memory import estimate_memory
 from autotune.search import SearchConfig, SearchResult, TrialRecord, run_search
 from autotune.search.loop import Search
 from autotune.search.storage import Heartbeat
 from autotune.space import enumerate_space
-from autotune.strategy import Strategy
 from autotune.trial import TrialStatus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def constraint(trial: FrozenTrial) -> float:
     return float(trial.system_attrs["constraints:memory_gib"])
 
 
-def predicted_peak(s: Strategy) -> float:
+def predicted_peak(s: Layout) -> float:
     return estimate_memory(MODEL, s, CLUSTER).peak_bytes
 
 
@@ -70,7 +70,7 @@ def launched(result: SearchResult) -> list[TrialRecord]:
     return [r for r in result.records if r.launched]
 
 
-def fits(s: Strategy) -> bool:
+def fits(s: Layout) -> bool:
     return MemoryGate(MODEL, CLUSTER).decide(s).launch
 
 
@@ -100,19 +100,19 @@ def test_predicted_oom_is_pruned_with_a_constraint_and_never_launched(
 
 
 def test_real_oom_is_pruned_and_bisects_the_micro_batch_of_its_layout(tmp_path: Path) -> None:
-    seed = Strategy(tp=1, pp=1, dp=4, mbs=4, gbs=MODEL.global_batch_size,
-                    distributed_optimizer=True, overlap_grad_reduce=True,
-                    overlap_param_gather=True, impl="sdpa")
+    seed = Layout(tp=1, pp=1, dp=4, mbs=4, gbs=MODEL.global_batch_size,
+                  distributed_optimizer=True, overlap_grad_reduce=True,
+                  overlap_param_gather=True, impl="sdpa")
     backend = FakeBackend(CLUSTER, oom=lambda s: layout_key(s) == layout_key(seed) and s.mbs >= 2)
     result = run_search(config(tmp_path, backend, n_trials=12))
 
     # The first Alpa seed (largest dp, largest mbs predicted to fit) runs out of memory; the
     # bisection retries mbs 2 (the middle of 1, 2), which fails too, then mbs 1, which runs.
     assert backend.calls[:3] == [seed, replace(seed, mbs=2), replace(seed, mbs=1)]
-    sources = {r.strategy: r.source for r in launched(result)}
+    sources = {r.layout: r.source for r in launched(result)}
     assert sources[replace(seed, mbs=2)] == sources[replace(seed, mbs=1)] == "oom-bisect"
     # No micro-batch at or above one that ran out of memory is ever launched again.
-    smallest_oom: dict[Strategy, int] = {}
+    smallest_oom: dict[Layout, int] = {}
     for s in backend.calls:
         assert s.mbs < smallest_oom.get(layout_key(s), 10**9)
         if layout_key(s) == layout_key(seed) and s.mbs >= 2:
@@ -128,9 +128,9 @@ def test_bisection_climbs_back_after_a_success_below_the_oom(tmp_path: Path) -> 
     # With 40 GiB the first seed runs mbs 16; mbs >= 8 runs out of memory. Bisection: 16 fails,
     # 4 (the middle of 1, 2, 4, 8) runs, 8 (between 4 and 16) fails, nothing is left between.
     cluster = small_cluster(memory_gib=40)
-    seed = Strategy(tp=1, pp=1, dp=4, mbs=16, gbs=MODEL.global_batch_size,
-                    distributed_optimizer=True, overlap_grad_reduce=True,
-                    overlap_param_gather=True, impl="sdpa")
+    seed = Layout(tp=1, pp=1, dp=4, mbs=16, gbs=MODEL.global_batch_size,
+                  distributed_optimizer=True, overlap_grad_reduce=True,
+                  overlap_param_gather=True, impl="sdpa")
     backend = FakeBackend(cluster, oom=lambda s: layout_key(s) == layout_key(seed) and s.mbs >= 8)
     run_search(config(tmp_path, backend, cluster=cluster, n_trials=6))
     assert backend.calls[:3] == [seed, replace(seed, mbs=4), replace(seed, mbs=8)]
@@ -157,7 +157,7 @@ def test_a_real_oom_teaches_the_gate_a_smaller_capacity(tmp_path: Path) -> None:
 # -- no duplicates, stop conditions, samplers -----------------------------------------------
 
 
-def test_no_strategy_is_launched_twice_and_duplicates_are_recorded(tmp_path: Path) -> None:
+def test_no_layout_is_launched_twice_and_duplicates_are_recorded(tmp_path: Path) -> None:
     backend = FakeBackend(CLUSTER, true_capacity_bytes=9 * GIB)
     result = run_search(config(tmp_path, backend, n_trials=20))
 
@@ -168,7 +168,7 @@ def test_no_strategy_is_launched_twice_and_duplicates_are_recorded(tmp_path: Pat
     for dup in duplicates:
         original = by_number[dup.duplicate_of]
         assert original.duplicate_of is None and original.number < dup.number
-        assert (dup.strategy, dup.status) == (original.strategy, original.status)
+        assert (dup.layout, dup.status) == (original.layout, original.status)
         assert not dup.launched
     trials = {t.number: t for t in stored(tmp_path)}
     assert all(trials[d.number].user_attrs["record"]["duplicate_of"] == d.duplicate_of
@@ -192,7 +192,7 @@ def test_stops_after_patience_launches_without_improvement(tmp_path: Path) -> No
 def test_stops_at_the_time_budget(tmp_path: Path) -> None:
     now = [0.0]
 
-    def slow_tokens(s: Strategy) -> float:
+    def slow_tokens(s: Layout) -> float:
         now[0] += 100.0  # each trial takes 100 s
         return 1000.0 * s.dp
 
@@ -212,7 +212,7 @@ def test_grid_launches_every_layout_predicted_to_fit_once(tmp_path: Path) -> Non
     expected = [s for s in valid if fits(s)]
     assert 0 < len(expected) < len(valid)
     assert sorted(backend.calls, key=repr) == sorted(expected, key=repr)
-    assert len(result.records) == len(valid) == result.valid_strategies
+    assert len(result.records) == len(valid) == result.valid_layouts
     assert result.stop_reason == "every layout of the grid was tried"
 
 
@@ -266,7 +266,7 @@ def test_ctrl_c_leaves_a_consistent_study_that_resumes(
     if where == "gate":  # between the ask and the launch of the third trial
         real, count = search.knowledge.predict, [0]
 
-        def interrupting(s: Strategy) -> Any:
+        def interrupting(s: Layout) -> Any:
             count[0] += 1
             if count[0] == 3:  # the third launch's predicted step time (its timeout)
                 raise KeyboardInterrupt
@@ -315,7 +315,7 @@ def test_simulate_study_is_written_once_at_the_end_and_resumes_without_duplicate
     result = run_search(config(tmp_path, backend, sampler="auto"), observer)
     trials = stored(tmp_path)
     assert during == [0]
-    assert len(trials) == len(result.records) == result.valid_strategies
+    assert len(trials) == len(result.records) == result.valid_layouts
     assert all(t.state.is_finished() for t in trials)
     assert result.best(1)[0].metrics is not None and result.best(1)[0].metrics.predicted
 
@@ -329,7 +329,7 @@ def test_the_cost_model_is_refitted_to_measured_trials(tmp_path: Path) -> None:
     # The fake machine runs every layout at 2/3 of the speed the default model predicts.
     from autotune.cost import CostParams, estimate_cost
 
-    def slower(s: Strategy) -> float:
+    def slower(s: Layout) -> float:
         return estimate_cost(MODEL, s, CLUSTER).tokens_per_s * 2 / 3
 
     result = run_search(config(tmp_path, FakeBackend(CLUSTER, tokens=slower), n_trials=6))
@@ -338,7 +338,7 @@ def test_the_cost_model_is_refitted_to_measured_trials(tmp_path: Path) -> None:
     assert result.fitted_on == len(measured)
     assert result.cost_params is not None and result.cost_params != CostParams()
     for r in measured:  # the refitted model predicts this machine within 10%
-        fitted = estimate_cost(MODEL, r.strategy, CLUSTER, result.cost_params).tokens_per_s
+        fitted = estimate_cost(MODEL, r.layout, CLUSTER, result.cost_params).tokens_per_s
         assert fitted == pytest.approx(r.tokens_per_s, rel=0.10)
 
 
@@ -389,7 +389,7 @@ def test_resume_after_the_space_frees_a_new_dimension(tmp_path: Path) -> None:
     backend = FakeBackend(CLUSTER)
     wider = small_space(cross_entropy_fusion=[False, True])
     second = run_search(config(tmp_path, backend, space=wider, resume=True, n_trials=6))
-    old = {r.strategy for r in launched(first)}
+    old = {r.layout for r in launched(first)}
     assert all(not s.cross_entropy_fusion for s in old)
     assert not old & set(backend.calls)  # nothing that ran before runs again
     assert len(launched(second)) >= len(launched(first))
@@ -412,7 +412,7 @@ def test_report_rows_of_old_trials_get_the_new_field_s_default(tmp_path: Path) -
 
 
 def test_an_invalid_proposal_never_hides_the_valid_layout_it_resembles(tmp_path: Path) -> None:
-    # An INVALID record's strategy is built from the proposal with dp left at 1; its key must
+    # An INVALID record's layout is built from the proposal with dp left at 1; its key must
     # not be the run key of a real layout (here tp1 pp1 dp4 mbs1 ogr), which would then
     # be told a duplicate of the INVALID trial and never run.
     backend = FakeBackend(CLUSTER)

@@ -12,6 +12,7 @@ from optuna.trial import TrialState
 
 from autotune.backends import SimulateBackend
 from autotune.identity import representatives
+from autotune.layout import Layout
 from autotune.search import SearchConfig
 from autotune.search.layouts import LayoutMap
 from autotune.search.ledger import LayoutQueue, Ledger
@@ -19,7 +20,6 @@ from autotune.search.records import SearchResult, Source, TrialRecord, stored_re
 from autotune.search.storage import DIRECTIONS
 from autotune.search.store import PlanningStore, RealRunStore, StudyStore, open_store
 from autotune.space import enumerate_space
-from autotune.strategy import Strategy
 from autotune.trial import TrialMetrics, TrialStatus
 
 CLUSTER, MODEL, SPACE = small_cluster(), small_model(), small_space()
@@ -47,7 +47,7 @@ def test_parameters_and_layouts_map_both_ways(layouts: LayoutMap) -> None:
     assert layouts.fixed == {"overlap_grad_reduce": True, "recompute": "none", "impl": "sdpa"}
     for s in valid:
         # Every valid layout's parameters stand for the layout that runs for it.
-        assert layouts.strategy(layouts.params(s)) == runs[s]
+        assert layouts.layout(layouts.params(s)) == runs[s]
         assert layouts.key(s) == layouts.key(runs[s]) == layouts.params_key(
             layouts.params(s))
         assert layouts.is_valid(s)
@@ -56,7 +56,7 @@ def test_parameters_and_layouts_map_both_ways(layouts: LayoutMap) -> None:
 def test_a_proposal_that_breaks_a_rule_keeps_its_own_key(layouts: LayoutMap) -> None:
     bad = {"tp": 1, "pp": 1, "mbs": 1, "sequence_parallel": True,  # sp needs tp > 1
            "distributed_optimizer": False, "overlap_param_gather": False}
-    assert layouts.strategy(bad) is None
+    assert layouts.layout(bad) is None
     proposal = layouts.proposal(bad)
     assert proposal.sequence_parallel and proposal.impl == "sdpa" and proposal.dp == 1
     assert not layouts.is_valid(proposal)
@@ -68,7 +68,7 @@ def test_a_parameter_the_space_freed_later_reads_as_its_default() -> None:
                                 space=small_space(cross_entropy_fusion=[False, True])))
     s = next(v for v in wider.valid if not v.cross_entropy_fusion)
     old = {k: v for k, v in wider.params(s).items() if k != "cross_entropy_fusion"}
-    assert wider.strategy(old) == s
+    assert wider.layout(old) == s
 
 
 def test_planning_and_real_runs_are_two_stores(tmp_path: Path, layouts: LayoutMap) -> None:
@@ -79,7 +79,7 @@ def test_planning_and_real_runs_are_two_stores(tmp_path: Path, layouts: LayoutMa
     assert isinstance(plan, PlanningStore) and not plan.measured
     # The plan's trials reach the storage when it closes, not before.
     trial = plan.ask()
-    plan.tell(trial, TrialRecord(number=trial.number, strategy=layouts.valid[0],
+    plan.tell(trial, TrialRecord(number=trial.number, layout=layouts.valid[0],
                                  status=TrialStatus.INVALID, source="grid"))
     stored = optuna.load_study(study_name="p", storage=plan.url)
     assert stored.get_trials() == []
@@ -101,7 +101,7 @@ def test_tell_writes_the_record_and_the_state_optuna_learns_from(
     store.enqueue(s, Source.GRID)
     trial = store.ask()
     metrics = TrialMetrics(status=status, tokens_per_s=1e4, peak_allocated_bytes=10 * GIB)
-    record = TrialRecord(number=trial.number, strategy=s, status=status, source=Source.GRID,
+    record = TrialRecord(number=trial.number, layout=s, status=status, source=Source.GRID,
                          metrics=metrics, predicted_peak_bytes=13 * GIB)
     store.tell(trial, record)
     [frozen] = store.study.get_trials()
@@ -122,14 +122,14 @@ def test_the_ledger_counts_launches_and_patience(layouts: LayoutMap) -> None:
                     observer=lambda r, result: seen.append(r.number))
     a, b = layouts.valid[:2]
 
-    def ok(number: int, s: Strategy, tokens: float) -> TrialRecord:
-        return TrialRecord(number=number, strategy=s, status=TrialStatus.OK, source="x",
+    def ok(number: int, s: Layout, tokens: float) -> TrialRecord:
+        return TrialRecord(number=number, layout=s, status=TrialStatus.OK, source="x",
                            metrics=TrialMetrics(status=TrialStatus.OK, tokens_per_s=tokens))
 
     ledger.note(ok(0, a, 500.0), told=False)  # read back: counts for --trials, not patience
     assert (ledger.launched, ledger.best_tokens, ledger.since_best) == (1, 500.0, 0)
     ledger.note(ok(1, b, 400.0))
-    ledger.note(TrialRecord(number=2, strategy=b, status=TrialStatus.OK, source="x",
+    ledger.note(TrialRecord(number=2, layout=b, status=TrialStatus.OK, source="x",
                             duplicate_of=1))  # a duplicate is not a launch
     assert (ledger.launched, ledger.best_tokens, ledger.since_best) == (2, 500.0, 1)
     assert ledger.tried(a) and ledger.tried(b) and ledger.seen[layouts.key(b)].number == 1

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ConfigError
+from autotune.layout import Layout, check
 from autotune.model import load_model
 from autotune.space import SearchSpace, enumerate_space, load_space, space_from_mapping
-from autotune.strategy import Strategy, check
 from tests.conftest import cluster
 
 SMALL = {"tp": [1, 2, 4], "pp": [1, 2, 4], "vpp": [1, 2], "mbs": [1, 4, 16],
@@ -17,14 +17,14 @@ SMALL = {"tp": [1, 2, 4], "pp": [1, 2, 4], "vpp": [1, 2], "mbs": [1, 4, 16],
          "impl": ["local", "te"], "cp": [1, 2]}
 
 
-def _brute_force(space: SearchSpace, model_name: str, gpus: int) -> set[Strategy]:
+def _brute_force(space: SearchSpace, model_name: str, gpus: int) -> set[Layout]:
     model, c = load_model(model_name), cluster(gpus)
     names = list(space.candidates)
     valid = set()
     for values in itertools.product(*(space.candidates[n] for n in names)):
         fields = dict(zip(names, values, strict=True))
         inner = fields.get("tp", 1) * fields.get("pp", 1) * fields.get("cp", 1)
-        s = Strategy(gbs=model.global_batch_size, dp=max(1, gpus // inner), **fields)
+        s = Layout(gbs=model.global_batch_size, dp=max(1, gpus // inner), **fields)
         if not check(s, model, c):
             valid.add(s)
     return valid

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.layout import Layout
 from autotune.model import ModelSpec, load_model
 from autotune.protocol import distributed_timeout_minutes, percentile, started_ranks
-from autotune.strategy import Strategy
 from autotune.trial import TrialSpec, TrialStatus
 from autotune.worker.__main__ import parse_args
 from autotune.worker.report import classify, error_line
@@ -26,9 +26,9 @@ from autotune.worker.report import classify, error_line
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _spec(model: str | ModelSpec, **strategy: object) -> TrialSpec:
+def _spec(model: str | ModelSpec, **layout: object) -> TrialSpec:
     m = load_model(model) if isinstance(model, str) else model
-    return TrialSpec(model=m, strategy=Strategy(**strategy))  # type: ignore[arg-type]
+    return TrialSpec(model=m, layout=Layout(**layout))  # type: ignore[arg-type]
 
 
 def test_parse_args(tmp_path: Path) -> None:
@@ -157,7 +157,7 @@ def test_make_batches_shift_and_shape() -> None:
 
     m = ModelSpec(name="t", num_layers=2, hidden_size=64, num_attention_heads=4,
                   vocab_size=1000, seq_length=16, global_batch_size=8)
-    spec = TrialSpec(model=m, strategy=Strategy(mbs=2, gbs=8))
+    spec = TrialSpec(model=m, layout=Layout(mbs=2, gbs=8))
     batches = make_batches(spec, torch.device("cpu"))
     assert len(batches) == 4
     b = batches[0]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from autotune.layout import Layout
 from autotune.model import ModelSpec
-from autotune.strategy import Strategy
 from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
 pytestmark = pytest.mark.gpu
@@ -54,7 +54,7 @@ def _run(tmp_path: Path, spec: TrialSpec, port: int) -> tuple[subprocess.Complet
 
 @pytest.mark.parametrize(("impl", "port"), [("sdpa", 29741), ("local", 29742)])
 def test_tiny_trial_ok(tmp_path: Path, impl: str, port: int) -> None:
-    spec = TrialSpec(model=_tiny(), strategy=Strategy(mbs=2, gbs=8, impl=impl),
+    spec = TrialSpec(model=_tiny(), layout=Layout(mbs=2, gbs=8, impl=impl),
                      train_steps=3, warmup_steps=1)
     proc, _ = _run(tmp_path, spec, port)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -71,7 +71,7 @@ def test_tiny_moe_trial_ok(tmp_path: Path) -> None:
     model = _tiny(num_query_groups=2, gated_linear_unit=True, activation="swiglu",
                   normalization="RMSNorm", add_bias_linear=False, tied_embeddings=False,
                   position_embedding="rope", num_experts=4, moe_topk=2)
-    spec = TrialSpec(model=model, strategy=Strategy(mbs=2, gbs=8, impl="sdpa"),
+    spec = TrialSpec(model=model, layout=Layout(mbs=2, gbs=8, impl="sdpa"),
                      train_steps=2, warmup_steps=1)
     proc, _ = _run(tmp_path, spec, 29743)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -80,7 +80,7 @@ def test_tiny_moe_trial_ok(tmp_path: Path) -> None:
 def test_oom_ends_fast_with_failure_file(tmp_path: Path) -> None:
     # impl local keeps [b, heads, s, s] scores: 64 x 4 x 16384^2 bf16 is 128 GiB per layer.
     model = _tiny(seq=16384, max_position_embeddings=16384, global_batch_size=64)
-    spec = TrialSpec(model=model, strategy=Strategy(mbs=64, gbs=64, impl="local"),
+    spec = TrialSpec(model=model, layout=Layout(mbs=64, gbs=64, impl="local"),
                      train_steps=1, warmup_steps=1)
     proc, elapsed = _run(tmp_path, spec, 29744)
     assert proc.returncode != 0
@@ -96,7 +96,7 @@ def test_te_without_transformer_engine_is_a_crash(tmp_path: Path) -> None:
 
     if importlib.util.find_spec("transformer_engine") is not None:
         pytest.skip("transformer-engine is installed")
-    spec = TrialSpec(model=_tiny(), strategy=Strategy(mbs=2, gbs=8, impl="te"))
+    spec = TrialSpec(model=_tiny(), layout=Layout(mbs=2, gbs=8, impl="te"))
     proc, _ = _run(tmp_path, spec, 29745)
     failure = json.loads((tmp_path / "failure-rank0.json").read_text())
     assert failure["status"] == "CRASH"

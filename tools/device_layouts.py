@@ -2,7 +2,7 @@
 the search), and print measured against predicted for each. For benchmark reports.
 
     python tools/device_layouts.py MODEL GPUS GPU OUT_DIR LAYOUT...
-    LAYOUT = comma-separated Strategy fields, e.g. tp=2,sequence_parallel=1,mbs=32,impl=sdpa
+    LAYOUT = comma-separated Layout fields, e.g. tp=2,sequence_parallel=1,mbs=32,impl=sdpa
     (dp is derived from GPUS; unknown fields are an error). Trials that the memory model
     predicts not to fit are launched anyway: this tool measures the model, it does not gate.
 """
@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 
 from autotune.backends import trial_timeout_s
-from autotune.commands.estimate import strategy_from_fields
+from autotune.commands.estimate import layout_from_fields
 from autotune.cost import estimate_cost
 from autotune.hardware import ClusterSpec
+from autotune.layout import DIMENSIONS
 from autotune.memory import estimate_memory
 from autotune.metrics import metrics_from_run
 from autotune.model import load_model
 from autotune.runner import run_trial
-from autotune.strategy import DIMENSIONS
 from autotune.trial import TrialSpec
 
 GIB = 2**30
@@ -45,10 +45,10 @@ def main() -> None:
     cluster = ClusterSpec.make(int(gpus), gpu=gpu)
     rows = []
     for i, text in enumerate(layouts):
-        s = strategy_from_fields(model, cluster, _fields(text))
+        s = layout_from_fields(model, cluster, _fields(text))
         memory = estimate_memory(model, s, cluster)
         cost = estimate_cost(model, s, cluster)
-        spec = TrialSpec(model=model, strategy=s, train_steps=STEPS, warmup_steps=WARMUP,
+        spec = TrialSpec(model=model, layout=s, train_steps=STEPS, warmup_steps=WARMUP,
                          gpu_peak_bf16_flops=cluster.gpu.peak_bf16_flops)
         trial_dir = Path(out_dir) / f"{i:02d}"
         start = time.monotonic()

@@ -33,7 +33,7 @@ def main() -> None:
     spec = TrialSpec.from_json(Path(sys.argv[1]).read_text())
     prepare_environment(spec)
     _init_distributed(spec, {})
-    if spec.strategy.impl == "sdpa":
+    if spec.layout.impl == "sdpa":
         from autotune.worker.attention import configure_sdpa_backends
 
         configure_sdpa_backends()

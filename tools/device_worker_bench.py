@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from autotune.layout import Layout
 from autotune.model import load_model
-from autotune.strategy import Strategy
 from autotune.trial import TrialSpec
 
 _GIB = 1024**3
@@ -21,11 +21,11 @@ _H100_PEAK_BF16 = 989e12
 def write_spec(out_dir: str, model_yaml: str, impl: str, mbs: str, recompute: str,
                gbs: str | None = None, steps: str | None = None) -> None:
     model = load_model(model_yaml)
-    # "sdpa+cef": the impl with Megatron's fused cross entropy (Strategy.cross_entropy_fusion).
+    # "sdpa+cef": the impl with Megatron's fused cross entropy (Layout.cross_entropy_fusion).
     impl, _, fusion = impl.partition("+")
-    strategy = Strategy(mbs=int(mbs), gbs=int(gbs or model.global_batch_size), impl=impl,
-                        recompute=recompute, cross_entropy_fusion=fusion == "cef")
-    spec = TrialSpec(model=model, strategy=strategy, train_steps=int(steps or 5),
+    layout = Layout(mbs=int(mbs), gbs=int(gbs or model.global_batch_size), impl=impl,
+                    recompute=recompute, cross_entropy_fusion=fusion == "cef")
+    spec = TrialSpec(model=model, layout=layout, train_steps=int(steps or 5),
                      warmup_steps=2, gpu_peak_bf16_flops=_H100_PEAK_BF16)
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)

@@ -16,10 +16,10 @@ from autotune.calibration import fit_cost_params, fit_memory_params, save_calibr
 from autotune.cost import CostParams, estimate_cost
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec, gpu_spec
+from autotune.layout import Layout
 from autotune.memory import MemoryParams, estimate_memory
 from autotune.model import ModelSpec
 from autotune.protocol import RESULT_NAME, SPEC_NAME
-from autotune.strategy import Strategy
 from autotune.trial import TrialSpec
 
 __all__ = ["Measured", "collect", "run_calibrate"]
@@ -27,8 +27,8 @@ __all__ = ["Measured", "collect", "run_calibrate"]
 COST_FIELDS = ("gemm_efficiency_max", "elementwise_bytes_local", "elementwise_bytes_te",
                "step_overhead_s", "layer_launch_s")
 
-Measured = tuple[ModelSpec, Strategy, ClusterSpec, float, int]
-"""(model, strategy, cluster, median step time s, NVML device memory in use, bytes)."""
+Measured = tuple[ModelSpec, Layout, ClusterSpec, float, int]
+"""(model, layout, cluster, median step time s, NVML device memory in use, bytes)."""
 
 
 def collect(folders: list[Path], gpu: str | None) -> list[Measured]:
@@ -49,10 +49,10 @@ def collect(folders: list[Path], gpu: str | None) -> list[Measured]:
             name = gpu or spec.gpu_name
             if name is None:
                 raise ConfigError(f"{spec_path} does not say which GPU it ran on; pass --gpu")
-            world = spec.strategy.world_size
+            world = spec.layout.world_size
             cluster = ClusterSpec(num_gpus=world, gpus_per_node=min(world, 8),
                                   gpu=gpu_spec(name))
-            found.append((spec.model, spec.strategy, cluster, float(data["step_time_s"]),
+            found.append((spec.model, spec.layout, cluster, float(data["step_time_s"]),
                           int(data["device_used_bytes"])))
     return found
 

@@ -10,11 +10,11 @@ from autotune.calibration import load_calibration
 from autotune.cost import estimate_cost
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
+from autotune.layout import DIMENSIONS, Layout, derive_dp, validate
 from autotune.memory import estimate_memory
 from autotune.model import ModelSpec
-from autotune.strategy import DIMENSIONS, Strategy, derive_dp, validate
 
-__all__ = ["layout_file", "run_estimate", "strategy_from_fields"]
+__all__ = ["layout_file", "layout_from_fields", "run_estimate"]
 
 _GIB = 2**30
 # The layout fields `autotune export --format json` writes, less dp: estimate derives it from
@@ -30,10 +30,10 @@ def _read_layout(path: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"layout file {path}: malformed JSON ({exc.msg}, line {exc.lineno})") \
             from None
-    layout = data.get("layout", data) if isinstance(data, dict) else None
-    if not isinstance(layout, dict):
+    stored = data.get("layout", data) if isinstance(data, dict) else None
+    if not isinstance(stored, dict):
         raise ConfigError(f"layout file {path}: expected a JSON object")
-    return layout
+    return stored
 
 
 def _check_type(path: str, key: str, value: Any, expected: type) -> None:
@@ -61,12 +61,12 @@ def layout_file(path: str, *, model_name: str, gpus: int, gpu: str | None,
     """(layout fields, gpu, seq_len, gpus_per_node) for `estimate --layout FILE`. The layout's
     values, and the machine and sequence it was exported for, override the flags. A layout of
     another model or GPU count is refused: its figures would not be the study's."""
-    layout = _read_layout(path)
-    fields = {k: v for k, v in layout.items() if k in _LAYOUT_KEYS}
+    stored = _read_layout(path)
+    fields = {k: v for k, v in stored.items() if k in _LAYOUT_KEYS}
     for key, value in fields.items():
         # An enum dimension is a string in JSON; its value is checked by Megatron's rules.
         _check_type(path, key, value, str if DIMENSIONS[key].choices else DIMENSIONS[key].kind)
-    context = {k: layout[k] for k in _CONTEXT_TYPES if layout.get(k) is not None}
+    context = {k: stored[k] for k in _CONTEXT_TYPES if stored.get(k) is not None}
     for key, value in context.items():
         _check_type(path, key, value, _CONTEXT_TYPES[key])
     if "gpus" in context and context["gpus"] != gpus:
@@ -82,31 +82,31 @@ def layout_file(path: str, *, model_name: str, gpus: int, gpu: str | None,
             context.get("gpus_per_node", gpus_per_node))
 
 
-def strategy_from_fields(model: ModelSpec, cluster: ClusterSpec,
-                         fields: dict[str, Any]) -> Strategy:
-    """A validated Strategy: dp derived from the GPUs, gbs from the model unless given."""
+def layout_from_fields(model: ModelSpec, cluster: ClusterSpec,
+                       fields: dict[str, Any]) -> Layout:
+    """A validated Layout: dp derived from the GPUs, gbs from the model unless given."""
     values = dict(fields)
     values.setdefault("gbs", model.global_batch_size)
     if values["gbs"] is None:
         values["gbs"] = model.global_batch_size
     dp = derive_dp(cluster.num_gpus, tp=values.get("tp", 1), pp=values.get("pp", 1),
                    cp=values.get("cp", 1))
-    return validate(Strategy(dp=dp, **values), model, cluster)
+    return validate(Layout(dp=dp, **values), model, cluster)
 
 
 def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any], *,
                  as_json: bool, calibration: str | None = None) -> None:
     fields.setdefault("gbs", model.global_batch_size)
-    strategy = strategy_from_fields(model, cluster, fields)
+    layout = layout_from_fields(model, cluster, fields)
     cost_params, memory_params = (load_calibration(calibration) if calibration
                                   else (None, None))
-    memory = estimate_memory(model, strategy, cluster, memory_params)
-    cost = estimate_cost(model, strategy, cluster, cost_params)
+    memory = estimate_memory(model, layout, cluster, memory_params)
+    cost = estimate_cost(model, layout, cluster, cost_params)
     if as_json:
         print(json.dumps({
             "model": model.name, "gpus": cluster.num_gpus, "gpu": cluster.gpu.name,
-            "layout": {k: getattr(strategy, k) for k in ("dp", *_LAYOUT_KEYS)},
-            "num_microbatches": strategy.num_microbatches,
+            "layout": {k: getattr(layout, k) for k in ("dp", *_LAYOUT_KEYS)},
+            "num_microbatches": layout.num_microbatches,
             "peak_memory_gib": memory.peak_bytes / _GIB, "peak_stage": memory.peak_stage,
             "capacity_gib": memory.capacity_bytes / _GIB, "fits": memory.fits,
             "memory_breakdown_gib": memory.breakdown_gib(),
@@ -119,8 +119,8 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
         }, indent=2))
         return
     print(f"{model.name} on {cluster.num_gpus} x {cluster.gpu.name} "
-          f"({cluster.gpus_per_node} per node): {strategy.describe()}, "
-          f"gbs {strategy.gbs}, {strategy.num_microbatches} micro-batches (predicted)")
+          f"({cluster.gpus_per_node} per node): {layout.describe()}, "
+          f"gbs {layout.gbs}, {layout.num_microbatches} micro-batches (predicted)")
     print(f"memory per GPU by pipeline stage (GiB; capacity {memory.capacity_bytes / _GIB:.1f}):")
     names = [n for n in memory.breakdown_gib() if n != "total"]
     print("  stage " + " ".join(f"{n[:11]:>11}" for n in names) + f" {'total':>8}")

@@ -39,14 +39,14 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
                fmt: str, output: str | None, megatron_lm: str | None, nodes: int | None,
                model: str | None = None, train_iters: int | None = None) -> str:
     """Build the export text, write it to `output` (or stdout) and return it."""
-    from autotune.export import (
+    from autotune.report.load import load_study, resolve_study
+    from autotune.scripts import (
         FORMATS,
         layout_json,
         megatron_lm_script,
         slurm_script,
         torchrun_script,
     )
-    from autotune.report.load import load_study, resolve_study
     from autotune.trial import TrialSpec
 
     if fmt not in FORMATS:
@@ -59,14 +59,14 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
     ref = resolve_study(study, Path(results_dir), storage)
     loaded = load_study(ref, model)
     record = pick_record(loaded, trial)
-    strategy, tokens = record.strategy, record.tokens_per_s or 0.0
+    layout, tokens = record.layout, record.tokens_per_s or 0.0
     chosen = "the best COMPLETE trial" if trial is None else "--trial"
     print(f"autotune: exporting trial {record.number} ({chosen}) of study {ref.name}: "
           f"{record.label}", file=sys.stderr)
     spec_model, cluster = loaded.model, loaded.cluster
     if fmt == "json":
-        text = layout_json(strategy, model=spec_model.name if spec_model else None,
-                           gpus=strategy.world_size,
+        text = layout_json(layout, model=spec_model.name if spec_model else None,
+                           gpus=layout.world_size,
                            gpu=cluster.gpu.name if cluster else None,
                            tokens_per_s=tokens, predicted=record.predicted,
                            study=ref.name, trial=record.number,
@@ -80,23 +80,23 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
             if record.predicted else "measured"
         gpu = cluster.gpu.name if cluster else "GPU"
         title = [f"autotune export --format {fmt}: {spec_model.name} (seq "
-                 f"{spec_model.seq_length}) on {strategy.world_size} x {gpu}",
-                 f"study {ref.name}, trial {record.number}: {record.label}, gbs {strategy.gbs}",
+                 f"{spec_model.seq_length}) on {layout.world_size} x {gpu}",
+                 f"study {ref.name}, trial {record.number}: {record.label}, gbs {layout.gbs}",
                  f"{tokens:,.0f} tokens/s, {figure}."]
         default_nodes = cluster.num_nodes if cluster else 1
         if fmt == "megatron-lm":
-            text = megatron_lm_script(spec_model, strategy, title=title,
+            text = megatron_lm_script(spec_model, layout, title=title,
                                       nodes=nodes or default_nodes, megatron_lm=megatron_lm,
                                       **iters)
         elif fmt == "slurm":
-            text = slurm_script(spec_model, strategy, title=title, nodes=nodes or default_nodes,
+            text = slurm_script(spec_model, layout, title=title, nodes=nodes or default_nodes,
                                 megatron_lm=megatron_lm,
                                 job_name=f"autotune-{spec_model.name}", **iters)
         else:
             if (nodes or default_nodes) > 1:
                 raise ConfigError("--format torchrun runs autotune's worker on one node; use "
                                   "--format megatron-lm or slurm for several nodes")
-            spec = TrialSpec(model=spec_model, strategy=strategy)
+            spec = TrialSpec(model=spec_model, layout=layout)
             if cluster is not None:  # MFU against the study's GPU, not the default H100
                 spec = replace(spec, gpu_peak_bf16_flops=cluster.gpu.peak_bf16_flops)
             text = torchrun_script(spec, title=title)

@@ -99,7 +99,7 @@ def run_report(*, study: str | None, results_dir: str, storage: str | None,
 
     breakdown = None
     if top and loaded.model is not None and loaded.cluster is not None:
-        winner = loaded.record(top[0]["trial"]).strategy
+        winner = loaded.record(top[0]["trial"]).layout
         breakdown = estimate_memory(loaded.model, winner, loaded.cluster).breakdown_gib()
 
     scaling: list[dict[str, Any]] = []

@@ -15,10 +15,10 @@ from autotune.calibration import load_calibration
 from autotune.errors import AutotuneError, ConfigError, LaunchError
 from autotune.hardware import ClusterSpec, local_gpu_count
 from autotune.launchers import MultiNode
+from autotune.layout import DIMENSIONS
 from autotune.model import ModelSpec
 from autotune.protocol import te_available
 from autotune.space import SearchSpace
-from autotune.strategy import DIMENSIONS
 
 if TYPE_CHECKING:  # the search (optuna) is imported when a search runs, not for --help
     from autotune.search.records import SearchResult
@@ -152,7 +152,7 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                              + (" (predicted)" if chosen.predicted else "")))
         out.print(f"{result.launched} trials "
                   f"{'simulated' if chosen.predicted else 'launched'}, "
-                  f"{len(result.records)} in the study ({result.valid_strategies} valid "
+                  f"{len(result.records)} in the study ({result.valid_layouts} valid "
                   f"layouts); stopped: {result.stop_reason}")
         out.print(f"study {result.study_name} in {result.storage}")
     if result.interrupted:
@@ -189,7 +189,7 @@ def _best_row(record: object, cluster: ClusterSpec) -> dict[str, object]:
     from autotune.search import TrialRecord
 
     assert isinstance(record, TrialRecord)
-    s, m = record.strategy, record.metrics
+    s, m = record.layout, record.metrics
     peak = m.peak_bytes if m else None
     # Every layout field, from the dimension table (JSON: enums print as their values).
     return {"trial": record.number, **{name: getattr(s, name) for name in DIMENSIONS},

@@ -20,17 +20,17 @@ from optuna.trial import FrozenTrial
 
 from autotune.errors import ConfigError
 from autotune.hardware import DEFAULT_GPU, ClusterSpec, gpu_spec
+from autotune.layout import Layout
 from autotune.model import ModelSpec, load_model
 from autotune.protocol import SPEC_NAME
 from autotune.search.records import RECORD_ATTR, TrialRecord, stored_record
 from autotune.search.storage import redact_url, storage_url
-from autotune.strategy import Strategy
 from autotune.trial import TrialSpec
 
 __all__ = ["LAYOUT_FIELDS", "LoadedStudy", "StudyRef", "find_studies", "load_study",
            "read_records", "resolve_study", "trial_row"]
 
-LAYOUT_FIELDS: tuple[str, ...] = tuple(Strategy.__dataclass_fields__)
+LAYOUT_FIELDS: tuple[str, ...] = tuple(Layout.__dataclass_fields__)
 _FIGURES = ("tokens_per_s", "tokens_per_s_per_gpu", "step_time_s", "step_time_p90_s",
             "tflops_per_gpu", "mfu", "peak_memory_gib", "predicted_tokens_per_s",
             "predicted_peak_memory_gib", "tokens_error_pct", "memory_error_pct")
@@ -141,7 +141,7 @@ def _error_pct(measured: float | None, predicted: float | None) -> float | None:
     return 100.0 * (measured - predicted) / predicted
 
 
-def _from_params(params: dict[str, Any], like: Strategy) -> Strategy | None:
+def _from_params(params: dict[str, Any], like: Layout) -> Layout | None:
     """The layout of a trial's parameters, the dimensions they do not name (the space's fixed
     ones) taken from `like`, another layout of the same study; dp fills the same GPUs."""
     try:
@@ -167,7 +167,7 @@ def read_records(trials: list[FrozenTrial]) -> dict[int, TrialRecord]:
             layoutless.append(t)
     like = next(iter(records.values()), None)
     for t in layoutless:
-        s = _from_params(t.params, like.strategy) if like is not None else None
+        s = _from_params(t.params, like.layout) if like is not None else None
         record = stored_record(t, s) if s is not None else None
         if record is not None:
             records[t.number] = record
@@ -184,7 +184,7 @@ def trial_row(trial: FrozenTrial, record: TrialRecord | None = None) -> dict[str
                 **dict.fromkeys(LAYOUT_FIELDS), "predicted": False,
                 **dict.fromkeys(_FIGURES), "duplicate_of": None, "reason": "",
                 "wall_time_s": None}
-    s, m = record.strategy, record.metrics
+    s, m = record.layout, record.metrics
     tokens = record.tokens_per_s
     ok = m if tokens is not None else None  # the measurements of an OK trial
     peak, predicted_peak = record.peak_bytes, record.predicted_peak_bytes

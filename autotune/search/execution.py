@@ -20,13 +20,13 @@ from autotune.cost import CostEstimate, CostParams, estimate_cost
 from autotune.gate import MemoryGate, layout_key
 from autotune.heuristics import next_smaller_mbs
 from autotune.launchers import LOG_NAME
+from autotune.layout import Layout
 from autotune.search.config import SearchConfig
 from autotune.search.layouts import LayoutMap, ParamsKey
 from autotune.search.ledger import LayoutQueue, Ledger
 from autotune.search.records import SearchResult, Source, TrialRecord
 from autotune.search.refit import refit_cost_params
 from autotune.search.store import StudyStore
-from autotune.strategy import Strategy
 from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
 __all__ = ["Knowledge", "SearchParts", "TrialExecutor"]
@@ -46,16 +46,16 @@ class Knowledge:
         self.gate = MemoryGate(cfg.model, cfg.cluster, params=cfg.memory_params)
         self.cost_params: CostParams | None = cfg.cost_params
         self.fitted_on = 0
-        self.good_mbs: dict[Strategy, int] = {}
+        self.good_mbs: dict[Layout, int] = {}
         """Per layout (gate.layout_key), the largest micro-batch that ran."""
 
     def learn(self, record: TrialRecord, told: bool) -> None:
         """Ledger.note's learner: take in one record."""
         if record.status is TrialStatus.OOM and record.duplicate_of is None:
-            self.gate.record_oom(record.strategy, record.predicted_peak_bytes)
+            self.gate.record_oom(record.layout, record.predicted_peak_bytes)
         if record.tokens_per_s is not None:
-            key = layout_key(record.strategy)
-            self.good_mbs[key] = max(self.good_mbs.get(key, 0), record.strategy.mbs)
+            key = layout_key(record.layout)
+            self.good_mbs[key] = max(self.good_mbs.get(key, 0), record.layout.mbs)
             if told:
                 self.refit()
 
@@ -73,18 +73,18 @@ class Knowledge:
         self.cost_params, self.fitted_on = fitted
         log.info("cost model refitted to %d measured trials", self.fitted_on)
 
-    def predict(self, s: Strategy) -> CostEstimate:
+    def predict(self, s: Layout) -> CostEstimate:
         return estimate_cost(self.cfg.model, s, self.cfg.cluster, self.cost_params)
 
-    def fits(self, s: Strategy) -> bool:
+    def fits(self, s: Layout) -> bool:
         return self.gate.decide(s).launch
 
-    def ranked(self, layouts: list[Strategy]) -> list[Strategy]:
+    def ranked(self, layouts: list[Layout]) -> list[Layout]:
         """The layouts predicted to fit, fastest predicted first."""
         fitting = [s for s in layouts if self.fits(s)]
         return sorted(fitting, key=lambda s: self.predict(s).tokens_per_s, reverse=True)
 
-    def smaller_mbs(self, failed: Strategy) -> Strategy | None:
+    def smaller_mbs(self, failed: Layout) -> Layout | None:
         """After a real OOM, the same layout with a smaller micro-batch (Alpa step 1); after a
         success below a known OOM, the middle micro-batch between the two (bisection)."""
         candidates = self.cfg.space.candidates.get("mbs", (failed.mbs,))
@@ -130,10 +130,10 @@ class TrialExecutor:
         p = self.parts
         source = Source.read(trial.user_attrs.get("source", Source.SAMPLER))
         predicted = p.cfg.backend.predicted
-        s = p.layouts.strategy(trial.params)
+        s = p.layouts.layout(trial.params)
         if s is None:
             self.tell(trial, TrialRecord(
-                number=trial.number, strategy=p.layouts.proposal(trial.params),
+                number=trial.number, layout=p.layouts.proposal(trial.params),
                 status=TrialStatus.INVALID, source=source, predicted=predicted,
                 reason="breaks a Megatron rule (autotune MODEL --dry-run lists them)"))
             return
@@ -152,13 +152,13 @@ class TrialExecutor:
             # workers launches). No outcome to copy yet: told FAIL, which TPE ignores and
             # dedupe does not count, and queued again in case the other worker dies.
             p.store.tell(trial, TrialRecord(
-                number=trial.number, strategy=s, status=TrialStatus.DUPLICATE, source=source,
+                number=trial.number, layout=s, status=TrialStatus.DUPLICATE, source=source,
                 duplicate_of=other, reason=f"running in trial {other}", predicted=predicted))
             p.queue.push(s, source)
             return
         decision = p.knowledge.gate.decide(s)
         peak = decision.memory.peak_bytes if decision.memory else None
-        planned = TrialRecord(number=trial.number, strategy=s, status=TrialStatus.OK,
+        planned = TrialRecord(number=trial.number, layout=s, status=TrialStatus.OK,
                               source=source, predicted_peak_bytes=peak, predicted=predicted)
         if not decision.launch:
             assert decision.status is not None
@@ -168,10 +168,10 @@ class TrialExecutor:
 
     def launch(self, trial: optuna.Trial, planned: TrialRecord) -> None:
         """Run a layout the gate let through, tell its outcome, and bisect after an OOM."""
-        s, cfg = planned.strategy, self.parts.cfg
+        s, cfg = planned.layout, self.parts.cfg
         cost = self.parts.knowledge.predict(s)
         planned = replace(planned, predicted_tokens_per_s=cost.tokens_per_s)
-        spec = TrialSpec(model=cfg.model, strategy=s, train_steps=cfg.train_steps,
+        spec = TrialSpec(model=cfg.model, layout=s, train_steps=cfg.train_steps,
                          warmup_steps=cfg.warmup_steps, seed=cfg.seed,
                          gpu_peak_bf16_flops=cfg.cluster.gpu.peak_bf16_flops,
                          gpu_name=cfg.cluster.gpu.name)
@@ -208,7 +208,7 @@ class TrialExecutor:
             metrics = replace(metrics, wall_time_s=metrics.wall_time_s + failed.wall_time_s)
         return metrics
 
-    def bisect(self, failed: Strategy) -> None:
+    def bisect(self, failed: Layout) -> None:
         """Queue the next micro-batch of `failed`'s layout to try (Knowledge.smaller_mbs) first,
         when it is a valid layout not tried yet."""
         p = self.parts

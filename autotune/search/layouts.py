@@ -16,10 +16,10 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from autotune.errors import ConfigError
 from autotune.identity import representatives
+from autotune.layout import LAYOUT_DEFAULTS, Layout
 from autotune.model import ModelSpec
 from autotune.search.config import SearchConfig
 from autotune.space import enumerate_space
-from autotune.strategy import STRATEGY_DEFAULTS, Strategy
 
 __all__ = ["LayoutMap", "ParamsKey", "layout_params", "params_key"]
 
@@ -27,9 +27,9 @@ ParamsKey = tuple[Any, ...]
 """A hashable form of a trial's parameters."""
 
 
-def layout_params(strategy: Strategy, free: Mapping[str, tuple[Any, ...]]) -> dict[str, Any]:
+def layout_params(layout: Layout, free: Mapping[str, tuple[Any, ...]]) -> dict[str, Any]:
     """The study parameters of a layout: its values of the free dimensions."""
-    return {dim: getattr(strategy, dim) for dim in free}
+    return {dim: getattr(layout, dim) for dim in free}
 
 
 def params_key(params: Mapping[str, Any]) -> ParamsKey:
@@ -39,7 +39,7 @@ def params_key(params: Mapping[str, Any]) -> ParamsKey:
 class LayoutMap:
     """The study's dimensions and the two-way mapping between parameters and layouts."""
 
-    def __init__(self, valid: Sequence[Strategy], candidates: Mapping[str, tuple[Any, ...]],
+    def __init__(self, valid: Sequence[Layout], candidates: Mapping[str, tuple[Any, ...]],
                  *, model: ModelSpec) -> None:
         """`valid`: every valid layout of the space; `candidates`: per dimension of the space,
         the values that appear in a valid layout; `model`: what the layouts train."""
@@ -65,32 +65,32 @@ class LayoutMap:
         candidates = {d: tuple(summary.valid_values(d)) for d in cfg.space.candidates}
         return cls(summary.valid, candidates, model=cfg.model)
 
-    def params(self, s: Strategy) -> dict[str, Any]:
+    def params(self, s: Layout) -> dict[str, Any]:
         return layout_params(s, self.free)
 
-    def strategy(self, params: Mapping[str, Any]) -> Strategy | None:
+    def layout(self, params: Mapping[str, Any]) -> Layout | None:
         """The layout that runs for a trial's parameters (one per run key); None when they
         break a rule."""
         # A trial stored before the space freed a dimension (e.g. cross_entropy_fusion added
-        # to the YAML for --resume) has no parameter for it: it ran with Strategy's default.
-        return self.by_key.get(params_key({d: params.get(d, STRATEGY_DEFAULTS[d])
+        # to the YAML for --resume) has no parameter for it: it ran with Layout's default.
+        return self.by_key.get(params_key({d: params.get(d, LAYOUT_DEFAULTS[d])
                                            for d in self.free}))
 
-    def proposal(self, params: Mapping[str, Any]) -> Strategy:
+    def proposal(self, params: Mapping[str, Any]) -> Layout:
         """The layout a proposal that breaks a rule names, for its INVALID record: its
-        parameters and the fixed dimensions, everything else (dp) at Strategy's default."""
+        parameters and the fixed dimensions, everything else (dp) at Layout's default."""
         values = {**params, **self.fixed}
-        return Strategy(gbs=self.gbs, **{k: v for k, v in values.items()
-                                         if k in Strategy.__dataclass_fields__})
+        return Layout(gbs=self.gbs, **{k: v for k, v in values.items()
+                                       if k in Layout.__dataclass_fields__})
 
-    def is_valid(self, s: Strategy) -> bool:
+    def is_valid(self, s: Layout) -> bool:
         return params_key(self.params(s)) in self.by_key
 
-    def key(self, s: Strategy) -> ParamsKey:
+    def key(self, s: Layout) -> ParamsKey:
         """Equal for two valid layouts that are the same run.
 
         Only a valid layout is mapped to the layout that runs for it: an INVALID record's
-        strategy is built from the proposal's parameters with dp left at 1, and mapping it
+        layout is built from the proposal's parameters with dp left at 1, and mapping it
         could give the key of a real layout, which would then never run."""
         raw = params_key(self.params(s))
         valid = self.by_key.get(raw)
@@ -98,5 +98,5 @@ class LayoutMap:
 
     def params_key(self, params: Mapping[str, Any]) -> ParamsKey:
         """`key` of the layout that a trial's parameters stand for."""
-        s = self.strategy(params)
+        s = self.layout(params)
         return params_key(params) if s is None else self.key(s)

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from autotune.layout import Layout
 from autotune.search.layouts import LayoutMap, ParamsKey
 from autotune.search.records import Observer, SearchResult, Source, TrialRecord
-from autotune.strategy import Strategy
 
 __all__ = ["LayoutQueue", "Learner", "Ledger"]
 
@@ -40,7 +40,7 @@ class Ledger:
         resume, or another worker's result)."""
         self.result.records.append(record)
         if record.duplicate_of is None:
-            self.seen.setdefault(self.layouts.key(record.strategy), record)
+            self.seen.setdefault(self.layouts.key(record.layout), record)
         tokens = record.tokens_per_s
         if record.launched:
             # --trials counts the study's launched trials, so a resumed study finishes the
@@ -58,7 +58,7 @@ class Ledger:
         if self.observer is not None:
             self.observer(record, self.result)
 
-    def tried(self, s: Strategy) -> bool:
+    def tried(self, s: Layout) -> bool:
         return self.layouts.key(s) in self.seen
 
 
@@ -68,15 +68,15 @@ class LayoutQueue:
     asked for."""
 
     def __init__(self) -> None:
-        self._items: deque[tuple[Strategy, Source]] = deque()
+        self._items: deque[tuple[Layout, Source]] = deque()
 
-    def push(self, s: Strategy, source: Source, *, first: bool = False) -> None:
+    def push(self, s: Layout, source: Source, *, first: bool = False) -> None:
         if first:
             self._items.appendleft((s, source))
         else:
             self._items.append((s, source))
 
-    def pop(self) -> tuple[Strategy, Source]:
+    def pop(self) -> tuple[Layout, Source]:
         return self._items.popleft()
 
     def __len__(self) -> int:

@@ -47,7 +47,7 @@ class Search:
         sampler = sampler_name(cfg, len(self.layouts.valid))
         self.store = open_store(cfg, self.layouts, sampler, beat=heartbeat)
         self.result = SearchResult(study_name=self.store.name, storage=redact_url(self.store.url),
-                                   valid_strategies=len(self.layouts.valid))
+                                   valid_layouts=len(self.layouts.valid))
         self.knowledge = Knowledge(cfg, self.result, refits=self.store.measured)
         ledger = Ledger(self.result, self.layouts, learn=self.knowledge.learn, observer=observer)
         parts = SearchParts(cfg=cfg, layouts=self.layouts, store=self.store, ledger=ledger,

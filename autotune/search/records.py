@@ -18,7 +18,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.cost import CostParams
-from autotune.strategy import Strategy
+from autotune.layout import Layout
 from autotune.trial import TrialMetrics, TrialStatus
 
 __all__ = ["LAUNCHED", "RECORD_ATTR", "Observer", "SearchResult", "Source", "TrialRecord",
@@ -52,7 +52,7 @@ RECORD_ATTR = "record"
 """The trial's user attribute that holds its record."""
 LAUNCHED = (TrialStatus.OK, TrialStatus.OOM, TrialStatus.TIMEOUT, TrialStatus.CRASH,
             TrialStatus.NCCL_ERROR)
-_LAYOUT_FIELDS = tuple(Strategy.__dataclass_fields__)
+_LAYOUT_FIELDS = tuple(Layout.__dataclass_fields__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,7 +60,7 @@ class TrialRecord:
     """One trial of the study as the user sees it."""
 
     number: int
-    strategy: Strategy
+    layout: Layout
     status: TrialStatus
     source: Source
     reason: str = ""
@@ -89,7 +89,7 @@ class TrialRecord:
 
     @property
     def label(self) -> str:
-        return self.strategy.describe()
+        return self.layout.describe()
 
 
 @dataclass(slots=True)
@@ -100,7 +100,7 @@ class SearchResult:
     records: list[TrialRecord] = field(default_factory=list)
     stop_reason: str = ""
     interrupted: bool = False
-    valid_strategies: int = 0
+    valid_layouts: int = 0
     elapsed_s: float = 0.0
     cost_params: CostParams | None = None
     """The cost constants at the end: refitted to the measured trials once there are enough."""
@@ -123,12 +123,13 @@ Observer = Callable[[TrialRecord, SearchResult], None]
 
 
 def record_attrs(record: TrialRecord) -> dict[str, Any]:
-    """The record's stored form: one JSON-able dict (`strategy` is the label, for people and
-    tools reading the storage; `layout` is what the reader rebuilds the layout from)."""
+    """The record's stored form: one JSON-able dict. Its keys are a stored format that
+    earlier studies share: "strategy" is the label (`describe()`), for people and tools
+    reading the storage; "layout" holds the fields the reader rebuilds the layout from."""
     attrs: dict[str, Any] = {
         "status": record.status.value, "source": record.source, "reason": record.reason,
         "strategy": record.label,
-        "layout": {f: getattr(record.strategy, f) for f in _LAYOUT_FIELDS},
+        "layout": {f: getattr(record.layout, f) for f in _LAYOUT_FIELDS},
         "predicted_peak_bytes": record.predicted_peak_bytes,
         "predicted_tokens_per_s": record.predicted_tokens_per_s,
         "predicted": record.predicted,
@@ -145,11 +146,11 @@ def store_record(trial: optuna.Trial, record: TrialRecord) -> None:
     trial.set_user_attr(RECORD_ATTR, record_attrs(record))
 
 
-def _layout(value: object) -> Strategy | None:
+def _stored_layout(value: object) -> Layout | None:
     if not isinstance(value, Mapping):
         return None
     try:  # a field added after the record was written is absent: it ran at its default
-        return Strategy(**{f: value[f] for f in _LAYOUT_FIELDS if f in value})
+        return Layout(**{f: value[f] for f in _LAYOUT_FIELDS if f in value})
     except (TypeError, ValueError):
         return None
 
@@ -169,27 +170,26 @@ def _number(value: object) -> float | None:
 
 
 def read_record(number: int, attrs: object,
-                strategy: Strategy | None = None) -> TrialRecord | None:
-    """The record of trial `number` from its stored form `attrs`, with `strategy` as its
-    layout when given (a search derives it from the trial's parameters), else the stored
-    layout. None when there is nothing to read: no record, a status this version does not
-    know, or no layout (a DUPLICATE or INTERRUPTED record of an earlier version, without
-    `strategy`)."""
+                layout: Layout | None = None) -> TrialRecord | None:
+    """The record of trial `number` from its stored form `attrs`. Its layout is `layout` when
+    given (a search derives it from the trial's parameters), else the stored one. None when
+    there is nothing to read: no record, a status this version does not know, or no layout
+    (a DUPLICATE or INTERRUPTED record of an earlier version, and no `layout` given)."""
     if not isinstance(attrs, Mapping):
         return None
     try:
         status = TrialStatus(str(attrs.get("status")))
     except ValueError:
         return None
-    strategy = strategy or _layout(attrs.get("layout"))
-    if strategy is None:
+    layout = layout or _stored_layout(attrs.get("layout"))
+    if layout is None:
         return None
     raw_metrics = attrs.get("metrics")
     predicted = attrs.get("predicted", False)
     if isinstance(raw_metrics, Mapping):  # the metrics say it themselves where they exist
         predicted = raw_metrics.get("predicted", predicted)
     duplicate_of = attrs.get("duplicate_of")
-    return TrialRecord(number=number, strategy=strategy, status=status,
+    return TrialRecord(number=number, layout=layout, status=status,
                        source=Source.read(attrs.get("source")),
                        reason=str(attrs.get("reason") or ""), metrics=_metrics(raw_metrics),
                        predicted_peak_bytes=_number(attrs.get("predicted_peak_bytes")),
@@ -198,6 +198,6 @@ def read_record(number: int, attrs: object,
                        predicted=bool(predicted))
 
 
-def stored_record(trial: FrozenTrial, strategy: Strategy | None = None) -> TrialRecord | None:
+def stored_record(trial: FrozenTrial, layout: Layout | None = None) -> TrialRecord | None:
     """`read_record` of a stored trial."""
-    return read_record(trial.number, trial.user_attrs.get(RECORD_ATTR), strategy)
+    return read_record(trial.number, trial.user_attrs.get(RECORD_ATTR), layout)

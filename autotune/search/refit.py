@@ -19,7 +19,7 @@ def refit_cost_params(result: SearchResult, model: ModelSpec, cluster: ClusterSp
                       start: CostParams | None) -> tuple[CostParams, int] | None:
     """The cost constants refitted to the measured step times in `result`, and how many there
     are; None unless there are `refit_after` of them (0: never) and more than `fitted_on`."""
-    measured = [(model, r.strategy, cluster, r.metrics.step_time_s)
+    measured = [(model, r.layout, cluster, r.metrics.step_time_s)
                 for r in result.records
                 if r.duplicate_of is None and r.tokens_per_s is not None and r.metrics
                 and r.metrics.step_time_s]

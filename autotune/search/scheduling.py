@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable
 
 from autotune.heuristics import alpa_seeds
+from autotune.layout import Layout
 from autotune.protocol import te_available
 from autotune.search.config import RANKED_DEFAULT, Sampler
 from autotune.search.execution import SearchParts, TrialExecutor
 from autotune.search.records import SearchResult, Source
 from autotune.search.shared import SHARED_POLL_S
-from autotune.strategy import Strategy
 
 __all__ = ["Clock", "Scheduler"]
 
@@ -68,7 +68,7 @@ class Scheduler:
         p = self.parts
         p.store.before_ask()
         running = self.executor.look()
-        deferred: list[tuple[Strategy, Source]] = []
+        deferred: list[tuple[Layout, Source]] = []
         took = False
         while p.queue and not took:
             queued, source = p.queue.pop()

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.layout import Layout
 from autotune.search.bulk import add_finished_trials
 from autotune.search.config import Sampler, SearchConfig, make_sampler
 from autotune.search.layouts import LayoutMap, ParamsKey
@@ -39,7 +40,6 @@ from autotune.search.storage import (
     open_study,
     storage_url,
 )
-from autotune.strategy import Strategy
 from autotune.trial import TrialStatus
 
 __all__ = ["PlanningStore", "RealRunStore", "StudyStore", "open_store"]
@@ -76,7 +76,7 @@ class StudyStore(ABC):
     def _read(self, trial: FrozenTrial) -> TrialRecord | None:
         self.known.add(trial.number)
         # The layout comes from the parameters, as the search maps them now.
-        s = self.layouts.strategy(trial.params)
+        s = self.layouts.layout(trial.params)
         return stored_record(trial, s) if s is not None else None
 
     def stored_records(self) -> Iterator[TrialRecord]:
@@ -96,7 +96,7 @@ class StudyStore(ABC):
     def before_ask(self) -> None:
         """Housekeeping before a trial is asked for."""
 
-    def enqueue(self, s: Strategy, source: Source) -> None:
+    def enqueue(self, s: Layout, source: Source) -> None:
         """Make `s` the next trial asked for."""
         self.study.enqueue_trial(self.layouts.params(s), user_attrs={"source": source})
 

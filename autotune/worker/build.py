@@ -40,7 +40,7 @@ def _resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
 def transformer_config_kwargs(spec: TrialSpec) -> dict[str, Any]:
     """TransformerConfig keyword arguments for the trial (pure: no CUDA needed), from
     autotune.worker.config, the one mapping of a layout to megatron-core's configuration."""
-    return _resolved(worker_config(spec.model, spec.strategy).transformer)
+    return _resolved(worker_config(spec.model, spec.layout).transformer)
 
 
 def transformer_config(spec: TrialSpec) -> Any:
@@ -64,14 +64,14 @@ class _TorchNorm:
 
 
 def _layer_spec(spec: TrialSpec, config: Any, vp_stage: int | None) -> Any:
-    """The GPT layer spec for `strategy.impl`, as a block spec for this pipeline chunk."""
+    """The GPT layer spec for `layout.impl`, as a block spec for this pipeline chunk."""
     from megatron.core.models.gpt import gpt_layer_specs
     from megatron.core.transformer.transformer_block import (
         TransformerBlockSubmodules,
         get_num_layers_to_build,
     )
 
-    m, impl = spec.model, spec.strategy.impl
+    m, impl = spec.model, spec.layout.impl
     experts = m.num_experts if m.is_moe else None
     if impl == "te":
         if not te_available():
@@ -102,7 +102,7 @@ def build_model(spec: TrialSpec, config: Any) -> list[Any]:
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.module import Float16Module
 
-    m, s = spec.model, spec.strategy
+    m, s = spec.model, spec.layout
     wanted = worker_config(m, s)
     _patch_megatron_core()
     vpp = s.vpp if s.vpp > 1 else None
@@ -147,7 +147,7 @@ def build_optimizer(spec: TrialSpec, model: list[Any]) -> Any:
     """Megatron's mixed-precision Adam over the chunks, on a fused kernel where possible."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    config = OptimizerConfig(**_resolved(worker_config(spec.model, spec.strategy).optimizer))
+    config = OptimizerConfig(**_resolved(worker_config(spec.model, spec.layout).optimizer))
     optimizer = get_megatron_optimizer(config, model, use_gloo_process_groups=False)
     fused = _use_fused_torch_adam(optimizer)
     _use_foreach_multi_tensor_ops()

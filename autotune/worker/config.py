@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.dimensions import Impl, Recompute
+from autotune.layout import Layout
 from autotune.model import ModelSpec, padded_vocab_size
-from autotune.strategy import Strategy
 
 __all__ = ["WorkerConfig", "worker_config"]
 
@@ -50,7 +50,7 @@ class WorkerConfig:
             self.transformer, self.ddp, self.optimizer, self.model, self.schedule))
 
 
-def _recompute(s: Strategy) -> dict[str, Any]:
+def _recompute(s: Layout) -> dict[str, Any]:
     # TransformerConfig reads recompute_method and recompute_num_layers only with full
     # recompute (transformer_block.py, _checkpointed_forward); Megatron-LM leaves them None.
     if s.recompute == Recompute.FULL:
@@ -61,7 +61,7 @@ def _recompute(s: Strategy) -> dict[str, Any]:
             "recompute_num_layers": None}
 
 
-def _transformer(m: ModelSpec, s: Strategy) -> dict[str, Any]:
+def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
     swiglu = m.gated_linear_unit or m.activation in ("swiglu", "silu")
     kwargs: dict[str, Any] = {
         "num_layers": m.num_layers,
@@ -130,9 +130,9 @@ def _transformer(m: ModelSpec, s: Strategy) -> dict[str, Any]:
     return kwargs
 
 
-def worker_config(model: ModelSpec, strategy: Strategy) -> WorkerConfig:
-    """The configuration autotune's worker builds for `strategy` (pure)."""
-    s = strategy
+def worker_config(model: ModelSpec, layout: Layout) -> WorkerConfig:
+    """The configuration autotune's worker builds for `layout` (pure)."""
+    s = layout
     ddp = {
         # Megatron-LM forces fp32 gradient accumulation and reduction with --bf16
         # (arguments.py: accumulate_allreduce_grads_in_fp32); trials must use the memory and

@@ -28,7 +28,7 @@ __all__ = ["metrics_from_ranks", "prepare_environment", "run_rank"]
 
 def prepare_environment(spec: TrialSpec) -> None:
     """Environment that must be set before CUDA starts."""
-    s = spec.strategy
+    s = spec.layout
     if s.tp > 1 or s.cp > 1:
         # Megatron-LM requires one hardware queue so that TP/CP communication kernels are
         # scheduled in issue order ahead of the compute they overlap with.
@@ -47,7 +47,7 @@ def _init_distributed(spec: TrialSpec, phases: dict[str, float]) -> tuple[int, i
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     t1 = time.perf_counter()
-    s = spec.strategy
+    s = spec.layout
     timeout_s = float(os.environ.get(NCCL_TIMEOUT_ENV, str(DEFAULT_NCCL_TIMEOUT_S)))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)
@@ -59,7 +59,7 @@ def _init_distributed(spec: TrialSpec, phases: dict[str, float]) -> tuple[int, i
     t2 = time.perf_counter()
     world = dist.get_world_size()
     if world != s.world_size:
-        raise RuntimeError(f"torchrun started {world} ranks but the strategy needs "
+        raise RuntimeError(f"torchrun started {world} ranks but the layout needs "
                            f"dp={s.dp} x tp={s.tp} x pp={s.pp} x cp={s.cp} = {s.world_size}")
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=s.tp,
@@ -83,7 +83,7 @@ def metrics_from_ranks(spec: TrialSpec, times_s: tuple[float, ...], ranks: list[
     """result.json: TrialMetrics.to_dict() plus the worker's phase timings."""
     import statistics
 
-    m, s = spec.model, spec.strategy
+    m, s = spec.model, spec.layout
     median = statistics.median(times_s)
     tokens = s.gbs * m.seq_length
     tflops = model_flops_per_token(m) * tokens / median / s.world_size / 1e12
@@ -130,11 +130,11 @@ def run_rank(spec: TrialSpec, out_dir: Path, started: float | None = None) -> No
     from autotune.worker.report import nvml_device_used_bytes, write_json
 
     t0 = time.perf_counter()
-    if spec.strategy.impl == "te" and not te_available():
+    if spec.layout.impl == "te" and not te_available():
         raise RuntimeError("impl=te needs transformer-engine, which is not installed")
     phases: dict[str, float] = {"startup_s": t0 - started} if started is not None else {}
     rank, local_rank = _init_distributed(spec, phases)
-    if spec.strategy.impl == "sdpa":
+    if spec.layout.impl == "sdpa":
         from autotune.worker.attention import configure_sdpa_backends
 
         configure_sdpa_backends()

@@ -34,7 +34,7 @@ class StepTimes:
 def make_batches(spec: TrialSpec, device: torch.device) -> list[dict[str, torch.Tensor]]:
     """One synthetic micro-batch per micro-batch of a step, the same on every rank of a DP
     replica (fixed seed): tokens [mbs, seq] int64, labels = tokens shifted by one."""
-    m, s = spec.model, spec.strategy
+    m, s = spec.model, spec.layout
     generator = torch.Generator(device="cpu").manual_seed(spec.seed)
     # Draw from the real vocabulary, not the padded one, as a tokenizer would.
     vocab = min(m.vocab_size, padded_vocab_size(m, s.tp))
@@ -74,7 +74,7 @@ def _wire_grad_sync(spec: TrialSpec, model: list[Any], optimizer: Any, config: A
     """Hook DDP and the optimizer into the schedule as Megatron-LM's training.py does."""
     from megatron.core.distributed import finalize_model_grads
 
-    s = spec.strategy
+    s = spec.layout
     config.grad_scale_func = optimizer.scale_loss
     config.finalize_model_grads_func = finalize_model_grads
     if s.overlap_grad_reduce:
@@ -89,7 +89,7 @@ def _wire_grad_sync(spec: TrialSpec, model: list[Any], optimizer: Any, config: A
 
 def _step(spec: TrialSpec, model: list[Any], optimizer: Any, iterators: list[Any],
           forward_backward: Any) -> list[dict[str, Any]]:
-    s, m = spec.strategy, spec.model
+    s, m = spec.layout, spec.model
     for chunk in model:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()

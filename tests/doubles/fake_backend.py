@@ -1,8 +1,8 @@
 """A scripted Backend for CPU tests of the search loop: outcomes are functions the test controls.
 
-`FakeBackend` measures nothing: a strategy runs out of memory when its "true" memory (the memory
+`FakeBackend` measures nothing: a layout runs out of memory when its "true" memory (the memory
 model's prediction times `underestimate`) exceeds `true_capacity_bytes`, or when `oom` says so;
-tokens/s come from `tokens`. Every strategy it is asked to run is recorded in `calls`.
+tokens/s come from `tokens`. Every layout it is asked to run is recorded in `calls`.
 `predicted` is False, so the loop uses real SQLite storage with heartbeats.
 
 Also importable from a subprocess (the killed-process test): put tests/ on sys.path.
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.hardware import ClusterSpec, gpu_spec
+from autotune.layout import Layout
 from autotune.memory import estimate_memory
 from autotune.model import ModelSpec, load_model
 from autotune.space import SearchSpace, space_from_mapping
-from autotune.strategy import Strategy
 from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
 GIB = 2**30
@@ -48,7 +48,7 @@ def small_model() -> ModelSpec:
     return load_model("gpt2-medium")
 
 
-def default_tokens(s: Strategy) -> float:
+def default_tokens(s: Layout) -> float:
     """More data parallelism and larger micro-batches are faster; pipelines pay a bubble."""
     return 1000.0 * s.dp * (1 + 0.1 * s.mbs) / (1 + 0.2 * (s.pp - 1)) * (1.05 if
                                                                         s.distributed_optimizer
@@ -64,8 +64,8 @@ class FakeBackend:
     """Real memory: a trial whose true peak exceeds this runs out of memory (None: never)."""
     underestimate: float = 1.0
     """True peak = predicted peak x this."""
-    oom: Callable[[Strategy], bool] = lambda s: False
-    tokens: Callable[[Strategy], float] = default_tokens
+    oom: Callable[[Layout], bool] = lambda s: False
+    tokens: Callable[[Layout], float] = default_tokens
     block_on_call: int | None = None
     """The call (1-based) that blocks forever, until the process is killed."""
     started_marker: Path | None = None
@@ -76,16 +76,16 @@ class FakeBackend:
     """Seconds each run takes, so that workers sharing a study overlap (tests/test_postgres.py)."""
     launch_log: Path | None = None
     """Each run appends `<pid> <layout>` here before it starts: the launches of all processes."""
-    calls: list[Strategy] = field(default_factory=list)
+    calls: list[Layout] = field(default_factory=list)
     name: str = "fake"
     predicted: bool = False
 
     def true_peak_bytes(self, spec: TrialSpec) -> float:
-        predicted = estimate_memory(spec.model, spec.strategy, self.cluster).peak_bytes
+        predicted = estimate_memory(spec.model, spec.layout, self.cluster).peak_bytes
         return predicted * self.underestimate
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
-        s = spec.strategy
+        s = spec.layout
         self.calls.append(s)
         n = len(self.calls)
         if self.launch_log is not None:

@@ -1,7 +1,8 @@
 """Layouts -> launch scripts: Megatron-LM under torchrun, autotune's worker, Slurm, or JSON.
 
 Megatron-LM flags come from autotune.megatron_args.megatron_lm_args, the one function that spells
-them; this module only arranges them into scripts. Pure: returns text, writes nothing.
+them; this module only arranges them into scripts. Pure: returns text, writes nothing. The
+`autotune export` command that reads a study and calls it is autotune.commands.export.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from dataclasses import replace
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.layout import DIMENSIONS, Impl, Layout
 from autotune.megatron_args import megatron_lm_args, training_script
 from autotune.model import ModelSpec
 from autotune.protocol import SPEC_NAME, WORKER
-from autotune.strategy import DIMENSIONS, Impl, Strategy
 from autotune.trial import TrialSpec
 
 __all__ = ["FORMATS", "TRAIN_ITERS", "layout_json", "megatron_lm_script", "slurm_script",
@@ -27,15 +28,15 @@ TRAIN_ITERS = 100
 """Iterations of an exported Megatron-LM run: enough to read a steady step time."""
 RDZV_PORT = 29500
 JSON_KEYS: tuple[str, ...] = tuple(DIMENSIONS)
-"""Every layout field (autotune.strategy.DIMENSIONS); estimate --layout reads them back."""
+"""Every layout field (autotune.layout.DIMENSIONS); estimate --layout reads them back."""
 _INDENT = "    "
 
 
-def layout_json(strategy: Strategy, *, model: str | None, gpus: int, gpu: str | None,
+def layout_json(layout: Layout, *, model: str | None, gpus: int, gpu: str | None,
                 tokens_per_s: float | None, predicted: bool, study: str, trial: int,
                 seq_length: int | None = None, gpus_per_node: int | None = None) -> str:
     """The layout as JSON; `autotune estimate MODEL --gpus N --layout FILE` reads it back."""
-    data: dict[str, Any] = {k: getattr(strategy, k) for k in JSON_KEYS}
+    data: dict[str, Any] = {k: getattr(layout, k) for k in JSON_KEYS}
     data.update(model=model, gpus=gpus, gpu=gpu, seq_length=seq_length,
                 gpus_per_node=gpus_per_node,
                 tokens_per_s=tokens_per_s, predicted=predicted, study=study, trial=trial)
@@ -60,19 +61,19 @@ def _continued(shell: Sequence[str], args: Sequence[str]) -> str:
     return " \\\n".join(lines)
 
 
-def _megatron_parts(model: ModelSpec, strategy: Strategy, *, megatron_lm: str | None,
+def _megatron_parts(model: ModelSpec, layout: Layout, *, megatron_lm: str | None,
                     train_iters: int) -> tuple[list[str], str, list[str]]:
     """(comment lines, the pretrain_gpt.py path as shell text, Megatron-LM arguments)."""
     notes = []
-    if strategy.impl == "sdpa":
+    if layout.impl == "sdpa":
         # Megatron-LM has no "local spec with PyTorch SDPA"; TE's fused attention is its
         # nearest equivalent (the measured figures were taken with SDPA).
-        strategy = replace(strategy, impl=Impl.TE)
+        layout = replace(layout, impl=Impl.TE)
         notes.append("impl sdpa (autotune's local spec with PyTorch SDPA attention) has no "
                      "Megatron-LM equivalent; this uses --transformer-impl transformer_engine, "
                      "whose fused attention is the closest.")
-    args = megatron_lm_args(model, strategy, train_iters=train_iters, mock_data=True)
-    real = megatron_lm_args(model, strategy, train_iters=train_iters, mock_data=False)
+    args = megatron_lm_args(model, layout, train_iters=train_iters, mock_data=True)
+    real = megatron_lm_args(model, layout, train_iters=train_iters, mock_data=False)
     mock = args[len(real):] if args[:len(real)] == real else ["--mock-data"]
     notes += [f"Data: Megatron-LM's mock dataset ({' '.join(mock)})."
               " For real data replace those flags with --data-path PREFIX --tokenizer-type TYPE "
@@ -98,28 +99,28 @@ def _env_lines(megatron_lm: str | None) -> list[str]:
     return lines
 
 
-def _split(strategy: Strategy, nodes: int) -> int:
+def _split(layout: Layout, nodes: int) -> int:
     """GPUs per node when the layout's GPUs are spread over `nodes` nodes."""
-    gpus = strategy.world_size
+    gpus = layout.world_size
     if nodes < 1 or gpus % nodes:
         raise ConfigError(f"--nodes {nodes} must be a positive divisor of the layout's "
                           f"{gpus} GPUs")
     per_node = gpus // nodes
-    if strategy.tp > per_node:
+    if layout.tp > per_node:
         # The layout was chosen with TP inside a node (NVLink); spreading it thinner would
         # put tensor-parallel all-reduces on the network.
         raise ConfigError(f"--nodes {nodes} leaves {per_node} GPUs per node, fewer than the "
-                          f"layout's tp={strategy.tp}: tensor parallelism must stay inside a "
+                          f"layout's tp={layout.tp}: tensor parallelism must stay inside a "
                           "node")
     return per_node
 
 
-def megatron_lm_script(model: ModelSpec, strategy: Strategy, *, title: Sequence[str],
+def megatron_lm_script(model: ModelSpec, layout: Layout, *, title: Sequence[str],
                        nodes: int = 1, megatron_lm: str | None = None,
                        train_iters: int = TRAIN_ITERS) -> str:
     """A bash script: torchrun over Megatron-LM's pretrain_gpt.py with every flag."""
-    per_node = _split(strategy, nodes)
-    notes, script, args = _megatron_parts(model, strategy, megatron_lm=megatron_lm,
+    per_node = _split(layout, nodes)
+    notes, script, args = _megatron_parts(model, layout, megatron_lm=megatron_lm,
                                           train_iters=train_iters)
     if nodes == 1:
         launch = f"torchrun --standalone --nproc-per-node {per_node}"
@@ -133,12 +134,12 @@ def megatron_lm_script(model: ModelSpec, strategy: Strategy, *, title: Sequence[
     return "\n".join(lines) + "\n" + _continued([launch, script], args) + "\n"
 
 
-def slurm_script(model: ModelSpec, strategy: Strategy, *, title: Sequence[str], nodes: int,
+def slurm_script(model: ModelSpec, layout: Layout, *, title: Sequence[str], nodes: int,
                  megatron_lm: str | None = None, train_iters: int = TRAIN_ITERS,
                  job_name: str = "autotune") -> str:
     """An sbatch script: one torchrun per node (srun), c10d rendezvous on the first node."""
-    per_node = _split(strategy, nodes)
-    notes, script, args = _megatron_parts(model, strategy, megatron_lm=megatron_lm,
+    per_node = _split(layout, nodes)
+    notes, script, args = _megatron_parts(model, layout, megatron_lm=megatron_lm,
                                           train_iters=train_iters)
     sbatch = [f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={nodes}",
               "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={per_node}",
@@ -159,7 +160,7 @@ def slurm_script(model: ModelSpec, strategy: Strategy, *, title: Sequence[str], 
 
 def torchrun_script(spec: TrialSpec, *, title: Sequence[str]) -> str:
     """autotune's own worker under torchrun, with its trial.json written by a heredoc."""
-    gpus = spec.strategy.world_size
+    gpus = spec.layout.world_size
     marker = "AUTOTUNE_TRIAL_JSON"
     notes = ["Runs autotune's megatron-core worker (pip install 'autotune[megatron]') on one "
              "node; it writes result.json and its figures into the current folder."]

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.errors import InvalidStrategyError
+from autotune.errors import InvalidLayoutError
+from autotune.layout import Layout, check, validate
 from autotune.model import load_model
-from autotune.strategy import Strategy, check, validate
 from tests.conftest import cluster
 
-# model, gpus, strategy fields, broken rule (None = valid), a fragment of the message
+# model, gpus, layout fields, broken rule (None = valid), a fragment of the message
 CASES = [
     ("gpt2-xl", 8, dict(dp=8, mbs=4, gbs=64), None, ""),
     ("gpt2-xl", 8, dict(tp=2, dp=4, gbs=64), "tp_heads",
@@ -52,7 +52,7 @@ CASES = [
 @pytest.mark.parametrize(("model", "gpus", "fields", "rule", "fragment"), CASES)
 def test_rules(model: str, gpus: int, fields: dict[str, object], rule: str | None,
                fragment: str) -> None:
-    violations = check(Strategy(**fields), load_model(model), cluster(gpus))  # type: ignore[arg-type]
+    violations = check(Layout(**fields), load_model(model), cluster(gpus))  # type: ignore[arg-type]
     if rule is None:
         assert violations == []
     else:
@@ -62,8 +62,8 @@ def test_rules(model: str, gpus: int, fields: dict[str, object], rule: str | Non
 
 
 def test_validate_raises_with_the_numbers() -> None:
-    with pytest.raises(InvalidStrategyError, match="tp=2 must divide num_attention_heads=25"):
-        validate(Strategy(tp=2, dp=4, gbs=64), load_model("gpt2-xl"), cluster(8))
+    with pytest.raises(InvalidLayoutError, match="tp=2 must divide num_attention_heads=25"):
+        validate(Layout(tp=2, dp=4, gbs=64), load_model("gpt2-xl"), cluster(8))
 
 
 @pytest.mark.parametrize(("fields", "expected"), [
@@ -72,7 +72,7 @@ def test_validate_raises_with_the_numbers() -> None:
     (dict(dp=8, mbs=8, gbs=64), 1),
 ])
 def test_num_microbatches(fields: dict[str, int], expected: int) -> None:
-    assert Strategy(**fields).num_microbatches == expected  # type: ignore[arg-type]
+    assert Layout(**fields).num_microbatches == expected  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("fields", "label"), [
@@ -87,4 +87,4 @@ def test_num_microbatches(fields: dict[str, int], expected: int) -> None:
     (dict(cp=2, ep=2, dp=4, gbs=64, impl="te"), "tp1 pp1 dp4 cp2 ep2 mbs1 te"),
 ])
 def test_describe_names_every_non_default(fields: dict[str, object], label: str) -> None:
-    assert Strategy(**fields).describe() == label  # type: ignore[arg-type]
+    assert Layout(**fields).describe() == label  # type: ignore[arg-type]

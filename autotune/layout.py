@@ -1,4 +1,4 @@
-"""A parallel layout (`Strategy`) and the rules Megatron applies to it.
+"""A parallel layout (`Layout`) and the rules Megatron applies to it.
 
 Each rule mirrors a check in megatron-core 0.16.1 or Megatron-LM; the source is named beside it.
 Rules carry a level: a rule of level k reads only the fields chosen at levels <= k, so the
@@ -22,16 +22,29 @@ from autotune.dimensions import (
     unless_default,
     value_label,
 )
-from autotune.errors import InvalidStrategyError
+from autotune.errors import InvalidLayoutError
 from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec
 
-__all__ = ["DATA_PARALLEL_OPTIONS", "DIMENSIONS", "RULES", "RULE_LEVELS", "SEARCHED",
-           "STRATEGY_DEFAULTS", "Impl", "Recompute", "RecomputeMethod", "Rule", "Strategy",
-           "Violation", "check", "validate"]
+__all__ = [
+    "DATA_PARALLEL_OPTIONS",
+    "DIMENSIONS",
+    "LAYOUT_DEFAULTS",
+    "RULES",
+    "RULE_LEVELS",
+    "SEARCHED",
+    "Impl",
+    "Layout",
+    "Recompute",
+    "RecomputeMethod",
+    "Rule",
+    "Violation",
+    "check",
+    "validate",
+]
 
 
-def _recompute_label(s: Strategy, value: Recompute) -> str | None:
+def _recompute_label(s: Layout, value: Recompute) -> str | None:
     """`rc=selective`, `rc=full`, or `rc=full(block/2)` when the method or layer count is not
     the default: recompute_method and recompute_num_layers mean nothing without full."""
     if value == Recompute.FULL and (s.recompute_method, s.recompute_num_layers) != (
@@ -41,7 +54,7 @@ def _recompute_label(s: Strategy, value: Recompute) -> str | None:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Strategy:
+class Layout:
     """One Megatron parallel layout plus the batch and memory options that go with it.
 
     Each field's metadata (help, enumeration level, label, estimate flag) is declared once,
@@ -119,16 +132,16 @@ class Strategy:
 
 
 _FIELD_META: dict[str, Dimension] = {
-    f.name: replace(f.metadata["dimension"], name=f.name) for f in fields(Strategy)}
+    f.name: replace(f.metadata["dimension"], name=f.name) for f in fields(Layout)}
 DIMENSIONS: dict[str, Dimension] = _FIELD_META
-"""Every Strategy field's Dimension, in field order: the one table the space, estimate's
+"""Every Layout field's Dimension, in field order: the one table the space, estimate's
 options, the export, the best-trial rows and tools/ derive from."""
 _ENUM_FIELDS = tuple(name for name, dim in DIMENSIONS.items() if dim.choices is not None)
 SEARCHED: dict[str, Dimension] = {n: d for n, d in DIMENSIONS.items() if d.level is not None}
 """The dimensions a search space may list, with their enumeration levels."""
 
-STRATEGY_DEFAULTS: dict[str, Any] = {name: dim.default for name, dim in DIMENSIONS.items()}
-"""Each Strategy field's default: what a trial stored before a field existed ran with, and the
+LAYOUT_DEFAULTS: dict[str, Any] = {name: dim.default for name, dim in DIMENSIONS.items()}
+"""Each Layout field's default: what a trial stored before a field existed ran with, and the
 type a layout file's value must have."""
 
 
@@ -140,7 +153,7 @@ class Violation:
     message: str
 
 
-Check = Callable[[Strategy, ModelSpec, ClusterSpec], str | None]
+Check = Callable[[Layout, ModelSpec, ClusterSpec], str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +170,7 @@ class Rule:
 # 5 = recompute, optimizer, overlap and implementation.
 
 
-def _world(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _world(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     inner = s.tp * s.pp * s.cp
     if c.num_gpus % inner:
         return f"tp={s.tp} x pp={s.pp} x cp={s.cp} = {inner} must divide the {c.num_gpus} GPUs"
@@ -167,21 +180,21 @@ def _world(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-def _tp_node(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _tp_node(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # Alpa's heuristic and the PTD-P paper: tensor parallelism only inside a node (NVLink).
     if s.tp > c.gpus_per_node:
         return f"tp={s.tp} must not exceed gpus_per_node={c.gpus_per_node}"
     return None
 
 
-def _tp_heads(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _tp_heads(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__.
     if m.num_attention_heads % s.tp:
         return f"tp={s.tp} must divide num_attention_heads={m.num_attention_heads}"
     return None
 
 
-def _tp_groups(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _tp_groups(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # TransformerConfig.__post_init__: groups a multiple or a divisor of tp (KV heads replicate).
     g = m.query_groups
     if g % s.tp and s.tp % g:
@@ -189,28 +202,28 @@ def _tp_groups(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-def _pp_layers(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _pp_layers(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # megatron/core/transformer/transformer_block.py, get_num_layers_to_build.
     if m.num_layers % s.pp:
         return f"pp={s.pp} must divide num_layers={m.num_layers}"
     return None
 
 
-def _cp_seq(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _cp_seq(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # Megatron-LM arguments.py: the sequence splits into 2*cp chunks for load balance.
     if s.cp > 1 and m.seq_length % (2 * s.cp):
         return f"seq_length={m.seq_length} must be divisible by 2*cp={2 * s.cp}"
     return None
 
 
-def _vpp_pp(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _vpp_pp(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # Megatron-LM arguments.py: the interleaved schedule needs pipeline parallelism.
     if s.vpp > 1 and s.pp < 2:
         return f"vpp={s.vpp} needs pp >= 2, got pp={s.pp}"
     return None
 
 
-def _vpp_layers(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _vpp_layers(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # get_num_layers_to_build: layers per pipeline rank divisible by the virtual stages.
     if s.vpp > 1 and (m.num_layers // s.pp) % s.vpp:
         return (f"vpp={s.vpp} must divide the {m.num_layers // s.pp} layers per pipeline "
@@ -218,21 +231,21 @@ def _vpp_layers(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-def _ep_dense(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _ep_dense(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # TransformerConfig.__post_init__: "num_moe_experts must be non None to use expert-parallel".
     if s.ep > 1 and not m.is_moe:
         return f"ep={s.ep} needs a mixture-of-experts model; {m.name} has no experts"
     return None
 
 
-def _ep_experts(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _ep_experts(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # megatron/core/transformer/moe/moe_layer.py: experts split evenly over the ep ranks.
     if m.is_moe and m.num_experts is not None and m.num_experts % s.ep:
         return f"ep={s.ep} must divide num_experts={m.num_experts}"
     return None
 
 
-def _ep_world(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _ep_world(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # megatron/core/parallel_state.py: the expert grid is etp x ep x edp x pp with etp = tp.
     if s.ep > 1 and c.num_gpus % (s.tp * s.ep * s.pp):
         return (f"tp={s.tp} x ep={s.ep} x pp={s.pp} = {s.tp * s.ep * s.pp} must divide the "
@@ -240,14 +253,14 @@ def _ep_world(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-def _sp_tp(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _sp_tp(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # megatron/core/model_parallel_config.py: no sequence parallelism without TP.
     if s.sequence_parallel and s.tp < 2:
         return "sequence_parallel needs tp >= 2, got tp=1"
     return None
 
 
-def _sp_seq(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _sp_seq(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # Sequence parallelism scatters each cp chunk of the sequence over the tp ranks.
     if s.sequence_parallel and (m.seq_length // s.cp) % s.tp:
         return (f"tp={s.tp} must divide the sequence chunk seq_length/cp="
@@ -255,7 +268,7 @@ def _sp_seq(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-def _moe_sp(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _moe_sp(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # Megatron-LM arguments.py: "When using MoE and tensor parallelism, sequence parallelism
     # must be used."
     if m.is_moe and s.tp > 1 and not s.sequence_parallel:
@@ -263,14 +276,14 @@ def _moe_sp(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-def _gbs_batch(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _gbs_batch(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # megatron/core/num_microbatches_calculator.py, ConstantNumMicroBatchesCalculator.
     if s.gbs % (s.mbs * s.dp):
         return f"mbs={s.mbs} x dp={s.dp} = {s.mbs * s.dp} must divide global_batch_size={s.gbs}"
     return None
 
 
-def _vpp_microbatches(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _vpp_microbatches(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # megatron/core/pipeline_parallel/schedules.py, interleaved 1F1B: with the default group of
     # pp contiguous micro-batches, the micro-batch count must be a multiple of pp.
     if s.vpp > 1 and s.num_microbatches % s.pp:
@@ -279,7 +292,7 @@ def _vpp_microbatches(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-def _recompute_kind(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _recompute_kind(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     if not isinstance(s.recompute, Recompute):
         return f"recompute={s.recompute!r} must be one of {', '.join(Recompute)}"
     if s.recompute == Recompute.FULL and not isinstance(s.recompute_method, RecomputeMethod):
@@ -287,7 +300,7 @@ def _recompute_kind(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-def _recompute_layers(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _recompute_layers(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # TransformerConfig.__post_init__: between 1 and the layers of one pipeline rank.
     per_chunk = m.num_layers // s.pp // s.vpp
     if s.recompute == "full" and not 1 <= s.recompute_num_layers <= per_chunk:
@@ -296,7 +309,7 @@ def _recompute_layers(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-def _opg_do(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _opg_do(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # Megatron-LM arguments.py: "--overlap-param-gather only supported with distributed
     # optimizer" and it requires --overlap-grad-reduce.
     if s.overlap_param_gather and not s.distributed_optimizer:
@@ -306,13 +319,13 @@ def _opg_do(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-def _impl_known(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _impl_known(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     if not isinstance(s.impl, Impl):
         return f"impl={s.impl!r} must be one of {', '.join(Impl)}"
     return None
 
 
-def _cp_impl(s: Strategy, m: ModelSpec, c: ClusterSpec) -> str | None:
+def _cp_impl(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # megatron/core/transformer/dot_product_attention.py: the local core attention asserts
     # context_parallel_size == 1; only TEDotProductAttention implements context parallelism.
     if s.cp > 1 and s.impl != "te":
@@ -349,10 +362,10 @@ RULES: tuple[Rule, ...] = (
 RULE_LEVELS: dict[str, int] = {rule.name: rule.level for rule in RULES}
 
 
-def iter_violations(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec,
+def iter_violations(layout: Layout, model: ModelSpec, cluster: ClusterSpec,
                     max_level: int = 5) -> Iterator[Violation]:
     """Broken rules up to `max_level`, in Megatron's order."""
-    sizes = {k: getattr(strategy, k) for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "gbs")}
+    sizes = {k: getattr(layout, k) for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "gbs")}
     if min(sizes.values()) < 1:
         listed = ", ".join(f"{k}={v}" for k, v in sizes.items())
         yield Violation("positive", f"every size must be >= 1: {listed}")
@@ -360,21 +373,21 @@ def iter_violations(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec,
     for rule in RULES:
         if rule.level > max_level:
             break
-        message = rule.check(strategy, model, cluster)
+        message = rule.check(layout, model, cluster)
         if message is not None:
             yield Violation(rule.name, message)
 
 
-def check(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> list[Violation]:
-    """Every rule the strategy breaks; empty when Megatron would accept it."""
-    return list(iter_violations(strategy, model, cluster))
+def check(layout: Layout, model: ModelSpec, cluster: ClusterSpec) -> list[Violation]:
+    """Every rule the layout breaks; empty when Megatron would accept it."""
+    return list(iter_violations(layout, model, cluster))
 
 
-def validate(strategy: Strategy, model: ModelSpec, cluster: ClusterSpec) -> Strategy:
-    """The strategy itself, or InvalidStrategyError naming the first broken rule."""
-    for violation in iter_violations(strategy, model, cluster):
-        raise InvalidStrategyError(violation.message)
-    return strategy
+def validate(layout: Layout, model: ModelSpec, cluster: ClusterSpec) -> Layout:
+    """The layout itself, or InvalidLayoutError naming the first broken rule."""
+    for violation in iter_violations(layout, model, cluster):
+        raise InvalidLayoutError(violation.message)
+    return layout
 
 
 def derive_dp(num_gpus: int, *, tp: int, pp: int, cp: int) -> int:
@@ -387,6 +400,6 @@ DATA_PARALLEL_OPTIONS = ("distributed_optimizer", "overlap_grad_reduce", "overla
 """Options that act only on gradients and parameters across data-parallel replicas."""
 
 
-def with_fields(strategy: Strategy, **values: object) -> Strategy:
+def with_fields(layout: Layout, **values: object) -> Layout:
     """A copy with some fields changed (dataclasses.replace, typed loosely for the enumerator)."""
-    return replace(strategy, **values)  # type: ignore[arg-type]
+    return replace(layout, **values)  # type: ignore[arg-type]
