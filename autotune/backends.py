@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Protocol
 
 from autotune.cost import CostParams, estimate_cost
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, parse_choice
 from autotune.hardware import ClusterSpec
 from autotune.launchers import MultiNode
 from autotune.memory import MemoryParams, estimate_memory
@@ -30,11 +30,8 @@ class BackendName(enum.StrEnum):
 
     @classmethod
     def parse(cls, name: str) -> BackendName:
-        try:
-            return cls(name)
-        except ValueError:
-            raise ConfigError(f"unknown backend {name!r}; choose auto, simulate, worker or "
-                              "megatron-lm") from None
+        return parse_choice(cls, name, "backend")
+
 
 LAUNCH_OVERHEAD_S = 60.0
 """Launch, rendezvous, model build and CUDA/NCCL initialisation before the first step; the

@@ -341,7 +341,7 @@ def _print_dry_run(model: ModelSpec, cluster: ClusterSpec, space: Any, summary: 
           f"seq {model.seq_length}, global batch {model.global_batch_size}")
     print(f"search space {space.source}: {len(space.candidates)} dimensions, "
           f"{summary.total:,} combinations")
-    print(f"valid strategies: {len(summary.valid):,}")  # text asserted by tests: kept
+    print(f"valid layouts: {len(summary.valid):,}")
     distinct = len(set(representatives(model, summary.valid).values()))
     if distinct < len(summary.valid):
         print(f"  distinct runs: {distinct:,} (layouts that give Megatron the same "

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["AutotuneError", "ConfigError", "InvalidLayoutError", "LaunchError"]
+import enum
+from typing import TypeVar
+
+__all__ = ["AutotuneError", "ConfigError", "InvalidLayoutError", "LaunchError", "parse_choice"]
+
+E = TypeVar("E", bound=enum.StrEnum)
 
 
 class AutotuneError(Exception):
@@ -27,3 +32,14 @@ class LaunchError(AutotuneError):
     """A trial could not be started (missing torchrun, no GPU, a worker that cannot import)."""
 
     exit_code = 1
+
+
+def parse_choice(kind: type[E], value: str, what: str) -> E:
+    """`value` as a member of `kind`, or ConfigError: `unknown sampler 'x'; choose auto, tpe,
+    grid or ranked`."""
+    try:
+        return kind(value)
+    except ValueError:
+        names = [m.value for m in kind]
+        raise ConfigError(f"unknown {what} {value!r}; choose {', '.join(names[:-1])} or "
+                          f"{names[-1]}") from None

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import enum
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from autotune.hardware import ClusterSpec, gpu_spec
+from autotune.layout import SEARCHED
+from autotune.space import SearchSpace
 
 
 def _has_cuda() -> bool:
@@ -54,3 +58,17 @@ def heavy_imports_of(args: list[str], cwd: Path | None = None) -> tuple[int, str
                           timeout=60, cwd=cwd)
     heavy = next((line for line in proc.stdout.splitlines() if line.startswith("HEAVY")), "")
     return proc.returncode, heavy, proc.stderr
+
+
+def all_dimensions_space() -> SearchSpace:
+    """Every searched dimension with at least two candidates (its default and another, every
+    choice of an enum): a new dimension varies here without anyone listing it."""
+    candidates: dict[str, tuple[Any, ...]] = {}
+    for name, dim in SEARCHED.items():
+        if dim.kind is bool:
+            candidates[name] = (False, True)
+        elif issubclass(dim.kind, enum.Enum):
+            candidates[name] = tuple(dim.kind)
+        else:
+            candidates[name] = (1, 2)
+    return SearchSpace(candidates=candidates, source="all dimensions")

@@ -10,7 +10,6 @@ therefore fails a test instead of silently measuring the wrong thing.
 
 from __future__ import annotations
 
-import enum
 import functools
 import itertools
 import random
@@ -28,8 +27,9 @@ from autotune.layout import DIMENSIONS, SEARCHED, Layout
 from autotune.megatron_args import megatron_lm_args
 from autotune.memory import estimate_memory
 from autotune.model import ModelSpec, load_model
-from autotune.space import SearchSpace, enumerate_space
+from autotune.space import enumerate_space
 from autotune.worker.config import worker_config
+from tests.conftest import all_dimensions_space
 
 CONSUMERS = ("megatron-lm", "worker", "model")
 MAX_PAIRS = 60
@@ -61,19 +61,6 @@ NOT_SEARCHED = {"dp": "derived from the GPU count and tp x pp x cp",
                 "gbs": "the model's global batch size, not a search dimension"}
 
 
-def _all_dimensions_space() -> SearchSpace:
-    """Every searched dimension with at least two candidates: its default and another."""
-    candidates: dict[str, tuple[Any, ...]] = {}
-    for name, dim in SEARCHED.items():
-        if dim.kind is bool:
-            candidates[name] = (False, True)
-        elif issubclass(dim.kind, enum.Enum):
-            candidates[name] = tuple(dim.kind)
-        else:
-            candidates[name] = (1, 2)
-    return SearchSpace(candidates=candidates, source="all dimensions")
-
-
 def _exported_args(model: ModelSpec, s: Layout) -> list[str]:
     exported = s if s.impl != Impl.SDPA else replace(s, impl=Impl.TE)
     return megatron_lm_args(model, exported, mock_data=True)
@@ -96,7 +83,7 @@ def _layouts(preset: str, gpus: int) -> tuple[ModelSpec, ClusterSpec, dict[Layou
     """The valid layouts of the all-dimensions space, each with its run key."""
     model = load_model(preset)
     cluster = ClusterSpec.make(gpus, gpu="h100-80gb")
-    valid = enumerate_space(_all_dimensions_space(), model, cluster).valid
+    valid = enumerate_space(all_dimensions_space(), model, cluster).valid
     return model, cluster, {s: run_key(model, s) for s in valid}
 
 

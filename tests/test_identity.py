@@ -3,8 +3,6 @@ Megatron the same configuration, checked over every shipped space and preset."""
 
 from __future__ import annotations
 
-import enum
-import functools
 import itertools
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +16,7 @@ from autotune.identity import SAME_RUN_RULES, configuration, representatives, ru
 from autotune.layout import DATA_PARALLEL_OPTIONS, SEARCHED, Layout
 from autotune.model import list_presets, load_model
 from autotune.space import SearchSpace, enumerate_space, load_space
+from tests.conftest import all_dimensions_space
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 GPUS_FOR_SPACE = {"default.yaml": (8,), "one-node.yaml": (8,), "four-gpu.yaml": (4,),
@@ -76,24 +75,11 @@ def test_every_shipped_space_and_preset(space_file: str) -> None:
     assert checked > 0
 
 
-@functools.cache
-def _all_dimensions() -> SearchSpace:
-    candidates: dict[str, tuple[Any, ...]] = {}
-    for name, dim in SEARCHED.items():
-        if dim.kind is bool:
-            candidates[name] = (False, True)
-        elif issubclass(dim.kind, enum.Enum):
-            candidates[name] = tuple(dim.kind)
-        else:
-            candidates[name] = (1, 2)
-    return SearchSpace(candidates=candidates, source="all dimensions")
-
-
 @pytest.mark.parametrize("preset", ["gpt2", "mixtral-8x7b"])
 def test_a_dimension_outside_the_key_must_be_explained(preset: str) -> None:
     """Every searched dimension varies here: one that neither the worker nor the exported
     command receives would put two different layouts under one key, and fail."""
-    assert _check_space(preset, 8, _all_dimensions()) > 1000
+    assert _check_space(preset, 8, all_dimensions_space()) > 1000
 
 
 @pytest.mark.parametrize(("a", "b", "same"), [

@@ -28,7 +28,7 @@ def test_dry_run_counts_four_distinct_runs() -> None:
     result = CliRunner().invoke(app, ["gpt2-xl", "--gpus", "1", "--seq-len", "16384",
                                       "--gpu", "h100-80gb", "--space", str(SPACE), "--dry-run"])
     assert result.exit_code == 0, result.output
-    assert "valid strategies: 6" in result.output
+    assert "valid layouts: 6" in result.output
     assert "distinct runs: 4" in result.output
 
 

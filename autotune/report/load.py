@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.errors import ConfigError
 from autotune.hardware import DEFAULT_GPU, ClusterSpec, gpu_spec
-from autotune.layout import Layout
+from autotune.layout import DIMENSIONS, Layout
 from autotune.model import ModelSpec, load_model
 from autotune.protocol import SPEC_NAME
 from autotune.search.records import RECORD_ATTR, TrialRecord, stored_record
@@ -30,7 +30,8 @@ from autotune.trial import TrialSpec
 __all__ = ["LAYOUT_FIELDS", "LoadedStudy", "StudyRef", "find_studies", "load_study",
            "read_records", "resolve_study", "trial_row"]
 
-LAYOUT_FIELDS: tuple[str, ...] = tuple(Layout.__dataclass_fields__)
+LAYOUT_FIELDS: tuple[str, ...] = tuple(DIMENSIONS)
+"""Every layout field (autotune.layout.DIMENSIONS): a report row's layout columns."""
 _FIGURES = ("tokens_per_s", "tokens_per_s_per_gpu", "step_time_s", "step_time_p90_s",
             "tflops_per_gpu", "mfu", "peak_memory_gib", "predicted_tokens_per_s",
             "predicted_peak_memory_gib", "tokens_error_pct", "memory_error_pct")

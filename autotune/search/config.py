@@ -10,7 +10,7 @@ import optuna
 
 from autotune.backends import Backend
 from autotune.cost import CostParams
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, parse_choice
 from autotune.hardware import ClusterSpec
 from autotune.memory import MemoryParams
 from autotune.model import ModelSpec
@@ -32,11 +32,8 @@ class Sampler(enum.StrEnum):
 
     @classmethod
     def parse(cls, name: str) -> Sampler:
-        try:
-            return cls(name)
-        except ValueError:
-            raise ConfigError(f"unknown sampler {name!r}; choose auto, tpe, grid or ranked") \
-                from None
+        return parse_choice(cls, name, "sampler")
+
 
 GRID_LIMIT = 3000
 """With predictions, spaces of at most this many valid layouts are searched exhaustively."""

@@ -18,7 +18,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.cost import CostParams
-from autotune.layout import Layout
+from autotune.layout import DIMENSIONS, Layout
 from autotune.trial import TrialMetrics, TrialStatus
 
 __all__ = ["LAUNCHED", "RECORD_ATTR", "Observer", "SearchResult", "Source", "TrialRecord",
@@ -52,7 +52,6 @@ RECORD_ATTR = "record"
 """The trial's user attribute that holds its record."""
 LAUNCHED = (TrialStatus.OK, TrialStatus.OOM, TrialStatus.TIMEOUT, TrialStatus.CRASH,
             TrialStatus.NCCL_ERROR)
-_LAYOUT_FIELDS = tuple(Layout.__dataclass_fields__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,7 +128,7 @@ def record_attrs(record: TrialRecord) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "status": record.status.value, "source": record.source, "reason": record.reason,
         "strategy": record.label,
-        "layout": {f: getattr(record.layout, f) for f in _LAYOUT_FIELDS},
+        "layout": {f: getattr(record.layout, f) for f in DIMENSIONS},
         "predicted_peak_bytes": record.predicted_peak_bytes,
         "predicted_tokens_per_s": record.predicted_tokens_per_s,
         "predicted": record.predicted,
@@ -150,7 +149,7 @@ def _stored_layout(value: object) -> Layout | None:
     if not isinstance(value, Mapping):
         return None
     try:  # a field added after the record was written is absent: it ran at its default
-        return Layout(**{f: value[f] for f in _LAYOUT_FIELDS if f in value})
+        return Layout(**{f: value[f] for f in DIMENSIONS if f in value})
     except (TypeError, ValueError):
         return None
 
