@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import shlex
 import socket
 import subprocess
@@ -35,6 +34,7 @@ from autotune.launchers import (
     multinode_argv,
 )
 from autotune.megatron_args import megatron_lm_args, training_script
+from autotune.ports import free_port
 from autotune.proctree import ProcessTree, become_subreaper, shutdown, wait
 from autotune.protocol import (
     DEFAULT_NCCL_TIMEOUT_S,
@@ -54,7 +54,6 @@ __all__ = [
     "STACKS_WAIT_S",
     "RunOutput",
     "TrialInterrupted",
-    "free_port",
     "megatron_lm_argv",
     "run_command",
     "run_megatron_lm_trial",
@@ -124,64 +123,6 @@ class TrialInterrupted(KeyboardInterrupt):
     def __init__(self, output: RunOutput) -> None:
         super().__init__(f"interrupted trial in {output.trial_dir}")
         self.output = output
-
-
-_PORT_FLOOR = 20000
-"""Lowest rendezvous port tried: above the well-known and most registered service ports."""
-_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-
-
-def _ephemeral_range(default: tuple[int, int] = (32768, 60999)) -> tuple[int, int]:
-    try:
-        low, high = (int(x) for x in _EPHEMERAL_RANGE.read_text().split()[:2])
-    except (OSError, ValueError):
-        return default
-    return low, high
-
-
-def _rendezvous_ranges() -> list[tuple[int, int]]:
-    """Port ranges outside the ephemeral range: below it (from 20000), else above it."""
-    low, high = _ephemeral_range()
-    ranges = [(_PORT_FLOOR, low)] if low - _PORT_FLOOR > 1 else []
-    if high < 65535:
-        ranges.append((high + 1, 65536))
-    return ranges
-
-
-def _bindable(host: str, port: int) -> bool:
-    # TCPStore listens on every address, so check the wildcard address (with SO_REUSEADDR, as
-    # TCPStore sets it), not only `host`: a listener on another local address would block it.
-    for address in ("", host):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((address, port))
-            except OSError:
-                return False
-    return True
-
-
-def free_port(host: str = "127.0.0.1", *, rng: random.Random | None = None,
-              attempts: int = 64) -> int:
-    """A TCP port free now on `host` for the rendezvous, outside the kernel's ephemeral range.
-
-    A port from the ephemeral range (what binding port 0 returns) is also what the kernel hands
-    out as the source port of any outgoing connection, so it can be taken between this check
-    and torchrun's bind. Seen on 4 x H200: torchrun found its store port taken, waited 60 s as
-    a client of nobody, and the trial ended as a TIMEOUT. A random port outside the range is
-    only ever taken by an explicit bind; random, so several autotune workers rarely collide.
-    """
-    rng = rng or random.Random()
-    ranges = _rendezvous_ranges()
-    for _ in range(attempts if ranges else 0):
-        lo, hi = rng.choice(ranges)
-        port = rng.randrange(lo, hi)
-        if _bindable(host, port):
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        fallback: int = sock.getsockname()[1]
-        return fallback
 
 
 def trial_env(base: Mapping[str, str] | None = None, *,

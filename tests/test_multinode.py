@@ -23,8 +23,9 @@ from autotune.launchers import (
 from autotune.layout import Layout
 from autotune.metrics import metrics_from_run
 from autotune.model import ModelSpec, load_model
+from autotune.ports import free_port
 from autotune.protocol import WORKER
-from autotune.runner import free_port, run_multinode_trial, slurm_first_node
+from autotune.runner import run_multinode_trial, slurm_first_node
 from autotune.trial import TrialSpec, TrialStatus
 from tests.conftest import cluster
 

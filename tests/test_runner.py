@@ -16,18 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from autotune import ports
 from autotune.errors import ConfigError, LaunchError
 from autotune.launchers import TORCHRUN
 from autotune.layout import Layout
 from autotune.megatron_args import flag_names
 from autotune.metrics import metrics_from_run
 from autotune.model import ModelSpec
+from autotune.ports import free_port
 from autotune.protocol import NCCL_TIMEOUT_ENV
 from autotune.runner import (
     STACKS_WAIT_S,
     RunOutput,
     TrialInterrupted,
-    free_port,
     megatron_lm_argv,
     run_command,
     run_megatron_lm_trial,
@@ -126,9 +127,7 @@ def test_free_port_stays_out_of_the_ephemeral_range() -> None:
 ])
 def test_free_port_uses_whichever_side_of_the_range_exists(
         monkeypatch: pytest.MonkeyPatch, ephemeral: tuple[int, int], allowed: range) -> None:
-    import autotune.runner as runner
-
-    monkeypatch.setattr(runner, "_ephemeral_range", lambda: ephemeral)
+    monkeypatch.setattr(ports, "_ephemeral_range", lambda: ephemeral)
     assert all(free_port(rng=random.Random(seed)) in allowed for seed in range(10))
 
 
