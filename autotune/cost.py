@@ -21,11 +21,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from autotune.dimensions import Recompute
 from autotune.flops import forward_flops_per_token, hardware_flops_per_token, model_flops_per_token
 from autotune.hardware import ClusterSpec
 from autotune.layout import Layout
 from autotune.memory import MAIN_GRAD_BYTES, PARAM_BYTES, stage_params
-from autotune.memory_activations import layer_activations
+from autotune.memory_activations import layer_activations, recomputed_share
 from autotune.model import ModelSpec, padded_vocab_size
 
 __all__ = ["HBM_BYTES_PER_S", "CostEstimate", "CostParams", "estimate_cost"]
@@ -195,11 +196,15 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     tokens = s.mbs * seq  # local tokens of one micro-batch
     layers = model.num_layers // s.pp
     tsp = t if s.sequence_parallel else 1
-    full = s.recompute == "full"
-    # Forward = 1, backward = 2 forwards; full recompute adds a forward of every layer,
-    # selective a forward of core attention (Korthikanti et al. 2022, Section 5).
+    # Forward = 1, backward = 2 forwards; full recompute adds a forward of the layers it
+    # recomputes (all of them with `uniform`, the first recompute_num_layers of each chunk with
+    # `block`), selective a forward of core attention (Korthikanti et al. 2022, Section 5).
+    full = (recomputed_share(layers // s.vpp, method=s.recompute_method,
+                             num_layers=s.recompute_num_layers)
+            if s.recompute == Recompute.FULL else 0.0)
     mats_passes = 3 + full
-    core_passes = 3 + (s.recompute != "none")
+    core_passes = 3 + (full if s.recompute == Recompute.FULL
+                       else float(s.recompute == Recompute.SELECTIVE))
 
     # --- compute of one micro-batch on one stage ---
     eff = gemm_efficiency(min(tokens, h / t), prm)
@@ -242,7 +247,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     if s.cp > 1:
         kv_bytes = tokens * 2 * model.head_dim * max(1, model.query_groups // t) * 2
         bw = _link(cluster, t * s.cp) * prm.comm_efficiency
-        comm = layers * (s.cp - 1) * kv_bytes * (1 + 2 + (s.recompute != "none")) / bw
+        comm = layers * (s.cp - 1) * kv_bytes * core_passes / bw
         cp_mb = max(0.0, comm - attn_s)  # every layer alike: sum of per-layer max(0, .)
     # --- expert parallel: token dispatch + combine all-to-all forward and backward.
     ep_mb = 0.0

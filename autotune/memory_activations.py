@@ -148,6 +148,17 @@ def inflight_microbatches(*, pp: int, vpp: int, stage: int, num_microbatches: in
     return chunks / vpp
 
 
+def recomputed_share(layers: int, *, method: str, num_layers: int) -> float:
+    """The share of a chunk's `layers` layers whose forward full recompute runs again.
+
+    megatron/core/transformer/transformer_block.py, _checkpointed_forward: `uniform` checkpoints
+    groups of num_layers layers, so every layer is recomputed; `block` checkpoints the first
+    num_layers layers of the chunk and runs the rest normally.
+    """
+    n = max(1, min(num_layers, layers))
+    return n / layers if method == "block" else 1.0
+
+
 def full_recompute_chunk(layers: int, *, method: str, num_layers: int, full: float,
                          layer_input: float) -> tuple[float, float]:
     """(stored, recompute workspace) bytes of one chunk of `layers` layers, one micro-batch.

@@ -20,7 +20,8 @@ def _write_trials(root: Path, with_gpu: bool = True) -> int:
     count = 0
     for i, t in enumerate(DATA["trials"]):
         s = Layout(**t["strategy"])
-        model = load_model(t["model"]).with_overrides(global_batch_size=s.gbs)
+        model = load_model(t["model"]).with_overrides(global_batch_size=s.gbs,
+                                                  seq_length=t.get("seq_length"))
         folder = root / "study" / "trials" / str(i)
         folder.mkdir(parents=True)
         spec = TrialSpec(model=model, layout=s, gpu_name=t["gpu"] if with_gpu else None)

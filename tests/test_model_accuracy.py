@@ -27,7 +27,8 @@ TRIALS: list[dict[str, Any]] = DATA["trials"]
 
 def _inputs(trial: dict[str, Any]) -> tuple[Any, Layout, ClusterSpec]:
     s = Layout(**trial["strategy"])
-    model = load_model(trial["model"]).with_overrides(global_batch_size=s.gbs)
+    model = load_model(trial["model"]).with_overrides(global_batch_size=s.gbs,
+                                                      seq_length=trial.get("seq_length"))
     cluster = ClusterSpec(num_gpus=trial["gpus"], gpus_per_node=trial["gpus"],
                           gpu=gpu_spec(trial["gpu"]))
     return model, s, cluster
