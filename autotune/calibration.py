@@ -24,7 +24,7 @@ from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
 from autotune.layout import Layout
 from autotune.memory import MemoryParams, estimate_memory
-from autotune.model import ModelSpec
+from autotune.model import ModelSpec, read_text
 
 __all__ = [
     "COST_FIT_FIELDS",
@@ -157,10 +157,12 @@ def save_calibration(path: Path | str, cost: CostParams, memory: MemoryParams, *
 
 def load_calibration(path: Path | str) -> tuple[CostParams, MemoryParams]:
     """The (cost, memory) constants of a file written by save_calibration."""
+    text = read_text(Path(path), "calibration file")  # missing, a folder, not UTF-8: one line
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read calibration file {path}: {exc}") from exc
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"calibration file {path}: malformed JSON ({exc.msg}, line "
+                          f"{exc.lineno})") from None
     try:
         return (CostParams(**data["cost"]["values"]),
                 MemoryParams(**data["memory"]["values"]))

@@ -13,7 +13,11 @@ import yaml
 
 from autotune.errors import ConfigError
 
-__all__ = ["ModelSpec", "list_presets", "load_model", "padded_vocab_size", "search_spaces_dir"]
+__all__ = ["MODEL_NAME_MAX", "ModelSpec", "list_presets", "load_model", "padded_vocab_size",
+           "read_text", "search_spaces_dir"]
+
+MODEL_NAME_MAX = 100
+"""Characters of a model's `name:`; it titles reports and exported scripts."""
 
 
 
@@ -62,6 +66,14 @@ class ModelSpec:
     make_vocab_size_divisible_by: int = 128
 
     def __post_init__(self) -> None:
+        # The name reaches report titles, script comments and the default study name: one
+        # printable line (no newline or other control character), of a sensible length.
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigError(f"model name must be a non-empty string, got {self.name!r}")
+        if not self.name.isprintable() or len(self.name) > MODEL_NAME_MAX:
+            shown = self.name if len(self.name) <= 40 else self.name[:40] + "..."
+            raise ConfigError(f"model name {shown!r} must be one line of at most "
+                              f"{MODEL_NAME_MAX} printable characters")
         for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
                      "seq_length", "global_batch_size"):
             value = getattr(self, name)
@@ -161,6 +173,24 @@ _REQUIRED = ("name", "num_layers", "hidden_size", "num_attention_heads", "vocab_
              "seq_length", "global_batch_size")
 
 
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of a file the user named (`what`: "model file", ...), or ConfigError in
+    one line: missing, a folder, unreadable, or not UTF-8 text."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a folder, not a file") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at "
+                          f"offset {exc.start})") from None
+
+
 def _read_yaml(text: str, source: str) -> Any:
     try:
         return yaml.safe_load(text)
@@ -177,7 +207,7 @@ def load_model(name_or_path: str) -> ModelSpec:
         path = Path(name_or_path)
         if not path.is_file():
             raise ConfigError(f"model file {name_or_path} does not exist")
-        data = _read_yaml(path.read_text(), str(path))
+        data = _read_yaml(read_text(path, "model file"), str(path))
         if isinstance(data, dict):
             data.setdefault("name", path.stem)
         return _from_mapping(data, str(path))

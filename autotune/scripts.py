@@ -8,6 +8,7 @@ them; this module only arranges them into scripts. Pure: returns text, writes no
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,8 +21,8 @@ from autotune.model import ModelSpec
 from autotune.protocol import SPEC_NAME, WORKER
 from autotune.trial import TrialSpec
 
-__all__ = ["FORMATS", "TRAIN_ITERS", "layout_json", "megatron_lm_script", "slurm_script",
-           "torchrun_script"]
+__all__ = ["FORMATS", "TRAIN_ITERS", "check_megatron_lm", "layout_json", "megatron_lm_script",
+           "slurm_script", "torchrun_script"]
 
 FORMATS: tuple[str, ...] = ("megatron-lm", "torchrun", "slurm", "json")
 TRAIN_ITERS = 100
@@ -43,8 +44,24 @@ def layout_json(layout: Layout, *, model: str | None, gpus: int, gpu: str | None
     return json.dumps(data, indent=2) + "\n"
 
 
+def _comment(line: str) -> str:
+    """`line` as one bash comment line. Text in it comes from the study (its name, the model's
+    name): a newline would end the comment and run the rest, so every character that is not
+    printable (newlines, carriage returns, other controls, Unicode line separators) becomes
+    '?'."""
+    text = "".join(c if c.isprintable() else "?" for c in line)
+    return f"# {text}" if text else "#"
+
+
 def _header(lines: Sequence[str]) -> list[str]:
-    return ["#!/usr/bin/env bash", *[f"# {line}" if line else "#" for line in lines]]
+    return ["#!/usr/bin/env bash", *[_comment(line) for line in lines]]
+
+
+def _job_name(name: str) -> str:
+    """A Slurm job name from `name`: letters, digits, '.', '_' and '-' only (an #SBATCH line is
+    parsed by sbatch, not by a shell, and %-patterns would expand), at most 64 characters."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")[:64]
+    return safe or "autotune"
 
 
 def _continued(shell: Sequence[str], args: Sequence[str]) -> str:
@@ -59,6 +76,15 @@ def _continued(shell: Sequence[str], args: Sequence[str]) -> str:
     lines = [shell[0], *[_INDENT + line for line in shell[1:]],
              *[_INDENT + " ".join(shlex.quote(a) for a in g) for g in groups]]
     return " \\\n".join(lines)
+
+
+def check_megatron_lm(megatron_lm: str | None) -> str | None:
+    """--megatron-lm as given, refused in one line when it is empty or holds a control character
+    (it is shell-quoted into the script, but a path with a newline is no path anyone meant)."""
+    if megatron_lm is not None and (not megatron_lm or not megatron_lm.isprintable()):
+        raise ConfigError(f"--megatron-lm {megatron_lm!r} is not a usable path (empty or with "
+                          "a control character)")
+    return megatron_lm
 
 
 def _megatron_parts(model: ModelSpec, layout: Layout, *, megatron_lm: str | None,
@@ -81,6 +107,7 @@ def _megatron_parts(model: ModelSpec, layout: Layout, *, megatron_lm: str | None
               f"--train-iters {train_iters} is a short benchmark run; set your own for "
               "training (and --save/--load for checkpoints)."]
     if megatron_lm is not None:
+        check_megatron_lm(megatron_lm)
         script = shlex.quote(training_script(megatron_lm))
     else:
         script = '"$MEGATRON_LM/pretrain_gpt.py"'
@@ -128,8 +155,10 @@ def megatron_lm_script(model: ModelSpec, layout: Layout, *, title: Sequence[str]
         notes.append(f"Run this same script on each of the {nodes} nodes, with MASTER_ADDR set "
                      "to the first node's address.")
         launch = (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-id autotune "
+                  # No apostrophe in the ${...:?...} message: bash reads quotes there, even
+                  # inside double quotes, and the script would not parse.
                   f"--rdzv-backend c10d --rdzv-endpoint \"${{MASTER_ADDR:?set MASTER_ADDR to "
-                  f"the first node's address}}:{RDZV_PORT}\"")
+                  f"the address of the first node}}:{RDZV_PORT}\"")
     lines = [*_header([*title, *notes]), *_env_lines(megatron_lm)]
     return "\n".join(lines) + "\n" + _continued([launch, script], args) + "\n"
 
@@ -141,7 +170,7 @@ def slurm_script(model: ModelSpec, layout: Layout, *, title: Sequence[str], node
     per_node = _split(layout, nodes)
     notes, script, args = _megatron_parts(model, layout, megatron_lm=megatron_lm,
                                           train_iters=train_iters)
-    sbatch = [f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={nodes}",
+    sbatch = [f"#SBATCH --job-name={_job_name(job_name)}", f"#SBATCH --nodes={nodes}",
               "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={per_node}",
               "#SBATCH --exclusive", "#SBATCH --output=%x-%j.out"]
     body = [*_env_lines(megatron_lm),
@@ -154,7 +183,7 @@ def slurm_script(model: ModelSpec, layout: Layout, *, title: Sequence[str], node
               f"--rdzv-id \"$SLURM_JOB_ID\" --rdzv-backend c10d "
               f"--rdzv-endpoint \"$MASTER_ADDR:{RDZV_PORT}\"")
     head = _header([])[0]
-    text = "\n".join([head, *sbatch, *[f"# {n}" for n in [*title, *notes]], *body])
+    text = "\n".join([head, *sbatch, *[_comment(n) for n in [*title, *notes]], *body])
     return text + "\n" + _continued([launch, script], args) + "\n"
 
 
@@ -164,8 +193,11 @@ def torchrun_script(spec: TrialSpec, *, title: Sequence[str]) -> str:
     marker = "AUTOTUNE_TRIAL_JSON"
     notes = ["Runs autotune's megatron-core worker (pip install 'autotune[megatron]') on one "
              "node; it writes result.json and its figures into the current folder."]
+    body = spec.to_json()
+    if marker in body.split("\n"):  # it would end the here-document early
+        raise ConfigError(f"the trial specification holds a line {marker}")
     lines = [*_header([*title, *notes]), "set -euo pipefail",
-             f"cat > {SPEC_NAME} <<'{marker}'", spec.to_json(), marker]
+             f"cat > {SPEC_NAME} <<'{marker}'", body, marker]
     launch = " ".join(shlex.quote(a) for a in
                       ["torchrun", "--standalone", "--nproc-per-node", str(gpus), *WORKER])
     command = _continued([launch], ["--spec", SPEC_NAME, "--out-dir", "."])

@@ -15,7 +15,7 @@ from autotune.dimensions import LEVELS
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
 from autotune.layout import RULES, SEARCHED, Layout, derive_dp, with_fields
-from autotune.model import ModelSpec, search_spaces_dir
+from autotune.model import ModelSpec, read_text, search_spaces_dir
 
 __all__ = ["DIMENSIONS", "SearchSpace", "SpaceSummary", "enumerate_space", "load_space"]
 
@@ -77,7 +77,7 @@ def load_space(path: str | None = None) -> SearchSpace:
         file = Path(path)
         if not file.is_file():
             raise ConfigError(f"search space file {path} does not exist")
-        text, source = file.read_text(), str(file)
+        text, source = read_text(file, "search space file"), str(file)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote_plus
 
 import optuna
 from optuna.study import StudyDirection
@@ -22,8 +23,10 @@ from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec
 from autotune.space import SearchSpace
 
-__all__ = ["Heartbeat", "default_study_name", "describe_study", "fail_stale", "heartbeat",
-           "open_planning_study", "open_study", "redact_url", "storage_url"]
+__all__ = ["DEFAULT_RESULTS_DIR", "STUDY_NAME_MAX", "Heartbeat", "check_results_dir",
+           "check_storage_url", "check_study_name", "default_study_name", "describe_study",
+           "fail_stale", "heartbeat", "open_planning_study", "open_study", "redact_url",
+           "storage_url"]
 
 DIRECTIONS: tuple[StudyDirection, ...] = (StudyDirection.MAXIMIZE, StudyDirection.MINIMIZE)
 """Objectives: tokens/s (whole job) and peak memory per GPU in GiB."""
@@ -44,6 +47,67 @@ class Heartbeat:
     grace_s: int = HEARTBEAT_GRACE_S
 
 
+DEFAULT_RESULTS_DIR = "results"
+"""Where studies go without --results-dir (relative to the working folder)."""
+STUDY_NAME_MAX = 100
+"""Characters of a study name: it is a folder name, and it appears in scripts and reports."""
+_NAME_RULE = (f"a study name (a folder under --results-dir) is 1-{STUDY_NAME_MAX} letters, "
+              "digits, '.', '_' or '-', starting with a letter or digit")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """`text` for a one-line message: quoted, escapes for control characters, cut when long."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def check_study_name(name: str, what: str = "study name") -> str:
+    """`name` if it is a safe study name, else ConfigError in one line.
+
+    A study name becomes a folder under --results-dir and appears in exported scripts and
+    report.md, so it is held to a character set that is safe in all three: no path separator,
+    no `.`/`..`, no shell or Markdown syntax, no control character.
+    """
+    if not name:
+        raise ConfigError(f"{what} is empty; {_NAME_RULE}")
+    if len(name) > STUDY_NAME_MAX:
+        raise ConfigError(f"{what} {_shown(name)} has {len(name)} characters; {_NAME_RULE}")
+    bad = _UNSAFE.search(name)
+    if bad is not None:
+        raise ConfigError(f"{what} {_shown(name)} contains {bad.group()!r}; {_NAME_RULE}")
+    if not name[0].isalnum():
+        raise ConfigError(f"{what} {_shown(name)} starts with {name[0]!r}; {_NAME_RULE}")
+    return name
+
+
+def check_results_dir(path: str | Path, *, writable: bool = True) -> Path:
+    """--results-dir as a Path, refused in one line when it (or a folder on its way) is a
+    file, it holds a control character, or (`writable`) it could not be written or created.
+    Nothing is created here: a search makes its study's folder once it starts."""
+    text = str(path)
+    if not text or not text.isprintable():
+        raise ConfigError(f"--results-dir {_shown(text)} is not a usable folder name (empty or "
+                          "with a control character)")
+    folder = Path(text)
+    existing = folder
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        where = "" if existing == folder else f": {existing}"
+        raise ConfigError(f"--results-dir {text}{where} is a file, not a folder")
+    if writable and existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--results-dir {text} is not writable" if existing == folder else
+                          f"--results-dir {text} cannot be created: {existing} is not writable")
+    return folder
+
+
+def _name_part(text: str, limit: int) -> str:
+    """`text` (a model name) reduced to the study-name character set, at most `limit` long."""
+    part = _UNSAFE.sub("-", text)
+    part = re.sub(r"-{2,}", "-", part).strip("-._")[:limit].rstrip("-._")
+    return part or "model"
+
+
 def default_study_name(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
                        backend: str, variant: dict[str, Any] | None = None) -> str:
     """`gpt2-xl-8gpu-h100-80gb-worker-1a2b3c4d`: the hash covers everything the candidate
@@ -58,24 +122,84 @@ def default_study_name(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
         about["variant"] = variant
     key = json.dumps(about, sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:8]
-    return f"{model.name}-{cluster.num_gpus}gpu-{cluster.gpu.name}-{backend}-{digest}"
+    # A model name is free text (its YAML file's `name:`): only its safe characters are kept.
+    tail = f"-{cluster.num_gpus}gpu-{cluster.gpu.name}-{backend}-{digest}"
+    name = _name_part(model.name, STUDY_NAME_MAX - len(tail)) + tail
+    return check_study_name(name)
 
 
 def storage_url(results_dir: Path, study_name: str, storage: str | None) -> str:
-    """The storage URL: `storage` as given, else SQLite at results/<study>/study.db."""
+    """The storage URL: `storage` as given, else SQLite at results/<study>/study.db. The study
+    name must be safe (check_study_name): its folder is results/<study>/ either way."""
+    check_study_name(study_name)
     if storage:
         return storage
     folder = results_dir / study_name
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the study folder {folder} "
+                          f"({exc.strerror or exc}); check --results-dir") from None
     return f"sqlite:///{(folder / 'study.db').resolve()}"
 
 
-_PASSWORD = re.compile(r"(?P<head>[a-z0-9+]+://[^:/@]+:)(?P<secret>[^@]*)(?P<tail>@)", re.I)
+# SQLAlchemy's URL: dialect+driver://user[:password]@host[:port]/database[?key=value&...]. Its
+# parser takes the user as [^:/]* and the password as [^@]*, so a password may hold '/', '?',
+# ':' or '#', and a raw '@' in it ends the password early (the rest reads as the host).
+_USER = re.compile(r"[^:/]*:")
+_SECRET_KEY = re.compile(r"pass|pwd|secret|token|key|auth|cred|sig", re.I)
+_SECRET_SETTING = re.compile(r"(pass|pwd|secret|token)\w*\s*=", re.I)
+
+
+def _redact_query(query: str) -> str:
+    parts = []
+    for item in query.split("&"):
+        key, eq, value = item.partition("=")
+        # A value may carry a setting of its own (libpq's options=-c password=...).
+        secret = eq and (_SECRET_KEY.search(unquote_plus(key))
+                         or _SECRET_SETTING.search(unquote_plus(value)))
+        parts.append(f"{key}=***" if secret else item)
+    return "&".join(parts)
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced by ***, for logs and reports."""
-    return _PASSWORD.sub(lambda m: f"{m['head']}***{m['tail']}", url)
+    """The URL with its password and secret query values (password=, sslpassword=, token=,
+    ...; percent-encoded keys too) replaced by ***, for logs, messages and reports.
+
+    Everything between `user:` and the last '@' is the password: a raw '@' in a password
+    (which SQLAlchemy would misread) is hidden whole. Errs toward hiding more.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    user = _USER.match(rest)
+    head = ""
+    if user is not None and "@" in rest[user.end():]:
+        head = rest[:user.end()] + "***@"
+        rest = rest[rest.rindex("@") + 1:]
+    address, question, query = rest.partition("?")
+    if question:
+        rest = f"{address}?{_redact_query(query)}"
+    return f"{scheme}://{head}{rest}"
+
+
+def check_storage_url(url: str) -> str:
+    """`url` if SQLAlchemy can read it as a database URL, else ConfigError in one line that
+    shows it redacted. A raw '@' in the password is refused: SQLAlchemy would take what
+    follows it for the host and name it in its connection errors."""
+    from sqlalchemy.engine import make_url
+
+    if not url.isprintable():
+        raise ConfigError(f"--storage {_shown(redact_url(url))} holds a control character")
+    try:
+        parsed = make_url(url)
+    except Exception:  # SQLAlchemy raises ArgumentError, ValueError, ... for a malformed URL
+        raise ConfigError(f"--storage {redact_url(url)} is not a database URL "
+                          "(dialect+driver://user:password@host/database)") from None
+    if "@" in (parsed.host or ""):
+        raise ConfigError(f"--storage {redact_url(url)}: a user name or password with '@' "
+                          "must be percent-encoded (%40)")
+    return url
 
 
 def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,
