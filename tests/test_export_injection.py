@@ -25,6 +25,7 @@ from autotune.layout import Layout
 from autotune.model import load_model
 from autotune.scripts import megatron_lm_script, slurm_script, torchrun_script
 from autotune.trial import TrialSpec
+from tests.test_hardening_inputs import MODEL_YAML
 
 MARK = "PWNED"
 PAYLOADS = [
@@ -215,22 +216,12 @@ def test_megatron_lm_path_is_one_quoted_argument(tmp_path: Path, fmt: str, path:
     assert f"{path}/pretrain_gpt.py" in call  # one argument, exactly as given
 
 
-EVIL_MODEL = """name: "{name}"
-num_layers: 2
-hidden_size: 256
-num_attention_heads: 4
-vocab_size: 1000
-seq_length: 128
-global_batch_size: 8
-"""
-
-
 def test_end_to_end_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A model file whose name is hostile (printable: the loader refuses control characters),
     searched, then exported in every format with a hostile --megatron-lm."""
     name = f"x$(touch {MARK}); `touch {MARK}` 'q\\\" | && touch {MARK} %j"
     model = tmp_path / "evil.yaml"
-    model.write_text(EVIL_MODEL.format(name=name))
+    model.write_text(MODEL_YAML.replace("name: tiny", f'name: "{name}"'))
     root = tmp_path / "results"
     assert main([str(model), "--gpus", "2", "--backend", "simulate", "--results-dir", str(root),
                  "--trials", "3"]) == 0
