@@ -7,6 +7,15 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 # The CPU tests cross-check autotune's rules against megatron-core itself.
 TORCH_SPEC ?= torch==2.13.0
+# Where the CPU build of torch comes from: PyPI's Linux torch is the CUDA build (gigabytes of
+# NVIDIA libraries the tests never use); PyTorch's CPU index has 2.13.0+cpu, which pip prefers
+# to PyPI's 2.13.0 (a local version sorts after its public one). Where pip is configured with
+# its own index or wheel folder (`pip config list`: a site mirror, an offline machine) that
+# configuration is trusted and no index is added; `make test TORCH_INDEX_URL=...` overrides.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_INDEX_URL ?= $(if $(shell $(PY) -m pip config list 2>/dev/null | \
+	grep -E '\.(find-links|index-url|extra-index-url)='),,$(TORCH_CPU_INDEX))
+TORCH_INDEX = $(if $(strip $(TORCH_INDEX_URL)),--extra-index-url $(TORCH_INDEX_URL))
 MCORE_SPEC ?= megatron-core==0.16.1
 MODEL ?= gpt2-xl
 GPUS ?= 8
@@ -22,7 +31,7 @@ $(VENV)/.base: pyproject.toml | $(VENV)/bin/python
 	touch $@
 
 $(VENV)/.test: pyproject.toml | $(VENV)/bin/python
-	$(PIP) "$(TORCH_SPEC)" "$(MCORE_SPEC)"
+	$(PIP) $(TORCH_INDEX) "$(TORCH_SPEC)" "$(MCORE_SPEC)"
 	$(PIP) -e ".[dev]"
 	touch $@
 

@@ -136,8 +136,9 @@ def test_text_output_labels_predictions(capsys: pytest.CaptureFixture[str], tmp_
 
 
 @pytest.mark.parametrize(("backend", "code", "message"), [
-    ("worker", 1, "--backend worker needs NVIDIA GPUs; none found"),
-    ("megatron-lm", 1, "--backend megatron-lm needs NVIDIA GPUs; none found"),
+    # Bad input, as the README says: exit 2.
+    ("worker", 2, "--backend worker needs NVIDIA GPUs; none found"),
+    ("megatron-lm", 2, "--backend megatron-lm needs NVIDIA GPUs; none found"),
     ("warp", 2, "unknown backend 'warp'"),
 ])
 def test_backend_errors_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,

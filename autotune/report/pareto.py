@@ -5,10 +5,12 @@ Pure Python over plain sequences, so the definition is testable on a hand-built 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any, TypeVar
 
-__all__ = ["fold_ties", "pareto_front", "scaling_points"]
+__all__ = ["fold_ties", "pareto_front", "scaling_points", "ties_text", "twin_groups"]
+
+T = TypeVar("T")
 
 
 def pareto_front(maximize: Sequence[float], minimize: Sequence[float]) -> list[int]:
@@ -63,18 +65,27 @@ def scaling_points(studies: Sequence[tuple[int, str, dict[str, Any] | None]]
     return points
 
 
+def twin_groups(items: Iterable[T], key: Callable[[T], Hashable]) -> list[list[T]]:
+    """`items` grouped by equal `key` (their figures), each group in the order given and the
+    groups in the order of their first item."""
+    groups: dict[Hashable, list[T]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return list(groups.values())
+
+
+def ties_text(others: Sequence[int]) -> str:
+    """`+2: #12 #14`: the other trials of a group with the same figures ("" for none)."""
+    if not others:
+        return ""
+    shown = " ".join(f"#{n}" for n in others[:4])
+    return f"+{len(others)}: {shown}{' ...' if len(others) > 4 else ''}"
+
+
 def fold_ties(rows: Sequence[dict[str, Any]], keys: Sequence[str] = (
         "tokens_per_s", "peak_memory_gib")) -> list[dict[str, Any]]:
     """One row per distinct figures: the first row of each group, with `ties` naming the other
     trials that have exactly the same figures (the analytical models often predict the same
     numbers for layouts that differ only in, say, the attention kernel)."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(tuple(row.get(k) for k in keys), []).append(row)
-    folded = []
-    for group in groups.values():
-        first, others = group[0], group[1:]
-        shown = " ".join(f"#{r['trial']}" for r in others[:4])
-        more = " ..." if len(others) > 4 else ""
-        folded.append({**first, "ties": f"+{len(others)}: {shown}{more}" if others else ""})
-    return folded
+    return [{**group[0], "ties": ties_text([r["trial"] for r in group[1:]])}
+            for group in twin_groups(rows, lambda row: tuple(row.get(k) for k in keys))]
