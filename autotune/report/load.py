@@ -5,13 +5,16 @@ with `read_records`) but not the model it was searched for. That comes, in order
 study's user attributes `model` / `cluster` (when a search writes them), from a trial's
 trials/<n>/trial.json (real runs write one), from the default study name
 `<model>-<N>gpu-<gpu>-<backend>-<hash>` with the preset of that name, or from `--model`.
+A `--model` that disagrees with the model the study stores (attributes or trial.json) is
+refused: it would label the study's figures with another model's name and shape.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +240,31 @@ def _model_from_trial_json(folder: Path) -> tuple[ModelSpec | None, float | None
     return None, None
 
 
+def _check_model_arg(ref: StudyRef, arg: str, given: ModelSpec, stored: dict[str, Any],
+                     where: str) -> None:
+    """ConfigError in one line when `given` (--model `arg`) is not the model the study stores
+    (`stored`, its fields as the study holds them, from `where`). The sequence length and
+    global batch are the search's settings (--seq-len, --global-batch-size): `given` is
+    compared as the search would have run it with the study's. Fields one side lacks (other
+    versions) are not compared."""
+    try:
+        as_run = given.with_overrides(**{k: v for k in ("seq_length", "global_batch_size")
+                                         if isinstance(v := stored.get(k), int)})
+    except ConfigError:
+        as_run = given
+    mine = json.loads(json.dumps(asdict(as_run), default=str))
+    differs = [k for k in mine if k in stored and mine[k] != stored[k]]
+    if not differs:
+        return
+    shape = [k for k in differs if k != "name"] or differs  # both names are said anyway
+    shown = ", ".join(f"{k} {mine[k]} against {stored[k]}" for k in shape[:4])
+    more = f" and {len(shape) - 4} more" if len(shape) > 4 else ""
+    label = arg if arg == given.name else f"{arg} ({given.name})"
+    raise ConfigError(f"--model {label} disagrees with study {ref.name}, searched for "
+                      f"{stored.get('name', '?')} ({where}): {shown}{more}; leave --model out "
+                      "(the study's own model is used)")
+
+
 def _inferred_seq_length(rows: list[dict[str, Any]]) -> int | None:
     # tokens/s = gbs * seq_length / step time (TrialMetrics.tokens_per_s), so an OK trial tells
     # the sequence length even when --seq-len overrode the preset's.
@@ -255,18 +283,25 @@ def _resolve_model(ref: StudyRef, study: optuna.Study, rows: list[dict[str, Any]
     hints.update({k: v for k, v in cluster.items() if v is not None})
     if isinstance(study.user_attrs.get("backend"), str):
         hints["backend"] = study.user_attrs["backend"]
-    if model_arg is not None:
-        model, source = load_model(model_arg), "--model"
-    elif model is not None:
+    stored, where = study.user_attrs.get("model"), "study attributes"
+    if model is not None:
         source = "study attributes"
     else:
         model, _ = _model_from_trial_json(ref.folder)
         source = "trials/*/trial.json"
-        if model is None and match:
-            try:
-                model, source = load_model(match["model"]), f"preset {match['model']}"
-            except ConfigError:
-                model = None
+        if model is not None:
+            stored, where = asdict(model), source
+    if model_arg is not None:
+        given = load_model(model_arg)
+        if isinstance(stored, dict):
+            _check_model_arg(ref, model_arg, given, stored, where)
+        if model is None:  # the study stores none (or one this version cannot read)
+            model, source = given, "--model"
+    elif model is None and match:
+        try:
+            model, source = load_model(match["model"]), f"preset {match['model']}"
+        except ConfigError:
+            model = None
     if model is None:
         return None, "unknown", hints
     gbs = next((r["gbs"] for r in rows if r["gbs"]), None)

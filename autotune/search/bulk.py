@@ -27,6 +27,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from autotune.search.interrupts import deferred_interrupts
+
 __all__ = ["add_finished_trials"]
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,8 @@ def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> N
     for t in trials:  # what the storage would store: fail on bad data before writing any
         json.dumps([t.user_attrs, t.system_attrs])
     try:
-        _insert(study, trials)
+        with deferred_interrupts():  # a Ctrl-C waits for the commit (seconds at most)
+            _insert(study, trials)
     except Exception as exc:  # any surprise (the transaction rolled back): the public path
         log.warning("writing %d trials one by one (slower): the bulk insert failed: %r",
                     len(trials), exc)

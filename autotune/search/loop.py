@@ -50,13 +50,21 @@ class Search:
                                    valid_layouts=len(self.layouts.valid))
         self.knowledge = Knowledge(cfg, self.result, refits=self.store.measured)
         ledger = Ledger(self.result, self.layouts, learn=self.knowledge.learn, observer=observer)
+        self.ledger = ledger
         parts = SearchParts(cfg=cfg, layouts=self.layouts, store=self.store, ledger=ledger,
                             knowledge=self.knowledge, queue=LayoutQueue())
         self.executor = TrialExecutor(parts)
         self.scheduler = Scheduler(parts, self.executor, sampler=sampler, clock=clock)
 
-    def run(self) -> SearchResult:
-        return self.scheduler.run()
+    def run(self, observer: Observer | None = None) -> SearchResult:
+        """Run the search (once); `observer`, if given, replaces the one it was built with, so
+        that a display can start after the study opened (and was not refused)."""
+        if observer is not None:
+            self.ledger.observer = observer
+        try:
+            return self.scheduler.run()
+        finally:
+            self.store.release()  # an SQLite study is free for the next process
 
 
 def run_search(cfg: SearchConfig, observer: Observer | None = None) -> SearchResult:

@@ -62,15 +62,15 @@ class Scheduler:
             return f"{cfg.patience} trials without improvement (--patience)"
         return None
 
-    def next_queued(self) -> tuple[bool, bool]:
-        """Enqueue the first queued layout not tried nor running elsewhere as the next trial:
-        (whether one was, whether layouts running elsewhere were deferred)."""
+    def next_queued(self) -> tuple[tuple[Layout, Source] | None, bool]:
+        """The first queued layout not tried nor running elsewhere, to be the next trial (None:
+        none), and whether layouts running elsewhere were deferred."""
         p = self.parts
         p.store.before_ask()
         running = self.executor.look()
         deferred: list[tuple[Layout, Source]] = []
-        took = False
-        while p.queue and not took:
+        took: tuple[Layout, Source] | None = None
+        while p.queue and took is None:
             queued, source = p.queue.pop()
             if p.ledger.tried(queued):
                 continue
@@ -78,8 +78,7 @@ class Scheduler:
                 # Another worker runs it now; keep it in case that worker dies (FAIL).
                 deferred.append((queued, source))
                 continue
-            p.store.enqueue(queued, source)
-            took = True
+            took = (queued, source)
         for queued, source in deferred:
             p.queue.push(queued, source)
         return took, bool(deferred)
@@ -87,14 +86,12 @@ class Scheduler:
     def run_one(self) -> bool:
         """Ask for one trial and finish it. False when the space is exhausted."""
         took, deferred = self.next_queued()
-        if not took and self.sampler != Sampler.TPE:
+        if took is None and self.sampler != Sampler.TPE:
             if not deferred:
                 return False
             time.sleep(SHARED_POLL_S)  # only layouts running elsewhere are left: wait for them
             return True
-        store = self.parts.store
-        trial = store.ask()
-        with store.running(trial):
+        with self.parts.store.next_trial(took) as trial:
             self.executor.finish(trial)
         return True
 
@@ -108,16 +105,23 @@ class Scheduler:
         p.queue.push(untried[0], Source.MODEL)
         return None
 
+    @staticmethod
+    def interrupted(result: SearchResult) -> None:
+        result.interrupted = True
+        result.stop_reason = "interrupted (Ctrl-C); --resume continues the study"
+
     def run(self) -> SearchResult:
+        """The search, to a stop rule or Ctrl-C (result.interrupted); the store is closed
+        (a plan written) either way."""
         p = self.parts
         start = self.clock()
         result = p.ledger.result
-        for record in p.store.stored_records():
-            p.ledger.note(record, told=False)
-        p.knowledge.refit()
-        self.seed()
-        idle = 0
         try:
+            for record in p.store.stored_records():
+                p.ledger.note(record, told=False)
+            p.knowledge.refit()
+            self.seed()
+            idle = 0
             while (reason := self.stop_reason(start)) is None:
                 before = p.ledger.launched
                 if not self.run_one():
@@ -131,10 +135,12 @@ class Scheduler:
                     idle = 0
             result.stop_reason = reason
         except KeyboardInterrupt:
-            result.interrupted = True
-            result.stop_reason = "interrupted (Ctrl-C); --resume continues the study"
+            self.interrupted(result)
         finally:
-            p.store.close()
+            try:
+                p.store.close()
+            except KeyboardInterrupt:  # held while a plan was written: it was written whole
+                self.interrupted(result)
         result.elapsed_s = self.clock() - start
         result.cost_params, result.fitted_on = p.knowledge.cost_params, p.knowledge.fitted_on
         return result

@@ -9,6 +9,10 @@ Two kinds behind one interface, `StudyStore`:
 - `PlanningStore`: predictions cost microseconds, and a storage round trip per trial would
   dominate. The study runs in memory, holding the stored study's finished trials, and its new
   trials are written in one pass when the search ends (`close`). No other process sees it.
+
+An SQLite study is held by one process (autotune.search.lock): a second search of it is refused
+before it touches the database. Ctrl-C never splits a write (autotune.search.interrupts): a trial
+asked for is held or failed, a record is told with its state, a plan is written whole.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.layout import Layout
 from autotune.search.bulk import add_finished_trials
 from autotune.search.config import Sampler, SearchConfig, make_sampler
+from autotune.search.interrupts import deferred_interrupts
 from autotune.search.layouts import LayoutMap, ParamsKey
+from autotune.search.lock import StudyLock, lock_study
 from autotune.search.records import Source, TrialRecord, store_record, stored_record
 from autotune.search.shared import PARAMS_WAIT_S, read_shared
 from autotune.search.storage import (
@@ -50,6 +56,19 @@ _FAILED = (TrialStatus.CRASH, TrialStatus.TIMEOUT, TrialStatus.NCCL_ERROR,
 """Told FAIL: nothing learned about the layout's fit (TPE ignores them, dedupe too)."""
 
 
+@contextmanager
+def _locked(name: str, url: str) -> Iterator[StudyLock | None]:
+    """The study's SQLite lock (lock_study), taken before the block opens the study and let go
+    when the block fails (else the store holds it)."""
+    lock = lock_study(name, url)
+    try:
+        yield lock
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
 class StudyStore(ABC):
     """A search's study: ask, tell, and the trials already there. Tell writes the trial's
     record (autotune.search.records) and what Optuna learns from it."""
@@ -67,6 +86,8 @@ class StudyStore(ABC):
         self.known: set[int] = set()
         """Trial numbers already handed out as records (told here, replayed, or synced)."""
         self.last_told: int | None = None
+        self.lock: StudyLock | None = None
+        """This process's hold on an SQLite study (open); released when the search ends."""
 
     @staticmethod
     def study_name(cfg: SearchConfig, variant: dict[str, Any] | None) -> str:
@@ -108,21 +129,35 @@ class StudyStore(ABC):
             return self.study.ask(self.layouts.distributions)
 
     @contextmanager
-    def running(self, trial: optuna.Trial) -> Iterator[None]:
-        """While the trial runs it beats (storage.heartbeat); a Ctrl-C at any step of it ends
-        it FAIL, never RUNNING."""
-        with heartbeat(trial):
-            try:
-                yield
-            except KeyboardInterrupt:
-                if self.last_told != trial.number:
-                    self.study.tell(trial, state=TrialState.FAIL)
-                raise
+    def next_trial(self, queued: tuple[Layout, Source] | None = None
+                   ) -> Iterator[optuna.Trial]:
+        """Ask for the next trial (`queued` enqueued first, to be the one asked for) and hold it
+        while the block runs: it beats (storage.heartbeat), and a Ctrl-C at any step from the
+        ask on ends it FAIL, never RUNNING (nor the enqueued layout WAITING)."""
+        trial: optuna.Trial | None = None
+        try:
+            with deferred_interrupts():  # enqueue and ask: both or neither
+                if queued is not None:
+                    self.enqueue(*queued)
+                trial = self.ask()
+            with heartbeat(trial):
+                yield trial
+        except KeyboardInterrupt:
+            if trial is not None:
+                with deferred_interrupts():
+                    # Told already when the Ctrl-C came after its tell: then nothing to do.
+                    self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            raise
 
     def tell(self, trial: optuna.Trial, record: TrialRecord) -> None:
         """Write the trial's record and finish it: COMPLETE with (tokens/s, peak GiB) when it
         ran, FAIL when it says nothing about the layout's fit, else PRUNED (infeasible: TPE
-        learns from pruned trials) with a positive memory constraint."""
+        learns from pruned trials) with a positive memory constraint. A Ctrl-C waits until
+        both are written."""
+        with deferred_interrupts():
+            self._tell(trial, record)
+
+    def _tell(self, trial: optuna.Trial, record: TrialRecord) -> None:
         store_record(trial, record)
         capacity = self.capacity_bytes
         if record.tokens_per_s is not None:
@@ -142,6 +177,12 @@ class StudyStore(ABC):
     def close(self) -> None:
         """Write to storage what is not there yet (the search ends)."""
 
+    def release(self) -> None:
+        """Let go of the study (its SQLite lock): the search is over."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
 
 class RealRunStore(StudyStore):
     """Real trials, each written to the RDB storage as it happens (see the module)."""
@@ -159,11 +200,14 @@ class RealRunStore(StudyStore):
              beat: Heartbeat) -> RealRunStore:
         name = cls.study_name(cfg, None)
         url = storage_url(cfg.results_dir, name, cfg.storage)
-        study = open_study(name, url, make_sampler(sampler, cfg.seed), resume=cfg.resume,
-                           heartbeat=beat)
-        describe_study(study, cfg.model, cfg.cluster, cfg.backend.name)
-        return cls(study, layouts, name=name, url=url,
-                   capacity_bytes=cfg.cluster.gpu.memory_bytes)
+        with _locked(name, url) as lock:
+            study = open_study(name, url, make_sampler(sampler, cfg.seed), resume=cfg.resume,
+                               heartbeat=beat)
+            describe_study(study, cfg.model, cfg.cluster, cfg.backend.name)
+        store = cls(study, layouts, name=name, url=url,
+                    capacity_bytes=cfg.cluster.gpu.memory_bytes)
+        store.lock = lock
+        return store
 
     def before_ask(self) -> None:
         # A dead worker's trial stops beating: failing it here (every worker, before each
@@ -214,12 +258,15 @@ class PlanningStore(StudyStore):
                    "memory_params": asdict(cfg.memory_params) if cfg.memory_params else None}
         name = cls.study_name(cfg, variant)
         url = storage_url(cfg.results_dir, name, cfg.storage)
-        study, persistent, persisted = open_planning_study(
-            name, url, make_sampler(sampler, cfg.seed), resume=cfg.resume)
-        describe_study(persistent, cfg.model, cfg.cluster, cfg.backend.name)
-        return cls(study, layouts, name=name, url=url,
-                   capacity_bytes=cfg.cluster.gpu.memory_bytes, persistent=persistent,
-                   persisted=persisted)
+        with _locked(name, url) as lock:  # held until the plan is written (close)
+            study, persistent, persisted = open_planning_study(
+                name, url, make_sampler(sampler, cfg.seed), resume=cfg.resume)
+            describe_study(persistent, cfg.model, cfg.cluster, cfg.backend.name)
+        store = cls(study, layouts, name=name, url=url,
+                    capacity_bytes=cfg.cluster.gpu.memory_bytes, persistent=persistent,
+                    persisted=persisted)
+        store.lock = lock
+        return store
 
     def sync(self, mine: int | None = None) -> tuple[list[TrialRecord], dict[ParamsKey, int]]:
         return [], {}  # an in-memory study: no other process can see it
@@ -230,7 +277,7 @@ class PlanningStore(StudyStore):
     def close(self) -> None:
         new = [t for t in self.study.get_trials(deepcopy=False)[self.persisted:]
                if t.state.is_finished()]
-        add_finished_trials(self.persistent, new)
+        add_finished_trials(self.persistent, new)  # one transaction, never split by Ctrl-C
         self.persisted += len(new)
 
 
