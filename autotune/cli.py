@@ -10,27 +10,35 @@ import inspect
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from autotune.errors import AutotuneError, ConfigError
+from autotune.commands.estimate import defaults_note
+from autotune.errors import AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec
 from autotune.identity import representatives
 from autotune.layout import DIMENSIONS, RULE_LEVELS
+from autotune.legend import legend_lines
 from autotune.model import ModelSpec, list_presets, load_model
 from autotune.space import describe_limits, enumerate_space, load_space
 
-__all__ = ["app", "main"]
+__all__ = ["STORAGE_EXAMPLE", "app", "main"]
 
 log = logging.getLogger(__name__)
 _COMMANDS = ("models", "search", "estimate", "calibrate", "report", "export")
+STORAGE_EXAMPLE = "postgresql+psycopg://user@host/db"
+"""The --storage example; README.md gives the same one (tests/test_vocabulary.py)."""
 
 
 class _SearchByDefault(typer.core.TyperGroup):
     """Routes `autotune MODEL ...` to the search command: the first word names no command."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not args:  # bare `autotune`: its help, as `autotune --help` prints it
+            typer.echo(ctx.get_help())
+            ctx.exit(0)
         if args and not args[0].startswith("-") and args[0] not in self.commands:
             args = ["search", *args]
         return super().parse_args(ctx, args)
@@ -40,11 +48,34 @@ app = typer.Typer(
     cls=_SearchByDefault,
     help="Find the fastest Megatron parallel layout for a model on a given set of GPUs.\n\n"
     "Run `autotune MODEL --gpus N` to search, `autotune models` for the presets.",
+    # \b keeps click from rewrapping the legend's aligned lines.
+    epilog="Layout labels (the search's tables, `autotune estimate`, reports):\n\n\b\n"
+    + "\n".join(legend_lines()),
     add_completion=False,
-    no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from autotune import __version__
+
+        try:
+            typer.echo(f"autotune {version('autotune')}")
+        except PackageNotFoundError:  # run from a source tree that is not installed
+            typer.echo(f"autotune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print autotune's version and exit.")] = False) -> None:
+    # The options of `autotune` itself; the help text is the Typer's.
+    pass
 
 
 def _human(count: float) -> str:
@@ -61,8 +92,9 @@ def models() -> None:
 
     print(f"{'name':<14} {'params':>8} {'layers':>6} {'hidden':>6} {'heads':>5} {'groups':>6} "
           f"{'seq':>5} {'gbs':>5}  notes")
-    for name in list_presets():
-        m = load_model(name)
+    # Smallest first: gpt-3.6b before gpt-18b, which sorting by name would swap.
+    for m in sorted((load_model(name) for name in list_presets()),
+                    key=lambda m: (count_parameters(m), m.name)):
         notes = []
         if m.is_moe:
             notes.append(f"MoE {m.num_experts}x top-{m.moe_topk}")
@@ -82,6 +114,12 @@ def _load_inputs(model_name: str, gpus: int, gpus_per_node: int | None, seq_len:
                         ("--global-batch-size", global_batch_size)):
         if value is not None and value <= 0:
             raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    if gpus_per_node is not None and gpus_per_node > gpus:
+        raise ConfigError(f"--gpus-per-node {gpus_per_node} is more than --gpus {gpus}: the job "
+                          "uses --gpus GPUs in all")
+    if model_name not in list_presets() and Path(model_name).is_dir():
+        raise ConfigError(f"{model_name} is a folder; give a preset name (autotune models) or "
+                          "a model YAML file")
     model = load_model(model_name).with_overrides(seq_length=seq_len,
                                                   global_batch_size=global_batch_size)
     return model, ClusterSpec.make(gpus, gpus_per_node, gpu)
@@ -93,7 +131,8 @@ GpusPerNode = Annotated[int | None, typer.Option(
 SeqLen = Annotated[int | None, typer.Option("--seq-len", help="Override the preset's sequence "
                                                                "length.")]
 GlobalBatch = Annotated[int | None, typer.Option(
-    "--global-batch-size", help="Override the preset's global batch size (sequences).")]
+    "--global-batch-size", "--gbs", help="Override the preset's global batch size in "
+                                         "sequences (--gbs is the same option).")]
 Gpu = Annotated[str | None, typer.Option(
     "--gpu", help="GPU type: h100-80gb, h200, a100-80gb, a100-40gb (default: detected, "
                   "else h100-80gb).")]
@@ -108,7 +147,8 @@ def search(
     seq_len: SeqLen = None,
     global_batch_size: GlobalBatch = None,
     space: Annotated[str | None, typer.Option(
-        "--space", help="Search space YAML (default: search_spaces/default.yaml).")] = None,
+        "--space", help="Search space: a shipped one by name (default, one-node, "
+                        "single-gpu, ...) or a YAML file (default: default).")] = None,
     gpu: Gpu = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Only explain the search space: its size, the valid layouts and "
@@ -133,11 +173,12 @@ def search(
     results_dir: Annotated[str, typer.Option(
         "--results-dir", help="Where studies are written.")] = "results",
     study: Annotated[str | None, typer.Option(
-        "--study", help="Study name (default: derived from model, GPUs, space, backend).")
+        "--study", help="Study name: up to 100 letters, digits, '.', '_', '-' (default: "
+                         "derived from model, GPUs, space, backend).")
     ] = None,
     storage: Annotated[str | None, typer.Option(
-        "--storage", help="Optuna storage URL, e.g. postgresql://user@host/db (default: "
-                          "SQLite at RESULTS_DIR/STUDY/study.db).")] = None,
+        "--storage", help=f"Optuna storage URL, e.g. {STORAGE_EXAMPLE} (default: SQLite "
+                          "at RESULTS_DIR/STUDY/study.db).")] = None,
     resume: Annotated[bool, typer.Option(
         "--resume", help="Continue an existing study without repeating finished trials.")
     ] = False,
@@ -172,6 +213,10 @@ def search(
                                                  rdzv_endpoint,
                                                  "simulate" if dry_run else backend)
     spec, cluster = _load_inputs(model, gpus, gpus_per_node, seq_len, global_batch_size, gpu)
+    if space is not None:
+        from autotune.commands.search import space_path
+
+        space = space_path(space)
     space_spec = load_space(space)
     summary = enumerate_space(space_spec, spec, cluster)
     if not summary.valid:
@@ -193,6 +238,7 @@ def search(
                           f"{time_budget:g}")
     from autotune.commands.search import run_search_command
 
+    _check_places(study, results_dir, storage)
     run_search_command(spec, cluster, space_spec, backend=backend, megatron_lm=megatron_lm,
                        sampler=sampler, trials=trials, time_budget=time_budget,
                        patience=patience, results_dir=results_dir, study=study,
@@ -202,10 +248,14 @@ def search(
 
 
 def _estimate(
-    model: Annotated[str, typer.Argument(help="A preset name or a model YAML file.")],
-    gpus: Gpus,
-    gbs: Annotated[int | None, typer.Option("--gbs", help="Global batch size "
-                                                          "(default: the preset's).")] = None,
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Argument(
+        help="A preset name or a model YAML file (may be left out with --layout FILE when "
+             "the file names it).", metavar="MODEL", show_default=False)] = None,
+    gpus: Annotated[int | None, typer.Option(
+        "--gpus", help="Number of GPUs the job uses (may be left out with --layout FILE "
+                       "when the file says).", show_default=False)] = None,
+    global_batch_size: GlobalBatch = None,
     seq_len: SeqLen = None,
     gpu: Gpu = None,
     gpus_per_node: GpusPerNode = None,
@@ -217,19 +267,36 @@ def _estimate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     **dimensions: Any,
 ) -> None:
-    """Predict memory per pipeline stage, step time, tokens/s and MFU of one layout."""
     from autotune.commands.estimate import run_estimate
 
     fields: dict[str, Any] = dict(dimensions)
+    from_file: dict[str, Any] = {}
     if layout_path is not None:
         from autotune.commands.estimate import layout_file
 
-        from_file, gpu, seq_len, gpus_per_node = layout_file(
-            layout_path, model_name=model, gpus=gpus, gpu=gpu, seq_len=seq_len,
-            gpus_per_node=gpus_per_node)
+        read = layout_file(layout_path, model_name=model, gpus=gpus, gpu=gpu, seq_len=seq_len,
+                           gpus_per_node=gpus_per_node)
+        model, gpus, gpu, seq_len, gpus_per_node = (read.model, read.gpus, read.gpu,
+                                                     read.seq_len, read.gpus_per_node)
+        from_file = read.fields
         fields.update(from_file)
-    spec, cluster = _load_inputs(model, gpus, gpus_per_node, seq_len, gbs, gpu)
-    run_estimate(spec, cluster, fields, as_json=as_json, calibration=calibration)
+    if model is None:
+        raise ConfigError("Missing argument 'MODEL'" + (
+            " (the --layout file names no model)" if layout_path is not None else ""))
+    if gpus is None:
+        raise ConfigError("Missing option '--gpus'" + (
+            " (the --layout file gives no GPU count)" if layout_path is not None else ""))
+    defaulted = [name for name in dimensions if name not in from_file
+                 and getattr(ctx.get_parameter_source(name), "name", None) == "DEFAULT"]
+    spec, cluster = _load_inputs(model, gpus, gpus_per_node, seq_len, global_batch_size, gpu)
+    run_estimate(spec, cluster, fields, as_json=as_json, calibration=calibration,
+                 defaulted=defaulted)
+
+
+_estimate.__doc__ = (
+    "Predict memory per pipeline stage, step time, tokens/s and MFU of one layout.\n\n"
+    "Options left out take estimate's defaults, Megatron's own, not the search's choices ("
+    + (defaults_note() or "") + ").")
 
 
 def _with_dimension_options(command: Any) -> Any:
@@ -254,6 +321,20 @@ def _with_dimension_options(command: Any) -> Any:
 estimate = app.command("estimate")(_with_dimension_options(_estimate))
 
 
+def _check_places(study: str | None, results_dir: str, storage: str | None, *,
+                  writable: bool = True) -> None:
+    """--study, --results-dir and --storage refused in one line where they enter: a study name
+    outside the safe set (it is a folder and appears in scripts), a results folder that is a
+    file or cannot be written, a storage URL SQLAlchemy would misread."""
+    from autotune.search.storage import check_results_dir, check_storage_url, check_study_name
+
+    if study is not None:
+        check_study_name(study, "--study")
+    check_results_dir(results_dir, writable=writable)
+    if storage is not None:
+        check_storage_url(storage)
+
+
 StudyName = Annotated[str | None, typer.Option(
     "--study", help="Study name (default: the newest study under --results-dir).")]
 ResultsDir = Annotated[str, typer.Option("--results-dir", help="Where studies are written.")]
@@ -271,6 +352,7 @@ def report(study: StudyName = None, results_dir: ResultsDir = "results",
     """Pareto fronts, tables and plots of a study, written into its folder."""
     from autotune.commands.report import run_report
 
+    _check_places(study, results_dir, storage)
     run_report(study=study, results_dir=results_dir, storage=storage, model=model)
 
 
@@ -301,6 +383,7 @@ def export(
     """Launch command (or JSON) for a study's best layout or --trial N."""
     from autotune.commands.export import run_export
 
+    _check_places(study, results_dir, storage, writable=False)
     run_export(study=study, results_dir=results_dir, storage=storage, trial=trial, fmt=fmt,
                output=output, megatron_lm=megatron_lm, nodes=nodes, model=model,
                train_iters=train_iters)
@@ -359,6 +442,10 @@ def _print_dry_run(model: ModelSpec, cluster: ClusterSpec, space: Any, summary: 
         print(f"note: {sentence}")
 
 
+_SIGINT_EXIT = 130
+"""The exit status of a command ended by Ctrl-C (128 + SIGINT, as shells report it)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script: runs the app, maps errors to exit codes."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -367,12 +454,15 @@ def main(argv: list[str] | None = None) -> int:
     if debug:
         args.remove("--debug")
     try:
-        app(args=args, prog_name="autotune", standalone_mode=False)
+        code = app(args=args, prog_name="autotune", standalone_mode=False)
     except (typer.Exit, typer.Abort) as exc:
         if isinstance(exc, typer.Abort):
             print("autotune: interrupted", file=sys.stderr)
             return 130
         return int(exc.exit_code or 0)
+    except Interrupted as exc:  # a search stopped by Ctrl-C, its study consistent
+        print(f"autotune: interrupted: {exc}", file=sys.stderr)
+        return exc.exit_code
     except AutotuneError as exc:
         if debug:
             raise
@@ -381,6 +471,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autotune: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        # A file autotune had to read or write and could not: one line, never a traceback.
+        if debug:
+            raise
+        name = str(exc.filename) if exc.filename is not None else ""
+        where = f": {name if name.isprintable() else repr(name)}" if name else ""
+        print(f"autotune: error: {' '.join(str(exc.strerror or exc).split())}{where}",
+              file=sys.stderr)
+        return 1
     except Exception as exc:
         # Usage errors (bad or missing options) are click exceptions; Typer vendors click in
         # recent releases, so they are recognised by shape rather than by class.
@@ -389,7 +488,12 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(exc.format_message().split())
         print(f"autotune: error: {message}", file=sys.stderr)
         return int(exc.exit_code or 1)
-    return 0
+    if code == _SIGINT_EXIT:
+        # Typer turns a KeyboardInterrupt inside a command into Exit(130), which
+        # standalone_mode=False returns (as the app's value) instead of raising.
+        print("autotune: interrupted", file=sys.stderr)
+        return _SIGINT_EXIT
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,7 +5,8 @@ from __future__ import annotations
 import enum
 from typing import TypeVar
 
-__all__ = ["AutotuneError", "ConfigError", "InvalidLayoutError", "LaunchError", "parse_choice"]
+__all__ = ["AutotuneError", "ConfigError", "Interrupted", "InvalidLayoutError", "LaunchError",
+           "parse_choice"]
 
 E = TypeVar("E", bound=enum.StrEnum)
 
@@ -26,6 +27,13 @@ class InvalidLayoutError(AutotuneError):
     """A parallel layout that Megatron would reject; the message names the rule and the numbers."""
 
     exit_code = 2
+
+
+class Interrupted(AutotuneError):
+    """Ctrl-C ended the command; the message says what was kept (the CLI prints
+    `autotune: interrupted: ...` and exits 130, as a shell does after SIGINT)."""
+
+    exit_code = 130
 
 
 class LaunchError(AutotuneError):

@@ -205,8 +205,6 @@ def load_model(name_or_path: str) -> ModelSpec:
     looks_like_path = name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path
     if looks_like_path:
         path = Path(name_or_path)
-        if not path.is_file():
-            raise ConfigError(f"model file {name_or_path} does not exist")
         data = _read_yaml(read_text(path, "model file"), str(path))
         if isinstance(data, dict):
             data.setdefault("name", path.stem)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from autotune.calibration import load_calibration
 from autotune.cost import estimate_cost
@@ -12,9 +13,10 @@ from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
 from autotune.layout import DIMENSIONS, Layout, derive_dp, validate
 from autotune.memory import estimate_memory
-from autotune.model import ModelSpec
+from autotune.model import ModelSpec, read_text
 
-__all__ = ["layout_file", "layout_from_fields", "run_estimate"]
+__all__ = ["SEARCH_DIFFERS", "LayoutFile", "defaults_note", "layout_file", "layout_from_fields",
+           "run_estimate"]
 
 _GIB = 2**30
 # The layout fields `autotune export --format json` writes, less dp: estimate derives it from
@@ -23,10 +25,9 @@ _LAYOUT_KEYS = tuple(k for k in DIMENSIONS if k != "dp")
 
 
 def _read_layout(path: str) -> dict[str, Any]:
+    text = read_text(Path(path), "layout file")  # missing, a folder, not UTF-8: one line
     try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"layout file {path} does not exist") from None
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"layout file {path}: malformed JSON ({exc.msg}, line {exc.lineno})") \
             from None
@@ -55,11 +56,23 @@ _CONTEXT_TYPES: dict[str, type] = {"model": str, "gpus": int, "gpu": str, "seq_l
                                    "gpus_per_node": int}
 
 
-def layout_file(path: str, *, model_name: str, gpus: int, gpu: str | None,
-                seq_len: int | None, gpus_per_node: int | None
-                ) -> tuple[dict[str, Any], str | None, int | None, int | None]:
-    """(layout fields, gpu, seq_len, gpus_per_node) for `estimate --layout FILE`. The layout's
-    values, and the machine and sequence it was exported for, override the flags. A layout of
+class LayoutFile(NamedTuple):
+    """What `estimate --layout FILE` runs: the file's layout, model and machine, the flags
+    filling in what it does not say."""
+
+    fields: dict[str, Any]
+    model: str | None
+    gpus: int | None
+    gpu: str | None
+    seq_len: int | None
+    gpus_per_node: int | None
+
+
+def layout_file(path: str, *, model_name: str | None, gpus: int | None, gpu: str | None,
+                seq_len: int | None, gpus_per_node: int | None) -> LayoutFile:
+    """The layout fields of `estimate --layout FILE`, with its model, GPUs, GPU type, sequence
+    and GPUs per node. The layout's values, and the machine and sequence it was exported for,
+    override the flags; MODEL and --gpus may be left out when the file has them. A layout of
     another model or GPU count is refused: its figures would not be the study's."""
     stored = _read_layout(path)
     fields = {k: v for k, v in stored.items() if k in _LAYOUT_KEYS}
@@ -69,17 +82,19 @@ def layout_file(path: str, *, model_name: str, gpus: int, gpu: str | None,
     context = {k: stored[k] for k in _CONTEXT_TYPES if stored.get(k) is not None}
     for key, value in context.items():
         _check_type(path, key, value, _CONTEXT_TYPES[key])
-    if "gpus" in context and context["gpus"] != gpus:
+    if "gpus" in context and gpus is not None and context["gpus"] != gpus:
         raise ConfigError(f"layout file {path} is for {context['gpus']} GPUs; --gpus says {gpus}")
-    if "model" in context:
+    if "model" in context and model_name is not None:
         from autotune.model import load_model
 
         name = load_model(model_name).name
         if context["model"] != name:
             raise ConfigError(f"layout file {path} is a layout of {context['model']}, "
                               f"not of {name}")
-    return (fields, context.get("gpu", gpu), context.get("seq_length", seq_len),
-            context.get("gpus_per_node", gpus_per_node))
+    return LayoutFile(fields, model_name if model_name is not None else context.get("model"),
+                      gpus if gpus is not None else context.get("gpus"),
+                      context.get("gpu", gpu), context.get("seq_length", seq_len),
+                      context.get("gpus_per_node", gpus_per_node))
 
 
 def layout_from_fields(model: ModelSpec, cluster: ClusterSpec,
@@ -94,8 +109,43 @@ def layout_from_fields(model: ModelSpec, cluster: ClusterSpec,
     return validate(Layout(dp=dp, **values), model, cluster)
 
 
+SEARCH_DIFFERS = ("impl", "distributed_optimizer", "overlap_grad_reduce")
+"""Options whose default here (Layout's, which is Megatron's own) is not what a search runs:
+its default space always overlaps the gradient reduce, and its winners use sdpa or te
+attention and the distributed optimizer."""
+
+
+def defaults_note(names: Iterable[str] = SEARCH_DIFFERS) -> str | None:
+    """A sentence on estimate's defaults for the options of SEARCH_DIFFERS among `names` (those
+    left unset): what they are, what the search's default space tries instead, and the flags
+    that estimate such a layout; None when every one of them was set."""
+    from autotune.space import load_space
+
+    chosen = [DIMENSIONS[n] for n in SEARCH_DIFFERS if n in set(names)]
+    if not chosen:
+        return None
+    candidates = load_space(None).candidates
+    ours, theirs, flags = [], [], []
+    for dim in chosen:
+        others = [v for v in candidates.get(dim.name, ()) if v != dim.default]
+        words = dim.name.replace("_", " ")
+        if dim.kind is bool:
+            ours.append(f"no {words}")
+            theirs.append(words)
+            flags.append(dim.option)
+        else:
+            ours.append(f"{dim.name} {dim.default}")
+            theirs.append(f"{dim.name} {'/'.join(map(str, others))}")
+            flags.append(f"{dim.option} {others[0]}" if others else dim.option)
+    return (f"estimate's defaults: {', '.join(ours)}; the search also tries "
+            f"{', '.join(theirs)}: pass {' '.join(flags)} to estimate such a layout")
+
+
 def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any], *,
-                 as_json: bool, calibration: str | None = None) -> None:
+                 as_json: bool, calibration: str | None = None,
+                 defaulted: Iterable[str] = ()) -> None:
+    """Print the layout's predictions; `defaulted` names the options left at estimate's
+    defaults (the text output says where those differ from the search's)."""
     fields.setdefault("gbs", model.global_batch_size)
     layout = layout_from_fields(model, cluster, fields)
     cost_params, memory_params = (load_calibration(calibration) if calibration
@@ -136,3 +186,6 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
           + " ms")
     print(f"{cost.tokens_per_s:,.0f} tokens/s, {cost.tflops_per_gpu:.0f} TFLOP/s per GPU, "
           f"MFU {cost.mfu:.1%}")
+    note = defaults_note(defaulted)
+    if note:
+        print(f"({note})")

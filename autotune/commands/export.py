@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -10,10 +11,10 @@ from typing import TYPE_CHECKING
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:  # optuna and the report's loader are imported when an export runs
-    from autotune.report.load import LoadedStudy
+    from autotune.report.load import LoadedStudy, StudyRef
     from autotune.search.records import TrialRecord
 
-__all__ = ["pick_record", "run_export"]
+__all__ = ["output_path", "pick_record", "run_export"]
 
 
 def pick_record(loaded: LoadedStudy, trial: int | None) -> TrialRecord:
@@ -35,6 +36,48 @@ def pick_record(loaded: LoadedStudy, trial: int | None) -> TrialRecord:
     return record
 
 
+def _study_files(ref: StudyRef) -> list[Path]:
+    """The study's SQLite database (with its journal, WAL and shared-memory files), wherever
+    its URL puts it; none for a server database."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(ref.url)
+    except Exception:  # not a URL SQLAlchemy reads: nothing of it is a local file
+        return []
+    if not url.drivername.startswith("sqlite") or not url.database or \
+            url.database == ":memory:":
+        return []
+    db = Path(url.database).resolve()
+    return [db, *(db.with_name(db.name + tail) for tail in ("-journal", "-wal", "-shm"))]
+
+
+def output_path(output: str, ref: StudyRef) -> Path:
+    """`-o FILE`, checked before anything is written: a file name (not a folder) in a folder
+    that exists and can be written, and no file of the study: its database (with its
+    journal) wherever it is, and no file already in the study's folder."""
+    if not output or not output.isprintable():
+        raise ConfigError(f"-o {output!r} is not a usable file name (empty or with a control "
+                          "character)")
+    path = Path(output)
+    if path.is_dir():
+        raise ConfigError(f"-o {output} is a folder; give the file to write")
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is not a folder" if parent.exists() else "does not exist"
+        raise ConfigError(f"-o {output}: {parent} {what}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"-o {output}: the folder {parent} is not writable")
+    target = path.resolve()  # follows links: a link onto study.db is the study too
+    study_files = _study_files(ref)
+    folder = ref.folder.resolve()
+    same = path.exists() and any(f.exists() and os.path.samefile(path, f) for f in study_files)
+    if target in study_files or same or (path.exists() and target.is_relative_to(folder)):
+        raise ConfigError(f"-o {output} is a file of study {ref.name}; refusing to overwrite "
+                          "it (write the export elsewhere)")
+    return path
+
+
 def run_export(*, study: str | None, results_dir: str, storage: str | None, trial: int | None,
                fmt: str, output: str | None, megatron_lm: str | None, nodes: int | None,
                model: str | None = None, train_iters: int | None = None) -> str:
@@ -42,6 +85,7 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
     from autotune.report.load import load_study, resolve_study
     from autotune.scripts import (
         FORMATS,
+        check_megatron_lm,
         layout_json,
         megatron_lm_script,
         slurm_script,
@@ -56,7 +100,9 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
     if train_iters is not None and train_iters < 1:
         raise ConfigError(f"--train-iters must be a positive integer, got {train_iters}")
     iters = {} if train_iters is None else {"train_iters": train_iters}
+    check_megatron_lm(megatron_lm)
     ref = resolve_study(study, Path(results_dir), storage)
+    path = None if output is None else output_path(output, ref)
     loaded = load_study(ref, model)
     record = pick_record(loaded, trial)
     layout, tokens = record.layout, record.tokens_per_s or 0.0
@@ -100,12 +146,14 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
             if cluster is not None:  # MFU against the study's GPU, not the default H100
                 spec = replace(spec, gpu_peak_bf16_flops=cluster.gpu.peak_bf16_flops)
             text = torchrun_script(spec, title=title)
-    if output is None:
+    if path is None:
         sys.stdout.write(text)
     else:
-        path = Path(output)
-        path.write_text(text)
-        if fmt != "json":
-            path.chmod(path.stat().st_mode | 0o111)
+        try:
+            path.write_text(text)
+            if fmt != "json":
+                path.chmod(path.stat().st_mode | 0o111)
+        except OSError as exc:
+            raise ConfigError(f"-o {output}: cannot write it ({exc.strerror or exc})") from None
         print(f"autotune: wrote {path}", file=sys.stderr)
     return text

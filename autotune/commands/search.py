@@ -12,7 +12,7 @@ from rich.console import Console
 
 from autotune.backends import Backend, BackendName, make_backend
 from autotune.calibration import load_calibration
-from autotune.errors import AutotuneError, ConfigError, LaunchError
+from autotune.errors import AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec, local_gpu_count
 from autotune.launchers import MultiNode
 from autotune.layout import DIMENSIONS
@@ -21,9 +21,11 @@ from autotune.protocol import te_available
 from autotune.space import SearchSpace
 
 if TYPE_CHECKING:  # the search (optuna) is imported when a search runs, not for --help
+    from autotune.search import SearchConfig
+    from autotune.search.loop import Search
     from autotune.search.records import SearchResult
 
-__all__ = ["multinode_options", "run_search_command"]
+__all__ = ["multinode_options", "run_search_command", "space_path"]
 
 DEFAULT_REAL_TRIALS = 20
 
@@ -60,6 +62,23 @@ def multinode_options(gpus: int, gpus_per_node: int | None, nodes: int | None,
                                     gpus_per_node=gpus_per_node, rdzv_endpoint=rdzv_endpoint)
 
 
+def space_path(name: str | None) -> str | None:
+    """--space as a file to read: a file that exists as given, else a shipped space by name
+    (`one-node` or `one-node.yaml`: search_spaces/one-node.yaml); an unknown name without a
+    folder in it is refused with the shipped names. None is the default space."""
+    from autotune.model import search_spaces_dir
+
+    if name is None or Path(name).exists() or "/" in name or "\\" in name:
+        return name
+    shipped = {f.name.removesuffix(".yaml"): f for f in search_spaces_dir().iterdir()
+               if f.name.endswith(".yaml")}
+    found = shipped.get(name.removesuffix(".yaml"))
+    if found is None:
+        raise ConfigError(f"--space {name}: no such file, nor a shipped search space (shipped: "
+                          f"{', '.join(sorted(shipped))}; or give a YAML file's path)")
+    return str(found)
+
+
 def _choose_backend(requested: str, cluster: ClusterSpec,
                     multi: MultiNode | None = None) -> BackendName:
     local = local_gpu_count()
@@ -81,7 +100,8 @@ def _choose_backend(requested: str, cluster: ClusterSpec,
         name = BackendName.WORKER
     if name in (BackendName.WORKER, BackendName.MEGATRON_LM):
         if local == 0:
-            raise LaunchError(f"--backend {name} needs NVIDIA GPUs; none found (use "
+            # Bad input (exit 2), as the README says: this machine cannot run what was asked.
+            raise ConfigError(f"--backend {name} needs NVIDIA GPUs; none found (use "
                               "--backend simulate to plan without them)")
         if cluster.num_gpus > local:
             raise ConfigError(f"--gpus {cluster.num_gpus} but this node has {local} GPU(s); "
@@ -116,8 +136,9 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                        steps: int, warmup_steps: int, trial_timeout: float | None,
                        as_json: bool, calibration: str | None = None,
                        multi: MultiNode | None = None) -> None:
-    from autotune.search import SearchConfig, run_search
+    from autotune.search import SearchConfig
     from autotune.search.config import Sampler
+    from autotune.search.loop import Search
     from autotune.search.progress import LiveProgress, best_table
 
     name = _choose_backend(backend, cluster, multi)
@@ -137,10 +158,17 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     console = Console(stderr=True)
     quiet = as_json or chosen.predicted
     if quiet:
-        result = run_search(cfg)
+        search = Search(cfg)
+        stored = _finished(search)
+        result = search.run()
     else:
+        search = Search(cfg)  # the study opens (or is refused in one line) before the display
+        stored = _finished(search)
         with LiveProgress(trials, console) as progress:
-            result = run_search(cfg, progress)
+            result = search.run(progress)
+    # Trials of the stored study read back (a planning run shown again, a --resume) are not
+    # trials this run simulated or launched.
+    read = sum(1 for r in result.records if r.launched and r.number in stored)
     if as_json:
         print(json.dumps({"study": result.study_name, "predicted": chosen.predicted,
                           "stop_reason": result.stop_reason,
@@ -150,22 +178,46 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
         out.print(best_table(result, title=f"{model.name} on {cluster.num_gpus} x "
                              f"{cluster.gpu.name}: best layouts"
                              + (" (predicted)" if chosen.predicted else "")))
-        out.print(f"{result.launched} trials "
-                  f"{'simulated' if chosen.predicted else 'launched'}, "
-                  f"{len(result.records)} in the study ({result.valid_layouts} valid "
+        verb = "simulated" if chosen.predicted else "launched"
+        ran = result.launched - read
+        done = (f"{ran} trials {verb}" if not read
+                else f"read {read} trials from the stored study, {verb} {ran or 'none'} more"
+                if ran or not chosen.predicted
+                else f"read {read} trials from the stored study (nothing new to simulate)")
+        out.print(f"{done}, {len(result.records)} in the study ({result.valid_layouts} valid "
                   f"layouts); stopped: {result.stop_reason}")
         out.print(f"study {result.study_name} in {result.storage}")
     if result.interrupted:
-        raise AutotuneError("interrupted: the study is consistent; --resume continues it")
+        raise Interrupted(f"study {result.study_name} is consistent; --resume continues it")
     if not result.best(1):
-        raise AutotuneError(_why_nothing(result, cluster))
+        raise AutotuneError(_why_nothing(result, cfg))
 
 
-def _why_nothing(result: SearchResult, cluster: ClusterSpec) -> str:
+def _finished(search: Search) -> set[int]:
+    """The numbers of the trials the study holds finished before the search runs."""
+    return {t.number for t in search.store.study.get_trials(deepcopy=False)
+            if t.state.is_finished()}
+
+
+def _smallest_peak(cfg: SearchConfig) -> tuple[float, str] | None:
+    """The smallest predicted peak memory per GPU over the space's valid layouts, with its
+    label: what the nearest layout lacks when none is predicted to fit."""
+    from autotune.memory import estimate_memory
+    from autotune.space import enumerate_space
+
+    peaks = ((estimate_memory(cfg.model, s, cfg.cluster, cfg.memory_params).peak_bytes, s)
+             for s in enumerate_space(cfg.space, cfg.model, cfg.cluster).valid)
+    least = min(peaks, key=lambda pair: pair[0], default=None)
+    return None if least is None else (least[0], least[1].describe())
+
+
+def _why_nothing(result: SearchResult, cfg: SearchConfig) -> str:
     """One line for a study without a single successful layout: what stood in the way."""
     from collections import Counter
 
     from autotune.trial import TrialStatus
+
+    cluster = cfg.cluster
 
     launched = [r for r in result.records if r.launched]
     if launched:
@@ -173,13 +225,16 @@ def _why_nothing(result: SearchResult, cluster: ClusterSpec) -> str:
         statuses = ", ".join(f"{n} {status}" for status, n in counts.most_common())
         return (f"none of the {len(launched)} launched trials completed ({statuses}); their "
                 f"logs are under the study's trials/ folder")
-    oom = [(r.predicted_peak_bytes, r) for r in result.records
+    oom = [(r.predicted_peak_bytes, r.label) for r in result.records
            if r.status is TrialStatus.PREDICTED_OOM and r.predicted_peak_bytes]
-    if oom:
-        peak, least = min(oom, key=lambda pair: pair[0])
+    # The ranked and grid samplers skip what is predicted not to fit without a trial: then
+    # the space itself says how far the nearest layout is.
+    smallest = min(oom, default=None) if oom else _smallest_peak(cfg)
+    if smallest is not None and smallest[0] > cluster.gpu.memory_bytes:
+        peak, label = smallest
         return (f"no layout is predicted to fit: the smallest peak is "
                 f"{peak / 2**30:,.1f} GiB per GPU "
-                f"({least.label}) against {cluster.gpu.memory_bytes / 2**30:.1f} "
+                f"({label}) against {cluster.gpu.memory_bytes / 2**30:.1f} "
                 f"GiB on {cluster.gpu.name}; use more GPUs, or a space with more recompute, "
                 "pipeline stages or the distributed optimizer")
     return f"no layout was tried ({result.stop_reason})"

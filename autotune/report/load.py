@@ -27,7 +27,7 @@ from autotune.layout import DIMENSIONS, Layout
 from autotune.model import ModelSpec, load_model
 from autotune.protocol import SPEC_NAME
 from autotune.search.records import RECORD_ATTR, TrialRecord, stored_record
-from autotune.search.storage import redact_url, storage_url
+from autotune.search.storage import check_study_name, redact_url, storage_url
 from autotune.trial import TrialSpec
 
 __all__ = ["LAYOUT_FIELDS", "LoadedStudy", "StudyRef", "find_studies", "load_study",
@@ -125,6 +125,9 @@ def resolve_study(name: str | None, results_dir: Path, storage: str | None) -> S
         elif name not in names:
             raise ConfigError(f"unknown study {name} in {redact_url(storage)} "
                               f"(studies: {', '.join(sorted(names))})")
+        # A name read from a server's database becomes a folder under results_dir: it must be
+        # as safe as one typed with --study.
+        check_study_name(name)
         return StudyRef(name=name, url=storage, folder=results_dir / name)
     if name is None:
         found = find_studies(results_dir)

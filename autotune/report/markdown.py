@@ -5,11 +5,15 @@ The table columns are shared with the terminal tables (commands/report.py) so bo
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from autotune.report.load import LoadedStudy
+from autotune.report.load import LoadedStudy, StudyRef
+from autotune.search.storage import DEFAULT_RESULTS_DIR
 
 __all__ = ["PARETO_COLUMNS", "SCALING_COLUMNS", "TOP_COLUMNS", "Column", "cells",
            "markdown_table", "render_report"]
@@ -69,6 +73,28 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) ->
     return "\n".join(lines)
 
 
+def launch_command(ref: StudyRef) -> str:
+    """`autotune export` of the study as one shell command, every argument shell-quoted: with
+    --results-dir (absolute) when the study is not under ./results, and --storage (its
+    password redacted) when the study is not in its folder's study.db."""
+    args = ["autotune", "export"]
+    root = ref.folder.parent.resolve()
+    if root != Path(DEFAULT_RESULTS_DIR).resolve():
+        args += ["--results-dir", str(root)]
+    if ref.url != f"sqlite:///{(ref.folder / 'study.db').resolve()}":
+        args += ["--storage", ref.redacted]
+    return shlex.join([*args, "--study", ref.name, "--format", "megatron-lm"])
+
+
+def _code(text: str) -> str:
+    """`text` as a Markdown code span, whatever backticks it holds (CommonMark: a fence longer
+    than any run of backticks inside, padded when the text starts or ends with one)."""
+    run = max((len(r) for r in re.findall(r"`+", text)), default=0)
+    fence = "`" * (run + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _winner(loaded: LoadedStudy, best: dict[str, Any],
             breakdown: dict[str, float] | None) -> list[str]:
     out = [f"## Winner: trial {best['trial']}", "",
@@ -79,7 +105,7 @@ def _winner(loaded: LoadedStudy, best: dict[str, Any],
            + (" (predicted)." if best["predicted"] else " (measured)."), "",
            *([f"Layouts with exactly the same figures: {best['ties']}.", ""]
              if best.get("ties") else []),
-           f"Launch it: `autotune export --study {loaded.ref.name} --format megatron-lm` "
+           f"Launch it: {_code(launch_command(loaded.ref))} "
            "(or `--format slurm`, `torchrun`, `json`).", ""]
     if breakdown is not None:
         out += ["Memory of the busiest GPU, predicted by autotune.memory (GiB):", "",
@@ -88,10 +114,15 @@ def _winner(loaded: LoadedStudy, best: dict[str, Any],
     return out
 
 
-def _importances(importances: dict[str, float] | str) -> list[str]:
+def _importances(importances: dict[str, float] | str, loaded: LoadedStudy) -> list[str]:
+    from autotune.report.importance import importance_caption
+
     out = ["## Parameter importances (tokens/s, COMPLETE trials)", ""]
     if isinstance(importances, str):
         return [*out, importances, ""]
+    # What the trials are a sample of decides what the numbers mean (report.importance).
+    sources = [r["source"] for r in loaded.rows if r.get("tokens_per_s") is not None]
+    out += [importance_caption(sources, loaded.predicted), ""]
     rows = [{"parameter": k, "importance": f"{v:.3f}"} for k, v in importances.items()]
     return [*out, markdown_table(rows, [Column("parameter", "parameter", right=False),
                                         Column("importance", "importance")]), ""]
@@ -149,7 +180,7 @@ def render_report(loaded: LoadedStudy, *, top: Sequence[dict[str, Any]],
                 "", markdown_table(measured, _ERROR_COLUMNS), ""]
     elif not loaded.predicted:
         out += ["## Predicted against measured", "", "No launched trial has both figures.", ""]
-    out += _importances(importances)
+    out += _importances(importances, loaded)
     if scaling:
         out += ["## Scaling: tokens/s per GPU against GPU count", "",
                 "The best layout of each study of this model under the same results folder "

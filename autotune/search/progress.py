@@ -10,6 +10,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from autotune.report.pareto import ties_text, twin_groups
 from autotune.search.records import SearchResult, TrialRecord
 from autotune.trial import TrialStatus
 
@@ -22,8 +23,10 @@ _STYLE = {TrialStatus.OK: "green", TrialStatus.OOM: "red", TrialStatus.PREDICTED
           TrialStatus.INTERRUPTED: "red"}
 
 
-_LIVE_COLUMNS = ("#", "layout", "status", "tokens/s", "MFU", "peak GiB", "wall s", "source")
-"""The live table: each trial as it finishes, with its wall time (launch included)."""
+_LIVE_COLUMNS = ("#", "layout", "status", "tokens/s", "MFU", "peak GiB", "wall s", "source",
+                 "same figures")
+"""The live table: each trial as it finishes, with its wall time (launch included); trials
+with the same figures as an earlier one share its row, as in the best table and the report."""
 
 
 def _gib(value: float | None) -> str:
@@ -43,15 +46,38 @@ def format_record(r: TrialRecord) -> dict[str, str]:
     }
 
 
+def _figures(r: TrialRecord) -> tuple[float | None, float | None]:
+    """What the tables show of a trial's outcome: tokens/s and the peak (measured, else
+    predicted). Trials with the same figures are twins (sdpa and te under the same model)."""
+    return r.tokens_per_s, r.peak_bytes if r.peak_bytes is not None else r.predicted_peak_bytes
+
+
+def _fold(records: list[TrialRecord]) -> list[list[TrialRecord]]:
+    """Records grouped by their figures; one without a tokens/s figure stands alone."""
+    return twin_groups(records, lambda r: _figures(r) if r.tokens_per_s is not None
+                       else ("alone", r.number))
+
+
+_BEST_COLUMNS = ("#", "layout", "tokens/s", "MFU", "peak GiB", "source", "same figures")
+
+
 def best_table(result: SearchResult, k: int = 10, title: str | None = None) -> Table:
+    """The k best layouts, one row per distinct figures as in the report: a row's `same
+    figures` names the trials that got exactly its tokens/s and peak. The caption explains the
+    labels' abbreviations (autotune.legend)."""
+    from autotune.legend import legend_text
+
     predicted = any(r.metrics is not None and r.metrics.predicted for r in result.records)
-    table = Table(title=title or ("best layouts (predicted)" if predicted else "best layouts"))
-    for column in ("#", "layout", "tokens/s", "MFU", "peak GiB", "source"):
-        table.add_column(column, justify="right" if column != "layout" else "left")
-    for r in result.best(k):
-        row = format_record(r)
-        table.add_row(*(row[c] for c in ("#", "layout", "tokens/s", "MFU", "peak GiB",
-                                          "source")))
+    groups = _fold(result.best(len(result.records)))[:k]
+    table = Table(title=title or ("best layouts (predicted)" if predicted else "best layouts"),
+                  caption=legend_text(g[0].label for g in groups) or None,
+                  caption_justify="left")
+    for column in _BEST_COLUMNS:
+        table.add_column(column, justify="left" if column in ("layout", "same figures")
+                         else "right")
+    for first, *twins in groups:
+        row = {**format_record(first), "same figures": ties_text([r.number for r in twins])}
+        table.add_row(*(row[c] for c in _BEST_COLUMNS))
     return table
 
 
@@ -78,14 +104,18 @@ class LiveProgress:
 
     def __exit__(self, *exc: Any) -> None:
         self.live.__exit__(*exc)
+        if not self.console.is_terminal:
+            # Live ends its last frame with a newline only on a terminal: without one, the
+            # next line on stderr (an error, `autotune: interrupted`) would continue it.
+            self.console.line()
 
     def render(self, result: SearchResult | None) -> Group:
         table = Table(expand=False)
         for column in _LIVE_COLUMNS:
             table.add_column(column)
-        for r in self.recent:
-            row = format_record(r)
-            table.add_row(*(row[c] for c in _LIVE_COLUMNS), style=_STYLE.get(r.status, ""))
+        for first, *twins in _fold(self.recent):
+            row = {**format_record(first), "same figures": ties_text([r.number for r in twins])}
+            table.add_row(*(row[c] for c in _LIVE_COLUMNS), style=_STYLE.get(first.status, ""))
         best = result.best(1) if result else []
         line = (f"best so far: {best[0].label} at "
                 f"{best[0].tokens_per_s:,.0f} tokens/s (#{best[0].number})" if best
