@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["LEVELS", "Dimension", "Impl", "Label", "Recompute", "RecomputeMethod", "always",
-           "dimension", "flag_label", "unless_default", "value_label"]
+           "dimension", "flag_label", "plain", "unless_default", "value_label"]
 
 LEVELS = 6
 """Enumeration levels: 0 tp, pp, cp (dp follows); 1 vpp; 2 ep; 3 sequence parallel; 4 mbs;
@@ -48,6 +48,13 @@ class Impl(enum.StrEnum):
     LOCAL = "local"
     TE = "te"
     SDPA = "sdpa"
+
+
+def plain(value: Any) -> Any:
+    """An enum member as its plain value, anything else unchanged: what JSON and Optuna's
+    storage hold (a plain str copies and compares far faster than a member, which counts when a
+    plan tells tens of thousands of trials)."""
+    return value.value if isinstance(value, enum.Enum) else value
 
 
 Label = Callable[[Any, Any], str | None]

@@ -14,6 +14,7 @@ from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
+from autotune.dimensions import plain
 from autotune.errors import ConfigError
 from autotune.identity import representatives
 from autotune.layout import LAYOUT_DEFAULTS, Layout
@@ -29,7 +30,7 @@ ParamsKey = tuple[Any, ...]
 
 def layout_params(layout: Layout, free: Mapping[str, tuple[Any, ...]]) -> dict[str, Any]:
     """The study parameters of a layout: its values of the free dimensions."""
-    return {dim: getattr(layout, dim) for dim in free}
+    return {dim: plain(getattr(layout, dim)) for dim in free}
 
 
 def params_key(params: Mapping[str, Any]) -> ParamsKey:
@@ -48,7 +49,7 @@ class LayoutMap:
         """The study's parameters, each with its candidates."""
         self.fixed = {d: v[0] for d, v in candidates.items() if len(v) == 1}
         self.distributions: dict[str, BaseDistribution] = {
-            d: CategoricalDistribution(list(v)) for d, v in self.free.items()}
+            d: CategoricalDistribution([plain(x) for x in v]) for d, v in self.free.items()}
         # Each parameter combination of a valid layout maps to the layout that runs for it.
         runs = representatives(model, valid)
         self.by_key = {params_key(self.params(s)): runs[s] for s in valid}

@@ -18,6 +18,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.cost import CostParams
+from autotune.dimensions import plain
 from autotune.layout import DIMENSIONS, Layout
 from autotune.trial import TrialMetrics, TrialStatus
 
@@ -126,9 +127,9 @@ def record_attrs(record: TrialRecord) -> dict[str, Any]:
     earlier studies share: "strategy" is the label (`describe()`), for people and tools
     reading the storage; "layout" holds the fields the reader rebuilds the layout from."""
     attrs: dict[str, Any] = {
-        "status": record.status.value, "source": record.source, "reason": record.reason,
+        "status": record.status.value, "source": plain(record.source), "reason": record.reason,
         "strategy": record.label,
-        "layout": {f: getattr(record.layout, f) for f in DIMENSIONS},
+        "layout": {f: plain(getattr(record.layout, f)) for f in DIMENSIONS},
         "predicted_peak_bytes": record.predicted_peak_bytes,
         "predicted_tokens_per_s": record.predicted_tokens_per_s,
         "predicted": record.predicted,

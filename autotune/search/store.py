@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.dimensions import plain
 from autotune.layout import Layout
 from autotune.search.bulk import add_finished_trials
 from autotune.search.config import Sampler, SearchConfig, make_sampler
@@ -119,7 +120,7 @@ class StudyStore(ABC):
 
     def enqueue(self, s: Layout, source: Source) -> None:
         """Make `s` the next trial asked for."""
-        self.study.enqueue_trial(self.layouts.params(s), user_attrs={"source": source})
+        self.study.enqueue_trial(self.layouts.params(s), user_attrs={"source": plain(source)})
 
     def ask(self) -> optuna.Trial:
         with warnings.catch_warnings():
