@@ -7,7 +7,6 @@ stderr and an exit code here, at the edge, and nowhere else.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import sys
 from pathlib import Path
@@ -18,11 +17,10 @@ import typer
 from autotune.commands.estimate import defaults_note
 from autotune.errors import AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec
-from autotune.identity import representatives
 from autotune.layout import DIMENSIONS, RULE_LEVELS
 from autotune.legend import legend_lines
 from autotune.model import ModelSpec, list_presets, load_model
-from autotune.space import describe_limits, enumerate_space, load_space
+from autotune.space import enumerate_space, load_space
 
 __all__ = ["STORAGE_EXAMPLE", "app", "main"]
 
@@ -78,32 +76,12 @@ def _options(version: Annotated[bool, typer.Option(
     pass
 
 
-def _human(count: float) -> str:
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
-        if count >= size:
-            return f"{count / size:.1f}{unit}"
-    return f"{count:,.0f}"
-
-
 @app.command()
 def models() -> None:
     """List the model presets with their sizes."""
-    from autotune.params import count_parameters
+    from autotune.commands.listing import print_models
 
-    print(f"{'name':<14} {'params':>8} {'layers':>6} {'hidden':>6} {'heads':>5} {'groups':>6} "
-          f"{'seq':>5} {'gbs':>5}  notes")
-    # Smallest first: gpt-3.6b before gpt-18b, which sorting by name would swap.
-    for m in sorted((load_model(name) for name in list_presets()),
-                    key=lambda m: (count_parameters(m), m.name)):
-        notes = []
-        if m.is_moe:
-            notes.append(f"MoE {m.num_experts}x top-{m.moe_topk}")
-        if m.gated_linear_unit:
-            notes.append("SwiGLU")
-        notes.append("RoPE" if m.position_embedding == "rope" else "learned positions")
-        print(f"{m.name:<14} {_human(count_parameters(m)):>8} {m.num_layers:>6} "
-              f"{m.hidden_size:>6} {m.num_attention_heads:>5} {m.query_groups:>6} "
-              f"{m.seq_length:>5} {m.global_batch_size:>5}  {', '.join(notes)}")
+    print_models()
 
 
 def _load_inputs(model_name: str, gpus: int, gpus_per_node: int | None, seq_len: int | None,
@@ -228,7 +206,9 @@ def search(
         raise ConfigError(f"no layout of {spec.name} can use {cluster.num_gpus} GPUs with this "
                           f"search space ({reasons})")
     if dry_run:
-        _print_dry_run(spec, cluster, space_spec, summary, as_json)
+        from autotune.commands.listing import print_dry_run
+
+        print_dry_run(spec, cluster, space_spec, summary, as_json)
         return
     for flag, value in (("--trials", trials), ("--patience", patience), ("--steps", steps)):
         if value is not None and value <= 0:
@@ -403,43 +383,6 @@ def calibrate(
     from autotune.commands.calibrate import run_calibrate
 
     run_calibrate(results_dir, gpu, output)
-
-
-def _print_dry_run(model: ModelSpec, cluster: ClusterSpec, space: Any, summary: Any,
-                   as_json: bool) -> None:
-    groups = sorted(summary.rejected.items(), key=lambda item: -item[1].count)
-    limits = describe_limits(summary, space, model, cluster)
-    if as_json:
-        print(json.dumps({
-            "model": model.name, "gpus": cluster.num_gpus,
-            "gpus_per_node": cluster.gpus_per_node, "space": space.source,
-            "combinations": summary.total, "valid": len(summary.valid),
-            "rejected": {rule: {"count": g.count, "examples": g.examples}
-                         for rule, g in groups},
-            "valid_values": {dim: summary.valid_values(dim) for dim in space.candidates},
-            "limits": limits,
-        }, indent=2))
-        return
-    print(f"{model.name} on {cluster.num_gpus} GPUs ({cluster.gpus_per_node} per node), "
-          f"seq {model.seq_length}, global batch {model.global_batch_size}")
-    print(f"search space {space.source}: {len(space.candidates)} dimensions, "
-          f"{summary.total:,} combinations")
-    print(f"valid layouts: {len(summary.valid):,}")
-    distinct = len(set(representatives(model, summary.valid).values()))
-    if distinct < len(summary.valid):
-        print(f"  distinct runs: {distinct:,} (layouts that give Megatron the same "
-              "configuration are one run, which a search launches once)")
-    print("rejected, by Megatron's rule (first broken rule counts):")
-    width = max(len(rule) for rule, _ in groups) if groups else 0
-    for rule, group in groups:
-        print(f"  {rule:<{width}}  {group.count:>10,}  e.g. {group.examples[0]}")
-    print("valid candidates per dimension:")
-    for dim in space.candidates:
-        values = ", ".join(str(v).lower() if isinstance(v, bool) else str(v)
-                           for v in summary.valid_values(dim))
-        print(f"  {dim:<22} {values}")
-    for sentence in limits:
-        print(f"note: {sentence}")
 
 
 _SIGINT_EXIT = 130
