@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from autotune.commands.estimate import defaults_note
-from autotune.errors import AutotuneError, ConfigError, Interrupted
+from autotune.errors import INTERRUPTED_EXIT, AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec
 from autotune.layout import DIMENSIONS, RULE_LEVELS
 from autotune.legend import legend_lines
@@ -385,8 +385,7 @@ def calibrate(
     run_calibrate(results_dir, gpu, output)
 
 
-_SIGINT_EXIT = 130
-"""The exit status of a command ended by Ctrl-C (128 + SIGINT, as shells report it)."""
+_SIGINT_EXIT = INTERRUPTED_EXIT
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 from typing import TypeVar
 
-__all__ = ["AutotuneError", "ConfigError", "Interrupted", "InvalidLayoutError", "LaunchError",
-           "parse_choice"]
+__all__ = ["INTERRUPTED_EXIT", "AutotuneError", "ConfigError", "Interrupted",
+           "InvalidLayoutError", "LaunchError", "parse_choice"]
 
 E = TypeVar("E", bound=enum.StrEnum)
 
@@ -29,11 +29,15 @@ class InvalidLayoutError(AutotuneError):
     exit_code = 2
 
 
+INTERRUPTED_EXIT = 130
+"""The exit status of a command ended by Ctrl-C: 128 + SIGINT, as shells report it."""
+
+
 class Interrupted(AutotuneError):
     """Ctrl-C ended the command; the message says what was kept (the CLI prints
     `autotune: interrupted: ...` and exits 130, as a shell does after SIGINT)."""
 
-    exit_code = 130
+    exit_code = INTERRUPTED_EXIT
 
 
 class LaunchError(AutotuneError):

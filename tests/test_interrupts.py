@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -145,3 +146,22 @@ def test_outside_the_main_thread_it_does_nothing() -> None:
     thread.start()
     thread.join()
     assert errors == []
+
+
+def test_ctrl_c_while_the_cli_is_imported_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The console script (autotune.entry) reaches its handler before the heavy CLI import:
+    a Ctrl-C landing there ends with the line and 130, not a traceback."""
+    import types
+
+    from autotune import entry
+
+    importing = types.ModuleType("autotune.cli")
+
+    def interrupted(name: str) -> object:
+        raise KeyboardInterrupt
+
+    importing.__getattr__ = interrupted  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, "autotune.cli", importing)
+    assert entry.main() == 130
+    assert capsys.readouterr().err == "autotune: interrupted\n"
