@@ -3,7 +3,8 @@
 #
 #   tools/device_search.sh NAME -- AUTOTUNE_ARGS...      (repeatable: NAME -- ARGS ;; NAME -- ARGS)
 #
-# Needs .whl (megatron-core) and .whl-search (optuna, typer and their deps) carried. Studies go to
+# Needs .whl (megatron-core) and .whl-search (optuna and its deps: alembic, sqlalchemy, greenlet,
+# colorlog, mako) carried; the machine's own typer is used (typer 0.29 needs pydantic). Studies go to
 # /tmp/r (kept between calls while the machine stays warm); $OUT gets results.tgz and
 # summary.txt (every trial: layout, status, measured vs predicted).
 set -u
