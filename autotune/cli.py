@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     except (typer.Exit, typer.Abort) as exc:
         if isinstance(exc, typer.Abort):
             print("autotune: interrupted", file=sys.stderr)
-            return 130
+            return _SIGINT_EXIT
         return int(exc.exit_code or 0)
     except Interrupted as exc:  # a search stopped by Ctrl-C, its study consistent
         print(f"autotune: interrupted: {exc}", file=sys.stderr)
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print("autotune: interrupted", file=sys.stderr)
-        return 130
+        return _SIGINT_EXIT
     except OSError as exc:
         # A file autotune had to read or write and could not: one line, never a traceback.
         if debug:

@@ -386,12 +386,12 @@ def test_report_md_launch_line_runs_as_written(recorded: Path, tmp_path: Path,
 def test_os_errors_left_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The last net at the edge: an OSError nobody turned into a message is still one line."""
-    import autotune.cli as cli
+    import autotune.commands.listing as listing
 
     def boom(*_: object, **__: object) -> None:
         raise PermissionError(13, "Permission denied", str(tmp_path / "x\ny"))
 
-    monkeypatch.setattr(cli, "list_presets", boom)
+    monkeypatch.setattr(listing, "list_presets", boom)
     code, _, err = run(capsys, "models")
     assert code == 1
     assert err == f"autotune: error: Permission denied: {str(tmp_path / 'x') + chr(10) + 'y'!r}\n"
