@@ -103,11 +103,10 @@ class Layout:
     def __post_init__(self) -> None:
         # Values read back from YAML, JSON or Optuna's storage are plain strings: keep the
         # enum members, so that a layout prints, hashes and compares one way.
-        for name in _ENUM_FIELDS:
+        for name, kind in _ENUM_FIELDS:
             value = getattr(self, name)
-            coerced = _FIELD_META[name].coerce(value)
-            if coerced is not value:
-                object.__setattr__(self, name, coerced)
+            if value.__class__ is not kind:  # the common case, a member already, costs nothing
+                object.__setattr__(self, name, DIMENSIONS[name].coerce(value))
 
     @property
     def world_size(self) -> int:
@@ -131,12 +130,12 @@ class Layout:
         return " ".join(p for p in parts if p)
 
 
-_FIELD_META: dict[str, Dimension] = {
+DIMENSIONS: dict[str, Dimension] = {
     f.name: replace(f.metadata["dimension"], name=f.name) for f in fields(Layout)}
-DIMENSIONS: dict[str, Dimension] = _FIELD_META
 """Every Layout field's Dimension, in field order: the one table the space, estimate's
 options, the export, the best-trial rows and tools/ derive from."""
-_ENUM_FIELDS = tuple(name for name, dim in DIMENSIONS.items() if dim.choices is not None)
+_ENUM_FIELDS = tuple((name, dim.kind) for name, dim in DIMENSIONS.items()
+                     if dim.choices is not None)
 SEARCHED: dict[str, Dimension] = {n: d for n, d in DIMENSIONS.items() if d.level is not None}
 """The dimensions a search space may list, with their enumeration levels."""
 

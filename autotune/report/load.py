@@ -11,7 +11,6 @@ refused: it would label the study's figures with another model's name and shape.
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from dataclasses import asdict, dataclass, field, replace
@@ -27,7 +26,7 @@ from autotune.layout import DIMENSIONS, Layout
 from autotune.model import ModelSpec, load_model
 from autotune.protocol import SPEC_NAME
 from autotune.search.records import RECORD_ATTR, TrialRecord, stored_record
-from autotune.search.storage import check_study_name, redact_url, storage_url
+from autotune.search.storage import as_stored, check_study_name, redact_url, storage_url
 from autotune.trial import TrialSpec
 
 __all__ = ["LAYOUT_FIELDS", "LoadedStudy", "StudyRef", "find_studies", "load_study",
@@ -255,7 +254,7 @@ def _check_model_arg(ref: StudyRef, arg: str, given: ModelSpec, stored: dict[str
                                          if isinstance(v := stored.get(k), int)})
     except ConfigError:
         as_run = given
-    mine = json.loads(json.dumps(asdict(as_run), default=str))
+    mine = as_stored(asdict(as_run))
     differs = [k for k in mine if k in stored and mine[k] != stored[k]]
     if not differs:
         return

@@ -23,10 +23,23 @@ from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec
 from autotune.space import SearchSpace
 
-__all__ = ["DEFAULT_RESULTS_DIR", "STUDY_NAME_MAX", "Heartbeat", "check_results_dir",
-           "check_storage_url", "check_study_name", "default_study_name", "describe_study",
-           "fail_stale", "heartbeat", "open_planning_study", "open_study", "redact_url",
-           "storage_url"]
+__all__ = [
+    "DEFAULT_RESULTS_DIR",
+    "STUDY_NAME_MAX",
+    "Heartbeat",
+    "as_stored",
+    "check_results_dir",
+    "check_storage_url",
+    "check_study_name",
+    "default_study_name",
+    "describe_study",
+    "fail_stale",
+    "heartbeat",
+    "open_planning_study",
+    "open_study",
+    "redact_url",
+    "storage_url",
+]
 
 DIRECTIONS: tuple[StudyDirection, ...] = (StudyDirection.MAXIMIZE, StudyDirection.MINIMIZE)
 """Objectives: tokens/s (whole job) and peak memory per GPU in GiB."""
@@ -247,7 +260,7 @@ def open_planning_study(name: str, url: str, sampler: optuna.samplers.BaseSample
     return study, persistent, len(finished)
 
 
-def _as_stored(value: Any) -> Any:
+def as_stored(value: Any) -> Any:
     """`value` as it reads back from the study's user attributes (JSON: tuples become lists)."""
     return json.loads(json.dumps(value, default=str))
 
@@ -267,7 +280,7 @@ def describe_study(study: optuna.Study, model: ModelSpec, cluster: ClusterSpec,
     A study that already describes another model, machine or backend is refused: its trials
     would be mixed with this run's under this run's name (`--study` reused by mistake).
     """
-    about = {"model": _as_stored(asdict(model)), "backend": backend,
+    about = {"model": as_stored(asdict(model)), "backend": backend,
              "cluster": {"num_gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node,
                          "gpu": cluster.gpu.name}}
     stored = study.user_attrs
