@@ -16,7 +16,7 @@ from autotune.errors import ConfigError
 from autotune.layout import Layout
 from autotune.model import ModelSpec
 
-__all__ = ["RankResult", "TrialMetrics", "TrialSpec", "TrialStatus"]
+__all__ = ["RankResult", "StopReason", "TrialMetrics", "TrialSpec", "TrialStatus"]
 
 
 class TrialStatus(enum.StrEnum):
@@ -36,6 +36,20 @@ class TrialStatus(enum.StrEnum):
     """Stopped by Ctrl-C while it ran (told FAIL; --resume runs it again)."""
 
 
+class StopReason(enum.StrEnum):
+    """Why a measured trial stopped timing (TrialMetrics.stop_reason)."""
+
+    FIXED = "fixed"
+    """It ran its fixed number of timed steps (TrialSpec.stable_cv 0)."""
+    STABLE = "stable"
+    """The step time was stable (TrialSpec.stable_cv) before the most steps allowed."""
+    MAX_STEPS = "max-steps"
+    """It ran the most timed steps allowed without the step time becoming stable."""
+    SLOW = "slow"
+    """Pruned slow: its measured steps showed it could not reach
+    TrialSpec.slow_below_tokens_per_s."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrialSpec:
     """Everything a worker needs to run one trial."""
@@ -43,8 +57,16 @@ class TrialSpec:
     model: ModelSpec
     layout: Layout
     train_steps: int = 10
-    """Timed training steps after warm-up."""
+    """Timed training steps after warm-up: exactly these when stable_cv is 0, else at most
+    these (timing ends once the step time is stable)."""
     warmup_steps: int = 3
+    """Untimed warm-up steps: exactly these when stable_cv is 0, else at most these (warm-up
+    ends once the step time stops falling)."""
+    stable_cv: float = 0.0
+    """Timing ends once the coefficient of variation of the last timed steps is at most this
+    (0: fixed step counts)."""
+    slow_below_tokens_per_s: float | None = None
+    """Stop timing, pruned slow, once the measured steps show the trial cannot reach this."""
     seed: int = 1234
     gpu_peak_bf16_flops: float = 989e12
     """Peak of the GPU the trial runs on, for MFU."""
@@ -57,7 +79,8 @@ class TrialSpec:
         return json.dumps({"model": asdict(self.model), "strategy": asdict(self.layout),
                            "train_steps": self.train_steps, "warmup_steps": self.warmup_steps,
                            "seed": self.seed, "gpu_peak_bf16_flops": self.gpu_peak_bf16_flops,
-                           "gpu_name": self.gpu_name},
+                           "gpu_name": self.gpu_name, "stable_cv": self.stable_cv,
+                           "slow_below_tokens_per_s": self.slow_below_tokens_per_s},
                           indent=2)
 
     @classmethod
@@ -68,7 +91,9 @@ class TrialSpec:
                        train_steps=int(data["train_steps"]),
                        warmup_steps=int(data["warmup_steps"]), seed=int(data["seed"]),
                        gpu_peak_bf16_flops=float(data["gpu_peak_bf16_flops"]),
-                       gpu_name=data.get("gpu_name"))
+                       gpu_name=data.get("gpu_name"),
+                       stable_cv=float(data.get("stable_cv", 0.0)),
+                       slow_below_tokens_per_s=data.get("slow_below_tokens_per_s"))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"malformed trial spec: {exc}") from exc
 
@@ -111,6 +136,16 @@ class TrialMetrics:
     """Seconds from launch to exit, launch overhead included."""
     predicted: bool = False
     """True when the figures come from the analytical models, not a run."""
+    timed_steps: int | None = None
+    """How many steps were timed (the median is over them)."""
+    warmup_s: float | None = None
+    """Seconds of untimed warm-up steps."""
+    timed_s: float | None = None
+    """Seconds of timed steps (their sum)."""
+    stop_reason: StopReason | None = None
+    """Why timing ended; None for predictions and failures."""
+    warm: bool | None = None
+    """True when the trial ran in a warm worker pool, False in a launch of its own."""
     launch_failed: bool = False
     """True when no rank ever started (torchrun's rendezvous failed): a CRASH that says
     nothing about the layout, so a search launches it once more."""
@@ -124,6 +159,7 @@ class TrialMetrics:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["status"] = self.status.value
+        data["stop_reason"] = None if self.stop_reason is None else self.stop_reason.value
         return data
 
     @classmethod
@@ -131,5 +167,7 @@ class TrialMetrics:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["status"] = TrialStatus(values["status"])
+        if values.get("stop_reason") is not None:
+            values["stop_reason"] = StopReason(values["stop_reason"])
         values["ranks"] = tuple(RankResult(**r) for r in values.get("ranks", ()))
         return cls(**values)
