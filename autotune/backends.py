@@ -4,9 +4,9 @@ or Megatron-LM's pretrain_gpt.py. Each backend turns a TrialSpec into TrialMetri
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from autotune.cost import CostParams, estimate_cost
 from autotune.errors import ConfigError, parse_choice
@@ -15,8 +15,11 @@ from autotune.launchers import MultiNode
 from autotune.memory import MemoryParams, estimate_memory
 from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
-__all__ = ["Backend", "BackendName", "MegatronLMBackend", "SimulateBackend", "WorkerBackend",
-           "make_backend", "trial_timeout_s"]
+if TYPE_CHECKING:
+    from autotune.pool import WarmPool
+
+__all__ = ["POOL_DIR", "Backend", "BackendName", "Isolation", "MegatronLMBackend",
+           "SimulateBackend", "WorkerBackend", "make_backend", "trial_timeout_s"]
 
 
 class BackendName(enum.StrEnum):
@@ -32,6 +35,22 @@ class BackendName(enum.StrEnum):
     def parse(cls, name: str) -> BackendName:
         return parse_choice(cls, name, "backend")
 
+
+class Isolation(enum.StrEnum):
+    """How real trials share processes: warm (one pool of worker ranks for the whole search,
+    autotune.pool; started again cold after anything that leaves it in doubt) or cold (a
+    launch of its own for every trial)."""
+
+    WARM = "warm"
+    COLD = "cold"
+
+    @classmethod
+    def parse(cls, name: str) -> Isolation:
+        return parse_choice(cls, name, "isolation")
+
+
+POOL_DIR = "pool"
+"""The warm pool's folder, beside the study's trials folder."""
 
 LAUNCH_OVERHEAD_S = 60.0
 """Launch, rendezvous, model build and CUDA/NCCL initialisation before the first step; the
@@ -50,6 +69,10 @@ class Backend(Protocol):
         ...
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics: ...
+
+    def close(self) -> None:
+        """Release what the backend keeps between trials (a warm pool's processes)."""
+        ...
 
 
 def trial_timeout_s(predicted_step_s: float, spec: TrialSpec, factor: float = 4.0) -> float:
@@ -81,24 +104,50 @@ class SimulateBackend:
                             mfu=cost.mfu, peak_allocated_bytes=int(memory.peak_bytes),
                             peak_reserved_bytes=int(memory.peak_bytes), loss_finite=True)
 
+    def close(self) -> None:
+        pass
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerBackend:
     """Real training steps: autotune's megatron-core worker under torchrun, on this node or,
-    with `multi`, over several nodes (srun or a torchrun rendezvous)."""
+    with `multi`, over several nodes (srun or a torchrun rendezvous). On one node, trials run
+    in a warm pool unless `isolation` is cold; over several nodes each trial is its own
+    launch."""
 
     multi: MultiNode | None = None
+    isolation: Isolation = Isolation.WARM
     name: str = BackendName.WORKER
     predicted: bool = False
+    pools: dict[tuple[Path, int], WarmPool] = field(default_factory=dict, compare=False,
+                                                     repr=False)
+    """The warm pools started, by folder and ranks (one per search in practice)."""
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
         from autotune.metrics import metrics_from_run
         from autotune.runner import run_multinode_trial, run_trial
 
-        if self.multi is None:
+        if self.multi is not None:
+            return metrics_from_run(run_multinode_trial(spec, trial_dir, self.multi,
+                                                        timeout_s=timeout_s))
+        if self.isolation is Isolation.COLD:
             return metrics_from_run(run_trial(spec, trial_dir, timeout_s=timeout_s))
-        return metrics_from_run(run_multinode_trial(spec, trial_dir, self.multi,
-                                                    timeout_s=timeout_s))
+        return metrics_from_run(self.pool(trial_dir, spec.layout.world_size)
+                                .run(spec, trial_dir, timeout_s))
+
+    def pool(self, trial_dir: Path, nproc: int) -> WarmPool:
+        """The pool for trials in `trial_dir`'s study (results/<study>/pool), started on its
+        first trial."""
+        from autotune.pool import WarmPool
+
+        key = (Path(trial_dir).resolve().parent.parent / POOL_DIR, nproc)
+        if key not in self.pools:
+            self.pools[key] = WarmPool(*key)
+        return self.pools[key]
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,17 +166,21 @@ class MegatronLMBackend:
         output = run_megatron_lm_trial(self.path, spec, trial_dir, timeout_s=timeout_s)
         return metrics_from_megatron_log(output, spec)
 
+    def close(self) -> None:
+        pass
+
 
 def make_backend(name: BackendName | str, cluster: ClusterSpec, megatron_lm: str | None = None,
                  cost_params: CostParams | None = None,
                  memory_params: MemoryParams | None = None,
-                 multi: MultiNode | None = None) -> Backend:
+                 multi: MultiNode | None = None,
+                 isolation: Isolation | str = Isolation.WARM) -> Backend:
     """The backend called `name` (simulate, worker, megatron-lm)."""
     name = BackendName.parse(name)
     if name == BackendName.SIMULATE:
         return SimulateBackend(cluster, cost_params, memory_params)
     if name == BackendName.WORKER:
-        return WorkerBackend(multi)
+        return WorkerBackend(multi, Isolation.parse(isolation))
     if name == BackendName.MEGATRON_LM:
         if megatron_lm is None:
             raise ConfigError("--backend megatron-lm needs --megatron-lm PATH (a Megatron-LM "

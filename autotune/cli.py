@@ -167,6 +167,10 @@ def search(
     trial_timeout: Annotated[float | None, typer.Option(
         "--trial-timeout", help="Seconds per trial (default: from the predicted step time).")
     ] = None,
+    isolation: Annotated[str, typer.Option(
+        "--isolation", help="warm: the worker's ranks stay up between trials (one pool per "
+                            "search, started again after a failure); cold: a launch of its "
+                            "own per trial. Multi-node trials are always cold.")] = "warm",
     calibration: Annotated[str | None, typer.Option(
         "--calibration", help="Constants fitted by `autotune calibrate`.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -224,7 +228,7 @@ def search(
                        patience=patience, results_dir=results_dir, study=study,
                        storage=storage, resume=resume, steps=steps, warmup_steps=warmup_steps,
                        trial_timeout=trial_timeout, calibration=calibration,
-                       as_json=as_json, multi=multi)
+                       as_json=as_json, multi=multi, isolation=isolation)
 
 
 def _estimate(

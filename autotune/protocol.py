@@ -12,10 +12,13 @@ Pure: no torch, no optuna, no I/O. The worker imports it before torch.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import os
 import re
 import signal
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.trial import TrialStatus
@@ -28,6 +31,11 @@ __all__ = [
     "FAILURE_PREFIX",
     "NCCL_EAGER_INIT_ENV",
     "NCCL_TIMEOUT_ENV",
+    "POOL_LEFT_OVER_BYTES",
+    "POOL_LOG_NAME",
+    "POOL_PARENT_ENV",
+    "POOL_POLL_S",
+    "POOL_STOP_NAME",
     "RANK_MARKERS",
     "RESULT_MARKER",
     "RESULT_NAME",
@@ -37,18 +45,30 @@ __all__ = [
     "STACKS_SIGNAL",
     "STARTED_MARKER",
     "STATUS_MARKER",
+    "STEP_MARKER",
+    "TRIAL_MARKER",
     "WORKER",
+    "PoolDone",
+    "PoolJob",
     "distributed_timeout_minutes",
     "exit_status",
     "failure_name",
     "parse_status_lines",
+    "parse_step_lines",
     "percentile",
+    "read_pool_done",
+    "read_pool_job",
     "result_line",
+    "serve_args",
     "started_line",
     "started_ranks",
     "status_line",
+    "step_line",
     "te_available",
+    "trial_line",
     "worker_args",
+    "write_pool_done",
+    "write_pool_job",
 ]
 
 # --- How the worker is started ----------------------------------------------------------------
@@ -60,6 +80,11 @@ WORKER: tuple[str, ...] = ("-m", "autotune.worker")
 def worker_args(trial_dir: Path | str) -> list[str]:
     """The worker's own arguments for a trial in `trial_dir`: its spec and where it writes."""
     return ["--spec", str(Path(trial_dir) / SPEC_NAME), "--out-dir", str(trial_dir)]
+
+
+def serve_args(pool_dir: Path | str) -> list[str]:
+    """The worker's own arguments to serve trials as a warm pool rank (see the pool section)."""
+    return ["--serve", str(pool_dir)]
 
 
 # --- Files in a trial's folder ----------------------------------------------------------------
@@ -92,8 +117,15 @@ STATUS_MARKER = "AUTOTUNE_STATUS"
 """Last line of each rank: `AUTOTUNE_STATUS rank=R status=S`, S a TrialStatus value."""
 RESULT_MARKER = "AUTOTUNE_RESULT"
 """Rank 0's summary once result.json is written: median step time and phase timings."""
-RANK_MARKERS: tuple[str, ...] = (STARTED_MARKER, STATUS_MARKER, RESULT_MARKER)
+STEP_MARKER = "AUTOTUNE_STEP"
+"""Rank 0, after each step: `AUTOTUNE_STEP n=N phase=warmup|timed s=SECONDS` (the phase the
+step was run as; a warm-up step may still be counted as timed once the trial has answered)."""
+TRIAL_MARKER = "AUTOTUNE_TRIAL"
+"""First line of each rank's trial in a warm pool: `AUTOTUNE_TRIAL seq=N rank=R`."""
+RANK_MARKERS: tuple[str, ...] = (STARTED_MARKER, STATUS_MARKER, RESULT_MARKER, STEP_MARKER,
+                                 TRIAL_MARKER)
 """Lines only a worker rank that started prints."""
+_STEP_LINE = re.compile(rf"{STEP_MARKER} n=(\d+) phase=(\w+) s=([0-9.]+)")
 
 _STARTED_LINE = re.compile(rf"{STARTED_MARKER} rank=(\d+) pid=(\d+) host=(\S+)")
 _STATUS_LINE = re.compile(rf"{STATUS_MARKER} rank=(\d+) status=([A-Z_]+)")
@@ -124,9 +156,114 @@ def parse_status_lines(text: str) -> Iterator[tuple[int, TrialStatus]]:
             continue
 
 
+def step_line(n: int, phase: str, step_s: float) -> str:
+    return f"{STEP_MARKER} n={n} phase={phase} s={step_s:.4f}"
+
+
+def parse_step_lines(text: str) -> list[tuple[int, str, float]]:
+    """(n, phase, seconds) of every step line in a log, in order."""
+    return [(int(m[1]), m[2], float(m[3])) for m in _STEP_LINE.finditer(text)]
+
+
+def trial_line(seq: int, rank: int) -> str:
+    return f"{TRIAL_MARKER} seq={seq} rank={rank}"
+
+
 def result_line(median_s: float, phases_s: Mapping[str, float]) -> str:
     phases = " ".join(f"{k}={v:.1f}" for k, v in phases_s.items())
     return f"{RESULT_MARKER} median_s={median_s:.4f} phases={phases}"
+
+
+# --- The warm pool ---------------------------------------------------------------------------
+# `python -m autotune.worker --serve DIR` under one torchrun: the ranks stay up between trials.
+# The orchestrator (autotune.pool) writes DIR/job-<seq>.json for trial seq = 0, 1, ...; every
+# rank polls for it, runs the trial into the job's out_dir exactly as a one-trial worker would
+# (trial.json, result.json, failure files), releases it, and rank 0 writes DIR/done-<seq>.json
+# once every rank has. A rank that cannot serve on (a failure other ranks may be blocked on,
+# memory it could not free) exits instead, and the orchestrator starts the pool again.
+
+POOL_LOG_NAME = "log.txt"
+"""The pool's whole output, in its folder; each trial's slice is copied to the trial's log."""
+POOL_STOP_NAME = "stop"
+"""Its presence in the pool's folder tells idle ranks to exit."""
+POOL_POLL_S = 0.02
+"""How often an idle rank looks for the next job, and the orchestrator for the done file."""
+POOL_PARENT_ENV = "AUTOTUNE_POOL_PARENT"
+"""`HOST:PID` of the orchestrator that started the pool: an idle rank on that host exits once
+the orchestrator is gone (killed outright, it could not stop the pool), so no rank holds a GPU
+for nobody."""
+POOL_LEFT_OVER_BYTES = 64 * 2**20
+"""A rank still holding more GPU memory than this after releasing a trial does not serve on:
+the next trial's peak would count it (a cold launch starts from nothing)."""
+
+
+def _job_path(pool_dir: Path, seq: int) -> Path:
+    return Path(pool_dir) / f"job-{seq}.json"
+
+
+def _done_path(pool_dir: Path, seq: int) -> Path:
+    return Path(pool_dir) / f"done-{seq}.json"
+
+
+def _write_atomic(path: Path, data: dict[str, object]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _read(path: Path) -> dict[str, object] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolJob:
+    """Trial `seq` of a pool: its spec file and the folder its results go to."""
+
+    seq: int
+    spec: Path
+    out_dir: Path
+
+
+@dataclass(frozen=True, slots=True)
+class PoolDone:
+    """How trial `seq` ended in the pool: its status, and whether the ranks serve on."""
+
+    seq: int
+    status: TrialStatus
+    serving: bool
+
+
+def write_pool_job(pool_dir: Path, job: PoolJob) -> None:
+    _write_atomic(_job_path(pool_dir, job.seq),
+                  {"seq": job.seq, "spec": str(job.spec), "out_dir": str(job.out_dir)})
+
+
+def read_pool_job(pool_dir: Path, seq: int) -> PoolJob | None:
+    """Job `seq` once it is written whole; None before."""
+    data = _read(_job_path(pool_dir, seq))
+    if data is None:
+        return None
+    return PoolJob(seq, Path(str(data["spec"])), Path(str(data["out_dir"])))
+
+
+def write_pool_done(pool_dir: Path, done: PoolDone) -> None:
+    _write_atomic(_done_path(pool_dir, done.seq),
+                  {"seq": done.seq, "status": done.status.value, "serving": done.serving})
+
+
+def read_pool_done(pool_dir: Path, seq: int) -> PoolDone | None:
+    data = _read(_done_path(pool_dir, seq))
+    if data is None:
+        return None
+    try:
+        status = TrialStatus(str(data["status"]))
+    except (KeyError, ValueError):
+        status = TrialStatus.CRASH
+    return PoolDone(seq, status, bool(data.get("serving", False)))
 
 
 # --- Exit codes -------------------------------------------------------------------------------

@@ -54,7 +54,10 @@ __all__ = [
     "STACKS_WAIT_S",
     "RunOutput",
     "TrialInterrupted",
+    "ask_for_stacks",
+    "launcher_argv",
     "megatron_lm_argv",
+    "note",
     "run_command",
     "run_megatron_lm_trial",
     "run_multinode_trial",
@@ -138,7 +141,8 @@ def trial_env(base: Mapping[str, str] | None = None, *,
     return env
 
 
-def _launcher_argv(nproc: int, port: int, launcher: Sequence[str]) -> list[str]:
+def launcher_argv(nproc: int, port: int, launcher: Sequence[str]) -> list[str]:
+    """torchrun's own arguments for `nproc` ranks on this node."""
     if nproc < 1:
         raise ConfigError(f"nproc must be >= 1, got {nproc}")
     # Flag spellings as `python -m torch.distributed.run --help` prints them (torch 2.13); the
@@ -156,7 +160,7 @@ def torchrun_argv(spec: TrialSpec, trial_dir: Path, nproc: int, port: int, *,
         raise ConfigError(f"a single-node trial needs nproc = world size: nproc={nproc}, "
                           f"dp x tp x pp x cp = {world}")
     trial_dir = Path(trial_dir).resolve()
-    return [*_launcher_argv(nproc, port, launcher), *worker, *worker_args(trial_dir)]
+    return [*launcher_argv(nproc, port, launcher), *worker, *worker_args(trial_dir)]
 
 
 def megatron_lm_argv(megatron_lm_path: Path, spec: TrialSpec, nproc: int, port: int, *,
@@ -176,7 +180,7 @@ def megatron_lm_argv(megatron_lm_path: Path, spec: TrialSpec, nproc: int, port: 
                             distributed_timeout_minutes=distributed_timeout_minutes(
                                 nccl_timeout_s),
                             extra_args=extra_args)
-    return [*_launcher_argv(nproc, port, launcher), str(script), *args]
+    return [*launcher_argv(nproc, port, launcher), str(script), *args]
 
 
 def run_trial(spec: TrialSpec, trial_dir: Path, *, timeout_s: float,
@@ -331,11 +335,11 @@ def run_command(argv: Sequence[str], trial_dir: Path, timeout_s: float,
         finally:
             if timed_out or interrupted:
                 why = "timed out" if timed_out else "interrupted"
-                _note(log, f"[autotune] {why} after {time.monotonic() - start:.1f} s; "
+                note(log, f"[autotune] {why} after {time.monotonic() - start:.1f} s; "
                            f"stopping the process tree (grace {grace_s:g} s)")
             try:
                 if timed_out:
-                    _ask_for_stacks(log, log_path, tree)
+                    ask_for_stacks(log, log_path, tree)
             except KeyboardInterrupt:
                 interrupted = True  # Ctrl-C while the ranks write their stacks: stop now
             finally:
@@ -353,7 +357,7 @@ STACKS_WAIT_S = 2.0
 """How long a timed-out trial's ranks get to write their stacks before SIGTERM."""
 
 
-def _ask_for_stacks(log: object, log_path: Path, tree: ProcessTree) -> None:
+def ask_for_stacks(log: object, log_path: Path, tree: ProcessTree) -> None:
     """Send STACKS_SIGNAL to every rank the log says started and that is still in the trial's
     tree (pids are checked against it, so a reused pid is never signalled); wait for the dumps."""
     try:
@@ -368,12 +372,12 @@ def _ask_for_stacks(log: object, log_path: Path, tree: ProcessTree) -> None:
                 os.kill(pid, STACKS_SIGNAL)
                 asked.append(rank)
     if asked:
-        _note(log, f"[autotune] asked ranks {', '.join(map(str, asked))} for their Python "
+        note(log, f"[autotune] asked ranks {', '.join(map(str, asked))} for their Python "
                    f"stacks ({STACKS_NAME.format(rank='<r>')})")
         time.sleep(STACKS_WAIT_S)
 
 
-def _note(log: object, line: str) -> None:
+def note(log: object, line: str) -> None:
     # The child shares this file description, so a flushed write lands after its output so far.
     with contextlib.suppress(OSError, ValueError):
         log.write(f"\n{line}\n".encode())  # type: ignore[attr-defined]

@@ -51,6 +51,9 @@ class MeasuredBackend:
     name: str = "worker"
     predicted: bool = False
 
+    def close(self) -> None:
+        pass
+
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
         m = SimulateBackend(self.cluster).run(spec, trial_dir, timeout_s)
         trial_dir.mkdir(parents=True, exist_ok=True)

@@ -352,6 +352,9 @@ class _RendezvousFailsFirst:
         self.inner, self.failures, self.launches = inner, failures, 0
         self.name, self.predicted = "fake", False
 
+    def close(self) -> None:
+        self.inner.close()
+
     def run(self, spec: Any, trial_dir: Path, timeout_s: float) -> Any:
         from autotune.metrics import RENDEZVOUS_FAILED
         from autotune.trial import TrialMetrics

@@ -183,8 +183,16 @@ def test_metrics_from_ranks_uses_model_flops() -> None:
     spec = _spec("gpt2-xl", dp=2, mbs=8, gbs=64)
     ranks = [{"rank": r, "loss": 10.5 if r == 1 else None, "peak_allocated_bytes": 10 + r,
               "peak_reserved_bytes": 20 + r, "device_used_bytes": None} for r in (1, 0)]
-    data = metrics_from_ranks(spec, (2.0, 1.0, 1.5), ranks, {"init_s": 1.0})
+    from autotune.trial import StopReason
+    from autotune.worker.timing import Timing
+    from autotune.worker.train import StepTimes
+
+    steps = StepTimes(timing=Timing(warmup_s=(9.0,), timed_s=(2.0, 1.0, 1.5),
+                                    reason=StopReason.STABLE), loss=None)
+    data = metrics_from_ranks(spec, steps, ranks, {"init_s": 1.0}, warm=True)
     metrics = TrialMetrics.from_dict(data)
+    assert (metrics.timed_steps, metrics.warmup_s, metrics.timed_s) == (3, 9.0, 4.5)
+    assert metrics.stop_reason is StopReason.STABLE and metrics.warm is True
     assert metrics.status == TrialStatus.OK and metrics.step_time_s == 1.5
     assert metrics.tokens_per_s == pytest.approx(64 * 1024 / 1.5)
     tflops = model_flops_per_token(spec.model) * 64 * 1024 / 1.5 / 2 / 1e12

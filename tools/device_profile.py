@@ -11,7 +11,7 @@ import torch
 
 from autotune.trial import TrialSpec
 from autotune.worker import build, train
-from autotune.worker.run import _init_distributed, prepare_environment
+from autotune.worker.run import init_model_parallel, init_world, prepare_environment
 
 _FAMILIES = (("flash/sdpa", ("flash", "fmha", "cudnn", "attention")),
              ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90", "cublas")),
@@ -32,7 +32,8 @@ def _family(name: str) -> str:
 def main() -> None:
     spec = TrialSpec.from_json(Path(sys.argv[1]).read_text())
     prepare_environment(spec)
-    _init_distributed(spec, {})
+    init_world({})
+    init_model_parallel(spec, {})
     if spec.layout.impl == "sdpa":
         from autotune.worker.attention import configure_sdpa_backends
 

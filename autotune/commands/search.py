@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from autotune.backends import Backend, BackendName, make_backend
+from autotune.backends import Backend, BackendName, Isolation, make_backend
 from autotune.calibration import load_calibration
 from autotune.errors import AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec, local_gpu_count
@@ -135,7 +135,8 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                        results_dir: str, study: str | None, storage: str | None, resume: bool,
                        steps: int, warmup_steps: int, trial_timeout: float | None,
                        as_json: bool, calibration: str | None = None,
-                       multi: MultiNode | None = None) -> None:
+                       multi: MultiNode | None = None,
+                       isolation: str = Isolation.WARM) -> None:
     from autotune.search import SearchConfig
     from autotune.search.config import Sampler
     from autotune.search.loop import Search
@@ -145,7 +146,7 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     cost_params, memory_params = (load_calibration(calibration) if calibration
                                   else (None, None))
     chosen: Backend = make_backend(name, cluster, megatron_lm, cost_params, memory_params,
-                                   multi)
+                                   multi, isolation=Isolation.parse(isolation))
     space = _runnable_space(space, chosen.name)
     if trials is None and not chosen.predicted and time_budget is None:
         trials = DEFAULT_REAL_TRIALS

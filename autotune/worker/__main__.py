@@ -1,4 +1,6 @@
-"""`python -m autotune.worker --spec trial.json --out-dir DIR`, one process per GPU (torchrun).
+"""`python -m autotune.worker --spec trial.json --out-dir DIR`, one process per GPU (torchrun),
+runs one trial; `python -m autotune.worker --serve DIR` serves trial after trial as a rank of a
+warm pool (autotune.worker.serve).
 
 Exit codes: 0 OK, 2 bad arguments, else autotune.protocol.EXIT_CODES (3 OOM, 4 CRASH or
 NCCL_ERROR). Files, log lines and environment variables are autotune.protocol's too.
@@ -14,7 +16,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 _STARTED = time.perf_counter()
 
@@ -31,10 +33,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m autotune.worker",
                                      description="Run one autotune trial on this rank "
                                                  "(launched by torchrun).")
-    parser.add_argument("--spec", type=Path, required=True, help="trial.json (a TrialSpec)")
-    parser.add_argument("--out-dir", type=Path, required=True,
+    parser.add_argument("--spec", type=Path, help="trial.json (a TrialSpec)")
+    parser.add_argument("--out-dir", type=Path,
                         help="where result.json and failure-rank<r>.json go")
-    return parser.parse_args(argv)
+    parser.add_argument("--serve", type=Path, metavar="POOL_DIR",
+                        help="serve the trials written to POOL_DIR (a warm pool) instead")
+    args = parser.parse_args(argv)
+    if (args.serve is None) == (args.spec is None or args.out_dir is None):
+        parser.error("give --spec and --out-dir (one trial), or --serve POOL_DIR")
+    if args.serve is not None and (args.spec is not None or args.out_dir is not None):
+        parser.error("--serve takes no --spec or --out-dir")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,12 +53,15 @@ def main(argv: list[str] | None = None) -> None:
     # failed) from a trial that started and then failed, and to find the ranks' pids when it
     # asks a timed-out trial for its stacks: the pid is given only once the handler is in
     # place, since STACKS_SIGNAL would otherwise kill the rank.
+    where = args.serve if args.serve is not None else args.out_dir
     line = (started_line(rank, pid=os.getpid(), host=socket.gethostname())
-            if _register_stack_dump(args.out_dir, rank) else started_line(rank))
+            if _register_stack_dump(where, rank) else started_line(rank))
     print(line, file=sys.stderr, flush=True)
     logging.basicConfig(level=logging.WARNING, format=f"[rank{rank}] %(name)s: %(message)s")
     from autotune.worker.report import exit_with_failure
 
+    if args.serve is not None:
+        _serve(args.serve, rank)
     try:
         from autotune.trial import TrialSpec
         from autotune.worker.run import prepare_environment, run_rank
@@ -63,6 +75,22 @@ def main(argv: list[str] | None = None) -> None:
     sys.stderr.flush()
     # Skip interpreter and NCCL teardown: the result is written, and destroy_process_group can
     # block for seconds (or hang when a peer is gone).
+    os._exit(0)
+
+
+def _serve(pool_dir: Path, rank: int) -> NoReturn:
+    """Serve the pool's trials, then leave as a one-trial worker does (never returns). A failure
+    outside any trial (the default group's init) is written to the pool's folder."""
+    from autotune.worker.report import exit_with_failure
+
+    try:
+        from autotune.worker.serve import serve
+
+        serve(pool_dir, rank, _STARTED)
+    except BaseException as exc:
+        exit_with_failure(rank, exc, pool_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(0)
 
 

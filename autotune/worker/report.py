@@ -19,7 +19,8 @@ from typing import Any
 from autotune.protocol import ABORT_WAIT_ENV, EXIT_CODES, failure_name, status_line
 from autotune.trial import TrialStatus
 
-__all__ = ["classify", "error_line", "exit_with_failure", "nvml_device_used_bytes", "write_json"]
+__all__ = ["classify", "error_line", "exit_with_failure", "nvml_device_used_bytes",
+           "record_failure", "write_json"]
 
 _MAX_ERROR_CHARS = 300
 
@@ -87,6 +88,14 @@ def _abort_communicators(wait_s: float) -> None:
 
 def exit_with_failure(rank: int, exc: BaseException, out_dir: Path) -> None:
     """Record the failure of this rank, abort its communicators and exit (never returns)."""
+    status = record_failure(rank, exc, out_dir)
+    sys.stdout.flush()
+    _abort_communicators(float(os.environ.get(ABORT_WAIT_ENV, "5")))
+    os._exit(EXIT_CODES[status])
+
+
+def record_failure(rank: int, exc: BaseException, out_dir: Path) -> TrialStatus:
+    """Write this rank's failure file, print the traceback and its status line; the status."""
     status = classify(exc)
     try:
         write_json(out_dir / failure_name(rank),
@@ -97,9 +106,7 @@ def exit_with_failure(rank: int, exc: BaseException, out_dir: Path) -> None:
               file=sys.stderr)
     traceback.print_exception(exc, file=sys.stderr)
     print(status_line(rank, status), file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    _abort_communicators(float(os.environ.get(ABORT_WAIT_ENV, "5")))
-    os._exit(EXIT_CODES[status])
+    return status
 
 
 def nvml_device_used_bytes(device_index: int) -> int | None:

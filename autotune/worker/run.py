@@ -7,7 +7,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.flops import model_flops_per_token
 from autotune.protocol import (
@@ -23,7 +23,11 @@ from autotune.protocol import (
 )
 from autotune.trial import RankResult, TrialMetrics, TrialSpec, TrialStatus
 
-__all__ = ["metrics_from_ranks", "prepare_environment", "run_rank"]
+if TYPE_CHECKING:
+    from autotune.worker.train import StepTimes
+
+__all__ = ["init_model_parallel", "init_world", "metrics_from_ranks", "prepare_environment",
+           "run_rank", "run_trial"]
 
 
 def prepare_environment(spec: TrialSpec) -> None:
@@ -39,24 +43,39 @@ def prepare_environment(spec: TrialSpec) -> None:
     os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 
 
-def _init_distributed(spec: TrialSpec, phases: dict[str, float]) -> tuple[int, int]:
+def init_world(phases: dict[str, float]) -> int:
+    """The default process group over every rank torchrun started (once per process); returns
+    this rank's local GPU index."""
     t0 = time.perf_counter()
     import torch
     import torch.distributed as dist
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core import parallel_state  # noqa: F401  (its import cost is start-up's)
 
     t1 = time.perf_counter()
-    s = spec.layout
-    timeout_s = float(os.environ.get(NCCL_TIMEOUT_ENV, str(DEFAULT_NCCL_TIMEOUT_S)))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)
     # Binding the device makes NCCL create every communicator eagerly, the default group's and
     # each of Megatron's sub-groups'; unbound, a communicator is made on its first collective.
     eager = os.environ.get(NCCL_EAGER_INIT_ENV, "0") == "1"
-    dist.init_process_group("nccl", timeout=timedelta(seconds=timeout_s),
+    dist.init_process_group("nccl", timeout=timedelta(seconds=_timeout_s()),
                             device_id=torch.device("cuda", local_rank) if eager else None)
-    t2 = time.perf_counter()
+    phases.update(import_s=t1 - t0, pg_init_s=time.perf_counter() - t1)
+    return local_rank
+
+
+def _timeout_s() -> float:
+    return float(os.environ.get(NCCL_TIMEOUT_ENV, str(DEFAULT_NCCL_TIMEOUT_S)))
+
+
+def init_model_parallel(spec: TrialSpec, phases: dict[str, float]) -> None:
+    """Megatron's parallel state for the trial's layout, and its seeds."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    t0 = time.perf_counter()
+    s = spec.layout
     world = dist.get_world_size()
     if world != s.world_size:
         raise RuntimeError(f"torchrun started {world} ranks but the layout needs "
@@ -67,23 +86,22 @@ def _init_distributed(spec: TrialSpec, phases: dict[str, float]) -> tuple[int, i
         virtual_pipeline_model_parallel_size=s.vpp if s.vpp > 1 else None,
         context_parallel_size=s.cp,
         expert_model_parallel_size=s.ep,
-        distributed_timeout_minutes=distributed_timeout_minutes(timeout_s),
+        distributed_timeout_minutes=distributed_timeout_minutes(_timeout_s()),
         # Gloo groups serve only checkpointing; creating them costs launch time.
         create_gloo_process_groups=False,
     )
     torch.manual_seed(spec.seed)
     model_parallel_cuda_manual_seed(spec.seed)
-    t3 = time.perf_counter()
-    phases.update(import_s=t1 - t0, pg_init_s=t2 - t1, mp_init_s=t3 - t2)
-    return dist.get_rank(), local_rank
+    phases["mp_init_s"] = time.perf_counter() - t0
 
 
-def metrics_from_ranks(spec: TrialSpec, times_s: tuple[float, ...], ranks: list[dict[str, Any]],
-                       phases_s: dict[str, float]) -> dict[str, Any]:
+def metrics_from_ranks(spec: TrialSpec, steps: StepTimes, ranks: list[dict[str, Any]],
+                       phases_s: dict[str, float], *, warm: bool) -> dict[str, Any]:
     """result.json: TrialMetrics.to_dict() plus the worker's phase timings."""
     import statistics
 
     m, s = spec.model, spec.layout
+    times_s = steps.times_s
     median = statistics.median(times_s)
     tokens = s.gbs * m.seq_length
     tflops = model_flops_per_token(m) * tokens / median / s.world_size / 1e12
@@ -106,9 +124,15 @@ def metrics_from_ranks(spec: TrialSpec, times_s: tuple[float, ...], ranks: list[
         device_used_bytes=max(used) if used else None,
         loss_finite=bool(losses) and all(_finite(x) for x in losses),
         ranks=rank_results,
+        timed_steps=len(times_s),
+        warmup_s=sum(steps.timing.warmup_s),
+        timed_s=sum(times_s),
+        stop_reason=steps.timing.reason,
+        warm=warm,
     )
     data = metrics.to_dict()
     data["step_times_s"] = list(times_s)
+    data["warmup_step_times_s"] = list(steps.timing.warmup_s)
     data["loss"] = sum(losses) / len(losses) if losses else None
     data["worker_phases_s"] = phases_s
     return data
@@ -119,10 +143,28 @@ def _finite(x: float) -> bool:
 
 
 def run_rank(spec: TrialSpec, out_dir: Path, started: float | None = None) -> None:
-    """Run this rank's part of the trial; rank 0 writes <out_dir>/result.json. Raises on failure.
+    """Run this rank's part of one trial in a process of its own (a cold launch); rank 0
+    writes <out_dir>/result.json. Raises on failure.
 
     `started` is the perf_counter() at the worker's entry, to report the start-up cost.
     """
+    t0 = time.perf_counter()
+    _check_impl(spec)
+    phases: dict[str, float] = {"startup_s": t0 - started} if started is not None else {}
+    local_rank = init_world(phases)
+    run_trial(spec, out_dir, local_rank, phases, warm=False)
+
+
+def _check_impl(spec: TrialSpec) -> None:
+    if spec.layout.impl == "te" and not te_available():
+        raise RuntimeError("impl=te needs transformer-engine, which is not installed")
+
+
+def run_trial(spec: TrialSpec, out_dir: Path, local_rank: int, phases: dict[str, float], *,
+              warm: bool) -> None:
+    """One trial on a rank whose default process group is up: parallel state, build, steps,
+    the result gathered and written by rank 0. Raises on failure. What it builds is freed when
+    it returns (or raises) and its frames are gone; autotune.worker.serve releases the rest."""
     import torch
     import torch.distributed as dist
 
@@ -130,10 +172,9 @@ def run_rank(spec: TrialSpec, out_dir: Path, started: float | None = None) -> No
     from autotune.worker.report import nvml_device_used_bytes, write_json
 
     t0 = time.perf_counter()
-    if spec.layout.impl == "te" and not te_available():
-        raise RuntimeError("impl=te needs transformer-engine, which is not installed")
-    phases: dict[str, float] = {"startup_s": t0 - started} if started is not None else {}
-    rank, local_rank = _init_distributed(spec, phases)
+    _check_impl(spec)
+    init_model_parallel(spec, phases)
+    rank = dist.get_rank()
     if spec.layout.impl == "sdpa":
         from autotune.worker.attention import configure_sdpa_backends
 
@@ -153,9 +194,9 @@ def run_rank(spec: TrialSpec, out_dir: Path, started: float | None = None) -> No
     gathered: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
     dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
     phases.update(init_s=t_init - t0, build_s=t_build - t_init, train_s=t_train - t_build,
-                  timed_s=sum(steps.times_s))
+                  warmup_s=sum(steps.timing.warmup_s), timed_s=sum(steps.times_s))
     if rank == 0:
         write_json(out_dir / RESULT_NAME,
-                   metrics_from_ranks(spec, steps.times_s, gathered, phases))
+                   metrics_from_ranks(spec, steps, gathered, phases, warm=warm))
         print(result_line(steps.median_s, phases), file=sys.stderr, flush=True)
     print(status_line(rank, TrialStatus.OK), file=sys.stderr, flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,18 +14,26 @@ from typing import Any
 import torch
 
 from autotune.model import padded_vocab_size
+from autotune.protocol import step_line
 from autotune.trial import TrialSpec
+from autotune.worker.timing import StepJudge, Timing
 
 __all__ = ["StepTimes", "make_batches", "train"]
 
 
 @dataclass(frozen=True, slots=True)
 class StepTimes:
-    """Wall-clock seconds of each timed step (max over ranks) and the last step's loss."""
+    """Wall-clock seconds of each step (max over ranks), split into warm-up and timed steps
+    (autotune.worker.timing), and the last step's loss."""
 
-    times_s: tuple[float, ...]
+    timing: Timing
     loss: float | None
     """Mean per-token loss of the last step on a last pipeline stage; None elsewhere."""
+
+    @property
+    def times_s(self) -> tuple[float, ...]:
+        """The timed steps."""
+        return self.timing.timed_s
 
     @property
     def median_s(self) -> float:
@@ -108,7 +117,8 @@ def _step(spec: TrialSpec, model: list[Any], optimizer: Any, iterators: list[Any
 
 
 def train(spec: TrialSpec, model: list[Any], optimizer: Any, config: Any) -> StepTimes:
-    """Run warm-up steps untimed, then the timed steps; every rank returns the same times."""
+    """Run steps until autotune.worker.timing says the trial has answered; every rank takes
+    the same decisions from the same times and returns the same split."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     device = torch.device("cuda", torch.cuda.current_device())
@@ -117,20 +127,26 @@ def train(spec: TrialSpec, model: list[Any], optimizer: Any, config: Any) -> Ste
     # One iterator per model chunk: each virtual stage draws its own micro-batches.
     iterators = [itertools.cycle(batches) for _ in model]
     forward_backward = get_forward_backward_func()
-    for _ in range(spec.warmup_steps):
-        _step(spec, model, optimizer, iterators, forward_backward)
-    times = []
+    judge = StepJudge.for_spec(spec)
+    announce = torch.distributed.get_rank() == 0
+    slowest = torch.zeros(1, dtype=torch.float64, device=device)
     losses: list[dict[str, Any]] = []
+    timing = None
     torch.cuda.synchronize()
-    for _ in range(spec.train_steps):
+    while timing is None:
+        phase = judge.phase()
         start = time.perf_counter()
         losses = _step(spec, model, optimizer, iterators, forward_backward)
         torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    # A step ends when its slowest rank ends: take the max over ranks, once, after timing.
-    times_t = torch.tensor(times, dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(times_t, op=torch.distributed.ReduceOp.MAX)
-    return StepTimes(times_s=tuple(times_t.tolist()), loss=_mean_loss(losses))
+        slowest.fill_(time.perf_counter() - start)
+        # A step ends when its slowest rank ends. Reduced after the clock stopped, so the
+        # reduction is not timed; it also starts every rank's next step together.
+        torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
+        step_s = float(slowest.item())
+        timing = judge.add(step_s)
+        if announce:
+            print(step_line(len(judge.times), phase, step_s), file=sys.stderr, flush=True)
+    return StepTimes(timing=timing, loss=_mean_loss(losses))
 
 
 def _mean_loss(losses: list[dict[str, Any]]) -> float | None:

@@ -98,8 +98,9 @@ def install() -> None:
 
     real_make = search_command.make_backend
 
-    def make_backend(name: Any, cluster: Any, *args: Any) -> Any:
-        backend = FakeBackend(cluster) if name == "worker" else real_make(name, cluster, *args)
+    def make_backend(name: Any, cluster: Any, *args: Any, **kwargs: Any) -> Any:
+        backend = (FakeBackend(cluster) if name == "worker"
+                   else real_make(name, cluster, *args, **kwargs))
         return Hooked(backend)
 
     search_command.make_backend = make_backend

@@ -79,10 +79,15 @@ class FakeBackend:
     calls: list[Layout] = field(default_factory=list)
     name: str = "fake"
     predicted: bool = False
+    closed: int = 0
+    """How many times the search closed the backend (once, at its end)."""
 
     def true_peak_bytes(self, spec: TrialSpec) -> float:
         predicted = estimate_memory(spec.model, spec.layout, self.cluster).peak_bytes
         return predicted * self.underestimate
+
+    def close(self) -> None:
+        self.closed += 1
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
         s = spec.layout

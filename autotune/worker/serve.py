@@ -1,0 +1,173 @@
+"""A warm pool rank: `python -m autotune.worker --serve DIR` serves trial after trial.
+
+The process starts once (torchrun, Python, torch and megatron-core imports, the default NCCL
+group) and then, for each job the orchestrator writes (autotune.protocol's pool section), sets
+up Megatron's parallel state for the trial's layout, builds, runs and reports exactly as a
+one-trial worker does (autotune.worker.run.run_trial), and releases everything the trial made:
+the model and optimizer (their last references die with run_trial's frames), Megatron's
+parallel state and the process groups it created (destroy_model_parallel only forgets them;
+their NCCL communicators would otherwise stay, with their buffers), torch.compile's caches
+(a cold launch compiles every fused function for its own shapes; a warm one must too, and
+dynamo's recompile limit would otherwise send later trials to eager code), the allocator's
+cache and its peak statistics. That is the pattern megatron-core's own unit tests use to run
+many parallel layouts in one process (destroy_model_parallel, then initialize_model_parallel).
+
+What cannot be undone ends the rank instead of the trial's figures: a failure other ranks may
+be blocked on (anything but an out-of-memory error on a pool of one rank), or memory left
+allocated after the release (POOL_LEFT_OVER_BYTES). The orchestrator then starts the pool cold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from autotune.protocol import (
+    POOL_LEFT_OVER_BYTES,
+    POOL_PARENT_ENV,
+    POOL_POLL_S,
+    POOL_STOP_NAME,
+    PoolDone,
+    PoolJob,
+    read_pool_job,
+    trial_line,
+    write_pool_done,
+)
+from autotune.trial import TrialSpec, TrialStatus
+
+__all__ = ["serve"]
+
+_PARENT_CHECK_S = 1.0
+
+
+def serve(pool_dir: Path, rank: int, started: float) -> None:
+    """Serve jobs 0, 1, ... from `pool_dir` until its stop file appears or the orchestrator is
+    gone; returns then. A trial this rank cannot recover from ends the process (never
+    returns)."""
+    from autotune.worker.run import init_world
+
+    phases: dict[str, float] = {"startup_s": time.perf_counter() - started}
+    local_rank = init_world(phases)
+    seq = 0
+    while (job := _next_job(pool_dir, seq)) is not None:
+        print(trial_line(seq, rank), file=sys.stderr, flush=True)
+        status, serving = _serve_one(job, rank, local_rank, phases)
+        if rank == 0:
+            write_pool_done(pool_dir, PoolDone(seq, status, serving))
+        if not serving:
+            return
+        phases = {}  # start-up is the first trial's alone
+        seq += 1
+
+
+def _next_job(pool_dir: Path, seq: int) -> PoolJob | None:
+    parent = _parent()
+    next_check = time.monotonic() + _PARENT_CHECK_S
+    while True:
+        job = read_pool_job(pool_dir, seq)
+        if job is not None:
+            return job
+        if (pool_dir / POOL_STOP_NAME).exists():
+            return None
+        if time.monotonic() >= next_check:
+            if parent is not None and not _alive(parent):
+                return None
+            next_check = time.monotonic() + _PARENT_CHECK_S
+        time.sleep(POOL_POLL_S)
+
+
+def _parent() -> int | None:
+    """The orchestrator's pid when it runs on this host."""
+    host, _, pid = os.environ.get(POOL_PARENT_ENV, "").rpartition(":")
+    return int(pid) if pid.isdigit() and host == socket.gethostname() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _serve_one(job: PoolJob, rank: int, local_rank: int,
+               phases: dict[str, float]) -> tuple[TrialStatus, bool]:
+    """Run one job and release it: its status, and whether every rank can serve on."""
+    import torch.distributed as dist
+
+    from autotune.worker.report import exit_with_failure, record_failure
+    from autotune.worker.run import run_trial
+
+    groups = _process_groups()
+    status = TrialStatus.OK
+    try:
+        spec = TrialSpec.from_json(job.spec.read_text())
+        run_trial(spec, job.out_dir, local_rank, phases, warm=True)
+    except BaseException as exc:  # every failure becomes a status; SystemExit included
+        status = _classified(exc)
+        if status is not TrialStatus.OOM or dist.get_world_size() > 1:
+            # Peers may sit in a collective this rank will never join: end the pool.
+            exit_with_failure(rank, exc, job.out_dir)
+        record_failure(rank, exc, job.out_dir)
+        # The traceback's frames hold the model and optimizer: drop them before releasing.
+        traceback.clear_frames(exc.__traceback__)
+        del exc
+    left = _release(groups)
+    serving = _all_agree(left <= POOL_LEFT_OVER_BYTES)
+    if left > POOL_LEFT_OVER_BYTES:
+        print(f"[autotune pool] rank {rank} still holds {left / 2**20:.0f} MiB after trial "
+              f"{job.seq}; the pool restarts", file=sys.stderr, flush=True)
+    return status, serving
+
+
+def _classified(exc: BaseException) -> TrialStatus:
+    from autotune.worker.report import classify
+
+    return classify(exc)
+
+
+def _process_groups() -> set[Any]:
+    """Every process group of this process (the default one included)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    return set(c10d._world.pg_map)
+
+
+def _release(before: set[Any]) -> int:
+    """Free what the trial made (the module's list); the bytes still allocated after."""
+    import gc
+
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    for group in _process_groups() - before:
+        with contextlib.suppress(Exception):  # already gone, or aborted: nothing left to free
+            dist.destroy_process_group(group)
+    gc.collect()
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return int(torch.cuda.memory_allocated())
+
+
+def _all_agree(mine: bool) -> bool:
+    """True when every rank says so (one all-reduce over the default group); it also keeps
+    rank 0 from announcing the trial done before every rank has released it."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if mine else 0], dtype=torch.int32, device="cuda")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())

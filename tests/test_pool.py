@@ -1,0 +1,183 @@
+"""The warm pool (autotune.pool) against process doubles: a fake torchrun and pool ranks that
+speak the pool protocol without torch (tests/doubles/pool_rank.py says what each trial does)."""
+
+from __future__ import annotations
+
+import _thread
+import importlib.util
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.backends import POOL_DIR, Isolation, WorkerBackend
+from autotune.errors import ConfigError
+from autotune.layout import Layout
+from autotune.metrics import metrics_from_run
+from autotune.model import ModelSpec
+from autotune.pool import WarmPool
+from autotune.protocol import (
+    POOL_PARENT_ENV,
+    STACKS_NAME,
+    TRIAL_MARKER,
+    PoolJob,
+    write_pool_job,
+)
+from autotune.runner import TORCHRUN, RunOutput, TrialInterrupted
+from autotune.trial import StopReason, TrialSpec, TrialStatus
+
+DOUBLES = Path(__file__).parent / "doubles"
+FAKE_TORCHRUN = (sys.executable, str(DOUBLES / "fake_torchrun.py"))
+RANK = (str(DOUBLES / "pool_rank.py"),)
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+MODEL = ModelSpec(name="tiny", num_layers=4, hidden_size=64, num_attention_heads=4,
+                  vocab_size=1000, seq_length=128, global_batch_size=8)
+OK, OOM, CRASH, HANG, NOT_SERVING = 1, 3, 4, 5, 6
+"""Micro-batch sizes that tell the double rank what the trial does."""
+
+
+def _spec(mbs: int, dp: int = 2) -> TrialSpec:
+    return TrialSpec(model=MODEL, layout=Layout(dp=dp, mbs=mbs, gbs=8 * mbs * dp))
+
+
+def _pool(tmp_path: Path, nproc: int = 2, **kwargs: object) -> WarmPool:
+    return WarmPool(tmp_path / "pool", nproc, launcher=FAKE_TORCHRUN, worker=RANK,
+                    grace_s=1.0, **kwargs)  # type: ignore[arg-type]
+
+
+def _pids(trial_dir: Path) -> set[int]:
+    return {int(p.read_text()) for p in trial_dir.glob("pid-*")}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _run(pool: WarmPool, tmp_path: Path, n: int, mbs: int, timeout_s: float = 20) -> RunOutput:
+    return pool.run(_spec(mbs, pool.nproc), tmp_path / "trials" / str(n), timeout_s)
+
+
+def test_trials_reuse_the_same_ranks_and_each_log_holds_its_own_slice(tmp_path: Path) -> None:
+    with _pool(tmp_path) as pool:
+        first, second = (_run(pool, tmp_path, n, OK) for n in (0, 1))
+        assert pool.starts == 1
+        ranks = _pids(first.trial_dir)
+        assert len(ranks) == 2 and _pids(second.trial_dir) == ranks
+        for output, seq in ((first, 0), (second, 1)):
+            metrics = metrics_from_run(output)
+            assert metrics.status is TrialStatus.OK and metrics.warm is True
+            assert metrics.stop_reason is StopReason.STABLE
+            log = output.log_path.read_text()
+            assert f"{TRIAL_MARKER} seq={seq} rank=0" in log
+            assert f"seq={1 - seq} " not in log  # the other trial's lines are not in this log
+        assert (second.trial_dir / "trial.json").exists()
+    assert all(_gone(pid) for pid in ranks)
+
+
+def test_a_recovered_oom_keeps_the_pool(tmp_path: Path) -> None:
+    with _pool(tmp_path, nproc=1) as pool:
+        before = _run(pool, tmp_path, 0, OK)
+        oom = _run(pool, tmp_path, 1, OOM)
+        after = _run(pool, tmp_path, 2, OK)
+        assert metrics_from_run(oom).status is TrialStatus.OOM
+        assert metrics_from_run(after).status is TrialStatus.OK
+        assert pool.starts == 1 and _pids(before.trial_dir) == _pids(after.trial_dir)
+
+
+@pytest.mark.parametrize(("mbs", "status"), [(CRASH, TrialStatus.CRASH),
+                                             (NOT_SERVING, TrialStatus.OK)])
+def test_a_pool_in_doubt_is_started_again_for_the_next_trial(
+        tmp_path: Path, mbs: int, status: TrialStatus) -> None:
+    with _pool(tmp_path) as pool:
+        before = _run(pool, tmp_path, 0, OK)
+        doubt = _run(pool, tmp_path, 1, mbs)
+        assert metrics_from_run(doubt).status is status
+        assert not pool.running
+        assert all(_gone(pid) for pid in _pids(before.trial_dir))
+        after = _run(pool, tmp_path, 2, OK)
+        assert metrics_from_run(after).status is TrialStatus.OK
+        assert pool.starts == 2 and _pids(after.trial_dir).isdisjoint(_pids(before.trial_dir))
+
+
+def test_a_hung_trial_times_out_with_its_stacks_and_the_pool_restarts(tmp_path: Path) -> None:
+    with _pool(tmp_path) as pool:
+        _run(pool, tmp_path, 0, OK)
+        start = time.monotonic()
+        hung = _run(pool, tmp_path, 1, HANG, timeout_s=2)
+        assert time.monotonic() - start < 2 + 1 + 2 + 3  # timeout, stacks wait, grace, slack
+        metrics = metrics_from_run(hung)
+        assert hung.timed_out and metrics.status is TrialStatus.TIMEOUT
+        assert all(_gone(pid) for pid in _pids(hung.trial_dir))
+        assert sorted(p.name for p in hung.trial_dir.glob(STACKS_NAME.format(rank="*"))) == [
+            STACKS_NAME.format(rank=r) for r in (0, 1)]
+        assert metrics_from_run(_run(pool, tmp_path, 2, OK)).status is TrialStatus.OK
+        assert pool.starts == 2
+
+
+def test_ctrl_c_stops_the_pool_and_is_reraised(tmp_path: Path) -> None:
+    pool = _pool(tmp_path)
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(TrialInterrupted) as info:
+            _run(pool, tmp_path, 0, HANG)
+    finally:
+        timer.cancel()
+    output = info.value.output
+    assert output.interrupted and not pool.running
+    assert all(_gone(pid) for pid in _pids(output.trial_dir))
+
+
+def test_idle_ranks_leave_when_the_orchestrator_is_gone(tmp_path: Path) -> None:
+    from autotune.worker.serve import _next_job
+
+    (tmp_path / "pool").mkdir()
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    os.waitpid(dead, 0)
+    os.environ[POOL_PARENT_ENV] = f"{os.uname().nodename}:{dead}"
+    try:
+        start = time.monotonic()
+        assert _next_job(tmp_path / "pool", 0) is None
+        assert time.monotonic() - start < 3
+        os.environ[POOL_PARENT_ENV] = f"{os.uname().nodename}:{os.getpid()}"
+        write_pool_job(tmp_path / "pool", PoolJob(0, tmp_path / "t.json", tmp_path))
+        job = _next_job(tmp_path / "pool", 0)
+        assert job == PoolJob(0, tmp_path / "t.json", tmp_path)
+    finally:
+        del os.environ[POOL_PARENT_ENV]
+
+
+@pytest.mark.parametrize(("world", "message"), [(4, "the pool has 2 ranks")])
+def test_a_layout_of_another_world_size_is_refused(tmp_path: Path, world: int,
+                                                    message: str) -> None:
+    with _pool(tmp_path) as pool, pytest.raises(ConfigError, match=message):
+        pool.run(_spec(OK, dp=world), tmp_path / "t", 10)
+
+
+def test_the_worker_backend_keeps_one_pool_per_study_and_closes_it(tmp_path: Path) -> None:
+    backend = WorkerBackend(isolation=Isolation.WARM)
+    trials = tmp_path / "study" / "trials"
+    pool = backend.pool(trials / "0", 2)
+    assert backend.pool(trials / "7", 2) is pool
+    assert pool.root == (tmp_path / "study" / POOL_DIR).resolve() and pool.nproc == 2
+    backend.close()
+    assert not pool.running
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch for torchrun")
+def test_under_the_real_torchrun(tmp_path: Path) -> None:
+    with WarmPool(tmp_path / "pool", 2, launcher=TORCHRUN, worker=RANK, grace_s=1) as pool:
+        outputs = [_run(pool, tmp_path, n, OK, timeout_s=60) for n in (0, 1)]
+        assert [metrics_from_run(o).status for o in outputs] == [TrialStatus.OK] * 2
+        assert _pids(outputs[0].trial_dir) == _pids(outputs[1].trial_dir)
+        assert pool.starts == 1
