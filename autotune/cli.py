@@ -26,6 +26,8 @@ __all__ = ["STORAGE_EXAMPLE", "app", "main"]
 
 log = logging.getLogger(__name__)
 _COMMANDS = ("models", "search", "estimate", "calibrate", "report", "export")
+FROM_MEGATRON = "--from-megatron"
+"""`autotune --from-megatron FILE` searches around a user's own Megatron-LM command."""
 STORAGE_EXAMPLE = "postgresql+psycopg://user@host/db"
 """The --storage example; README.md gives the same one (tests/test_vocabulary.py)."""
 
@@ -37,7 +39,8 @@ class _SearchByDefault(typer.core.TyperGroup):
         if not args:  # bare `autotune`: its help, as `autotune --help` prints it
             typer.echo(ctx.get_help())
             ctx.exit(0)
-        if args and not args[0].startswith("-") and args[0] not in self.commands:
+        if args and ((not args[0].startswith("-") and args[0] not in self.commands)
+                     or args[0].split("=", 1)[0] == FROM_MEGATRON):
             args = ["search", *args]
         return super().parse_args(ctx, args)
 
@@ -95,9 +98,10 @@ def _load_inputs(model_name: str, gpus: int, gpus_per_node: int | None, seq_len:
     if gpus_per_node is not None and gpus_per_node > gpus:
         raise ConfigError(f"--gpus-per-node {gpus_per_node} is more than --gpus {gpus}: the job "
                           "uses --gpus GPUs in all")
-    if model_name not in list_presets() and Path(model_name).is_dir():
-        raise ConfigError(f"{model_name} is a folder; give a preset name (autotune models) or "
-                          "a model YAML file")
+    if model_name not in list_presets() and Path(model_name).is_dir() and not (
+            Path(model_name) / "config.json").is_file():
+        raise ConfigError(f"{model_name} is a folder; give a preset name (autotune models), "
+                          "a model YAML file, or a Hugging Face config.json (or its folder)")
     model = load_model(model_name).with_overrides(seq_length=seq_len,
                                                   global_batch_size=global_batch_size)
     return model, ClusterSpec.make(gpus, gpus_per_node, gpu)
@@ -118,9 +122,13 @@ Gpu = Annotated[str | None, typer.Option(
 
 @app.command()
 def search(
-    model: Annotated[str, typer.Argument(help="A preset name (see `autotune models`) or a "
-                                              "model YAML file.")],
-    gpus: Gpus,
+    model: Annotated[str | None, typer.Argument(
+        help="A preset name (see `autotune models`), a model YAML file, or a Hugging Face "
+             "config.json (or its folder); left out with --from-megatron.", metavar="MODEL",
+        show_default=False)] = None,
+    gpus: Annotated[int | None, typer.Option(
+        "--gpus", help="Number of GPUs the job uses (with --from-megatron: the command's "
+                       "torchrun, unless it cannot tell).", show_default=False)] = None,
     gpus_per_node: GpusPerNode = None,
     seq_len: SeqLen = None,
     global_batch_size: GlobalBatch = None,
@@ -185,8 +193,30 @@ def search(
     rdzv_endpoint: Annotated[str | None, typer.Option(
         "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (slurm default: the "
                                 "allocation's first node).")] = None,
+    from_megatron: Annotated[str | None, typer.Option(
+        FROM_MEGATRON, help="A shell script or text file with your pretrain_gpt.py command "
+                            "(read, never run): its model and layout are the first trial, "
+                            "and the result says what to change.")] = None,
 ) -> None:
-    """Search for the fastest layout of MODEL on --gpus GPUs."""
+    """Search for the fastest layout of MODEL on --gpus GPUs, or around your own Megatron-LM
+    command (--from-megatron FILE)."""
+    job = None
+    if from_megatron is not None:
+        from autotune.commands.from_megatron import estimate_line, read_user_job
+
+        if model is not None:
+            raise ConfigError(f"give MODEL or {FROM_MEGATRON} FILE, not both (the command's "
+                              "flags are the model)")
+        if seq_len is not None or global_batch_size is not None:
+            raise ConfigError(f"{FROM_MEGATRON}: the sequence and global batch are the "
+                              "command's --seq-length and --global-batch-size")
+        job = read_user_job(from_megatron, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu)
+        gpus, gpus_per_node = job.cluster.num_gpus, job.cluster.gpus_per_node
+        print(f"autotune: {estimate_line(job)}", file=sys.stderr)
+    elif model is None:
+        raise ConfigError("Missing argument 'MODEL' (or --from-megatron FILE)")
+    if gpus is None:
+        raise ConfigError("Missing option '--gpus'")
     multi = None
     if nodes is not None or launcher is not None or rdzv_endpoint is not None:
         from autotune.commands.search import multinode_options
@@ -194,12 +224,21 @@ def search(
         gpus_per_node, multi = multinode_options(gpus, gpus_per_node, nodes, launcher,
                                                  rdzv_endpoint,
                                                  "simulate" if dry_run else backend)
-    spec, cluster = _load_inputs(model, gpus, gpus_per_node, seq_len, global_batch_size, gpu)
+    if job is not None:
+        spec, cluster = job.model, ClusterSpec.make(gpus, gpus_per_node, gpu)
+    else:
+        assert model is not None
+        spec, cluster = _load_inputs(model, gpus, gpus_per_node, seq_len, global_batch_size,
+                                     gpu)
     if space is not None:
         from autotune.commands.search import space_path
 
         space = space_path(space)
     space_spec = load_space(space)
+    if job is not None:
+        from autotune.commands.from_megatron import widen_space
+
+        space_spec = widen_space(space_spec, job.layout)
     summary = enumerate_space(space_spec, spec, cluster)
     if not summary.valid:
         # The rules of the deepest level reached are the ones that bind: a layout rejected
@@ -228,7 +267,20 @@ def search(
                        patience=patience, results_dir=results_dir, study=study,
                        storage=storage, resume=resume, steps=steps, warmup_steps=warmup_steps,
                        trial_timeout=trial_timeout, calibration=calibration,
-                       as_json=as_json, multi=multi, isolation=isolation)
+                       as_json=as_json, multi=multi, isolation=isolation,
+                       seeds=() if job is None else (job.layout,),
+                       compare=None if job is None else _comparison(job, as_json))
+
+
+def _comparison(job: Any, as_json: bool) -> Any:
+    """What a --from-megatron search prints after its table: the user's layout against the
+    best (on stderr with --json, whose stdout is one JSON object)."""
+    from autotune.commands.from_megatron import comparison_lines
+
+    def compare(result: Any) -> None:
+        for line in comparison_lines(job, result, study=result.study_name):
+            print(line, file=sys.stderr if as_json else sys.stdout)
+    return compare
 
 
 def _estimate(
@@ -342,9 +394,10 @@ def report(study: StudyName = None, results_dir: ResultsDir = "results",
 
 @app.command()
 def export(
-    fmt: Annotated[str, typer.Option(
+    fmt: Annotated[str | None, typer.Option(
         "--format", help="megatron-lm (torchrun + pretrain_gpt.py), torchrun (autotune's "
-                         "worker), slurm (sbatch script) or json (the layout).")],
+                         "worker), slurm (sbatch script) or json (the layout); needed "
+                         "unless --from-megatron.", show_default=False)] = None,
     study: StudyName = None,
     results_dir: ResultsDir = "results",
     storage: Storage = None,
@@ -363,6 +416,10 @@ def export(
     train_iters: Annotated[int | None, typer.Option(
         "--train-iters", help="Iterations the megatron-lm or slurm command trains "
                               "(default 100: a short benchmark run).")] = None,
+    from_megatron: Annotated[str | None, typer.Option(
+        FROM_MEGATRON, help="Your pretrain_gpt.py command file (the one searched with "
+                            "--from-megatron): written back with only the layout's flags "
+                            "changed.")] = None,
 ) -> None:
     """Launch command (or JSON) for a study's best layout or --trial N."""
     from autotune.commands.export import run_export
@@ -370,7 +427,7 @@ def export(
     _check_places(study, results_dir, storage, writable=False)
     run_export(study=study, results_dir=results_dir, storage=storage, trial=trial, fmt=fmt,
                output=output, megatron_lm=megatron_lm, nodes=nodes, model=model,
-               train_iters=train_iters)
+               train_iters=train_iters, from_megatron=from_megatron)
 
 
 @app.command()

@@ -65,6 +65,9 @@ class Flag:
 
     name: str
     takes_value: bool = True
+    many: bool = False
+    """nargs '+': every word up to the next flag is one of its values (read as one value,
+    joined by spaces)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -515,7 +518,7 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
             flags=(Flag("--recompute-granularity"), Flag("--recompute-method"),
                    Flag("--recompute-num-layers"),
                    Flag("--recompute-activations", takes_value=False),
-                   Flag("--recompute-modules")),
+                   Flag("--recompute-modules", many=True)),
             emit=_emit_recompute, read=_read_recompute),
     # TransformerConfig.cpu_offloading_num_layers as a flag; validate_args turns cpu_offloading
     # on when it is > 0 (arguments.py, core_v0.16.1). Layout rules keep it apart from recompute

@@ -201,7 +201,12 @@ def _read_yaml(text: str, source: str) -> Any:
 
 
 def load_model(name_or_path: str) -> ModelSpec:
-    """A preset by name (`gpt2-xl`) or a model YAML file by path."""
+    """A preset by name (`gpt2-xl`), a model YAML file by path, or a Hugging Face config.json
+    (or a folder holding one: autotune.hf_config)."""
+    from autotune.hf_config import is_hf_config, load_hf_config
+
+    if is_hf_config(name_or_path):
+        return load_hf_config(name_or_path)
     looks_like_path = name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path
     if looks_like_path:
         path = Path(name_or_path)

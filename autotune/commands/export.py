@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:  # optuna and the report's loader are imported when an export runs
+    from autotune.layout import Layout
+    from autotune.model import ModelSpec
     from autotune.report.load import LoadedStudy, StudyRef
     from autotune.search.records import TrialRecord
 
@@ -79,9 +81,12 @@ def output_path(output: str, ref: StudyRef) -> Path:
 
 
 def run_export(*, study: str | None, results_dir: str, storage: str | None, trial: int | None,
-               fmt: str, output: str | None, megatron_lm: str | None, nodes: int | None,
-               model: str | None = None, train_iters: int | None = None) -> str:
-    """Build the export text, write it to `output` (or stdout) and return it."""
+               fmt: str | None, output: str | None, megatron_lm: str | None,
+               nodes: int | None, model: str | None = None, train_iters: int | None = None,
+               from_megatron: str | None = None) -> str:
+    """Build the export text, write it to `output` (or stdout) and return it. With
+    `from_megatron` (the user's own command file) the text is that command with the study's
+    layout in place of theirs."""
     from autotune.report.load import load_study, resolve_study
     from autotune.scripts import (
         FORMATS,
@@ -93,6 +98,18 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
     )
     from autotune.trial import TrialSpec
 
+    if from_megatron is not None:
+        if fmt not in (None, "megatron-lm"):
+            raise ConfigError("--from-megatron writes your own Megatron-LM command: --format "
+                              f"megatron-lm or none, not {fmt}")
+        for name, value in (("--megatron-lm", megatron_lm), ("--nodes", nodes),
+                            ("--train-iters", train_iters)):
+            if value is not None:
+                raise ConfigError(f"{name} has no place with --from-megatron: your command "
+                                  "keeps its own")
+        fmt = "megatron-lm"
+    elif fmt is None:
+        raise ConfigError("Missing option '--format' (or --from-megatron FILE)")
     if fmt not in FORMATS:
         raise ConfigError(f"unknown --format {fmt!r}; choose {', '.join(FORMATS)}")
     if nodes is not None and nodes < 1:
@@ -130,7 +147,9 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
                  f"study {ref.name}, trial {record.number}: {record.label}, gbs {layout.gbs}",
                  f"{tokens:,.0f} tokens/s, {figure}."]
         default_nodes = cluster.num_nodes if cluster else 1
-        if fmt == "megatron-lm":
+        if from_megatron is not None:
+            text = _user_command(from_megatron, spec_model, layout, title, ref.name)
+        elif fmt == "megatron-lm":
             text = megatron_lm_script(spec_model, layout, title=title,
                                       nodes=nodes or default_nodes, megatron_lm=megatron_lm,
                                       **iters)
@@ -157,3 +176,18 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
             raise ConfigError(f"-o {output}: cannot write it ({exc.strerror or exc})") from None
         print(f"autotune: wrote {path}", file=sys.stderr)
     return text
+
+
+def _user_command(path: str, model: ModelSpec, layout: Layout, title: list[str],
+                  study: str) -> str:
+    """The user's command in `path` with `layout`, refused in one line when the study searched
+    another model or GPU count than the command runs."""
+    from autotune.commands.from_megatron import read_user_job
+    from autotune.scripts import user_megatron_script
+
+    job = read_user_job(path, gpus=layout.world_size, gpus_per_node=None, gpu=None)
+    if replace(job.model, name=model.name) != model:
+        raise ConfigError(f"study {study} searched {model.name}, not the model of {path}'s "
+                          "command (its flags give another shape, sequence or batch)")
+    return user_megatron_script(job.command, job.layout, layout, title=title)
+

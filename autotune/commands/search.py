@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,7 +16,7 @@ from autotune.calibration import load_calibration
 from autotune.errors import AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec, local_gpu_count
 from autotune.launchers import MultiNode
-from autotune.layout import DIMENSIONS
+from autotune.layout import DIMENSIONS, Layout
 from autotune.model import ModelSpec
 from autotune.protocol import te_available
 from autotune.space import SearchSpace
@@ -136,7 +137,10 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                        steps: int, warmup_steps: int, trial_timeout: float | None,
                        as_json: bool, calibration: str | None = None,
                        multi: MultiNode | None = None,
-                       isolation: str = Isolation.WARM) -> None:
+                       isolation: str = Isolation.WARM, seeds: tuple[Layout, ...] = (),
+                       compare: Callable[[SearchResult], None] | None = None) -> None:
+    """Run the search and print its best layouts. `seeds` run first (a user's own layout,
+    `--from-megatron`); `compare` then prints what they are against the best."""
     from autotune.search import SearchConfig
     from autotune.search.config import Sampler
     from autotune.search.loop import Search
@@ -148,6 +152,10 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     chosen: Backend = make_backend(name, cluster, megatron_lm, cost_params, memory_params,
                                    multi, isolation=Isolation.parse(isolation))
     space = _runnable_space(space, chosen.name)
+    if seeds:
+        from autotune.commands.from_megatron import runnable_seed
+
+        seeds = tuple(runnable_seed(s, space) for s in seeds)
     if trials is None and not chosen.predicted and time_budget is None:
         trials = DEFAULT_REAL_TRIALS
     cfg = SearchConfig(model=model, cluster=cluster, space=space, backend=chosen,
@@ -155,7 +163,7 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                        sampler=Sampler.parse(sampler), n_trials=trials, time_budget_s=time_budget,
                        patience=patience, resume=resume, train_steps=steps,
                        warmup_steps=warmup_steps, trial_timeout_s=trial_timeout,
-                       cost_params=cost_params, memory_params=memory_params)
+                       cost_params=cost_params, memory_params=memory_params, seeds=seeds)
     console = Console(stderr=True)
     quiet = as_json or chosen.predicted
     if quiet:
@@ -188,6 +196,8 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
         out.print(f"{done}, {len(result.records)} in the study ({result.valid_layouts} valid "
                   f"layouts); stopped: {result.stop_reason}")
         out.print(f"study {result.study_name} in {result.storage}")
+    if compare is not None:
+        compare(result)
     if result.interrupted:
         raise Interrupted(f"study {result.study_name} is consistent; --resume continues it")
     if not result.best(1):

@@ -12,6 +12,7 @@ from autotune.backends import Backend
 from autotune.cost import CostParams
 from autotune.errors import ConfigError, parse_choice
 from autotune.hardware import ClusterSpec
+from autotune.layout import Layout
 from autotune.memory import MemoryParams
 from autotune.model import ModelSpec
 from autotune.space import SearchSpace
@@ -74,6 +75,10 @@ class SearchConfig:
     max_idle_asks: int = 40
     """Consecutive proposals that launch nothing before the model's best untried layout is
     enqueued instead."""
+    seeds: tuple[Layout, ...] = ()
+    """Layouts tried first, before the sampler's own (Source.USER): a user's own layout, read
+    from their Megatron-LM command (`--from-megatron`). Each must be a valid layout of the
+    space (autotune.commands.from_megatron widens the space to hold it)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sampler", Sampler.parse(self.sampler))

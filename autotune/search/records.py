@@ -40,6 +40,8 @@ class Source(enum.StrEnum):
     """The model's best untried layout, when the sampler keeps proposing nothing new."""
     OOM_BISECT = "oom-bisect"
     """A smaller micro-batch after a real OOM (Alpa's first step, by bisection)."""
+    USER = "user"
+    """The user's own layout (SearchConfig.seeds, `--from-megatron`), tried first."""
 
     @classmethod
     def read(cls, value: object) -> Source:

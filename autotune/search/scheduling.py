@@ -38,6 +38,14 @@ class Scheduler:
 
     def seed(self) -> None:
         p = self.parts
+        self._seed_sampler()
+        # The user's own layouts run first, whatever the sampler (a grid holds them too: the
+        # later copy is skipped as tried).
+        for s in reversed(p.cfg.seeds):
+            p.queue.push(s, Source.USER, first=True)
+
+    def _seed_sampler(self) -> None:
+        p = self.parts
         if self.sampler == Sampler.GRID:
             for s in p.layouts.valid:
                 p.queue.push(s, Source.GRID)

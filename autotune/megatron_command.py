@@ -1,0 +1,315 @@
+"""A user's own Megatron-LM command, read: its model, layout and GPUs, and every other flag kept.
+
+`read_megatron_command(path)` finds the `pretrain_gpt.py` command in a shell script or text file
+(autotune.shell_script reads the file; nothing in it runs), reads the model and parallel flags
+with the flag table `autotune export` writes (autotune.megatron_args.FLAG_TABLE) and keeps
+every argument as it was written, grouped by flag, so that `changed_args` can give back the
+user's own command with only the flags of a better layout replaced: their data, tokenizer,
+checkpoint and logging flags, and any flag autotune does not know, untouched.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError
+from autotune.layout import DIMENSIONS, Impl, Layout, derive_dp
+from autotune.megatron_args import (
+    FLAG_TABLE,
+    TRAINING_SCRIPT,
+    Given,
+    Part,
+    known_flags,
+    read_fields,
+    row_args,
+)
+from autotune.model import MODEL_NAME_MAX, ModelSpec, read_text
+from autotune.shell_script import Command, Ref, Word, read_commands
+
+__all__ = ["ArgGroup", "MegatronCommand", "RowChange", "changed_args", "megatron_layout",
+           "read_megatron_command"]
+
+_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+_PYTHON = re.compile(r"(.*/)?python[0-9.]*$")
+_NOT_RUN = {"echo", "printf", "cat", "grep"}
+"""Commands that mention pretrain_gpt.py without running it (a log line, a listing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArgGroup:
+    """One flag of the command with the words that follow it (its values), as written; `flag`
+    is None for words before any flag."""
+
+    flag: str | None
+    words: tuple[Word, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MegatronCommand:
+    """What autotune read from a user's pretrain_gpt.py command."""
+
+    source: str
+    """The file, for messages."""
+    line: int
+    env: tuple[tuple[str, Word], ...]
+    """`NAME=value` prefixes of the command."""
+    exported: tuple[tuple[str, Word], ...]
+    """Variables the script exported before the command (CUDA_DEVICE_MAX_CONNECTIONS, ...)."""
+    launcher: tuple[Word, ...]
+    """torchrun and its options, or python: the words before the training script."""
+    script: Word
+    groups: tuple[ArgGroup, ...]
+    model: ModelSpec
+    layout_fields: dict[str, Any]
+    """Layout fields the flags give (every one but dp, which follows from the GPUs)."""
+    gpus_per_node: int | None
+    nodes: int | None
+    gpus_unknown: str | None
+    """Why the launcher does not tell the GPU count (None when it does)."""
+
+    @property
+    def gpus(self) -> int | None:
+        if self.gpus_per_node is None or self.nodes is None:
+            return None
+        return self.gpus_per_node * self.nodes
+
+
+def _is_script(word: Word) -> bool:
+    text = word.shown()
+    return text.endswith(TRAINING_SCRIPT) and not text.startswith("-")
+
+
+def _find(commands: list[Command], source: str) -> Command:
+    found = [c for c in commands if any(_is_script(w) for w in c.words)
+             and (c.words[0].text or "") not in _NOT_RUN]
+    if not found:
+        raise ConfigError(f"{source} holds no {TRAINING_SCRIPT} command (autotune reads a "
+                          f"`torchrun ... {TRAINING_SCRIPT} --flags` or `python "
+                          f"{TRAINING_SCRIPT} --flags` line)")
+    command = found[-1]
+    if command.words[0].text == "eval":
+        refs = [r for w in command.words for r in w.refs]
+        raise ConfigError(f"{source}: line {command.line}: the {TRAINING_SCRIPT} command is "
+                          f"built by eval of text autotune cannot expand ({refs[0].reason})")
+    return command
+
+
+def _launcher_gpus(launcher: tuple[Word, ...], source: str) -> tuple[int | None, int | None,
+                                                                       str | None]:
+    """(GPUs per node, nodes, why unknown) from torchrun's options, or one process for python."""
+    texts = [w.text for w in launcher]
+    at = next((k for k, t in enumerate(texts) if t is not None and (
+        t.rsplit("/", 1)[-1] == "torchrun" or t in _LAUNCHERS)), None)
+    if at is None:
+        first = texts[0] if texts else None
+        if not launcher or (first is not None and _PYTHON.match(first)):
+            return 1, 1, None  # one process: pretrain_gpt.py on one GPU
+        shown = launcher[0].shown()
+        return None, None, f"the command is launched by {shown}, not torchrun"
+    options: dict[str, Word] = {}
+    rest = launcher[at + 1:]
+    for k, word in enumerate(rest):
+        text = word.text or ""
+        name, eq, value = text.partition("=")
+        name = name.replace("_", "-")
+        if name in ("--nproc-per-node", "--nnodes"):
+            if eq:
+                options[name] = Word.of(value)
+            elif k + 1 < len(rest):
+                options[name] = rest[k + 1]
+    values: list[int | None] = []
+    for name, default in (("--nproc-per-node", 1), ("--nnodes", 1)):
+        word = options.get(name)
+        if word is None:
+            values.append(default)
+            continue
+        text = word.text
+        if text is None or not text.isdigit() or int(text) < 1:
+            why = word.refs[0].reason if word.refs else f"{name} {word.shown()} is not a count"
+            return None, None, why
+        values.append(int(text))
+    return values[0], values[1], None
+
+
+def _group(args: tuple[Word, ...], source: str) -> tuple[tuple[ArgGroup, ...], Given]:
+    """The arguments grouped by flag, and the known flags' values for the table to read."""
+    known = known_flags()
+    groups: list[ArgGroup] = []
+    values: dict[str, str | None] = {}
+    unresolved: dict[str, Ref] = {}
+    k = 0
+    while k < len(args):
+        word = args[k]
+        text = word.text
+        if text is not None and text.startswith("--"):
+            name, eq, value = text.partition("=")
+            flag = known.get(name)
+            if flag is not None and flag.takes_value and not eq:
+                end = k + 2
+                if flag.many:
+                    while end < len(args) and not (args[end].text or "").startswith("--"):
+                        end += 1
+                taken = args[k + 1:end]
+                if not taken or (taken[0].text or "").startswith("--"):
+                    raise ConfigError(f"{source}: {name} has no value")
+                groups.append(ArgGroup(name, (word, *taken)))
+                refs = [r for w in taken for r in w.refs]
+                if refs:
+                    unresolved[name] = refs[0]
+                else:
+                    values[name] = " ".join(w.text or "" for w in taken)
+                k = end
+                continue
+            if flag is not None:
+                if not flag.takes_value and eq:
+                    raise ConfigError(f"{source}: {name} takes no value, got {text!r}")
+                values[name] = value if eq else None
+                groups.append(ArgGroup(name, (word,)))
+                k += 1
+                continue
+            # A flag autotune does not know: kept with the words that follow it.
+            j = k + 1
+            while j < len(args) and not (args[j].text or "").startswith("--"):
+                j += 1
+            groups.append(ArgGroup(name, args[k:j]))
+            k = j
+            continue
+        if text is None and (not groups or groups[-1].flag is None):
+            raise ConfigError(f"{source}: {word.shown()} stands where flags go "
+                              f"({word.refs[0].reason}); autotune cannot tell which flags it "
+                              "holds: set it in the script before the command")
+        if groups and groups[-1].flag is not None:
+            groups[-1] = ArgGroup(groups[-1].flag, (*groups[-1].words, word))
+        else:
+            groups.append(ArgGroup(None, (word,)))
+        k += 1
+    return tuple(groups), _GivenWithRefs(values, unresolved, source)
+
+
+class _GivenWithRefs(Given):
+    """Given, refusing a flag autotune reads whose value the script does not set."""
+
+    def __init__(self, values: dict[str, str | None], unresolved: dict[str, Ref],
+                 source: str) -> None:
+        super().__init__({**values, **{n: "" for n in unresolved}}, source)
+        self.unresolved = unresolved
+
+    def text(self, name: str, default: str | None = None) -> str | None:
+        ref = self.unresolved.get(name)
+        if ref is not None:
+            raise ConfigError(f"{self.source}: {name} {ref.text}: {ref.reason.split(': ', 1)[-1]}"
+                              "; autotune needs its value")
+        return super().text(name, default)
+
+    def integer(self, name: str, default: int | None = None) -> int | None:
+        self.text(name)
+        return super().integer(name, default)
+
+    def number(self, name: str, default: float) -> float:
+        self.text(name)
+        return super().number(name, default)
+
+
+def _model_name(path: Path) -> str:
+    """A model name from the file's name: its stem, letters, digits, '.', '_', '-' only (the
+    name titles reports and makes the default study name)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).strip("-.")[:MODEL_NAME_MAX]
+    return name or "megatron-command"
+
+
+def read_megatron_command(path: str) -> MegatronCommand:
+    """The pretrain_gpt.py command of the file at `path`, read (never run)."""
+    file = Path(path)
+    text = read_text(file, "Megatron-LM command file")
+    command = _find(read_commands(text, path), path)
+    at = next(k for k, w in enumerate(command.words) if _is_script(w))
+    launcher, script = command.words[:at], command.words[at]
+    if script.text is None:
+        # The script's path may come from the environment ($MEGATRON_LM/pretrain_gpt.py):
+        # autotune never runs it, and the export carries it as "${NAME}".
+        pass
+    groups, given = _group(command.words[at + 1:], path)
+    read = read_fields(given)
+    names = {f.name for f in fields(ModelSpec)}
+    model = ModelSpec(name=_model_name(file), **{k: v for k, v in read.items() if k in names})
+    layout_fields = {k: v for k, v in read.items() if k in DIMENSIONS}
+    per_node, nodes, why = _launcher_gpus(launcher, path)
+    return MegatronCommand(source=path, line=command.line, env=command.env,
+                           exported=command.exported, launcher=launcher, script=script,
+                           groups=groups, model=model, layout_fields=layout_fields,
+                           gpus_per_node=per_node, nodes=nodes, gpus_unknown=why)
+
+
+def megatron_layout(command: MegatronCommand, gpus: int) -> Layout:
+    """The command's layout on `gpus` GPUs (dp follows from them), not yet validated."""
+    values = command.layout_fields
+    dp = derive_dp(gpus, tp=values.get("tp", 1), pp=values.get("pp", 1), cp=values.get("cp", 1))
+    return Layout(dp=dp, **values)
+
+
+@dataclass(frozen=True, slots=True)
+class RowChange:
+    """One row of the flag table whose arguments differ between two layouts."""
+
+    row: str
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+
+    def describe(self) -> str:
+        before = " ".join(self.before) or "(none)"
+        after = " ".join(self.after) or "(removed)"
+        return f"{before} -> {after}"
+
+
+def exported_layout(layout: Layout) -> Layout:
+    """The layout a Megatron-LM command runs: impl sdpa (autotune's worker only) becomes te,
+    as `autotune export --format megatron-lm` writes it (autotune.scripts)."""
+    from dataclasses import replace
+
+    return replace(layout, impl=Impl.TE) if layout.impl == Impl.SDPA else layout
+
+
+def changed_args(command: MegatronCommand, old: Layout,
+                 new: Layout) -> tuple[list[ArgGroup], list[RowChange]]:
+    """The command's argument groups with the rows that differ between `old` (the command's
+    layout) and `new` replaced, and those changes. A changed row's flags are taken out where
+    the command has them and the new ones put where the first of them stood (else after the
+    last layout flag, else at the end); every other group stays as written."""
+    model = command.model
+    old, new = exported_layout(old), exported_layout(new)
+    groups = list(command.groups)
+    changes: list[RowChange] = []
+    for row in FLAG_TABLE:
+        if row.part != Part.LAYOUT:
+            continue
+        before, after = row_args(row, model, old), row_args(row, model, new)
+        if before == after:
+            continue
+        changes.append(RowChange(row.name, tuple(before), tuple(after)))
+        names = {f.name for f in row.flags}
+        where = next((k for k, g in enumerate(groups) if g.flag in names), None)
+        if where is None:
+            where = _after_layout_flags(groups)
+        groups = [g for g in groups if g.flag not in names]
+        where = min(where, len(groups))
+        groups[where:where] = _as_groups(after)
+    return groups, changes
+
+
+def _after_layout_flags(groups: list[ArgGroup]) -> int:
+    layout_flags = {f.name for row in FLAG_TABLE if row.part == Part.LAYOUT for f in row.flags}
+    last = max((k for k, g in enumerate(groups) if g.flag in layout_flags), default=None)
+    return len(groups) if last is None else last + 1
+
+
+def _as_groups(args: list[str]) -> list[ArgGroup]:
+    out: list[ArgGroup] = []
+    for arg in args:
+        if arg.startswith("--"):
+            out.append(ArgGroup(arg, (Word.of(arg),)))
+        else:
+            out[-1] = ArgGroup(out[-1].flag, (*out[-1].words, Word.of(arg)))
+    return out
