@@ -121,16 +121,17 @@ def _launcher_gpus(launcher: tuple[Word, ...], source: str) -> tuple[int | None,
             elif k + 1 < len(rest):
                 options[name] = rest[k + 1]
     values: list[int | None] = []
-    for name, default in (("--nproc-per-node", 1), ("--nnodes", 1)):
-        word = options.get(name)
-        if word is None:
+    for option, default in (("--nproc-per-node", 1), ("--nnodes", 1)):
+        given = options.get(option)
+        if given is None:
             values.append(default)
             continue
-        text = word.text
-        if text is None or not text.isdigit() or int(text) < 1:
-            why = word.refs[0].reason if word.refs else f"{name} {word.shown()} is not a count"
+        count = given.text
+        if count is None or not count.isdigit() or int(count) < 1:
+            why = given.refs[0].reason if given.refs else \
+                f"{option} {given.shown()} is not a count"
             return None, None, why
-        values.append(int(text))
+        values.append(int(count))
     return values[0], values[1], None
 
 
@@ -177,7 +178,10 @@ def _group(args: tuple[Word, ...], source: str) -> tuple[tuple[ArgGroup, ...], G
             groups.append(ArgGroup(name, args[k:j]))
             k = j
             continue
-        if text is None and (not groups or groups[-1].flag is None):
+        # An unknown word after a flag autotune knows (whose values are all taken) or before
+        # any flag may hold flags; after an unknown flag it is taken for that flag's value.
+        if text is None and (not groups or groups[-1].flag is None
+                             or groups[-1].flag in known):
             raise ConfigError(f"{source}: {word.shown()} stands where flags go "
                               f"({word.refs[0].reason}); autotune cannot tell which flags it "
                               "holds: set it in the script before the command")

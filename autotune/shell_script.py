@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from autotune.errors import ConfigError
 
@@ -87,9 +88,12 @@ class Command:
 # | ("sub", text) for $(...), `...` and $((...)) | ("array", [raw words]).
 
 
+_Seg = tuple[Any, ...]
+
+
 @dataclass(slots=True)
 class _Statement:
-    words: list[list[tuple]] = field(default_factory=list)
+    words: list[list[_Seg]] = field(default_factory=list)
     line: int = 1
 
 
@@ -142,8 +146,8 @@ class _Lexer:
             out.append(current)
         return out
 
-    def word(self) -> list[tuple]:
-        segs: list[tuple] = []
+    def word(self) -> list[_Seg]:
+        segs: list[_Seg] = []
         start = self.i
         while self.i < len(self.s):
             c = self.peek()
@@ -183,8 +187,8 @@ class _Lexer:
     def _assignment_prefix(self, start: int) -> bool:
         return _ASSIGN.fullmatch(self.s[start:self.i]) is not None
 
-    def _array(self) -> list[list[tuple]]:
-        words: list[list[tuple]] = []
+    def _array(self) -> list[list[_Seg]]:
+        words: list[list[_Seg]] = []
         while True:
             if self.i >= len(self.s):
                 raise self.error("an array ( ... ) is not closed")
@@ -202,8 +206,8 @@ class _Lexer:
             else:
                 words.append(self.word())
 
-    def _double_quoted(self) -> list[tuple]:
-        segs: list[tuple] = [("lit", "", True)]  # "" is a word even when empty
+    def _double_quoted(self) -> list[_Seg]:
+        segs: list[_Seg] = [("lit", "", True)]  # "" is a word even when empty
         while True:
             if self.i >= len(self.s):
                 raise self.error("a double quote is not closed")
@@ -240,7 +244,7 @@ class _Lexer:
             j += 1
         raise self.error(f"a {open_} is not closed")
 
-    def _dollar(self, *, quoted: bool) -> tuple:
+    def _dollar(self, *, quoted: bool) -> _Seg:
         nxt = self.peek(1)
         if nxt == "(":
             self.i += 1
@@ -316,7 +320,7 @@ class _Reader:
                 _Lexer(word, self.source).word())
         return value if not unset else Ref(original, name, f"{original}: not set in the script")
 
-    def expand(self, raw: list[tuple], *, split: bool = True) -> list[Word]:
+    def expand(self, raw: list[_Seg], *, split: bool = True) -> list[Word]:
         """A raw word as the words it becomes (splitting unquoted expansions, arrays)."""
         fields: list[list[str | Ref]] = [[]]
         keep = False  # a quoted or literal part keeps even an empty word
@@ -366,7 +370,7 @@ class _Reader:
         words = [Word(_joined(f)) for f in fields]
         return [w for w in words if w.parts or keep] if split else words[:1]
 
-    def expand_scalar(self, raw: list[tuple]) -> Word:
+    def expand_scalar(self, raw: list[_Seg]) -> Word:
         words = self.expand(raw, split=False)
         return words[0] if words else Word.of("")
 
@@ -389,7 +393,7 @@ class _Reader:
                     return  # the condition or list of a block: nothing autotune follows
             words = words[1:]
             head = _literal(words[0]) if words else None
-        assignments: list[tuple[str, str, list[tuple]]] = []
+        assignments: list[tuple[str, str, list[_Seg]]] = []
         while words:
             m = _leading_assignment(words[0])
             if m is None:
@@ -403,20 +407,22 @@ class _Reader:
         command = _literal(words[0])
         if command in _DECLARE:
             for raw in words[1:]:
-                if _literal(raw) is not None and _literal(raw).startswith("-"):  # type: ignore[union-attr]
+                literal = _literal(raw)
+                if literal is not None and literal.startswith("-"):  # declare -x, export -n
                     continue
                 m = _leading_assignment(raw)
+                value = self.vars.get(literal) if literal is not None else None
                 if m is not None:
                     self.assign(*m, export=command == "export")
-                elif command == "export" and (name := _literal(raw)) is not None and \
-                        isinstance(self.vars.get(name), Word):
-                    self.exported[name] = self.vars[name]  # type: ignore[assignment]
+                elif command == "export" and literal is not None and isinstance(value, Word):
+                    self.exported[literal] = value
             return
         if command == "unset":
             for raw in words[1:]:
-                if (name := _literal(raw)) is not None:
-                    self.vars.pop(name, None)
-                    self.exported.pop(name, None)
+                gone = _literal(raw)
+                if gone is not None:
+                    self.vars.pop(gone, None)
+                    self.exported.pop(gone, None)
             return
         env = tuple((name, self.expand_scalar(raw)) for name, op, raw in assignments
                     if raw and raw[0][0] != "array")
@@ -427,7 +433,7 @@ class _Reader:
         self.commands.append(Command(tuple(expanded), env, tuple(self.exported.items()),
                                      st.line))
 
-    def assign(self, name: str, op: str, raw: list[tuple], *, export: bool) -> None:
+    def assign(self, name: str, op: str, raw: list[_Seg], *, export: bool) -> None:
         if self.depth:
             self.vars[name] = Ref("$" + name, name, f"${name} is set inside an if/for/case "
                                                    "block or a function, whose conditions "
@@ -449,16 +455,18 @@ class _Reader:
             self.exported[name] = value
 
     def eval(self, words: list[Word], line: int) -> None:
-        unresolved = [r for w in words for r in w.refs]
+        unresolved = [r for w in words for r in w.refs if not r.plain]
         if unresolved:
-            # Its text would be lexed again: an unknown part could be anything.
+            # Its text would be lexed again: an unknown part could be anything. A variable of
+            # the environment stays a variable: "${NAME}" in the text lexed again.
             self.commands.append(Command((Word.of("eval"), *words), (),
                                          tuple(self.exported.items()), line))
             return
         self.evals += 1
         if self.evals > 100:
             raise ConfigError(f"{self.source}: too many nested evals")
-        text = " ".join(w.text or "" for w in words)
+        text = " ".join("".join(p if isinstance(p, str) else f'"${{{p.name}}}"'
+                                for p in w.parts) for w in words)
         for st in _Lexer(text, self.source).statements():
             st.line = line
             self.statement(st)
@@ -475,14 +483,14 @@ def _joined(parts: list[str | Ref]) -> tuple[str | Ref, ...]:
     return tuple(out)
 
 
-def _literal(raw: list[tuple]) -> str | None:
+def _literal(raw: list[_Seg]) -> str | None:
     """A raw word's text when it is unquoted literal text only (a keyword, a name)."""
     if all(seg[0] == "lit" and not seg[2] for seg in raw):
         return "".join(seg[1] for seg in raw)
     return None
 
 
-def _leading_assignment(raw: list[tuple]) -> tuple[str, str, list[tuple]] | None:
+def _leading_assignment(raw: list[_Seg]) -> tuple[str, str, list[_Seg]] | None:
     """(name, '+' or '', the value's segments) when the word is `NAME=...` / `NAME+=...`."""
     prefix = ""
     for k, seg in enumerate(raw):

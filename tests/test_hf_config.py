@@ -1,0 +1,113 @@
+"""Hugging Face config.json -> ModelSpec: published sizes, refusals in one line, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.errors import ConfigError
+from autotune.hf_config import read_hf_config
+from autotune.model import load_model
+from autotune.params import count_parameters
+
+HF = Path(__file__).parent / "data" / "hf"
+
+SIZE_TOLERANCE = 0.01
+"""Relative: Megatron pads the vocabulary to a multiple of 128 (gpt2-xl: +75k parameters), and
+Qwen's QKV bias and Qwen3's QK norm are left out (under 0.1%)."""
+
+
+@pytest.mark.parametrize(("file", "published", "shape"), [
+    ("gpt2-xl.json", 1.5576e9, {"num_layers": 48, "hidden_size": 1600, "tied_embeddings": True,
+                                 "position_embedding": "learned_absolute"}),
+    ("llama-3-8b.json", 8.03e9, {"num_query_groups": 8, "rotary_base": 500000,
+                                  "seq_length": 8192, "tied_embeddings": False}),
+    ("llama-3.1-8b.json", 8.03e9, {"max_position_embeddings": 131072, "seq_length": 8192}),
+    ("mistral-7b-v0.3.json", 7.25e9, {"vocab_size": 32768, "rotary_base": 1000000}),
+    ("mixtral-8x7b-v0.1.json", 46.7e9, {"num_experts": 8, "moe_topk": 2,
+                                         "moe_ffn_hidden_size": None}),
+    ("qwen2-7b.json", 7.62e9, {"num_query_groups": 4, "ffn_hidden_size": 18944}),
+    ("qwen3-8b.json", 8.2e9, {"num_layers": 36, "num_query_groups": 8}),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_published_sizes(file: str, published: float, shape: dict[str, object]) -> None:
+    model = read_hf_config(str(HF / file)).spec
+    assert count_parameters(model) == pytest.approx(published, rel=SIZE_TOLERANCE)
+    for field, value in shape.items():
+        assert getattr(model, field) == value, field
+
+
+def test_llama_is_swiglu_rmsnorm_rope_without_biases() -> None:
+    m = read_hf_config(str(HF / "llama-3-8b.json")).spec
+    assert (m.activation, m.gated_linear_unit, m.normalization, m.add_bias_linear,
+            m.position_embedding, m.hidden_dropout) == ("swiglu", True, "RMSNorm", False,
+                                                       "rope", 0.0)
+
+
+def test_rope_scaling_is_noted() -> None:
+    notes = read_hf_config(str(HF / "llama-3.1-8b.json")).notes
+    assert any("rope_scaling (llama3)" in n for n in notes)
+
+
+def test_a_folder_holding_config_json(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text((HF / "qwen2-7b.json").read_text())
+    assert load_model(str(tmp_path)).hidden_size == 3584
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]},
+     "model_type 'gemma2' (Gemma2ForCausalLM) is not an architecture autotune maps"),
+    ({"model_type": "mistral", "sliding_window": 4096},
+     "sliding-window attention (sliding_window 4096"),
+    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4096},
+     "sliding-window attention (sliding_window 4096"),
+    ({"head_dim": 64}, "head_dim 64 x 32 heads != hidden_size 4096"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ({"num_hidden_layers": None}, "no 'num_hidden_layers'"),
+    ({"hidden_size": -1}, "hidden_size must be a positive integer"),
+])
+def test_what_cannot_be_mapped_is_refused(tmp_path: Path, change: dict[str, object],
+                                          message: str) -> None:
+    data = json.loads((HF / "llama-3-8b.json").read_text())
+    data.update(change)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_hf_config(str(path))
+
+
+@pytest.mark.parametrize(("file", "message"), [
+    ("mistral-7b-v0.1.json", "sliding-window attention"),
+    ("qwen3-30b-a3b.json", "head_dim 128 x 32 heads != hidden_size 2048"),
+])
+def test_published_configs_autotune_refuses(file: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        read_hf_config(str(HF / file))
+
+
+def test_shared_experts_are_refused(tmp_path: Path) -> None:
+    data = json.loads((HF / "qwen3-8b.json").read_text())
+    data.update(model_type="qwen2_moe", head_dim=None, num_experts=60, num_experts_per_tok=4,
+                moe_intermediate_size=1408, shared_expert_intermediate_size=5632)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="shared experts"):
+        read_hf_config(str(path))
+
+
+def test_estimate_reads_a_config(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["estimate", str(HF / "llama-3-8b.json"), "--gpus", "8", "--tp", "8", "--sp",
+                 "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "Meta-Llama-3-8B" and out["layout"]["tp"] == 8
+
+
+@pytest.mark.parametrize("file", ["mistral-7b-v0.1.json", "qwen3-30b-a3b.json"])
+def test_cli_refuses_in_one_line(file: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([str(HF / file), "--gpus", "8", "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("autotune: error: ")

@@ -1,0 +1,313 @@
+"""A user's Megatron-LM command, read (never run) and written back (issue 17).
+
+The round trip: every preset x a sample of valid layouts, exported with `--format megatron-lm`
+and read back with --from-megatron, gives the same model and layout. Unknown flags are kept
+verbatim; bad input is one line and exit 2; nothing in the file ever runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.errors import ConfigError
+from autotune.hardware import ClusterSpec
+from autotune.layout import Layout
+from autotune.megatron_args import FLAG_TABLE, Part, megatron_lm_args
+from autotune.megatron_command import (
+    changed_args,
+    exported_layout,
+    megatron_layout,
+    read_megatron_command,
+)
+from autotune.model import list_presets, load_model
+from autotune.params import count_parameters
+from autotune.scripts import megatron_lm_script, user_megatron_script
+from autotune.space import enumerate_space, load_space
+
+SEED = Path(__file__).parent / "data" / "megatron" / "seed-tutorial.sh"
+SAMPLE = 6
+"""Valid layouts per preset in the round trip (seeded, plus the first and last valid one)."""
+
+
+def _sample(model_name: str, gpus: int) -> list[Layout]:
+    model = load_model(model_name)
+    cluster = ClusterSpec.make(gpus, min(8, gpus), None)
+    valid = enumerate_space(load_space(None), model, cluster).valid
+    picked = random.Random(model_name).sample(valid, min(SAMPLE, len(valid)))
+    return [valid[0], valid[-1], *picked]
+
+
+CASES = [(name, gpus, layout) for name in list_presets() for gpus in (8, 16)
+         for layout in _sample(name, gpus)]
+
+
+@pytest.mark.parametrize(("name", "gpus", "layout"), CASES,
+                         ids=[f"{n}-{g}gpu-{s.describe()}" for n, g, s in CASES])
+def test_round_trip_every_preset(tmp_path: Path, name: str, gpus: int, layout: Layout) -> None:
+    model = load_model(name)
+    nodes = gpus // 8
+    script = tmp_path / "run.sh"
+    script.write_text(megatron_lm_script(model, layout, title=["round trip"], nodes=nodes))
+    command = read_megatron_command(str(script))
+    assert (command.gpus, command.nodes) == (gpus, nodes)
+    back = megatron_layout(command, gpus)
+    expected = exported_layout(layout)  # impl sdpa exports as te (autotune.scripts)
+    assert back == expected
+    # The same model as Megatron-LM sees it: the same flags, parameters, batch and sequence.
+    assert megatron_lm_args(command.model, back) == megatron_lm_args(model, expected)
+    assert count_parameters(command.model) == count_parameters(model)
+    assert (command.model.global_batch_size, command.model.seq_length) == (
+        layout.gbs, model.seq_length)
+
+
+def test_every_layout_flag_of_the_table_is_read_back() -> None:
+    # A row that writes layout flags but reads nothing back would drop a user's choice.
+    silent = [row.name for row in FLAG_TABLE if row.part == Part.LAYOUT and row.read is None]
+    assert silent == ["moe_token_dispatcher"]  # follows from ep (megatron_args)
+
+
+def test_the_seed_tutorial_command() -> None:
+    command = read_megatron_command(str(SEED))
+    m = command.model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.vocab_size, m.seq_length,
+            m.ffn_size) == (48, 1600, 25, 50257, 1024, 6400)
+    layout = megatron_layout(command, 1)
+    assert (layout.tp, layout.pp, layout.dp, layout.mbs, layout.gbs, layout.impl) == (
+        1, 1, 1, 15, 15, "te")
+    assert command.gpus == 1
+    assert dict(command.exported) and command.exported[0][0] == "CUDA_DEVICE_MAX_CONNECTIONS"
+    # The tutorial's model is gpt2-xl: the same parameters and Megatron-LM model flags.
+    gpt2_xl = load_model("gpt2-xl").with_overrides(global_batch_size=15)
+    assert count_parameters(m) == count_parameters(gpt2_xl)
+    assert megatron_lm_args(m, layout) == megatron_lm_args(gpt2_xl, layout)
+
+
+ARRAYS = r"""#!/bin/bash
+# Megatron-LM's own examples build the command from arrays.
+set -e
+TP=${TP:-2}
+GPUS_PER_NODE=8
+DATA_PATH=/data/my-corpus_text_document   # a comment
+MODEL_ARGS=(
+    --num-layers 24 --hidden-size 2048   # inline comment
+    --num-attention-heads 16
+    --seq-length 2048 --max-position-embeddings 2048
+)
+PARALLEL="--tensor-model-parallel-size $TP --sequence-parallel"
+TRAIN_ARGS=(--micro-batch-size 4 --global-batch-size 256 --lr 3e-4)
+TRAIN_ARGS+=(--use-distributed-optimizer)
+LAUNCH="torchrun --nproc_per_node=$GPUS_PER_NODE --nnodes=2"
+echo "running pretrain_gpt.py"
+$LAUNCH pretrain_gpt.py "${MODEL_ARGS[@]}" $PARALLEL "${TRAIN_ARGS[@]}" \
+    --data-path "$DATA_PATH" --tokenizer-type GPT2BPETokenizer \
+    --vocab-file "$VOCAB" --merge-file "${MERGES}" \
+    --save "$CKPT/run 1" --my-unknown-flag 'a b' --another 1 2 \
+    2>&1 | tee log.txt
+"""
+
+
+def test_arrays_eval_defaults_and_environment(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(ARRAYS)
+    command = read_megatron_command(str(script))
+    assert (command.gpus_per_node, command.nodes) == (8, 2)
+    layout = megatron_layout(command, 16)
+    assert (layout.tp, layout.dp, layout.mbs, layout.gbs, layout.sequence_parallel,
+            layout.distributed_optimizer) == (2, 8, 4, 256, True, True)
+    assert command.model.vocab_size == 50257  # GPT2BPETokenizer
+    flags = [g.flag for g in command.groups]
+    assert "--my-unknown-flag" in flags and "--save" in flags
+
+
+def test_eval_of_a_command_string(tmp_path: Path) -> None:
+    # The tutorial's scripts: cmd="torchrun ... ${ARGS[@]}"; eval $cmd. bash's eval joins its
+    # words and reads them again, so "$CKPT/run 1" ends as two words, as bash runs it.
+    script = tmp_path / "train.sh"
+    script.write_text('ARGS=(--micro-batch-size 2 --global-batch-size 8)\n'
+                      'cmd="torchrun --nproc-per-node 4 pretrain_gpt.py --num-layers 4 '
+                      '--hidden-size 256 --num-attention-heads 8 --seq-length 512 '
+                      '--vocab-size 99 ${ARGS[@]}"\n'
+                      'eval $cmd --save "$CKPT/run 1" 2>&1 | tee log\n')
+    command = read_megatron_command(str(script))
+    assert command.gpus == 4 and megatron_layout(command, 4).mbs == 2
+    assert [w.shown() for w in command.groups[-1].words] == ["--save", "$CKPT/run", "1"]
+
+
+def test_unknown_flags_are_kept_verbatim_in_the_export(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(ARRAYS)
+    command = read_megatron_command(str(script))
+    old = megatron_layout(command, 16)
+    new = Layout(tp=4, dp=4, sequence_parallel=True, mbs=2, gbs=256, impl="te",
+                 distributed_optimizer=True, overlap_grad_reduce=True)
+    text = user_megatron_script(command, old, new, title=["test"])
+    assert "    --my-unknown-flag 'a b' \\\n" in text
+    assert text.endswith("    --another 1 2\n")
+    assert "    --lr 3e-4 \\\n" in text
+    # Variables the script does not set are the environment's, as in the user's script.
+    assert '--save "${CKPT}"\'/run 1\'' in text
+    assert '--vocab-file "${VOCAB}"' in text and '--merge-file "${MERGES}"' in text
+    assert "--tensor-model-parallel-size 4" in text and "--micro-batch-size 2" in text
+    assert "--overlap-grad-reduce" in text
+    # Read back, the export is the user's command with the new layout.
+    out = tmp_path / "tuned.sh"
+    out.write_text(text)
+    again = read_megatron_command(str(out))
+    assert megatron_layout(again, 16) == new
+    kept = {g.flag: [w.shown() for w in g.words] for g in again.groups
+            if g.flag in ("--my-unknown-flag", "--another", "--data-path", "--save")}
+    assert kept == {"--my-unknown-flag": ["--my-unknown-flag", "a b"],
+                    "--another": ["--another", "1", "2"],
+                    "--data-path": ["--data-path", "/data/my-corpus_text_document"],
+                    "--save": ["--save", "$CKPT/run 1"]}
+
+
+def test_only_the_changed_flags_change() -> None:
+    command = read_megatron_command(str(SEED))
+    old = megatron_layout(command, 1)
+    groups, changes = changed_args(command, old, Layout(mbs=5, gbs=15, impl="te",
+                                                        recompute="selective"))
+    assert [c.row for c in changes] == ["batch", "recompute"]
+    before = [g for g in command.groups if g.flag not in ("--micro-batch-size",
+                                                          "--global-batch-size")]
+    after = [g for g in groups if g.flag not in ("--micro-batch-size", "--global-batch-size",
+                                                 "--recompute-granularity")]
+    assert after == before
+    # The batch flags stay where the user had them.
+    assert [g.flag for g in groups].index("--micro-batch-size") == \
+        [g.flag for g in command.groups].index("--micro-batch-size")
+
+
+FAKE_TORCHRUN = """#!/bin/sh
+python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@" > "$CALLS"
+"""
+
+
+def test_the_exported_command_runs_nothing_the_user_typed(tmp_path: Path) -> None:
+    mark = tmp_path / "PWNED"
+    script = tmp_path / "train.sh"
+    # Single-quoted: literal text to bash too; it must stay one literal argument.
+    script.write_text(f"A='$(touch {mark})'\n"
+                      f"torchrun --nproc-per-node 1 pretrain_gpt.py --num-layers 2 "
+                      f"--hidden-size 64 --num-attention-heads 4 --seq-length 128 "
+                      f"--global-batch-size 8 --vocab-size 999 --tokenizer-type NullTokenizer "
+                      f"--note \"$A\" --other '`touch {mark}`;' \n")
+    command = read_megatron_command(str(script))
+    assert not mark.exists()
+    text = user_megatron_script(command, megatron_layout(command, 1),
+                                Layout(mbs=2, gbs=8, impl="te"), title=["t"])
+    out = tmp_path / "tuned.sh"
+    out.write_text(text)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "torchrun"
+    fake.write_text(FAKE_TORCHRUN)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    calls = tmp_path / "calls.json"
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "CALLS": str(calls)}
+    subprocess.run(["bash", str(out)], check=True, env=env, cwd=tmp_path)
+    argv = json.loads(calls.read_text())
+    assert not mark.exists()
+    assert argv[argv.index("--note") + 1] == f"$(touch {mark})"
+    assert argv[argv.index("--other") + 1] == f"`touch {mark}`;"
+    assert argv[argv.index("--micro-batch-size") + 1] == "2"
+
+
+def test_a_command_substitution_is_never_carried(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun pretrain_gpt.py --num-layers 2 --hidden-size 64 "
+                      "--num-attention-heads 4 --seq-length 128 --global-batch-size 8 "
+                      "--vocab-size 999 --run-name $(date +%s)\n")
+    command = read_megatron_command(str(script))
+    with pytest.raises(ConfigError, match=r"\$\(date \+%s\): command substitution"):
+        user_megatron_script(command, megatron_layout(command, 1), Layout(mbs=2, gbs=8),
+                             title=["t"])
+
+
+BASE = ("torchrun --nproc-per-node 2 pretrain_gpt.py --num-layers 4 --hidden-size 256 "
+        "--num-attention-heads 8 --seq-length 512 --global-batch-size 16 "
+        "--tokenizer-type NullTokenizer --vocab-size 1000")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("echo hello\nls -l\n", "holds no pretrain_gpt.py command"),
+    ("python train.py --num-layers 4\n", "holds no pretrain_gpt.py command"),
+    (BASE + " --micro-batch-size\n", "--micro-batch-size has no value"),
+    (BASE + " --micro-batch-size --bf16\n", "--micro-batch-size has no value"),
+    (BASE + " --tensor-model-parallel-size $TP\n",
+     r"--tensor-model-parallel-size \$TP: not set in the script"),
+    ("if [ -n \"$X\" ]; then TP=2; fi\n" + BASE + " --tensor-model-parallel-size $TP\n",
+     "set inside an if/for/case block"),
+    (BASE + " --pipeline-model-parallel-size $(nproc)\n", "command substitution"),
+    (BASE + " $EXTRA_ARGS\n", r"\$EXTRA_ARGS stands where flags go"),
+    (BASE.replace("--num-layers 4 ", "") + "\n", "the command has no --num-layers"),
+    (BASE.replace(" --global-batch-size 16", "") + "\n", "no --global-batch-size"),
+    (BASE + " --recompute-granularity full\n", "needs --recompute-method"),
+    (BASE + " --micro-batch-size four\n", "--micro-batch-size 'four' is not an integer"),
+    (BASE + " --normalization ScaleNorm\n", "--normalization ScaleNorm is not one"),
+    (BASE.replace("--tokenizer-type NullTokenizer --vocab-size 1000",
+                  "--tokenizer-type HuggingFaceTokenizer --tokenizer-model x") + "\n",
+     "cannot tell the vocabulary size"),
+    (BASE + " --note 'unclosed\n", "a single quote is not closed"),
+    ("srun " + BASE.replace("torchrun --nproc-per-node 2 ", "") + "\n",
+     "cannot tell how many GPUs"),
+    (BASE + " --tensor-model-parallel-size 3\n", "tp=3 x pp=1 x cp=1 = 3 must divide the 2 GPUs"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      text: str, message: str) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(text)
+    code = main(["--from-megatron", str(script), "--backend", "simulate", "--results-dir",
+                 str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("autotune: error: "), err
+    assert re.search(message, err), err
+
+
+def test_search_starts_from_the_users_layout(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    results = tmp_path / "r"
+    code = main(["--from-megatron", str(SEED), "--backend", "simulate", "--gpu", "a100-40gb",
+                 "--results-dir", str(results), "--study", "seed"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "yours (" in captured.err and "predicted" in captured.err
+    assert "yours: tp1 pp1 dp1 mbs15 te: PREDICTED_OOM" in captured.out
+    assert "best found: " in captured.out and "flags that change: " in captured.out
+    from autotune.report.load import load_study, resolve_study
+
+    loaded = load_study(resolve_study("seed", results, None))
+    first = loaded.records[min(loaded.records)]
+    assert first.source == "user" and first.layout.mbs == 15
+    out = tmp_path / "tuned.sh"
+    assert main(["export", "--from-megatron", str(SEED), "--study", "seed", "--results-dir",
+                 str(results), "-o", str(out)]) == 0
+    text = out.read_text()
+    subprocess.run(["bash", "-n", str(out)], check=True)
+    assert "--data-path ./owt-ds/openwebtext-10k_text_document" in text
+    assert "--tensorboard-dir ./outdir/gpt2xl-1x1gpu_dp1_gbs15/tb" in text
+    assert "--recompute-granularity" in text
+
+
+def test_export_refuses_another_models_command(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    results = tmp_path / "r"
+    assert main(["--from-megatron", str(SEED), "--backend", "simulate", "--results-dir",
+                 str(results), "--study", "seed"]) == 0
+    other = tmp_path / "other.sh"
+    other.write_text(SEED.read_text().replace("--num-layers 48", "--num-layers 24"))
+    capsys.readouterr()
+    code = main(["export", "--from-megatron", str(other), "--study", "seed", "--results-dir",
+                 str(results)])
+    err = capsys.readouterr().err
+    assert code == 2 and "not the model of" in err and err.count("\n") == 2  # + the notice
