@@ -21,6 +21,7 @@ from autotune.layout import DIMENSIONS, RULE_LEVELS
 from autotune.legend import legend_lines
 from autotune.model import ModelSpec, list_presets, load_model
 from autotune.space import enumerate_space, load_space
+from autotune.trial import DEFAULT_STABLE_CV
 
 __all__ = ["STORAGE_EXAMPLE", "app", "main"]
 
@@ -168,8 +169,19 @@ def search(
     resume: Annotated[bool, typer.Option(
         "--resume", help="Continue an existing study without repeating finished trials.")
     ] = False,
-    steps: Annotated[int, typer.Option("--steps", help="Timed training steps per trial.")
-    ] = 10,
+    steps: Annotated[int, typer.Option(
+        "--steps", help="The most timed training steps per trial (fewer once the step time "
+                        "is stable, --stable-cv).")] = 10,
+    stable_cv: Annotated[float, typer.Option(
+        "--stable-cv", help="Timing ends once the last step times' coefficient of variation "
+                            "is at most this (0: always --steps).")] = DEFAULT_STABLE_CV,
+    stop_rule: Annotated[str, typer.Option(
+        "--stop-rule", help="model: skip layouts the refitted cost model, widened by its "
+                            "measured error, puts below the best measured, stop once no "
+                            "untried layout could beat it, and stop timing trials that "
+                            "cannot come near it; none: launch every proposal and time it to "
+                            "the end. Real trials only; --sampler grid always measures every "
+                            "layout.")] = "model",
     warmup_steps: Annotated[int, typer.Option(
         "--warmup-steps", help="Untimed steps before timing.")] = 3,
     trial_timeout: Annotated[float | None, typer.Option(
@@ -268,6 +280,7 @@ def search(
                        storage=storage, resume=resume, steps=steps, warmup_steps=warmup_steps,
                        trial_timeout=trial_timeout, calibration=calibration,
                        as_json=as_json, multi=multi, isolation=isolation,
+                       stable_cv=stable_cv, stop_rule=stop_rule,
                        seeds=() if job is None else (job.layout,),
                        compare=None if job is None else _comparison(job, as_json))
 

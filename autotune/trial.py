@@ -16,7 +16,12 @@ from autotune.errors import ConfigError
 from autotune.layout import Layout
 from autotune.model import ModelSpec
 
-__all__ = ["RankResult", "StopReason", "TrialMetrics", "TrialSpec", "TrialStatus"]
+__all__ = ["DEFAULT_STABLE_CV", "RankResult", "StopReason", "TrialMetrics", "TrialSpec",
+           "TrialStatus"]
+
+DEFAULT_STABLE_CV = 0.01
+"""A search's TrialSpec.stable_cv unless told otherwise (SearchConfig.stable_cv, --stable-cv):
+timing ends once the last step times vary by 1% or less (issue 15)."""
 
 
 class TrialStatus(enum.StrEnum):
@@ -28,6 +33,9 @@ class TrialStatus(enum.StrEnum):
     CRASH = "CRASH"
     NCCL_ERROR = "NCCL_ERROR"
     PREDICTED_OOM = "PREDICTED_OOM"
+    PREDICTED_SLOW = "PREDICTED_SLOW"
+    """Not launched: even its optimistic prediction (the model's error band added) is below
+    the best measured tokens/s (autotune.search.stop_rule; told PRUNED, as PREDICTED_OOM)."""
     INVALID = "INVALID"
     DUPLICATE = "DUPLICATE"
     """Not launched: another worker of a shared study was running the same layout (told FAIL,

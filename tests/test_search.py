@@ -159,7 +159,8 @@ def test_a_real_oom_teaches_the_gate_a_smaller_capacity(tmp_path: Path) -> None:
 
 def test_no_layout_is_launched_twice_and_duplicates_are_recorded(tmp_path: Path) -> None:
     backend = FakeBackend(CLUSTER, true_capacity_bytes=9 * GIB)
-    result = run_search(config(tmp_path, backend, n_trials=20))
+    # Twenty launches: the model's stop rule (tests/test_stop_rule.py) would end it sooner.
+    result = run_search(config(tmp_path, backend, n_trials=20, stop_rule="none"))
 
     assert len(backend.calls) == len(set(backend.calls)) == 20
     by_number = {r.number: r for r in result.records}
@@ -262,7 +263,8 @@ def test_resume_after_the_process_is_killed_mid_trial(tmp_path: Path) -> None:
 def test_ctrl_c_leaves_a_consistent_study_that_resumes(
         tmp_path: Path, where: str) -> None:
     backend = FakeBackend(CLUSTER, interrupt_on_call=3 if where == "backend" else None)
-    search = Search(config(tmp_path, backend, n_trials=5))
+    # Without the stop rule, which predicts for its ranking too: only launches predict here.
+    search = Search(config(tmp_path, backend, n_trials=5, stop_rule="none"))
     if where == "gate":  # between the ask and the launch of the third trial
         real, count = search.knowledge.predict, [0]
 
@@ -281,7 +283,7 @@ def test_ctrl_c_leaves_a_consistent_study_that_resumes(
 
     first = [s for s in backend.calls[:2]]
     again = FakeBackend(CLUSTER)
-    resumed = run_search(config(tmp_path, again, n_trials=5, resume=True))
+    resumed = run_search(config(tmp_path, again, n_trials=5, resume=True, stop_rule="none"))
     assert not resumed.interrupted and resumed.stop_reason == "reached --trials 5"
     assert not set(first) & set(again.calls)
     assert len(again.calls) == 3 and len(launched(resumed)) == 5

@@ -62,6 +62,7 @@ def run_report(*, study: str | None, results_dir: str, storage: str | None,
     )
     from autotune.report.pareto import fold_ties, pareto_front, scaling_points
     from autotune.report.plots import pareto_html, pareto_png, scaling_html, scaling_png
+    from autotune.search.timesplit import time_split
 
     _require_extras()
     root = Path(results_dir)
@@ -150,6 +151,9 @@ def run_report(*, study: str | None, results_dir: str, storage: str | None,
         console.print("no COMPLETE trial with a tokens/s figure yet")
     if scaling:
         show(f"{what}: best layout per GPU count", scaling, SCALING_COLUMNS)
+    split = time_split(loaded.records[n] for n in sorted(loaded.records))
+    if not loaded.predicted and split.describe():
+        console.print(split.describe())
     console.print(f"study {ref.name} in {ref.redacted}")
     for path in out.written:
         console.print(f"wrote {path}", soft_wrap=True)

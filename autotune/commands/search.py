@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +20,7 @@ from autotune.layout import DIMENSIONS, Layout
 from autotune.model import ModelSpec
 from autotune.protocol import te_available
 from autotune.space import SearchSpace
+from autotune.trial import DEFAULT_STABLE_CV
 
 if TYPE_CHECKING:  # the search (optuna) is imported when a search runs, not for --help
     from autotune.search import SearchConfig
@@ -138,13 +139,15 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                        as_json: bool, calibration: str | None = None,
                        multi: MultiNode | None = None,
                        isolation: str = Isolation.WARM, seeds: tuple[Layout, ...] = (),
+                       stable_cv: float = DEFAULT_STABLE_CV, stop_rule: str = "model",
                        compare: Callable[[SearchResult], None] | None = None) -> None:
     """Run the search and print its best layouts. `seeds` run first (a user's own layout,
     `--from-megatron`); `compare` then prints what they are against the best."""
     from autotune.search import SearchConfig
-    from autotune.search.config import Sampler
+    from autotune.search.config import Sampler, StopRule
     from autotune.search.loop import Search
     from autotune.search.progress import LiveProgress, best_table
+    from autotune.search.timesplit import time_split
 
     name = _choose_backend(backend, cluster, multi)
     cost_params, memory_params = (load_calibration(calibration) if calibration
@@ -163,7 +166,8 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                        sampler=Sampler.parse(sampler), n_trials=trials, time_budget_s=time_budget,
                        patience=patience, resume=resume, train_steps=steps,
                        warmup_steps=warmup_steps, trial_timeout_s=trial_timeout,
-                       cost_params=cost_params, memory_params=memory_params, seeds=seeds)
+                       cost_params=cost_params, memory_params=memory_params, seeds=seeds,
+                       stable_cv=stable_cv, stop_rule=StopRule.parse(stop_rule))
     console = Console(stderr=True)
     quiet = as_json or chosen.predicted
     if quiet:
@@ -178,10 +182,12 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     # Trials of the stored study read back (a planning run shown again, a --resume) are not
     # trials this run simulated or launched.
     read = sum(1 for r in result.records if r.launched and r.number in stored)
+    split = time_split(result.records)
     if as_json:
         print(json.dumps({"study": result.study_name, "predicted": chosen.predicted,
                           "stop_reason": result.stop_reason,
-                          "best": [_best_row(r, cluster) for r in result.best(10)]}, indent=2))
+                          "best": [_best_row(r, cluster) for r in result.best(10)],
+                          **({} if chosen.predicted else {"time": asdict(split)})}, indent=2))
     else:
         out = Console()
         out.print(best_table(result, title=f"{model.name} on {cluster.num_gpus} x "
@@ -195,6 +201,8 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                 else f"read {read} trials from the stored study (nothing new to simulate)")
         out.print(f"{done}, {len(result.records)} in the study ({result.valid_layouts} valid "
                   f"layouts); stopped: {result.stop_reason}")
+        if split.describe():
+            out.print(split.describe())
         out.print(f"study {result.study_name} in {result.storage}")
     if compare is not None:
         compare(result)

@@ -27,7 +27,8 @@ from autotune.model import ModelSpec, load_model
 from autotune.protocol import SPEC_NAME
 from autotune.search.records import RECORD_ATTR, TrialRecord, stored_record
 from autotune.search.storage import as_stored, check_study_name, redact_url, storage_url
-from autotune.trial import TrialSpec
+from autotune.search.timesplit import overhead_s
+from autotune.trial import StopReason, TrialSpec
 
 __all__ = ["LAYOUT_FIELDS", "LoadedStudy", "StudyRef", "find_studies", "load_study",
            "read_records", "resolve_study", "trial_row"]
@@ -37,6 +38,9 @@ LAYOUT_FIELDS: tuple[str, ...] = tuple(DIMENSIONS)
 _FIGURES = ("tokens_per_s", "tokens_per_s_per_gpu", "step_time_s", "step_time_p90_s",
             "tflops_per_gpu", "mfu", "peak_memory_gib", "predicted_tokens_per_s",
             "predicted_peak_memory_gib", "tokens_error_pct", "memory_error_pct")
+_TIMING = ("stop_reason", "timed_steps", "warmup_s", "timed_s", "overhead_s")
+"""How a measured trial's time went (TrialMetrics): why timing ended, the timed steps, the
+seconds of warm-up and timed steps, and the rest of its wall time (overhead)."""
 _GIB = 2**30
 _DEFAULT_NAME = re.compile(r"^(?P<model>.+?)-(?P<gpus>\d+)gpu-(?P<gpu>[a-z0-9-]+?)-"
                            r"(?P<backend>simulate|worker|megatron-lm)-[0-9a-f]{8}$")
@@ -91,8 +95,10 @@ class LoadedStudy:
 
     def complete_rows(self) -> list[dict[str, Any]]:
         """Rows of COMPLETE trials with a tokens/s figure, best first; among equal tokens/s
-        the lighter layout, then the lower trial number."""
-        done = [r for r in self.rows if r["state"] == "COMPLETE" and r["tokens_per_s"]]
+        the lighter layout, then the lower trial number. Trials pruned slow are left out: a
+        few steps of a layout below the best by construction (TrialRecord.pruned_slow)."""
+        done = [r for r in self.rows if r["state"] == "COMPLETE" and r["tokens_per_s"]
+                and r["stop_reason"] != StopReason.SLOW]
         return sorted(done, key=lambda r: (-r["tokens_per_s"],
                                            r["peak_memory_gib"] or float("inf"), r["trial"]))
 
@@ -189,7 +195,7 @@ def trial_row(trial: FrozenTrial, record: TrialRecord | None = None) -> dict[str
         return {**row, "status": trial.state.name, "source": "", "layout": "", "gpus": None,
                 **dict.fromkeys(LAYOUT_FIELDS), "predicted": False,
                 **dict.fromkeys(_FIGURES), "duplicate_of": None, "reason": "",
-                "wall_time_s": None}
+                "wall_time_s": None, **dict.fromkeys(_TIMING)}
     s, m = record.layout, record.metrics
     tokens = record.tokens_per_s
     ok = m if tokens is not None else None  # the measurements of an OK trial
@@ -216,6 +222,11 @@ def trial_row(trial: FrozenTrial, record: TrialRecord | None = None) -> dict[str
         "duplicate_of": record.duplicate_of,
         "reason": record.reason,
         "wall_time_s": m.wall_time_s if m else None,
+        "stop_reason": m.stop_reason.value if m and m.stop_reason else None,
+        "timed_steps": m.timed_steps if m else None,
+        "warmup_s": m.warmup_s if m else None,
+        "timed_s": m.timed_s if m else None,
+        "overhead_s": overhead_s(record),
     }
 
 

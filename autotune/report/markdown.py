@@ -128,6 +128,16 @@ def _importances(importances: dict[str, float] | str, loaded: LoadedStudy) -> li
                                         Column("importance", "importance")]), ""]
 
 
+def _time(loaded: LoadedStudy) -> list[str]:
+    """Where a real search's time went (autotune.search.timesplit), when it launched trials."""
+    from autotune.search.timesplit import time_split
+
+    split = time_split(loaded.records[n] for n in sorted(loaded.records))
+    if loaded.predicted or not split.describe():
+        return []
+    return ["## Time", "", f"{split.describe()}.", ""]
+
+
 def render_report(loaded: LoadedStudy, *, top: Sequence[dict[str, Any]],
                   pareto: Sequence[dict[str, Any]], breakdown: dict[str, float] | None,
                   importances: dict[str, float] | str,
@@ -180,6 +190,7 @@ def render_report(loaded: LoadedStudy, *, top: Sequence[dict[str, Any]],
                 "", markdown_table(measured, _ERROR_COLUMNS), ""]
     elif not loaded.predicted:
         out += ["## Predicted against measured", "", "No launched trial has both figures.", ""]
+    out += _time(loaded)
     out += _importances(importances, loaded)
     if scaling:
         out += ["## Scaling: tokens/s per GPU against GPU count", "",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,8 +17,9 @@ from autotune.layout import Layout
 from autotune.memory import MemoryParams
 from autotune.model import ModelSpec
 from autotune.space import SearchSpace
+from autotune.trial import DEFAULT_STABLE_CV
 
-__all__ = ["GRID_LIMIT", "RANKED_DEFAULT", "Sampler", "SearchConfig", "make_sampler",
+__all__ = ["GRID_LIMIT", "RANKED_DEFAULT", "Sampler", "SearchConfig", "StopRule", "make_sampler",
            "sampler_name"]
 
 
@@ -34,6 +36,21 @@ class Sampler(enum.StrEnum):
     @classmethod
     def parse(cls, name: str) -> Sampler:
         return parse_choice(cls, name, "sampler")
+
+
+class StopRule(enum.StrEnum):
+    """What decides that a real-run search has found its answer (autotune.search.stop_rule):
+    model (the refitted cost model and its measured error skip layouts that cannot beat the
+    best measured, stop the search when no untried one could, and trials stop timing once they
+    cannot come within PRUNE_MARGIN of the best), or none (only --trials, --time-budget and
+    --patience stop it; every proposal is launched and timed to its end)."""
+
+    MODEL = "model"
+    NONE = "none"
+
+    @classmethod
+    def parse(cls, name: str) -> StopRule:
+        return parse_choice(cls, name, "stop rule")
 
 
 GRID_LIMIT = 3000
@@ -63,7 +80,14 @@ class SearchConfig:
     resume: bool = False
     seed: int = 0
     train_steps: int = 10
+    """The most timed steps per trial (fewer once the step time is stable, `stable_cv`)."""
     warmup_steps: int = 3
+    stable_cv: float = DEFAULT_STABLE_CV
+    """A trial stops timing once the coefficient of variation of its last step times is at
+    most this (TrialSpec.stable_cv; 0: always `train_steps`)."""
+    stop_rule: StopRule = StopRule.MODEL
+    """See StopRule; real runs only (a plan's figures are the model's own), and not with the
+    grid sampler, whose point is to measure every layout. A plain name is accepted."""
     trial_timeout_s: float | None = None
     """Per-trial timeout; default derived from the predicted step time."""
     cost_params: CostParams | None = None
@@ -82,6 +106,10 @@ class SearchConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sampler", Sampler.parse(self.sampler))
+        object.__setattr__(self, "stop_rule", StopRule.parse(self.stop_rule))
+        if not (math.isfinite(self.stable_cv) and 0 <= self.stable_cv < 1):
+            raise ConfigError(f"--stable-cv must be at least 0 and below 1 (0: a fixed number "
+                              f"of timed steps), got {self.stable_cv:g}")
 
 
 def sampler_name(cfg: SearchConfig, valid: int) -> Sampler:

@@ -2,9 +2,11 @@
 
 A proposal that breaks a Megatron rule is told INVALID; one already tried repeats that outcome
 (a duplicate); one another worker is running yields to it (DUPLICATE); one predicted not to fit
-is told PREDICTED_OOM. Only the rest is launched, with a timeout from the predicted step time,
-and launched once more when the launch never reached its rendezvous. A real OOM is pruned and
-teaches the gate (autotune.gate), and the micro-batch of its layout is bisected.
+is told PREDICTED_OOM; one the model rules out (autotune.search.stop_rule) is told
+PREDICTED_SLOW. Only the rest is launched, with a timeout from the predicted step time, the
+adaptive timing of SearchConfig.stable_cv and the stop rule's prune threshold, and launched once
+more when the launch never reached its rendezvous. A real OOM is pruned and teaches the gate
+(autotune.gate), and the micro-batch of its layout is bisected.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from autotune.search.layouts import LayoutMap, ParamsKey
 from autotune.search.ledger import LayoutQueue, Ledger
 from autotune.search.records import SearchResult, Source, TrialRecord
 from autotune.search.refit import refit_cost_params
+from autotune.search.stop_rule import PRUNE_MARGIN, ModelStop, format_tokens
 from autotune.search.store import StudyStore
 from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
@@ -48,11 +51,17 @@ class Knowledge:
         self.fitted_on = 0
         self.good_mbs: dict[Layout, int] = {}
         """Per layout (gate.layout_key), the largest micro-batch that ran."""
+        self._tokens: dict[Layout, float] = {}
+        """Predicted tokens/s per layout under the current cost constants (refit clears it)."""
+        self._fits: dict[Layout, bool] = {}
+        """The gate's verdict per layout until it learns an OOM: the stop rule ranks every
+        valid layout before each trial, thousands on 8 GPUs."""
 
     def learn(self, record: TrialRecord, told: bool) -> None:
         """Ledger.note's learner: take in one record."""
         if record.status is TrialStatus.OOM and record.duplicate_of is None:
             self.gate.record_oom(record.layout, record.predicted_peak_bytes)
+            self._fits.clear()
         if record.tokens_per_s is not None:
             key = layout_key(record.layout)
             self.good_mbs[key] = max(self.good_mbs.get(key, 0), record.layout.mbs)
@@ -71,18 +80,33 @@ class Knowledge:
         if fitted is None:
             return
         self.cost_params, self.fitted_on = fitted
+        self._tokens.clear()
         log.info("cost model refitted to %d measured trials", self.fitted_on)
 
     def predict(self, s: Layout) -> CostEstimate:
         return estimate_cost(self.cfg.model, s, self.cfg.cluster, self.cost_params)
 
+    def predicted_tokens(self, s: Layout) -> float:
+        """predict(s).tokens_per_s, remembered until the next refit."""
+        found = self._tokens.get(s)
+        if found is None:
+            found = self._tokens[s] = self.predict(s).tokens_per_s
+        return found
+
     def fits(self, s: Layout) -> bool:
-        return self.gate.decide(s).launch
+        found = self._fits.get(s)
+        if found is None:
+            found = self._fits[s] = self.gate.decide(s).launch
+        return found
+
+    def ranked_tokens(self, layouts: list[Layout]) -> list[tuple[Layout, float]]:
+        """The layouts predicted to fit with their predicted tokens/s, fastest first."""
+        fitting = [(s, self.predicted_tokens(s)) for s in layouts if self.fits(s)]
+        return sorted(fitting, key=lambda pair: pair[1], reverse=True)
 
     def ranked(self, layouts: list[Layout]) -> list[Layout]:
         """The layouts predicted to fit, fastest predicted first."""
-        fitting = [s for s in layouts if self.fits(s)]
-        return sorted(fitting, key=lambda s: self.predict(s).tokens_per_s, reverse=True)
+        return [s for s, _ in self.ranked_tokens(layouts)]
 
     def smaller_mbs(self, failed: Layout) -> Layout | None:
         """After a real OOM, the same layout with a smaller micro-batch (Alpa step 1); after a
@@ -103,6 +127,8 @@ class SearchParts:
     ledger: Ledger
     knowledge: Knowledge
     queue: LayoutQueue
+    stop: ModelStop
+    """What the model rules out (autotune.search.stop_rule)."""
 
 
 class TrialExecutor:
@@ -164,18 +190,24 @@ class TrialExecutor:
             assert decision.status is not None
             self.tell(trial, replace(planned, status=decision.status, reason=decision.reason))
             return
-        self.launch(trial, planned)
-
-    def launch(self, trial: optuna.Trial, planned: TrialRecord) -> None:
-        """Run a layout the gate let through, tell its outcome, and bisect after an OOM."""
-        s, cfg = planned.layout, self.parts.cfg
-        cost = self.parts.knowledge.predict(s)
+        cost = p.knowledge.predict(s)
         planned = replace(planned, predicted_tokens_per_s=cost.tokens_per_s)
+        slow = p.stop.skip(s, cost.tokens_per_s)
+        if slow is not None:
+            self.tell(trial, replace(planned, status=TrialStatus.PREDICTED_SLOW, reason=slow))
+            return
+        self.launch(trial, planned, cost.step_time_s)
+
+    def launch(self, trial: optuna.Trial, planned: TrialRecord, step_time_s: float) -> None:
+        """Run a layout the gate and the stop rule let through (`step_time_s` predicted), tell
+        its outcome, and bisect after an OOM."""
+        s, cfg = planned.layout, self.parts.cfg
         spec = TrialSpec(model=cfg.model, layout=s, train_steps=cfg.train_steps,
                          warmup_steps=cfg.warmup_steps, seed=cfg.seed,
                          gpu_peak_bf16_flops=cfg.cluster.gpu.peak_bf16_flops,
-                         gpu_name=cfg.cluster.gpu.name)
-        timeout = cfg.trial_timeout_s or trial_timeout_s(cost.step_time_s, spec)
+                         gpu_name=cfg.cluster.gpu.name, stable_cv=cfg.stable_cv,
+                         slow_below_tokens_per_s=self.parts.stop.prune_below())
+        timeout = cfg.trial_timeout_s or trial_timeout_s(step_time_s, spec)
         trial_dir = self.trial_root / str(trial.number)
         try:
             metrics = cfg.backend.run(spec, trial_dir, timeout)
@@ -186,6 +218,8 @@ class TrialExecutor:
             raise
         record = replace(planned, status=metrics.status, reason=metrics.error or "",
                          metrics=metrics)
+        if record.pruned_slow:
+            record = replace(record, reason=_pruned_reason(metrics, spec))
         self.tell(trial, record)
         oom_mbs = self.parts.knowledge.gate.oom_mbs
         if metrics.status is TrialStatus.OOM:
@@ -215,3 +249,14 @@ class TrialExecutor:
         retry = p.knowledge.smaller_mbs(failed)
         if retry is not None and p.layouts.is_valid(retry) and not p.ledger.tried(retry):
             p.queue.push(retry, Source.OOM_BISECT, first=True)
+
+
+def _pruned_reason(metrics: TrialMetrics, spec: TrialSpec) -> str:
+    """The reason of a trial pruned slow: after how many steps, at what figure, below what."""
+    steps = "?" if metrics.timed_steps is None else str(metrics.timed_steps)
+    tokens = "" if metrics.tokens_per_s is None else \
+        f" at {format_tokens(metrics.tokens_per_s)} tokens/s"
+    below = "" if spec.slow_below_tokens_per_s is None else \
+        f", below {format_tokens(spec.slow_below_tokens_per_s)} " \
+        f"({1 - PRUNE_MARGIN:.0%} of the best measured)"
+    return f"pruned slow after {steps} steps{tokens}{below}"

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from autotune.layout import Layout
 from autotune.search.layouts import LayoutMap, ParamsKey
 from autotune.search.records import Observer, SearchResult, Source, TrialRecord
+from autotune.trial import TrialStatus
 
 __all__ = ["LayoutQueue", "Learner", "Ledger"]
 
@@ -39,9 +40,12 @@ class Ledger:
         """Note a record: one this process told (`told`), or one read back from storage (a
         resume, or another worker's result)."""
         self.result.records.append(record)
-        if record.duplicate_of is None:
+        if record.duplicate_of is None and record.status is not TrialStatus.PREDICTED_SLOW:
+            # A layout skipped as predicted slow stays untried: the model and its error band
+            # change with each measurement, and the next proposal of it is decided again.
             self.seen.setdefault(self.layouts.key(record.layout), record)
-        tokens = record.tokens_per_s
+        # A trial pruned slow is measured below the best by construction: never the best.
+        tokens = None if record.pruned_slow else record.tokens_per_s
         if record.launched:
             # --trials counts the study's launched trials, so a resumed study finishes the
             # budget it started with instead of launching it again; in a shared study it is a

@@ -9,6 +9,8 @@ trial"):
 - execution: one trial (TrialExecutor: gate, launch, relaunch, bisection) and what trials teach
   (Knowledge: the memory gate, micro-batches that ran, refitted cost constants);
 - ledger: what this process noted (Ledger) and the queue of coming layouts (LayoutQueue);
+- stop_rule.ModelStop: what the refitted cost model and its measured error rule out (layouts
+  not worth launching, the search's end, the prune threshold of a trial);
 - scheduling.Scheduler: seeds, queue order, stop rules and the main loop.
 
 Several processes may share one study (`--storage postgresql://...`, docs/SHARED_STUDIES.md).
@@ -23,12 +25,13 @@ import time
 
 import optuna
 
-from autotune.search.config import SearchConfig, sampler_name
+from autotune.search.config import Sampler, SearchConfig, StopRule, sampler_name
 from autotune.search.execution import Knowledge, SearchParts, TrialExecutor
 from autotune.search.layouts import LayoutMap
 from autotune.search.ledger import LayoutQueue, Ledger
 from autotune.search.records import Observer, SearchResult, TrialRecord
 from autotune.search.scheduling import Clock, Scheduler
+from autotune.search.stop_rule import ModelStop
 from autotune.search.storage import Heartbeat, redact_url
 from autotune.search.store import open_store
 
@@ -43,6 +46,7 @@ class Search:
 
     def __init__(self, cfg: SearchConfig, observer: Observer | None = None, *,
                  clock: Clock = time.monotonic, heartbeat: Heartbeat | None = None) -> None:
+        self.cfg = cfg
         self.layouts = LayoutMap.of(cfg)
         sampler = sampler_name(cfg, len(self.layouts.valid))
         self.store = open_store(cfg, self.layouts, sampler, beat=heartbeat)
@@ -51,8 +55,15 @@ class Search:
         self.knowledge = Knowledge(cfg, self.result, refits=self.store.measured)
         ledger = Ledger(self.result, self.layouts, learn=self.knowledge.learn, observer=observer)
         self.ledger = ledger
+        knowledge, valid = self.knowledge, self.layouts.valid
+        # A plan's figures are the model's own, and a grid is asked to measure every layout.
+        self.stop = ModelStop(
+            active=(cfg.stop_rule is StopRule.MODEL and self.store.measured
+                    and sampler != Sampler.GRID),
+            records=self.result.records, fitted=lambda: knowledge.fitted_on > 0,
+            ranked=lambda: knowledge.ranked_tokens(valid), tried=ledger.tried)
         parts = SearchParts(cfg=cfg, layouts=self.layouts, store=self.store, ledger=ledger,
-                            knowledge=self.knowledge, queue=LayoutQueue())
+                            knowledge=self.knowledge, queue=LayoutQueue(), stop=self.stop)
         self.executor = TrialExecutor(parts)
         self.scheduler = Scheduler(parts, self.executor, sampler=sampler, clock=clock)
 
@@ -65,6 +76,7 @@ class Search:
             return self.scheduler.run()
         finally:
             self.store.release()  # an SQLite study is free for the next process
+            self.cfg.backend.close()  # a warm pool's ranks exit with the search
 
 
 def run_search(cfg: SearchConfig, observer: Observer | None = None) -> SearchResult:

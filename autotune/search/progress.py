@@ -1,4 +1,5 @@
-"""Live progress of a search in the terminal (rich): a bar, the recent trials, the best so far."""
+"""Live progress of a search in the terminal (rich): a bar, the recent trials (how each stopped
+timing, its overhead), the layouts the model skipped, the best so far."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rich.table import Table
 
 from autotune.report.pareto import ties_text, twin_groups
 from autotune.search.records import SearchResult, TrialRecord
+from autotune.search.timesplit import overhead_s
 from autotune.trial import TrialStatus
 
 __all__ = ["LiveProgress", "best_table", "format_record"]
@@ -20,13 +22,15 @@ _GIB = 2**30
 _STYLE = {TrialStatus.OK: "green", TrialStatus.OOM: "red", TrialStatus.PREDICTED_OOM: "yellow",
           TrialStatus.INVALID: "dim", TrialStatus.TIMEOUT: "red", TrialStatus.CRASH: "red",
           TrialStatus.NCCL_ERROR: "red", TrialStatus.DUPLICATE: "dim",
-          TrialStatus.INTERRUPTED: "red"}
+          TrialStatus.INTERRUPTED: "red", TrialStatus.PREDICTED_SLOW: "dim"}
 
 
-_LIVE_COLUMNS = ("#", "layout", "status", "tokens/s", "MFU", "peak GiB", "wall s", "source",
-                 "same figures")
-"""The live table: each trial as it finishes, with its wall time (launch included); trials
-with the same figures as an earlier one share its row, as in the best table and the report."""
+_LIVE_COLUMNS = ("#", "layout", "status", "tokens/s", "MFU", "peak GiB", "timed", "wall s",
+                 "overhead s", "source", "same figures")
+"""The live table: each trial as it finishes, with how it stopped timing (`12 stable`, `3 slow`:
+timed steps and TrialMetrics.stop_reason), its wall time (launch included) and its overhead
+(wall time less the timed steps); trials with the same figures as an earlier one share its row,
+as in the best table and the report. Layouts skipped as predicted slow are counted below it."""
 
 
 def _gib(value: float | None) -> str:
@@ -43,7 +47,18 @@ def format_record(r: TrialRecord) -> dict[str, str]:
         "peak GiB": _gib(peak if peak is not None else r.predicted_peak_bytes),
         "source": r.source + (f" (=#{r.duplicate_of})" if r.duplicate_of is not None else ""),
         "wall s": "-" if not m or m.wall_time_s is None else f"{m.wall_time_s:.0f}",
+        "timed": _timed(r),
+        "overhead s": "-" if (o := overhead_s(r)) is None else f"{o:.1f}",
     }
+
+
+def _timed(r: TrialRecord) -> str:
+    """`12 stable`: the timed steps and why timing ended; `-` for predictions and failures."""
+    m = r.metrics
+    if m is None or m.predicted or m.stop_reason is None:
+        return "-"
+    steps = "" if m.timed_steps is None else f"{m.timed_steps} "
+    return f"{steps}{m.stop_reason.value}"
 
 
 def _figures(r: TrialRecord) -> tuple[float | None, float | None]:
@@ -89,6 +104,9 @@ class LiveProgress:
         self.console = console or Console(stderr=True)
         self.recent: list[TrialRecord] = []
         self.keep = recent
+        self.skipped: set[str] = set()
+        """Labels of the layouts skipped as predicted slow."""
+        self.last_skip: TrialRecord | None = None
         self.start = time.monotonic()
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
                                  TextColumn("{task.completed}/{task.total} launched"),
@@ -120,9 +138,19 @@ class LiveProgress:
         line = (f"best so far: {best[0].label} at "
                 f"{best[0].tokens_per_s:,.0f} tokens/s (#{best[0].number})" if best
                 else "best so far: -")
+        if self.last_skip is not None:
+            why = self.last_skip.reason.split(";")[0]
+            line = (f"skipped as predicted slow: {len(self.skipped)} layouts (latest "
+                    f"{self.last_skip.label}: {why})\n{line}")
         return Group(self.progress, table, line)
 
     def __call__(self, record: TrialRecord, result: SearchResult) -> None:
+        if record.status is TrialStatus.PREDICTED_SLOW:
+            # Skips cost nothing and may come by the dozen: counted, not listed.
+            self.skipped.add(record.label)
+            self.last_skip = record
+            self.live.update(self.render(result))
+            return
         self.recent = [*self.recent, record][-self.keep:]
         self.progress.update(self.task, completed=result.launched)
         self.live.update(self.render(result))

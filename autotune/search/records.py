@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial
 from autotune.cost import CostParams
 from autotune.dimensions import plain
 from autotune.layout import DIMENSIONS, Layout
-from autotune.trial import TrialMetrics, TrialStatus
+from autotune.trial import StopReason, TrialMetrics, TrialStatus
 
 __all__ = ["LAUNCHED", "RECORD_ATTR", "Observer", "SearchResult", "Source", "TrialRecord",
            "read_record", "record_attrs", "store_record", "stored_record"]
@@ -85,6 +85,19 @@ class TrialRecord:
         return self.metrics.tokens_per_s if ok and self.metrics else None
 
     @property
+    def pruned_slow(self) -> bool:
+        """Stopped timing once its first steps showed it could not come within the prune margin
+        of the best (StopReason.SLOW): a real measurement, but of a layout below the best by
+        construction and over fewer steps, so never the best nor on its Pareto front."""
+        return self.metrics is not None and self.metrics.stop_reason is StopReason.SLOW
+
+    @property
+    def rankable(self) -> bool:
+        """A figure that may be the best: measured (or simulated) to the end, not a duplicate."""
+        return self.tokens_per_s is not None and self.duplicate_of is None \
+            and not self.pruned_slow
+
+    @property
     def peak_bytes(self) -> int | None:
         """The measured (or simulated) peak memory per GPU; None without figures."""
         return self.metrics.peak_bytes if self.metrics is not None else None
@@ -109,7 +122,7 @@ class SearchResult:
     fitted_on: int = 0
 
     def best(self, k: int = 5) -> list[TrialRecord]:
-        ok = [r for r in self.records if r.tokens_per_s is not None and r.duplicate_of is None]
+        ok = [r for r in self.records if r.rankable]
         return sorted(ok, key=lambda r: -(r.tokens_per_s or 0.0))[:k]
 
     def count(self, status: TrialStatus) -> int:

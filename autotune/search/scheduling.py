@@ -3,8 +3,10 @@
 The queue is seeded by the sampler: every layout (grid), the analytical model's best first
 (ranked), or Alpa's heuristic seeds before TPE proposes. Seeds already tried (a resume, another
 worker) are skipped when their turn comes; a layout another worker is running is deferred. The
-search stops at --trials, --time-budget or --patience, when the queue of a grid or ranking is
-empty, or when proposals keep launching nothing and every layout predicted to fit was tried.
+search stops at --trials, --time-budget or --patience, when no untried layout could beat the
+best measured (the model's stop rule, autotune.search.stop_rule), when the queue of a grid or
+ranking is empty, or when proposals keep launching nothing and every layout predicted to fit
+was tried.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class Scheduler:
             return f"reached --time-budget {cfg.time_budget_s:g} s"
         if cfg.patience is not None and ledger.since_best >= cfg.patience:
             return f"{cfg.patience} trials without improvement (--patience)"
-        return None
+        return self.parts.stop.exhausted()
 
     def next_queued(self) -> tuple[tuple[Layout, Source] | None, bool]:
         """The first queued layout not tried nor running elsewhere, to be the next trial (None:

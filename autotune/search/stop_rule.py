@@ -1,0 +1,171 @@
+"""The model's stop rule: what the cost model and its measured error rule out of a real search.
+
+A layout's optimistic prediction is its predicted tokens/s (the cost model as refitted to the
+study's measured trials, autotune.search.refit) times 1 + the error band (`error_band`). A layout
+whose optimistic prediction is below the best measured tokens/s cannot be the best unless the
+model is wrong by more than it has been: it is recorded PREDICTED_SLOW, not launched (`skip`).
+The search stops once no untried layout that the memory gate lets through could beat the best
+(`exhausted`). A launched trial stops timing once its first steps show it cannot reach the best
+less PRUNE_MARGIN (`prune_below`, TrialSpec.slow_below_tokens_per_s).
+
+Nothing is ruled out before there is a best measurement (Alpa's seeds run first), in a plan
+(the model is the measurement there), with --sampler grid (it measures every layout), nor with
+--stop-rule none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from autotune.layout import Layout
+from autotune.search.records import TrialRecord
+
+__all__ = ["DEFAULT_ERROR_BAND", "ERROR_WINDOW", "MIN_ERROR_BAND", "PRUNE_MARGIN", "ErrorBand",
+           "ModelStop", "error_band", "format_tokens"]
+
+DEFAULT_ERROR_BAND = 0.30
+"""The band while the model has not been refitted to this study: the committed constants'
+tokens/s error is a few percent in the median on other machines, but single layouts have been
+under-predicted by 35% (rc=full(block/2), before the partial-recompute fix) and over-predicted
+by 40% (results/benchmarks/2026-11-23-h100-refactor-and-run-identity.md,
+2026-11-21-h100-h200x2-model-accuracy.md); 30% keeps every layout within the model's common
+misses, and the bias already seen on this machine is added on top (`error_band`)."""
+MIN_ERROR_BAND = 0.05
+"""The narrowest band: a refitted model can match a few trials almost exactly, but a
+measurement itself varies by a few percent between runs of one layout."""
+ERROR_WINDOW = 5
+"""The band of a refitted model is its largest error over this many latest measured trials:
+recent enough to follow the refits, enough trials for one lucky match not to narrow it."""
+PRUNE_MARGIN = 0.10
+"""A trial stops timing, pruned slow, once it cannot reach the best measured tokens/s less
+this margin: its first steps may run slower than its steady state (allocator growth, kernel
+autotuning), and the margin keeps that noise from pruning a layout that would have been the
+best."""
+
+
+def format_tokens(value: float) -> str:
+    """tokens/s as people read them in a reason: 43.7k, 1.25M."""
+    if value >= 1e6:
+        return f"{value / 1e6:.2f}M"
+    return f"{value / 1e3:.1f}k" if value >= 1e3 else f"{value:.0f}"
+
+
+def _measured_errors(records: Iterable[TrialRecord]) -> list[tuple[float, float]]:
+    """(measured / predicted, |measured / predicted - 1|) of each measured trial in order, its
+    prediction the one it was launched with (the model as it stood)."""
+    out = []
+    for r in records:
+        tokens, predicted = r.tokens_per_s, r.predicted_tokens_per_s
+        if r.duplicate_of is None and not r.predicted and tokens and predicted:
+            out.append((tokens / predicted, abs(tokens / predicted - 1)))
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorBand:
+    """How far a measurement may be above the model's prediction, and what that rests on."""
+
+    band: float
+    """Optimistic prediction = predicted tokens/s x (1 + band)."""
+    error: float | None
+    """The model's largest |measured / predicted - 1| over `trials` (None: none measured)."""
+    trials: int
+    """The measured trials `error` is over."""
+    fitted: bool
+    """Whether the model has been refitted to this study (else the default band applies)."""
+
+    def optimistic(self, predicted_tokens_per_s: float) -> float:
+        return predicted_tokens_per_s * (1 + self.band)
+
+    def describe(self) -> str:
+        """`model error so far 12% (last 5 measured trials)`, with the default band's note."""
+        error = "-" if self.error is None else f"{self.error:.0%}"
+        said = f"model error so far {error}"
+        if self.fitted:
+            return f"{said} (last {self.trials} measured trials)"
+        return (f"{said} ({self.trials} measured; a {DEFAULT_ERROR_BAND:.0%} band until the "
+                "model is refitted)")
+
+
+def error_band(records: Iterable[TrialRecord], *, fitted: bool) -> ErrorBand:
+    """The band of the model from the study's measured trials (`records`, in order).
+
+    Refitted (`fitted`): the largest |measured / predicted - 1| over the latest ERROR_WINDOW
+    measured trials, at least MIN_ERROR_BAND. Before: (1 + DEFAULT_ERROR_BAND) x the largest
+    measured / predicted ratio so far (at least 1) - 1, so that a model seen to under-predict
+    this machine keeps the default band on top of that bias."""
+    errors = _measured_errors(records)
+    if fitted and errors:
+        window = errors[-ERROR_WINDOW:]
+        worst = max(e for _, e in window)
+        return ErrorBand(band=max(MIN_ERROR_BAND, worst), error=worst, trials=len(window),
+                         fitted=True)
+    bias = max((ratio for ratio, _ in errors), default=1.0)
+    return ErrorBand(band=(1 + DEFAULT_ERROR_BAND) * max(1.0, bias) - 1,
+                     error=max((e for _, e in errors), default=None), trials=len(errors),
+                     fitted=False)
+
+
+class ModelStop:
+    """The rule of one search (see the module): `active` only for real runs that asked for it
+    and do not measure every layout; it reads the search's knowledge through callables."""
+
+    def __init__(self, *, active: bool, records: Sequence[TrialRecord],
+                 fitted: Callable[[], bool], ranked: Callable[[], list[tuple[Layout, float]]],
+                 tried: Callable[[Layout], bool]) -> None:
+        """`records`: the search's records, growing as it goes; `fitted`: whether the model has
+        been refitted; `ranked`: the valid layouts predicted to fit with their predicted
+        tokens/s, fastest first; `tried`: whether a layout has an outcome already."""
+        self.active = active
+        self.records = records
+        self.fitted = fitted
+        self.ranked = ranked
+        self.tried = tried
+
+    def best(self) -> TrialRecord | None:
+        """The best measured trial (never one pruned slow), None before there is one."""
+        ok = [r for r in self.records if r.rankable]
+        return max(ok, key=lambda r: r.tokens_per_s or 0.0, default=None)
+
+    def band(self) -> ErrorBand:
+        return error_band(self.records, fitted=self.fitted())
+
+    def skip(self, s: Layout, predicted_tokens_per_s: float) -> str | None:
+        """Why `s` is not worth launching (its PREDICTED_SLOW reason), or None."""
+        best = self.best() if self.active else None
+        if best is None or best.tokens_per_s is None:
+            return None
+        band = self.band()
+        optimistic = band.optimistic(predicted_tokens_per_s)
+        if optimistic >= best.tokens_per_s:
+            return None
+        return (f"predicted {format_tokens(predicted_tokens_per_s)} tokens/s, at most "
+                f"{format_tokens(optimistic)} with the model's {band.band:.0%} error band, "
+                f"below the best measured {format_tokens(best.tokens_per_s)} (trial "
+                f"{best.number}); {band.describe()}")
+
+    def prune_below(self) -> float | None:
+        """TrialSpec.slow_below_tokens_per_s for the next launch: the best less PRUNE_MARGIN."""
+        best = self.best() if self.active else None
+        if best is None or best.tokens_per_s is None:
+            return None
+        return best.tokens_per_s * (1 - PRUNE_MARGIN)
+
+    def exhausted(self) -> str | None:
+        """The stop reason once no untried layout the gate lets through could beat the best
+        measured (none while one could, or while the rule is off or has no best)."""
+        best = self.best() if self.active else None
+        if best is None or best.tokens_per_s is None:
+            return None
+        closest = next(((s, p) for s, p in self.ranked() if not self.tried(s)), None)
+        if closest is None:
+            return "every layout predicted to fit has been tried"
+        band = self.band()
+        s, predicted = closest
+        if band.optimistic(predicted) >= best.tokens_per_s:
+            return None
+        return (f"no untried layout is predicted within {band.band:.0%} of the best "
+                f"({format_tokens(best.tokens_per_s)} tokens/s, trial {best.number}; the "
+                f"closest, {s.describe()}, is predicted {format_tokens(predicted)}); "
+                f"{band.describe()}")
