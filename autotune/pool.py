@@ -65,7 +65,8 @@ __all__ = ["WarmPool"]
 _REFRESH_S = 0.25
 """How often the pool's process tree is re-read while a trial runs (for a clean shutdown)."""
 _STOP_WAIT_S = 5.0
-"""How long idle ranks get to see the stop file and exit before they are signalled."""
+"""How long ranks that are leaving (the stop file, a failure, ranks that cannot go on) get to
+exit with torchrun before they are signalled."""
 
 
 class WarmPool:
@@ -132,7 +133,10 @@ class WarmPool:
             finally:
                 self._stop()
         elif done is None or not done.serving:
-            self._stop()  # a rank failed (torchrun ends the rest) or the ranks cannot go on
+            # A rank failed (torchrun ends the rest), or the ranks cannot go on and leave:
+            # let torchrun exit by itself before anything is signalled.
+            self._wait_for_exit()
+            self._stop()
         returncode = self._returncode(done)
         output = RunOutput(argv=argv, pid=pid, returncode=returncode,
                            timed_out=timed_out, interrupted=interrupted, wall_time_s=wall_s,
@@ -146,9 +150,7 @@ class WarmPool:
         """Tell the ranks to exit, then stop whatever is left of the pool."""
         if self.running:
             (self._dir / POOL_STOP_NAME).touch()
-            assert self._proc is not None
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=_STOP_WAIT_S)
+            self._wait_for_exit()
         self._stop()
 
     def __enter__(self) -> WarmPool:
@@ -227,6 +229,11 @@ class WarmPool:
         for stacks in self._dir.glob(STACKS_NAME.format(rank="*")):
             with contextlib.suppress(OSError):
                 shutil.copy(stacks, trial_dir / stacks.name)
+
+    def _wait_for_exit(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=_STOP_WAIT_S)
 
     def _note(self, line: str) -> None:
         if self._log is not None:

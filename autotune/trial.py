@@ -71,8 +71,8 @@ class TrialSpec:
     """Untimed warm-up steps: exactly these when stable_cv is 0, else at most these (warm-up
     ends once the step time stops falling)."""
     stable_cv: float = 0.0
-    """Timing ends once the coefficient of variation of the last timed steps is at most this
-    (0: fixed step counts)."""
+    """Timing ends once the mean of the last timed steps is known to within this fraction
+    (their relative standard error, autotune.worker.timing); 0: fixed step counts."""
     slow_below_tokens_per_s: float | None = None
     """Stop timing, pruned slow, once the measured steps show the trial cannot reach this."""
     seed: int = 1234

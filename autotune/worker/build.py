@@ -34,6 +34,9 @@ def _resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
             out[key] = _DTYPES[out[key]]
     if "activation_func" in out:
         out["activation_func"] = _ACTIVATIONS[out["activation_func"]]
+    if out.get("recompute_modules") is not None:
+        # A tuple in worker_config (hashable, for the run key); TransformerConfig's is a list.
+        out["recompute_modules"] = list(out["recompute_modules"])
     return out
 
 

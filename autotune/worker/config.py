@@ -52,13 +52,32 @@ class WorkerConfig:
 
 def _recompute(s: Layout) -> dict[str, Any]:
     # TransformerConfig reads recompute_method and recompute_num_layers only with full
-    # recompute (transformer_block.py, _checkpointed_forward); Megatron-LM leaves them None.
+    # recompute (transformer_block.py, _checkpointed_forward), recompute_modules only with
+    # selective (attention.py, transformer_layer.py, moe_layer.py); Megatron-LM leaves the
+    # unread ones at their defaults (None: core_attn).
     if s.recompute == Recompute.FULL:
         return {"recompute_granularity": "full", "recompute_method": str(s.recompute_method),
-                "recompute_num_layers": s.recompute_num_layers}
-    granularity = "selective" if s.recompute == Recompute.SELECTIVE else None
-    return {"recompute_granularity": granularity, "recompute_method": None,
-            "recompute_num_layers": None}
+                "recompute_num_layers": s.recompute_num_layers, "recompute_modules": None}
+    if s.recompute == Recompute.SELECTIVE:
+        return {"recompute_granularity": "selective", "recompute_method": None,
+                "recompute_num_layers": None,
+                "recompute_modules": s.recompute_modules.modules}
+    return {"recompute_granularity": None, "recompute_method": None,
+            "recompute_num_layers": None, "recompute_modules": None}
+
+
+def _pipeline_split(s: Layout) -> dict[str, Any]:
+    # TransformerConfig's uneven split: None is an even split (Megatron-LM's default for
+    # --decoder-first/last-pipeline-num-layers); get_num_layers_to_build reads both.
+    return {"num_layers_in_first_pipeline_stage": s.first_stage_layers or None,
+            "num_layers_in_last_pipeline_stage": s.last_stage_layers or None}
+
+
+def _offload(s: Layout) -> dict[str, Any]:
+    # Transformer Engine's layer-level offload of activations (model_parallel_config.py
+    # cpu_offloading*; transformer_block.py get_cpu_offload_context), as Megatron-LM sets it
+    # from --cpu-offloading-num-layers: activations only, not weights.
+    return {"cpu_offloading": s.offload_layers > 0, "cpu_offloading_num_layers": s.offload_layers}
 
 
 def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
@@ -114,6 +133,8 @@ def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
         "overlap_p2p_comm": s.vpp > 1,
         "batch_p2p_comm": s.vpp == 1,
         **_recompute(s),
+        **_pipeline_split(s),
+        **_offload(s),
     }
     if m.normalization == "RMSNorm":
         kwargs["layernorm_epsilon"] = 1e-5

@@ -60,7 +60,28 @@ def init_world(phases: dict[str, float]) -> int:
     dist.init_process_group("nccl", timeout=timedelta(seconds=_timeout_s()),
                             device_id=torch.device("cuda", local_rank) if eager else None)
     phases.update(import_s=t1 - t0, pg_init_s=time.perf_counter() - t1)
+    _compile_each_shape_statically()
     return local_rank
+
+
+COMPILED_SHAPES_LIMIT = 64
+"""Compiled versions kept per function (torch._dynamo's recompile limit, 8 by default): one per
+shape a function meets, over every trial of a warm pool."""
+
+
+def _compile_each_shape_statically() -> None:
+    """megatron-core compiles its fused functions (jit_fuser, torch.compile). By default
+    dynamo recompiles a function for dynamic shapes once it meets a second shape, and falls back
+    to eager code after 8 recompiles: in a warm pool, where trial after trial brings new shapes,
+    later trials would then run other code than a cold launch of the same layout. Here each
+    shape gets its own static compile, in cold and warm runs alike, and the compiled code of a
+    shape met before is reused (a warm pool's saving)."""
+    import torch._dynamo
+
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    for name in ("recompile_limit", "cache_size_limit"):  # the newer name, and the older one
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, COMPILED_SHAPES_LIMIT)
 
 
 def _timeout_s() -> float:

@@ -6,11 +6,12 @@ up Megatron's parallel state for the trial's layout, builds, runs and reports ex
 one-trial worker does (autotune.worker.run.run_trial), and releases everything the trial made:
 the model and optimizer (their last references die with run_trial's frames), Megatron's
 parallel state and the process groups it created (destroy_model_parallel only forgets them;
-their NCCL communicators would otherwise stay, with their buffers), torch.compile's caches
-(a cold launch compiles every fused function for its own shapes; a warm one must too, and
-dynamo's recompile limit would otherwise send later trials to eager code), the allocator's
-cache and its peak statistics. That is the pattern megatron-core's own unit tests use to run
-many parallel layouts in one process (destroy_model_parallel, then initialize_model_parallel).
+their NCCL communicators would otherwise stay, with their buffers), cuBLAS's workspaces, the
+allocator's cache and its peak statistics. torch.compile's code is kept: every function is
+compiled statically per shape in cold and warm runs alike (autotune.worker.run), so a trial
+runs the code a cold launch would, without compiling a shape again. Setting up and releasing
+parallel state is the pattern megatron-core's own unit tests use to run many parallel layouts
+in one process (destroy_model_parallel, then initialize_model_parallel).
 
 What cannot be undone ends the rank instead of the trial's figures: a failure other ranks may
 be blocked on (anything but an out-of-memory error on a pool of one rank), or memory left
@@ -122,9 +123,8 @@ def _serve_one(job: PoolJob, rank: int, local_rank: int,
         del exc
     left = _release(groups)
     serving = _all_agree(left <= POOL_LEFT_OVER_BYTES)
-    if left > POOL_LEFT_OVER_BYTES:
-        print(f"[autotune pool] rank {rank} still holds {left / 2**20:.0f} MiB after trial "
-              f"{job.seq}; the pool restarts", file=sys.stderr, flush=True)
+    print(f"[autotune pool] rank {rank} released trial {job.seq}: {left / 2**20:.1f} MiB still "
+          f"allocated{'' if serving else '; the pool restarts'}", file=sys.stderr, flush=True)
     return status, serving
 
 
@@ -154,9 +154,13 @@ def _release(before: set[Any]) -> int:
         with contextlib.suppress(Exception):  # already gone, or aborted: nothing left to free
             dist.destroy_process_group(group)
     gc.collect()
-    if "torch._dynamo" in sys.modules:
-        torch._dynamo.reset()
     torch.cuda.synchronize()
+    # cuBLAS keeps a workspace per handle and stream in the caching allocator (tens of MiB on
+    # Hopper); a cold launch starts without one and counts it in its peak, so must the next
+    # trial here.
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     return int(torch.cuda.memory_allocated())

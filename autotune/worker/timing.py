@@ -7,9 +7,12 @@ With `TrialSpec.stable_cv` 0 and no slow threshold the counts are fixed, as Mega
 benchmarks take them: `warmup_steps` untimed, then `train_steps` timed. Otherwise:
 - the first step is always warm-up (torch.compile, the allocator's first growth, NCCL
   communicators made on their first collective);
-- timing ends as soon as the last STABLE_WINDOW steps vary by at most `stable_cv` (their
-  coefficient of variation); every step before that window is warm-up, so warm-up ends when the
-  step time stops falling (a falling window is not stable);
+- timing ends as soon as the mean of the last STABLE_WINDOW steps is known to within
+  `stable_cv`: their relative standard error (coefficient of variation / sqrt(STABLE_WINDOW)) is
+  at most that. A steady layout stops after the window; a noisy one (steps that jitter by
+  several percent, seen on H100s at small micro-batches) runs to the most steps, where the
+  median of more steps is what makes its figure good. Every step before the window is warm-up,
+  so warm-up ends when the step time stops falling (a falling window is not steady);
 - a trial is stopped SLOW once SLOW_AFTER steps after the first show that even its fastest step
   is slower than `slow_below_tokens_per_s` allows;
 - at most `warmup_steps + train_steps` steps run; then the last `train_steps` are timed.
@@ -17,6 +20,7 @@ benchmarks take them: `warmup_steps` untimed, then `train_steps` timed. Otherwis
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -94,7 +98,7 @@ class StepJudge:
             return self._split(len(after_first), StopReason.SLOW)
         window = min(STABLE_WINDOW, self.train_steps)
         if self.stable_cv > 0 and len(after_first) >= window \
-                and _cv(self.times[-window:]) <= self.stable_cv:
+                and _cv(self.times[-window:]) / math.sqrt(window) <= self.stable_cv:
             return self._split(window, StopReason.STABLE)
         if n >= max(self.most_steps, 2):
             return self._split(min(self.train_steps, n - 1), StopReason.MAX_STEPS)
