@@ -1,0 +1,344 @@
+"""The model's stop rule (autotune.search.stop_rule) and what the search reports of it.
+
+Whole searches run over the scripted backend of tests/doubles/fake_backend.py whose "true"
+tokens/s are the cost model's own prediction, bent where a test needs the model to be wrong.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from doubles.fake_backend import FakeBackend, small_cluster, small_model, small_space
+from optuna.trial import TrialState
+from rich.console import Console
+
+import autotune.search as search_package
+from autotune.backends import SimulateBackend
+from autotune.cli import main
+from autotune.cost import estimate_cost
+from autotune.gate import MemoryGate
+from autotune.heuristics import alpa_seeds
+from autotune.layout import Layout
+from autotune.search import SearchConfig, SearchResult, TrialRecord, run_search
+from autotune.search.layouts import LayoutMap
+from autotune.search.ledger import Ledger
+from autotune.search.progress import LiveProgress
+from autotune.search.records import Source
+from autotune.search.stop_rule import (
+    DEFAULT_ERROR_BAND,
+    MIN_ERROR_BAND,
+    PRUNE_MARGIN,
+    ModelStop,
+    error_band,
+)
+from autotune.search.timesplit import time_split
+from autotune.trial import StopReason, TrialMetrics, TrialSpec, TrialStatus
+
+CLUSTER = small_cluster()
+MODEL = small_model()
+SPACE = small_space()
+A, B, C = (Layout(tp=1, pp=1, dp=4, mbs=m, gbs=MODEL.global_batch_size) for m in (1, 2, 4))
+
+
+def predicted(s: Layout) -> float:
+    return estimate_cost(MODEL, s, CLUSTER).tokens_per_s
+
+
+def config(tmp_path: Path, backend: Any, **overrides: Any) -> SearchConfig:
+    values: dict[str, Any] = {"model": MODEL, "cluster": CLUSTER, "space": SPACE,
+                              "backend": backend, "results_dir": tmp_path, "study_name": "s",
+                              "sampler": "tpe", "n_trials": 60}
+    return SearchConfig(**{**values, **overrides})
+
+
+def measured(number: int, s: Layout, tokens: float, predicted_tokens: float | None = None, *,
+             stop: StopReason | None = StopReason.STABLE, **metrics: Any) -> TrialRecord:
+    """A launched trial that ran: `tokens` measured against `predicted_tokens`."""
+    return TrialRecord(number=number, layout=s, status=TrialStatus.OK, source=Source.SAMPLER,
+                       predicted_tokens_per_s=predicted_tokens,
+                       metrics=TrialMetrics(status=TrialStatus.OK, tokens_per_s=tokens,
+                                            stop_reason=stop, **metrics))
+
+
+def rule(records: list[TrialRecord], *, fitted: bool = False, active: bool = True,
+         ranked: Sequence[tuple[Layout, float]] = (),
+         tried: Collection[Layout] = frozenset()) -> ModelStop:
+    return ModelStop(active=active, records=records, fitted=lambda: fitted,
+                     ranked=lambda: list(ranked), tried=lambda s: s in tried)
+
+
+@dataclass
+class TimedBackend:
+    """FakeBackend's outcomes with the timing a worker reports: a trial below its spec's
+    slow_below_tokens_per_s stops after 3 timed steps (StopReason.SLOW), the others are stable
+    after 10. Every spec it is given is kept."""
+
+    inner: FakeBackend
+    specs: list[TrialSpec] = field(default_factory=list)
+    name: str = "fake"
+    predicted: bool = False
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
+        self.specs.append(spec)
+        m = self.inner.run(spec, trial_dir, timeout_s)
+        if m.tokens_per_s is None:
+            return replace(m, wall_time_s=15.0)
+        floor = spec.slow_below_tokens_per_s
+        slow = floor is not None and m.tokens_per_s < floor
+        return replace(m, wall_time_s=20.0, warmup_s=2.0, timed_s=1.0 if slow else 5.0,
+                       timed_steps=3 if slow else 10,
+                       stop_reason=StopReason.SLOW if slow else StopReason.STABLE)
+
+
+def timed(tokens: Callable[[Layout], float]) -> TimedBackend:
+    return TimedBackend(FakeBackend(CLUSTER, tokens=tokens))
+
+
+# -- the error band and the skip decision ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ratios", "fitted", "band"), [
+    ([], False, DEFAULT_ERROR_BAND),  # nothing measured: the default band
+    ([0.8, 0.9], False, DEFAULT_ERROR_BAND),  # an optimistic model: the default still holds
+    ([1.2, 0.9], False, (1 + DEFAULT_ERROR_BAND) * 1.2 - 1),  # its bias is added on top
+    ([1.5, 1.07, 0.99, 1.02, 0.98, 1.03], True, 0.07),  # refitted: the last five trials
+    ([1.0, 1.0, 1.01], True, MIN_ERROR_BAND),  # never narrower than a measurement's noise
+    ([1.0, 0.7, 1.0], True, 0.3),
+])
+def test_the_error_band_comes_from_the_measured_trials(ratios: list[float], fitted: bool,
+                                                       band: float) -> None:
+    records = [measured(i, A, 1000.0 * r, 1000.0) for i, r in enumerate(ratios)]
+    # Neither a duplicate nor a figure without a prediction says anything about the model.
+    records += [replace(records[0], number=99, duplicate_of=0)] if records else []
+    records.append(measured(100, B, 5000.0, None))
+    assert error_band(records, fitted=fitted).band == pytest.approx(band)
+
+
+@pytest.mark.parametrize(("history", "fitted", "prediction", "skipped"), [
+    ([], False, 10, False),  # no best measured yet: Alpa's seeds run whatever they predict
+    ([(100, 100)], False, 80, False),  # 80k x 1.3 = 104k could beat 100k
+    ([(100, 100)], False, 70, True),  # 70k x 1.3 = 91k cannot
+    ([(100, 80)], False, 70, False),  # the model under-predicted by 25%: 70k x 1.625
+    ([(100, 100)] * 5, True, 93, True),  # refitted and exact: a 5% band, 97.65k < 100k
+    ([(100, 100)] * 5, True, 96, False),
+])
+def test_a_layout_is_skipped_only_when_even_its_optimistic_prediction_is_below_the_best(
+        history: list[tuple[int, int]], fitted: bool, prediction: int, skipped: bool) -> None:
+    k = 1000.0  # thousands of tokens/s
+    records = [measured(i, A, m * k, p * k) for i, (m, p) in enumerate(history)]
+    reason = rule(records, fitted=fitted).skip(B, prediction * k)
+    assert (reason is not None) == skipped
+    assert rule(records, fitted=fitted, active=False).skip(B, prediction * k) is None
+    if reason is not None and not fitted:
+        assert reason == ("predicted 70.0k tokens/s, at most 91.0k with the model's 30% error "
+                          "band, below the best measured 100.0k (trial 0); model error so far "
+                          "0% (1 measured; a 30% band until the model is refitted)")
+
+
+def test_the_stop_message_names_the_band_the_closest_layout_and_the_model_error() -> None:
+    records = [measured(i, A, 100_000.0, 100_000.0 * (1 - 0.02 * i)) for i in range(5)]
+    ranked = [(B, 97_000.0), (C, 60_000.0)]
+    # B, predicted within the band of the best, keeps the search going until it is tried.
+    assert rule(records, fitted=True, ranked=ranked).exhausted() is None
+    message = rule(records, fitted=True, ranked=ranked, tried={B}).exhausted()
+    assert message == (f"no untried layout is predicted within 9% of the best (100.0k tokens/s,"
+                       f" trial 0; the closest, {C.describe()}, is predicted 60.0k); model "
+                       "error so far 9% (last 5 measured trials)")
+    everything = rule(records, fitted=True, ranked=ranked, tried={B, C}).exhausted()
+    assert everything == "every layout predicted to fit has been tried"
+    assert rule(records, active=False, ranked=ranked, tried={B}).exhausted() is None
+    assert rule([], ranked=ranked, tried={B}).exhausted() is None  # no best yet
+
+
+# -- whole searches ----------------------------------------------------------------------------
+
+
+def fitting_layouts() -> list[Layout]:
+    """The distinct valid layouts of the test space predicted to fit."""
+    gate = MemoryGate(MODEL, CLUSTER)
+    valid = LayoutMap.of(config(Path("."), FakeBackend(CLUSTER))).valid
+    return [s for s in valid if gate.decide(s).launch]
+
+
+def test_the_search_stops_itself_once_nothing_untried_could_beat_the_best(
+        tmp_path: Path) -> None:
+    fitting = fitting_layouts()
+    first_seed = alpa_seeds(fitting, lambda s: True, "sdpa")[0]
+    assert first_seed == max(fitting, key=predicted)  # the model's best, and Alpa's first
+    backend = FakeBackend(CLUSTER, tokens=lambda s: predicted(s) * (0.7 if s == first_seed
+                                                                    else 1.0))
+    # Ten proposals that launch nothing before the model's best untried layout is queued
+    # (SearchConfig.max_idle_asks): each costs a TPE ask on SQLite here.
+    result = run_search(config(tmp_path, backend, max_idle_asks=10))
+
+    # The first seed ran 30% slower than predicted: the better-predicted layouts it left
+    # untried kept the search going until the true best was measured, and no further.
+    assert backend.calls[0] == first_seed
+    assert result.best(1)[0].layout == max(fitting, key=backend.tokens)
+    assert result.stop_reason.startswith("no untried layout is predicted within ")
+    assert "model error so far" in result.stop_reason
+    assert len(backend.calls) < len(fitting) / 4
+    skipped = [r for r in result.records if r.status is TrialStatus.PREDICTED_SLOW]
+    assert skipped and not {r.layout for r in skipped} & set(backend.calls)
+    states = {t.number: t for t in optuna.load_study(
+        study_name="s", storage=f"sqlite:///{(tmp_path / 's' / 'study.db').resolve()}"
+    ).get_trials()}
+    for r in skipped:  # infeasible for TPE, as a predicted OOM: it proposes elsewhere
+        assert states[r.number].state is TrialState.PRUNED
+        assert states[r.number].system_attrs["constraints:memory_gib"] > 0
+        assert r.reason.startswith("predicted ") and "below the best measured" in r.reason
+
+
+@pytest.mark.parametrize(("bound", "reason"), [
+    ({"n_trials": 2}, "reached --trials 2"),
+    ({"patience": 1}, "1 trials without improvement (--patience)"),
+])
+def test_trials_and_patience_still_bound_it(tmp_path: Path, bound: dict[str, int],
+                                            reason: str) -> None:
+    backend = FakeBackend(CLUSTER, tokens=predicted)
+    result = run_search(config(tmp_path, backend, **bound))
+    assert result.stop_reason == reason and len(backend.calls) == 2
+
+
+@pytest.mark.parametrize(("sampler", "stop_rule"), [("grid", "model"), ("tpe", "none")])
+def test_a_grid_or_stop_rule_none_launches_and_times_every_proposal(
+        tmp_path: Path, sampler: str, stop_rule: str) -> None:
+    backend = timed(lambda s: predicted(s) * (0.5 if s.pp == 2 else 1.0))
+    result = run_search(config(tmp_path, backend, sampler=sampler, stop_rule=stop_rule,
+                               n_trials=8))
+    assert len(backend.specs) == 8
+    assert not result.count(TrialStatus.PREDICTED_SLOW)
+    assert all(spec.slow_below_tokens_per_s is None for spec in backend.specs)
+    assert not any(r.pruned_slow for r in result.records)
+
+
+@pytest.mark.parametrize("sampler", ["grid", "tpe"])
+def test_planning_is_unaffected(tmp_path: Path, sampler: str) -> None:
+    def plan(rule_name: str) -> list[tuple[int, str, str, str]]:
+        result = run_search(config(tmp_path / rule_name, SimulateBackend(CLUSTER),
+                                   sampler=sampler, stop_rule=rule_name,
+                                   n_trials=None if sampler == "grid" else 20))
+        return [(r.number, r.status.value, r.label, r.reason) for r in result.records]
+
+    with_rule = plan("model")
+    assert with_rule == plan("none")
+    assert "PREDICTED_SLOW" not in {status for _, status, _, _ in with_rule}
+
+
+# -- trials pruned slow ------------------------------------------------------------------------
+
+
+def test_a_trial_pruned_slow_is_measured_but_never_the_best(tmp_path: Path) -> None:
+    # Pipelines run at half the predicted speed: launched (the model cannot rule them out),
+    # then stopped after 3 steps below the best less the margin.
+    backend = timed(lambda s: predicted(s) * (0.5 if s.pp == 2 else 1.0))
+    result = run_search(config(tmp_path, backend, stable_cv=0.02, n_trials=12))
+
+    pruned = [r for r in result.records if r.pruned_slow and r.duplicate_of is None]
+    assert pruned and all(r.status is TrialStatus.OK and r.launched for r in pruned)
+    assert all(r.reason.startswith("pruned slow after 3 steps at ") for r in pruned)
+    best = result.best(1)[0].tokens_per_s
+    assert best is not None and any(r.layout.pp == 2 for r in pruned)
+    assert all((r.tokens_per_s or 0) < best * (1 - PRUNE_MARGIN) for r in pruned)
+    assert not {r.number for r in pruned} & {r.number for r in result.best(100)}
+    assert all(spec.stable_cv == 0.02 for spec in backend.specs)
+    first = backend.specs[0]
+    assert first.slow_below_tokens_per_s is None  # nothing to compare with yet
+    seed = result.records[0].tokens_per_s
+    assert seed is not None
+    assert backend.specs[1].slow_below_tokens_per_s == pytest.approx(seed * (1 - PRUNE_MARGIN))
+
+    from autotune.report.load import load_study, resolve_study
+
+    loaded = load_study(resolve_study("s", tmp_path, None))
+    assert {r["trial"] for r in loaded.rows if r["stop_reason"] == "slow"} >= {
+        r.number for r in pruned}
+    assert not {r["trial"] for r in loaded.complete_rows()} & {r.number for r in pruned}
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_a_slow_figure_never_becomes_the_best_nor_resets_patience(told: bool) -> None:
+    layouts = LayoutMap.of(config(Path("."), FakeBackend(CLUSTER)))
+    result = SearchResult(study_name="s", storage="x")
+    ledger = Ledger(result, layouts, learn=lambda r, t: None)
+    a, b = layouts.valid[:2]
+    ledger.note(measured(0, a, 100.0), told=told)
+    # Out of its order (a shared study's slower best arriving late): still not a best.
+    ledger.note(measured(1, b, 150.0, stop=StopReason.SLOW), told=told)
+    assert ledger.best_tokens == 100.0 and [r.number for r in result.best()] == [0]
+    assert rule(result.records).best() is result.records[0]
+    assert ledger.since_best == (1 if told else 0)
+
+
+# -- what the search reports -------------------------------------------------------------------
+
+
+def test_the_time_split_adds_up_the_phases_and_counts_the_skips() -> None:
+    skip = TrialRecord(number=4, layout=C, status=TrialStatus.PREDICTED_SLOW,
+                       source=Source.SAMPLER, reason="predicted ...")
+    oom = TrialRecord(number=2, layout=B, status=TrialStatus.OOM, source=Source.SAMPLER,
+                      metrics=TrialMetrics(status=TrialStatus.OOM, wall_time_s=20.0))
+    records = [measured(0, A, 100.0, wall_time_s=50.0, warmup_s=5.0, timed_s=10.0),
+               measured(1, B, 50.0, wall_time_s=30.0, warmup_s=3.0, timed_s=2.0,
+                        stop=StopReason.SLOW),
+               oom, replace(oom, number=3, duplicate_of=2), skip, replace(skip, number=5),
+               replace(skip, number=6, layout=replace(C, mbs=8))]
+    split = time_split(records)
+    assert (split.launch_s, split.warmup_s, split.timed_s, split.failed_s) == (60, 8, 12, 20)
+    assert split.describe() == (
+        "trials' wall time 100 s over 3 launched: launch+build 60 s (60%), warm-up 8 s (8%), "
+        "timed 12 s (12%), failed trials 20 s (20%); 1 pruned slow (30 s); 2 layouts skipped "
+        "as predicted slow")
+    assert time_split([]).describe() == ""
+
+
+def test_progress_and_summary_show_how_trials_stopped_and_their_overhead(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    backend = timed(lambda s: predicted(s) * (0.5 if s.pp == 2 else 1.0))
+    out = io.StringIO()
+    with LiveProgress(12, Console(file=out, width=200, force_terminal=False)) as progress:
+        result = run_search(config(tmp_path, backend, n_trials=12), progress)
+    text = out.getvalue()
+    assert "10 stable" in text and "3 slow" in text and "overhead s" in text
+    assert "15.0" in text and "19.0" in text  # 20 s of wall time less 5 (1) timed seconds
+    if result.count(TrialStatus.PREDICTED_SLOW):
+        assert "skipped as predicted slow:" in text
+    assert "PREDICTED_SLOW" not in text  # counted below the table, not listed in it
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+def test_the_flags_reach_the_search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    seen: list[SearchConfig] = []
+    real = search_package.SearchConfig
+
+    def capture(**kwargs: Any) -> SearchConfig:
+        seen.append(real(**kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(search_package, "SearchConfig", capture)
+    code = main(["gpt2", "--gpus", "1", "--backend", "simulate", "--results-dir",
+                 str(tmp_path), "--json", "--stop-rule", "none", "--stable-cv", "0.05"])
+    assert code == 0 and (seen[0].stop_rule, seen[0].stable_cv) == ("none", 0.05)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--stop-rule", "maybe"], "unknown stop rule 'maybe'; choose model or none"),
+    (["--stable-cv", "-0.1"], "--stable-cv must be at least 0 and below 1"),
+])
+def test_bad_flags_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                args: list[str], message: str) -> None:
+    code = main(["gpt2", "--gpus", "1", "--backend", "simulate", "--results-dir",
+                 str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err
