@@ -20,16 +20,28 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
-from autotune.dimensions import Recompute
-from autotune.flops import forward_flops_per_token, hardware_flops_per_token, model_flops_per_token
+from autotune.dimensions import Recompute, RecomputeMethod
+from autotune.flops import (
+    forward_flops_per_token,
+    hardware_flops_per_token,
+    mlp_forward_flops_per_token,
+    model_flops_per_token,
+)
 from autotune.hardware import ClusterSpec
-from autotune.layout import Layout
+from autotune.layout import Layout, stage_layers
 from autotune.memory import MAIN_GRAD_BYTES, PARAM_BYTES, stage_params
-from autotune.memory_activations import layer_activations, recomputed_share
+from autotune.memory_activations import (
+    layer_activations,
+    layer_bytes,
+    offloaded_layers,
+    recomputed_share,
+)
 from autotune.model import ModelSpec, padded_vocab_size
 
-__all__ = ["HBM_BYTES_PER_S", "CostEstimate", "CostParams", "estimate_cost"]
+__all__ = ["HBM_BYTES_PER_S", "PCIE_BYTES_PER_S", "CostEstimate", "CostParams",
+           "checkpoint_calls", "estimate_cost"]
 
 HBM_BYTES_PER_S: dict[str, float] = {
     # NVIDIA datasheets: H100 SXM 3.35 TB/s, H200 4.8 TB/s, A100 80GB 2.0 TB/s, A100 40GB 1.55.
@@ -39,6 +51,15 @@ HBM_BYTES_PER_S: dict[str, float] = {
     "a100-40gb": 1.555e12,
 }
 _DEFAULT_HBM_BYTES_PER_S = 2.0e12
+PCIE_BYTES_PER_S: dict[str, float] = {
+    # Host link per direction, NVIDIA datasheets: H100 SXM and H200 PCIe Gen5 x16 (64 GB/s),
+    # A100 PCIe Gen4 x16 (32 GB/s). CPU offloading moves activations over it.
+    "h100-80gb": 64e9,
+    "h200": 64e9,
+    "a100-80gb": 32e9,
+    "a100-40gb": 32e9,
+}
+_DEFAULT_PCIE_BYTES_PER_S = 32e9
 _BUCKET_PARAMS = 40_000_000
 """megatron/core/distributed/distributed_data_parallel_config.py: bucket_size defaults to
 max(40M, 1M x dp) parameters; the last bucket's reduction cannot hide behind backward."""
@@ -91,6 +112,16 @@ class CostParams:
     the GPU does not hide: eager megatron-core issues ~100 small kernels per layer. Fitted to
     measurements (autotune calibrate); it is what makes small micro-batches slow."""
     """Per-step fixed cost: data loading, loss all-reduce, Python, zeroing grad buffers."""
+    checkpoint_call_s: float = 0.0
+    """Fixed cost of one activation checkpoint per micro-batch, besides the FLOPs it reruns:
+    megatron-core's CheckpointFunction (tensor_parallel/random.py) saves and restores the CPU,
+    CUDA and model-parallel-tracker RNG states and runs the recomputed forward and its
+    backward as a nested, re-entrant autograd.backward call, whose kernels the host issues
+    while the GPU waits on them. Zero by default: the measured trials do not support a
+    constant per call (results/benchmarks/2026-11-24-recompute-model.md); `autotune
+    calibrate` may fit it to a machine's own trials."""
+    pcie_efficiency: float = 0.8
+    """Fraction of the host link's datasheet bandwidth that pinned-memory copies reach."""
 
 
 DEFAULT_COST_PARAMS = CostParams()
@@ -114,6 +145,8 @@ class CostEstimate:
     overhead_s: float
     launch_s: float
     """Host launch time of every layer and micro-batch not hidden behind GPU work."""
+    offload_s: float = 0.0
+    """Exposed CPU-offload copies: what the host link does not hide behind the layers."""
     step_time_s: float
     tokens_per_s: float
     tflops_per_gpu: float
@@ -132,6 +165,8 @@ class CostEstimate:
 class _Flops:
     layer_mats: float
     layer_core: float
+    layer_mlp: float
+    """The MLP's (MoE layer's) part of layer_mats."""
     logits: float
     model_per_token: float
 
@@ -143,7 +178,8 @@ def _flops(model: ModelSpec) -> _Flops:
     core = (hardware_flops_per_token(model, "selective") - base) / model.num_layers
     mats = (hardware_flops_per_token(model, "full") - base) / model.num_layers - core
     logits = forward_flops_per_token(model) - model.num_layers * (mats + core)
-    return _Flops(layer_mats=mats, layer_core=core, logits=logits, model_per_token=base)
+    return _Flops(layer_mats=mats, layer_core=core, layer_mlp=mlp_forward_flops_per_token(model),
+                  logits=logits, model_per_token=base)
 
 
 def gemm_efficiency(x: float, params: CostParams) -> float:
@@ -194,35 +230,46 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     h, t, m = model.hidden_size, s.tp, s.num_microbatches
     seq = model.seq_length / s.cp
     tokens = s.mbs * seq  # local tokens of one micro-batch
-    layers = model.num_layers // s.pp
     tsp = t if s.sequence_parallel else 1
-    # Forward = 1, backward = 2 forwards; full recompute adds a forward of the layers it
-    # recomputes (all of them with `uniform`, the first recompute_num_layers of each chunk with
-    # `block`), selective a forward of core attention (Korthikanti et al. 2022, Section 5).
-    full = (recomputed_share(layers // s.vpp, method=s.recompute_method,
-                             num_layers=s.recompute_num_layers)
-            if s.recompute == Recompute.FULL else 0.0)
-    mats_passes = 3 + full
-    core_passes = 3 + (full if s.recompute == Recompute.FULL
-                       else float(s.recompute == Recompute.SELECTIVE))
 
-    # --- compute of one micro-batch on one stage ---
+    # --- one layer, one micro-batch, one forward pass (backward = 2 forwards) ---
     eff = gemm_efficiency(min(tokens, h / t), prm)
-    gemm_s = tokens * layers * fl.layer_mats * mats_passes / t / (peak * eff)
-    core_flops = tokens * layers * fl.layer_core * core_passes / t
+    gemm_fwd = tokens * fl.layer_mats / t / (peak * eff)
+    mlp_fwd = tokens * fl.layer_mlp / t / (peak * eff)
+    core_flops = tokens * fl.layer_core / t
     acts = layer_activations(model, t, s.impl)
     stored_per_token = acts.replicated / tsp + acts.split
     if s.impl == "local":
         # Unfused attention: two batched GEMMs with inner size head_dim, then s^2 memory traffic.
-        attn_s = core_flops / (peak * gemm_efficiency(model.head_dim, prm))
-        attn_s += (tokens * seq * layers * model.num_attention_heads / t
-                   * prm.local_attention_bytes_per_score * core_passes / 3 / hbm)
+        core_fwd = core_flops / (peak * gemm_efficiency(model.head_dim, prm))
+        core_fwd += (tokens * seq * model.num_attention_heads / t
+                     * prm.local_attention_bytes_per_score / 3 / hbm)
         elementwise = prm.elementwise_bytes_local
     else:
-        attn_s = core_flops / (peak * prm.flash_attention_efficiency)
+        core_fwd = core_flops / (peak * prm.flash_attention_efficiency)
         elementwise = prm.elementwise_bytes_te
-    elem_s = tokens * layers * stored_per_token * elementwise * mats_passes / 3 / hbm
-    layer_stage_s = gemm_s + attn_s + elem_s
+    # Element-wise kernels move `elementwise` bytes (forward + backward) per stored byte.
+    elem_fwd = tokens * stored_per_token * elementwise / 3 / hbm
+    # Tensor parallel: 2 all-reduces of s b h bf16 per layer forward, 2 backward (Korthikanti
+    # et al. 2022, Section 4.2.2; SP swaps each for all-gather + reduce-scatter of the same
+    # volume); megatron-core's local spec does not overlap them.
+    act_bytes = tokens * h * 2
+    tp_fwd = 2 * ring_allreduce_s(act_bytes, t, gpu.intra_node_bytes_per_s, prm)
+    # Context parallel: TE's ring passes K and V of the local chunk cp - 1 times per pass of
+    # attention, overlapped with it (Liu et al. 2023, Ring Attention): exposed max(0, .).
+    cp_fwd = 0.0
+    if s.cp > 1:
+        kv_bytes = tokens * 2 * model.head_dim * max(1, model.query_groups // t) * 2
+        bw = _link(cluster, t * s.cp) * prm.comm_efficiency
+        cp_fwd = max(0.0, (s.cp - 1) * kv_bytes / bw - core_fwd)
+    # Expert parallel: token dispatch + combine all-to-all per pass.
+    ep_fwd = 0.0
+    if model.is_moe and s.ep > 1:
+        a2a_bytes = tokens / tsp * model.moe_topk * h * 2
+        ep_fwd = 2 * _one_way_s(a2a_bytes, s.ep, _link(cluster, t * s.ep), prm)
+    layer = _LayerTimes(gemm=gemm_fwd, core=core_fwd, elem=elem_fwd, tp=tp_fwd, cp=cp_fwd,
+                        ep=ep_fwd)
+
     # The last stage adds the output layer (2 h V per token forward) and the vocab-parallel
     # cross entropy over fp32 logits (cross_entropy.py: ~4 passes over 4-byte elements; the
     # fused kernels ~2: 3.5 ms less per 16k-token micro-batch of gpt2-xl on an H100,
@@ -231,39 +278,35 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     ce_passes = 2 if s.cross_entropy_fusion else 4
     logits_s = (tokens * fl.logits * 3 / t / (peak * eff)
                 + tokens * vocab_rank * 4 * ce_passes / hbm)
-    # Stages run in lock-step; the last one (its layers + the logits) sets the pace.
-    compute_mb = layer_stage_s + logits_s
-
-    # --- tensor parallel: 2 all-reduces forward + 2 backward per layer (+2 with full
-    # recompute), of s b h bf16 (Korthikanti et al. 2022, Section 4.2.2; SP swaps each for
-    # all-gather + reduce-scatter of the same volume). Megatron's local spec does not overlap.
-    act_bytes = tokens * h * 2
-    tp_mb = layers * (4 + 2 * full) * ring_allreduce_s(act_bytes, t, gpu.intra_node_bytes_per_s,
-                                                       prm)
-    # --- context parallel: TE's ring passes K and V of the local chunk cp - 1 times forward
-    # (again when recompute reruns attention), K, V and their gradients backward; overlapped
-    # with attention (Liu et al. 2023, Ring Attention): exposed = max(0, comm - attention).
-    cp_mb = 0.0
-    if s.cp > 1:
-        kv_bytes = tokens * 2 * model.head_dim * max(1, model.query_groups // t) * 2
-        bw = _link(cluster, t * s.cp) * prm.comm_efficiency
-        comm = layers * (s.cp - 1) * kv_bytes * core_passes / bw
-        cp_mb = max(0.0, comm - attn_s)  # every layer alike: sum of per-layer max(0, .)
-    # --- expert parallel: token dispatch + combine all-to-all forward and backward.
-    ep_mb = 0.0
-    if model.is_moe and s.ep > 1:
-        a2a_bytes = tokens / tsp * model.moe_topk * h * 2
-        ep_mb = layers * (4 + 2 * full) * _one_way_s(a2a_bytes, s.ep, _link(cluster, t * s.ep),
-                                                     prm)
-    # --- pipeline: send + receive of s b h bf16 per chunk boundary, forward and backward
-    # (1/t of it with SP or Megatron's scatter-gather; Narayanan et al. 2021, Section 4.1).
+    # Pipeline: send + receive of s b h bf16 per chunk boundary, forward and backward (1/t of
+    # it with SP or Megatron's scatter-gather; Narayanan et al. 2021, Section 4.1).
     pp_mb = 0.0
     if s.pp > 1:
         bw = _link(cluster, cluster.num_gpus) * prm.comm_efficiency
         pp_mb = 2 * s.vpp * (prm.collective_latency_s + act_bytes / t / bw)
-    launch_mb = layers * prm.layer_launch_s * (1 + 0.5 * full)  # recompute relaunches fwd
-    mb_s = compute_mb + tp_mb + cp_mb + ep_mb + pp_mb + launch_mb
-    # Bubble: (p - 1)/v micro-batch times (Narayanan et al. 2021, Section 2.2.2).
+    pcie = PCIE_BYTES_PER_S.get(gpu.name, _DEFAULT_PCIE_BYTES_PER_S) * prm.pcie_efficiency
+    offload_bytes = layer_bytes(acts, tokens=tokens, seq=seq, tp=t,
+                                sequence_parallel=s.sequence_parallel)
+
+    # --- each pipeline stage, one micro-batch: its layers (an uneven split gives the first or
+    # last stage its own count) and, on the last, the logits.
+    counts = stage_layers(s, model)
+    times: dict[tuple[int, bool], _StageTime] = {}
+    for i, n in enumerate(counts):
+        key = (n, i == s.pp - 1)
+        if key not in times:
+            times[key] = _stage_time(model, s, prm, layer, n, acts=acts, tokens=tokens,
+                                     stored_per_token=stored_per_token,
+                                     elementwise=elementwise, mlp_fwd=mlp_fwd, hbm=hbm,
+                                     pcie=pcie, offload_bytes=offload_bytes,
+                                     logits_s=logits_s if key[1] else 0.0, pp_s=pp_mb)
+    per_stage = [times[(n, i == s.pp - 1)] for i, n in enumerate(counts)]
+    pace = max(per_stage, key=lambda st: st.total)
+    compute_mb, tp_mb, cp_mb, ep_mb = pace.compute, pace.tp, pace.cp, pace.ep
+    launch_mb, mb_s = pace.launch, pace.total
+    # Stages run in lock-step at the pace of the slowest (the last one, with the logits, unless
+    # an uneven split moved layers off it): m slots of it, plus Narayanan et al. 2021's bubble
+    # of (p - 1)/v slots (Section 2.2.2). An uneven split pays or gains through that slot.
     bubble_s = (s.pp - 1) / s.vpp * mb_s
 
     dp_s = _dp_exposed(model, s, cluster, prm, bwd_window_s=mb_s * 2 / 3,
@@ -279,11 +322,110 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     tflops = fl.model_per_token * tokens_per_s / world / 1e12
     return CostEstimate(compute_s=m * compute_mb, tp_comm_s=m * tp_mb, cp_comm_s=m * cp_mb,
                         ep_comm_s=m * ep_mb, pp_comm_s=m * pp_mb, dp_comm_s=dp_s,
+                        offload_s=m * pace.offload,
                         bubble_s=bubble_s, optimizer_s=optimizer_s,
                         overhead_s=prm.step_overhead_s, launch_s=m * launch_mb,
                         step_time_s=step,
                         tokens_per_s=tokens_per_s, tflops_per_gpu=tflops,
                         mfu=tflops * 1e12 / peak)
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerTimes:
+    """One layer, one micro-batch, one forward pass: its terms in seconds."""
+
+    gemm: float
+    core: float
+    elem: float
+    tp: float
+    cp: float
+    ep: float
+
+
+@dataclass(frozen=True, slots=True)
+class _StageTime:
+    """One pipeline stage, one micro-batch (forward + backward + recompute), by term."""
+
+    compute: float
+    tp: float
+    cp: float
+    ep: float
+    pp: float
+    launch: float
+    offload: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tp + self.cp + self.ep + self.pp + self.launch + self.offload
+
+
+def checkpoint_calls(s: Layout, chunk: int) -> float:
+    """Activation checkpoints per chunk of `chunk` layers and micro-batch.
+
+    transformer_block.py _checkpointed_forward: `uniform` checkpoints each group of
+    recompute_num_layers layers, `block` each of its first recompute_num_layers layers;
+    selective recompute one region per module and layer (attention.py, transformer_layer.py:
+    layernorm is two, the input and pre-MLP norms; experts.py, moe_layer.py).
+    """
+    if s.recompute == Recompute.FULL:
+        n = max(1, min(s.recompute_num_layers, chunk))
+        return float(n if s.recompute_method == RecomputeMethod.BLOCK else -(-chunk // n))
+    if s.recompute == Recompute.SELECTIVE:
+        per_module = {"core_attn": 1, "layernorm": 2, "mlp": 1, "moe_act": 1, "moe": 1}
+        return float(chunk * sum(per_module[mod] for mod in s.recompute_modules.modules))
+    return 0.0
+
+
+def _stage_time(model: ModelSpec, s: Layout, prm: CostParams, layer: _LayerTimes, n: int, *,
+                acts: Any, tokens: float, stored_per_token: float, elementwise: float,
+                mlp_fwd: float, hbm: float, pcie: float, offload_bytes: float,
+                logits_s: float, pp_s: float) -> _StageTime:
+    """Time of one stage of `n` layers for one micro-batch: forward (1) + backward (2) of every
+    layer, plus the forwards recompute reruns."""
+    chunk = n // s.vpp
+    # Full recompute reruns the whole forward of the layers it recomputes (all with uniform,
+    # the first recompute_num_layers of each chunk with block: recomputed_share).
+    full = (recomputed_share(chunk, method=s.recompute_method,
+                             num_layers=s.recompute_num_layers)
+            if s.recompute == Recompute.FULL and chunk else 0.0)
+    compute = n * (3 + full) * (layer.gemm + layer.core + layer.elem)
+    # 2 collectives per pass forward (layer.tp, layer.ep), 2 in backward, 2 per recompute.
+    tp = n * (2 + full) * layer.tp
+    core_attn = s.recompute == Recompute.SELECTIVE and "core_attn" in s.recompute_modules.modules
+    cp = n * (3 + full + core_attn) * layer.cp
+    ep = n * (2 + full) * layer.ep
+    launch = n * prm.layer_launch_s * (1 + 0.5 * full)  # recompute relaunches the forward
+    if s.recompute == Recompute.SELECTIVE:
+        # Selective recompute reruns each module's forward (Korthikanti et al. 2022, Section 5,
+        # for core_attn): its FLOPs, and its element-wise kernels over the bytes it freed.
+        modules = s.recompute_modules.modules
+        rerun = 0.0
+        if "core_attn" in modules:
+            rerun += layer.core
+        if "mlp" in modules or "moe" in modules:
+            rerun += mlp_fwd + tokens * acts.mlp_internal * elementwise / 3 / hbm
+        if "moe" in modules:
+            # moe_layer.py checkpoints routing and the token dispatch too: its all-to-all again.
+            rerun += layer.ep / 2 + tokens * (acts.moe_replicated + acts.moe_split) \
+                * elementwise / 3 / hbm
+        elif "moe_act" in modules:
+            rerun += tokens * acts.moe_act_output * elementwise / 3 / hbm
+        if "layernorm" in modules:
+            rerun += tokens * acts.norm_outputs / (s.tp if s.sequence_parallel else 1) \
+                * elementwise / 3 / hbm
+        compute += n * rerun
+    launch += s.vpp * checkpoint_calls(s, chunk) * prm.checkpoint_call_s
+    offload = 0.0
+    offloaded, _ = offloaded_layers(chunk, s.offload_layers)
+    if offloaded:
+        # Each offloaded layer's saved tensors go to the host during the next layer's forward
+        # and come back during the backward of the layer after it (offloaded_layers): what
+        # the link does not finish within that window is exposed.
+        copy = offload_bytes / pcie
+        fwd = layer.gemm + layer.core + layer.elem
+        offload = s.vpp * offloaded * (max(0.0, copy - fwd) + max(0.0, copy - 2 * fwd))
+    return _StageTime(compute=compute + logits_s, tp=tp, cp=cp, ep=ep, pp=pp_s, launch=launch,
+                      offload=offload)
 
 
 def _largest_stage(model: ModelSpec, s: Layout) -> tuple[float, float]:

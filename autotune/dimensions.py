@@ -16,14 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LEVELS", "Dimension", "Impl", "Label", "Recompute", "RecomputeMethod", "always",
-           "dimension", "flag_label", "plain", "unless_default", "value_label"]
+__all__ = ["LEVELS", "RECOMPUTE_MODULES", "Dimension", "Impl", "Label", "Recompute",
+           "RecomputeMethod", "RecomputeModules", "always", "dimension", "flag_label", "plain",
+           "unless_default", "value_label"]
 
 LEVELS = 6
-"""Enumeration levels: 0 tp, pp, cp (dp follows); 1 vpp; 2 ep; 3 sequence parallel; 4 mbs;
-5 recompute, optimizer, overlap and implementation. A validity rule of level k reads only the
-fields of levels <= k (autotune.layout.RULES), so the enumerator rejects a partial layout
-before it expands the deeper levels."""
+"""Enumeration levels: 0 tp, pp, cp (dp follows); 1 vpp and the first/last stage's layers; 2 ep;
+3 sequence parallel; 4 mbs; 5 recompute, offload, optimizer, overlap and implementation. A
+validity rule of level k reads only the fields of levels <= k (autotune.layout.RULES), so the
+enumerator rejects a partial layout before it expands the deeper levels."""
 
 
 class Recompute(enum.StrEnum):
@@ -39,6 +40,41 @@ class RecomputeMethod(enum.StrEnum):
 
     UNIFORM = "uniform"
     BLOCK = "block"
+
+
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe")
+"""The modules selective recompute can checkpoint in autotune's models: megatron-core 0.16.1's
+TransformerConfig.recompute_modules choices less `mla_up_proj` (needs multi-latent attention)
+and `shared_experts` (needs shared experts): no ModelSpec has either."""
+
+
+class RecomputeModules(enum.StrEnum):
+    """The modules selective recompute checkpoints (Megatron-LM `--recompute-modules`, `a+b` for
+    several): the attention side (core_attn, layernorm: any subset) with at most one MLP-side
+    module (the dense mlp, the experts' activation moe_act, or the whole MoE layer moe). Two
+    MLP-side modules together are left out: `moe` recomputes the layer moe_act is part of, and
+    `mlp` acts only on dense layers (transformer_layer.py: `if not self.is_moe_layer`), moe_act
+    and moe only on expert layers, and autotune's MoE models have no dense layers."""
+
+    CORE_ATTN = "core_attn"
+    CORE_ATTN__MLP = "core_attn+mlp"
+    CORE_ATTN__MOE_ACT = "core_attn+moe_act"
+    CORE_ATTN__MOE = "core_attn+moe"
+    LAYERNORM = "layernorm"
+    LAYERNORM__MLP = "layernorm+mlp"
+    LAYERNORM__MOE_ACT = "layernorm+moe_act"
+    LAYERNORM__MOE = "layernorm+moe"
+    CORE_ATTN__LAYERNORM = "core_attn+layernorm"
+    CORE_ATTN__LAYERNORM__MLP = "core_attn+layernorm+mlp"
+    CORE_ATTN__LAYERNORM__MOE_ACT = "core_attn+layernorm+moe_act"
+    CORE_ATTN__LAYERNORM__MOE = "core_attn+layernorm+moe"
+    MLP = "mlp"
+    MOE_ACT = "moe_act"
+    MOE = "moe"
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return tuple(self.value.split("+"))
 
 
 class Impl(enum.StrEnum):
@@ -97,6 +133,9 @@ class Dimension:
     folded_into: str | None = None
     flag: str | None = None
     """`autotune estimate`'s option; None for a field it does not take (dp is derived)."""
+    minimum: int = 1
+    """The smallest value of an int dimension: 1 for sizes, 0 where 0 means `off` (Megatron's
+    None or 0: an even pipeline split, no offloaded layer)."""
 
     @property
     def kind(self) -> type:
@@ -132,8 +171,10 @@ class Dimension:
         if kind is bool:
             return None if isinstance(value, bool) else "true or false"
         if kind is int:
-            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-            return None if ok else "positive integers"
+            ok = (isinstance(value, int) and not isinstance(value, bool)
+                  and value >= self.minimum)
+            return None if ok else ("positive integers" if self.minimum == 1
+                                    else f"integers >= {self.minimum}")
         assert self.choices is not None
         if not isinstance(value, str):
             return "strings"
@@ -160,8 +201,9 @@ class Dimension:
 
 
 def dimension(default: Any, *, help: str, level: int | None, label: Label | None,
-              folded_into: str | None = None, flag: str | None = None) -> Any:
+              folded_into: str | None = None, flag: str | None = None,
+              minimum: int = 1) -> Any:
     """A Layout field whose metadata is its Dimension (typed Any, as dataclasses.field is)."""
     meta = Dimension(default=default, help=help, level=level, label=label,
-                     folded_into=folded_into, flag=flag)
+                     folded_into=folded_into, flag=flag, minimum=minimum)
     return field(default=default, metadata={"dimension": meta})

@@ -14,7 +14,20 @@ from __future__ import annotations
 
 from autotune.model import ModelSpec
 
-__all__ = ["forward_flops_per_token", "hardware_flops_per_token", "model_flops_per_token"]
+__all__ = ["forward_flops_per_token", "hardware_flops_per_token", "mlp_forward_flops_per_token",
+           "model_flops_per_token"]
+
+
+def mlp_forward_flops_per_token(model: ModelSpec) -> float:
+    """The MLP's (or the MoE layer's: top-k experts and the router) share of one layer's
+    forward matrix-multiply FLOPs, per token: what `mlp` or `moe` recompute runs again."""
+    h = model.hidden_size
+    mlp_mats = 3 if model.gated_linear_unit else 2
+    if model.is_moe:
+        assert model.num_experts is not None
+        return float(model.moe_topk * 2 * mlp_mats * h * model.expert_ffn_size
+                     + 2 * h * model.num_experts)  # router
+    return float(2 * mlp_mats * h * model.ffn_size)
 
 
 def _layer_forward_flops_per_token(model: ModelSpec) -> tuple[float, float]:
@@ -23,13 +36,7 @@ def _layer_forward_flops_per_token(model: ModelSpec) -> tuple[float, float]:
     kv = model.query_groups * model.head_dim
     qkv = 2 * h * (h + 2 * kv)
     proj = 2 * h * h
-    mlp_mats = 3 if model.gated_linear_unit else 2
-    if model.is_moe:
-        assert model.num_experts is not None
-        mlp = model.moe_topk * 2 * mlp_mats * h * model.expert_ffn_size
-        mlp += 2 * h * model.num_experts  # router
-    else:
-        mlp = 2 * mlp_mats * h * model.ffn_size
+    mlp = mlp_forward_flops_per_token(model)
     # QK^T and scores x V: 2 * s * h each per token (Narayanan et al. 2021, 4 B s^2 h per layer).
     core = 4 * model.seq_length * h
     return float(qkv + proj + mlp), float(core)

@@ -71,16 +71,19 @@ def _entry(dim: Dimension, base: Layout) -> LegendEntry | None:
     folded = [d for d in DIMENSIONS.values() if d.folded_into == dim.name]
     if folded:
         changed: dict[str, Any] = {d.name: _example(d) for d in folded}
-        last = values[-1]
-        example = dim.label(_with(base, {dim.name: last, **changed}), last)
-        if example and example not in texts:
+        # Every value whose label shows folded dimensions (rc=full(block/2), rc=selective(mlp)).
+        for value in values:
+            example = dim.label(_with(base, {dim.name: value, **changed}), value)
+            if not example or example in texts:
+                continue
             texts.append(example)
             pattern = re.escape(example)
-            for value in changed.values():
-                pattern = pattern.replace(re.escape(str(value)), r"[^/()]+", 1)
+            shown_in = [name for name, v in changed.items() if str(v) in example]
+            for name in shown_in:
+                pattern = pattern.replace(re.escape(str(changed[name])), r"[^/()]+", 1)
             patterns.append(pattern)
-            meaning += (f"; {example}: {'/'.join(changed)} when not "
-                        f"{'/'.join(str(d.default) for d in folded)}")
+            meaning += (f"; {example}: {'/'.join(shown_in)} when not "
+                        f"{'/'.join(str(DIMENSIONS[n].default) for n in shown_in)}")
     return LegendEntry("|".join(dict.fromkeys(texts)), meaning,
                        re.compile("|".join(f"(?:{p})" for p in patterns)))
 

@@ -14,13 +14,16 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from autotune.dimensions import Recompute
 from autotune.hardware import ClusterSpec
-from autotune.layout import Layout
+from autotune.layout import Layout, stage_layers
 from autotune.memory_activations import (
     full_recompute_chunk,
     inflight_microbatches,
     layer_activations,
     layer_bytes,
+    module_workspace,
+    offloaded_layers,
 )
 from autotune.model import ModelSpec, padded_vocab_size
 
@@ -79,6 +82,9 @@ class StageMemory:
     """Transient tensors of one layer: unfused attention scores, a recomputed block."""
     overhead_bytes: float
     """CUDA context, NCCL buffers and allocator fragmentation."""
+    saved_bytes: float = 0.0
+    """Activations that recompute or CPU offloading keep off the GPU: what this stage would
+    store without them, less what it stores and rebuilds (not part of the total)."""
 
     @property
     def allocated_bytes(self) -> float:
@@ -115,7 +121,8 @@ class MemoryEstimate:
         return {"weights": s.weights_bytes / GIB, "gradients": s.gradients_bytes / GIB,
                 "optimizer": s.optimizer_bytes / GIB, "activations": s.activations_bytes / GIB,
                 "logits": s.logits_bytes / GIB, "workspace": s.workspace_bytes / GIB,
-                "overhead": s.overhead_bytes / GIB, "total": s.total_bytes / GIB}
+                "overhead": s.overhead_bytes / GIB, "total": s.total_bytes / GIB,
+                "saved": s.saved_bytes / GIB}
 
     def explain(self) -> str | None:
         """Why the layout does not fit, calculon-style; None when it fits."""
@@ -169,7 +176,7 @@ def _param_counts(model: ModelSpec, tp: int, ep: int, pp: int) -> _Params:
 def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, float]:
     """(dense, expert) parameters on one rank of pipeline stage `stage`."""
     counts = _param_counts(model, layout.tp, layout.ep, layout.pp)
-    layers = model.num_layers // layout.pp
+    layers = stage_layers(layout, model)[stage]
     dense = layers * counts.layer_dense
     if stage == 0:
         dense += counts.first_extra
@@ -201,24 +208,32 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMe
     tokens = s.mbs * seq
     tsp = s.tp if s.sequence_parallel else 1
     full = layer_bytes(acts, tokens=tokens, seq=seq, tp=s.tp,
-                       sequence_parallel=s.sequence_parallel, selective=False)
+                       sequence_parallel=s.sequence_parallel)
     m = s.num_microbatches
-    chunk_layers = model.num_layers // (s.pp * s.vpp)
+    chunk_layers = stage_layers(s, model)[stage] // s.vpp
     workspace = tokens * seq * acts.transient_per_key
-    if s.recompute == "full":
+    if s.recompute == Recompute.FULL:
         # Only the layer input survives: 2 s b h, scattered over TP with SP (Section 4.3).
         layer_input = tokens * 2 * model.hidden_size / tsp
         stored, rebuild = full_recompute_chunk(chunk_layers, method=s.recompute_method,
                                                num_layers=s.recompute_num_layers, full=full,
                                                layer_input=layer_input)
         workspace += rebuild
+    elif s.recompute == Recompute.SELECTIVE:
+        modules = s.recompute_modules.modules
+        stored = chunk_layers * layer_bytes(acts, tokens=tokens, seq=seq, tp=s.tp,
+                                            sequence_parallel=s.sequence_parallel,
+                                            modules=modules)
+        workspace += tokens * module_workspace(acts, modules)
     else:
-        per_layer = full if s.recompute == "none" else layer_bytes(
-            acts, tokens=tokens, seq=seq, tp=s.tp, sequence_parallel=s.sequence_parallel,
-            selective=True)
-        stored = chunk_layers * per_layer
+        _, kept = offloaded_layers(chunk_layers, s.offload_layers)
+        stored = kept * full
     inflight = inflight_microbatches(pp=s.pp, vpp=s.vpp, stage=stage, num_microbatches=m)
     activations = inflight * s.vpp * stored
+    # What recompute or offloading saved: the stage's activations stored in full, less what it
+    # stores and the workspace it needs to rebuild them (reported, not counted).
+    saved = max(0.0, inflight * s.vpp * chunk_layers * full - activations
+                - (workspace - tokens * seq * acts.transient_per_key))
     h = model.hidden_size
     logits = 0.0
     if stage == 0:
@@ -238,7 +253,8 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMe
                 + mp.nccl_bytes_per_group * _nccl_groups(s, model))
     return StageMemory(stage=stage, weights_bytes=weights, gradients_bytes=grads,
                        optimizer_bytes=optimizer, activations_bytes=activations,
-                       logits_bytes=logits, workspace_bytes=workspace, overhead_bytes=overhead)
+                       logits_bytes=logits, workspace_bytes=workspace, overhead_bytes=overhead,
+                       saved_bytes=saved)
 
 
 def estimate_memory(model: ModelSpec, layout: Layout, cluster: ClusterSpec,

@@ -6,6 +6,8 @@ Models", Section 4. Per layer and micro-batch, in bytes (bf16 activations, 1-byt
     tensor parallel t       s b h (10 + 24/t + 5 a s / (h t))            (eq. 2)
     TP + sequence parallel  s b h (34/t + 5 a s / (h t))                 (eq. 3)
     selective recompute     drops the 5 a s / h term                     (eq. 4)
+      of other modules      megatron-core 0.16.1's recompute_modules: what each module's
+                            checkpoint frees, counted from the same tensors (MODULE_SAVINGS)
     full recompute          keeps the layer input, 2 s b h (/t with SP)  (Section 4.3)
 We count the same tensors one by one (Section 4.1) so that GQA, gated / non-4h MLPs, top-k MoE,
 context parallelism and flash attention are covered; for an MHA GPT with a 4h GeLU MLP and
@@ -29,6 +31,9 @@ __all__ = [
     "inflight_microbatches",
     "layer_activations",
     "layer_bytes",
+    "module_savings",
+    "offloaded_layers",
+    "recomputed_share",
 ]
 
 DEFAULT_DROPOUT = 0.1
@@ -60,6 +65,21 @@ class LayerActivations:
     """Bytes per token that selective recompute of core attention frees (besides per_key)."""
     dropout_mask: float
     """Bytes per hidden element of a hidden-dropout mask: 1, or 0 without dropout."""
+    norm_outputs: float = 0.0
+    """Replicated bytes per token of the two norms' outputs (the QKV and fc1 inputs, 2h each),
+    which `layernorm` recompute discards (transformer_layer.py: CheckpointWithoutOutput keeps
+    the norm's input, the residual, which is stored anyway)."""
+    mlp_internal: float = 0.0
+    """Split bytes per token inside a dense MLP (activation input and fc2 input), which `mlp`
+    recompute frees: its checkpoint keeps only the MLP input (the fc1 input, counted above)."""
+    moe_act_output: float = 0.0
+    """Split bytes per token of the experts' activation output (the expert fc2 input), which
+    `moe_act`'s output-discarding checkpoint frees (experts.py)."""
+    moe_replicated: float = 0.0
+    """Replicated bytes per token inside an MoE layer (permuted tokens, router state) that `moe`
+    recompute frees along with the experts' internals (moe_layer.py checkpoints the layer)."""
+    moe_split: float = 0.0
+    """Split bytes per token of the experts' internals (fc1 output, activation output)."""
 
 
 def _dropout(model: ModelSpec, name: str) -> float:
@@ -87,18 +107,23 @@ def layer_activations(model: ModelSpec, tp: int, impl: str) -> LayerActivations:
     split = 2 * h / t + 2 * kv_rank + 2 * kv_rank + 2 * h / t
     # MLP block: LayerNorm input 2h, fc1 input 2h, dropout mask h (replicated)...
     replicated += 2 * h + 2 * h + hidden_mask * h
+    mlp_internal = moe_act = moe_replicated = moe_split = 0.0
     if model.is_moe:
         assert model.num_experts is not None
         k, fe = model.moe_topk, model.expert_ffn_size
         # Each token is permuted to k experts: the expert fc1 input (k x 2h) and the expert output
         # kept for the probability-weighted unpermute (k x 2h); router logits and probs in fp32.
-        replicated += k * 4 * h + 2 * 4 * model.num_experts
-        split += k * (2 * gates * fe / t + 2 * fe / t)
+        moe_replicated = k * 4 * h + 2 * 4 * model.num_experts
+        moe_split = k * (2 * gates * fe / t + 2 * fe / t)
+        moe_act = k * 2 * fe / t
+        replicated += moe_replicated
+        split += moe_split
     else:
         # ...activation input (fc1 output, 2f, or 2 x 2f gated for SwiGLU) and fc2 input (2f):
         # 8h + 8h = the paper's 16h of the GeLU for f = 4h.
         f = model.ffn_size
-        split += 2 * gates * f / t + 2 * f / t
+        mlp_internal = 2 * gates * f / t + 2 * f / t
+        split += mlp_internal
 
     if impl == "local":
         # Unfused core attention: softmax output (fp32 without the fused kernel), dropout mask
@@ -116,17 +141,69 @@ def layer_activations(model: ModelSpec, tp: int, impl: str) -> LayerActivations:
         recomputable = 4 * a_rank
     return LayerActivations(replicated=replicated, split=split + recomputable, per_key=per_key,
                             transient_per_key=transient, attn_recomputable=recomputable,
-                            dropout_mask=hidden_mask)
+                            dropout_mask=hidden_mask, norm_outputs=2 * h + 2 * h,
+                            mlp_internal=mlp_internal, moe_act_output=moe_act,
+                            moe_replicated=moe_replicated, moe_split=moe_split)
+
+
+def module_savings(acts: LayerActivations, modules: tuple[str, ...], *, seq: float, tp: int,
+                   sequence_parallel: bool) -> float:
+    """Bytes per token of one layer that selective recompute of `modules` does not store.
+
+    core_attn: Korthikanti et al. 2022 eq. 4 (the 5 a s / h term; with flash attention only the
+    log-sum-exp, which is why megatron-core warns that fused attention needs no core_attn
+    recompute). The others free what their checkpoint's region saves beyond its input
+    (LayerActivations fields). `moe` frees the experts' internals, moe_act's output among them.
+    """
+    sp = tp if sequence_parallel else 1
+    saved = 0.0
+    if "core_attn" in modules:
+        saved += seq * acts.per_key + acts.attn_recomputable
+    if "layernorm" in modules:
+        saved += acts.norm_outputs / sp
+    if "mlp" in modules:
+        saved += acts.mlp_internal
+    if "moe" in modules:
+        saved += acts.moe_replicated / sp + acts.moe_split
+    elif "moe_act" in modules:
+        saved += acts.moe_act_output
+    return saved
+
+
+def module_workspace(acts: LayerActivations, modules: tuple[str, ...]) -> float:
+    """Bytes per token rebuilt at once in backward: the largest recomputed region of one
+    layer (checkpoints rerun one region, then free it)."""
+    regions = [0.0]
+    if "mlp" in modules:
+        regions.append(acts.mlp_internal)
+    if "moe" in modules:
+        regions.append(acts.moe_replicated + acts.moe_split)
+    return max(regions)
 
 
 def layer_bytes(acts: LayerActivations, *, tokens: float, seq: float, tp: int,
-                sequence_parallel: bool, selective: bool) -> float:
-    """Stored bytes of one layer for `tokens` local tokens of local sequence length `seq`."""
+                sequence_parallel: bool, modules: tuple[str, ...] = ()) -> float:
+    """Stored bytes of one layer for `tokens` local tokens of local sequence length `seq`,
+    with selective recompute of `modules` (none: every activation stored)."""
     replicated = acts.replicated / tp if sequence_parallel else acts.replicated
-    if selective:
-        # Korthikanti et al. 2022 eq. 4: selective recompute drops the core-attention term.
-        return tokens * (replicated + acts.split - acts.attn_recomputable)
-    return tokens * (replicated + acts.split + seq * acts.per_key)
+    stored = replicated + acts.split + seq * acts.per_key
+    if modules:
+        stored -= module_savings(acts, modules, seq=seq, tp=tp,
+                                 sequence_parallel=sequence_parallel)
+    return tokens * stored
+
+
+def offloaded_layers(layers: int, offload_layers: int) -> tuple[int, int]:
+    """(offloaded, kept on the GPU) layers of a chunk with TE's layer-level CPU offload.
+
+    Transformer Engine's double-buffered offload (transformer_engine/pytorch/cpu_offload.py,
+    AsyncDoubleBufferGroupOffloadHandler, which megatron-core's get_cpu_offload_context wraps)
+    copies a layer's saved tensors to pinned host memory while the next layer runs and frees
+    them once the copy is done, and in backward reloads a layer while the one after it runs:
+    one offloaded layer's tensors are on the GPU at a time besides the layers it keeps.
+    """
+    offloaded = min(offload_layers, layers)
+    return offloaded, layers - offloaded + (1 if offloaded else 0)
 
 
 def inflight_microbatches(*, pp: int, vpp: int, stage: int, num_microbatches: int) -> float:

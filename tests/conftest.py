@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from autotune.dimensions import RecomputeModules
 from autotune.hardware import ClusterSpec, gpu_spec
 from autotune.layout import SEARCHED
 from autotune.space import SearchSpace
@@ -67,8 +68,13 @@ def all_dimensions_space() -> SearchSpace:
     for name, dim in SEARCHED.items():
         if dim.kind is bool:
             candidates[name] = (False, True)
+        elif dim.kind is RecomputeModules:
+            # 15 sets: the default and one other, so the space stays small (the MoE modules'
+            # terms have tests of their own in test_memory_options.py).
+            candidates[name] = (RecomputeModules.CORE_ATTN, RecomputeModules.LAYERNORM__MLP)
         elif issubclass(dim.kind, enum.Enum):
             candidates[name] = tuple(dim.kind)
         else:
-            candidates[name] = (1, 2)
+            # Sizes from 1; a count whose 0 means off (an even split, no offload) from 0.
+            candidates[name] = (dim.default, dim.default + 1)
     return SearchSpace(candidates=candidates, source="all dimensions")

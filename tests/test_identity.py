@@ -28,6 +28,8 @@ IGNORED: dict[str, tuple[Callable[[Layout], bool], str]] = {
                          "Megatron reads it only with full recompute"),
     "recompute_num_layers": (lambda s: s.recompute != Recompute.FULL,
                              "Megatron reads it only with full recompute"),
+    "recompute_modules": (lambda s: s.recompute != Recompute.SELECTIVE,
+                          "Megatron reads it only with selective recompute"),
     **{name: (lambda s: s.dp * s.cp == 1, "nothing to shard or overlap with one DP rank")
        for name in DATA_PARALLEL_OPTIONS},
 }

@@ -68,6 +68,12 @@ def _transformer_config(model: ModelSpec, s: Layout) -> TransformerConfig:
     if s.recompute == "full":
         recompute.update(recompute_method=s.recompute_method,
                          recompute_num_layers=s.recompute_num_layers)
+    if s.recompute == "selective":
+        recompute["recompute_modules"] = list(s.recompute_modules.modules)
+    split = {"num_layers_in_first_pipeline_stage": s.first_stage_layers or None,
+             "num_layers_in_last_pipeline_stage": s.last_stage_layers or None}
+    offload = {"cpu_offloading": s.offload_layers > 0,
+               "cpu_offloading_num_layers": s.offload_layers}
     moe: dict[str, Any] = {}
     if model.num_experts:
         moe = {"num_moe_experts": model.num_experts, "moe_router_topk": model.moe_topk}
@@ -80,7 +86,8 @@ def _transformer_config(model: ModelSpec, s: Layout) -> TransformerConfig:
         virtual_pipeline_model_parallel_size=s.vpp if s.vpp > 1 else None,
         context_parallel_size=s.cp, expert_model_parallel_size=s.ep,
         sequence_parallel=s.sequence_parallel, bf16=True, params_dtype=torch.bfloat16,
-        pipeline_dtype=torch.bfloat16, **recompute, **moe)
+        pipeline_dtype=torch.bfloat16, moe_grouped_gemm=bool(moe) and s.impl == "te",
+        **recompute, **moe, **split, **offload)
 
 
 def megatron_verdict(model: ModelSpec, s: Layout, gpus: int) -> str | None:
@@ -138,6 +145,26 @@ TABLE = [
     ("gpt2-xl", 8, dict(recompute="full", recompute_num_layers=1), True),
     ("gpt2-xl", 8, dict(pp=2, recompute="full", recompute_method="block",
                         recompute_num_layers=30), True),
+    # Uneven pipeline splits (TransformerConfig.__post_init__, "Uneven PP").
+    ("gpt-3.6b", 2, dict(pp=2, first_stage_layers=14), True),
+    ("gpt-3.6b", 2, dict(pp=2, first_stage_layers=14, last_stage_layers=16), True),
+    ("gpt-3.6b", 2, dict(pp=2, first_stage_layers=14, last_stage_layers=14), False),
+    ("gpt-3.6b", 4, dict(pp=4, first_stage_layers=6, last_stage_layers=6), True),  # 30 layers
+    ("gpt-3.6b", 4, dict(pp=4, first_stage_layers=7), False),   # 23 over 3 stages
+    ("gpt2-xl", 4, dict(pp=4, vpp=2, first_stage_layers=10, last_stage_layers=10), True),
+    ("gpt2-xl", 4, dict(pp=4, vpp=2, first_stage_layers=9, last_stage_layers=13), False),
+    ("gpt2-xl", 4, dict(pp=4, vpp=2, first_stage_layers=10), False),  # 38 over 3 stages
+    # Selective recompute's modules.
+    ("gpt2-xl", 1, dict(recompute="selective", recompute_modules="core_attn+layernorm+mlp"),
+     True),
+    ("tiny-moe", 8, dict(ep=4, recompute="selective", recompute_modules="moe_act"), False),
+    ("tiny-moe", 8, dict(ep=4, recompute="selective", recompute_modules="moe_act",
+                         impl="te"), True),
+    # Layer-level CPU offloading (TransformerConfig.__post_init__).
+    ("gpt2-xl", 1, dict(offload_layers=8, impl="te"), True),
+    ("gpt2-xl", 2, dict(pp=2, offload_layers=8, impl="te"), False),
+    ("gpt2-xl", 1, dict(offload_layers=8, impl="te", recompute="selective"), False),
+    ("gpt2-xl", 1, dict(offload_layers=48, impl="te"), False),
 ]
 
 
@@ -175,6 +202,11 @@ def _random_layouts(count: int, seed: int) -> list[tuple[str, int, Layout]]:
             recompute_num_layers=rng.choice([1, 2, 4, 40]),
             impl=rng.choice(["local", "sdpa", "te"]),
             gbs=rng.choice([model.global_batch_size, 48, 96]),
+            first_stage_layers=rng.choice([0, 0, 1, 2, 3, 5, 8]),
+            last_stage_layers=rng.choice([0, 0, 1, 2, 4, 7]),
+            recompute_modules=rng.choice(["core_attn", "mlp", "layernorm+mlp", "moe_act",
+                                          "core_attn+moe"]),
+            offload_layers=rng.choice([0, 0, 0, 1, 4, 40]),
         )
         out.append((name, gpus, _layout(model, gpus, **fields)))
     return out

@@ -38,7 +38,7 @@ def _layer(model: ModelSpec, tp: int, impl: str, sp: bool = False,
            selective: bool = False) -> float:
     acts = layer_activations(model, tp, impl)
     return layer_bytes(acts, tokens=2 * model.seq_length, seq=model.seq_length, tp=tp,
-                       sequence_parallel=sp, selective=selective)
+                       sequence_parallel=sp, modules=("core_attn",) if selective else ())
 
 
 @pytest.fixture
