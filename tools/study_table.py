@@ -32,8 +32,10 @@ def rows(db: Path, timed_steps: int) -> list[str]:
             tok, ptok = m.get("tokens_per_s"), r.get("predicted_tokens_per_s")
             step = m.get("step_time_s")
             wall = m.get("wall_time_s")
-            # Launch overhead as the benchmark reports define it: wall time minus timed steps.
-            overhead = wall - step * timed_steps if wall is not None and step else None
+            # Launch overhead as the benchmark reports define it: wall time minus timed steps
+            # (their sum where the worker reports it: adaptive timing runs fewer).
+            timed = m.get("timed_s") or (step * timed_steps if step else None)
+            overhead = wall - timed if wall is not None and timed else None
 
             def f(v: float | None, fmt: str) -> str:
                 return "-" if v is None else format(v, fmt)
