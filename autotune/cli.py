@@ -173,8 +173,9 @@ def search(
         "--steps", help="The most timed training steps per trial (fewer once the step time "
                         "is stable, --stable-cv).")] = 10,
     stable_cv: Annotated[float, typer.Option(
-        "--stable-cv", help="Timing ends once the last step times' coefficient of variation "
-                            "is at most this (0: always --steps).")] = DEFAULT_STABLE_CV,
+        "--stable-cv", help="Timing ends once the mean step time is known to within this "
+                            "fraction (relative standard error; 0: always --steps).")
+    ] = DEFAULT_STABLE_CV,
     stop_rule: Annotated[str, typer.Option(
         "--stop-rule", help="model: skip layouts the refitted cost model, widened by its "
                             "measured error, puts below the best measured, stop once no "

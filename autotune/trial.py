@@ -21,7 +21,7 @@ __all__ = ["DEFAULT_STABLE_CV", "RankResult", "StopReason", "TrialMetrics", "Tri
 
 DEFAULT_STABLE_CV = 0.01
 """A search's TrialSpec.stable_cv unless told otherwise (SearchConfig.stable_cv, --stable-cv):
-timing ends once the last step times vary by 1% or less (issue 15)."""
+timing ends once the mean step time is known to within 1% (issue 15)."""
 
 
 class TrialStatus(enum.StrEnum):

@@ -90,6 +90,7 @@ def test_planning_and_real_runs_are_two_stores(tmp_path: Path, layouts: LayoutMa
 @pytest.mark.parametrize(("status", "state"), [
     (TrialStatus.OK, TrialState.COMPLETE), (TrialStatus.OOM, TrialState.PRUNED),
     (TrialStatus.PREDICTED_OOM, TrialState.PRUNED), (TrialStatus.INVALID, TrialState.PRUNED),
+    (TrialStatus.PREDICTED_SLOW, TrialState.PRUNED),
     (TrialStatus.CRASH, TrialState.FAIL), (TrialStatus.TIMEOUT, TrialState.FAIL),
     (TrialStatus.NCCL_ERROR, TrialState.FAIL), (TrialStatus.DUPLICATE, TrialState.FAIL),
     (TrialStatus.INTERRUPTED, TrialState.FAIL)])

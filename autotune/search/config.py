@@ -83,8 +83,8 @@ class SearchConfig:
     """The most timed steps per trial (fewer once the step time is stable, `stable_cv`)."""
     warmup_steps: int = 3
     stable_cv: float = DEFAULT_STABLE_CV
-    """A trial stops timing once the coefficient of variation of its last step times is at
-    most this (TrialSpec.stable_cv; 0: always `train_steps`)."""
+    """A trial stops timing once the mean of its last step times is known to within this
+    fraction (TrialSpec.stable_cv; 0: always `train_steps`)."""
     stop_rule: StopRule = StopRule.MODEL
     """See StopRule; real runs only (a plan's figures are the model's own), and not with the
     grid sampler, whose point is to measure every layout. A plain name is accepted."""

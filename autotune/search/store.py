@@ -152,8 +152,9 @@ class StudyStore(ABC):
 
     def tell(self, trial: optuna.Trial, record: TrialRecord) -> None:
         """Write the trial's record and finish it: COMPLETE with (tokens/s, peak GiB) when it
-        ran, FAIL when it says nothing about the layout's fit, else PRUNED (infeasible: TPE
-        learns from pruned trials) with a positive memory constraint. A Ctrl-C waits until
+        ran (pruned slow too), FAIL when it says nothing about the layout's fit, else PRUNED
+        (infeasible: TPE learns from pruned trials, and proposes elsewhere) with a positive
+        memory constraint. A Ctrl-C waits until
         both are written."""
         with deferred_interrupts():
             self._tell(trial, record)
@@ -167,7 +168,7 @@ class StudyStore(ABC):
             self.study.tell(trial, [record.tokens_per_s, peak / _GIB])
         elif record.status in _FAILED:
             self.study.tell(trial, state=TrialState.FAIL)
-        else:  # INVALID, PREDICTED_OOM, OOM
+        else:  # INVALID, PREDICTED_OOM, PREDICTED_SLOW, OOM
             predicted = record.predicted_peak_bytes or capacity
             trial.set_constraint("memory_gib", max((predicted - capacity) / _GIB, 0.1))
             self.study.tell(trial, state=TrialState.PRUNED)

@@ -39,7 +39,7 @@ class TimeSplit:
     failed_s: float = 0.0
     """Wall time of trials that ended without a measurement (OOM, timeout, crash)."""
     unsplit_s: float = 0.0
-    """Wall time of measured trials whose records have no phases (earlier versions)."""
+    """Wall time of measured trials without phase figures (earlier versions, Megatron-LM)."""
     pruned_trials: int = 0
     pruned_s: float = 0.0
     """Wall time of the trials pruned slow (part of the phases above)."""
@@ -58,8 +58,7 @@ class TimeSplit:
             phases = [share("launch+build", self.launch_s), share("warm-up", self.warmup_s),
                       share("timed", self.timed_s)]
             phases += [share("failed trials", self.failed_s)] if self.failed_s else []
-            phases += [share("not split (older records)", self.unsplit_s)] \
-                if self.unsplit_s else []
+            phases += [share("not split", self.unsplit_s)] if self.unsplit_s else []
             parts.append(f"trials' wall time {self.wall_s:,.0f} s over {self.trials} launched: "
                          + ", ".join(phases))
             if self.pruned_trials:
