@@ -4,17 +4,23 @@ Zheng et al. 2022, "Alpa: Automating Inter- and Intra-Operator Parallelism for D
 Learning", Section 8.1 describes how the authors tuned Megatron-LM by hand: (1) the largest
 micro-batch that does not run out of memory; (2) the largest data-parallel degree at that
 micro-batch; (3) tensor parallelism only inside a node; (4) then adjust DP and PP for the best
-throughput. Here the memory model replaces their trial-and-error for (1); (3) is a validity
-rule (autotune.layout.RULES: tp_node); seeds are ordered by (2) and then walk (4).
+throughput. Here the memory model replaces their trial-and-error for (1), and (1) may spend the
+memory options (recompute, offload, an uneven split) on a larger micro-batch where the cost
+model predicts it pays; (3) is a validity rule (autotune.layout.RULES: tp_node); seeds are
+ordered by (2), those the gate calls risky last, and then walk (4).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
-from autotune.layout import Layout
+from autotune.cost import CostParams, estimate_cost
+from autotune.hardware import ClusterSpec
+from autotune.layout import LAYOUT_DEFAULTS, Layout
+from autotune.model import ModelSpec
 
-__all__ = ["alpa_seeds", "next_smaller_mbs"]
+__all__ = ["MEMORY_OPTIONS", "alpa_seeds", "next_smaller_mbs", "predicted_speed"]
 
 
 def _mismatches(s: Layout, impl: str) -> int:
@@ -31,31 +37,83 @@ def _mismatches(s: Layout, impl: str) -> int:
     return sum(getattr(s, name) != value for name, value in ideal.items())
 
 
-def alpa_seeds(valid: Sequence[Layout], fits: Callable[[Layout], bool], impl: str,
-               limit: int = 6) -> list[Layout]:
-    """Up to `limit` layouts: per (tp, pp, dp, ep) the largest micro-batch that fits, largest
-    DP first.
+MEMORY_OPTIONS = ("recompute", "recompute_method", "recompute_num_layers", "recompute_modules",
+                  "offload_layers", "first_stage_layers", "last_stage_layers")
+"""The dimensions that trade time for memory: what a seed may spend to make a micro-batch fit."""
 
-    Within each (tp, pp, dp, ep) the options closest to Megatron practice that the space offers are
-    used (`_mismatches`); when nothing fits at any micro-batch without recompute (a model too
-    large for its GPUs), recompute is allowed, selective before full, as a user would do next.
+
+def predicted_speed(model: ModelSpec, cluster: ClusterSpec,
+                    params: CostParams | None = None) -> Callable[[Layout], float]:
+    """The cost model's tokens/s of a layout (remembered): how the seeds price a saving."""
+    @functools.cache
+    def speed(s: Layout) -> float:
+        return estimate_cost(model, s, cluster, params).tokens_per_s
+    return speed
+
+
+def _group(s: Layout) -> tuple[int, ...]:
+    return (s.tp, s.pp, s.dp, s.cp, s.ep)
+
+
+def _saves_memory(s: Layout) -> bool:
+    return any(getattr(s, name) != LAYOUT_DEFAULTS[name] for name in MEMORY_OPTIONS)
+
+
+def alpa_seeds(valid: Sequence[Layout], fits: Callable[[Layout], bool], impl: str,
+               limit: int = 6, *, speed: Callable[[Layout], float] | None = None,
+               risky: Callable[[Layout], bool] | None = None) -> list[Layout]:
+    """Up to `limit` layouts: per (tp, pp, dp, cp, ep) the largest useful micro-batch that fits,
+    largest DP first, layouts predicted to fit only within the memory model's error band last.
+
+    Within each group the options closest to Megatron practice that the space offers are used
+    (`_mismatches`). Alpa's step (1) is carried through memory: the largest micro-batch that
+    fits without a memory saving, and each larger one made to fit by the cheapest saving the
+    space offers (a partial or selective recompute, an offload, an uneven split: the fitting
+    layout of that micro-batch that `speed`, the predicted tokens/s, ranks first); the group's
+    seed is the fastest of these, so the largest-DP group gets a seed even when nothing fits
+    it without recompute. Without `speed` a saving is spent only where nothing fits without
+    one (recompute none, then selective, then full), as Alpa's authors would do next.
     """
-    for recompute in ("none", "selective", "full"):
-        groups: dict[tuple[int, ...], list[Layout]] = {}
-        for s in valid:
-            if s.recompute == recompute and fits(s):
-                groups.setdefault((s.tp, s.pp, s.dp, s.ep), []).append(s)
-        best: list[Layout] = []
-        for members in groups.values():
-            closest = min(_mismatches(s, impl) for s in members)
-            options = [s for s in members if _mismatches(s, impl) == closest]
-            # The largest micro-batch; among equals, the first in the space's order.
-            best.append(max(options, key=lambda s: s.mbs))
-        if best:
-            # Largest DP first; among equal DP, less TP (cheaper communication), then less PP.
-            ordered = sorted(best, key=lambda s: (-s.dp, s.tp, s.pp, s.ep, -s.mbs))
-            return ordered[:limit]
-    return []
+    closest: dict[tuple[int, ...], int] = {}
+    for s in valid:
+        key = _group(s)
+        closest[key] = min(closest.get(key, 99), _mismatches(s, impl))
+    members: dict[tuple[int, ...], list[Layout]] = {}
+    for s in valid:
+        if _mismatches(s, impl) == closest[_group(s)] and fits(s):
+            members.setdefault(_group(s), []).append(s)
+    best = [seed for group in members.values()
+            if (seed := _group_seed(group, speed)) is not None]
+    # Largest DP first; among equal DP, less TP (cheaper communication), then less PP.
+    ordered = sorted(best, key=lambda s: (-s.dp, s.tp, s.pp, s.cp, s.ep, -s.mbs))
+    if risky is not None:
+        # A layout predicted to fit only by a hair never goes first (stable: DP order kept).
+        ordered = sorted(ordered, key=risky)
+    return ordered[:limit]
+
+
+def _group_seed(members: Sequence[Layout], speed: Callable[[Layout], float] | None) \
+        -> Layout | None:
+    plain = [s for s in members if not _saves_memory(s)]
+    base = max(plain, key=lambda s: s.mbs) if plain else None  # first in the space's order
+    if speed is None:
+        if base is not None:
+            return base
+        for recompute in ("selective", "full"):
+            saved = [s for s in members if s.recompute == recompute]
+            if saved:
+                return max(saved, key=lambda s: s.mbs)
+        return max(members, key=lambda s: s.mbs) if members else None
+    larger = [s for s in members if base is None or s.mbs > base.mbs]
+    cheapest: dict[int, Layout] = {}
+    for s in larger:  # per micro-batch, the saving predicted to cost least
+        if s.mbs not in cheapest or speed(s) > speed(cheapest[s.mbs]):
+            cheapest[s.mbs] = s
+    options = ([base] if base is not None else []) + list(cheapest.values())
+    if not options:
+        return None
+    # The fastest; among equals the larger micro-batch, then no saving (stable order).
+    return max(options, key=lambda s: (speed(s), s.mbs))
 
 
 def next_smaller_mbs(candidates: Sequence[int], failed_mbs: int, known_good: int | None) -> \

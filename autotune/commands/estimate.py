@@ -50,7 +50,7 @@ _TIME_TERMS: tuple[tuple[str, str], ...] = (
     ("compute", "compute_s"), ("tp", "tp_comm_s"), ("cp", "cp_comm_s"), ("ep", "ep_comm_s"),
     ("pp", "pp_comm_s"), ("dp", "dp_comm_s"), ("bubble", "bubble_s"),
     ("optimizer", "optimizer_s"), ("step overhead", "overhead_s"),
-    ("kernel launch", "launch_s"))
+    ("kernel launch", "launch_s"), ("cpu offload", "offload_s"))
 """(printed label, CostEstimate field): the terms that add up to the step time."""
 _CONTEXT_TYPES: dict[str, type] = {"model": str, "gpus": int, "gpu": str, "seq_length": int,
                                    "gpus_per_node": int}
@@ -172,13 +172,18 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
           f"({cluster.gpus_per_node} per node): {layout.describe()}, "
           f"gbs {layout.gbs}, {layout.num_microbatches} micro-batches (predicted)")
     print(f"memory per GPU by pipeline stage (GiB; capacity {memory.capacity_bytes / _GIB:.1f}):")
-    names = [n for n in memory.breakdown_gib() if n != "total"]
-    print("  stage " + " ".join(f"{n[:11]:>11}" for n in names) + f" {'total':>8}")
+    # "saved" is what recompute or CPU offloading keeps off the GPU: shown after the total,
+    # which it is not part of.
+    names = [n for n in memory.breakdown_gib() if n not in ("total", "saved")]
+    saves = any(st.saved_bytes for st in memory.stages)
+    print("  stage " + " ".join(f"{n[:11]:>11}" for n in names) + f" {'total':>8}"
+          + (f" {'saved by recompute/offload':>27}" if saves else ""))
     for st in memory.stages:
         terms = [getattr(st, f"{n}_bytes", 0.0) / _GIB for n in names]
         mark = "  <- peak" if st.stage == memory.peak_stage else ""
+        saved = f" {st.saved_bytes / _GIB:>27.2f}" if saves else ""
         print(f"  {st.stage:>5} " + " ".join(f"{t:>11.2f}" for t in terms) +
-              f" {st.total_bytes / _GIB:>8.2f}{mark}")
+              f" {st.total_bytes / _GIB:>8.2f}{saved}{mark}")
     verdict = "fits" if memory.fits else f"does NOT fit: {memory.explain()}"
     print(f"peak {memory.peak_bytes / _GIB:.2f} GiB on stage {memory.peak_stage}: {verdict}")
     print(f"step {cost.step_time_s * 1e3:.1f} ms: "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from autotune.heuristics import alpa_seeds
+from autotune.heuristics import alpa_seeds, predicted_speed
 from autotune.layout import Layout
 from autotune.protocol import te_available
 from autotune.search.config import RANKED_DEFAULT, Sampler
@@ -59,7 +59,10 @@ class Scheduler:
             return
         # On resume the seeds already tried are skipped when asked (run_one), the rest still run.
         impl = "te" if te_available() else "sdpa"
-        for s in alpa_seeds(p.layouts.valid, p.knowledge.fits, impl):
+        for s in alpa_seeds(p.layouts.valid, p.knowledge.fits, impl,
+                            speed=predicted_speed(p.cfg.model, p.cfg.cluster,
+                                                  p.knowledge.cost_params),
+                            risky=lambda s: p.knowledge.gate.decide(s).risky):
             p.queue.push(s, Source.ALPA)
 
     def stop_reason(self, start: float) -> str | None:
