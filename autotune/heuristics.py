@@ -72,7 +72,9 @@ def alpa_seeds(valid: Sequence[Layout], fits: Callable[[Layout], bool], impl: st
     layout of that micro-batch that `speed`, the predicted tokens/s, ranks first); the group's
     seed is the fastest of these, so the largest-DP group gets a seed even when nothing fits
     it without recompute. Without `speed` a saving is spent only where nothing fits without
-    one (recompute none, then selective, then full), as Alpa's authors would do next.
+    one (recompute none, then selective, then full), as Alpa's authors would do next. With
+    `risky` (the gate's error band), each group's seed is chosen among the layouts predicted
+    to fit with a margin, and a faster risky one follows every safe seed.
     """
     closest: dict[tuple[int, ...], int] = {}
     for s in valid:
@@ -82,13 +84,22 @@ def alpa_seeds(valid: Sequence[Layout], fits: Callable[[Layout], bool], impl: st
     for s in valid:
         if _mismatches(s, impl) == closest[_group(s)] and fits(s):
             members.setdefault(_group(s), []).append(s)
-    best = [seed for group in members.values()
-            if (seed := _group_seed(group, speed)) is not None]
+    best: list[Layout] = []
+    for group in members.values():
+        if risky is None:
+            seed = _group_seed(group, speed)
+            best += [seed] if seed is not None else []
+            continue
+        # A layout predicted to fit only by a hair never goes first: each group's seed among
+        # the layouts predicted to fit with a margin, and its seed among all of them too when
+        # that one is risky (it runs after every safe seed).
+        safe = _group_seed([s for s in group if not risky(s)], speed)
+        bold = _group_seed(group, speed)
+        best += [s for s in dict.fromkeys((safe, bold)) if s is not None]
     # Largest DP first; among equal DP, less TP (cheaper communication), then less PP.
     ordered = sorted(best, key=lambda s: (-s.dp, s.tp, s.pp, s.cp, s.ep, -s.mbs))
     if risky is not None:
-        # A layout predicted to fit only by a hair never goes first (stable: DP order kept).
-        ordered = sorted(ordered, key=risky)
+        ordered = sorted(ordered, key=risky)  # stable: the DP order within safe and risky
     return ordered[:limit]
 
 

@@ -286,14 +286,16 @@ def test_the_seeds_spend_a_memory_saving_where_it_buys_a_faster_layout() -> None
                          risky=lambda s: gate.decide(s).risky)
     assert carried and all(fits(s) for s in carried)
     speed = predicted_speed(model, c)
-    # Per (tp, pp, dp) group the carried seed is at least as fast as Alpa's plain one.
-    by_group = {(s.tp, s.pp, s.dp): s for s in plain}
-    for s in carried:
+    safe = [s for s in carried if not gate.decide(s).risky]
+    # Per (tp, pp, dp) group the safe seed is the fastest layout predicted to fit with a
+    # margin, a memory saving or not: at least as fast as Alpa's plain seed when that is safe.
+    by_group = {(s.tp, s.pp, s.dp): s for s in plain if not gate.decide(s).risky}
+    for s in safe:
         if (s.tp, s.pp, s.dp) in by_group:
             assert speed(s) >= speed(by_group[(s.tp, s.pp, s.dp)])
-    # Risky seeds never come before safe ones.
+    # Risky seeds never come before safe ones, and a safe one exists here.
     flags = [gate.decide(s).risky for s in carried]
-    assert flags == sorted(flags)
+    assert flags == sorted(flags) and not flags[0]
 
 
 def test_the_max_dp_group_gets_a_seed_made_to_fit() -> None:
