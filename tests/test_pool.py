@@ -181,3 +181,14 @@ def test_under_the_real_torchrun(tmp_path: Path) -> None:
         assert [metrics_from_run(o).status for o in outputs] == [TrialStatus.OK] * 2
         assert _pids(outputs[0].trial_dir) == _pids(outputs[1].trial_dir)
         assert pool.starts == 1
+
+
+def test_a_trials_groups_are_destroyed_in_the_order_they_were_made() -> None:
+    from autotune.worker.serve import trial_groups
+
+    class Group:  # hashed by identity, as process groups are: a set would scramble them
+        pass
+
+    world, *made = [Group() for _ in range(6)]
+    assert trial_groups([world], [world, *made]) == made
+    assert trial_groups([world, *made], [world, *made]) == []

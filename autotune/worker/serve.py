@@ -42,7 +42,7 @@ from autotune.protocol import (
 )
 from autotune.trial import TrialSpec, TrialStatus
 
-__all__ = ["serve"]
+__all__ = ["serve", "trial_groups"]
 
 _PARENT_CHECK_S = 1.0
 
@@ -134,14 +134,24 @@ def _classified(exc: BaseException) -> TrialStatus:
     return classify(exc)
 
 
-def _process_groups() -> set[Any]:
-    """Every process group of this process (the default one included)."""
+def _process_groups() -> list[Any]:
+    """Every process group of this process (the default one included), in the order they were
+    made: the same on every rank, since making a group is collective."""
     import torch.distributed.distributed_c10d as c10d
 
-    return set(c10d._world.pg_map)
+    return list(c10d._world.pg_map)
 
 
-def _release(before: set[Any]) -> int:
+def trial_groups(before: list[Any], now: list[Any]) -> list[Any]:
+    """The groups a trial made, in the order it made them. They are destroyed in that order on
+    every rank: destroying an NCCL group finalizes its communicator with the group's other
+    ranks, so ranks that went through them in different orders (a set's) wait for each other
+    forever. Seen on 2 x H200: the second trial of a pool hung in destroy_process_group."""
+    known = {id(g) for g in before}
+    return [g for g in now if id(g) not in known]
+
+
+def _release(before: list[Any]) -> int:
     """Free what the trial made (the module's list); the bytes still allocated after."""
     import gc
 
@@ -150,7 +160,7 @@ def _release(before: set[Any]) -> int:
     from megatron.core import parallel_state
 
     parallel_state.destroy_model_parallel()
-    for group in _process_groups() - before:
+    for group in trial_groups(before, _process_groups()):
         with contextlib.suppress(Exception):  # already gone, or aborted: nothing left to free
             dist.destroy_process_group(group)
     gc.collect()
