@@ -12,7 +12,8 @@ returns, with the trial's own slice of the pool's log copied to the trial's log.
 autotune.metrics reads it unchanged. What leaves the pool in doubt stops it, and the next trial
 starts it again (cold): a rank that failed (it exits, and torchrun stops the rest), a trial that
 timed out (the pool is stopped as a timed-out cold trial is, its ranks' stacks kept), Ctrl-C,
-or ranks that say they cannot serve on (memory they could not free).
+ranks that say they cannot serve on (memory they could not free), or ranks that do not release a
+trial within RELEASE_S of writing its result (the result stands: it is whole).
 
 This module and autotune.runner are the only ones that start processes.
 """
@@ -40,6 +41,7 @@ from autotune.protocol import (
     POOL_PARENT_ENV,
     POOL_POLL_S,
     POOL_STOP_NAME,
+    RESULT_NAME,
     SPEC_NAME,
     STACKS_NAME,
     WORKER,
@@ -60,10 +62,14 @@ from autotune.runner import (
 )
 from autotune.trial import TrialSpec, TrialStatus
 
-__all__ = ["WarmPool"]
+__all__ = ["RELEASE_S", "WarmPool"]
 
 _REFRESH_S = 0.25
 """How often the pool's process tree is re-read while a trial runs (for a clean shutdown)."""
+RELEASE_S = 30.0
+"""How long the ranks get to release a trial once its result is written (a few seconds in
+practice: a gather, freeing, destroying the trial's groups); past it the trial's figures stand
+and the pool is started again."""
 _STOP_WAIT_S = 5.0
 """How long ranks that are leaving (the stop file, a failure, ranks that cannot go on) get to
 exit with torchrun before they are signalled."""
@@ -118,9 +124,11 @@ class WarmPool:
         offset = log_path.stat().st_size if log_path.exists() else 0
         seq = self._seq
         self._seq += 1
+        (trial_dir / RESULT_NAME).unlink(missing_ok=True)  # only this run's result counts
         write_pool_job(self._dir, PoolJob(seq, trial_dir / SPEC_NAME, trial_dir))
         pid, argv = self._pid, self._argv
-        done, timed_out, interrupted = self._wait(seq, start + timeout_s)
+        done, timed_out, interrupted = self._wait(seq, start + timeout_s,
+                                                  trial_dir / RESULT_NAME)
         wall_s = time.monotonic() - start
         if timed_out or interrupted:
             self._note(f"[autotune] {'timed out' if timed_out else 'interrupted'} after "
@@ -188,10 +196,14 @@ class WarmPool:
             raise LaunchError(f"cannot start {argv[0]}: {exc}") from exc
         self._tree = ProcessTree(self._proc.pid)
 
-    def _wait(self, seq: int, deadline: float) -> tuple[PoolDone | None, bool, bool]:
-        """(done, timed_out, interrupted): the trial's done file, or why there is none."""
+    def _wait(self, seq: int, deadline: float,
+              result: Path) -> tuple[PoolDone | None, bool, bool]:
+        """(done, timed_out, interrupted): the trial's done file, or why there is none. A
+        trial whose result is written but whose ranks do not release it within RELEASE_S
+        counts as done (its figures are whole) with ranks that cannot serve on."""
         assert self._proc is not None and self._tree is not None
         refresh = 0.0
+        result_at: float | None = None
         try:
             while True:
                 done = read_pool_done(self._dir, seq)
@@ -202,6 +214,12 @@ class WarmPool:
                     # A done file written just before the exit still counts.
                     return read_pool_done(self._dir, seq), False, False
                 now = time.monotonic()
+                if result_at is None and result.exists():
+                    result_at = now
+                if result_at is not None and now >= result_at + RELEASE_S:
+                    self._note(f"[autotune] the trial's result is written but its ranks did not "
+                               f"release it within {RELEASE_S:g} s; the pool restarts")
+                    return PoolDone(seq, TrialStatus.OK, serving=False), False, False
                 if now >= deadline:
                     return None, True, False
                 if now >= refresh:

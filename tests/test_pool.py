@@ -36,7 +36,7 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 MODEL = ModelSpec(name="tiny", num_layers=4, hidden_size=64, num_attention_heads=4,
                   vocab_size=1000, seq_length=128, global_batch_size=8)
-OK, OOM, CRASH, HANG, NOT_SERVING = 1, 3, 4, 5, 6
+OK, OOM, CRASH, HANG, NOT_SERVING, RELEASE_HANGS = 1, 3, 4, 5, 6, 7
 """Micro-batch sizes that tell the double rank what the trial does."""
 
 
@@ -119,6 +119,18 @@ def test_a_hung_trial_times_out_with_its_stacks_and_the_pool_restarts(tmp_path: 
         assert sorted(p.name for p in hung.trial_dir.glob(STACKS_NAME.format(rank="*"))) == [
             STACKS_NAME.format(rank=r) for r in (0, 1)]
         assert metrics_from_run(_run(pool, tmp_path, 2, OK)).status is TrialStatus.OK
+        assert pool.starts == 2
+
+
+def test_a_result_whose_release_hangs_stands_and_the_pool_restarts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("autotune.pool.RELEASE_S", 1.0)
+    with _pool(tmp_path) as pool:
+        stuck = _run(pool, tmp_path, 0, RELEASE_HANGS, timeout_s=30)
+        assert not stuck.timed_out and metrics_from_run(stuck).status is TrialStatus.OK
+        assert not pool.running and all(_gone(pid) for pid in _pids(stuck.trial_dir))
+        assert "did not release it" in (tmp_path / "pool" / "0" / "log.txt").read_text()
+        assert metrics_from_run(_run(pool, tmp_path, 1, OK)).status is TrialStatus.OK
         assert pool.starts == 2
 
 

@@ -8,6 +8,7 @@ is read from its layout's micro-batch size:
 | 4   | crashes: the rank writes its failure file and exits 4                  |
 | 5   | hangs (a collective that never completes)                              |
 | 6   | succeeds, but the ranks cannot serve on (done: serving false), exit 0  |
+| 7   | succeeds (result.json), then hangs in its release                      |
 | any | succeeds: rank 0 writes result.json (with every rank's pid) and done   |
 
 Each rank announces its start as the worker does and writes its stacks on STACKS_SIGNAL; every
@@ -77,13 +78,16 @@ while True:
     elif mbs == 5:
         while True:
             time.sleep(3600)
-    elif rank == 0:
+    if mbs not in (3, 4, 5) and rank == 0:
         metrics = TrialMetrics(status=TrialStatus.OK, step_time_s=0.5, step_time_p90_s=0.5,
                                tokens_per_s=1000.0, peak_allocated_bytes=1 << 30,
                                peak_reserved_bytes=1 << 30, loss_finite=True, timed_steps=5,
                                warmup_s=1.0, timed_s=2.5, stop_reason=StopReason.STABLE,
                                warm=True)
         (job.out_dir / RESULT_NAME).write_text(json.dumps(metrics.to_dict()))
+    if mbs == 7:
+        while True:  # destroying a group whose peers never join
+            time.sleep(3600)
     if rank == 0:
         # The worker's ranks agree (an all-reduce) before rank 0 says done; here rank 0 waits
         # for every rank's pid file, written after its trial line.
