@@ -46,9 +46,11 @@ SPACE = small_space()
 
 
 def config(tmp_path: Path, backend: Any, **overrides: Any) -> SearchConfig:
+    # These tests count launches of the loop's other rules; the model's stop rule would end
+    # them sooner (tests/test_stop_rule.py).
     values: dict[str, Any] = {"model": MODEL, "cluster": CLUSTER, "space": SPACE,
                               "backend": backend, "results_dir": tmp_path, "study_name": "s",
-                              "sampler": "tpe"}
+                              "sampler": "tpe", "stop_rule": "none"}
     return SearchConfig(**{**values, **overrides})
 
 
@@ -159,8 +161,7 @@ def test_a_real_oom_teaches_the_gate_a_smaller_capacity(tmp_path: Path) -> None:
 
 def test_no_layout_is_launched_twice_and_duplicates_are_recorded(tmp_path: Path) -> None:
     backend = FakeBackend(CLUSTER, true_capacity_bytes=9 * GIB)
-    # Twenty launches: the model's stop rule (tests/test_stop_rule.py) would end it sooner.
-    result = run_search(config(tmp_path, backend, n_trials=20, stop_rule="none"))
+    result = run_search(config(tmp_path, backend, n_trials=20))
 
     assert len(backend.calls) == len(set(backend.calls)) == 20
     by_number = {r.number: r for r in result.records}
@@ -263,8 +264,7 @@ def test_resume_after_the_process_is_killed_mid_trial(tmp_path: Path) -> None:
 def test_ctrl_c_leaves_a_consistent_study_that_resumes(
         tmp_path: Path, where: str) -> None:
     backend = FakeBackend(CLUSTER, interrupt_on_call=3 if where == "backend" else None)
-    # Without the stop rule, which predicts for its ranking too: only launches predict here.
-    search = Search(config(tmp_path, backend, n_trials=5, stop_rule="none"))
+    search = Search(config(tmp_path, backend, n_trials=5))
     if where == "gate":  # between the ask and the launch of the third trial
         real, count = search.knowledge.predict, [0]
 
@@ -283,7 +283,7 @@ def test_ctrl_c_leaves_a_consistent_study_that_resumes(
 
     first = [s for s in backend.calls[:2]]
     again = FakeBackend(CLUSTER)
-    resumed = run_search(config(tmp_path, again, n_trials=5, resume=True, stop_rule="none"))
+    resumed = run_search(config(tmp_path, again, n_trials=5, resume=True))
     assert not resumed.interrupted and resumed.stop_reason == "reached --trials 5"
     assert not set(first) & set(again.calls)
     assert len(again.calls) == 3 and len(launched(resumed)) == 5

@@ -61,7 +61,8 @@ class Search:
             active=(cfg.stop_rule is StopRule.MODEL and self.store.measured
                     and sampler != Sampler.GRID),
             records=self.result.records, fitted=lambda: knowledge.fitted_on > 0,
-            ranked=lambda: knowledge.ranked_tokens(valid), tried=ledger.tried)
+            predict=knowledge.predicted_tokens, ranked=lambda: knowledge.ranked_tokens(valid),
+            tried=ledger.tried, refit_after=cfg.refit_after)
         parts = SearchParts(cfg=cfg, layouts=self.layouts, store=self.store, ledger=ledger,
                             knowledge=self.knowledge, queue=LayoutQueue(), stop=self.stop)
         self.executor = TrialExecutor(parts)

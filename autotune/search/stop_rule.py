@@ -35,8 +35,8 @@ MIN_ERROR_BAND = 0.05
 """The narrowest band: a refitted model can match a few trials almost exactly, but a
 measurement itself varies by a few percent between runs of one layout."""
 ERROR_WINDOW = 5
-"""The band of a refitted model is its largest error over this many latest measured trials:
-recent enough to follow the refits, enough trials for one lucky match not to narrow it."""
+"""The refitted model's own predictions of this many latest trials count in its band: recent
+enough to follow the refits, enough for one lucky match not to narrow it."""
 PRUNE_MARGIN = 0.10
 """A trial stops timing, pruned slow, once it cannot reach the best measured tokens/s less
 this margin: its first steps may run slower than its steady state (allocator growth, kernel
@@ -51,15 +51,11 @@ def format_tokens(value: float) -> str:
     return f"{value / 1e3:.1f}k" if value >= 1e3 else f"{value:.0f}"
 
 
-def _measured_errors(records: Iterable[TrialRecord]) -> list[tuple[float, float]]:
-    """(measured / predicted, |measured / predicted - 1|) of each measured trial in order, its
-    prediction the one it was launched with (the model as it stood)."""
-    out = []
-    for r in records:
-        tokens, predicted = r.tokens_per_s, r.predicted_tokens_per_s
-        if r.duplicate_of is None and not r.predicted and tokens and predicted:
-            out.append((tokens / predicted, abs(tokens / predicted - 1)))
-    return out
+def _measured(records: Iterable[TrialRecord]) -> list[tuple[Layout, float, float | None]]:
+    """(layout, measured tokens/s, the prediction it was launched with) of each measured trial,
+    in order."""
+    return [(r.layout, r.tokens_per_s, r.predicted_tokens_per_s) for r in records
+            if r.duplicate_of is None and not r.predicted and r.tokens_per_s]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,41 +65,49 @@ class ErrorBand:
     band: float
     """Optimistic prediction = predicted tokens/s x (1 + band)."""
     error: float | None
-    """The model's largest |measured / predicted - 1| over `trials` (None: none measured)."""
+    """The model's largest |measured / predicted - 1| so far (None: nothing measured)."""
     trials: int
     """The measured trials `error` is over."""
     fitted: bool
-    """Whether the model has been refitted to this study (else the default band applies)."""
+    """Whether the band is the refitted model's own (else the default band applies)."""
 
     def optimistic(self, predicted_tokens_per_s: float) -> float:
         return predicted_tokens_per_s * (1 + self.band)
 
     def describe(self) -> str:
-        """`model error so far 12% (last 5 measured trials)`, with the default band's note."""
+        """`model error so far 12% over 6 measured trials`, with the default band's note."""
         error = "-" if self.error is None else f"{self.error:.0%}"
-        said = f"model error so far {error}"
+        plural = "" if self.trials == 1 else "s"
+        said = f"model error so far {error} over {self.trials} measured trial{plural}"
         if self.fitted:
-            return f"{said} (last {self.trials} measured trials)"
-        return (f"{said} ({self.trials} measured; a {DEFAULT_ERROR_BAND:.0%} band until the "
-                "model is refitted)")
+            return said
+        return (f"{said} (a {DEFAULT_ERROR_BAND:.0%} band until a refitted prediction is "
+                "measured)")
 
 
-def error_band(records: Iterable[TrialRecord], *, fitted: bool) -> ErrorBand:
+def error_band(records: Iterable[TrialRecord], *, predict: Callable[[Layout], float] | None,
+               fitted_after: int = 0) -> ErrorBand:
     """The band of the model from the study's measured trials (`records`, in order).
 
-    Refitted (`fitted`): the largest |measured / predicted - 1| over the latest ERROR_WINDOW
-    measured trials, at least MIN_ERROR_BAND. Before: (1 + DEFAULT_ERROR_BAND) x the largest
-    measured / predicted ratio so far (at least 1) - 1, so that a model seen to under-predict
-    this machine keeps the default band on top of that bias."""
-    errors = _measured_errors(records)
-    if fitted and errors:
-        window = errors[-ERROR_WINDOW:]
-        worst = max(e for _, e in window)
-        return ErrorBand(band=max(MIN_ERROR_BAND, worst), error=worst, trials=len(window),
+    Refitted (`predict`, the refitted model's tokens/s), once a refitted model has predicted a
+    trial before it ran (one measured after the first `fitted_after`; a fit is not trusted on
+    the trials it was fitted to alone): its largest |measured / predicted - 1| over every
+    measured trial, and over the latest ERROR_WINDOW of its own predictions, at least
+    MIN_ERROR_BAND. The unfitted model's errors do not count then: the refit took out its bias.
+    Before: (1 + DEFAULT_ERROR_BAND) x the largest measured / predicted ratio so far (at least
+    1) - 1, so that a model seen to under-predict this machine keeps the default band on top
+    of that bias."""
+    measured = _measured(records)
+    checked = any(p for _, _, p in measured[fitted_after:])
+    if predict is not None and checked:
+        errors = [abs(m / predict(s) - 1) for s, m, _ in measured]
+        errors += [abs(m / p - 1) for _, m, p in measured[fitted_after:][-ERROR_WINDOW:] if p]
+        worst = max(errors)
+        return ErrorBand(band=max(MIN_ERROR_BAND, worst), error=worst, trials=len(measured),
                          fitted=True)
-    bias = max((ratio for ratio, _ in errors), default=1.0)
-    return ErrorBand(band=(1 + DEFAULT_ERROR_BAND) * max(1.0, bias) - 1,
-                     error=max((e for _, e in errors), default=None), trials=len(errors),
+    ratios = [m / p for _, m, p in measured if p]
+    return ErrorBand(band=(1 + DEFAULT_ERROR_BAND) * max([1.0, *ratios]) - 1,
+                     error=max((abs(r - 1) for r in ratios), default=None), trials=len(ratios),
                      fitted=False)
 
 
@@ -112,16 +116,20 @@ class ModelStop:
     and do not measure every layout; it reads the search's knowledge through callables."""
 
     def __init__(self, *, active: bool, records: Sequence[TrialRecord],
-                 fitted: Callable[[], bool], ranked: Callable[[], list[tuple[Layout, float]]],
-                 tried: Callable[[Layout], bool]) -> None:
+                 fitted: Callable[[], bool], predict: Callable[[Layout], float],
+                 ranked: Callable[[], list[tuple[Layout, float]]],
+                 tried: Callable[[Layout], bool], refit_after: int = 0) -> None:
         """`records`: the search's records, growing as it goes; `fitted`: whether the model has
-        been refitted; `ranked`: the valid layouts predicted to fit with their predicted
-        tokens/s, fastest first; `tried`: whether a layout has an outcome already."""
+        been refitted (after `refit_after` measured trials); `predict`: its tokens/s of a
+        layout; `ranked`: the valid layouts predicted to fit with their predicted tokens/s,
+        fastest first; `tried`: whether a layout has an outcome already."""
         self.active = active
         self.records = records
         self.fitted = fitted
+        self.predict = predict
         self.ranked = ranked
         self.tried = tried
+        self.refit_after = refit_after
 
     def best(self) -> TrialRecord | None:
         """The best measured trial (never one pruned slow), None before there is one."""
@@ -129,7 +137,8 @@ class ModelStop:
         return max(ok, key=lambda r: r.tokens_per_s or 0.0, default=None)
 
     def band(self) -> ErrorBand:
-        return error_band(self.records, fitted=self.fitted())
+        return error_band(self.records, predict=self.predict if self.fitted() else None,
+                          fitted_after=self.refit_after)
 
     def skip(self, s: Layout, predicted_tokens_per_s: float) -> str | None:
         """Why `s` is not worth launching (its PREDICTED_SLOW reason), or None."""
