@@ -100,7 +100,7 @@ def error_band(records: Iterable[TrialRecord], *, predict: Callable[[Layout], fl
     measured = _measured(records)
     checked = any(p for _, _, p in measured[fitted_after:])
     if predict is not None and checked:
-        errors = [abs(m / predict(s) - 1) for s, m, _ in measured]
+        errors = [abs(m / q - 1) for s, m, _ in measured if (q := predict(s)) > 0]
         errors += [abs(m / p - 1) for _, m, p in measured[fitted_after:][-ERROR_WINDOW:] if p]
         worst = max(errors)
         return ErrorBand(band=max(MIN_ERROR_BAND, worst), error=worst, trials=len(measured),
