@@ -118,7 +118,7 @@ class CostParams:
     CUDA and model-parallel-tracker RNG states and runs the recomputed forward and its
     backward as a nested, re-entrant autograd.backward call, whose kernels the host issues
     while the GPU waits on them. Zero by default: the measured trials do not support a
-    constant per call (results/benchmarks/2026-11-24-recompute-model.md); `autotune
+    constant per call (results/benchmarks/2026-11-23-recompute-overhead-analysis.md); `autotune
     calibrate` may fit it to a machine's own trials."""
     pcie_efficiency: float = 0.8
     """Fraction of the host link's datasheet bandwidth that pinned-memory copies reach."""
