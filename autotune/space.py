@@ -120,13 +120,27 @@ def _product(options: dict[str, tuple[Any, ...]]) -> Iterator[dict[str, Any]]:
         yield dict(zip(names, values, strict=True))
 
 
+_LAST: list[tuple[tuple[SearchSpace, ModelSpec, ClusterSpec], SpaceSummary]] = []
+"""The last enumeration and what it was of: the CLI checks a space before a search and the
+search enumerates the same space again, which for thousands of GPUs took seconds each."""
+
+
 def enumerate_space(space: SearchSpace, model: ModelSpec,
                     cluster: ClusterSpec) -> SpaceSummary:
-    """Every combination of the space, split into valid layouts and rejections by rule.
+    """Every combination of the space, split into valid layouts and rejections by rule
+    (`_enumerate`); the same question twice in a row is answered from the first answer."""
+    key = (space, model, cluster)
+    if not _LAST or _LAST[0][0] != key:
+        _LAST[:] = [(key, _enumerate(space, model, cluster))]
+    summary = _LAST[0][1]
+    # A copy of the lists: a caller may change its summary, never the remembered one.
+    return SpaceSummary(total=summary.total, valid=list(summary.valid),
+                        rejected=dict(summary.rejected))
 
-    Rules are checked level by level, so a layout rejected at level k is counted once for all
-    combinations of the deeper dimensions instead of being expanded.
-    """
+
+def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec) -> SpaceSummary:
+    """Rules are checked level by level, so a layout rejected at level k is counted once for
+    all combinations of the deeper dimensions instead of being expanded."""
     levels = [space.at_level(level) for level in range(LEVELS)]
     deeper = [math.prod(len(v) for lv in levels[k + 1:] for v in lv.values())
               for k in range(LEVELS)]

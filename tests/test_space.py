@@ -80,3 +80,16 @@ def test_missing_dimensions_keep_defaults(tmp_path: Path) -> None:
     summary = enumerate_space(load_space(str(path)), load_model("gpt2"), cluster(4))
     assert sorted(s.mbs for s in summary.valid) == [1, 2]
     assert all(s.tp == 1 and s.dp == 4 for s in summary.valid)
+
+
+def test_enumerating_the_same_space_twice_gives_an_answer_of_its_own() -> None:
+    from autotune.hardware import ClusterSpec
+    from autotune.model import load_model
+    from autotune.space import enumerate_space, load_space
+
+    space, model, cluster = load_space(None), load_model("gpt2-xl"), ClusterSpec.make(8)
+    first = enumerate_space(space, model, cluster)
+    first.valid.clear()  # a caller's change stays its own
+    second = enumerate_space(space, model, cluster)
+    assert second.valid and second.total == first.total
+    assert enumerate_space(space, model, ClusterSpec.make(4)).valid != second.valid
