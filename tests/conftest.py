@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,15 @@ from autotune.dimensions import RecomputeModules
 from autotune.hardware import ClusterSpec, gpu_spec
 from autotune.layout import SEARCHED
 from autotune.space import SearchSpace
+
+
+def process_gone(pid: int) -> bool:
+    """True once no process has `pid` (signal 0 probes without signalling)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def _has_cuda() -> bool:

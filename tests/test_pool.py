@@ -28,6 +28,7 @@ from autotune.protocol import (
 )
 from autotune.runner import TORCHRUN, RunOutput, TrialInterrupted
 from autotune.trial import StopReason, TrialSpec, TrialStatus
+from tests.conftest import process_gone
 
 DOUBLES = Path(__file__).parent / "doubles"
 FAKE_TORCHRUN = (sys.executable, str(DOUBLES / "fake_torchrun.py"))
@@ -53,14 +54,6 @@ def _pids(trial_dir: Path) -> set[int]:
     return {int(p.read_text()) for p in trial_dir.glob("pid-*")}
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 def _run(pool: WarmPool, tmp_path: Path, n: int, mbs: int, timeout_s: float = 20) -> RunOutput:
     return pool.run(_spec(mbs, pool.nproc), tmp_path / "trials" / str(n), timeout_s)
 
@@ -79,7 +72,7 @@ def test_trials_reuse_the_same_ranks_and_each_log_holds_its_own_slice(tmp_path: 
             assert f"{TRIAL_MARKER} seq={seq} rank=0" in log
             assert f"seq={1 - seq} " not in log  # the other trial's lines are not in this log
         assert (second.trial_dir / "trial.json").exists()
-    assert all(_gone(pid) for pid in ranks)
+    assert all(process_gone(pid) for pid in ranks)
 
 
 def test_a_recovered_oom_keeps_the_pool(tmp_path: Path) -> None:
@@ -101,7 +94,7 @@ def test_a_pool_in_doubt_is_started_again_for_the_next_trial(
         doubt = _run(pool, tmp_path, 1, mbs)
         assert metrics_from_run(doubt).status is status
         assert not pool.running
-        assert all(_gone(pid) for pid in _pids(before.trial_dir))
+        assert all(process_gone(pid) for pid in _pids(before.trial_dir))
         after = _run(pool, tmp_path, 2, OK)
         assert metrics_from_run(after).status is TrialStatus.OK
         assert pool.starts == 2 and _pids(after.trial_dir).isdisjoint(_pids(before.trial_dir))
@@ -115,7 +108,7 @@ def test_a_hung_trial_times_out_with_its_stacks_and_the_pool_restarts(tmp_path: 
         assert time.monotonic() - start < 2 + 1 + 2 + 3  # timeout, stacks wait, grace, slack
         metrics = metrics_from_run(hung)
         assert hung.timed_out and metrics.status is TrialStatus.TIMEOUT
-        assert all(_gone(pid) for pid in _pids(hung.trial_dir))
+        assert all(process_gone(pid) for pid in _pids(hung.trial_dir))
         assert sorted(p.name for p in hung.trial_dir.glob(STACKS_NAME.format(rank="*"))) == [
             STACKS_NAME.format(rank=r) for r in (0, 1)]
         assert metrics_from_run(_run(pool, tmp_path, 2, OK)).status is TrialStatus.OK
@@ -128,7 +121,7 @@ def test_a_result_whose_release_hangs_stands_and_the_pool_restarts(
     with _pool(tmp_path) as pool:
         stuck = _run(pool, tmp_path, 0, RELEASE_HANGS, timeout_s=30)
         assert not stuck.timed_out and metrics_from_run(stuck).status is TrialStatus.OK
-        assert not pool.running and all(_gone(pid) for pid in _pids(stuck.trial_dir))
+        assert not pool.running and all(process_gone(pid) for pid in _pids(stuck.trial_dir))
         assert "did not release it" in (tmp_path / "pool" / "0" / "log.txt").read_text()
         assert metrics_from_run(_run(pool, tmp_path, 1, OK)).status is TrialStatus.OK
         assert pool.starts == 2
@@ -145,7 +138,7 @@ def test_ctrl_c_stops_the_pool_and_is_reraised(tmp_path: Path) -> None:
         timer.cancel()
     output = info.value.output
     assert output.interrupted and not pool.running
-    assert all(_gone(pid) for pid in _pids(output.trial_dir))
+    assert all(process_gone(pid) for pid in _pids(output.trial_dir))
 
 
 def test_idle_ranks_leave_when_the_orchestrator_is_gone(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from autotune.runner import (
     trial_env,
 )
 from autotune.trial import TrialSpec, TrialStatus
+from tests.conftest import process_gone
 
 DOUBLES = Path(__file__).parent / "doubles"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -49,14 +50,6 @@ MODEL = ModelSpec(name="tiny", num_layers=4, hidden_size=64, num_attention_heads
 
 def _double(name: str, *args: str) -> list[str]:
     return [sys.executable, str(DOUBLES / f"{name}.py"), *args]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def _group_gone(pgid: int) -> bool:
@@ -293,7 +286,7 @@ def test_timeout_kills_a_sigterm_ignoring_tree(tmp_path: Path, detach: bool) -> 
     assert 2 <= output.wall_time_s < 2 + SLACK_S
     pids = _pids(tmp_path)
     assert len(pids) == 2  # child and grandchild had started
-    assert all(_gone(pid) for pid in pids)
+    assert all(process_gone(pid) for pid in pids)
     assert _group_gone(output.pid)
     assert metrics_from_run(output).status is TrialStatus.TIMEOUT
 
@@ -311,7 +304,7 @@ def test_ctrl_c_stops_the_tree_and_is_reraised(tmp_path: Path) -> None:
     output: RunOutput = info.value.output
     assert output.interrupted and not output.timed_out
     assert output.wall_time_s < 0.5 + 0.5 + SLACK_S
-    assert all(_gone(pid) for pid in _pids(tmp_path))
+    assert all(process_gone(pid) for pid in _pids(tmp_path))
     assert _group_gone(output.pid)
 
 
@@ -342,7 +335,7 @@ def test_torchrun_workers_in_their_own_sessions_are_killed(tmp_path: Path) -> No
     assert time.monotonic() - start < 6 + 1 + SLACK_S
     pids = _pids(tmp_path)
     assert len(pids) == 4, output.log_path.read_text()  # 2 workers + 2 grandchildren started
-    assert all(_gone(pid) for pid in pids)
+    assert all(process_gone(pid) for pid in pids)
     assert _group_gone(output.pid)
 
 

@@ -29,7 +29,8 @@ GIB = 2**30
 STEPS, WARMUP = 5, 2
 
 
-def _fields(text: str) -> dict[str, object]:
+def layout_fields(text: str) -> dict[str, object]:
+    """`tp=2,mbs=4,...` as Layout fields (tools/device_pool_check.py reads layouts alike)."""
     out: dict[str, object] = {}
     for item in text.split(","):
         key, _, value = item.partition("=")
@@ -45,7 +46,7 @@ def main() -> None:
     cluster = ClusterSpec.make(int(gpus), gpu=gpu)
     rows = []
     for i, text in enumerate(layouts):
-        s = layout_from_fields(model, cluster, _fields(text))
+        s = layout_from_fields(model, cluster, layout_fields(text))
         memory = estimate_memory(model, s, cluster)
         cost = estimate_cost(model, s, cluster)
         spec = TrialSpec(model=model, layout=s, train_steps=STEPS, warmup_steps=WARMUP,

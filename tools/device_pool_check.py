@@ -19,11 +19,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from device_layouts import layout_fields  # tools/ is on sys.path: run as a script
+
 from autotune.backends import trial_timeout_s
 from autotune.commands.estimate import layout_from_fields
 from autotune.cost import estimate_cost
 from autotune.hardware import ClusterSpec
-from autotune.layout import DIMENSIONS, Layout
+from autotune.layout import Layout
 from autotune.metrics import metrics_from_run
 from autotune.model import ModelSpec, load_model
 from autotune.pool import WarmPool
@@ -33,16 +35,6 @@ from autotune.trial import TrialMetrics, TrialSpec
 GIB = 2**30
 STEPS, WARMUP = 10, 3
 STABLE_CV = 0.01
-
-
-def _fields(text: str) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for item in text.split(","):
-        key, _, value = item.partition("=")
-        if key not in DIMENSIONS:
-            raise SystemExit(f"unknown layout field {key!r}; known: {', '.join(DIMENSIONS)}")
-        out[key] = DIMENSIONS[key].parse(value)
-    return out
 
 
 def _row(m: TrialMetrics) -> dict[str, object]:
@@ -80,7 +72,7 @@ def main() -> None:
     if args.gbs is not None:
         model = replace(model, global_batch_size=args.gbs)
     cluster = ClusterSpec.make(args.gpus, gpu=args.gpu)
-    layouts = [layout_from_fields(model, cluster, _fields(t)) for t in args.layouts]
+    layouts = [layout_from_fields(model, cluster, layout_fields(t)) for t in args.layouts]
     timeouts = [trial_timeout_s(estimate_cost(model, s, cluster).step_time_s,
                                 _spec(model, s, cluster, adaptive=False)) for s in layouts]
     rows: list[dict[str, object]] = [{"layout": s.describe()} for s in layouts]
@@ -109,7 +101,7 @@ def main() -> None:
                 for kind, text in (("oom", args.oom), ("hang", args.hang)):
                     if text is None:
                         continue
-                    bad = layout_from_fields(model, cluster, _fields(text))
+                    bad = layout_from_fields(model, cluster, layout_fields(text))
                     spec = _spec(model, bad, cluster, adaptive=True)
                     budget = args.hang_budget if kind == "hang" else timeout
                     start = time.monotonic()
