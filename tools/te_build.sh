@@ -50,6 +50,7 @@ python3 -m pip wheel -v --no-build-isolation --no-deps --no-cache-dir -w "$work/
   > "$out/pip-wheel.log" 2>&1 || { tail -40 "$out/pip-wheel.log"; fail "pip wheel failed"; }
 t2=$(date +%s)
 say "unpack $((t1 - t0)) s, build $((t2 - t1)) s"
+gzip -f "$out/pip-wheel.log"
 
 # Release builds compile with -g0 but keep the symbol tables; stripping them is most of what
 # separates the built libraries from what must travel.
