@@ -1,16 +1,18 @@
 """Run a list of layouts through autotune's runner and worker (the product's trial path without
 the search), and print measured against predicted for each. For benchmark reports.
 
-    python tools/device_layouts.py MODEL GPUS GPU OUT_DIR LAYOUT...
+    python tools/device_layouts.py [--seq-len N] MODEL GPUS GPU OUT_DIR LAYOUT...
     LAYOUT = comma-separated Layout fields, e.g. tp=2,sequence_parallel=1,mbs=32,impl=sdpa
-    (dp is derived from GPUS; unknown fields are an error). Trials that the memory model
-    predicts not to fit are launched anyway: this tool measures the model, it does not gate.
+    (dp is derived from GPUS; gbs=N overrides the model's global batch; unknown fields are an
+    error). --seq-len N overrides the model's sequence length, as the CLI's --seq-len does.
+    Trials that the memory model predicts not to fit are launched anyway: this tool measures the
+    model, it does not gate.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -41,9 +43,20 @@ def layout_fields(text: str) -> dict[str, object]:
 
 
 def main() -> None:
-    model_name, gpus, gpu, out_dir, *layouts = sys.argv[1:]
-    model = load_model(model_name)
-    cluster = ClusterSpec.make(int(gpus), gpu=gpu)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="Override the model's sequence length (the CLI's --seq-len).")
+    parser.add_argument("model")
+    parser.add_argument("gpus", type=int)
+    parser.add_argument("gpu")
+    parser.add_argument("out_dir")
+    parser.add_argument("layouts", nargs="+", metavar="LAYOUT")
+    args = parser.parse_args()
+    if args.seq_len is not None and args.seq_len <= 0:
+        parser.error(f"--seq-len must be a positive integer, got {args.seq_len}")
+    model = load_model(args.model).with_overrides(seq_length=args.seq_len)
+    cluster = ClusterSpec.make(args.gpus, gpu=args.gpu)
+    out_dir, layouts = args.out_dir, args.layouts
     rows = []
     for i, text in enumerate(layouts):
         s = layout_from_fields(model, cluster, layout_fields(text))
