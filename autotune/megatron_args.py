@@ -372,6 +372,15 @@ Measured on an H100 (gpt2-xl, mbs 4): without the flag Megatron-LM peaked 9.4 Gi
 the worker, 2 bytes x heads x s^2 x mbs per layer."""
 
 
+_TE_SPEC_ARGS: tuple[str, ...] = ("--no-gradient-accumulation-fusion",)
+"""impl te as the worker measures it. Megatron-LM's default gradient-accumulation fusion also
+covers the output layer, megatron-core's own ColumnParallelLinear, which needs apex's
+fused_weight_gradient_mlp_cuda even when TE builds the layers: without apex Megatron-LM stops at
+start-up (measured on an H100 with TE 2.11, results/benchmarks/2026-11-23-h100-te-build-and-
+runs.md). The worker accumulates without the fusion (autotune.worker.config), so the command
+says the same; with apex installed, dropping the flag is the user's choice."""
+
+
 def _emit_impl(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
     if s.impl not in TRANSFORMER_IMPLS:
         raise InvalidLayoutError(
@@ -380,6 +389,8 @@ def _emit_impl(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
     args = ["--transformer-impl", TRANSFORMER_IMPLS[s.impl]]
     if s.impl == "local":
         args += _LOCAL_SPEC_ARGS
+    elif s.impl == "te":
+        args += _TE_SPEC_ARGS
     return args
 
 
@@ -537,7 +548,8 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
             read=lambda g: {"cross_entropy_fusion": g.has("--cross-entropy-loss-fusion")}),
     FlagRow(name="impl", part=Part.LAYOUT,
             flags=(Flag("--transformer-impl"),
-                   *(Flag(name, takes_value=False) for name in _LOCAL_SPEC_ARGS)),
+                   *(Flag(name, takes_value=False)
+                     for name in dict.fromkeys(_LOCAL_SPEC_ARGS + _TE_SPEC_ARGS))),
             emit=_emit_impl, read=_read_impl),
     # The run: a user's own values of these stay as they are.
     FlagRow(name="train_iters", part=Part.RUN, flags=(Flag("--train-iters"),),

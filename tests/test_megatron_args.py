@@ -114,7 +114,7 @@ LLAMA_PP_VPP = [
     "--recompute-num-layers", "2",
     "--bf16", "--lr", "0.0001", "--seed", "1234",
     "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
-    "--transformer-impl", "transformer_engine",
+    "--transformer-impl", "transformer_engine", "--no-gradient-accumulation-fusion",
     "--train-iters", "20", "--distributed-timeout-minutes", "2",
     "--log-interval", "1", "--log-throughput", "--eval-iters", "0", "--eval-interval", "1000",
     "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128255",
@@ -135,7 +135,7 @@ MIXTRAL_EP = [
     "--recompute-granularity", "selective",
     "--bf16", "--lr", "0.0001", "--seed", "1234",
     "--use-distributed-optimizer",
-    "--transformer-impl", "transformer_engine",
+    "--transformer-impl", "transformer_engine", "--no-gradient-accumulation-fusion",
     "--log-interval", "1", "--log-throughput", "--eval-iters", "0", "--eval-interval", "1000",
     "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "31999",
 ]
@@ -194,9 +194,10 @@ def test_every_flag_parses_as_megatron_lm_declares_it(model: ModelSpec,
     assert ns.recompute_granularity == (None if layout.recompute == "none"
                                         else layout.recompute)
     assert not ns.log_timers_to_tensorboard
-    # impl local runs on plain PyTorch, as the worker measured it: no apex or fused softmax.
+    # impl local runs on plain PyTorch, as the worker measured it: no apex or fused softmax;
+    # neither local nor te assumes apex's gradient-accumulation fusion.
     local = layout.impl == "local"
-    assert ns.gradient_accumulation_fusion is not local
+    assert ns.gradient_accumulation_fusion is (layout.impl not in ("local", "te"))
     assert ns.masked_softmax_fusion is not local
     assert ns.no_persist_layer_norm is local
     assert ns.attention_softmax_in_fp32 is local  # as megatron-core's TransformerConfig default

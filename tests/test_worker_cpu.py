@@ -168,6 +168,32 @@ def test_make_batches_shift_and_shape() -> None:
     assert torch.equal(again[3]["labels"], batches[3]["labels"])  # fixed seed
 
 
+@pytest.mark.parametrize(("cp", "rank"), [(2, 0), (2, 1), (4, 0), (4, 3)])
+def test_make_batches_keeps_this_cp_ranks_share(cp: int, rank: int,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """With cp > 1 a rank trains on 2 of the 2 x cp sequence chunks (rank and 2cp-1-rank, as
+    Megatron-LM's get_batch balances causal attention), with their own positions."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from megatron.core import parallel_state
+
+    from autotune.worker.train import make_batches
+
+    m = ModelSpec(name="t", num_layers=2, hidden_size=64, num_attention_heads=4,
+                  vocab_size=1000, seq_length=32, global_batch_size=4)
+    whole = make_batches(TrialSpec(model=m, layout=Layout(mbs=2, gbs=4)), torch.device("cpu"))
+    monkeypatch.setattr(parallel_state, "get_context_parallel_world_size", lambda: cp)
+    monkeypatch.setattr(parallel_state, "get_context_parallel_rank", lambda: rank)
+    mine = make_batches(TrialSpec(model=m, layout=Layout(mbs=2, gbs=4, cp=cp, dp=1)),
+                        torch.device("cpu"))
+    chunk = m.seq_length // (2 * cp)
+    kept = [*range(rank * chunk, (rank + 1) * chunk),
+            *range((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk)]
+    for key in ("tokens", "labels", "position_ids", "loss_mask"):
+        assert mine[1][key].shape == (2, m.seq_length // cp)
+        assert torch.equal(mine[1][key], whole[1][key][:, kept])
+
+
 def test_p90() -> None:
     assert percentile([1.0], 0.9) == 1.0
     assert percentile([float(x) for x in range(11)], 0.9) == pytest.approx(9.0)

@@ -16,6 +16,7 @@ import torch
 from autotune.model import padded_vocab_size
 from autotune.protocol import step_line
 from autotune.trial import TrialSpec
+from autotune.worker.config import CHECK_FOR_NAN
 from autotune.worker.timing import StepJudge, Timing
 
 __all__ = ["StepTimes", "make_batches", "train"]
@@ -42,7 +43,10 @@ class StepTimes:
 
 def make_batches(spec: TrialSpec, device: torch.device) -> list[dict[str, torch.Tensor]]:
     """One synthetic micro-batch per micro-batch of a step, the same on every rank of a DP
-    replica (fixed seed): tokens [mbs, seq] int64, labels = tokens shifted by one."""
+    replica (fixed seed): tokens [mbs, seq] int64, labels = tokens shifted by one. With context
+    parallelism each rank keeps its share of the sequence, as Megatron-LM's get_batch does."""
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
     m, s = spec.model, spec.layout
     generator = torch.Generator(device="cpu").manual_seed(spec.seed)
     # Draw from the real vocabulary, not the padded one, as a tokenizer would.
@@ -53,21 +57,34 @@ def make_batches(spec: TrialSpec, device: torch.device) -> list[dict[str, torch.
     for _ in range(s.num_microbatches):
         sample = torch.randint(0, vocab, (s.mbs, m.seq_length + 1), generator=generator)
         sample = sample.to(device)
-        batches.append({"tokens": sample[:, :-1].contiguous(),
-                        "labels": sample[:, 1:].contiguous(),
-                        "position_ids": position_ids, "loss_mask": loss_mask})
+        batch = {"tokens": sample[:, :-1].contiguous(), "labels": sample[:, 1:].contiguous(),
+                 "position_ids": position_ids, "loss_mask": loss_mask}
+        # Megatron-LM slices every batch for the rank's CP position (2 x cp chunks, this
+        # rank's pair, so that causal attention's work is balanced); the schedule is told the
+        # local length, seq / cp.
+        batches.append(get_batch_on_this_cp_rank(batch) if s.cp > 1 else batch)
     return batches
 
 
 def _loss_func(loss_mask: torch.Tensor,
                output_tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     # The 3-tuple form of megatron-core's schedules (forward_step_calc_loss): summed loss and
-    # token count; the schedule divides by both. No .item() here: it would sync every micro-batch.
+    # token count; the schedule divides by both.
     losses = output_tensor.float().view(-1)
     mask = loss_mask.view(-1)
     loss = torch.sum(losses * mask)
     num_tokens = mask.sum().to(torch.int)
     reported = torch.stack([loss.detach(), num_tokens.detach().float()])
+    if CHECK_FOR_NAN:
+        # pretrain_gpt.py's loss_func, as Megatron-LM runs by default: two checks, each a wait
+        # for the GPU (autotune.worker.config.CHECK_FOR_NAN says why the worker keeps them).
+        from megatron.core.rerun_state_machine import get_rerun_state_machine
+
+        checks = get_rerun_state_machine()
+        for rejection, what in ((torch.isnan, "NaN"), (torch.isinf, "Inf")):
+            checks.validate_result(result=loss, rejection_func=rejection,
+                                   message=f"found {what} in local forward loss calculation",
+                                   tolerance=0.0, fatal=True)
     return loss, num_tokens, {"lm loss": reported}
 
 
