@@ -18,9 +18,8 @@
 #   search   1 GPU: `autotune gpt2-xl --gpus 1` (no other flag) through tools/device_search.sh
 #            (-> summary.txt, results.tgz), then `autotune export --format megatron-lm` of its
 #            winner, run unchanged with .carry/megatron-lm; worker against Megatron-LM tokens/s.
-#            -> search.txt. If the unchanged script stops on apex's missing
-#            fused_weight_gradient_mlp_cuda, it runs once more with
-#            --no-gradient-accumulation-fusion added (labelled so; MLM_RETRY=0 to skip).
+#            -> search.txt. An sdpa winner (Megatron-LM runs it with TE's spec) also gets its te
+#            twin measured by the worker, beside Megatron-LM's figure.
 #   Every part's raw output (trial folders, rows.json, logs) goes to /tmp/te/PART, all of it to
 #   te.tgz at the end: at most 8 files in $OUT (install pairs cp sp search .txt, summary.txt,
 #   results.tgz, te.tgz).
@@ -123,13 +122,13 @@ part_pairs() {
 part_cp() {
   # The seed tutorial's CP experiment (/work/shared/seeds/000_*.txt, "Context Parallelism"):
   # gpt2-xl (a preset), GBS 4, seq 4096 (cp1 OOMed there on one 80 GB H100), 8192, 16384.
-  # Here cp=2 (dp1) against cp=1 dp=2 on the same two GPUs, both mbs 1; cp=2 mbs 2 has the
-  # same tokens per GPU per micro-batch as dp=2 mbs 1. CP needs impl=te (layout rule); te
+  # Here cp=2 (dp1) against cp=1 dp=2 on the same two GPUs, both mbs 1 (CP_EXTRA adds
+  # layouts, e.g. cp=2,gbs=4,mbs=2,impl=te: the same tokens per GPU as dp=2 mbs 1). CP needs impl=te (layout rule); te
   # against sdpa is the pairs part's and the sp part's.
   local seq
   for seq in ${CP_SEQS:-4096 8192 16384}; do
     layouts "$te/cp/seq$seq" "$out/cp.txt" gpt2-xl 2 --seq-len "$seq" -- \
-        cp=2,gbs=4,mbs=1,impl=te cp=1,gbs=4,mbs=1,impl=te cp=2,gbs=4,mbs=2,impl=te
+        cp=2,gbs=4,mbs=1,impl=te cp=1,gbs=4,mbs=1,impl=te ${CP_EXTRA:-}
   done
 }
 
@@ -189,22 +188,31 @@ part_search() {
   if [[ $rc != 0 ]]; then
     grep -v "Warning\|warnings.warn" "$r/exported-megatron-lm.log" | grep -m3 -B2 "Error" \
         | tee -a "$f"
-    if [[ ${MLM_RETRY:-1} == 1 ]] \
-        && grep -q fused_weight_gradient_mlp_cuda "$r/exported-megatron-lm.log"; then
-      # No apex on the machine: megatron-core's ColumnParallelLinear (the output layer) refuses
-      # Megatron-LM's default --gradient-accumulation-fusion. The worker runs without it.
-      sed 's|--transformer-impl transformer_engine \\|&\n    --no-gradient-accumulation-fusion \\|' \
-          "$r/exported-megatron-lm.sh" > "$r/exported-megatron-lm-nogaf.sh"
-      t0=$(now)
-      bash "$r/exported-megatron-lm-nogaf.sh" > "$r/exported-megatron-lm-nogaf.log" 2>&1
-      rc=$?
-      echo "MODIFIED script (+ --no-gradient-accumulation-fusion) rc=$rc wall=$(since "$t0")s" \
-          | tee -a "$f"
-      [[ $rc == 0 ]] || grep -m3 -B2 "Error" "$r/exported-megatron-lm-nogaf.log" | tee -a "$f"
-      mlm_tokens "$r/exported-megatron-lm-nogaf.log" "$r/winner.json" 2>&1 | tee -a "$f"
-    fi
   else
     mlm_tokens "$r/exported-megatron-lm.log" "$r/winner.json" 2>&1 | tee -a "$f"
+  fi
+  # Megatron-LM has no impl sdpa: an sdpa winner is exported with TE's spec. Its te twin, the
+  # same layout measured by the worker with impl te, is the worker figure to set beside it.
+  local twin
+  twin=$(python3 -c "import json, sys
+from autotune.layout import DIMENSIONS
+w = json.load(open(sys.argv[1]))
+if w['impl'] == 'sdpa':
+    print(','.join(f'{k}={w[k]}' for k in DIMENSIONS if k not in ('impl', 'dp')) + ',impl=te')
+" "$r/winner.json")
+  if [[ -n $twin ]]; then
+    layouts "$te/twin" "$f" gpt2-xl 1 -- "$twin"
+    python3 - "$te/twin/rows.json" "$r/exported-megatron-lm.log" << 'EOF2' 2>&1 | tee -a "$f"
+import json, re, statistics, sys
+row = json.load(open(sys.argv[1]))[0]
+log = open(sys.argv[2], errors="replace").read()
+ms = [float(b) for a, b in re.findall(
+    r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)", log) if int(a) >= 3]
+if row.get("tokens_per_s") and ms:
+    step = statistics.median(ms) / 1000
+    print(f"worker te twin: {row['tokens_per_s']:,.0f} tokens/s; megatron-lm step {step:.3f} s; "
+          f"megatron-lm / te twin = {row['step_time_s'] / step:.3f}")
+EOF2
   fi
   grep -E "iteration +[0-9]+/|memory \(MB\)" "$r"/exported-megatron-lm*.log | tail -4 | tee -a "$f"
   tar czf "$out/results.tgz" -C /tmp r  # again, now with the exported scripts and logs
