@@ -22,7 +22,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.dimensions import Recompute, RecomputeMethod
+from autotune.dimensions import Impl, Recompute, RecomputeMethod
 from autotune.flops import (
     forward_flops_per_token,
     hardware_flops_per_token,
@@ -112,6 +112,12 @@ class CostParams:
     the GPU does not hide: eager megatron-core issues ~100 small kernels per layer. Fitted to
     measurements (autotune calibrate); it is what makes small micro-batches slow."""
     """Per-step fixed cost: data loading, loss all-reduce, Python, zeroing grad buffers."""
+    te_layer_launch_s: float = 0.00035
+    """What Transformer Engine's modules add to layer_launch_s per layer and micro-batch. The
+    worker measured impl te 2-8% slower than impl sdpa on the same layouts, the same kernels
+    of attention and GEMMs, with identical memory: the median over six pairs (gpt2-xl and
+    gpt2-large, one H100 and two H200, tp 1 and 2, TE 2.11) is 0.35 ms per layer and micro-batch,
+    range 0.08-0.85 ms (results/benchmarks/2026-11-23-h100-te-build-and-runs.md)."""
     checkpoint_call_s: float = 0.0
     """Fixed cost of one activation checkpoint per micro-batch, besides the FLOPs it reruns:
     megatron-core's CheckpointFunction (tensor_parallel/random.py) saves and restores the CPU,
@@ -394,7 +400,8 @@ def _stage_time(model: ModelSpec, s: Layout, prm: CostParams, layer: _LayerTimes
     core_attn = s.recompute == Recompute.SELECTIVE and "core_attn" in s.recompute_modules.modules
     cp = n * (3 + full + core_attn) * layer.cp
     ep = n * (2 + full) * layer.ep
-    launch = n * prm.layer_launch_s * (1 + 0.5 * full)  # recompute relaunches the forward
+    per_layer = prm.layer_launch_s + (prm.te_layer_launch_s if s.impl == Impl.TE else 0.0)
+    launch = n * per_layer * (1 + 0.5 * full)  # recompute relaunches the forward
     if s.recompute == Recompute.SELECTIVE:
         # Selective recompute reruns each module's forward (Korthikanti et al. 2022, Section 5,
         # for core_attn): its FLOPs, and its element-wise kernels over the bytes it freed.

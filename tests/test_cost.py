@@ -83,6 +83,22 @@ def test_local_attention_slower_than_flash() -> None:
     assert sdpa.step_time_s < local.step_time_s
 
 
+@pytest.mark.parametrize(("mbs", "recompute", "factor"), [
+    (4, {}, 1.0), (16, {}, 1.0),
+    (8, {"recompute": "full", "recompute_method": "uniform", "recompute_num_layers": 1}, 1.5)])
+def test_te_costs_its_host_time_per_layer_and_micro_batch(mbs: int, recompute: dict[str, object],
+                                                         factor: float) -> None:
+    """impl te and impl sdpa run the same attention and GEMM kernels; TE's modules add host
+    time per layer and micro-batch (relaunched by full recompute's forward)."""
+    model = load_model("gpt2-xl")
+    sdpa = Layout(mbs=mbs, gbs=64, impl="sdpa", **recompute)
+    te = replace(sdpa, impl="te")
+    extra = CostParams().te_layer_launch_s * model.num_layers * (64 // mbs) * factor
+    gap = estimate_cost(model, te, cluster(1)).step_time_s \
+        - estimate_cost(model, sdpa, cluster(1)).step_time_s
+    assert gap == pytest.approx(extra)
+
+
 def test_context_parallel_ring_hides_behind_attention() -> None:
     # llama3-8b, s = 8192, cp 2: per layer the K/V ring moves 4096 tokens x 2 x 1024 x 2 B =
     # 16.8 MB (x3 fwd + bwd) in ~0.2 ms over NVLink, while attention takes ~4 ms: fully hidden.
