@@ -5,6 +5,15 @@ things (both remembered for the rest of the study): every larger micro-batch of 
 runs out of memory too, and so does every layout the model predicts to need at least as much
 memory as the one that failed — the model underestimated, so its prediction for the failed
 layout becomes the effective capacity.
+
+Measured fits bound what an OOM teaches: an OOM predicted at or below the largest prediction
+that measured OK contradicts that fit (the model's prediction is the only scale the gate
+compares layouts on), so it is noise for the gate — a warm worker's leftovers still holding
+memory, seen on an H100: trial 0 (76.09 GiB predicted) fit, trial 18 (76.01 GiB) ran out of
+memory in the warm pool and fit in a fresh process. The trial keeps its OOM status, but it
+teaches neither rule (a fit measured later sets an earlier OOM aside too): the learned capacity
+stays above every prediction that fit, and no OOM rules out a layout predicted to need no more
+than one that fit.
 """
 
 from __future__ import annotations
@@ -62,10 +71,18 @@ class MemoryGate:
 
     model: ModelSpec
     cluster: ClusterSpec
+    ooms: list[tuple[Layout, float | None]] = field(default_factory=list)
+    """Every real OOM, with its predicted peak (None: unknown), contradicted ones included: a
+    fit measured later can set one aside, so what they teach is recomputed from all of them."""
     oom_mbs: dict[Layout, int] = field(default_factory=dict)
-    """Per layout (layout_key), the smallest micro-batch that ran out of memory."""
+    """Per layout (layout_key), the smallest micro-batch that ran out of memory (OOMs that a fit
+    contradicts left out)."""
     learned_capacity_bytes: float | None = None
-    """The smallest predicted peak among real OOMs."""
+    """The smallest predicted peak among real OOMs above the largest fit (largest_fit_bytes)."""
+    largest_fit_bytes: float | None = None
+    """The largest predicted peak among the trials that measured OK (record_fit)."""
+    largest_fit_trial: str = ""
+    """Which trial that was, for the reasons (e.g. "trial 0")."""
     params: MemoryParams | None = None
     """Fitted memory constants (autotune calibrate); None for the defaults."""
     observed_under: float = 0.0
@@ -97,7 +114,9 @@ class MemoryGate:
         capacity = self.capacity_bytes()
         constraint = (memory.peak_bytes - capacity) / 2**30
         smallest_oom = self.oom_mbs.get(layout_key(layout))
-        if smallest_oom is not None and layout.mbs >= smallest_oom:
+        # Never when a layout predicted to need as much fit (an OOM without a prediction).
+        if smallest_oom is not None and layout.mbs >= smallest_oom \
+                and not self._fit_at_least(memory.peak_bytes):
             return GateDecision(
                 status=TrialStatus.PREDICTED_OOM, memory=memory, constraint=max(constraint, 0.1),
                 reason=f"mbs={layout.mbs} >= mbs={smallest_oom}, which ran out of memory "
@@ -123,11 +142,44 @@ class MemoryGate:
                                    f"{(capacity - memory.peak_bytes) / 2**30:.1f} GiB under "
                                    f"the capacity, outside the {band:.1%} error band")
 
-    def record_oom(self, layout: Layout, predicted_peak_bytes: float | None) -> None:
-        """Remember a real OOM of `layout`."""
-        key = layout_key(layout)
-        self.oom_mbs[key] = min(self.oom_mbs.get(key, layout.mbs), layout.mbs)
-        if predicted_peak_bytes is not None:
-            current = self.learned_capacity_bytes
-            self.learned_capacity_bytes = (predicted_peak_bytes if current is None
-                                           else min(current, predicted_peak_bytes))
+    def _fit_at_least(self, predicted_bytes: float) -> bool:
+        return self.largest_fit_bytes is not None and predicted_bytes <= self.largest_fit_bytes
+
+    def _relearn(self) -> None:
+        """oom_mbs and learned_capacity_bytes from the OOMs that no fit contradicts."""
+        self.oom_mbs, peaks = {}, []
+        for failed, peak in self.ooms:
+            if peak is not None and self._fit_at_least(peak):
+                continue
+            key = layout_key(failed)
+            self.oom_mbs[key] = min(self.oom_mbs.get(key, failed.mbs), failed.mbs)
+            if peak is not None:
+                peaks.append(peak)
+        self.learned_capacity_bytes = min(peaks) if peaks else None
+
+    def contradicted(self, predicted_peak_bytes: float | None) -> str:
+        """Why an OOM predicted at `predicted_peak_bytes` does not tighten the gate: it is at or
+        below a prediction that measured OK. Empty when it does tighten it."""
+        if predicted_peak_bytes is None or not self._fit_at_least(predicted_peak_bytes):
+            return ""
+        assert self.largest_fit_bytes is not None
+        return (f"OOM at {predicted_peak_bytes / 2**30:.2f} GiB predicted is at or below "
+                f"{self.largest_fit_trial}'s {self.largest_fit_bytes / 2**30:.2f} GiB that fit: "
+                "not used to tighten the gate")
+
+    def record_oom(self, layout: Layout, predicted_peak_bytes: float | None) -> str:
+        """Remember a real OOM of `layout`; return contradicted()'s note (empty when the OOM
+        teaches the gate)."""
+        self.ooms.append((layout, predicted_peak_bytes))
+        self._relearn()
+        return self.contradicted(predicted_peak_bytes)
+
+    def record_fit(self, predicted_peak_bytes: float | None, trial: str) -> bool:
+        """Remember a trial that measured OK (`trial` names it in reasons): a fit above the
+        largest so far sets aside the OOMs predicted at or below it. Return whether decisions
+        may have changed (a new largest fit while some OOM is known)."""
+        if predicted_peak_bytes is None or self._fit_at_least(predicted_peak_bytes):
+            return False
+        self.largest_fit_bytes, self.largest_fit_trial = predicted_peak_bytes, trial
+        self._relearn()
+        return bool(self.ooms)

@@ -92,3 +92,74 @@ def test_a_real_oom_lowers_the_capacity_to_its_prediction() -> None:
     assert gate.learned_capacity_bytes == peak
     gate.record_oom(smaller, peak / 2)
     assert gate.learned_capacity_bytes == peak / 2
+
+
+# Layouts of gpt2-medium on 8 H100s by predicted peak: A (8.3 GiB) < B = B_TE (15.1 GiB, the
+# model does not price the attention implementation) < C (24.1 GiB). A, B and C differ only in
+# micro-batch, so an OOM of A also teaches the micro-batch rule for B and C.
+NOISE = {"A": layout(mbs=2, gbs=128), "B": layout(mbs=8, gbs=128),
+         "B_TE": layout(mbs=8, gbs=128, impl="te"), "C": layout(mbs=16, gbs=128)}
+
+
+@pytest.mark.parametrize(("events", "capacity", "launches", "noise"), [
+    # The H100 study: trial 0 fit, a layout predicted at or below it ran out of memory (a warm
+    # worker's leftovers): nothing predicted up to the fit, nor above it, is ruled out.
+    ([("fit", "B"), ("oom", "A")], None, {"A": True, "B": True, "B_TE": True, "C": True},
+     {"A": True}),
+    ([("fit", "B"), ("oom", "B_TE")], None, {"A": True, "B": True, "B_TE": True, "C": True},
+     {"B_TE": True}),
+    # No fit contradicts the OOM: the gate tightens as before.
+    ([("oom", "B")], "B", {"A": True, "B": False, "B_TE": False, "C": False}, {"B": False}),
+    ([("fit", "A"), ("oom", "B")], "B", {"A": True, "B": False, "B_TE": False, "C": False},
+     {"B": False}),
+    # A fit measured after an OOM predicted no higher sets that OOM aside.
+    ([("oom", "B"), ("fit", "C")], None, {"A": True, "B": True, "B_TE": True, "C": True},
+     {"B": False}),
+    ([("oom", "A"), ("oom", "C"), ("fit", "B")], "C",
+     {"A": True, "B": True, "B_TE": True, "C": False}, {"A": False, "C": False}),
+    # A fit below the OOM leaves it as it was.
+    ([("oom", "C"), ("fit", "A")], "C", {"A": True, "B": True, "B_TE": True, "C": False},
+     {"C": False}),
+])
+def test_an_oom_contradicted_by_a_fit_does_not_tighten_the_gate(
+        events: list[tuple[str, str]], capacity: str | None, launches: dict[str, bool],
+        noise: dict[str, bool]) -> None:
+    c = cluster(8)
+    gate = MemoryGate(GPT2_MEDIUM, c)
+    peak = {name: estimate_memory(GPT2_MEDIUM, s, c).peak_bytes for name, s in NOISE.items()}
+    assert peak["A"] < peak["B"] == peak["B_TE"] < peak["C"] < c.gpu.memory_bytes * 0.9
+    notes: dict[str, str] = {}
+    for number, (kind, name) in enumerate(events):
+        if kind == "fit":
+            gate.record_fit(peak[name], f"trial {number}")
+        else:
+            notes[name] = gate.record_oom(NOISE[name], peak[name])
+    assert gate.learned_capacity_bytes == (None if capacity is None else peak[capacity])
+    for name, launch in launches.items():
+        decision = gate.decide(NOISE[name])
+        assert decision.launch is launch, (name, decision.reason)
+        assert (decision.status is TrialStatus.PREDICTED_OOM) is not launch
+    # The note is the one for the moment of the OOM: a fit measured later sets it aside anyway.
+    assert {name: bool(note) for name, note in notes.items()} == noise
+    for name, note in notes.items():
+        if note:
+            fit = next(n for n, (kind, _) in enumerate(events) if kind == "fit")
+            assert note.startswith(f"OOM at {peak[name] / GIB:.2f} GiB predicted is at or "
+                                   f"below trial {fit}'s")
+            assert note.endswith("GiB that fit: not used to tighten the gate")
+    # Every OOM is remembered, contradicted or not.
+    assert [s for s, _ in gate.ooms] == [NOISE[n] for kind, n in events if kind == "oom"]
+
+
+def test_a_fit_unblocks_larger_micro_batches_of_an_oom_it_contradicts() -> None:
+    c = cluster(8)
+    gate = MemoryGate(GPT2_MEDIUM, c)
+    gate.record_oom(NOISE["A"], estimate_memory(GPT2_MEDIUM, NOISE["A"], c).peak_bytes)
+    assert not gate.decide(NOISE["C"]).launch  # mbs=16 >= mbs=2, which ran out of memory
+    assert gate.record_fit(estimate_memory(GPT2_MEDIUM, NOISE["B"], c).peak_bytes, "trial 3")
+    assert gate.oom_mbs == {} and gate.decide(NOISE["C"]).launch
+    # An OOM without a prediction still teaches the micro-batch rule, but rules out nothing
+    # predicted to need no more than the fit.
+    gate.record_oom(NOISE["A"], None)
+    assert gate.oom_mbs == {layout_key(NOISE["A"]): 2}
+    assert gate.decide(NOISE["B"]).launch and not gate.decide(NOISE["C"]).launch

@@ -156,6 +156,37 @@ def test_a_real_oom_teaches_the_gate_a_smaller_capacity(tmp_path: Path) -> None:
     assert any("learned capacity" in reason for reason in reasons)
 
 
+def test_an_oom_below_a_measured_fit_never_rules_out_a_layout(tmp_path: Path) -> None:
+    # The H100 study: a warm worker's leftovers make one layout run out of memory though a
+    # layout predicted to need as much fit before it. The grid still launches every layout
+    # predicted to fit, each once.
+    largest_fit = 0.0
+    noise: list[Layout] = []
+
+    def oom(s: Layout) -> bool:
+        nonlocal largest_fit
+        if not noise and predicted_peak(s) <= largest_fit:
+            noise.append(s)
+            return True
+        largest_fit = max(largest_fit, predicted_peak(s))
+        return False
+
+    backend = FakeBackend(CLUSTER, oom=oom)
+    result = run_search(config(tmp_path, backend, sampler="grid"))
+
+    valid = set(representatives(MODEL, enumerate_space(SPACE, MODEL, CLUSTER).valid).values())
+    expected = [s for s in valid if fits(s)]
+    assert sorted(backend.calls, key=repr) == sorted(expected, key=repr)
+    assert len(noise) == 1
+    [failed] = [r for r in result.records
+                if r.status is TrialStatus.OOM and r.duplicate_of is None]
+    assert failed.layout == noise[0]
+    assert "CUDA out of memory (fake); OOM at " in failed.reason
+    assert failed.reason.endswith("GiB that fit: not used to tighten the gate")
+    assert not any("learned capacity" in r.reason or "which ran out of memory" in r.reason
+                   for r in result.records)
+
+
 # -- no duplicates, stop conditions, samplers -----------------------------------------------
 
 

@@ -60,9 +60,14 @@ class Knowledge:
     def learn(self, record: TrialRecord, told: bool) -> None:
         """Ledger.note's learner: take in one record."""
         if record.status is TrialStatus.OOM and record.duplicate_of is None:
-            self.gate.record_oom(record.layout, record.predicted_peak_bytes)
+            noise = self.gate.record_oom(record.layout, record.predicted_peak_bytes)
+            if noise:
+                log.warning("trial %d: %s", record.number, noise)
             self._fits.clear()
         if record.tokens_per_s is not None:
+            # Steps were measured, so it fit: an OOM predicted to need no more is noise.
+            if self.gate.record_fit(record.predicted_peak_bytes, f"trial {record.number}"):
+                self._fits.clear()
             key = layout_key(record.layout)
             self.good_mbs[key] = max(self.good_mbs.get(key, 0), record.layout.mbs)
             if told:
@@ -218,6 +223,11 @@ class TrialExecutor:
             raise
         record = replace(planned, status=metrics.status, reason=metrics.error or "",
                          metrics=metrics)
+        noise = self.parts.knowledge.gate.contradicted(planned.predicted_peak_bytes)
+        if metrics.status is TrialStatus.OOM and noise:
+            # Kept as an OOM, but the record says why it does not rule out other layouts.
+            record = replace(record, reason=f"{record.reason}; {noise}" if record.reason
+                             else noise)
         if record.pruned_slow:
             record = replace(record, reason=_pruned_reason(metrics, spec))
         self.tell(trial, record)
