@@ -118,6 +118,14 @@ class CostParams:
     of attention and GEMMs, with identical memory: the median over six pairs (gpt2-xl and
     gpt2-large, one H100 and two H200, tp 1 and 2, TE 2.11) is 0.35 ms per layer and micro-batch,
     range 0.08-0.85 ms (results/benchmarks/2026-11-23-h100-te-build-and-runs.md)."""
+    cp_ring_step_host_s: float = 0.0036
+    """Host time of one step of Transformer Engine's context-parallel ring per layer and
+    micro-batch, forward and backward together (transformer_engine/pytorch/attention:
+    AttnFuncWithCPAndKVP2P issues each of its cp steps' kernels and p2p exchange from Python).
+    When a stage's n x cp of them take longer than its GPU work, the GPU waits. Measured with
+    TE 2.11 on two H200 (gpt2-xl, cp 2, mbs 1, results/benchmarks/2026-11-23-h100-te-build-and-
+    runs.md): 1.470 and 1.461 s per step at seq 4096 and 8192, the same host-bound time for
+    twice the tokens; GPU-bound at 16384 (1.980 s)."""
     checkpoint_call_s: float = 0.0
     """Fixed cost of one activation checkpoint per micro-batch, besides the FLOPs it reruns:
     megatron-core's CheckpointFunction (tensor_parallel/random.py) saves and restores the CPU,
@@ -431,6 +439,10 @@ def _stage_time(model: ModelSpec, s: Layout, prm: CostParams, layer: _LayerTimes
         copy = offload_bytes / pcie
         fwd = layer.gemm + layer.core + layer.elem
         offload = s.vpp * offloaded * (max(0.0, copy - fwd) + max(0.0, copy - 2 * fwd))
+    if s.cp > 1:
+        # The ring's host time hides behind the stage's GPU work only up to that work's length.
+        busy = compute + logits_s + tp + cp + ep + pp_s + launch + offload
+        cp += max(0.0, n * s.cp * prm.cp_ring_step_host_s - busy)
     return _StageTime(compute=compute + logits_s, tp=tp, cp=cp, ep=ep, pp=pp_s, launch=launch,
                       offload=offload)
 

@@ -111,6 +111,21 @@ def test_context_parallel_ring_hides_behind_attention() -> None:
     assert 0.0 < slow.cp_comm_s < slow.compute_s
 
 
+@pytest.mark.parametrize(("seq", "host_bound"), [(2048, True), (4096, True), (32768, False)])
+def test_context_parallel_ring_host_time_floors_short_sequences(seq: int,
+                                                                host_bound: bool) -> None:
+    """TE's ring is issued from the host, cp steps per layer and micro-batch: a stage never
+    runs faster than that; long sequences give the GPU enough work to hide it."""
+    model = load_model("gpt2-xl").with_overrides(seq_length=seq, global_batch_size=4)
+    s = Layout(cp=2, dp=1, mbs=1, gbs=4, impl="te")
+    prm = CostParams()
+    est = estimate_cost(model, s, cluster(2, "h200"))
+    host_floor = s.num_microbatches * model.num_layers * s.cp * prm.cp_ring_step_host_s
+    without = estimate_cost(model, s, cluster(2, "h200"), replace(prm, cp_ring_step_host_s=0.0))
+    assert est.step_time_s >= host_floor
+    assert (est.step_time_s > without.step_time_s) is host_bound
+
+
 MODELS = [load_model(n) for n in ("gpt2-xl", "gpt-1.7b")]
 C8 = cluster(8)
 
