@@ -31,10 +31,11 @@ __all__ = ["DEFAULT_ERROR_BAND", "MEMORY_ERROR_BAND", "GateDecision", "MemoryGat
 
 MEMORY_ERROR_BAND: dict[str, float] = {
     # The memory model's worst under-prediction of NVML's device memory in use, as a fraction,
-    # over the OK trials of tests/data/measured_trials.json (94 trials, megatron-core 0.16.1,
-    # no TE): h100-80gb 3.5% (40 trials, worst s4-xl16k-grid/1), h200 6.7% (51 trials, worst
-    # s2-l4-search/1). tests/test_gate.py recomputes them from the data.
-    "h100-80gb": 0.035,
+    # over the OK trials of tests/data/measured_trials.json (118 trials, megatron-core 0.16.1,
+    # with and without TE 2.11): h100-80gb 5.0% (50 trials, worst s6-te-l-pairs/1), h200 6.7%
+    # (63 trials, worst s2-l4-search/1). tests/test_memory_options.py recomputes them from the
+    # data.
+    "h100-80gb": 0.050,
     "h200": 0.067,
 }
 DEFAULT_ERROR_BAND = max(MEMORY_ERROR_BAND.values())
