@@ -18,7 +18,7 @@ from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 if TYPE_CHECKING:
     from autotune.pool import WarmPool
 
-__all__ = ["POOL_DIR", "Backend", "BackendName", "Isolation", "MegatronLMBackend",
+__all__ = ["POOL_DIR", "WARM_OOM_DIR", "Backend", "BackendName", "Isolation", "MegatronLMBackend",
            "SimulateBackend", "WorkerBackend", "make_backend", "trial_timeout_s"]
 
 
@@ -51,6 +51,10 @@ class Isolation(enum.StrEnum):
 
 POOL_DIR = "pool"
 """The warm pool's folder, beside the study's trials folder."""
+
+WARM_OOM_DIR = "warm-oom"
+"""Inside a trial's folder: what its out-of-memory run in the warm pool left (log, failure
+files), kept when the trial runs again in a fresh process."""
 
 LAUNCH_OVERHEAD_S = 60.0
 """Launch, rendezvous, model build and CUDA/NCCL initialisation before the first step; the
@@ -122,27 +126,70 @@ class WorkerBackend:
     pools: dict[tuple[Path, int], WarmPool] = field(default_factory=dict, compare=False,
                                                      repr=False)
     """The warm pools started, by folder and ranks (one per search in practice)."""
+    launcher: tuple[str, ...] | None = None
+    """torchrun's command (None: autotune.runner.TORCHRUN); tests put a double here."""
+    worker: tuple[str, ...] | None = None
+    """The worker's command for cold trials (None: autotune.runner.WORKER)."""
+    pool_worker: tuple[str, ...] | None = None
+    """The command a pool's ranks run (None: the same as `worker`; the pool adds --serve)."""
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
         from autotune.metrics import metrics_from_run
-        from autotune.runner import run_multinode_trial, run_trial
+        from autotune.runner import run_multinode_trial
 
         if self.multi is not None:
             return metrics_from_run(run_multinode_trial(spec, trial_dir, self.multi,
                                                         timeout_s=timeout_s))
         if self.isolation is Isolation.COLD:
-            return metrics_from_run(run_trial(spec, trial_dir, timeout_s=timeout_s))
-        return metrics_from_run(self.pool(trial_dir, spec.layout.world_size)
-                                .run(spec, trial_dir, timeout_s))
+            return self._run_cold(spec, trial_dir, timeout_s)
+        pool = self.pool(trial_dir, spec.layout.world_size)
+        metrics = metrics_from_run(pool.run(spec, trial_dir, timeout_s))
+        if metrics.status is TrialStatus.OOM:
+            return self._confirm_oom_cold(spec, Path(trial_dir), timeout_s, pool)
+        return metrics
+
+    def _run_cold(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
+        from autotune.launchers import TORCHRUN
+        from autotune.metrics import metrics_from_run
+        from autotune.protocol import WORKER
+        from autotune.runner import run_trial
+
+        return metrics_from_run(run_trial(spec, trial_dir, timeout_s=timeout_s,
+                                          launcher=self.launcher or TORCHRUN,
+                                          worker=self.worker or WORKER))
+
+    def _confirm_oom_cold(self, spec: TrialSpec, trial_dir: Path, timeout_s: float,
+                          pool: WarmPool) -> TrialMetrics:
+        """Run a trial that ran out of memory in the warm pool again, alone in a fresh process.
+
+        A warm rank keeps what earlier trials left behind (allocator segments, library
+        workspaces, loaded kernels), so its OOM may be the pool's and not the layout's; an OOM
+        teaches the memory gate, which then skips layouts. Seen on an H100 with Transformer
+        Engine: gpt2-xl mbs 16 with selective recompute ran out of memory in the pool in two
+        searches and fit in a fresh process at 76.8 GiB of 79.2 (results/benchmarks/
+        2026-11-23-h100-te-build-and-runs.md). The pool is stopped first so that it holds no
+        memory, and starts again on the next trial."""
+        from autotune.protocol import SPEC_NAME
+
+        aside = trial_dir / WARM_OOM_DIR
+        aside.mkdir(exist_ok=True)
+        for path in trial_dir.iterdir():
+            if path.is_file() and path.name != SPEC_NAME:
+                path.replace(aside / path.name)
+        pool.close()
+        return self._run_cold(spec, trial_dir, timeout_s)
 
     def pool(self, trial_dir: Path, nproc: int) -> WarmPool:
         """The pool for trials in `trial_dir`'s study (results/<study>/pool), started on its
         first trial."""
+        from autotune.launchers import TORCHRUN
         from autotune.pool import WarmPool
+        from autotune.protocol import WORKER
 
         key = (Path(trial_dir).resolve().parent.parent / POOL_DIR, nproc)
         if key not in self.pools:
-            self.pools[key] = WarmPool(*key)
+            self.pools[key] = WarmPool(*key, launcher=self.launcher or TORCHRUN,
+                                       worker=self.pool_worker or self.worker or WORKER)
         return self.pools[key]
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.backends import POOL_DIR, Isolation, WorkerBackend
+from autotune.backends import POOL_DIR, WARM_OOM_DIR, Isolation, WorkerBackend
 from autotune.errors import ConfigError
 from autotune.layout import Layout
 from autotune.metrics import metrics_from_run
@@ -177,6 +177,30 @@ def test_the_worker_backend_keeps_one_pool_per_study_and_closes_it(tmp_path: Pat
     assert pool.root == (tmp_path / "study" / POOL_DIR).resolve() and pool.nproc == 2
     backend.close()
     assert not pool.running
+
+
+@pytest.mark.parametrize(("cold_worker", "status"), [("ok.py", TrialStatus.OK),
+                                                   ("oom.py", TrialStatus.OOM)])
+def test_an_oom_in_the_pool_is_confirmed_in_a_fresh_process(
+        tmp_path: Path, cold_worker: str, status: TrialStatus) -> None:
+    """The pool's leftovers can cause an OOM: the trial runs again alone, with the pool stopped,
+    and the fresh run's outcome is the trial's; the warm run's files are kept aside."""
+    backend = WorkerBackend(isolation=Isolation.WARM, launcher=FAKE_TORCHRUN,
+                            worker=(str(DOUBLES / cold_worker),), pool_worker=RANK)
+    trials = tmp_path / "study" / "trials"
+    try:
+        first = backend.run(_spec(OK, dp=1), trials / "0", 20)
+        pool = backend.pool(trials / "0", 1)
+        again = backend.run(_spec(OOM, dp=1), trials / "1", 20)
+        assert first.warm is True and not pool.running
+        assert again.status is status and again.warm is not True
+        kept = trials / "1" / WARM_OOM_DIR
+        assert (kept / "log.txt").exists() and list(kept.glob("failure-rank*.json"))
+        assert (trials / "1" / "trial.json").exists()
+        after = backend.run(_spec(OK, dp=1), trials / "2", 20)
+        assert after.status is TrialStatus.OK and after.warm is True and pool.starts == 2
+    finally:
+        backend.close()
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch for torchrun")
