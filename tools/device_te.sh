@@ -158,8 +158,9 @@ tok = layout["gbs"] * layout["seq_length"] / step
 worker = layout["tokens_per_s"]
 print(f"megatron-lm: {tok:,.0f} tokens/s (median {step:.3f} s of iterations 3-{it[-1][0]}, "
       f"{min(ms) / 1000:.3f}-{max(ms) / 1000:.3f} s)"
-      + (f", max allocated {float(mem[0][0]) / 1024:.2f} GiB, reserved "
-         f"{float(mem[0][1]) / 1024:.2f} GiB" if mem else ""))
+      # The last report: after iteration 1 Adam's states did not exist yet at the peak.
+      + (f", max allocated {float(mem[-1][0]) / 1024:.2f} GiB, reserved "
+         f"{float(mem[-1][1]) / 1024:.2f} GiB" if mem else ""))
 print(f"worker: {worker:,.0f} tokens/s ({'predicted' if layout.get('predicted') else 'measured'})"
       f"; megatron-lm / worker = {tok / worker:.3f}")
 EOF
