@@ -440,8 +440,9 @@ def _stage_time(model: ModelSpec, s: Layout, prm: CostParams, layer: _LayerTimes
         fwd = layer.gemm + layer.core + layer.elem
         offload = s.vpp * offloaded * (max(0.0, copy - fwd) + max(0.0, copy - 2 * fwd))
     if s.cp > 1:
-        # The ring's host time hides behind the stage's GPU work only up to that work's length.
-        busy = compute + logits_s + tp + cp + ep + pp_s + launch + offload
+        # The ring's host time hides behind the stage's GPU work only up to that work's length
+        # (offload's copies wait on the host link, not on that work: priced on top).
+        busy = compute + logits_s + tp + cp + ep + pp_s + launch
         cp += max(0.0, n * s.cp * prm.cp_ring_step_host_s - busy)
     return _StageTime(compute=compute + logits_s, tp=tp, cp=cp, ep=ep, pp=pp_s, launch=launch,
                       offload=offload)

@@ -51,11 +51,6 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("impl", "megatron-lm", lambda a, b: {a.impl, b.impl} == {Impl.SDPA, Impl.TE},
             "Megatron-LM has no sdpa implementation; export writes Transformer Engine's spec, "
             "the nearest (autotune.scripts), and the worker keeps the two apart."),
-    Allowed("impl", "model", lambda a, b: {a.impl, b.impl} == {Impl.SDPA, Impl.TE},
-            "The memory and cost models price sdpa and te alike: both run fused (flash) "
-            "attention that keeps no s x s scores, around the same GEMMs "
-            "(autotune.memory_activations, autotune.cost). TE's own fused kernels are not "
-            "calibrated yet: no TE on the GPU machines (issue 19)."),
 )
 NOT_SEARCHED = {"dp": "derived from the GPU count and tp x pp x cp",
                 "gbs": "the model's global batch size, not a search dimension"}
