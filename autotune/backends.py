@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Protocol
 from autotune.cost import CostParams, estimate_cost
 from autotune.errors import ConfigError, parse_choice
 from autotune.hardware import ClusterSpec
-from autotune.launchers import MultiNode
+from autotune.launchers import TORCHRUN, MultiNode
 from autotune.memory import MemoryParams, estimate_memory
+from autotune.protocol import WORKER
 from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
 if TYPE_CHECKING:
@@ -126,10 +127,10 @@ class WorkerBackend:
     pools: dict[tuple[Path, int], WarmPool] = field(default_factory=dict, compare=False,
                                                      repr=False)
     """The warm pools started, by folder and ranks (one per search in practice)."""
-    launcher: tuple[str, ...] | None = None
-    """torchrun's command (None: autotune.runner.TORCHRUN); tests put a double here."""
-    worker: tuple[str, ...] | None = None
-    """The worker's command for cold trials (None: autotune.runner.WORKER)."""
+    launcher: tuple[str, ...] = TORCHRUN
+    """torchrun's command; tests put a double here."""
+    worker: tuple[str, ...] = WORKER
+    """The worker's command for cold trials."""
     pool_worker: tuple[str, ...] | None = None
     """The command a pool's ranks run (None: the same as `worker`; the pool adds --serve)."""
 
@@ -149,14 +150,11 @@ class WorkerBackend:
         return metrics
 
     def _run_cold(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
-        from autotune.launchers import TORCHRUN
         from autotune.metrics import metrics_from_run
-        from autotune.protocol import WORKER
         from autotune.runner import run_trial
 
         return metrics_from_run(run_trial(spec, trial_dir, timeout_s=timeout_s,
-                                          launcher=self.launcher or TORCHRUN,
-                                          worker=self.worker or WORKER))
+                                          launcher=self.launcher, worker=self.worker))
 
     def _confirm_oom_cold(self, spec: TrialSpec, trial_dir: Path, timeout_s: float,
                           pool: WarmPool) -> TrialMetrics:
@@ -182,14 +180,12 @@ class WorkerBackend:
     def pool(self, trial_dir: Path, nproc: int) -> WarmPool:
         """The pool for trials in `trial_dir`'s study (results/<study>/pool), started on its
         first trial."""
-        from autotune.launchers import TORCHRUN
         from autotune.pool import WarmPool
-        from autotune.protocol import WORKER
 
         key = (Path(trial_dir).resolve().parent.parent / POOL_DIR, nproc)
         if key not in self.pools:
-            self.pools[key] = WarmPool(*key, launcher=self.launcher or TORCHRUN,
-                                       worker=self.pool_worker or self.worker or WORKER)
+            self.pools[key] = WarmPool(*key, launcher=self.launcher,
+                                       worker=self.pool_worker or self.worker)
         return self.pools[key]
 
     def close(self) -> None:
