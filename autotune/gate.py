@@ -106,12 +106,18 @@ class MemoryGate:
             capacity = min(capacity, self.learned_capacity_bytes)
         return capacity
 
-    def decide(self, layout: Layout) -> GateDecision:
+    def decide(self, layout: Layout, evidence_bytes: float | None = None) -> GateDecision:
+        """Launch, or the status to record instead. `evidence_bytes`: the layout's peak
+        extrapolated from a measured trial of the same layout with another count of a derived
+        lever (autotune.search.ladder); where given it is judged against the device memory
+        instead of the model's prediction, which it corrects."""
         violations = check(layout, self.model, self.cluster)
         if violations:
             return GateDecision(status=TrialStatus.INVALID, reason=violations[0].message,
                                 memory=None, constraint=1.0)
         memory = estimate_memory(self.model, layout, self.cluster, self.params)
+        if evidence_bytes is not None:
+            return self._decide_measured(memory, evidence_bytes)
         capacity = self.capacity_bytes()
         constraint = (memory.peak_bytes - capacity) / 2**30
         smallest_oom = self.oom_mbs.get(layout_key(layout))
@@ -142,6 +148,20 @@ class MemoryGate:
                             reason=f"predicted to fit: {gib:.1f} GiB, "
                                    f"{(capacity - memory.peak_bytes) / 2**30:.1f} GiB under "
                                    f"the capacity, outside the {band:.1%} error band")
+
+    def _decide_measured(self, memory: MemoryEstimate, evidence_bytes: float) -> GateDecision:
+        device = float(self.cluster.gpu.memory_bytes)
+        gib = evidence_bytes / 2**30
+        constraint = (evidence_bytes - device) / 2**30
+        if evidence_bytes > device:
+            return GateDecision(
+                status=TrialStatus.PREDICTED_OOM, memory=memory, constraint=max(constraint, 0.1),
+                reason=f"{gib:.1f} GiB extrapolated from a measured trial of this layout, over "
+                       f"the {device / 2**30:.1f} GiB of the {self.cluster.gpu.name}")
+        return GateDecision(
+            status=None, memory=memory, constraint=constraint, risky=True,
+            reason=f"{gib:.1f} GiB extrapolated from a measured trial of this layout "
+                   f"(predicted {memory.peak_bytes / 2**30:.1f} GiB): run as a risk")
 
     def _fit_at_least(self, predicted_bytes: float) -> bool:
         return self.largest_fit_bytes is not None and predicted_bytes <= self.largest_fit_bytes

@@ -15,6 +15,16 @@ from autotune.dimensions import LEVELS
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
 from autotune.layout import RULES, SEARCHED, Layout, derive_dp, with_fields
+from autotune.levers.derive import (
+    DERIVABLE,
+    DERIVE,
+    DIVISORS,
+    ENUMERABLE,
+    divisor_values,
+    resolve,
+    safe_limit_bytes,
+)
+from autotune.memory import MemoryParams
 from autotune.model import ModelSpec, read_text, search_spaces_dir
 
 __all__ = ["DIMENSIONS", "SearchSpace", "SpaceSummary", "enumerate_space", "load_space"]
@@ -31,13 +41,29 @@ class SearchSpace:
     source: str = "default"
 
     def size(self) -> int:
+        """Combinations of the listed candidates (`divisors` and `derive` count as one)."""
         return math.prod(len(v) for v in self.candidates.values())
+
+    @property
+    def derived(self) -> tuple[str, ...]:
+        """The dimensions whose candidates include `derive` (autotune.levers.derive)."""
+        return tuple(d for d, v in self.candidates.items() if DERIVE in v)
+
+    def literal(self, dim: str) -> tuple[Any, ...]:
+        """`dim`'s listed values, without the markers."""
+        return tuple(v for v in self.candidates.get(dim, ()) if v not in (DERIVE, DIVISORS))
 
     def at_level(self, level: int) -> dict[str, tuple[Any, ...]]:
         return {k: v for k, v in self.candidates.items() if DIMENSIONS[k].level == level}
 
 
 def _check_value(dim: str, value: Any, source: str) -> Any:
+    if value in (DERIVE, DIVISORS):
+        allowed = DERIVABLE if value == DERIVE else ENUMERABLE
+        if dim not in allowed:
+            raise ConfigError(f"{source}: {dim} cannot be `{value}`; only "
+                              f"{', '.join(allowed)} can")
+        return value
     problem = DIMENSIONS[dim].check(value)
     if problem is not None:
         raise ConfigError(f"{source}: {dim} candidates must be {problem}, got {value!r}")
@@ -107,6 +133,9 @@ class SpaceSummary:
     total: int
     valid: list[Layout]
     rejected: dict[str, RejectGroup]
+    via_derive: dict[Layout, tuple[str, ...]] = field(default_factory=dict)
+    """The valid layouts whose value of some dimension was resolved from `derive`, with
+    those dimensions (a layout may also come from a listed value: then it is in both)."""
 
     def valid_values(self, dim: str) -> list[Any]:
         """The candidates of `dim` that appear in at least one valid layout."""
@@ -120,38 +149,67 @@ def _product(options: dict[str, tuple[Any, ...]]) -> Iterator[dict[str, Any]]:
         yield dict(zip(names, values, strict=True))
 
 
-_LAST: list[tuple[tuple[SearchSpace, ModelSpec, ClusterSpec], SpaceSummary]] = []
+_LAST: list[tuple[tuple[SearchSpace, ModelSpec, ClusterSpec, MemoryParams | None],
+                 SpaceSummary]] = []
 """The last enumeration and what it was of: the CLI checks a space before a search and the
 search enumerates the same space again, which for thousands of GPUs took seconds each."""
 
 
-def enumerate_space(space: SearchSpace, model: ModelSpec,
-                    cluster: ClusterSpec) -> SpaceSummary:
+def enumerate_space(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
+                    params: MemoryParams | None = None) -> SpaceSummary:
     """Every combination of the space, split into valid layouts and rejections by rule
-    (`_enumerate`); the same question twice in a row is answered from the first answer."""
-    key = (space, model, cluster)
+    (`_enumerate`); the same question twice in a row is answered from the first answer.
+    `params`: the memory constants that resolve `derive` (the defaults when None)."""
+    key = (space, model, cluster, params)
     if not _LAST or _LAST[0][0] != key:
-        _LAST[:] = [(key, _enumerate(space, model, cluster))]
+        _LAST[:] = [(key, _enumerate(space, model, cluster, params))]
     summary = _LAST[0][1]
     # A copy of the lists: a caller may change its summary, never the remembered one.
     return SpaceSummary(total=summary.total, valid=list(summary.valid),
-                        rejected=dict(summary.rejected))
+                        rejected=dict(summary.rejected), via_derive=dict(summary.via_derive))
 
 
-def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec) -> SpaceSummary:
+def _choices(options: dict[str, tuple[Any, ...]], partial: Layout,
+             model: ModelSpec) -> Iterator[dict[str, Any]]:
+    """One level's combinations; a `divisors` dimension takes the values Megatron accepts
+    with the level's other choices (vpp: the stage layers the uneven split leaves)."""
+    listed = {d: v for d, v in options.items() if v != (DIVISORS,)}
+    enumerated = [d for d, v in options.items() if v == (DIVISORS,)]
+    for choice in _product(listed):
+        if not enumerated:
+            yield choice
+            continue
+        with_choice = with_fields(partial, **choice)
+        values = {d: divisor_values(d, with_choice, model) or (1,) for d in enumerated}
+        for extra in _product(values):
+            yield {**choice, **extra}
+
+
+def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
+               params: MemoryParams | None = None) -> SpaceSummary:
     """Rules are checked level by level, so a layout rejected at level k is counted once for
-    all combinations of the deeper dimensions instead of being expanded."""
+    all combinations of the deeper dimensions instead of being expanded. A `derive` choice is
+    resolved (autotune.levers.derive.resolve) before the rules of its level read it."""
     levels = [space.at_level(level) for level in range(LEVELS)]
     deeper = [math.prod(len(v) for lv in levels[k + 1:] for v in lv.values())
               for k in range(LEVELS)]
     rejected: dict[str, RejectGroup] = {}
     valid: list[Layout] = []
+    via_derive: dict[Layout, tuple[str, ...]] = {}
     base = Layout(gbs=model.global_batch_size)
     rules_at = [[rule for rule in RULES if rule.level == level] for level in range(LEVELS)]
+    limit = safe_limit_bytes(cluster)
 
     def expand(level: int, partial: Layout) -> None:
-        for choice in _product(levels[level]):
+        for choice in _choices(levels[level], partial, model):
+            derived = tuple(d for d, v in choice.items() if v == DERIVE)
+            if derived:
+                # A placeholder the resolver replaces: the lever's default.
+                choice = {**choice, **{d: DERIVABLE[d].off for d in derived}}
             layout = with_fields(partial, **choice)
+            if derived:
+                layout = resolve(layout, derived, model, cluster, limit_bytes=limit,
+                                 params=params)
             if level == 0:
                 layout = with_fields(layout, dp=derive_dp(
                     cluster.num_gpus, tp=layout.tp, pp=layout.pp, cp=layout.cp))
@@ -165,9 +223,14 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec) -> Sp
                 expand(level + 1, layout)
             else:
                 valid.append(layout)
+                if derived:
+                    via_derive[layout] = derived
 
     expand(0, base)
-    return SpaceSummary(total=space.size(), valid=valid, rejected=rejected)
+    # A `divisors` dimension has as many values as the layout it completes allows: counted
+    # where the enumeration reached it, as one where a rule rejected the layout before.
+    total = len(valid) + sum(group.count for group in rejected.values())
+    return SpaceSummary(total=total, valid=valid, rejected=rejected, via_derive=via_derive)
 
 
 def describe_limits(summary: SpaceSummary, space: SearchSpace, model: ModelSpec,

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.model import list_presets
-from autotune.space import load_space
+from autotune.hardware import ClusterSpec
+from autotune.model import list_presets, load_model
+from autotune.space import enumerate_space, load_space
 from tests.conftest import heavy_imports_of
 
 
@@ -30,7 +31,8 @@ def test_models_lists_every_preset_with_size(capsys: pytest.CaptureFixture[str])
 def test_dry_run_explains_the_space(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "gpt2-xl", "--gpus", "8", "--dry-run")
     assert code == 0
-    assert f"{load_space().size():,} combinations" in out
+    summary = enumerate_space(load_space(), load_model("gpt2-xl"), ClusterSpec.make(8, 8, None))
+    assert f"{summary.total:,} combinations" in out
     assert "tp=2 must divide num_attention_heads=25" in out
     assert "note: tp is limited to 1" in out
 

@@ -22,6 +22,7 @@ from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
 from autotune.identity import run_key
 from autotune.layout import Layout, check, derive_dp
+from autotune.levers.derive import DERIVE, DIVISORS, divisor_values
 from autotune.megatron_args import FLAG_TABLE, Part, megatron_lm_args
 from autotune.megatron_command import (
     changed_args,
@@ -53,6 +54,14 @@ def _sample(model_name: str, gpus: int) -> list[Layout]:
         values = {d: rng.choice(c) for d, c in SPACE.candidates.items()}
         dp = derive_dp(gpus, tp=values.get("tp", 1), pp=values.get("pp", 1),
                        cp=values.get("cp", 1))
+        # The space's markers stand for values of the layout: any count a derived lever can
+        # take, any divisor a `divisors` dimension offers.
+        values = {d: rng.randint(1, model.num_layers) if v == DERIVE else v
+                  for d, v in values.items()}
+        partial = Layout(dp=dp, gbs=model.global_batch_size,
+                         **{d: v for d, v in values.items() if v != DIVISORS})
+        values = {d: rng.choice(divisor_values(d, partial, model) or (1,)) if v == DIVISORS
+                  else v for d, v in values.items()}
         layout = Layout(dp=dp, gbs=model.global_batch_size, **values)
         if not check(layout, model, cluster):
             found.append(layout)

@@ -23,10 +23,12 @@ from autotune.gate import MemoryGate, layout_key
 from autotune.heuristics import next_smaller_mbs
 from autotune.launchers import LOG_NAME
 from autotune.layout import Layout
+from autotune.levers.derive import DIVISORS, divisor_values
 from autotune.search.config import SearchConfig
+from autotune.search.ladder import Ladder
 from autotune.search.layouts import LayoutMap, ParamsKey
 from autotune.search.ledger import LayoutQueue, Ledger
-from autotune.search.records import SearchResult, Source, TrialRecord
+from autotune.search.records import SearchResult, Source, TrialRecord, stored_derived
 from autotune.search.refit import refit_cost_params
 from autotune.search.stop_rule import PRUNE_MARGIN, ModelStop, format_tokens
 from autotune.search.store import StudyStore
@@ -53,12 +55,19 @@ class Knowledge:
         """Per layout (gate.layout_key), the largest micro-batch that ran."""
         self._tokens: dict[Layout, float] = {}
         """Predicted tokens/s per layout under the current cost constants (refit clears it)."""
+        self.ladder = Ladder(cfg.model, cfg.cluster, cfg.space.derived, cfg.memory_params)
+        """The derived levers' rungs (autotune.search.ladder)."""
         self._fits: dict[Layout, bool] = {}
         """The gate's verdict per layout until it learns an OOM: the stop rule ranks every
         valid layout before each trial, thousands on 8 GPUs."""
 
     def learn(self, record: TrialRecord, told: bool) -> None:
         """Ledger.note's learner: take in one record."""
+        if record.duplicate_of is None and self.ladder.dims:
+            metrics = record.metrics
+            measured = None if metrics is None else (metrics.device_used_bytes
+                                                     or metrics.peak_bytes)
+            self.ladder.learn(record.layout, record.status, measured)
         if record.status is TrialStatus.OOM and record.duplicate_of is None:
             noise = self.gate.record_oom(record.layout, record.predicted_peak_bytes)
             if noise:
@@ -116,7 +125,10 @@ class Knowledge:
     def smaller_mbs(self, failed: Layout) -> Layout | None:
         """After a real OOM, the same layout with a smaller micro-batch (Alpa step 1); after a
         success below a known OOM, the middle micro-batch between the two (bisection)."""
-        candidates = self.cfg.space.candidates.get("mbs", (failed.mbs,))
+        listed = self.cfg.space.candidates.get("mbs", (failed.mbs,))
+        # `mbs: divisors`: every micro-batch that divides the layout's batch per rank.
+        candidates = divisor_values("mbs", failed, self.cfg.model) if DIVISORS in listed \
+            else listed
         smaller = next_smaller_mbs(candidates, failed.mbs, self.good_mbs.get(layout_key(failed)))
         return None if smaller is None else replace(failed, mbs=smaller)
 
@@ -161,7 +173,7 @@ class TrialExecutor:
         p = self.parts
         source = Source.read(trial.user_attrs.get("source", Source.SAMPLER))
         predicted = p.cfg.backend.predicted
-        s = p.layouts.layout(trial.params)
+        s = p.layouts.layout(trial.params, stored_derived(trial))
         if s is None:
             self.tell(trial, TrialRecord(
                 number=trial.number, layout=p.layouts.proposal(trial.params),
@@ -187,7 +199,9 @@ class TrialExecutor:
                 duplicate_of=other, reason=f"running in trial {other}", predicted=predicted))
             p.queue.push(s, source)
             return
-        decision = p.knowledge.gate.decide(s)
+        # A rung of a derived lever is judged by its measured neighbour where it has one.
+        evidence = p.knowledge.ladder.extrapolated(s) if source is Source.DERIVED else None
+        decision = p.knowledge.gate.decide(s, evidence)
         peak = decision.memory.peak_bytes if decision.memory else None
         planned = TrialRecord(number=trial.number, layout=s, status=TrialStatus.OK,
                               source=source, predicted_peak_bytes=peak, predicted=predicted)
@@ -236,6 +250,8 @@ class TrialExecutor:
             self.bisect(s)
         elif record.tokens_per_s is not None and layout_key(s) in oom_mbs:
             self.bisect(replace(s, mbs=oom_mbs[layout_key(s)]))
+        if metrics.status in (TrialStatus.OK, TrialStatus.OOM) and not record.pruned_slow:
+            self.climb(s)
 
     def relaunch(self, spec: TrialSpec, trial_dir: Path, timeout: float,
                  failed: TrialMetrics) -> TrialMetrics:
@@ -259,6 +275,17 @@ class TrialExecutor:
         retry = p.knowledge.smaller_mbs(failed)
         if retry is not None and p.layouts.is_valid(retry) and not p.ledger.tried(retry):
             p.queue.push(retry, Source.OOM_BISECT, first=True)
+
+
+    def climb(self, s: Layout) -> None:
+        """Queue the next rung of `s`'s derived lever (autotune.search.ladder) first, when
+        there is one not tried yet."""
+        p = self.parts
+        knowledge = p.knowledge
+        rung = knowledge.ladder.next_rung(s, capacity_bytes=knowledge.gate.capacity_bytes())
+        if rung is not None and rung != s and not p.ledger.tried(rung):
+            log.info("derived %s: next rung %s", s.describe(), rung.describe())
+            p.queue.push(rung, Source.DERIVED, first=True)
 
 
 def _pruned_reason(metrics: TrialMetrics, spec: TrialSpec) -> str:

@@ -22,8 +22,10 @@ from autotune.dimensions import plain
 from autotune.layout import DIMENSIONS, Layout
 from autotune.trial import StopReason, TrialMetrics, TrialStatus
 
-__all__ = ["LAUNCHED", "RECORD_ATTR", "Observer", "SearchResult", "Source", "TrialRecord",
-           "read_record", "record_attrs", "store_record", "stored_record"]
+__all__ = ["DERIVED_ATTR", "LAUNCHED", "RECORD_ATTR", "Observer", "SearchResult", "Source",
+           "TrialRecord",
+           "read_record", "record_attrs", "store_record", "stored_derived",
+           "stored_record"]
 
 
 class Source(enum.StrEnum):
@@ -40,6 +42,9 @@ class Source(enum.StrEnum):
     """The model's best untried layout, when the sampler keeps proposing nothing new."""
     OOM_BISECT = "oom-bisect"
     """A smaller micro-batch after a real OOM (Alpa's first step, by bisection)."""
+    DERIVED = "derived"
+    """The next rung of a derived lever's count (autotune.search.ladder): fewer recomputed
+    layers after a fit with room left, more after an OOM."""
     USER = "user"
     """The user's own layout (SearchConfig.seeds, `--from-megatron`), tried first."""
 
@@ -53,6 +58,9 @@ class Source(enum.StrEnum):
 
 RECORD_ATTR = "record"
 """The trial's user attribute that holds its record."""
+DERIVED_ATTR = "derived"
+"""The user attribute of a queued trial that holds its derived values (the ladder's rung):
+its parameters name the choice, this the count (autotune.search.layouts)."""
 LAUNCHED = (TrialStatus.OK, TrialStatus.OOM, TrialStatus.TIMEOUT, TrialStatus.CRASH,
             TrialStatus.NCCL_ERROR)
 
@@ -211,6 +219,17 @@ def read_record(number: int, attrs: object,
                        predicted_tokens_per_s=_number(attrs.get("predicted_tokens_per_s")),
                        duplicate_of=duplicate_of if isinstance(duplicate_of, int) else None,
                        predicted=bool(predicted))
+
+
+def stored_derived(trial: FrozenTrial | optuna.Trial) -> dict[str, Any] | None:
+    """The derived values a trial ran with: its record's layout once told, else what it was
+    queued with (None: neither)."""
+    attrs = trial.user_attrs
+    record = attrs.get(RECORD_ATTR)
+    if isinstance(record, Mapping) and isinstance(record.get("layout"), Mapping):
+        return dict(record["layout"])
+    queued = attrs.get(DERIVED_ATTR)
+    return dict(queued) if isinstance(queued, Mapping) else None
 
 
 def stored_record(trial: FrozenTrial, layout: Layout | None = None) -> TrialRecord | None:

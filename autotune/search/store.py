@@ -35,7 +35,14 @@ from autotune.search.config import Sampler, SearchConfig, make_sampler
 from autotune.search.interrupts import deferred_interrupts
 from autotune.search.layouts import LayoutMap, ParamsKey
 from autotune.search.lock import StudyLock, lock_study
-from autotune.search.records import Source, TrialRecord, store_record, stored_record
+from autotune.search.records import (
+    DERIVED_ATTR,
+    Source,
+    TrialRecord,
+    store_record,
+    stored_derived,
+    stored_record,
+)
 from autotune.search.shared import PARAMS_WAIT_S, read_shared
 from autotune.search.storage import (
     Heartbeat,
@@ -97,8 +104,9 @@ class StudyStore(ABC):
 
     def _read(self, trial: FrozenTrial) -> TrialRecord | None:
         self.known.add(trial.number)
-        # The layout comes from the parameters, as the search maps them now.
-        s = self.layouts.layout(trial.params)
+        # The layout comes from the parameters, as the search maps them now, with the derived
+        # values the trial ran with (its record's layout).
+        s = self.layouts.layout(trial.params, stored_derived(trial))
         return stored_record(trial, s) if s is not None else None
 
     def stored_records(self) -> Iterator[TrialRecord]:
@@ -120,7 +128,10 @@ class StudyStore(ABC):
 
     def enqueue(self, s: Layout, source: Source) -> None:
         """Make `s` the next trial asked for."""
-        self.study.enqueue_trial(self.layouts.params(s), user_attrs={"source": plain(source)})
+        attrs: dict[str, Any] = {"source": plain(source)}
+        if self.layouts.derived:
+            attrs[DERIVED_ATTR] = self.layouts.derived_values(s)
+        self.study.enqueue_trial(self.layouts.params(s), user_attrs=attrs)
 
     def ask(self) -> optuna.Trial:
         with warnings.catch_warnings():

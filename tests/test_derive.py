@@ -1,0 +1,271 @@
+"""Derived levers: the count a space marks `derive` resolved from the memory model, `divisors`
+enumerated from the layout, and the search's ladder that moves a count by measured peaks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from doubles.fake_backend import GIB, FakeBackend, small_cluster, small_model
+
+from autotune.errors import ConfigError
+from autotune.layout import Layout, check
+from autotune.levers.derive import (
+    DERIVE,
+    fewest_fitting,
+    resolve,
+    safe_limit_bytes,
+    values_of,
+)
+from autotune.memory import estimate_memory
+from autotune.search import SearchConfig, run_search
+from autotune.search.ladder import LADDER_MARGIN, Ladder
+from autotune.search.layouts import LayoutMap
+from autotune.space import enumerate_space, space_from_mapping
+from autotune.trial import TrialStatus
+
+MODEL = small_model()  # gpt2-medium: 24 layers, gbs 64, seq 1024
+ONE_GPU = small_cluster(num_gpus=1, memory_gib=12.0)
+
+
+def block(n: int, mbs: int = 8, **fields: Any) -> Layout:
+    return Layout(gbs=MODEL.global_batch_size, mbs=mbs, recompute="full",
+                  recompute_method="block", recompute_num_layers=n, impl="sdpa", **fields)
+
+
+def peak(s: Layout) -> float:
+    return estimate_memory(MODEL, s, ONE_GPU).peak_bytes
+
+
+# -- resolution -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit_gib", [11.0, 12.0, 13.5, 15.0, 17.0, 30.0, 5.0])
+def test_block_count_is_the_fewest_that_fits_under_the_limit(limit_gib: float) -> None:
+    limit = limit_gib * GIB
+    resolved = resolve(block(1), ("recompute_num_layers",), MODEL, ONE_GPU, limit_bytes=limit)
+    fitting = [n for n in range(1, MODEL.num_layers + 1) if peak(block(n)) <= limit]
+    # The brute-force answer; with nothing fitting, every layer (the gate then says why not).
+    assert resolved.recompute_num_layers == (fitting[0] if fitting else MODEL.num_layers)
+
+
+def test_uniform_group_is_the_divisor_of_least_memory() -> None:
+    s = replace(block(1), recompute_method="uniform")
+    resolved = resolve(s, ("recompute_num_layers",), MODEL, ONE_GPU, limit_bytes=12 * GIB)
+    divisors = [d for d in range(1, MODEL.num_layers + 1) if MODEL.num_layers % d == 0]
+    best = min(divisors, key=lambda d: (peak(replace(s, recompute_num_layers=d)), d))
+    assert resolved.recompute_num_layers == best
+    assert not check(resolved, MODEL, ONE_GPU)
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    # The lever means nothing here: the count stays at its default, so that layouts Megatron
+    # runs alike stay alike.
+    ({"recompute": "none"}, 1),
+    ({"recompute": "selective"}, 1),
+])
+def test_a_lever_that_does_not_apply_keeps_its_default(fields: dict[str, Any],
+                                                       expected: int) -> None:
+    s = replace(block(7), **fields)
+    assert resolve(s, ("recompute_num_layers",), MODEL, ONE_GPU,
+                   limit_bytes=12 * GIB).recompute_num_layers == expected
+
+
+def test_offload_derives_zero_where_the_layout_fits_without_it() -> None:
+    s = Layout(gbs=MODEL.global_batch_size, mbs=1, impl="te")
+    assert values_of("offload_layers", s, MODEL)[0] == 0
+    resolved = resolve(s, ("offload_layers",), MODEL, ONE_GPU, limit_bytes=12 * GIB)
+    assert resolved.offload_layers == 0
+    tight = resolve(replace(s, mbs=8), ("offload_layers",), MODEL, ONE_GPU,
+                    limit_bytes=12 * GIB)
+    assert tight.offload_layers > 0 and not check(tight, MODEL, ONE_GPU)
+
+
+@pytest.mark.parametrize(("peaks", "limit", "expected"), [
+    ([9, 7, 5, 3], 6, 3), ([9, 7, 5, 3], 100, 1), ([9, 7, 5, 3], 1, 4), ([9, 7, 5, 3], 7, 2),
+    ([5], 5, 1), ([5], 4, 1),
+])
+def test_fewest_fitting_bisects_a_falling_sequence(peaks: list[int], limit: int,
+                                                   expected: int) -> None:
+    values = list(range(1, len(peaks) + 1))
+    calls: list[int] = []
+
+    def peak_of(v: int) -> float:
+        calls.append(v)
+        return peaks[v - 1]
+
+    assert fewest_fitting(values, peak_of, limit) == expected
+    assert len(calls) <= 2 + len(values).bit_length()
+
+
+# -- the space --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mapping", "message"), [
+    ({"tp": "derive"}, "tp cannot be `derive`"),
+    ({"recompute": ["derive"]}, "recompute cannot be `derive`"),
+    ({"recompute_num_layers": "divisors"}, "recompute_num_layers cannot be `divisors`"),
+    ({"pp": "divisors"}, "pp cannot be `divisors`"),
+])
+def test_markers_only_where_a_lever_takes_them(mapping: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        space_from_mapping(mapping, "t")
+
+
+def test_divisors_offers_every_micro_batch_that_divides_the_batch_per_rank() -> None:
+    model = replace(MODEL, global_batch_size=24)
+    cluster = small_cluster(num_gpus=2, memory_gib=80.0)
+    space = space_from_mapping({"tp": [1, 2], "mbs": "divisors", "impl": ["sdpa"]}, "t")
+    summary = enumerate_space(space, model, cluster)
+    by_dp: dict[int, set[int]] = {}
+    for s in summary.valid:
+        by_dp.setdefault(s.dp, set()).add(s.mbs)
+    assert by_dp == {2: {1, 2, 3, 4, 6, 12}, 1: {1, 2, 3, 4, 6, 8, 12, 24}}
+    assert summary.total == len(summary.valid) + sum(g.count for g in summary.rejected.values())
+
+
+def test_vpp_divisors_follow_the_layers_of_a_stage() -> None:
+    cluster = small_cluster(num_gpus=2, memory_gib=80.0)
+    space = space_from_mapping({"pp": [2], "vpp": "divisors", "mbs": [1]}, "t")
+    vpps = {s.vpp for s in enumerate_space(space, MODEL, cluster).valid}
+    # 24 layers over 2 stages: 12 a stage; the interleaved schedule's micro-batch rule (64
+    # micro-batches, a multiple of pp) keeps them all.
+    assert vpps == {1, 2, 3, 4, 6, 12}
+
+
+def test_derived_count_is_no_parameter_but_part_of_the_key() -> None:
+    space = space_from_mapping({"mbs": [4, 8], "recompute": ["none", "full"],
+                                "recompute_method": ["block"],
+                                "recompute_num_layers": "derive", "impl": ["sdpa"]}, "t")
+    summary = enumerate_space(space, MODEL, ONE_GPU)
+    cfg_layouts = LayoutMap(summary.valid,
+                            {"mbs": (4, 8), "recompute": ("none", "full"),
+                             "recompute_num_layers": (DERIVE,)},
+                            model=MODEL, via_derive=summary.via_derive)
+    assert set(cfg_layouts.distributions) == {"mbs", "recompute"}
+    full8 = cfg_layouts.layout({"mbs": 8, "recompute": "full"})
+    assert full8 is not None
+    limit = safe_limit_bytes(ONE_GPU)
+    assert full8.recompute_num_layers == resolve(
+        full8, ("recompute_num_layers",), MODEL, ONE_GPU,
+        limit_bytes=limit).recompute_num_layers
+    rung = replace(full8, recompute_num_layers=full8.recompute_num_layers - 2)
+    assert cfg_layouts.params(rung) == cfg_layouts.params(full8)
+    assert cfg_layouts.key(rung) != cfg_layouts.key(full8)
+    assert cfg_layouts.layout({"mbs": 8, "recompute": "full"},
+                              {"recompute_num_layers": rung.recompute_num_layers}) == rung
+
+
+def test_a_listed_value_and_derive_are_both_parameters() -> None:
+    space = space_from_mapping({"mbs": [8], "offload_layers": [0, "derive"],
+                                "impl": ["te"]}, "t")
+    summary = enumerate_space(space, MODEL, ONE_GPU)
+    offloads = {s.offload_layers for s in summary.valid}
+    assert 0 in offloads and len(offloads) == 2
+
+
+# -- the ladder -------------------------------------------------------------------------------
+
+
+def test_ladder_goes_down_along_the_measured_slope_and_up_after_an_oom() -> None:
+    ladder = Ladder(MODEL, ONE_GPU, ("recompute_num_layers",))
+    start = block(24)  # predicted 11.9 GiB of 12
+    measured = peak(start) - 1.0 * GIB  # the model over-predicts this layout by 1 GiB
+    ladder.learn(start, TrialStatus.OK, measured)
+    rung = ladder.next_rung(start)
+    assert rung is not None and rung.recompute_num_layers < 24
+    limit = ONE_GPU.gpu.memory_bytes * (1 - LADDER_MARGIN)
+    n = rung.recompute_num_layers
+    assert measured + peak(rung) - peak(start) <= limit
+    assert measured + peak(block(n - 1)) - peak(start) > limit or n == 1
+    assert ladder.extrapolated(rung) == pytest.approx(measured + peak(rung) - peak(start))
+    # It ran out of memory after all: the next rung lies between it and the fit.
+    ladder.learn(rung, TrialStatus.OOM, None)
+    between = ladder.next_rung(rung)
+    if 24 - n > 1:
+        assert between is not None and n < between.recompute_num_layers < 24
+    # Once every count between is tried, nothing is left.
+    for v in range(n + 1, 24):
+        ladder.learn(block(v), TrialStatus.OOM, None)
+    assert ladder.next_rung(start) is None
+
+
+def test_ladder_climbs_from_an_oom_with_no_fit_known() -> None:
+    ladder = Ladder(MODEL, ONE_GPU, ("recompute_num_layers",))
+    failed = block(12)
+    ladder.learn(failed, TrialStatus.OOM, None)
+    rung = ladder.next_rung(failed, capacity_bytes=peak(failed))
+    assert rung is not None and rung.recompute_num_layers > 12
+
+
+# -- the search -------------------------------------------------------------------------------
+
+DERIVED_SPACE = {"mbs": "divisors", "recompute": ["none", "full"], "recompute_method": ["block"],
+                 "recompute_num_layers": "derive", "impl": ["sdpa"]}
+
+
+def _tokens(s: Layout) -> float:
+    """Larger micro-batches are faster; each recomputed layer costs a third of its forward."""
+    share = s.recompute_num_layers / MODEL.num_layers if s.recompute == "full" else 0.0
+    return 1000.0 * (1 + 0.1 * s.mbs) * (1 - 0.3 * share)
+
+
+def _truth(backend: FakeBackend, space: dict[str, Any]) -> tuple[float, Layout]:
+    """The best layout of the exhaustive grid over every count that really fits with the
+    ladder's margin: what an expert with the same caution would find."""
+    best: tuple[float, Layout] | None = None
+    for s in enumerate_space(space_from_mapping({**space, "recompute_num_layers": list(
+            range(1, MODEL.num_layers + 1))}, "grid"), MODEL, ONE_GPU).valid:
+        true_peak = peak(s) * backend.underestimate
+        if true_peak > ONE_GPU.gpu.memory_bytes * (1 - LADDER_MARGIN):
+            continue
+        if best is None or _tokens(s) > best[0]:
+            best = (_tokens(s), s)
+    assert best is not None
+    return best
+
+
+@pytest.mark.parametrize("underestimate", [0.93, 0.97, 1.0, 1.03])
+def test_search_finds_the_fewest_layers_that_really_fit(tmp_path: Path,
+                                                        underestimate: float) -> None:
+    backend = FakeBackend(ONE_GPU, true_capacity_bytes=ONE_GPU.gpu.memory_bytes,
+                          underestimate=underestimate, tokens=_tokens)
+    space = space_from_mapping(DERIVED_SPACE, "t")
+    result = run_search(SearchConfig(model=MODEL, cluster=ONE_GPU, space=space,
+                                     backend=backend, results_dir=tmp_path, study_name="d",
+                                     sampler="tpe", n_trials=30))
+    best = result.best(1)[0]
+    truth, expert = _truth(backend, DERIVED_SPACE)
+    assert best.tokens_per_s is not None
+    # The expert's best, or a count next to it.
+    assert best.tokens_per_s >= 0.98 * truth, (best.layout.describe(), expert.describe())
+    # The first trial is not an OOM: the first count is resolved with the gate's band.
+    assert result.records[0].status is TrialStatus.OK
+    counts = [r.layout.recompute_num_layers for r in result.records
+              if r.launched and r.layout.recompute == "full"]
+    assert len(counts) == len({(r.layout.mbs, r.layout.recompute_num_layers)
+                               for r in result.records if r.launched
+                               and r.layout.recompute == "full"})  # no rung twice
+
+
+def test_resume_continues_the_ladder_without_repeating_a_rung(tmp_path: Path) -> None:
+    space = space_from_mapping(DERIVED_SPACE, "t")
+    backend = FakeBackend(ONE_GPU, true_capacity_bytes=ONE_GPU.gpu.memory_bytes,
+                          underestimate=0.93, tokens=_tokens)
+    cfg = SearchConfig(model=MODEL, cluster=ONE_GPU, space=space, backend=backend,
+                       results_dir=tmp_path, study_name="r", sampler="tpe", n_trials=2)
+    first = run_search(cfg)
+    assert [r.source for r in first.records[:2]] == ["alpa", "derived"]
+    again = FakeBackend(ONE_GPU, true_capacity_bytes=ONE_GPU.gpu.memory_bytes,
+                        underestimate=0.93, tokens=_tokens)
+    resumed = run_search(replace(cfg, backend=again, resume=True, n_trials=30))
+    ran_before = {(r.layout.mbs, r.layout.recompute_num_layers, r.layout.recompute)
+                  for r in first.records if r.launched}
+    ran_after = {(s.mbs, s.recompute_num_layers, s.recompute) for s in again.calls}
+    assert not ran_before & ran_after
+    stored = {r.number: r.layout for r in resumed.records}
+    # The records read back carry the counts the trials ran with.
+    for r in first.records:
+        assert stored[r.number] == r.layout
