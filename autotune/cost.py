@@ -40,26 +40,8 @@ from autotune.memory_activations import (
 )
 from autotune.model import ModelSpec, padded_vocab_size
 
-__all__ = ["HBM_BYTES_PER_S", "PCIE_BYTES_PER_S", "CostEstimate", "CostParams",
-           "checkpoint_calls", "estimate_cost"]
+__all__ = ["CostEstimate", "CostParams", "checkpoint_calls", "estimate_cost"]
 
-HBM_BYTES_PER_S: dict[str, float] = {
-    # NVIDIA datasheets: H100 SXM 3.35 TB/s, H200 4.8 TB/s, A100 80GB 2.0 TB/s, A100 40GB 1.55.
-    "h100-80gb": 3.35e12,
-    "h200": 4.8e12,
-    "a100-80gb": 2.0e12,
-    "a100-40gb": 1.555e12,
-}
-_DEFAULT_HBM_BYTES_PER_S = 2.0e12
-PCIE_BYTES_PER_S: dict[str, float] = {
-    # Host link per direction, NVIDIA datasheets: H100 SXM and H200 PCIe Gen5 x16 (64 GB/s),
-    # A100 PCIe Gen4 x16 (32 GB/s). CPU offloading moves activations over it.
-    "h100-80gb": 64e9,
-    "h200": 64e9,
-    "a100-80gb": 32e9,
-    "a100-40gb": 32e9,
-}
-_DEFAULT_PCIE_BYTES_PER_S = 32e9
 _BUCKET_PARAMS = 40_000_000
 """megatron/core/distributed/distributed_data_parallel_config.py: bucket_size defaults to
 max(40M, 1M x dp) parameters; the last bucket's reduction cannot hide behind backward."""
@@ -98,7 +80,7 @@ class CostParams:
     hbm_efficiency: float = 0.8
     """Fraction of datasheet HBM bandwidth that streaming kernels reach."""
     hbm_bytes_per_s: float | None = None
-    """HBM bandwidth; None looks the GPU up in HBM_BYTES_PER_S."""
+    """HBM bandwidth; None takes the GPU's (autotune.hardware.GpuSpec.hbm_bytes_per_s)."""
     comm_efficiency: float = 0.8
     """NCCL bus bandwidth as a fraction of the link bandwidth in the GPU table."""
     collective_latency_s: float = 20e-6
@@ -238,8 +220,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     s = layout
     fl = _flops(model)
     gpu = cluster.gpu
-    hbm = (prm.hbm_bytes_per_s or HBM_BYTES_PER_S.get(gpu.name, _DEFAULT_HBM_BYTES_PER_S)) \
-        * prm.hbm_efficiency
+    hbm = (prm.hbm_bytes_per_s or gpu.hbm_bytes_per_s) * prm.hbm_efficiency
     peak = gpu.peak_bf16_flops
     h, t, m = model.hidden_size, s.tp, s.num_microbatches
     seq = model.seq_length / s.cp
@@ -298,7 +279,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     if s.pp > 1:
         bw = _link(cluster, cluster.num_gpus) * prm.comm_efficiency
         pp_mb = 2 * s.vpp * (prm.collective_latency_s + act_bytes / t / bw)
-    pcie = PCIE_BYTES_PER_S.get(gpu.name, _DEFAULT_PCIE_BYTES_PER_S) * prm.pcie_efficiency
+    pcie = gpu.pcie_bytes_per_s * prm.pcie_efficiency
     offload_bytes = layer_bytes(acts, tokens=tokens, seq=seq, tp=t,
                                 sequence_parallel=s.sequence_parallel)
 
