@@ -27,7 +27,8 @@ from autotune.memory_activations import (
 )
 from autotune.model import ModelSpec, padded_vocab_size
 
-__all__ = ["BLOCK_MARGIN", "MemoryEstimate", "MemoryParams", "StageMemory", "estimate_memory", "stage_params"]
+__all__ = ["BLOCK_MARGIN", "MemoryEstimate", "MemoryParams", "StageMemory", "estimate_memory",
+           "stage_params"]
 
 GIB = 1024**3
 PARAM_BYTES = 2
