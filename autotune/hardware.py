@@ -115,7 +115,15 @@ class ClusterSpec:
     @classmethod
     def make(cls, num_gpus: int, gpus_per_node: int | None = None,
              gpu: str | None = None) -> ClusterSpec:
-        """A cluster from CLI values: 8 GPUs per node by default, the local GPU type if known."""
+        """A cluster from CLI values: 8 GPUs per node by default, the local GPU type if known;
+        `gpu` may be a cluster file (`--cluster FILE`, autotune.cluster)."""
+        if gpu is not None and gpu.endswith((".yaml", ".yml")):  # --cluster FILE
+            from autotune.cluster import load_cluster_file
+
+            file = load_cluster_file(gpu)
+            per_node = gpus_per_node if gpus_per_node is not None else min(file.gpus_per_node,
+                                                                           num_gpus)
+            return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=file.gpu)
         per_node = gpus_per_node if gpus_per_node is not None else min(8, num_gpus)
         name = gpu or detect_gpu() or DEFAULT_GPU
         return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=gpu_spec(name))

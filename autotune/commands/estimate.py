@@ -195,7 +195,8 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
         if in_memory_band(memory, cluster) else ""
     print(f"peak {memory.peak_bytes / _GIB:.2f} ± {band * memory.peak_bytes / _GIB:.2f} GiB on "
           f"stage {memory.peak_stage}: {verdict}{risky}")
-    print(f"step {cost.step_time_s * 1e3:.1f} ± {STEP_TIME_BAND * cost.step_time_s * 1e3:.1f} ms: "
+    print(f"step {cost.step_time_s * 1e3:.1f} ms "
+          f"(±{STEP_TIME_BAND * cost.step_time_s * 1e3:.1f}): "
           + ", ".join(f"{label} {getattr(cost, field) * 1e3:.1f}" for label, field in _TIME_TERMS)
           + " ms")
     print(f"{cost.tokens_per_s:,.0f} tokens/s, {cost.tflops_per_gpu:.0f} TFLOP/s per GPU, "
