@@ -5,9 +5,8 @@ and a 30 s trial weigh alike) over a few `CostParams` fields; `fit_memory_params
 peak device memory and the `MemoryParams` overheads. A small ridge term pulls each constant
 towards its default, so a field that the samples say nothing about (TE constants fitted on local
 runs only) stays put and the problem stays well posed with fewer samples than constants.
-The optimizer is a deterministic Nelder-Mead (Nelder & Mead 1965, with the standard
-reflection / expansion / contraction / shrink coefficients 1, 2, 1/2, 1/2) in log-parameter
-space; scipy is not a dependency.
+The optimizer is scipy.optimize.least_squares (trust-region reflective, bounded) over the
+log-ratio residuals log(predicted / measured) in log-parameter space, deterministic.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,6 @@ __all__ = [
     "fit_cost_params",
     "fit_memory_params",
     "load_calibration",
-    "nelder_mead",
     "save_calibration",
 ]
 
@@ -50,48 +48,6 @@ _RIDGE = 1e-6
 _FLOOR = 1e-12  # fitted constants are positive; zero defaults start from this floor
 
 
-def nelder_mead(f: Callable[[list[float]], float], x0: Sequence[float], *, step: float = 0.1,
-                max_iter: int = 2000, tol: float = 1e-10) -> list[float]:
-    """Minimize f from x0 with Nelder-Mead; deterministic (axis-aligned initial simplex)."""
-    n = len(x0)
-    simplex = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)]
-                            for i in range(n)]
-    values = [f(p) for p in simplex]
-    for _ in range(max_iter):
-        order = sorted(range(n + 1), key=values.__getitem__)
-        simplex = [simplex[i] for i in order]
-        values = [values[i] for i in order]
-        spread = max(abs(a - b) for p in simplex[1:] for a, b in zip(p, simplex[0],
-                                                                       strict=True))
-        if values[-1] - values[0] <= tol and spread <= 1e-6:
-            break
-        centroid = [sum(p[j] for p in simplex[:-1]) / n for j in range(n)]
-        worst = simplex[-1]
-
-        def toward(c: float, w: list[float] = worst, ce: list[float] = centroid) -> list[float]:
-            return [cj + c * (cj - wj) for cj, wj in zip(ce, w, strict=True)]
-
-        reflected = toward(1.0)
-        fr = f(reflected)
-        if fr < values[0]:
-            expanded = toward(2.0)
-            fe = f(expanded)
-            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = reflected, fr
-        else:
-            contracted = toward(0.5) if fr < values[-1] else toward(-0.5)
-            fc = f(contracted)
-            if fc < min(fr, values[-1]):
-                simplex[-1], values[-1] = contracted, fc
-            else:  # shrink towards the best point
-                best = simplex[0]
-                simplex = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, p, strict=True)]
-                                    for p in simplex[1:]]
-                values = [values[0]] + [f(p) for p in simplex[1:]]
-    return simplex[min(range(n + 1), key=values.__getitem__)]
-
-
 def _fit(default: Any, names: Sequence[str], samples: Sequence[Sample],
          predict: Callable[[Any, ModelSpec, Layout, ClusterSpec], float]) -> Any:
     if not samples:
@@ -103,23 +59,30 @@ def _fit(default: Any, names: Sequence[str], samples: Sequence[Sample],
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ConfigError(f"unknown {type(default).__name__} field(s): {', '.join(unknown)}")
-    log0 = [math.log(max(float(getattr(default, n)), _FLOOR)) for n in names]
-    log_measured = [math.log(m) for *_, m in samples]
+    import numpy as np  # scipy's dependency; imported where the fit runs
+    from scipy.optimize import least_squares
 
-    def make(x: list[float]) -> Any:
-        values = {n: min(math.exp(v), _UPPER.get(n, math.inf)) for n, v in zip(names, x,
-                                                                            strict=True)}
-        return replace(default, **values)
+    log0 = np.array([math.log(max(float(getattr(default, n)), _FLOOR)) for n in names])
+    log_measured = np.array([math.log(m) for *_, m in samples])
+    upper = np.array([math.log(_UPPER[n]) if n in _UPPER else np.inf for n in names])
+    log0 = np.minimum(log0, upper - 1e-9)
+    ridge = math.sqrt(_RIDGE * len(samples))
 
-    def loss(x: list[float]) -> float:
+    def make(x: Any) -> Any:
+        return replace(default, **{n: float(math.exp(v)) for n, v in zip(names, x,
+                                                                           strict=True)})
+
+    def residuals(x: Any) -> Any:
         params = make(x)
-        err = 0.0
-        for (model, layout, cluster, _), lm in zip(samples, log_measured, strict=True):
-            err += (math.log(predict(params, model, layout, cluster)) - lm) ** 2
-        ridge = sum((a - b) ** 2 for a, b in zip(x, log0, strict=True))
-        return err / len(samples) + _RIDGE * ridge
+        predicted = np.array([math.log(predict(params, model, layout, cluster))
+                              for model, layout, cluster, _ in samples])
+        # log-ratio residuals, plus a small ridge pull towards the defaults (see above)
+        return np.concatenate([predicted - log_measured, ridge * (x - log0)])
 
-    return make(nelder_mead(loss, log0))
+    result = least_squares(residuals, log0, bounds=(np.full(len(names), -np.inf), upper),
+                           method="trf", x_scale=1.0, diff_step=1e-4, xtol=1e-10,
+                           ftol=1e-12)
+    return make(result.x)
 
 
 def fit_cost_params(samples: Sequence[Sample], *, names: Sequence[str] = COST_FIT_FIELDS,
@@ -169,3 +132,97 @@ def load_calibration(path: Path | str) -> tuple[CostParams, MemoryParams]:
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: not a calibration file from `autotune calibrate` "
                           f"({exc})") from exc
+
+
+# --- Leave-one-family-out cross-validation over measured trials (issue 28) ---
+
+Trial = tuple[str, ModelSpec, Layout, ClusterSpec, float, float]
+"""(family, model, layout, cluster, step time s, NVML device memory bytes) of one OK trial."""
+
+
+def family_of(model_name: str, gpu_name: str) -> str:
+    """A model on a GPU type: the unit the cross-validation holds out (tools/fit_constants.py)."""
+    return f"{model_name}/{gpu_name}"
+
+
+def load_trials(path: Path | str) -> list[Trial]:
+    """The OK trials of a measured_trials.json (tests/data), as fit samples with families."""
+    from autotune.hardware import gpu_spec
+    from autotune.model import load_model
+
+    data = json.loads(read_text(Path(path), "measured trials"))
+    trials: list[Trial] = []
+    for t in data["trials"]:
+        if t["status"] != "OK":
+            continue
+        layout = Layout(**t["strategy"])
+        model = load_model(t["model"]).with_overrides(global_batch_size=layout.gbs,
+                                                      seq_length=t.get("seq_length"))
+        cluster = ClusterSpec(num_gpus=t["gpus"], gpus_per_node=t["gpus"],
+                              gpu=gpu_spec(t["gpu"]))
+        trials.append((family_of(t["model"], t["gpu"]), model, layout, cluster,
+                       float(t["step_time_s"]), float(t["device_used_bytes"])))
+    return trials
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FamilyError:
+    """Relative errors on one family's trials: held out of the fit, and in sample."""
+
+    family: str
+    trials: int
+    step_median: float
+    step_worst: float
+    memory_median: float
+    memory_worst: float
+    step_in_sample: float
+    memory_in_sample: float
+    step_shipped: float
+    """Median error with the shipped defaults (CostParams(), MemoryParams())."""
+    memory_shipped: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrossValidation:
+    families: tuple[FamilyError, ...]
+    cost: CostParams
+    """Fitted to every trial: the shipped defaults."""
+    memory: MemoryParams
+
+
+def _rel_errors(trials: Sequence[Trial], cost: CostParams,
+                memory: MemoryParams) -> tuple[list[float], list[float]]:
+    step = [abs(estimate_cost(m, s, c, cost).step_time_s / t - 1) for _, m, s, c, t, _ in trials]
+    mem = [abs(estimate_memory(m, s, c, memory).peak_bytes / u - 1)
+           for _, m, s, c, _, u in trials]
+    return step, mem
+
+
+def cross_validate(trials: Sequence[Trial], *, start_cost: CostParams | None = None,
+                   start_memory: MemoryParams | None = None) -> CrossValidation:
+    """Fit on all families but one, measure the one held out; then fit on all of them."""
+    import statistics
+
+    def fit(ts: Sequence[Trial]) -> tuple[CostParams, MemoryParams]:
+        cost = fit_cost_params([(m, s, c, t) for _, m, s, c, t, _ in ts],
+                               start=start_cost or CostParams())
+        memory = fit_memory_params([(m, s, c, u) for _, m, s, c, _, u in ts],
+                                   start=start_memory or MemoryParams())
+        return cost, memory
+
+    all_cost, all_memory = fit(trials)
+    rows = []
+    for family in sorted({t[0] for t in trials}):
+        held = [t for t in trials if t[0] == family]
+        cost, memory = fit([t for t in trials if t[0] != family])
+        step, mem = _rel_errors(held, cost, memory)
+        step_in, mem_in = _rel_errors(held, all_cost, all_memory)
+        step_sh, mem_sh = _rel_errors(held, CostParams(), MemoryParams())
+        rows.append(FamilyError(family=family, trials=len(held),
+                                step_median=statistics.median(step), step_worst=max(step),
+                                memory_median=statistics.median(mem), memory_worst=max(mem),
+                                step_in_sample=statistics.median(step_in),
+                                memory_in_sample=statistics.median(mem_in),
+                                step_shipped=statistics.median(step_sh),
+                                memory_shipped=statistics.median(mem_sh)))
+    return CrossValidation(families=tuple(rows), cost=all_cost, memory=all_memory)

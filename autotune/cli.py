@@ -117,8 +117,10 @@ GlobalBatch = Annotated[int | None, typer.Option(
     "--global-batch-size", "--gbs", help="Override the preset's global batch size in "
                                          "sequences (--gbs is the same option).")]
 Gpu = Annotated[str | None, typer.Option(
-    "--gpu", help="GPU type: h100-80gb, h200, a100-80gb, a100-40gb (default: detected, "
-                  "else h100-80gb).")]
+    "--gpu", "--cluster", help="GPU type: h100-80gb, h200, a100-80gb, a100-40gb, b200 "
+                               "(default: detected, else h100-80gb); or a cluster YAML file "
+                               "with the GPU type, GPUs per node and links "
+                               "(search_spaces/clusters/).")]
 
 
 @app.command()

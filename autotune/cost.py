@@ -40,26 +40,8 @@ from autotune.memory_activations import (
 )
 from autotune.model import ModelSpec, padded_vocab_size
 
-__all__ = ["HBM_BYTES_PER_S", "PCIE_BYTES_PER_S", "CostEstimate", "CostParams",
-           "checkpoint_calls", "estimate_cost"]
+__all__ = ["CostEstimate", "CostParams", "checkpoint_calls", "estimate_cost"]
 
-HBM_BYTES_PER_S: dict[str, float] = {
-    # NVIDIA datasheets: H100 SXM 3.35 TB/s, H200 4.8 TB/s, A100 80GB 2.0 TB/s, A100 40GB 1.55.
-    "h100-80gb": 3.35e12,
-    "h200": 4.8e12,
-    "a100-80gb": 2.0e12,
-    "a100-40gb": 1.555e12,
-}
-_DEFAULT_HBM_BYTES_PER_S = 2.0e12
-PCIE_BYTES_PER_S: dict[str, float] = {
-    # Host link per direction, NVIDIA datasheets: H100 SXM and H200 PCIe Gen5 x16 (64 GB/s),
-    # A100 PCIe Gen4 x16 (32 GB/s). CPU offloading moves activations over it.
-    "h100-80gb": 64e9,
-    "h200": 64e9,
-    "a100-80gb": 32e9,
-    "a100-40gb": 32e9,
-}
-_DEFAULT_PCIE_BYTES_PER_S = 32e9
 _BUCKET_PARAMS = 40_000_000
 """megatron/core/distributed/distributed_data_parallel_config.py: bucket_size defaults to
 max(40M, 1M x dp) parameters; the last bucket's reduction cannot hide behind backward."""
@@ -70,13 +52,15 @@ class CostParams:
     """Empirical efficiency constants (fractions of datasheet peaks, bytes moved per element).
 
     Defaults: gemm_half_size, the attention, HBM and communication efficiencies are
-    datasheet-style guesses; gemm_efficiency_max, the two elementwise factors, step_overhead_s
-    and layer_launch_s were fitted (`autotune calibrate`) to 32 measured trials of gpt2-xl on one
-    H100 and gpt2-large on two H200 (megatron-core 0.16.1, no TE):
-    results/benchmarks/2026-11-21-h100-h200x2-model-accuracy.md, with its cross-validation.
+    datasheet-style guesses; gemm_efficiency_max, the two elementwise factors and step_overhead_s
+    are fitted by tools/fit_constants.py (scipy least squares on log step time) to the 113 OK
+    trials of tests/data/measured_trials.json (5 families: gpt2-xl, gpt2-large, gpt-3.6b on
+    H100 and H200), with leave-one-family-out cross-validation in
+    results/benchmarks/2026-11-25-cpu-constants-fit.md; layer_launch_s was fitted earlier
+    (results/benchmarks/2026-11-21-h100-h200x2-model-accuracy.md).
     """
 
-    gemm_efficiency_max: float = 0.95
+    gemm_efficiency_max: float = 0.852
     """Fraction of peak bf16 FLOP/s that large GEMMs reach."""
     gemm_half_size: float = 256.0
     """eff = gemm_efficiency_max * x / (x + gemm_half_size), x the GEMM's smaller dimension per
@@ -88,17 +72,17 @@ class CostParams:
     """HBM bytes per attention score and head, forward + backward, of megatron-core's unfused
     attention without the fused softmax kernel: bf16 scores, fp32 upcast, masked_fill, fp32
     softmax, downcast, dropout + mask, and their backward (each a separate kernel)."""
-    elementwise_bytes_local: float = 4.66
+    elementwise_bytes_local: float = 6.86
     """HBM bytes moved (forward + backward) per byte of stored activation outside core attention,
     local spec: unfused bias, GeLU, dropout, residual adds and LayerNorm. Fitted to gpt2-xl."""
-    elementwise_bytes_te: float = 3.23
+    elementwise_bytes_te: float = 2.15
     """Same with Transformer Engine's fused LayerNorm-Linear, bias-GeLU and bias-dropout-add
     (also used for impl sdpa, whose non-attention kernels are the local ones but it keeps the
     SDPA fused attention). Fitted to gpt2-large on H200."""
     hbm_efficiency: float = 0.8
     """Fraction of datasheet HBM bandwidth that streaming kernels reach."""
     hbm_bytes_per_s: float | None = None
-    """HBM bandwidth; None looks the GPU up in HBM_BYTES_PER_S."""
+    """HBM bandwidth; None takes the GPU's (autotune.hardware.GpuSpec.hbm_bytes_per_s)."""
     comm_efficiency: float = 0.8
     """NCCL bus bandwidth as a fraction of the link bandwidth in the GPU table."""
     collective_latency_s: float = 20e-6
@@ -106,7 +90,7 @@ class CostParams:
     optimizer_bytes_per_param: float = 32.0
     """Adam step HBM traffic per local-shard parameter: read grad, master, m, v (16 B), write
     master, m, v, bf16 param (14 B), plus the gradient-norm read (2 B)."""
-    step_overhead_s: float = 0.047
+    step_overhead_s: float = 0.0339
     layer_launch_s: float = 0.00162
     """Host time to launch one layer's kernels for one micro-batch (forward + backward) that
     the GPU does not hide: eager megatron-core issues ~100 small kernels per layer. Fitted to
@@ -238,8 +222,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     s = layout
     fl = _flops(model)
     gpu = cluster.gpu
-    hbm = (prm.hbm_bytes_per_s or HBM_BYTES_PER_S.get(gpu.name, _DEFAULT_HBM_BYTES_PER_S)) \
-        * prm.hbm_efficiency
+    hbm = (prm.hbm_bytes_per_s or gpu.hbm_bytes_per_s) * prm.hbm_efficiency
     peak = gpu.peak_bf16_flops
     h, t, m = model.hidden_size, s.tp, s.num_microbatches
     seq = model.seq_length / s.cp
@@ -298,7 +281,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     if s.pp > 1:
         bw = _link(cluster, cluster.num_gpus) * prm.comm_efficiency
         pp_mb = 2 * s.vpp * (prm.collective_latency_s + act_bytes / t / bw)
-    pcie = PCIE_BYTES_PER_S.get(gpu.name, _DEFAULT_PCIE_BYTES_PER_S) * prm.pcie_efficiency
+    pcie = gpu.pcie_bytes_per_s * prm.pcie_efficiency
     offload_bytes = layer_bytes(acts, tokens=tokens, seq=seq, tp=t,
                                 sequence_parallel=s.sequence_parallel)
 

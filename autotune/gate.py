@@ -136,6 +136,10 @@ class MemoryGate:
                    f"{'learned ' if learned else ''}capacity of {capacity / 2**30:.1f} GiB")
             return GateDecision(status=TrialStatus.PREDICTED_OOM, reason=why, memory=memory,
                                 constraint=max(constraint, 0.1))
+        if not memory.fits:  # no free block for the largest allocation (memory.BLOCK_MARGIN)
+            why = f"predicted not to fit: {memory.explain()}"
+            return GateDecision(status=TrialStatus.PREDICTED_OOM, reason=why, memory=memory,
+                                constraint=max(constraint, 0.1))
         band = self.error_band()
         gib = memory.peak_bytes / 2**30
         if memory.peak_bytes > capacity * (1 - band):

@@ -29,25 +29,54 @@ class GpuSpec:
     """Network bandwidth per GPU (one NIC per GPU), one direction."""
     nvml_patterns: tuple[str, ...]
     """Substrings of the NVML device name that identify this GPU, more specific first."""
+    allocatable_bytes: int | None = None
+    """What CUDA lets a process allocate (cudaMemGetInfo's total, torch's "total capacity" in an
+    OOM message), below nvidia-smi's total by what the driver keeps; None: memory_bytes."""
+    hbm_bytes_per_s: float = 2.0e12
+    """HBM bandwidth, datasheet."""
+    pcie_bytes_per_s: float = 32e9
+    """Host link per direction, datasheet (CPU offloading moves activations over it)."""
+    measured: bool = True
+    """False for a GPU known only from its datasheet: no trial ever ran on it."""
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.allocatable_bytes if self.allocatable_bytes is not None else self.memory_bytes
 
 
-# Sources: NVIDIA H100 / H200 / A100 datasheets (dense BF16 tensor-core peak; NVLink 4 = 900 GB/s
-# and NVLink 3 = 600 GB/s bidirectional per GPU; one 400 Gb/s (H100/H200) or 200 Gb/s (A100)
-# InfiniBand NIC per GPU as in DGX H100 / DGX A100). Memory is what nvidia-smi shows as total.
+# Sources: NVIDIA H100 / H200 / A100 / B200 datasheets (dense BF16 tensor-core peak; NVLink 5 =
+# 1.8 TB/s, NVLink 4 = 900 GB/s and NVLink 3 = 600 GB/s bidirectional per GPU; one 400 Gb/s
+# (H100/H200/B200) or 200 Gb/s (A100) InfiniBand NIC per GPU as in DGX B200 / H100 / A100; HBM:
+# H100 SXM 3.35 TB/s, H200 4.8 TB/s, A100 80GB 2.0 TB/s, A100 40GB 1.555 TB/s, B200 8 TB/s; host
+# link: PCIe Gen5 x16 (64 GB/s) on H100 SXM, H200 and B200, Gen4 x16 (32 GB/s) on A100). Memory
+# is what nvidia-smi shows as total; the H100's allocatable 79.19 GiB is torch's "total capacity"
+# in its OOM messages on the H100s these trials ran on (tests/doubles/oom.py quotes one).
+# A cluster file (autotune.cluster) may override the links of any of them.
 GPUS: dict[str, GpuSpec] = {
     "h200": GpuSpec(name="h200", memory_bytes=143771 * 1024**2, peak_bf16_flops=989e12,
                     intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9,
-                    nvml_patterns=("H200",)),
+                    nvml_patterns=("H200",), hbm_bytes_per_s=4.8e12, pcie_bytes_per_s=64e9),
     "h100-80gb": GpuSpec(name="h100-80gb", memory_bytes=81559 * 1024**2,
                          peak_bf16_flops=989e12, intra_node_bytes_per_s=450e9,
-                         inter_node_bytes_per_s=50e9, nvml_patterns=("H100",)),
+                         inter_node_bytes_per_s=50e9, nvml_patterns=("H100",),
+                         allocatable_bytes=int(79.19 * _GIB), hbm_bytes_per_s=3.35e12,
+                         pcie_bytes_per_s=64e9),
     "a100-80gb": GpuSpec(name="a100-80gb", memory_bytes=81920 * 1024**2,
                          peak_bf16_flops=312e12, intra_node_bytes_per_s=300e9,
                          inter_node_bytes_per_s=25e9, nvml_patterns=("A100-SXM4-80GB",
-                                                                     "A100 80GB")),
+                                                                     "A100 80GB"),
+                         hbm_bytes_per_s=2.0e12),
     "a100-40gb": GpuSpec(name="a100-40gb", memory_bytes=40960 * 1024**2,
                          peak_bf16_flops=312e12, intra_node_bytes_per_s=300e9,
-                         inter_node_bytes_per_s=25e9, nvml_patterns=("A100",)),
+                         inter_node_bytes_per_s=25e9, nvml_patterns=("A100",),
+                         hbm_bytes_per_s=1.555e12),
+    # Datasheet only (DGX B200: 8 x B200 with 1,440 GB HBM3e, 72 PFLOP/s dense FP8 training =
+    # 2.25 PFLOP/s dense BF16 per GPU): never measured, so the models' constants are not known
+    # to hold on it; predictions say so.
+    "b200": GpuSpec(name="b200", memory_bytes=180 * 10**9, peak_bf16_flops=2.25e15,
+                    intra_node_bytes_per_s=900e9, inter_node_bytes_per_s=50e9,
+                    nvml_patterns=("B200",), hbm_bytes_per_s=8.0e12, pcie_bytes_per_s=64e9,
+                    measured=False),
 }
 
 DEFAULT_GPU = "h100-80gb"
@@ -86,7 +115,15 @@ class ClusterSpec:
     @classmethod
     def make(cls, num_gpus: int, gpus_per_node: int | None = None,
              gpu: str | None = None) -> ClusterSpec:
-        """A cluster from CLI values: 8 GPUs per node by default, the local GPU type if known."""
+        """A cluster from CLI values: 8 GPUs per node by default, the local GPU type if known;
+        `gpu` may be a cluster file (`--cluster FILE`, autotune.cluster)."""
+        if gpu is not None and gpu.endswith((".yaml", ".yml")):  # --cluster FILE
+            from autotune.cluster import load_cluster_file
+
+            file = load_cluster_file(gpu)
+            per_node = gpus_per_node if gpus_per_node is not None else min(file.gpus_per_node,
+                                                                           num_gpus)
+            return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=file.gpu)
         per_node = gpus_per_node if gpus_per_node is not None else min(8, num_gpus)
         name = gpu or detect_gpu() or DEFAULT_GPU
         return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=gpu_spec(name))

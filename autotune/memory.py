@@ -27,7 +27,8 @@ from autotune.memory_activations import (
 )
 from autotune.model import ModelSpec, padded_vocab_size
 
-__all__ = ["MemoryEstimate", "MemoryParams", "StageMemory", "estimate_memory", "stage_params"]
+__all__ = ["BLOCK_MARGIN", "MemoryEstimate", "MemoryParams", "StageMemory", "estimate_memory",
+           "stage_params"]
 
 GIB = 1024**3
 PARAM_BYTES = 2
@@ -47,6 +48,21 @@ FUSED_CE_EXTRA_BYTES_PER_ELEMENT = 4
 instead of subtracting the max in place, so one more fp32 copy of the logits is live at the
 peak. Measured on an H100, gpt2-xl mbs 16: +3.1 GiB = 16 x 1024 x 50,304 x 4 B
 (results/benchmarks/2026-11-21-h100-gpt2-xl-mfu.md)."""
+
+
+BLOCK_MARGIN = 1.0
+"""Free memory, in largest blocks, that a layout needs beside its predicted peak to run.
+
+PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp) serves an allocation from one
+cached block or a new segment of its own size and never joins blocks of different segments, so
+near capacity the memory freed in pieces between live tensors cannot hold the step's largest
+allocation, the fp32 copy of the logits (cross_entropy.py, calculate_logits_max). Measured: on
+an H100 (79.19 GiB allocatable), gpt2-large mbs 32 ran out of memory allocating that 6.14 GiB
+block with 73.4 GiB in use, its peak predicted at 75.5 GiB (s6-te-l-pairs/4 and /5 of
+tests/data/measured_trials.json), and the seed tutorial's two context-parallel OOMs (gpt2-xl
+seq 4096 batch 4 cp 1, seq 8192 batch 8 cp 4: ../shared/seeds/000, tests/test_memory_seed_cp.py)
+are predicted at 76.2 and 78.0 GiB with 3.07 GiB blocks; every OK trial on an H100 kept a
+margin of one block. A condition of fitting, not a term of the peak: NVML never shows it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +101,9 @@ class StageMemory:
     saved_bytes: float = 0.0
     """Activations that recompute or CPU offloading keep off the GPU: what this stage would
     store without them, less what it stores and rebuilds (not part of the total)."""
+    largest_block_bytes: float = 0.0
+    """The largest single allocation of the stage (the fp32 copy of the logits on the last
+    stage), which needs a free block of its own beside the peak (BLOCK_MARGIN)."""
 
     @property
     def allocated_bytes(self) -> float:
@@ -106,10 +125,22 @@ class MemoryEstimate:
     peak_bytes: float
     capacity_bytes: int
     gpu_name: str
+    usable_bytes: int = 0
+    """What CUDA lets the process allocate (GpuSpec.usable_bytes); 0: capacity_bytes."""
+
+    @property
+    def required_bytes(self) -> float:
+        """The peak plus the free block its largest allocation needs (BLOCK_MARGIN), on the
+        stage where that sum is largest: what must stay below the usable memory."""
+        return max(st.total_bytes + BLOCK_MARGIN * st.largest_block_bytes for st in self.stages)
+
+    @property
+    def limit_bytes(self) -> int:
+        return self.usable_bytes or self.capacity_bytes
 
     @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.capacity_bytes
+        return self.peak_bytes <= self.capacity_bytes and self.required_bytes <= self.limit_bytes
 
     @property
     def peak(self) -> StageMemory:
@@ -128,6 +159,10 @@ class MemoryEstimate:
         """Why the layout does not fit, calculon-style; None when it fits."""
         if self.fits:
             return None
+        if self.peak_bytes <= self.capacity_bytes:
+            return (f"a peak of {self.peak_bytes / GIB:.1f} GiB leaves too little free memory "
+                    f"for its largest allocation (needs {self.required_bytes / GIB:.1f} of "
+                    f"{self.limit_bytes / GIB:.1f} GiB allocatable on the {self.gpu_name})")
         return (f"stage {self.peak_stage} needs {self.peak_bytes / GIB:.1f} GiB but the "
                 f"{self.gpu_name} has {self.capacity_bytes / GIB:.1f} GiB")
 
@@ -235,7 +270,7 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMe
     saved = max(0.0, inflight * s.vpp * chunk_layers * full - activations
                 - (workspace - tokens * seq * acts.transient_per_key))
     h = model.hidden_size
-    logits = 0.0
+    logits = block = 0.0
     if stage == 0:
         # Embedding dropout mask (1 B per element), one per micro-batch in flight on chunk 0.
         activations += min(s.pp, m) * tokens * h * acts.dropout_mask / tsp
@@ -246,6 +281,7 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMe
         per_element = LOGITS_BYTES_PER_ELEMENT + (FUSED_CE_EXTRA_BYTES_PER_ELEMENT
                                                   if s.cross_entropy_fusion else 0)
         logits = tokens * padded_vocab_size(model, s.tp) / s.tp * per_element
+        block = tokens * padded_vocab_size(model, s.tp) / s.tp * 4  # the fp32 copy
     weights = PARAM_BYTES * n_params
     grads = MAIN_GRAD_BYTES * n_params
     allocated = weights + grads + optimizer + activations + logits + workspace
@@ -254,7 +290,7 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMe
     return StageMemory(stage=stage, weights_bytes=weights, gradients_bytes=grads,
                        optimizer_bytes=optimizer, activations_bytes=activations,
                        logits_bytes=logits, workspace_bytes=workspace, overhead_bytes=overhead,
-                       saved_bytes=saved)
+                       saved_bytes=saved, largest_block_bytes=block)
 
 
 def estimate_memory(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
@@ -270,4 +306,5 @@ def estimate_memory(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     stages = tuple(_stage(model, layout, i, mp) for i in indices)
     peak = max(stages, key=lambda st: st.total_bytes)
     return MemoryEstimate(stages=stages, peak_stage=peak.stage, peak_bytes=peak.total_bytes,
-                          capacity_bytes=cluster.gpu.memory_bytes, gpu_name=cluster.gpu.name)
+                          capacity_bytes=cluster.gpu.memory_bytes, gpu_name=cluster.gpu.name,
+                          usable_bytes=cluster.gpu.usable_bytes)

@@ -129,9 +129,15 @@ def layer_activations(model: ModelSpec, tp: int, impl: str) -> LayerActivations:
         # Unfused core attention: softmax output (fp32 without the fused kernel), dropout mask
         # (1 B) and dropout output (2 B, input of scores x V) per score: a s^2 b (4 + 1 + 2).
         per_key = a_rank * (LOCAL_SOFTMAX_SAVED_BYTES + attn_mask + 2)
-        # Forward workspace: bf16 scores (2) + fp32 copy (4) + fp32 softmax output (4) alive
-        # together in DotProductAttention.forward / forward_torch_softmax.
-        transient = a_rank * (2 + 4 + 4)
+        # Forward workspace beyond what the layer stores: megatron-core's
+        # fusions/fused_softmax.py forward_torch_softmax holds the bf16 scores (2, the caller's
+        # `attention_scores`, alive until DotProductAttention.forward returns) and their fp32
+        # copy (4) while softmax writes its fp32 output; that output is the tensor
+        # SoftmaxBackward saves, already counted in per_key's LOCAL_SOFTMAX_SAVED_BYTES. Later
+        # the copy is freed and the bf16 probs (2) live until dropout: max(2 + 4, 2 + 2) = 6.
+        # (Counting the fp32 output here too put full recompute of the local spec ~3 GiB high
+        # at gpt2-xl mbs 32, where one layer's s^2 terms dominate: s3-xl-search/2.)
+        transient = a_rank * (2 + 4)
         recomputable = 0.0
     else:
         # Flash attention (SDPA flash backend, TE/cuDNN fused attention) keeps Q, K, V, the

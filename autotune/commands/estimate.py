@@ -14,6 +14,7 @@ from autotune.hardware import ClusterSpec
 from autotune.layout import DIMENSIONS, Layout, derive_dp, validate
 from autotune.memory import estimate_memory
 from autotune.model import ModelSpec, read_text
+from autotune.trust import STEP_TIME_BAND, in_memory_band, memory_band, outside_range, trust_line
 
 __all__ = ["SEARCH_DIFFERS", "LayoutFile", "defaults_note", "layout_file", "layout_from_fields",
            "run_estimate"]
@@ -166,6 +167,10 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
             "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu,
             "time_breakdown_s": {field: getattr(cost, field) for _, field in _TIME_TERMS},
             "predicted": True,
+            # the models' held-out error bands and what lies outside the measured range
+            "step_time_band": STEP_TIME_BAND, "memory_band": memory_band(cluster),
+            "within_memory_band": in_memory_band(memory, cluster),
+            "outside_measured_range": outside_range(model, cluster),
         }, indent=2))
         return
     print(f"{model.name} on {cluster.num_gpus} x {cluster.gpu.name} "
@@ -185,12 +190,18 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
         print(f"  {st.stage:>5} " + " ".join(f"{t:>11.2f}" for t in terms) +
               f" {st.total_bytes / _GIB:>8.2f}{saved}{mark}")
     verdict = "fits" if memory.fits else f"does NOT fit: {memory.explain()}"
-    print(f"peak {memory.peak_bytes / _GIB:.2f} GiB on stage {memory.peak_stage}: {verdict}")
-    print(f"step {cost.step_time_s * 1e3:.1f} ms: "
+    band = memory_band(cluster)
+    risky = " (within the memory band of the capacity: a risk)" \
+        if in_memory_band(memory, cluster) else ""
+    print(f"peak {memory.peak_bytes / _GIB:.2f} ± {band * memory.peak_bytes / _GIB:.2f} GiB on "
+          f"stage {memory.peak_stage}: {verdict}{risky}")
+    print(f"step {cost.step_time_s * 1e3:.1f} ms "
+          f"(±{STEP_TIME_BAND * cost.step_time_s * 1e3:.1f}): "
           + ", ".join(f"{label} {getattr(cost, field) * 1e3:.1f}" for label, field in _TIME_TERMS)
           + " ms")
     print(f"{cost.tokens_per_s:,.0f} tokens/s, {cost.tflops_per_gpu:.0f} TFLOP/s per GPU, "
           f"MFU {cost.mfu:.1%}")
+    print(f"({trust_line(model, cluster)})")
     note = defaults_note(defaulted)
     if note:
         print(f"({note})")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.errors import ConfigError
+from autotune.trust import trust_line
 
 if TYPE_CHECKING:  # optuna and the report's loader are imported when an export runs
     from autotune.layout import Layout
@@ -146,6 +147,8 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
                  f"{spec_model.seq_length}) on {layout.world_size} x {gpu}",
                  f"study {ref.name}, trial {record.number}: {record.label}, gbs {layout.gbs}",
                  f"{tokens:,.0f} tokens/s, {figure}."]
+        if record.predicted and cluster is not None:  # the figure's band and range (issue 28)
+            title.append(trust_line(spec_model, cluster) + ".")
         default_nodes = cluster.num_nodes if cluster else 1
         if from_megatron is not None:
             text = _user_command(from_megatron, spec_model, layout, title, ref.name)

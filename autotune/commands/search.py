@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -21,6 +21,7 @@ from autotune.model import ModelSpec
 from autotune.protocol import te_available
 from autotune.space import SearchSpace
 from autotune.trial import DEFAULT_STABLE_CV
+from autotune.trust import memory_band, outside_range, trust_line
 
 if TYPE_CHECKING:  # the search (optuna) is imported when a search runs, not for --help
     from autotune.search import SearchConfig
@@ -184,7 +185,11 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     read = sum(1 for r in result.records if r.launched and r.number in stored)
     split = time_split(result.records)
     if as_json:
-        print(json.dumps({"study": result.study_name, "predicted": chosen.predicted,
+        trust = ({"trust": trust_line(model, cluster),
+                  "outside_measured_range": outside_range(model, cluster),
+                  "within_memory_band": _within_memory_band(result, cluster)}
+                 if chosen.predicted else {})
+        print(json.dumps({"study": result.study_name, "predicted": chosen.predicted, **trust,
                           "stop_reason": result.stop_reason,
                           "best": [_best_row(r, cluster) for r in result.best(10)],
                           **({} if chosen.predicted else {"time": asdict(split)})}, indent=2))
@@ -193,6 +198,14 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
         out.print(best_table(result, title=f"{model.name} on {cluster.num_gpus} x "
                              f"{cluster.gpu.name}: best layouts"
                              + (" (predicted)" if chosen.predicted else "")))
+        if chosen.predicted:  # how far to trust the figures (autotune.trust, issue 28)
+            out.print(trust_line(model, cluster))
+            risky = _within_memory_band(result, cluster)
+            if risky:
+                out.print(f"within the memory band ({memory_band(cluster):.1%}) of the "
+                          f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB capacity, may run out "
+                          f"of memory: trial{'s' if len(risky) > 1 else ''} "
+                          + ", ".join(str(n) for n in risky))
         verb = "simulated" if chosen.predicted else "launched"
         ran = result.launched - read
         done = (f"{ran} trials {verb}" if not read
@@ -210,6 +223,14 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
         raise Interrupted(f"study {result.study_name} is consistent; --resume continues it")
     if not result.best(1):
         raise AutotuneError(_why_nothing(result, cfg))
+
+
+def _within_memory_band(result: Any, cluster: ClusterSpec) -> list[int]:
+    """Trial numbers of the ten best whose predicted peak lies within the memory model's error
+    band of the capacity (the gate's `risky`): picks that may run out of memory."""
+    limit = cluster.gpu.memory_bytes * (1 - memory_band(cluster))
+    return [r.number for r in result.best(10)
+            if r.metrics is not None and (r.metrics.peak_bytes or 0) > limit]
 
 
 def _finished(search: Search) -> set[int]:

@@ -1,0 +1,65 @@
+"""`--cluster FILE`: the cluster YAML, its validation, and the cost model using its links."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.cluster import load_cluster_file
+from autotune.cost import estimate_cost
+from autotune.errors import ConfigError
+from autotune.hardware import ClusterSpec
+from autotune.layout import Layout
+from autotune.model import load_model
+from autotune.trust import outside_range
+
+CLUSTERS = Path(__file__).parent.parent / "search_spaces" / "clusters"
+
+
+@pytest.mark.parametrize("name", ["dgx-h100", "pcie-a100", "dgx-b200"])
+def test_shipped_cluster_files_load(name: str) -> None:
+    file = load_cluster_file(CLUSTERS / f"{name}.yaml")
+    assert file.gpus_per_node in (4, 8) and file.gpu.inter_node_bytes_per_s > 0
+
+
+def test_dgx_h100_network_is_400_gbit_per_gpu_and_b200_is_never_measured() -> None:
+    assert load_cluster_file(CLUSTERS / "dgx-h100.yaml").gpu.inter_node_bytes_per_s == 50e9
+    cluster = ClusterSpec.make(8, None, str(CLUSTERS / "dgx-b200.yaml"))
+    assert any("never measured" in n for n in outside_range(load_model("gpt2-xl"), cluster))
+
+
+def test_the_cost_model_uses_the_files_network(tmp_path: Path) -> None:
+    model = load_model("gpt-7.5b")
+    layout = Layout(tp=8, pp=1, dp=2, mbs=1, gbs=64, impl="te")
+    steps = []
+    for gbit in (100, 400, 1600):
+        path = tmp_path / f"c{gbit}.yaml"
+        path.write_text(f"gpu: h100-80gb\ngpus_per_node: 8\nnvlink_gb_per_s: 450\n"
+                        f"inter_node_gbit_per_s: {gbit}\n")
+        cluster = ClusterSpec.make(16, None, str(path))
+        steps.append(estimate_cost(model, layout, cluster).step_time_s)
+    assert steps[0] > steps[1] > steps[2]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("gpu: h100-80gb\ngpus_per_node: 8\nnvlink_gb_per_s: 450\n", "missing inter_node"),
+    ("gpu: h100-80gb\ngpus_per_node: 0\nnvlink_gb_per_s: 450\ninter_node_gbit_per_s: 400\n",
+     "gpus_per_node must be a positive integer"),
+    ("gpu: h100-80gb\ngpus_per_node: 8\nnvlink_gb_per_s: .inf\ninter_node_gbit_per_s: 400\n",
+     "positive finite"),
+    ("gpu: h100-80gb\ngpus_per_node: 8\nnvlink_gb_per_s: fast\ninter_node_gbit_per_s: 400\n",
+     "positive finite"),
+    ("gpu: h100-80gb\ngpus_per_node: 8\nnvlink_gb_per_s: 4\ninter_node_gbit_per_s: 4\nx: 1\n",
+     "unknown key"),
+    ("gpu: tpu\ngpus_per_node: 8\nnvlink_gb_per_s: 450\ninter_node_gbit_per_s: 400\n",
+     "unknown GPU"),
+    ("[1, 2]\n", "expected a mapping"),
+    ("gpu: [\n", "malformed YAML"),
+])
+def test_bad_cluster_files_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_cluster_file(path)
+    assert "\n" not in str(info.value)

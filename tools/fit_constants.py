@@ -1,0 +1,55 @@
+"""Fit the cost and memory models' constants to tests/data/measured_trials.json, with
+leave-one-family-out cross-validation (autotune.calibration.cross_validate).
+
+    PYTHONPATH=. python tools/fit_constants.py [--data FILE] [--markdown]
+
+A family is a model on a GPU type (gpt2-xl on H100, gpt2-large on H200, ...): trials of one
+family share the shape-dependent terms (GEMM sizes, vocabulary, attention) and the machine, so
+holding a whole family out asks what simulate is asked for a model or GPU it never saw. It prints
+the held-out step-time and memory errors per family and the constants fitted to all trials,
+which are the defaults of autotune.cost.CostParams and autotune.memory.MemoryParams.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from autotune.calibration import COST_FIT_FIELDS, MEMORY_FIT_FIELDS, cross_validate, load_trials
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured_trials.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    trials = load_trials(args.data)
+    cv = cross_validate(trials)
+    if args.json:
+        print(json.dumps({"families": [asdict(f) for f in cv.families],
+                          "cost": {n: getattr(cv.cost, n) for n in COST_FIT_FIELDS},
+                          "memory": {n: getattr(cv.memory, n) for n in MEMORY_FIT_FIELDS}},
+                         indent=2))
+        return 0
+    print("| family | trials | held-out step time: median / worst | in-sample | shipped | "
+          "held-out memory: median / worst | in-sample | shipped |")
+    print("|---|---|---|---|---|---|---|---|")
+    for f in cv.families:
+        print(f"| {f.family} | {f.trials} | {f.step_median:.1%} / {f.step_worst:.1%} | "
+              f"{f.step_in_sample:.1%} | {f.step_shipped:.1%} | {f.memory_median:.1%} / "
+              f"{f.memory_worst:.1%} | {f.memory_in_sample:.1%} | {f.memory_shipped:.1%} |")
+    print("\nfitted to all trials:")
+    for n in COST_FIT_FIELDS:
+        print(f"  CostParams.{n} = {getattr(cv.cost, n):.6g}")
+    for n in MEMORY_FIT_FIELDS:
+        print(f"  MemoryParams.{n} = {getattr(cv.memory, n):.6g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
