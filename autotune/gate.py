@@ -136,12 +136,16 @@ class MemoryGate:
                    f"{'learned ' if learned else ''}capacity of {capacity / 2**30:.1f} GiB")
             return GateDecision(status=TrialStatus.PREDICTED_OOM, reason=why, memory=memory,
                                 constraint=max(constraint, 0.1))
-        if not memory.fits:  # no free block for the largest allocation (memory.BLOCK_MARGIN)
-            why = f"predicted not to fit: {memory.explain()}"
-            return GateDecision(status=TrialStatus.PREDICTED_OOM, reason=why, memory=memory,
-                                constraint=max(constraint, 0.1))
         band = self.error_band()
         gib = memory.peak_bytes / 2**30
+        if not memory.fits:
+            # No free block for the largest allocation (memory.BLOCK_MARGIN): four OOMs agree
+            # with that rule, but issue 24's Llama-3.2-3B at sequence 8192 ran with its 3.9 GiB
+            # logits block at 79.0 GiB of an H100 measured. A risk, run after the safe layouts
+            # (its OOM, if it comes, teaches the gate), not a verdict.
+            return GateDecision(
+                status=None, memory=memory, constraint=constraint, risky=True,
+                reason=f"predicted {gib:.1f} GiB; {memory.explain()}: run as a risk")
         if memory.peak_bytes > capacity * (1 - band):
             return GateDecision(
                 status=None, memory=memory, constraint=constraint, risky=True,
