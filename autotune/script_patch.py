@@ -157,6 +157,11 @@ class _Follower:
         is_array = [v is not None and v.type == "array" for v in values]
         if len(assigned) > 1 and not all(is_array):
             return None
+        if not array and not is_array[0] and not self.script.raw(values[0]).strip(
+                "'\"").startswith("--"):  # type: ignore[union-attr]
+            # A string that holds no flag (`TP=2`): a value, replaced where the launch
+            # uses it, not in the assignment other commands may read.
+            return None
         if not all(appends[1:]) or is_array[0] != array:
             return None  # `$ARRAY` is its first element, `"${STRING[@]}"` one word
         self.following.append(name)
@@ -324,18 +329,23 @@ def _removal(data: bytes, tokens: list[Token], first: int, last: int) -> _Edit:
 
 
 def _insertion(script: Script, launch: Node, rows: list[list[str]]) -> _Edit:
-    """New flags after the launch command's last argument, in the command's own layout: each
-    row's flags on a continued line of their own where the command spans lines."""
+    """New flags onto the launch command, in the command's own layout: where it spans lines,
+    each row's flags on a continued line of their own before its last line (which stays as
+    the user wrote it); else after its last argument."""
     words = [c for c in launch.children
              if c.type not in _REDIRECTS and c.type not in ("variable_assignment", "comment")]
     last = words[-1]
     texts = [" ".join(shlex.quote(a) for a in args) for args in rows]
     if launch.start_point[0] == last.start_point[0]:
         return _Edit(last.end_byte, last.end_byte, " " + " ".join(texts))
-    line_start = script.data.rfind(b"\n", 0, last.start_byte) + 1
-    indent = re.match(rb"[ \t]*", script.data[line_start:last.start_byte])
-    pad = indent.group(0).decode() if indent and indent.group(0) else "    "
-    return _Edit(last.end_byte, last.end_byte, "".join(f" \\\n{pad}{t}" for t in texts))
+    first = next(w for w in words if w.start_point[0] == last.start_point[0])
+    line_start = script.data.rfind(b"\n", 0, first.start_byte) + 1
+    indent = script.data[line_start:first.start_byte]
+    if first is words[0] or indent.strip(b" \t"):
+        return _Edit(last.end_byte, last.end_byte, "".join(f" \\\n    {t}" for t in texts))
+    pad = indent.decode()
+    return _Edit(first.start_byte, first.start_byte,
+                 "".join(f"{t} \\\n{pad}" for t in texts))
 
 
 def _current_values(command: MegatronCommand) -> dict[str, str]:

@@ -35,6 +35,9 @@ _DECLARE = {"export", "declare", "typeset", "local", "readonly"}
 MAX_EXPANDED_CHARS = 4 * 2**20
 """Characters all expansions of one script may produce: a launch command is a few KiB, and a
 variable doubled again and again (`A=$A$A`) reaches this in about 22 steps instead of 6 GB."""
+_WORD_COST = 64
+"""What one word counts for against MAX_EXPANDED_CHARS: an array of empty words doubled again
+and again costs Python objects, not characters."""
 MAX_DEFAULT_DEPTH = 50
 """`${A:-${B:-...}}` inside one another: each level is a Python frame or three."""
 READ_SECONDS = 5.0
@@ -357,8 +360,8 @@ class _Reader:
     def expand(self, raw: list[_Seg], *, split: bool = True) -> list[Word]:
         """A raw word as the words it becomes (splitting unquoted expansions, arrays)."""
         words = self._expand(raw, split=split)
-        self.produced += len(words) + sum(len(p) if isinstance(p, str) else len(p.text)
-                                          for w in words for p in w.parts)
+        self.produced += _WORD_COST * len(words) + sum(
+            len(p) if isinstance(p, str) else len(p.text) for w in words for p in w.parts)
         if self.produced > MAX_EXPANDED_CHARS:
             raise ConfigError(f"{self.source}: its variables expand to more than "
                               f"{MAX_EXPANDED_CHARS // 2**20} MiB of text (a variable doubled "
