@@ -150,15 +150,16 @@ class _Follower:
             if decl is not None and decl.type == "declaration_command" and \
                     decl.children and decl.children[0].type == "local":
                 return None
-        values = [a.child_by_field_name("value") for a in assigned]
+        given = [a.child_by_field_name("value") for a in assigned]
+        values = [v for v in given if v is not None]
         appends = [b"+=" in (a.text or b"").split(b"(")[0] for a in assigned]
-        if any(v is None for v in values) or appends[0]:
+        if len(values) < len(given) or appends[0]:
             return None
-        is_array = [v is not None and v.type == "array" for v in values]
+        is_array = [v.type == "array" for v in values]
         if len(assigned) > 1 and not all(is_array):
             return None
-        if not array and not is_array[0] and not self.script.raw(values[0]).strip(
-                "'\"").startswith("--"):  # type: ignore[union-attr]
+        if not array and not is_array[0] and \
+                not self.script.raw(values[0]).strip("'\"").startswith("--"):
             # A string that holds no flag (`TP=2`): a value, replaced where the launch
             # uses it, not in the assignment other commands may read.
             return None
@@ -168,7 +169,6 @@ class _Follower:
         try:
             out: list[Token] = []
             for value in values:
-                assert value is not None
                 if value.type == "array":
                     for element in value.named_children:
                         if element.type == "comment":
