@@ -159,7 +159,7 @@ class _Follower:
         if len(assigned) > 1 and not all(is_array):
             return None
         if not array and not is_array[0] and \
-                not self.script.raw(values[0]).strip("'\"").startswith("--"):
+                not re.search(r"(^|\s)--", self.script.raw(values[0]).strip("'\"")):
             # A string that holds no flag (`TP=2`): a value, replaced where the launch
             # uses it, not in the assignment other commands may read.
             return None

@@ -316,3 +316,52 @@ def test_line_needs_from_megatron(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["gpt2-xl", "--gpus", "8", "--line", "3", "--backend", "simulate"])
     err = capsys.readouterr().err
     assert code == 2 and "--line names the launch in a --from-megatron FILE" in err
+
+
+_MODEL = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512 "
+          "--vocab-size 99")
+PATCHES = [
+    # (name, script, gpus, new layout, the diff's -/+ lines)
+    ("eval of a string with an array",
+     "ARGS=(--micro-batch-size 2 --global-batch-size 8)\n"
+     f'cmd="torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} ${{ARGS[@]}}"\n'
+     'eval $cmd --save "$CKPT/run 1" 2>&1 | tee log\n',
+     4, Layout(tp=2, dp=2, mbs=4, gbs=8, impl="te"),
+     ["-ARGS=(--micro-batch-size 2 --global-batch-size 8)",
+      "+ARGS=(--micro-batch-size 4 --global-batch-size 8)",
+      '-eval $cmd --save "$CKPT/run 1" 2>&1 | tee log',
+      '+eval $cmd --save "$CKPT/run 1" --tensor-model-parallel-size 2 2>&1 | tee log']),
+    ("a variable element of an array, and --flag=value",
+     "TP=1\nPAR=(\n  --tensor-model-parallel-size $TP\n  --sequence-parallel\n)\n"
+     f"torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size=8 "
+     '"${PAR[@]}"\n',
+     4, Layout(tp=2, dp=2, mbs=1, gbs=8, impl="te", sequence_parallel=False),
+     ["-  --tensor-model-parallel-size $TP", "-  --sequence-parallel",
+      "+  --tensor-model-parallel-size 2"]),
+    ("a --flag=value replaced in one word",
+     f"torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size=8 "
+     "--micro-batch-size=1\n",
+     4, Layout(dp=4, mbs=2, gbs=8, impl="te"),
+     [f"-torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size=8 "
+      "--micro-batch-size=1",
+      f"+torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size=8 "
+      "--micro-batch-size=2"]),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "gpus", "new", "diff"), PATCHES,
+                         ids=[p[0] for p in PATCHES])
+def test_patches(tmp_path: Path, name: str, text: str, gpus: int, new: Layout,
+                 diff: list[str]) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(text)
+    command = read_megatron_command(str(script))
+    patched = patch_script(command, new,
+                           layout_changes(command, megatron_layout(command, gpus), new))
+    got = [line for line in difflib.unified_diff(text.splitlines(), patched.splitlines(),
+                                                 lineterm="", n=0)
+           if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert got == diff
+    again = tmp_path / "tuned.sh"
+    again.write_text(patched)
+    assert megatron_layout(read_megatron_command(str(again)), gpus) == new
