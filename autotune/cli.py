@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 _COMMANDS = ("models", "search", "estimate", "calibrate", "report", "export")
 FROM_MEGATRON = "--from-megatron"
 """`autotune --from-megatron FILE` searches around a user's own Megatron-LM command."""
+LineOption = Annotated[int | None, typer.Option(
+    "--line", help=f"With {FROM_MEGATRON}: the line of the pretrain_gpt.py launch to read, "
+                   "where the file has several or one the shell may not run as written (in "
+                   "an if, a loop, a function).", show_default=False)]
 STORAGE_EXAMPLE = "postgresql+psycopg://user@host/db"
 """The --storage example; README.md gives the same one (tests/test_vocabulary.py)."""
 
@@ -212,10 +216,13 @@ def search(
         FROM_MEGATRON, help="A shell script or text file with your pretrain_gpt.py command "
                             "(read, never run): its model and layout are the first trial, "
                             "and the result says what to change.")] = None,
+    line: LineOption = None,
 ) -> None:
     """Search for the fastest layout of MODEL on --gpus GPUs, or around your own Megatron-LM
     command (--from-megatron FILE)."""
     job = None
+    if line is not None and from_megatron is None:
+        raise ConfigError(f"--line names the launch in a {FROM_MEGATRON} FILE; give that too")
     if from_megatron is not None:
         from autotune.commands.from_megatron import estimate_line, read_user_job
 
@@ -225,7 +232,8 @@ def search(
         if seq_len is not None or global_batch_size is not None:
             raise ConfigError(f"{FROM_MEGATRON}: the sequence and global batch are the "
                               "command's --seq-length and --global-batch-size")
-        job = read_user_job(from_megatron, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu)
+        job = read_user_job(from_megatron, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu,
+                            line=line)
         gpus, gpus_per_node = job.cluster.num_gpus, job.cluster.gpus_per_node
         print(f"autotune: {estimate_line(job)}", file=sys.stderr)
     elif model is None:
@@ -285,18 +293,14 @@ def search(
                        as_json=as_json, multi=multi, isolation=isolation,
                        stable_cv=stable_cv, stop_rule=stop_rule,
                        seeds=() if job is None else (job.layout,),
-                       compare=None if job is None else _comparison(job, as_json))
+                       compare=None if job is None else _comparison(job))
 
 
-def _comparison(job: Any, as_json: bool) -> Any:
-    """What a --from-megatron search prints after its table: the user's layout against the
-    best (on stderr with --json, whose stdout is one JSON object)."""
-    from autotune.commands.from_megatron import comparison_lines
+def _comparison(job: Any) -> Any:
+    """What a --from-megatron search ends with: the user's layout against the best."""
+    from autotune.commands.from_megatron import compare
 
-    def compare(result: Any) -> None:
-        for line in comparison_lines(job, result, study=result.study_name):
-            print(line, file=sys.stderr if as_json else sys.stdout)
-    return compare
+    return lambda result: compare(job, result, study=result.study_name)
 
 
 def _estimate(
@@ -436,6 +440,7 @@ def export(
         FROM_MEGATRON, help="Your pretrain_gpt.py command file (the one searched with "
                             "--from-megatron): written back with only the layout's flags "
                             "changed.")] = None,
+    line: LineOption = None,
 ) -> None:
     """Launch command (or JSON) for a study's best layout or --trial N."""
     from autotune.commands.export import run_export
@@ -443,7 +448,7 @@ def export(
     _check_places(study, results_dir, storage, writable=False)
     run_export(study=study, results_dir=results_dir, storage=storage, trial=trial, fmt=fmt,
                output=output, megatron_lm=megatron_lm, nodes=nodes, model=model,
-               train_iters=train_iters, from_megatron=from_megatron)
+               train_iters=train_iters, from_megatron=from_megatron, line=line)
 
 
 @app.command()

@@ -1,11 +1,12 @@
 """A user's own Megatron-LM command, read: its model, layout and GPUs, and every other flag kept.
 
-`read_megatron_command(path)` finds the `pretrain_gpt.py` command in a shell script or text file
-(autotune.shell_script reads the file; nothing in it runs), reads the model and parallel flags
-with the flag table `autotune export` writes (autotune.megatron_args.FLAG_TABLE) and keeps
-every argument as it was written, grouped by flag, so that `changed_args` can give back the
-user's own command with only the flags of a better layout replaced: their data, tokenizer,
-checkpoint and logging flags, and any flag autotune does not know, untouched.
+`read_megatron_command(path)` finds the `pretrain_gpt.py` launch of a shell script with a real
+shell parser (autotune.launch_site: one launch the shell runs as written, or the line `--line N`
+names), reads its words with autotune.shell_script (variables, arrays and eval expanded, here-
+document text left out; nothing in it is run) and the model and parallel flags with the flag
+table `autotune export` writes (autotune.megatron_args.FLAG_TABLE). `layout_changes` says which
+rows of the table a better layout changes; autotune.script_patch edits exactly those flags in
+the user's file.
 """
 
 from __future__ import annotations
@@ -16,6 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.launch_site import (
+    NOT_RUN,
+    Candidate,
+    Script,
+    find_launch,
+    parse_script,
+    read_script,
+    walk,
+)
 from autotune.layout import DIMENSIONS, Impl, Layout, derive_dp
 from autotune.megatron_args import (
     FLAG_TABLE,
@@ -26,16 +36,14 @@ from autotune.megatron_args import (
     read_fields,
     row_args,
 )
-from autotune.model import MODEL_NAME_MAX, ModelSpec, read_text
+from autotune.model import MODEL_NAME_MAX, ModelSpec
 from autotune.shell_script import Command, Ref, Word, read_commands
 
-__all__ = ["ArgGroup", "MegatronCommand", "RowChange", "changed_args", "megatron_layout",
-           "read_megatron_command"]
+__all__ = ["ArgGroup", "MegatronCommand", "RowChange", "exported_layout", "layout_changes",
+           "megatron_layout", "read_megatron_command"]
 
 _LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 _PYTHON = re.compile(r"(.*/)?python[0-9.]*$")
-_NOT_RUN = {"echo", "printf", "cat", "grep"}
-"""Commands that mention pretrain_gpt.py without running it (a log line, a listing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +77,10 @@ class MegatronCommand:
     nodes: int | None
     gpus_unknown: str | None
     """Why the launcher does not tell the GPU count (None when it does)."""
+    parsed: Script
+    """The file as read and parsed: what autotune.script_patch edits."""
+    site: Candidate
+    """The launch command in it."""
 
     @property
     def gpus(self) -> int | None:
@@ -82,19 +94,43 @@ def _is_script(word: Word) -> bool:
     return text.endswith(TRAINING_SCRIPT) and not text.startswith("-")
 
 
-def _find(commands: list[Command], source: str) -> Command:
-    found = [c for c in commands if any(_is_script(w) for w in c.words)
-             and (c.words[0].text or "") not in _NOT_RUN]
-    if not found:
+def _launches(commands: list[Command]) -> list[Command]:
+    return [c for c in commands if any(_is_script(w) for w in c.words)
+            and (c.words[0].text or "") not in NOT_RUN]
+
+
+def _find(parsed: Script, line: int | None) -> tuple[Command, Candidate]:
+    """The launch the shell runs (or the one `line` names), as the evaluator expands it."""
+    source = parsed.source
+    commands = read_commands(_without_heredoc_text(parsed), source)
+    launches = _launches(commands)
+    site = find_launch(parsed, {c.line for c in launches}, line)
+    if site is None:
         raise ConfigError(f"{source} holds no {TRAINING_SCRIPT} command (autotune reads a "
                           f"`torchrun ... {TRAINING_SCRIPT} --flags` or `python "
                           f"{TRAINING_SCRIPT} --flags` line)")
-    command = found[-1]
+    found = [c for c in launches if c.line == site.line]
+    if len(found) != 1:
+        why = "several launches" if found else "no launch autotune can expand"
+        raise ConfigError(f"{source}: line {site.line} holds {why} of {TRAINING_SCRIPT}")
+    command = found[0]
     if command.words[0].text == "eval":
         refs = [r for w in command.words for r in w.refs]
         raise ConfigError(f"{source}: line {command.line}: the {TRAINING_SCRIPT} command is "
                           f"built by eval of text autotune cannot expand ({refs[0].reason})")
-    return command
+    return command, site
+
+
+def _without_heredoc_text(parsed: Script) -> str:
+    """The script with its here-documents' text and end markers blanked (newlines kept, so the
+    lines stay): to the shell they are data for a command, never commands of the script."""
+    data = bytearray(parsed.data)
+    for node, _ in walk(parsed.root):
+        if node.type in ("heredoc_body", "heredoc_end"):
+            for k in range(node.start_byte, node.end_byte):
+                if data[k] != 0x0A:
+                    data[k] = 0x20
+    return data.decode("utf-8")
 
 
 def _launcher_gpus(launcher: tuple[Word, ...], source: str) -> tuple[int | None, int | None,
@@ -224,11 +260,14 @@ def _model_name(path: Path) -> str:
     return name or "megatron-command"
 
 
-def read_megatron_command(path: str) -> MegatronCommand:
-    """The pretrain_gpt.py command of the file at `path`, read (never run)."""
+def read_megatron_command(path: str, line: int | None = None) -> MegatronCommand:
+    """The pretrain_gpt.py command of the file at `path` (the one on `line`, when given), read
+    (never run)."""
     file = Path(path)
-    text = read_text(file, "Megatron-LM command file")
-    command = _find(read_commands(text, path), path)
+    if line is not None and line < 1:
+        raise ConfigError(f"--line must be a positive line number, got {line}")
+    parsed = parse_script(read_script(path), path)
+    command, site = _find(parsed, line)
     at = next(k for k, w in enumerate(command.words) if _is_script(w))
     launcher, script = command.words[:at], command.words[at]
     if script.text is None:
@@ -244,7 +283,8 @@ def read_megatron_command(path: str) -> MegatronCommand:
     return MegatronCommand(source=path, line=command.line, env=command.env,
                            exported=command.exported, launcher=launcher, script=script,
                            groups=groups, model=model, layout_fields=layout_fields,
-                           gpus_per_node=per_node, nodes=nodes, gpus_unknown=why)
+                           gpus_per_node=per_node, nodes=nodes, gpus_unknown=why,
+                           parsed=parsed, site=site)
 
 
 def megatron_layout(command: MegatronCommand, gpus: int) -> Layout:
@@ -276,44 +316,16 @@ def exported_layout(layout: Layout) -> Layout:
     return replace(layout, impl=Impl.TE) if layout.impl == Impl.SDPA else layout
 
 
-def changed_args(command: MegatronCommand, old: Layout,
-                 new: Layout) -> tuple[list[ArgGroup], list[RowChange]]:
-    """The command's argument groups with the rows that differ between `old` (the command's
-    layout) and `new` replaced, and those changes. A changed row's flags are taken out where
-    the command has them and the new ones put where the first of them stood (else after the
-    last layout flag, else at the end); every other group stays as written."""
+def layout_changes(command: MegatronCommand, old: Layout, new: Layout) -> list[RowChange]:
+    """The rows of the flag table whose arguments differ between `old` (the command's layout)
+    and `new`, as Megatron-LM runs them (impl sdpa as te)."""
     model = command.model
     old, new = exported_layout(old), exported_layout(new)
-    groups = list(command.groups)
     changes: list[RowChange] = []
     for row in FLAG_TABLE:
         if row.part != Part.LAYOUT:
             continue
         before, after = row_args(row, model, old), row_args(row, model, new)
-        if before == after:
-            continue
-        changes.append(RowChange(row.name, tuple(before), tuple(after)))
-        names = {f.name for f in row.flags}
-        where = next((k for k, g in enumerate(groups) if g.flag in names), None)
-        if where is None:
-            where = _after_layout_flags(groups)
-        groups = [g for g in groups if g.flag not in names]
-        where = min(where, len(groups))
-        groups[where:where] = _as_groups(after)
-    return groups, changes
-
-
-def _after_layout_flags(groups: list[ArgGroup]) -> int:
-    layout_flags = {f.name for row in FLAG_TABLE if row.part == Part.LAYOUT for f in row.flags}
-    last = max((k for k, g in enumerate(groups) if g.flag in layout_flags), default=None)
-    return len(groups) if last is None else last + 1
-
-
-def _as_groups(args: list[str]) -> list[ArgGroup]:
-    out: list[ArgGroup] = []
-    for arg in args:
-        if arg.startswith("--"):
-            out.append(ArgGroup(arg, (Word.of(arg),)))
-        else:
-            out[-1] = ArgGroup(out[-1].flag, (*out[-1].words, Word.of(arg)))
-    return out
+        if before != after:
+            changes.append(RowChange(row.name, tuple(before), tuple(after)))
+    return changes

@@ -12,21 +12,17 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.layout import DIMENSIONS, Impl, Layout
 from autotune.megatron_args import megatron_lm_args, training_script
 from autotune.model import ModelSpec
 from autotune.protocol import SPEC_NAME, WORKER
-from autotune.shell_script import Word
 from autotune.trial import TrialSpec
 
-if TYPE_CHECKING:
-    from autotune.megatron_command import MegatronCommand
-
 __all__ = ["FORMATS", "TRAIN_ITERS", "check_megatron_lm", "layout_json", "megatron_lm_script",
-           "slurm_script", "torchrun_script", "user_megatron_script"]
+           "slurm_script", "torchrun_script"]
 
 FORMATS: tuple[str, ...] = ("megatron-lm", "torchrun", "slurm", "json")
 TRAIN_ITERS = 100
@@ -206,45 +202,3 @@ def torchrun_script(spec: TrialSpec, *, title: Sequence[str]) -> str:
                       ["torchrun", "--standalone", "--nproc-per-node", str(gpus), *WORKER])
     command = _continued([launch], ["--spec", SPEC_NAME, "--out-dir", "."])
     return "\n".join(lines) + "\n" + command + "\n"
-
-
-def _shell_word(word: Word, source: str) -> str:
-    """A word of a user's command as shell text that runs nothing: literal text single-quoted,
-    a variable the script did not set as "${NAME}" (the environment's, as in their script);
-    anything else it would have to run (a command substitution) is refused."""
-    out = []
-    for part in word.parts:
-        if isinstance(part, str):
-            out.append(shlex.quote(part))
-        elif part.plain:
-            out.append(f'"${{{part.name}}}"')
-        else:
-            raise ConfigError(f"{source}: {word.shown()}: {part.reason}; the exported script "
-                              "would have to run it: put its value in the command")
-    return "".join(out) or "''"
-
-
-def user_megatron_script(command: MegatronCommand, old: Layout, new: Layout, *,
-                         title: Sequence[str]) -> str:
-    """The user's own pretrain_gpt.py command with only the flags of `new` that differ from
-    their layout `old` replaced: their launcher, data, tokenizer, checkpoint and logging flags
-    and every flag autotune does not know, as they wrote them. Every word is quoted: nothing
-    the user typed runs as code."""
-    from autotune.megatron_command import changed_args
-
-    groups, changes = changed_args(command, old, new)
-    notes = [f"Your command: {command.source}, line {command.line}, as autotune read it "
-             "(variables the script sets filled in, redirections and pipes left out).",
-             *(["Changed: " + "; ".join(c.describe() for c in changes)] if changes
-               else ["No flag changes: the chosen layout is yours."])]
-    if new.impl == Impl.SDPA:
-        notes.append("impl sdpa (autotune's local spec with PyTorch SDPA attention) has no "
-                     "Megatron-LM equivalent; this uses --transformer-impl transformer_engine.")
-    src = command.source
-    lines = [*_header([*title, *notes]), "set -eo pipefail"]
-    lines += [f"export {name}={_shell_word(value, src)}" for name, value in command.exported]
-    env = " ".join(f"{name}={_shell_word(value, src)}" for name, value in command.env)
-    head = " ".join(_shell_word(w, src) for w in command.launcher)
-    first = " ".join(p for p in (env, head, _shell_word(command.script, src)) if p)
-    rows = [" ".join(_shell_word(w, src) for w in g.words) for g in groups]
-    return "\n".join(lines) + "\n" + " \\\n".join([first, *(_INDENT + r for r in rows)]) + "\n"

@@ -13,7 +13,9 @@ in the word, with the reason, so that the caller can refuse it where it matters 
 
 from __future__ import annotations
 
+import bisect
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +31,17 @@ _BLOCK_OPEN = {"if", "for", "while", "until", "case", "select", "function"}
 _BLOCK_CLOSE = {"fi", "done", "esac", "}"}
 _BLOCK_MIDDLE = {"then", "do", "else", "elif", "{", "!", "time"}
 _DECLARE = {"export", "declare", "typeset", "local", "readonly"}
+
+MAX_EXPANDED_CHARS = 4 * 2**20
+"""Characters all expansions of one script may produce: a launch command is a few KiB, and a
+variable doubled again and again (`A=$A$A`) reaches this in about 22 steps instead of 6 GB."""
+_WORD_COST = 64
+"""What one word counts for against MAX_EXPANDED_CHARS: an array of empty words doubled again
+and again costs Python objects, not characters."""
+MAX_DEFAULT_DEPTH = 50
+"""`${A:-${B:-...}}` inside one another: each level is a Python frame or three."""
+READ_SECONDS = 5.0
+"""The most the evaluator may take on one script (it takes milliseconds on a launch script)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +115,15 @@ class _Lexer:
         self.s = text
         self.i = 0
         self.source = source
+        # Offsets of the newlines: a statement's line by bisection, not by counting from the
+        # start (quadratic in a file of many short statements).
+        self.newlines = [k for k, c in enumerate(text) if c == "\n"]
+
+    def line_at(self, offset: int) -> int:
+        return bisect.bisect_left(self.newlines, offset) + 1
 
     def error(self, what: str) -> ConfigError:
-        line = self.s.count("\n", 0, self.i) + 1
+        line = self.line_at(self.i)
         return ConfigError(f"{self.source}: line {line}: {what}")
 
     def peek(self, k: int = 0) -> str:
@@ -133,10 +152,10 @@ class _Lexer:
                 self.i += 1
                 if current.words:
                     out.append(current)
-                current = _Statement(line=self.s.count("\n", 0, self.i) + 1)
+                current = _Statement(line=self.line_at(self.i))
             else:
                 if not current.words:
-                    current.line = self.s.count("\n", 0, self.i) + 1
+                    current.line = self.line_at(self.i)
                 word = self.word()
                 if skip_target:  # a redirection's file: not an argument of the command
                     skip_target = False
@@ -283,6 +302,14 @@ class _Reader:
         self.depth = 0
         self.commands: list[Command] = []
         self.evals = 0
+        self.produced = 0  # characters all expansions produced so far (MAX_EXPANDED_CHARS)
+        self.nesting = 0  # defaults being expanded inside one another (MAX_DEFAULT_DEPTH)
+        self.deadline = time.monotonic() + READ_SECONDS
+
+    def check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise ConfigError(f"{self.source}: reading the script took longer than "
+                              f"{READ_SECONDS:g} s; a launch script reads in milliseconds")
 
     def lookup(self, spec: str, original: str) -> _Value | None:
         """The value `${spec}` expands to (None: unset and no default)."""
@@ -310,18 +337,39 @@ class _Reader:
         if op in "-=":
             if not unset:
                 return value
-            default = self.expand_scalar(_Lexer(word, self.source).word()) if word else \
-                Word.of("")
+            default = self.nested(word) if word else Word.of("")
             if op == "=" and not name.isdigit():
                 self.vars[name] = default
             return default
         if op == "+":
-            return Word.of("") if unset else self.expand_scalar(
-                _Lexer(word, self.source).word())
+            return Word.of("") if unset else self.nested(word)
         return value if not unset else Ref(original, name, f"{original}: not set in the script")
+
+    def nested(self, word: str) -> Word:
+        """The word of a `${NAME:-word}`, expanded: bounded, so that thousands of defaults
+        inside one another are one line rather than a RecursionError."""
+        self.nesting += 1
+        try:
+            if self.nesting > MAX_DEFAULT_DEPTH:
+                raise ConfigError(f"{self.source}: ${{...:-...}} nested deeper than "
+                                  f"{MAX_DEFAULT_DEPTH} levels")
+            return self.expand_scalar(_Lexer(word, self.source).word())
+        finally:
+            self.nesting -= 1
 
     def expand(self, raw: list[_Seg], *, split: bool = True) -> list[Word]:
         """A raw word as the words it becomes (splitting unquoted expansions, arrays)."""
+        words = self._expand(raw, split=split)
+        self.produced += _WORD_COST * len(words) + sum(
+            len(p) if isinstance(p, str) else len(p.text) for w in words for p in w.parts)
+        if self.produced > MAX_EXPANDED_CHARS:
+            raise ConfigError(f"{self.source}: its variables expand to more than "
+                              f"{MAX_EXPANDED_CHARS // 2**20} MiB of text (a variable doubled "
+                              "again and again?); a launch command is a few KiB")
+        self.check_time()
+        return words
+
+    def _expand(self, raw: list[_Seg], *, split: bool) -> list[Word]:
         fields: list[list[str | Ref]] = [[]]
         keep = False  # a quoted or literal part keeps even an empty word
 
@@ -381,6 +429,7 @@ class _Reader:
             self.statement(st)
 
     def statement(self, st: _Statement) -> None:
+        self.check_time()
         words = list(st.words)
         head = _literal(words[0]) if words else None
         while head in _BLOCK_MIDDLE or head in _BLOCK_CLOSE or head in _BLOCK_OPEN or (

@@ -1,8 +1,9 @@
-"""A user's Megatron-LM command, read (never run) and written back (issue 17).
+"""A user's Megatron-LM command, read (never run) and patched in place (issues 17 and 27).
 
 The round trip: every preset x a sample of valid layouts, exported with `--format megatron-lm`
-and read back with --from-megatron, gives the same model and layout. Unknown flags are kept
-verbatim; bad input is one line and exit 2; nothing in the file ever runs.
+and read back with --from-megatron, gives the same model and layout. Bad input is one line and
+exit 2; nothing in the file ever runs. tests/test_from_megatron_patch.py holds the in-place
+export (canaries, the diff, hostile scripts).
 """
 
 from __future__ import annotations
@@ -18,21 +19,21 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
 from autotune.identity import run_key
 from autotune.layout import Layout, check, derive_dp
 from autotune.levers.derive import DERIVE, DIVISORS, divisor_values
 from autotune.megatron_args import FLAG_TABLE, Part, megatron_lm_args
 from autotune.megatron_command import (
-    changed_args,
     exported_layout,
+    layout_changes,
     megatron_layout,
     read_megatron_command,
 )
 from autotune.model import list_presets, load_model
 from autotune.params import count_parameters
-from autotune.scripts import megatron_lm_script, user_megatron_script
+from autotune.script_patch import patch_script
+from autotune.scripts import megatron_lm_script
 from autotune.space import load_space
 
 SEED = Path(__file__).parent / "data" / "megatron" / "seed-tutorial.sh"
@@ -188,23 +189,22 @@ def test_eval_of_a_command_string(tmp_path: Path) -> None:
     assert [w.shown() for w in command.groups[-1].words] == ["--save", "$CKPT/run", "1"]
 
 
-def test_unknown_flags_are_kept_verbatim_in_the_export(tmp_path: Path) -> None:
+def test_the_patch_edits_arrays_strings_and_the_command_line(tmp_path: Path) -> None:
     script = tmp_path / "train.sh"
     script.write_text(ARRAYS)
     command = read_megatron_command(str(script))
     old = megatron_layout(command, 16)
     new = Layout(tp=4, dp=4, sequence_parallel=True, mbs=2, gbs=256, impl="te",
                  distributed_optimizer=True, overlap_grad_reduce=True)
-    text = user_megatron_script(command, old, new, title=["test"])
-    assert "    --my-unknown-flag 'a b' \\\n" in text
-    assert text.endswith("    --another 1 2\n")
-    assert "    --lr 3e-4 \\\n" in text
-    # Variables the script does not set are the environment's, as in the user's script.
-    assert '--save "${CKPT}"\'/run 1\'' in text
-    assert '--vocab-file "${VOCAB}"' in text and '--merge-file "${MERGES}"' in text
-    assert "--tensor-model-parallel-size 4" in text and "--micro-batch-size 2" in text
-    assert "--overlap-grad-reduce" in text
-    # Read back, the export is the user's command with the new layout.
+    text = patch_script(command, new, layout_changes(command, old, new))
+    # $TP is replaced where the string uses it, not in TP=${TP:-2}: the value the launch
+    # passes changes, nothing else that reads TP does.
+    assert 'PARALLEL="--tensor-model-parallel-size 4 --sequence-parallel"' in text
+    assert "TP=${TP:-2}\n" in text
+    assert "TRAIN_ARGS=(--micro-batch-size 2 --global-batch-size 256 --lr 3e-4)" in text
+    # An added flag goes onto the launch command, on a line of its own before its last.
+    assert "\n    --overlap-grad-reduce \\\n    --save " in text
+    # Read back, the patched file is the user's command with the new layout.
     out = tmp_path / "tuned.sh"
     out.write_text(text)
     again = read_megatron_command(str(out))
@@ -217,20 +217,27 @@ def test_unknown_flags_are_kept_verbatim_in_the_export(tmp_path: Path) -> None:
                     "--save": ["--save", "$CKPT/run 1"]}
 
 
+def test_removed_flags_leave_no_gap(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(ARRAYS)
+    command = read_megatron_command(str(script))
+    new = Layout(tp=1, dp=16, mbs=4, gbs=256, impl="te")
+    text = patch_script(command, new, layout_changes(command, megatron_layout(command, 16), new))
+    assert 'PARALLEL="--tensor-model-parallel-size 1"' in text
+    assert "TRAIN_ARGS+=()" in text
+    out = tmp_path / "tuned.sh"
+    out.write_text(text)
+    assert megatron_layout(read_megatron_command(str(out)), 16) == new
+
+
 def test_only_the_changed_flags_change() -> None:
     command = read_megatron_command(str(SEED))
     old = megatron_layout(command, 1)
-    groups, changes = changed_args(command, old, Layout(mbs=5, gbs=15, impl="te",
-                                                        recompute="selective"))
+    changes = layout_changes(command, old, Layout(mbs=5, gbs=15, impl="te",
+                                                  recompute="selective"))
     assert [c.row for c in changes] == ["batch", "recompute"]
-    before = [g for g in command.groups if g.flag not in ("--micro-batch-size",
-                                                          "--global-batch-size")]
-    after = [g for g in groups if g.flag not in ("--micro-batch-size", "--global-batch-size",
-                                                 "--recompute-granularity")]
-    assert after == before
-    # The batch flags stay where the user had them.
-    assert [g.flag for g in groups].index("--micro-batch-size") == \
-        [g.flag for g in command.groups].index("--micro-batch-size")
+    assert changes[0].describe() == ("--micro-batch-size 15 --global-batch-size 15 -> "
+                                     "--micro-batch-size 5 --global-batch-size 15")
 
 
 FAKE_TORCHRUN = """#!/bin/sh
@@ -249,8 +256,8 @@ def test_the_exported_command_runs_nothing_the_user_typed(tmp_path: Path) -> Non
                       f"--note \"$A\" --other '`touch {mark}`;' \n")
     command = read_megatron_command(str(script))
     assert not mark.exists()
-    text = user_megatron_script(command, megatron_layout(command, 1),
-                                Layout(mbs=2, gbs=8, impl="te"), title=["t"])
+    new = Layout(mbs=2, gbs=8, impl="te")
+    text = patch_script(command, new, layout_changes(command, megatron_layout(command, 1), new))
     out = tmp_path / "tuned.sh"
     out.write_text(text)
     bindir = tmp_path / "bin"
@@ -268,15 +275,17 @@ def test_the_exported_command_runs_nothing_the_user_typed(tmp_path: Path) -> Non
     assert argv[argv.index("--micro-batch-size") + 1] == "2"
 
 
-def test_a_command_substitution_is_never_carried(tmp_path: Path) -> None:
+def test_a_command_substitution_stays_the_users(tmp_path: Path) -> None:
+    # The user's script runs $(date +%s) itself; the patched file keeps it, byte for byte.
     script = tmp_path / "train.sh"
     script.write_text("torchrun pretrain_gpt.py --num-layers 2 --hidden-size 64 "
                       "--num-attention-heads 4 --seq-length 128 --global-batch-size 8 "
                       "--vocab-size 999 --run-name $(date +%s)\n")
     command = read_megatron_command(str(script))
-    with pytest.raises(ConfigError, match=r"\$\(date \+%s\): command substitution"):
-        user_megatron_script(command, megatron_layout(command, 1), Layout(mbs=2, gbs=8),
-                             title=["t"])
+    new = Layout(mbs=2, gbs=8, impl="te")
+    text = patch_script(command, new, layout_changes(command, megatron_layout(command, 1), new))
+    assert text == script.read_text().replace("$(date +%s)\n",
+                                              "$(date +%s) --micro-batch-size 2\n")
 
 
 BASE = ("torchrun --nproc-per-node 2 pretrain_gpt.py --num-layers 4 --hidden-size 256 "
@@ -303,7 +312,7 @@ BASE = ("torchrun --nproc-per-node 2 pretrain_gpt.py --num-layers 4 --hidden-siz
     (BASE.replace("--tokenizer-type NullTokenizer --vocab-size 1000",
                   "--tokenizer-type HuggingFaceTokenizer --tokenizer-model x") + "\n",
      "cannot tell the vocabulary size"),
-    (BASE + " --note 'unclosed\n", "a single quote is not closed"),
+    (BASE + " --note 'unclosed\n", "bash syntax autotune's parser"),
     ("srun " + BASE.replace("torchrun --nproc-per-node 2 ", "") + "\n",
      "cannot tell how many GPUs"),
     (BASE + " --tensor-model-parallel-size 3\n", "tp=3 x pp=1 x cp=1 = 3 must divide the 2 GPUs"),
@@ -340,8 +349,11 @@ def test_search_starts_from_the_users_layout(tmp_path: Path,
                  str(results), "-o", str(out)]) == 0
     text = out.read_text()
     subprocess.run(["bash", "-n", str(out)], check=True)
-    assert "--data-path ./owt-ds/openwebtext-10k_text_document" in text
-    assert "--tensorboard-dir ./outdir/gpt2xl-1x1gpu_dp1_gbs15/tb" in text
+    # The user's file, with the changed flags only: its variables stay variables.
+    added = [line for line in text.splitlines() if "--recompute-" in line]
+    assert added and [line for line in text.splitlines() if line not in added] == \
+        SEED.read_text().splitlines()
+    assert "--data-path $DSDIR/openwebtext-10k_text_document" in text
     assert "--recompute-granularity" in text
 
 

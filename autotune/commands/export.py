@@ -84,10 +84,11 @@ def output_path(output: str, ref: StudyRef) -> Path:
 def run_export(*, study: str | None, results_dir: str, storage: str | None, trial: int | None,
                fmt: str | None, output: str | None, megatron_lm: str | None,
                nodes: int | None, model: str | None = None, train_iters: int | None = None,
-               from_megatron: str | None = None) -> str:
+               from_megatron: str | None = None, line: int | None = None) -> str:
     """Build the export text, write it to `output` (or stdout) and return it. With
-    `from_megatron` (the user's own command file) the text is that command with the study's
-    layout in place of theirs."""
+    `from_megatron` (the user's own command file) the text is that file with only the flags
+    of the study's layout that differ from theirs edited on its launch command (the one on
+    `line`, when given: --line N)."""
     from autotune.report.load import load_study, resolve_study
     from autotune.scripts import (
         FORMATS,
@@ -109,6 +110,8 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
                 raise ConfigError(f"{name} has no place with --from-megatron: your command "
                                   "keeps its own")
         fmt = "megatron-lm"
+    elif line is not None:
+        raise ConfigError("--line names the launch in a --from-megatron FILE; give that too")
     elif fmt is None:
         raise ConfigError("Missing option '--format' (or --from-megatron FILE)")
     if fmt not in FORMATS:
@@ -151,7 +154,7 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
             title.append(trust_line(spec_model, cluster) + ".")
         default_nodes = cluster.num_nodes if cluster else 1
         if from_megatron is not None:
-            text = _user_command(from_megatron, spec_model, layout, title, ref.name)
+            text = _user_command(from_megatron, spec_model, layout, ref.name, line)
         elif fmt == "megatron-lm":
             text = megatron_lm_script(spec_model, layout, title=title,
                                       nodes=nodes or default_nodes, megatron_lm=megatron_lm,
@@ -172,7 +175,7 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
         sys.stdout.write(text)
     else:
         try:
-            path.write_text(text)
+            path.write_text(text, encoding="utf-8")
             if fmt != "json":
                 path.chmod(path.stat().st_mode | 0o111)
         except OSError as exc:
@@ -181,16 +184,22 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
     return text
 
 
-def _user_command(path: str, model: ModelSpec, layout: Layout, title: list[str],
-                  study: str) -> str:
-    """The user's command in `path` with `layout`, refused in one line when the study searched
-    another model or GPU count than the command runs."""
+def _user_command(path: str, model: ModelSpec, layout: Layout, study: str,
+                  line: int | None) -> str:
+    """The user's file with `layout`'s changed flags edited in place (autotune.script_patch),
+    refused in one line when the study searched another model or GPU count than the command
+    runs. Nothing is added to it (no header): the file differs from theirs only in those
+    flags, which a line on stderr lists."""
     from autotune.commands.from_megatron import read_user_job
-    from autotune.scripts import user_megatron_script
+    from autotune.megatron_command import layout_changes
+    from autotune.script_patch import patch_script
 
-    job = read_user_job(path, gpus=layout.world_size, gpus_per_node=None, gpu=None)
+    job = read_user_job(path, gpus=layout.world_size, gpus_per_node=None, gpu=None, line=line)
     if replace(job.model, name=model.name) != model:
         raise ConfigError(f"study {study} searched {model.name}, not the model of {path}'s "
                           "command (its flags give another shape, sequence or batch)")
-    return user_megatron_script(job.command, job.layout, layout, title=title)
-
+    changes = layout_changes(job.command, job.layout, layout)
+    described = "; ".join(c.describe() for c in changes) or "none, the layout is yours"
+    print(f"autotune: {path}, line {job.command.line}: flags that change: {described}",
+          file=sys.stderr)
+    return patch_script(job.command, layout, changes)

@@ -3,9 +3,10 @@ first trial), and compared with the best found, with the flags that change."""
 
 from __future__ import annotations
 
+import shlex
 import sys
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from autotune.cost import estimate_cost
 from autotune.errors import ConfigError, InvalidLayoutError
@@ -13,7 +14,8 @@ from autotune.hardware import ClusterSpec
 from autotune.layout import SEARCHED, Impl, Layout, validate
 from autotune.megatron_command import (
     MegatronCommand,
-    changed_args,
+    RowChange,
+    layout_changes,
     megatron_layout,
     read_megatron_command,
 )
@@ -24,7 +26,8 @@ from autotune.space import SearchSpace
 if TYPE_CHECKING:
     from autotune.search.records import SearchResult, TrialRecord
 
-__all__ = ["UserJob", "comparison_lines", "read_user_job", "runnable_seed", "widen_space"]
+__all__ = ["Comparison", "UserJob", "compare", "read_user_job", "runnable_seed",
+           "widen_space"]
 
 _GIB = 2**30
 
@@ -37,13 +40,16 @@ class UserJob:
     model: ModelSpec
     cluster: ClusterSpec
     layout: Layout
+    line_option: int | None = None
+    """The user's --line N, which the export needs again."""
 
 
 def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
-                  gpu: str | None) -> UserJob:
-    """The command in `path` with its GPUs (the launcher's, or --gpus where it cannot tell),
-    its layout checked against Megatron's rules there."""
-    command = read_megatron_command(path)
+                  gpu: str | None, line: int | None = None) -> UserJob:
+    """The command in `path` (the launch on `line`, when given) with its GPUs (the
+    launcher's, or --gpus where it cannot tell), its layout checked against Megatron's rules
+    there."""
+    command = read_megatron_command(path, line)
     world = command.gpus
     if world is None and gpus is None:
         raise ConfigError(f"{path}: cannot tell how many GPUs the command runs on "
@@ -63,7 +69,7 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
     except InvalidLayoutError as exc:
         raise InvalidLayoutError(f"{path}: the command's layout {layout.describe()} on {num} "
                                  f"GPUs: {exc}") from None
-    return UserJob(command, command.model, cluster, layout)
+    return UserJob(command, command.model, cluster, layout, line)
 
 
 def widen_space(space: SearchSpace, layout: Layout) -> SearchSpace:
@@ -116,26 +122,73 @@ def _figure(record: TrialRecord | None) -> tuple[float | None, str]:
     return record.tokens_per_s, f"{record.tokens_per_s:,.0f} tokens/s ({kind})"
 
 
-def comparison_lines(job: UserJob, result: SearchResult, *, study: str) -> list[str]:
-    """`yours: X tokens/s, best found: Y (+Z%)`, the flags that change, and the export that
-    writes the user's command with them."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Comparison:
+    """The user's layout against the best found: what a --from-megatron search ends with, as
+    lines or (with --json) as one object."""
+
+    yours: str
+    """The user's layout, as the tables label layouts."""
+    yours_shown: str
+    """Its figure (measured or predicted tokens/s) or why there is none."""
+    yours_tokens_per_s: float | None
+    best: str | None
+    best_tokens_per_s: float | None
+    best_shown: str = ""
+    changes: list[RowChange] = field(default_factory=list)
+    export: str | None = None
+    """The `autotune export` command that writes the user's file with these flags changed,
+    shell-quoted: the file name is the user's, and a pasted line must run nothing else."""
+
+    @property
+    def gain(self) -> float | None:
+        if not self.yours_tokens_per_s or self.best_tokens_per_s is None:
+            return None
+        return self.best_tokens_per_s / self.yours_tokens_per_s - 1
+
+    def lines(self) -> list[str]:
+        if self.best is None:
+            return [f"yours: {self.yours_shown}; no layout completed"]
+        gain = "" if self.gain is None else f" ({self.gain:+.1%})"
+        out = [f"yours: {self.yours}: {self.yours_shown}",
+               f"best found: {self.best}: {self.best_shown}{gain}"]
+        if not self.changes:
+            out.append("your layout is the best found: no flag changes")
+            return out
+        out.append("flags that change: " + "; ".join(c.describe() for c in self.changes))
+        out.append(f"{self.export}   writes your file with these flags changed")
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"yours": {"layout": self.yours, "tokens_per_s": self.yours_tokens_per_s,
+                          "figure": self.yours_shown},
+                "best": None if self.best is None else {
+                    "layout": self.best, "tokens_per_s": self.best_tokens_per_s},
+                "gain": self.gain,
+                "changes": [{"row": c.row, "before": list(c.before), "after": list(c.after)}
+                            for c in self.changes],
+                "export": self.export}
+
+
+def compare(job: UserJob, result: SearchResult, *, study: str) -> Comparison:
+    """The user's layout against the best of `result`, with the flags that change."""
     from autotune.search.records import Source
 
     mine = next((r for r in result.records if r.source == Source.USER), None)
     yours, shown = _figure(mine)
+    label = mine.label if mine else job.layout.describe()
     best = result.best(1)
     if not best:
-        return [f"yours: {shown}; no layout completed"]
+        return Comparison(yours=label, yours_shown=shown, yours_tokens_per_s=yours, best=None,
+                          best_tokens_per_s=None)
     top = best[0]
     _, best_shown = _figure(top)
-    gain = "" if not yours else f" ({(top.tokens_per_s or 0.0) / yours - 1:+.1%})"
-    lines = [f"yours: {mine.label if mine else job.layout.describe()}: {shown}",
-             f"best found: {top.label}: {best_shown}{gain}"]
-    _, changes = changed_args(job.command, job.layout, top.layout)
-    if not changes or (mine is not None and top.number == mine.number):
-        lines.append("your layout is the best found: no flag changes")
-        return lines
-    lines.append("flags that change: " + "; ".join(c.describe() for c in changes))
-    lines.append(f"autotune export --from-megatron {job.command.source} --study {study} "
-                 "-o tuned.sh   writes your command with these flags changed")
-    return lines
+    same = mine is not None and top.number == mine.number
+    changes = [] if same else layout_changes(job.command, job.layout, top.layout)
+    words = ["autotune", "export", "--from-megatron", job.command.source,
+             *([] if job.line_option is None else ["--line", str(job.line_option)]),
+             "--study", study, "-o", "tuned.sh"]
+    return Comparison(yours=label, yours_shown=shown, yours_tokens_per_s=yours,
+                      best=top.label, best_tokens_per_s=top.tokens_per_s,
+                      best_shown=best_shown, changes=changes,
+                      export=" ".join(shlex.quote(w) for w in words) if changes else None)

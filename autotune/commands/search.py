@@ -24,6 +24,7 @@ from autotune.trial import DEFAULT_STABLE_CV
 from autotune.trust import memory_band, outside_range, trust_line
 
 if TYPE_CHECKING:  # the search (optuna) is imported when a search runs, not for --help
+    from autotune.commands.from_megatron import Comparison
     from autotune.search import SearchConfig
     from autotune.search.loop import Search
     from autotune.search.records import SearchResult
@@ -141,9 +142,10 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                        multi: MultiNode | None = None,
                        isolation: str = Isolation.WARM, seeds: tuple[Layout, ...] = (),
                        stable_cv: float = DEFAULT_STABLE_CV, stop_rule: str = "model",
-                       compare: Callable[[SearchResult], None] | None = None) -> None:
+                       compare: Callable[[SearchResult], Comparison] | None = None) -> None:
     """Run the search and print its best layouts. `seeds` run first (a user's own layout,
-    `--from-megatron`); `compare` then prints what they are against the best."""
+    `--from-megatron`); `compare` says what they are against the best (after the table, or
+    as the JSON object's "comparison")."""
     from autotune.search import SearchConfig
     from autotune.search.config import Sampler, StopRule
     from autotune.search.loop import Search
@@ -184,6 +186,7 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     # trials this run simulated or launched.
     read = sum(1 for r in result.records if r.launched and r.number in stored)
     split = time_split(result.records)
+    comparison = None if compare is None else compare(result)
     if as_json:
         trust = ({"trust": trust_line(model, cluster),
                   "outside_measured_range": outside_range(model, cluster),
@@ -192,7 +195,9 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
         print(json.dumps({"study": result.study_name, "predicted": chosen.predicted, **trust,
                           "stop_reason": result.stop_reason,
                           "best": [_best_row(r, cluster) for r in result.best(10)],
-                          **({} if chosen.predicted else {"time": asdict(split)})}, indent=2))
+                          **({} if chosen.predicted else {"time": asdict(split)}),
+                          **({} if comparison is None
+                             else {"comparison": comparison.as_dict()})}, indent=2))
     else:
         out = Console()
         out.print(best_table(result, title=f"{model.name} on {cluster.num_gpus} x "
@@ -217,8 +222,8 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
         if split.describe():
             out.print(split.describe())
         out.print(f"study {result.study_name} in {result.storage}")
-    if compare is not None:
-        compare(result)
+        for line in [] if comparison is None else comparison.lines():
+            print(line)
     if result.interrupted:
         raise Interrupted(f"study {result.study_name} is consistent; --resume continues it")
     if not result.best(1):
