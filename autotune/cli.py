@@ -14,10 +14,13 @@ from typing import Annotated, Any
 
 import typer
 
+from autotune.commands.aliases import option_names
 from autotune.commands.estimate import defaults_note
+from autotune.commands.pins import FIX_OPTION, describe_pins, parse_pins, pin_space
 from autotune.errors import INTERRUPTED_EXIT, AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec
-from autotune.layout import DIMENSIONS, RULE_LEVELS
+from autotune.dimensions import Dimension
+from autotune.layout import DIMENSIONS, RULE_LEVELS, SEARCHED
 from autotune.legend import legend_lines
 from autotune.model import ModelSpec, list_presets, load_model
 from autotune.space import enumerate_space, load_space
@@ -111,18 +114,18 @@ def _load_inputs(model_name: str, gpus: int, gpus_per_node: int | None, seq_len:
 Gpus = Annotated[int, typer.Option("--gpus", help="Number of GPUs the job uses.")]
 GpusPerNode = Annotated[int | None, typer.Option(
     "--gpus-per-node", help="GPUs that share NVLink in one node (default: min(8, --gpus)).")]
-SeqLen = Annotated[int | None, typer.Option("--seq-len", help="Override the preset's sequence "
-                                                               "length.")]
+SeqLen = Annotated[int | None, typer.Option(
+    *option_names("seq_length", "--seq-len"), help="Override the preset's sequence length "
+                                                   "(--seq-length is the same option).")]
 GlobalBatch = Annotated[int | None, typer.Option(
-    "--global-batch-size", "--gbs", help="Override the preset's global batch size in "
-                                         "sequences (--gbs is the same option).")]
+    *option_names("global_batch_size", "--global-batch-size", "--gbs"),
+    help="Override the preset's global batch size in sequences (--gbs is the same option).")]
 Gpu = Annotated[str | None, typer.Option(
     "--gpu", help="GPU type: h100-80gb, h200, a100-80gb, a100-40gb (default: detected, "
                   "else h100-80gb).")]
 
 
-@app.command()
-def search(
+def _search(
     model: Annotated[str | None, typer.Argument(
         help="A preset name (see `autotune models`), a model YAML file, or a Hugging Face "
              "config.json (or its folder); left out with --from-megatron.", metavar="MODEL",
@@ -210,9 +213,14 @@ def search(
         FROM_MEGATRON, help="A shell script or text file with your pretrain_gpt.py command "
                             "(read, never run): its model and layout are the first trial, "
                             "and the result says what to change.")] = None,
+    fix: Annotated[list[str] | None, typer.Option(
+        FIX_OPTION, help="Pin a dimension: DIM=VALUES, e.g. tp=2, pp=1,2, recompute=none,full "
+                         "(repeatable; DIM as in the space file, its option or its Megatron-LM "
+                         "flag). Each dimension's own option below does the same.",
+        metavar="DIM=VALUES")] = None,
+    **dimensions: Any,
 ) -> None:
-    """Search for the fastest layout of MODEL on --gpus GPUs, or around your own Megatron-LM
-    command (--from-megatron FILE)."""
+    pins = parse_pins(dimensions, fix or ())
     job = None
     if from_megatron is not None:
         from autotune.commands.from_megatron import estimate_line, read_user_job
@@ -223,6 +231,9 @@ def search(
         if seq_len is not None or global_batch_size is not None:
             raise ConfigError(f"{FROM_MEGATRON}: the sequence and global batch are the "
                               "command's --seq-length and --global-batch-size")
+        if pins:
+            raise ConfigError(f"{FROM_MEGATRON} searches around your own layout; pins "
+                              f"({describe_pins(pins)}) narrow a MODEL search only")
         job = read_user_job(from_megatron, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu)
         gpus, gpus_per_node = job.cluster.num_gpus, job.cluster.gpus_per_node
         print(f"autotune: {estimate_line(job)}", file=sys.stderr)
@@ -247,7 +258,7 @@ def search(
         from autotune.commands.search import space_path
 
         space = space_path(space)
-    space_spec = load_space(space)
+    space_spec = pin_space(load_space(space), pins)
     if job is not None:
         from autotune.commands.from_megatron import widen_space
 
@@ -259,6 +270,10 @@ def search(
         deepest = sorted(summary.rejected.items(), key=lambda kv: (-RULE_LEVELS[kv[0]],
                                                                    -kv[1].count))
         reasons = deepest[0][1].examples[0]
+        if pins:
+            raise ConfigError(f"no layout of {spec.name} on {cluster.num_gpus} GPUs takes the "
+                              f"pins {describe_pins(pins)} in space {space_spec.source.split(' + ')[0]} "
+                              f"({reasons})")
         raise ConfigError(f"no layout of {spec.name} can use {cluster.num_gpus} GPUs with this "
                           f"search space ({reasons})")
     if dry_run:
@@ -284,6 +299,14 @@ def search(
                        stable_cv=stable_cv, stop_rule=stop_rule,
                        seeds=() if job is None else (job.layout,),
                        compare=None if job is None else _comparison(job, as_json))
+
+
+_search.__doc__ = (
+    "Search for the fastest layout of MODEL on --gpus GPUs, or around your own Megatron-LM "
+    "command (--from-megatron FILE).\n\n"
+    "Megatron-LM's own flag names work too (--tensor-model-parallel-size 2, --seq-length, "
+    "--micro-batch-size). A dimension's option (--tp 2, --pp 1,2, --sp) or --fix DIM=VALUES "
+    "pins it: the search only tries those values, in a study of its own.")
 
 
 def _comparison(job: Any, as_json: bool) -> Any:
@@ -349,25 +372,49 @@ _estimate.__doc__ = (
     + (defaults_note() or "") + ").")
 
 
-def _with_dimension_options(command: Any) -> Any:
+def _estimate_option(dim: Dimension) -> inspect.Parameter:
+    """estimate's option of one dimension: its value, Layout's default when left out."""
+    option = typer.Option(*option_names(dim.name, dim.option), help=dim.help.split("\n")[0])
+    return inspect.Parameter(dim.name, inspect.Parameter.KEYWORD_ONLY, default=dim.default,
+                             annotation=Annotated[dim.kind, option])
+
+
+def _pin_option(dim: Dimension) -> inspect.Parameter:
+    """The search's option of one dimension: a pin (autotune.commands.pins), None when left
+    out. A switch pins on (`--sp`) or off (`--no-sp`); any other takes a comma list."""
+    first = dim.help.split("\n")[0].rstrip(".")
+    if dim.kind is bool:
+        names = option_names(dim.name, f"{dim.option}/--no-{dim.option[2:]}")
+        help_text = f"Pin: only layouts with (or, --no-..., without) this. {first}."
+        annotation: Any = Annotated[bool | None, typer.Option(*names, help=help_text,
+                                                              show_default=False)]
+    else:
+        choices = f" ({'|'.join(dim.choices)})" if dim.choices else ""
+        help_text = f"Pin: only these values, comma-separated{choices}. {first}."
+        annotation = Annotated[str | None, typer.Option(
+            *option_names(dim.name, dim.option), help=help_text, metavar="VALUES",
+            show_default=False)]
+    return inspect.Parameter(dim.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=annotation)
+
+
+def _with_dimension_options(command: Any, make: Any = _estimate_option,
+                            searched_only: bool = False) -> Any:
     """The command with one option per layout dimension, generated from the dimension table
-    (autotune.layout.DIMENSIONS): its flag, help, type (an enum lists its choices) and
-    default. dp follows from --gpus and gbs is the preset's unless --gbs says otherwise."""
+    (autotune.layout.DIMENSIONS) by `make`: its flag and Megatron-LM's spelling of it
+    (autotune.commands.aliases), help, type (an enum lists its choices) and default. dp
+    follows from --gpus and gbs is the preset's unless --gbs says otherwise."""
     signature = inspect.signature(command, eval_str=True)
     fixed = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    generated = []
-    for dim in DIMENSIONS.values():
-        if dim.name in ("dp", "gbs"):
-            continue
-        option = typer.Option(dim.option, help=dim.help.split("\n")[0])
-        generated.append(inspect.Parameter(dim.name, inspect.Parameter.KEYWORD_ONLY,
-                                           default=dim.default,
-                                           annotation=Annotated[dim.kind, option]))
+    generated = [make(dim) for dim in (SEARCHED if searched_only else DIMENSIONS).values()
+                 if dim.name not in ("dp", "gbs")]
     command.__signature__ = signature.replace(parameters=[
         *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in fixed), *generated])
     return command
 
 
+search = app.command("search")(_with_dimension_options(_search, _pin_option,
+                                                       searched_only=True))
 estimate = app.command("estimate")(_with_dimension_options(_estimate))
 
 
