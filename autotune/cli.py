@@ -45,8 +45,22 @@ class _SearchByDefault(typer.core.TyperGroup):
             ctx.exit(0)
         if args and ((not args[0].startswith("-") and args[0] not in self.commands)
                      or args[0].split("=", 1)[0] == FROM_MEGATRON):
+            _refuse_mistyped_command(args[0], list(self.commands))
             args = ["search", *args]
         return super().parse_args(ctx, args)
+
+
+def _refuse_mistyped_command(word: str, commands: list[str]) -> None:
+    """`autotune estimat`: a first word that names no preset, no file and no path but is close
+    to a command is a mistyped command, not a model; one line says which."""
+    import difflib
+
+    if word.startswith("-") or word in list_presets() or Path(word).exists() or \
+            any(c in word for c in "/\\."):
+        return
+    close = difflib.get_close_matches(word, commands, n=1, cutoff=0.75)
+    if close:
+        raise ConfigError(f"unknown command {word!r}; did you mean {close[0]!r}?")
 
 
 app = typer.Typer(
@@ -298,7 +312,7 @@ def _search(
                        as_json=as_json, multi=multi, isolation=isolation,
                        stable_cv=stable_cv, stop_rule=stop_rule,
                        seeds=() if job is None else (job.layout,),
-                       compare=None if job is None else _comparison(job, as_json))
+                       compare=None if job is None else _comparison(job))
 
 
 _search.__doc__ = (
@@ -309,14 +323,13 @@ _search.__doc__ = (
     "pins it: the search only tries those values, in a study of its own.")
 
 
-def _comparison(job: Any, as_json: bool) -> Any:
-    """What a --from-megatron search prints after its table: the user's layout against the
-    best (on stderr with --json, whose stdout is one JSON object)."""
+def _comparison(job: Any) -> Any:
+    """What a --from-megatron search says after its table: the user's layout against the
+    best, as lines (the text output prints them, the JSON holds them as `comparison`)."""
     from autotune.commands.from_megatron import comparison_lines
 
-    def compare(result: Any) -> None:
-        for line in comparison_lines(job, result, study=result.study_name):
-            print(line, file=sys.stderr if as_json else sys.stdout)
+    def compare(result: Any) -> list[str]:
+        return comparison_lines(job, result, study=result.study_name)
     return compare
 
 
@@ -456,9 +469,9 @@ def report(study: StudyName = None, results_dir: ResultsDir = "results",
 @app.command()
 def export(
     fmt: Annotated[str | None, typer.Option(
-        "--format", help="megatron-lm (torchrun + pretrain_gpt.py), torchrun (autotune's "
-                         "worker), slurm (sbatch script) or json (the layout); needed "
-                         "unless --from-megatron.", show_default=False)] = None,
+        "--format", help="megatron-lm (the launch script: torchrun + pretrain_gpt.py, the "
+                         "default), torchrun (autotune's worker), slurm (sbatch script) or "
+                         "json (the layout).", show_default=False)] = None,
     study: StudyName = None,
     results_dir: ResultsDir = "results",
     storage: Storage = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from rich.console import Console
 
 from autotune.backends import Backend, BackendName, Isolation, make_backend
 from autotune.calibration import load_calibration
+from autotune.commands.counts import StudyCounts, count_trials
 from autotune.errors import AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec, local_gpu_count
 from autotune.launchers import MultiNode
@@ -140,13 +142,15 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                        multi: MultiNode | None = None,
                        isolation: str = Isolation.WARM, seeds: tuple[Layout, ...] = (),
                        stable_cv: float = DEFAULT_STABLE_CV, stop_rule: str = "model",
-                       compare: Callable[[SearchResult], None] | None = None) -> None:
+                       compare: Callable[[SearchResult], list[str]] | None = None) -> None:
     """Run the search and print its best layouts. `seeds` run first (a user's own layout,
-    `--from-megatron`); `compare` then prints what they are against the best."""
+    `--from-megatron`); `compare` gives the lines that say what they are against the best,
+    printed after the table (in the JSON: `comparison`)."""
     from autotune.search import SearchConfig
     from autotune.search.config import Sampler, StopRule
     from autotune.search.loop import Search
-    from autotune.search.progress import LiveProgress, best_table
+    from autotune.identity import run_key
+    from autotune.search.progress import LiveProgress, best_groups, best_table
     from autotune.search.timesplit import time_split
 
     name = _choose_backend(backend, cluster, multi)
@@ -181,35 +185,55 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
             result = search.run(progress)
     # Trials of the stored study read back (a planning run shown again, a --resume) are not
     # trials this run simulated or launched.
-    read = sum(1 for r in result.records if r.launched and r.number in stored)
+    counts = count_trials(result.records, stored)
     split = time_split(result.records)
+    verb = "simulated" if chosen.predicted else "launched"
+    summary = _summary(counts, verb, result.valid_layouts, chosen.predicted)
+    identity = functools.partial(run_key, model)
+    groups = best_groups(result, 10, identity)
+    compared = compare(result) if compare is not None else None
     if as_json:
-        print(json.dumps({"study": result.study_name, "predicted": chosen.predicted,
-                          "stop_reason": result.stop_reason,
-                          "best": [_best_row(r, cluster) for r in result.best(10)],
-                          **({} if chosen.predicted else {"time": asdict(split)})}, indent=2))
+        print(json.dumps({
+            "study": result.study_name, "storage": result.storage, "model": model.name,
+            "gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node,
+            "gpu": cluster.gpu.name, "space": space.source, "predicted": chosen.predicted,
+            "stop_reason": result.stop_reason, "valid_layouts": result.valid_layouts,
+            "trials": counts.to_dict(), "summary": f"{summary}; stopped: {result.stop_reason}",
+            "best": [_best_row(r, cluster) for r in result.best(10)],
+            # The text table's rows: each trial shown, with those it stands for.
+            "table": [{"trial": first.number, "same_figures": [r.number for r in twins],
+                       "similar": [r.number for r in similar]}
+                      for (first, *twins), similar in groups],
+            **({} if chosen.predicted else {"time": asdict(split),
+                                            "time_summary": split.describe()}),
+            **({} if compared is None else {"comparison": compared})}, indent=2))
     else:
         out = Console()
         out.print(best_table(result, title=f"{model.name} on {cluster.num_gpus} x "
                              f"{cluster.gpu.name}: best layouts"
-                             + (" (predicted)" if chosen.predicted else "")))
-        verb = "simulated" if chosen.predicted else "launched"
-        ran = result.launched - read
-        done = (f"{ran} trials {verb}" if not read
-                else f"read {read} trials from the stored study, {verb} {ran or 'none'} more"
-                if ran or not chosen.predicted
-                else f"read {read} trials from the stored study (nothing new to simulate)")
-        out.print(f"{done}, {len(result.records)} in the study ({result.valid_layouts} valid "
-                  f"layouts); stopped: {result.stop_reason}")
+                             + (" (predicted)" if chosen.predicted else ""), run_key=identity))
+        out.print(f"{summary}; stopped: {result.stop_reason}")
         if split.describe():
             out.print(split.describe())
         out.print(f"study {result.study_name} in {result.storage}")
-    if compare is not None:
-        compare(result)
+        for line in compared or ():
+            out.print(line, soft_wrap=True)
     if result.interrupted:
         raise Interrupted(f"study {result.study_name} is consistent; --resume continues it")
     if not result.best(1):
         raise AutotuneError(_why_nothing(result, cfg))
+
+
+def _summary(counts: StudyCounts, verb: str, valid: int, predicted: bool) -> str:
+    """`2802 trials simulated, 2889 in the study (2889 valid layouts): 2802 ranked, 87
+    predicted out of memory (not simulated)`: every trial of the study counted once."""
+    read, ran = counts.read, counts.ran
+    done = (f"{ran} trials {verb}" if not read
+            else f"read {read} trials from the stored study, {verb} {ran or 'none'} more"
+            if ran or not predicted
+            else f"read {read} trials from the stored study (nothing new to simulate)")
+    return (f"{done}, {counts.in_study} in the study ({valid} valid layouts): "
+            f"{counts.breakdown(verb)}")
 
 
 def _finished(search: Search) -> set[int]:
