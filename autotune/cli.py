@@ -17,9 +17,9 @@ import typer
 from autotune.commands.aliases import option_names
 from autotune.commands.estimate import defaults_note
 from autotune.commands.pins import FIX_OPTION, describe_pins, parse_pins, pin_space
+from autotune.dimensions import Dimension
 from autotune.errors import INTERRUPTED_EXIT, AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec
-from autotune.dimensions import Dimension
 from autotune.layout import DIMENSIONS, RULE_LEVELS, SEARCHED
 from autotune.legend import legend_lines
 from autotune.model import ModelSpec, list_presets, load_model
@@ -285,9 +285,9 @@ def _search(
                                                                    -kv[1].count))
         reasons = deepest[0][1].examples[0]
         if pins:
+            shipped = space_spec.source.split(" + ")[0]
             raise ConfigError(f"no layout of {spec.name} on {cluster.num_gpus} GPUs takes the "
-                              f"pins {describe_pins(pins)} in space {space_spec.source.split(' + ')[0]} "
-                              f"({reasons})")
+                              f"pins {describe_pins(pins)} in space {shipped} ({reasons})")
         raise ConfigError(f"no layout of {spec.name} can use {cluster.num_gpus} GPUs with this "
                           f"search space ({reasons})")
     if dry_run:

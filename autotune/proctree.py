@@ -5,10 +5,11 @@ follows the tree the runner started, signals it (SIGTERM, SIGKILL) and reaps it.
 
 torchrun starts each worker with `start_new_session=True` (torch/distributed/elastic/
 multiprocessing/subprocess_handler), so the workers are not in torchrun's process group: killing
-that group alone would orphan them. The tree is therefore followed while the trial runs (psutil
-reads the process table: parent, start time, state) and every process group in it is signalled; on Linux the orchestrator also becomes a
-child subreaper (prctl PR_SET_CHILD_SUBREAPER) so orphaned trial processes become its children
-and can be reaped, instead of lingering as zombies under a container init that never reaps.
+that group alone would orphan them. The tree is therefore followed while the trial runs
+(psutil reads the process table: parent, start time, state) and every process group in it is
+signalled; on Linux the orchestrator also becomes a child subreaper (prctl
+PR_SET_CHILD_SUBREAPER) so orphaned trial processes become its children and can be reaped,
+instead of lingering as zombies under a container init that never reaps.
 """
 
 from __future__ import annotations

@@ -219,7 +219,7 @@ def test_search_summary_and_json_say_the_same(capsys: pytest.CaptureFixture[str]
         sum(trials["not_run"].values()) + trials["repeats"] == trials["in_study"]
     for key in ("storage", "model", "gpus", "gpu", "space", "valid_layouts", "table"):
         assert key in data
-    assert [row["trial"] for row in data["table"]][0] == data["best"][0]["trial"]
+    assert data["table"][0]["trial"] == data["best"][0]["trial"]
     code, text, err = run(capsys, *common, "--results-dir", str(tmp_path / "b"))
     assert code == 0, err
     assert " ".join(data["summary"].split()) in " ".join(text.split())

@@ -60,6 +60,6 @@ def test_every_module_the_readme_names_exists() -> None:
 def test_readme_says_how_to_reach_the_autotune_make_run_installs() -> None:
     makefile = (ROOT / "Makefile").read_text()
     venv = re.search(r"^VENV \?= (\S+)$", makefile, re.M)
-    assert venv and f"$(VENV)/bin/autotune" in makefile  # make run calls it there
+    assert venv and "$(VENV)/bin/autotune" in makefile  # make run calls it there
     text = _section("## Two commands")
     assert f"source {venv[1]}/bin/activate" in text and f"{venv[1]}/bin/autotune" in text

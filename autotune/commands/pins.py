@@ -71,11 +71,11 @@ def parse_pins(options: Mapping[str, Any], fixes: Iterable[str]) -> Pins:
         if not sep:
             raise ConfigError(f"{where}: expected DIM=VALUES, e.g. {FIX_OPTION} tp=2 or "
                               f"{FIX_OPTION} recompute=none,full")
-        field = field_for_name(name)
-        if field is None:
+        named = field_for_name(name)
+        if named is None:
             raise ConfigError(f"{where}: unknown dimension {name.strip()!r}; known: "
                               f"{', '.join(SEARCHED)}")
-        field = _searched(field, where)
+        field = _searched(named, where)
         if field in pins:
             raise ConfigError(f"{where}: {field} is pinned twice")
         pins[field] = _values(field, values, where)

@@ -146,10 +146,10 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     """Run the search and print its best layouts. `seeds` run first (a user's own layout,
     `--from-megatron`); `compare` gives the lines that say what they are against the best,
     printed after the table (in the JSON: `comparison`)."""
+    from autotune.identity import run_key
     from autotune.search import SearchConfig
     from autotune.search.config import Sampler, StopRule
     from autotune.search.loop import Search
-    from autotune.identity import run_key
     from autotune.search.progress import LiveProgress, best_groups, best_table
     from autotune.search.timesplit import time_split
 
