@@ -14,10 +14,13 @@ from typing import Annotated, Any
 
 import typer
 
+from autotune.commands.aliases import option_names
 from autotune.commands.estimate import defaults_note
+from autotune.commands.pins import FIX_OPTION, describe_pins, parse_pins, pin_space
+from autotune.dimensions import Dimension
 from autotune.errors import INTERRUPTED_EXIT, AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec
-from autotune.layout import DIMENSIONS, RULE_LEVELS
+from autotune.layout import DIMENSIONS, RULE_LEVELS, SEARCHED
 from autotune.legend import legend_lines
 from autotune.model import ModelSpec, list_presets, load_model
 from autotune.space import enumerate_space, load_space
@@ -46,8 +49,22 @@ class _SearchByDefault(typer.core.TyperGroup):
             ctx.exit(0)
         if args and ((not args[0].startswith("-") and args[0] not in self.commands)
                      or args[0].split("=", 1)[0] == FROM_MEGATRON):
+            _refuse_mistyped_command(args[0], list(self.commands))
             args = ["search", *args]
         return super().parse_args(ctx, args)
+
+
+def _refuse_mistyped_command(word: str, commands: list[str]) -> None:
+    """`autotune estimat`: a first word that names no preset, no file and no path but is close
+    to a command is a mistyped command, not a model; one line says which."""
+    import difflib
+
+    if word.startswith("-") or word in list_presets() or Path(word).exists() or \
+            any(c in word for c in "/\\."):
+        return
+    close = difflib.get_close_matches(word, commands, n=1, cutoff=0.75)
+    if close:
+        raise ConfigError(f"unknown command {word!r}; did you mean {close[0]!r}?")
 
 
 app = typer.Typer(
@@ -115,11 +132,12 @@ def _load_inputs(model_name: str, gpus: int, gpus_per_node: int | None, seq_len:
 Gpus = Annotated[int, typer.Option("--gpus", help="Number of GPUs the job uses.")]
 GpusPerNode = Annotated[int | None, typer.Option(
     "--gpus-per-node", help="GPUs that share NVLink in one node (default: min(8, --gpus)).")]
-SeqLen = Annotated[int | None, typer.Option("--seq-len", help="Override the preset's sequence "
-                                                               "length.")]
+SeqLen = Annotated[int | None, typer.Option(
+    *option_names("seq_length", "--seq-len"), help="Override the preset's sequence length "
+                                                   "(--seq-length is the same option).")]
 GlobalBatch = Annotated[int | None, typer.Option(
-    "--global-batch-size", "--gbs", help="Override the preset's global batch size in "
-                                         "sequences (--gbs is the same option).")]
+    *option_names("global_batch_size", "--global-batch-size", "--gbs"),
+    help="Override the preset's global batch size in sequences (--gbs is the same option).")]
 Gpu = Annotated[str | None, typer.Option(
     "--gpu", "--cluster", help="GPU type: h100-80gb, h200, a100-80gb, a100-40gb, b200 "
                                "(default: detected, else h100-80gb); or a cluster YAML file "
@@ -127,8 +145,7 @@ Gpu = Annotated[str | None, typer.Option(
                                "(search_spaces/clusters/).")]
 
 
-@app.command()
-def search(
+def _search(
     model: Annotated[str | None, typer.Argument(
         help="A preset name (see `autotune models`), a model YAML file, or a Hugging Face "
              "config.json (or its folder); left out with --from-megatron.", metavar="MODEL",
@@ -217,9 +234,14 @@ def search(
                             "(read, never run): its model and layout are the first trial, "
                             "and the result says what to change.")] = None,
     line: LineOption = None,
+    fix: Annotated[list[str] | None, typer.Option(
+        FIX_OPTION, help="Pin a dimension: DIM=VALUES, e.g. tp=2, pp=1,2, recompute=none,full "
+                         "(repeatable; DIM as in the space file, its option or its Megatron-LM "
+                         "flag). Each dimension's own option below does the same.",
+        metavar="DIM=VALUES")] = None,
+    **dimensions: Any,
 ) -> None:
-    """Search for the fastest layout of MODEL on --gpus GPUs, or around your own Megatron-LM
-    command (--from-megatron FILE)."""
+    pins = parse_pins(dimensions, fix or ())
     job = None
     if line is not None and from_megatron is None:
         raise ConfigError(f"--line names the launch in a {FROM_MEGATRON} FILE; give that too")
@@ -232,6 +254,9 @@ def search(
         if seq_len is not None or global_batch_size is not None:
             raise ConfigError(f"{FROM_MEGATRON}: the sequence and global batch are the "
                               "command's --seq-length and --global-batch-size")
+        if pins:
+            raise ConfigError(f"{FROM_MEGATRON} searches around your own layout; pins "
+                              f"({describe_pins(pins)}) narrow a MODEL search only")
         job = read_user_job(from_megatron, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu,
                             line=line)
         gpus, gpus_per_node = job.cluster.num_gpus, job.cluster.gpus_per_node
@@ -257,7 +282,7 @@ def search(
         from autotune.commands.search import space_path
 
         space = space_path(space)
-    space_spec = load_space(space)
+    space_spec = pin_space(load_space(space), pins)
     if job is not None:
         from autotune.commands.from_megatron import widen_space
 
@@ -269,6 +294,10 @@ def search(
         deepest = sorted(summary.rejected.items(), key=lambda kv: (-RULE_LEVELS[kv[0]],
                                                                    -kv[1].count))
         reasons = deepest[0][1].examples[0]
+        if pins:
+            shipped = space_spec.source.split(" + ")[0]
+            raise ConfigError(f"no layout of {spec.name} on {cluster.num_gpus} GPUs takes the "
+                              f"pins {describe_pins(pins)} in space {shipped} ({reasons})")
         raise ConfigError(f"no layout of {spec.name} can use {cluster.num_gpus} GPUs with this "
                           f"search space ({reasons})")
     if dry_run:
@@ -294,6 +323,14 @@ def search(
                        stable_cv=stable_cv, stop_rule=stop_rule,
                        seeds=() if job is None else (job.layout,),
                        compare=None if job is None else _comparison(job))
+
+
+_search.__doc__ = (
+    "Search for the fastest layout of MODEL on --gpus GPUs, or around your own Megatron-LM "
+    "command (--from-megatron FILE).\n\n"
+    "Megatron-LM's own flag names work too (--tensor-model-parallel-size 2, --seq-length, "
+    "--micro-batch-size). A dimension's option (--tp 2, --pp 1,2, --sp) or --fix DIM=VALUES "
+    "pins it: the search only tries those values, in a study of its own.")
 
 
 def _comparison(job: Any) -> Any:
@@ -355,25 +392,49 @@ _estimate.__doc__ = (
     + (defaults_note() or "") + ").")
 
 
-def _with_dimension_options(command: Any) -> Any:
+def _estimate_option(dim: Dimension) -> inspect.Parameter:
+    """estimate's option of one dimension: its value, Layout's default when left out."""
+    option = typer.Option(*option_names(dim.name, dim.option), help=dim.help.split("\n")[0])
+    return inspect.Parameter(dim.name, inspect.Parameter.KEYWORD_ONLY, default=dim.default,
+                             annotation=Annotated[dim.kind, option])
+
+
+def _pin_option(dim: Dimension) -> inspect.Parameter:
+    """The search's option of one dimension: a pin (autotune.commands.pins), None when left
+    out. A switch pins on (`--sp`) or off (`--no-sp`); any other takes a comma list."""
+    first = dim.help.split("\n")[0].rstrip(".")
+    if dim.kind is bool:
+        names = option_names(dim.name, f"{dim.option}/--no-{dim.option[2:]}")
+        help_text = f"Pin: only layouts with (or, --no-..., without) this. {first}."
+        annotation: Any = Annotated[bool | None, typer.Option(*names, help=help_text,
+                                                              show_default=False)]
+    else:
+        choices = f" ({'|'.join(dim.choices)})" if dim.choices else ""
+        help_text = f"Pin: only these values, comma-separated{choices}. {first}."
+        annotation = Annotated[str | None, typer.Option(
+            *option_names(dim.name, dim.option), help=help_text, metavar="VALUES",
+            show_default=False)]
+    return inspect.Parameter(dim.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=annotation)
+
+
+def _with_dimension_options(command: Any, make: Any = _estimate_option,
+                            searched_only: bool = False) -> Any:
     """The command with one option per layout dimension, generated from the dimension table
-    (autotune.layout.DIMENSIONS): its flag, help, type (an enum lists its choices) and
-    default. dp follows from --gpus and gbs is the preset's unless --gbs says otherwise."""
+    (autotune.layout.DIMENSIONS) by `make`: its flag and Megatron-LM's spelling of it
+    (autotune.commands.aliases), help, type (an enum lists its choices) and default. dp
+    follows from --gpus and gbs is the preset's unless --gbs says otherwise."""
     signature = inspect.signature(command, eval_str=True)
     fixed = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    generated = []
-    for dim in DIMENSIONS.values():
-        if dim.name in ("dp", "gbs"):
-            continue
-        option = typer.Option(dim.option, help=dim.help.split("\n")[0])
-        generated.append(inspect.Parameter(dim.name, inspect.Parameter.KEYWORD_ONLY,
-                                           default=dim.default,
-                                           annotation=Annotated[dim.kind, option]))
+    generated = [make(dim) for dim in (SEARCHED if searched_only else DIMENSIONS).values()
+                 if dim.name not in ("dp", "gbs")]
     command.__signature__ = signature.replace(parameters=[
         *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in fixed), *generated])
     return command
 
 
+search = app.command("search")(_with_dimension_options(_search, _pin_option,
+                                                       searched_only=True))
 estimate = app.command("estimate")(_with_dimension_options(_estimate))
 
 
@@ -415,9 +476,9 @@ def report(study: StudyName = None, results_dir: ResultsDir = "results",
 @app.command()
 def export(
     fmt: Annotated[str | None, typer.Option(
-        "--format", help="megatron-lm (torchrun + pretrain_gpt.py), torchrun (autotune's "
-                         "worker), slurm (sbatch script) or json (the layout); needed "
-                         "unless --from-megatron.", show_default=False)] = None,
+        "--format", help="megatron-lm (the launch script: torchrun + pretrain_gpt.py, the "
+                         "default), torchrun (autotune's worker), slurm (sbatch script) or "
+                         "json (the layout).", show_default=False)] = None,
     study: StudyName = None,
     results_dir: ResultsDir = "results",
     storage: Storage = None,

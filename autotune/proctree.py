@@ -5,10 +5,11 @@ follows the tree the runner started, signals it (SIGTERM, SIGKILL) and reaps it.
 
 torchrun starts each worker with `start_new_session=True` (torch/distributed/elastic/
 multiprocessing/subprocess_handler), so the workers are not in torchrun's process group: killing
-that group alone would orphan them. The tree is therefore followed through /proc while the
-trial runs and every process group in it is signalled; on Linux the orchestrator also becomes a
-child subreaper (prctl PR_SET_CHILD_SUBREAPER) so orphaned trial processes become its children
-and can be reaped, instead of lingering as zombies under a container init that never reaps.
+that group alone would orphan them. The tree is therefore followed while the trial runs
+(psutil reads the process table: parent, start time, state) and every process group in it is
+signalled; on Linux the orchestrator also becomes a child subreaper (prctl
+PR_SET_CHILD_SUBREAPER) so orphaned trial processes become its children and can be reaped,
+instead of lingering as zombies under a container init that never reaps.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+
+import psutil
 
 __all__ = ["ProcessTree", "become_subreaper", "shutdown", "wait"]
 
@@ -97,31 +100,26 @@ class _Proc:
     pid: int
     ppid: int
     pgrp: int
-    start: int
-    """Clock ticks since boot at start: with the pid, identifies a process across pid reuse."""
+    start: float
+    """Start time (psutil's create_time): with the pid, identifies a process across pid
+    reuse."""
     zombie: bool
 
 
-def _scan() -> dict[int, _Proc] | None:
-    """Every process in /proc, or None where there is no /proc (then only the group is killed)."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return None
+def _scan() -> dict[int, _Proc]:
+    """Every process this user can see, by pid."""
     procs: dict[int, _Proc] = {}
-    for name in names:
-        if not name.isdigit():
+    for proc in psutil.process_iter(["ppid", "create_time", "status"]):
+        info = proc.info  # a process that exited meanwhile is left out; AccessDenied: None
+        if info["ppid"] is None or info["create_time"] is None:
             continue
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-            # proc(5): "pid (comm) state ppid pgrp session ... starttime(22)"; comm may hold
-            # spaces and parentheses, so split after the last ')'.
-            fields = data[data.rindex(b")") + 2:].split()
-            procs[int(name)] = _Proc(int(name), int(fields[1]), int(fields[2]),
-                                     int(fields[19]), fields[0] == b"Z")
-        except (OSError, ValueError, IndexError):
-            continue  # exited between listdir and open
+            # psutil has no process group; the kernel answers for zombies too.
+            pgrp = os.getpgid(proc.pid)
+        except OSError:
+            continue  # exited between the listing and here
+        procs[proc.pid] = _Proc(proc.pid, info["ppid"], pgrp, info["create_time"],
+                                info["status"] == psutil.STATUS_ZOMBIE)
     return procs
 
 
@@ -132,15 +130,13 @@ class ProcessTree:
         self.root = root
         self.root_reaped = False
         """Set once Popen reaped the root: its pid may be reused, so walks stop starting there."""
-        self.known: dict[int, int] = {}
+        self.known: dict[int, float] = {}
         """pid -> start time of every process seen in the tree (root excluded)."""
         self._procs: dict[int, _Proc] = {}
         self.refresh()
 
     def refresh(self) -> None:
         procs = _scan()
-        if procs is None:
-            return
         self._procs = procs
         ours = {p.pid for p in self._members()}
         if not self.root_reaped:

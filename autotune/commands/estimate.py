@@ -153,20 +153,28 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
                                   else (None, None))
     memory = estimate_memory(model, layout, cluster, memory_params)
     cost = estimate_cost(model, layout, cluster, cost_params)
+    names = [n for n in memory.breakdown_gib() if n not in ("total", "saved")]
+    note = defaults_note(defaulted)
     if as_json:
+        # Everything the text says: the layout's label, each stage's terms, the verdict's
+        # reason and the note on estimate's defaults.
         print(json.dumps({
             "model": model.name, "gpus": cluster.num_gpus, "gpu": cluster.gpu.name,
+            "gpus_per_node": cluster.gpus_per_node, "label": layout.describe(),
             "layout": {k: getattr(layout, k) for k in ("dp", *_LAYOUT_KEYS)},
             "num_microbatches": layout.num_microbatches,
             "peak_memory_gib": memory.peak_bytes / _GIB, "peak_stage": memory.peak_stage,
             "capacity_gib": memory.capacity_bytes / _GIB, "fits": memory.fits,
+            "does_not_fit": None if memory.fits else memory.explain(),
             "memory_breakdown_gib": memory.breakdown_gib(),
-            "stages_gib": [{"stage": st.stage, "total": st.total_bytes / _GIB}
+            "stages_gib": [{"stage": st.stage,
+                            **{n: getattr(st, f"{n}_bytes", 0.0) / _GIB for n in names},
+                            "total": st.total_bytes / _GIB, "saved": st.saved_bytes / _GIB}
                            for st in memory.stages],
             "step_time_s": cost.step_time_s, "tokens_per_s": cost.tokens_per_s,
             "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu,
             "time_breakdown_s": {field: getattr(cost, field) for _, field in _TIME_TERMS},
-            "predicted": True,
+            "predicted": True, "defaults_note": note,
             # the models' held-out error bands and what lies outside the measured range
             "step_time_band": STEP_TIME_BAND, "memory_band": memory_band(cluster),
             "within_memory_band": in_memory_band(memory, cluster),
@@ -179,7 +187,6 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
     print(f"memory per GPU by pipeline stage (GiB; capacity {memory.capacity_bytes / _GIB:.1f}):")
     # "saved" is what recompute or CPU offloading keeps off the GPU: shown after the total,
     # which it is not part of.
-    names = [n for n in memory.breakdown_gib() if n not in ("total", "saved")]
     saves = any(st.saved_bytes for st in memory.stages)
     print("  stage " + " ".join(f"{n[:11]:>11}" for n in names) + f" {'total':>8}"
           + (f" {'saved by recompute/offload':>27}" if saves else ""))
@@ -202,6 +209,5 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
     print(f"{cost.tokens_per_s:,.0f} tokens/s, {cost.tflops_per_gpu:.0f} TFLOP/s per GPU, "
           f"MFU {cost.mfu:.1%}")
     print(f"({trust_line(model, cluster)})")
-    note = defaults_note(defaulted)
     if note:
         print(f"({note})")

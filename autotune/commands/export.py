@@ -17,7 +17,12 @@ if TYPE_CHECKING:  # optuna and the report's loader are imported when an export 
     from autotune.report.load import LoadedStudy, StudyRef
     from autotune.search.records import TrialRecord
 
-__all__ = ["output_path", "pick_record", "run_export"]
+__all__ = ["DEFAULT_FORMAT", "output_path", "pick_record", "run_export"]
+
+DEFAULT_FORMAT = "megatron-lm"
+"""What `export` writes without --format: the launch script (torchrun + Megatron-LM's
+pretrain_gpt.py), the command a Megatron user runs; the others are for autotune's own worker
+(torchrun), a batch system (slurm) and `estimate --layout` (json)."""
 
 
 def pick_record(loaded: LoadedStudy, trial: int | None) -> TrialRecord:
@@ -113,7 +118,7 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
     elif line is not None:
         raise ConfigError("--line names the launch in a --from-megatron FILE; give that too")
     elif fmt is None:
-        raise ConfigError("Missing option '--format' (or --from-megatron FILE)")
+        fmt = DEFAULT_FORMAT
     if fmt not in FORMATS:
         raise ConfigError(f"unknown --format {fmt!r}; choose {', '.join(FORMATS)}")
     if nodes is not None and nodes < 1:
@@ -129,7 +134,7 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
     layout, tokens = record.layout, record.tokens_per_s or 0.0
     chosen = "the best COMPLETE trial" if trial is None else "--trial"
     print(f"autotune: exporting trial {record.number} ({chosen}) of study {ref.name}: "
-          f"{record.label}", file=sys.stderr)
+          f"{record.label}, as --format {fmt}", file=sys.stderr)
     spec_model, cluster = loaded.model, loaded.cluster
     if fmt == "json":
         text = layout_json(layout, model=spec_model.name if spec_model else None,

@@ -46,11 +46,15 @@ def print_dry_run(model: ModelSpec, cluster: ClusterSpec, space: Any, summary: A
     Megatron's rule, and the candidates that survive, as text or JSON."""
     groups = sorted(summary.rejected.items(), key=lambda item: -item[1].count)
     limits = describe_limits(summary, space, model, cluster)
+    distinct = len(set(representatives(model, summary.valid).values()))
     if as_json:
         print(json.dumps({
             "model": model.name, "gpus": cluster.num_gpus,
-            "gpus_per_node": cluster.gpus_per_node, "space": space.source,
+            "gpus_per_node": cluster.gpus_per_node, "seq_length": model.seq_length,
+            "global_batch_size": model.global_batch_size, "space": space.source,
+            "dimensions": len(space.candidates),
             "combinations": summary.total, "valid": len(summary.valid),
+            "distinct_runs": distinct,
             "rejected": {rule: {"count": g.count, "examples": g.examples}
                          for rule, g in groups},
             "valid_values": {dim: summary.valid_values(dim) for dim in space.candidates},
@@ -62,7 +66,6 @@ def print_dry_run(model: ModelSpec, cluster: ClusterSpec, space: Any, summary: A
     print(f"search space {space.source}: {len(space.candidates)} dimensions, "
           f"{summary.total:,} combinations")
     print(f"valid layouts: {len(summary.valid):,}")
-    distinct = len(set(representatives(model, summary.valid).values()))
     if distinct < len(summary.valid):
         print(f"  distinct runs: {distinct:,} (layouts that give Megatron the same "
               "configuration are one run, which a search launches once)")

@@ -42,6 +42,24 @@ def _write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
     pd.DataFrame(list(rows)).to_csv(path, index=False)
 
 
+def _top_rows(loaded: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The TOP_K rows of the top table, each with `similar`: the trials it stands for (the same
+    run, or within noise in noise-level options only; autotune.report.similar)."""
+    import functools
+
+    from autotune.identity import run_key
+    from autotune.report.pareto import ties_text
+    from autotune.report.similar import similar_groups
+
+    groups = similar_groups(
+        rows, layout=lambda r: loaded.record(r["trial"]).layout,
+        figures=lambda r: (r["tokens_per_s"], r["peak_memory_gib"]),
+        run_key=None if loaded.model is None else functools.partial(run_key, loaded.model),
+        limit=TOP_K)
+    return [{**first, "similar": ties_text([r["trial"] for r in rest])}
+            for first, *rest in groups]
+
+
 def run_report(*, study: str | None, results_dir: str, storage: str | None,
                model: str | None = None) -> ReportFiles:
     """Write pareto.html/.png, trials.csv, report.md (and gpu_scaling.* when the same model
@@ -96,7 +114,7 @@ def run_report(*, study: str | None, results_dir: str, storage: str | None,
         for writer, name in ((pareto_html, "pareto.html"), (pareto_png, "pareto.png")):
             writer(feasible, front_idx, folder / name, title=title, capacity_gib=capacity)
             out.written.append(folder / name)
-    top = fold_ties([r for r in ranked if r["duplicate_of"] is None])[:TOP_K]
+    top = _top_rows(loaded, fold_ties([r for r in ranked if r["duplicate_of"] is None]))
 
     breakdown = None
     if top and loaded.model is not None and loaded.cluster is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from rich.console import Console
 
 from autotune.backends import Backend, BackendName, Isolation, make_backend
 from autotune.calibration import load_calibration
+from autotune.commands.counts import StudyCounts, count_trials
 from autotune.errors import AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec, local_gpu_count
 from autotune.launchers import MultiNode
@@ -146,10 +148,11 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     """Run the search and print its best layouts. `seeds` run first (a user's own layout,
     `--from-megatron`); `compare` says what they are against the best (after the table, or
     as the JSON object's "comparison")."""
+    from autotune.identity import run_key
     from autotune.search import SearchConfig
     from autotune.search.config import Sampler, StopRule
     from autotune.search.loop import Search
-    from autotune.search.progress import LiveProgress, best_table
+    from autotune.search.progress import LiveProgress, best_groups, best_table
     from autotune.search.timesplit import time_split
 
     name = _choose_backend(backend, cluster, multi)
@@ -184,25 +187,39 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
             result = search.run(progress)
     # Trials of the stored study read back (a planning run shown again, a --resume) are not
     # trials this run simulated or launched.
-    read = sum(1 for r in result.records if r.launched and r.number in stored)
+    counts = count_trials(result.records, stored)
     split = time_split(result.records)
+    verb = "simulated" if chosen.predicted else "launched"
+    summary = _summary(counts, verb, result.valid_layouts, chosen.predicted)
+    identity = functools.partial(run_key, model)
+    groups = best_groups(result, 10, identity)
     comparison = None if compare is None else compare(result)
     if as_json:
         trust = ({"trust": trust_line(model, cluster),
                   "outside_measured_range": outside_range(model, cluster),
                   "within_memory_band": _within_memory_band(result, cluster)}
                  if chosen.predicted else {})
-        print(json.dumps({"study": result.study_name, "predicted": chosen.predicted, **trust,
-                          "stop_reason": result.stop_reason,
-                          "best": [_best_row(r, cluster) for r in result.best(10)],
-                          **({} if chosen.predicted else {"time": asdict(split)}),
-                          **({} if comparison is None
-                             else {"comparison": comparison.as_dict()})}, indent=2))
+        print(json.dumps({
+            "study": result.study_name, "storage": result.storage, "model": model.name,
+            "gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node,
+            "gpu": cluster.gpu.name, "space": space.source, "predicted": chosen.predicted,
+            **trust,
+            "stop_reason": result.stop_reason, "valid_layouts": result.valid_layouts,
+            "trials": counts.to_dict(), "summary": f"{summary}; stopped: {result.stop_reason}",
+            "best": [_best_row(r, cluster) for r in result.best(10)],
+            # The text table's rows: each trial shown, with those it stands for.
+            "table": [{"trial": first.number, "same_figures": [r.number for r in twins],
+                       "similar": [r.number for r in similar]}
+                      for (first, *twins), similar in groups],
+            **({} if chosen.predicted else {"time": asdict(split),
+                                            "time_summary": split.describe()}),
+            **({} if comparison is None else {"comparison": comparison.as_dict()})},
+            indent=2))
     else:
         out = Console()
         out.print(best_table(result, title=f"{model.name} on {cluster.num_gpus} x "
                              f"{cluster.gpu.name}: best layouts"
-                             + (" (predicted)" if chosen.predicted else "")))
+                             + (" (predicted)" if chosen.predicted else ""), run_key=identity))
         if chosen.predicted:  # how far to trust the figures (autotune.trust, issue 28)
             out.print(trust_line(model, cluster))
             risky = _within_memory_band(result, cluster)
@@ -211,19 +228,12 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                           f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB capacity, may run out "
                           f"of memory: trial{'s' if len(risky) > 1 else ''} "
                           + ", ".join(str(n) for n in risky))
-        verb = "simulated" if chosen.predicted else "launched"
-        ran = result.launched - read
-        done = (f"{ran} trials {verb}" if not read
-                else f"read {read} trials from the stored study, {verb} {ran or 'none'} more"
-                if ran or not chosen.predicted
-                else f"read {read} trials from the stored study (nothing new to simulate)")
-        out.print(f"{done}, {len(result.records)} in the study ({result.valid_layouts} valid "
-                  f"layouts); stopped: {result.stop_reason}")
+        out.print(f"{summary}; stopped: {result.stop_reason}")
         if split.describe():
             out.print(split.describe())
         out.print(f"study {result.study_name} in {result.storage}")
         for line in [] if comparison is None else comparison.lines():
-            print(line)
+            out.print(line, soft_wrap=True)
     if result.interrupted:
         raise Interrupted(f"study {result.study_name} is consistent; --resume continues it")
     if not result.best(1):
@@ -236,6 +246,18 @@ def _within_memory_band(result: Any, cluster: ClusterSpec) -> list[int]:
     limit = cluster.gpu.memory_bytes * (1 - memory_band(cluster))
     return [r.number for r in result.best(10)
             if r.metrics is not None and (r.metrics.peak_bytes or 0) > limit]
+
+
+def _summary(counts: StudyCounts, verb: str, valid: int, predicted: bool) -> str:
+    """`2802 trials simulated, 2889 in the study (2889 valid layouts): 2802 ranked, 87
+    predicted out of memory (not simulated)`: every trial of the study counted once."""
+    read, ran = counts.read, counts.ran
+    done = (f"{ran} trials {verb}" if not read
+            else f"read {read} trials from the stored study, {verb} {ran or 'none'} more"
+            if ran or not predicted
+            else f"read {read} trials from the stored study (nothing new to simulate)")
+    return (f"{done}, {counts.in_study} in the study ({valid} valid layouts): "
+            f"{counts.breakdown(verb)}")
 
 
 def _finished(search: Search) -> set[int]:

@@ -38,8 +38,10 @@ TOP_COLUMNS: tuple[Column, ...] = (
     Column("MFU", "mfu", _num(".1%")), Column("step s", "step_time_s", _num(".3f")),
     Column("peak GiB", "peak_memory_gib", _num(".1f")),
     Column("source", "source", right=False),
-    Column("same figures", "ties", lambda v: v or "", right=False))
-PARETO_COLUMNS = TOP_COLUMNS
+    Column("same figures", "ties", lambda v: v or "", right=False),
+    Column("similar", "similar", lambda v: v or "", right=False))
+PARETO_COLUMNS = TOP_COLUMNS[:-1]
+"""The front's rows are each a trade-off of their own: none stands for another."""
 SCALING_COLUMNS: tuple[Column, ...] = (
     Column("GPUs", "gpus"), Column("best layout", "layout", right=False),
     Column("tokens/s", "tokens_per_s", _num(",.0f")),
@@ -172,7 +174,9 @@ def render_report(loaded: LoadedStudy, *, top: Sequence[dict[str, Any]],
     else:
         out += _winner(loaded, top[0], breakdown)
         out += [f"## Top {len(top)} layouts", "",
-                "Layouts with exactly the same figures share a row (same figures).", "",
+                "Layouts with exactly the same figures share a row (same figures), and so do "
+                "the same run and layouts that differ only in recompute, offload, optimizer, "
+                "overlap or implementation options with figures within noise (similar).", "",
                 markdown_table(top, TOP_COLUMNS), ""]
         out += ["## Pareto front: tokens/s against peak memory per GPU", "",
                 "No other layout is both faster and lighter than these "

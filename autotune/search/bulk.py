@@ -8,12 +8,15 @@ this process owns the study, so they are inserted here in one transaction into O
 tables (optuna/storages/_rdb/models.py), one bulk INSERT per table, numbered after the trials
 already stored.
 
-Those tables are not public API (pyproject pins optuna below 6). Anything this code does not
-recognise (another storage, another Optuna) raises before the commit, and the trials go through
-`add_trials` instead, with a warning. The checks add_trial makes are made here too (each
-trial's consistency, its number of values, each parameter's distribution against the one
-stored). tests/test_storage_bulk.py reads bulk-written trials back through Optuna and compares
-them with the same trials written by `add_trials`, in several time zones.
+Nothing here imports Optuna's private modules: the tables are reflected from the database with
+SQLAlchemy, and they are written only when the storage reports, through RDBStorage's public
+`get_current_version()`, a schema version this module knows (KNOWN_SCHEMAS: Optuna migrates
+its schema with alembic and names each version); a newer Optuna with the same schema keeps the
+fast path, one with another schema (or another storage) gets `add_trials`, with a warning. The
+checks add_trial makes are made here too (each trial's state and values, its number of values,
+each parameter's distribution against the one stored, with optuna.distributions' public
+functions). tests/test_storage_bulk.py reads bulk-written trials back through Optuna and
+compares them with the same trials written by `add_trials`, in several time zones.
 """
 
 from __future__ import annotations
@@ -51,15 +54,68 @@ def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> N
         study.add_trials(trials)
 
 
-def _check_distributions(session: Any, models: Any, study_id: int,
+KNOWN_SCHEMAS = ("v3.2.0.a",)
+"""Optuna RDB schema versions whose tables `_insert` writes (optuna 3.2 to 5.x)."""
+_TABLES = ("studies", "trials", "trial_params", "trial_values", "trial_user_attributes",
+           "trial_system_attributes")
+
+
+def _rdb_storage(study: optuna.Study) -> Any:
+    """The study's RDBStorage. Study has no public accessor for its storage, and Optuna wraps
+    an RDB storage in a cache; both are read by attribute here, and anything unexpected is
+    refused (the caller then takes add_trials)."""
+    from optuna.storages import RDBStorage
+
+    storage = getattr(study, "_storage", None)
+    rdb = getattr(storage, "_backend", storage)
+    if not isinstance(rdb, RDBStorage):
+        raise TypeError(f"not an RDB storage: {type(rdb).__name__}")
+    version = rdb.get_current_version()
+    if version not in KNOWN_SCHEMAS:
+        raise TypeError(f"Optuna's schema {version} is not one this module writes "
+                        f"({', '.join(KNOWN_SCHEMAS)})")
+    return rdb
+
+
+def _stored_value(value: float) -> tuple[float | None, str]:
+    """A trial value as Optuna's trial_values table holds it: infinities by their type."""
+    if value == float("inf"):
+        return None, "INF_POS"
+    if value == float("-inf"):
+        return None, "INF_NEG"
+    if value != value:
+        raise ValueError("a trial value is NaN")
+    return value, "FINITE"
+
+
+def _check(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
+    """What add_trial checks of each trial (create_trial's rules), then of its values."""
+    from optuna.trial import TrialState
+
+    for t in trials:
+        if not t.state.is_finished() or t.intermediate_values:
+            raise ValueError("only finished trials without intermediate values")
+        if (t.state is TrialState.COMPLETE) != (t.values is not None):
+            raise ValueError(f"a {t.state.name} trial {'needs' if t.values is None else 'has'}"
+                             " values")
+        if t.values is not None and len(t.values) != len(study.directions):
+            raise ValueError(f"trial has {len(t.values)} values, the study "
+                             f"{len(study.directions)} objectives")
+        if set(t.params) != set(t.distributions):
+            raise ValueError("a trial's parameters and distributions differ")
+        for name, value in t.params.items():
+            t.distributions[name].to_internal_repr(value)  # a choice it lacks: ValueError
+
+
+def _check_distributions(connection: Any, tables: Any, study_id: int,
                          trials: Sequence[FrozenTrial]) -> None:
     """Raise, as Optuna's add_trial does, where a parameter's distribution is incompatible with
     the one the study already stores for it (a study resumed with other choices)."""
     from optuna.distributions import check_distribution_compatibility, json_to_distribution
     from sqlalchemy import select
 
-    params, trials_table = models.TrialParamModel.__table__, models.TrialModel.__table__
-    stored = {name: json_to_distribution(text) for name, text in session.execute(
+    params, trials_table = tables["trial_params"], tables["trials"]
+    stored = {name: json_to_distribution(text) for name, text in connection.execute(
         select(params.c.param_name, params.c.distribution_json)
         .join(trials_table, params.c.trial_id == trials_table.c.trial_id)
         .where(trials_table.c.study_id == study_id).distinct())}
@@ -69,44 +125,37 @@ def _check_distributions(session: Any, models: Any, study_id: int,
 
 
 def _utc(value: datetime.datetime | None) -> datetime.datetime | None:
-    # TrialModel stores naive UTC and its datetime setters convert naive local times to it.
+    # Optuna stores naive UTC and its datetime setters convert naive local times to it.
     return None if value is None else value.astimezone(datetime.UTC).replace(tzinfo=None)
 
 
 def _insert(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
     from optuna.distributions import distribution_to_json
-    from optuna.storages import RDBStorage
-    from optuna.storages._cached_storage import _CachedStorage
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
-    from sqlalchemy import func, insert, select
+    from sqlalchemy import MetaData, func, insert, select
 
-    storage = study._storage
-    rdb = storage._backend if isinstance(storage, _CachedStorage) else storage
-    if not isinstance(rdb, RDBStorage):
-        raise TypeError(f"not an RDB storage: {type(rdb).__name__}")
-    if any(not t.state.is_finished() or t.intermediate_values for t in trials):
-        raise ValueError("only finished trials without intermediate values")
-    for t in trials:  # what add_trial checks of each trial, then of its values
-        t._validate()
-        if t.values is not None and len(t.values) != len(study.directions):
-            raise ValueError(f"trial has {len(t.values)} values, the study "
-                             f"{len(study.directions)} objectives")
-    study_id = study._study_id
-    table = models.TrialModel.__table__
-    with _create_scoped_session(rdb.scoped_session) as session:
-        # The same lock Optuna takes to number a new trial.
-        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
-        first = session.scalar(select(func.count()).select_from(table).where(
+    rdb = _rdb_storage(study)
+    _check(study, trials)
+    study_id = rdb.get_study_id_from_name(study.study_name)
+    metadata = MetaData()
+    metadata.reflect(bind=rdb.engine, only=_TABLES)
+    tables = metadata.tables
+    table = tables["trials"]
+    with rdb.engine.begin() as connection:  # one transaction: all the trials or none
+        studies = tables["studies"]
+        # The same row lock Optuna takes to number a new trial (SQLite locks the database
+        # on the first write anyway).
+        connection.execute(select(studies.c.study_id).where(
+            studies.c.study_id == study_id).with_for_update())
+        first = connection.scalar(select(func.count()).select_from(table).where(
             table.c.study_id == study_id)) or 0
-        _check_distributions(session, models, study_id, trials)
-        # SQLAlchemy Core, not ORM objects: one executemany per table.
-        session.execute(insert(table), [
-            {"number": first + i, "study_id": study_id, "state": t.state,
+        _check_distributions(connection, tables, study_id, trials)
+        # SQLAlchemy Core: one executemany per table.
+        connection.execute(insert(table), [
+            {"number": first + i, "study_id": study_id, "state": t.state.name,
              "datetime_start": _utc(t.datetime_start),
              "datetime_complete": _utc(t.datetime_complete)}
             for i, t in enumerate(trials)])
-        ids: dict[int, int] = {number: trial_id for number, trial_id in session.execute(
+        ids: dict[int, int] = {number: trial_id for number, trial_id in connection.execute(
             select(table.c.number, table.c.trial_id).where(table.c.study_id == study_id,
                                                            table.c.number >= first))}
         params, values, user, system = [], [], [], []
@@ -117,15 +166,15 @@ def _insert(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
                         "distribution_json": distribution_to_json(t.distributions[name])}
                        for name, value in t.params.items()]
             for objective, value in enumerate(t.values or []):
-                stored, kind = models.TrialValueModel.value_to_stored_repr(value)
+                stored, kind = _stored_value(value)
                 values.append({"trial_id": trial_id, "objective": objective, "value": stored,
                                "value_type": kind})
             user += [{"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
                      for k, v in t.user_attrs.items()]
             system += [{"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
                        for k, v in t.system_attrs.items()]
-        for model, rows in ((models.TrialParamModel, params), (models.TrialValueModel, values),
-                            (models.TrialUserAttributeModel, user),
-                            (models.TrialSystemAttributeModel, system)):
+        for name, rows in (("trial_params", params), ("trial_values", values),
+                           ("trial_user_attributes", user),
+                           ("trial_system_attributes", system)):
             if rows:
-                session.execute(insert(model.__table__), rows)
+                connection.execute(insert(tables[name]), rows)

@@ -4,6 +4,7 @@ timing, its overhead), the layouts the model skipped, the best so far."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from rich.console import Console, Group
@@ -11,12 +12,14 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from autotune.layout import Layout
 from autotune.report.pareto import ties_text, twin_groups
+from autotune.report.similar import similar_groups
 from autotune.search.records import SearchResult, TrialRecord
 from autotune.search.timesplit import overhead_s
 from autotune.trial import TrialStatus
 
-__all__ = ["LiveProgress", "best_table", "format_record"]
+__all__ = ["LiveProgress", "best_groups", "best_table", "format_record"]
 
 _GIB = 2**30
 _STYLE = {TrialStatus.OK: "green", TrialStatus.OOM: "red", TrialStatus.PREDICTED_OOM: "yellow",
@@ -73,25 +76,40 @@ def _fold(records: list[TrialRecord]) -> list[list[TrialRecord]]:
                        else ("alone", r.number))
 
 
-_BEST_COLUMNS = ("#", "layout", "tokens/s", "MFU", "peak GiB", "source", "same figures")
+_BEST_COLUMNS = ("#", "layout", "tokens/s", "MFU", "peak GiB", "source", "same figures",
+                 "similar")
 
 
-def best_table(result: SearchResult, k: int = 10, title: str | None = None) -> Table:
+def best_groups(result: SearchResult, k: int = 10,
+                run_key: Callable[[Layout], Hashable] | None = None
+                ) -> list[tuple[list[TrialRecord], list[TrialRecord]]]:
+    """The k best rows of the table: (the row's trial with its twins of exactly the same
+    figures, the other trials it stands for: the same run, or within noise of it in noise-level
+    options only; autotune.report.similar)."""
+    twins = _fold(result.best(len(result.records)))
+    groups = similar_groups(twins, layout=lambda g: g[0].layout,
+                            figures=lambda g: _figures(g[0]), run_key=run_key, limit=k)
+    return [(first, [r for g in rest for r in g]) for first, *rest in groups]
+
+
+def best_table(result: SearchResult, k: int = 10, title: str | None = None,
+               run_key: Callable[[Layout], Hashable] | None = None) -> Table:
     """The k best layouts, one row per distinct figures as in the report: a row's `same
-    figures` names the trials that got exactly its tokens/s and peak. The caption explains the
-    labels' abbreviations (autotune.legend)."""
+    figures` names the trials that got exactly its tokens/s and peak, `similar` those it stands
+    for (best_groups). The caption explains the labels' abbreviations (autotune.legend)."""
     from autotune.legend import legend_text
 
     predicted = any(r.metrics is not None and r.metrics.predicted for r in result.records)
-    groups = _fold(result.best(len(result.records)))[:k]
+    rows = best_groups(result, k, run_key)
     table = Table(title=title or ("best layouts (predicted)" if predicted else "best layouts"),
-                  caption=legend_text(g[0].label for g in groups) or None,
+                  caption=legend_text(g[0].label for g, _ in rows) or None,
                   caption_justify="left")
     for column in _BEST_COLUMNS:
-        table.add_column(column, justify="left" if column in ("layout", "same figures")
-                         else "right")
-    for first, *twins in groups:
-        row = {**format_record(first), "same figures": ties_text([r.number for r in twins])}
+        table.add_column(column, justify="left" if column in ("layout", "same figures",
+                                                              "similar") else "right")
+    for (first, *twins), similar in rows:
+        row = {**format_record(first), "same figures": ties_text([r.number for r in twins]),
+               "similar": ties_text([r.number for r in similar])}
         table.add_row(*(row[c] for c in _BEST_COLUMNS))
     return table
 
