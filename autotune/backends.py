@@ -98,7 +98,9 @@ class SimulateBackend:
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
         memory = estimate_memory(spec.model, spec.layout, self.cluster, self.memory_params)
-        if not memory.fits:
+        # The peak against the capacity, as the gate launches: a layout the block rule alone
+        # rules out (memory.BLOCK_MARGIN) is a risk the gate runs, so a plan ranks it too.
+        if memory.peak_bytes > memory.capacity_bytes:
             return TrialMetrics(status=TrialStatus.PREDICTED_OOM, predicted=True,
                                 peak_allocated_bytes=int(memory.peak_bytes),
                                 error=memory.explain())

@@ -63,7 +63,8 @@ class Knowledge:
 
     def learn(self, record: TrialRecord, told: bool) -> None:
         """Ledger.note's learner: take in one record."""
-        if record.duplicate_of is None and self.ladder.dims:
+        # Only measured peaks move a derived count: a plan's figures are the model's own.
+        if record.duplicate_of is None and self.ladder.dims and not record.predicted:
             metrics = record.metrics
             measured = None if metrics is None else (metrics.device_used_bytes
                                                      or metrics.peak_bytes)
