@@ -269,3 +269,19 @@ def test_resume_continues_the_ladder_without_repeating_a_rung(tmp_path: Path) ->
     # The records read back carry the counts the trials ran with.
     for r in first.records:
         assert stored[r.number] == r.layout
+
+
+def test_a_rung_runs_even_when_the_model_has_nothing_left_to_try(tmp_path: Path) -> None:
+    # One structure in the space: once its first count ran, the model's stop rule knows no
+    # untried layout, yet the rung the measurement asked for still runs (seen on an H100:
+    # gpt2-xl at seq 32768 stopped after block/31 with block/28 queued).
+    space = space_from_mapping({"mbs": [8], "recompute": ["full"], "recompute_method": ["block"],
+                                "recompute_num_layers": "derive", "impl": ["sdpa"]}, "t")
+    backend = FakeBackend(ONE_GPU, true_capacity_bytes=ONE_GPU.gpu.memory_bytes,
+                          underestimate=0.93, tokens=_tokens)
+    result = run_search(SearchConfig(model=MODEL, cluster=ONE_GPU, space=space,
+                                     backend=backend, results_dir=tmp_path, study_name="one"))
+    sources = [r.source for r in result.records if r.launched]
+    assert sources[0] == "alpa" and "derived" in sources
+    counts = [s.recompute_num_layers for s in backend.calls]
+    assert counts == sorted(counts, reverse=True) and len(set(counts)) == len(counts)

@@ -85,3 +85,7 @@ class LayoutQueue:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def holds(self, *sources: Source) -> bool:
+        """Whether a layout proposed by one of `sources` waits."""
+        return any(source in sources for _, source in self._items)
