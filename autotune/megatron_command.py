@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.layout import DIMENSIONS, Impl, Layout, derive_dp
+from autotune.layout import DIMENSIONS, Layout, derive_dp
 from autotune.megatron_args import (
     FLAG_TABLE,
     TRAINING_SCRIPT,
     Given,
     Part,
+    exported_layout,
     known_flags,
     read_fields,
     row_args,
@@ -29,8 +30,8 @@ from autotune.megatron_args import (
 from autotune.model import MODEL_NAME_MAX, ModelSpec, read_text
 from autotune.shell_script import Command, Ref, Word, read_commands
 
-__all__ = ["ArgGroup", "MegatronCommand", "RowChange", "changed_args", "megatron_layout",
-           "read_megatron_command"]
+__all__ = ["ArgGroup", "MegatronCommand", "RowChange", "changed_args", "exported_layout",
+           "megatron_layout", "read_megatron_command"]
 
 _LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 _PYTHON = re.compile(r"(.*/)?python[0-9.]*$")
@@ -266,14 +267,6 @@ class RowChange:
         before = " ".join(self.before) or "(none)"
         after = " ".join(self.after) or "(removed)"
         return f"{before} -> {after}"
-
-
-def exported_layout(layout: Layout) -> Layout:
-    """The layout a Megatron-LM command runs: impl sdpa (autotune's worker only) becomes te,
-    as `autotune export --format megatron-lm` writes it (autotune.scripts)."""
-    from dataclasses import replace
-
-    return replace(layout, impl=Impl.TE) if layout.impl == Impl.SDPA else layout
 
 
 def changed_args(command: MegatronCommand, old: Layout,

@@ -66,7 +66,8 @@ def load_nvml() -> ModuleType | None:
         pynvml.nvmlInit()
     except Exception:  # NVMLError and its many subclasses: no driver, no GPU
         return None
-    return pynvml
+    module: ModuleType = pynvml
+    return module
 
 
 def device_handle(nvml: ModuleType, device_index: int) -> Any:

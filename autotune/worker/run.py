@@ -26,9 +26,15 @@ from autotune.trial import ClockSummary, RankResult, TrialMetrics, TrialSpec, Tr
 if TYPE_CHECKING:
     from autotune.worker.train import StepTimes
 
-__all__ = ["init_model_parallel", "init_world", "metrics_from_ranks", "prepare_environment",
-           "step_time_cv",
-           "run_rank", "run_trial"]
+__all__ = [
+    "init_model_parallel",
+    "init_world",
+    "metrics_from_ranks",
+    "prepare_environment",
+    "run_rank",
+    "run_trial",
+    "step_time_cv",
+]
 
 
 def prepare_environment(spec: TrialSpec) -> None:

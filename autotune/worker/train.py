@@ -15,8 +15,7 @@ import torch
 
 from autotune.model import padded_vocab_size
 from autotune.protocol import step_line
-from autotune.trial import TrialSpec
-from autotune.trial import ClockSummary
+from autotune.trial import ClockSummary, TrialSpec
 from autotune.worker.clocks import ClockSampler
 from autotune.worker.config import CHECK_FOR_NAN
 from autotune.worker.host import HostWatch, gc_held
