@@ -11,6 +11,7 @@ from autotune.cost import estimate_cost
 from autotune.errors import ConfigError, InvalidLayoutError
 from autotune.hardware import ClusterSpec
 from autotune.layout import SEARCHED, Impl, Layout, validate
+from autotune.megatron_args import exported_layout, measured_as_exported
 from autotune.megatron_command import (
     MegatronCommand,
     changed_args,
@@ -132,8 +133,18 @@ def comparison_lines(job: UserJob, result: SearchResult, *, study: str) -> list[
     lines = [f"yours: {mine.label if mine else job.layout.describe()}: {shown}",
              f"best found: {top.label}: {best_shown}{gain}"]
     _, changes = changed_args(job.command, job.layout, top.layout)
+    if not measured_as_exported(top.layout):
+        # sdpa stood in for the te the command runs: its figure is not the command's.
+        te = estimate_cost(job.model, exported_layout(top.layout), job.cluster).tokens_per_s
+        lines.append(f"the best's figure is sdpa's, standing in for te (Transformer Engine is "
+                     f"not installed here); with te it is predicted {te:,.0f} tokens/s, not "
+                     "measured")
     if not changes or (mine is not None and top.number == mine.number):
-        lines.append("your layout is the best found: no flag changes")
+        lines.append("your layout is the best found: no flag changes"
+                     if measured_as_exported(top.layout) and (mine is None
+                                                              or mine.layout == job.layout)
+                     else "no flag changes found: your layout was measured with sdpa standing "
+                     "in for te, so this is not a measurement of your command")
         return lines
     lines.append("flags that change: " + "; ".join(c.describe() for c in changes))
     lines.append(f"autotune export --from-megatron {job.command.source} --study {study} "
