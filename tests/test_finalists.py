@@ -136,7 +136,8 @@ def test_a_search_measures_its_finalists_again_and_resume_does_not_redo_them(
     # Resumed: every finalist has its runs, nothing runs again.
     again = FreshBackend(CLUSTER)
     resumed = run_search(_config(tmp_path, again, resume=True))
-    assert again.calls == [] and len([r for r in resumed.records if r.repeat_of is not None]) == len(repeats)
+    kept = [r for r in resumed.records if r.repeat_of is not None]
+    assert again.calls == [] and len(kept) == len(repeats)
 
 
 @pytest.mark.parametrize(("budget", "finalists", "repeats"), [

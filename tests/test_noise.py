@@ -31,30 +31,30 @@ class FakeNvml:
         self.fail_power = fail_power
         self.shutdowns = 0
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:  # noqa: N802  (pynvml's names)
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
         return f"gpu{index}"
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:  # noqa: N802
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
         return uuid
 
-    def nvmlDeviceGetClockInfo(self, handle: str, which: int) -> int:  # noqa: N802
+    def nvmlDeviceGetClockInfo(self, handle: str, which: int) -> int:
         return 1980 if which == self.NVML_CLOCK_SM else 2619
 
-    def nvmlDeviceGetPowerUsage(self, handle: str) -> int:  # noqa: N802
+    def nvmlDeviceGetPowerUsage(self, handle: str) -> int:
         if self.fail_power:
             raise RuntimeError("not supported")
         return 650_000
 
-    def nvmlDeviceGetTemperature(self, handle: str, sensor: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTemperature(self, handle: str, sensor: int) -> int:
         return 61
 
-    def nvmlDeviceGetUtilizationRates(self, handle: str) -> Any:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, handle: str) -> Any:
         return SimpleNamespace(gpu=97)
 
-    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: str) -> int:  # noqa: N802
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: str) -> int:
         return self.reasons
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self.shutdowns += 1
 
 
