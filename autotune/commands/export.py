@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.errors import ConfigError
+from autotune.megatron_args import exported_layout, measured_as_exported
 
 if TYPE_CHECKING:  # optuna and the report's loader are imported when an export runs
     from autotune.layout import Layout
@@ -122,7 +123,9 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
     path = None if output is None else output_path(output, ref)
     loaded = load_study(ref, model)
     record = pick_record(loaded, trial)
-    layout, tokens = record.layout, record.tokens_per_s or 0.0
+    layout = record.layout
+    # A finalist's figure is over its runs (autotune.search.finalists).
+    tokens = loaded.figure_tokens(record.number, record.tokens_per_s or 0.0)
     chosen = "the best COMPLETE trial" if trial is None else "--trial"
     print(f"autotune: exporting trial {record.number} ({chosen}) of study {ref.name}: "
           f"{record.label}", file=sys.stderr)
@@ -146,6 +149,12 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
                  f"{spec_model.seq_length}) on {layout.world_size} x {gpu}",
                  f"study {ref.name}, trial {record.number}: {record.label}, gbs {layout.gbs}",
                  f"{tokens:,.0f} tokens/s, {figure}."]
+        if not measured_as_exported(layout) and cluster is not None:
+            from autotune.cost import estimate_cost
+
+            te = estimate_cost(spec_model, exported_layout(layout), cluster).tokens_per_s
+            title.append(f"That figure is sdpa's, standing in for te: with te, as this command "
+                         f"runs, the model predicts {te:,.0f} tokens/s (not measured).")
         default_nodes = cluster.num_nodes if cluster else 1
         if from_megatron is not None:
             text = _user_command(from_megatron, spec_model, layout, title, ref.name)

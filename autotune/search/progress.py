@@ -184,5 +184,7 @@ class LiveProgress:
             self.live.update(self.render(result))
             return
         self.recent = [*self.recent, record][-self.keep:]
-        self.progress.update(self.task, completed=result.launched)
+        # The bar counts the search's own launches (--trials): finalists' repeats are extra.
+        self.progress.update(self.task, completed=sum(
+            1 for r in result.records if r.launched and r.repeat_of is None))
         self.live.update(self.render(result))
