@@ -151,6 +151,16 @@ class WorkerBackend:
             return self._confirm_oom_cold(spec, Path(trial_dir), timeout_s, pool)
         return metrics
 
+    def run_fresh(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
+        """Run a trial in a fresh process even where trials run warm (a finalist's cold
+        repeat, autotune.search.finalists): the pools are stopped first, so that they hold no
+        GPU memory, and start again on the next trial. Backends without this method start
+        every trial fresh."""
+        if self.multi is None:
+            self.close()
+        return self.run(spec, trial_dir, timeout_s) if self.multi is not None \
+            else self._run_cold(spec, trial_dir, timeout_s)
+
     def _run_cold(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
         from autotune.metrics import metrics_from_run
         from autotune.runner import run_trial

@@ -13,12 +13,11 @@ A hand rule remains only where the configuration differs but the run provably do
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from autotune.dimensions import Impl
 from autotune.layout import DATA_PARALLEL_OPTIONS, DIMENSIONS, Layout, with_fields
-from autotune.megatron_args import megatron_lm_args
+from autotune.megatron_args import exported_layout, megatron_lm_args
 from autotune.model import ModelSpec
 from autotune.worker.config import worker_config
 
@@ -53,9 +52,8 @@ def configuration(model: ModelSpec, layout: Layout) -> tuple[Any, ...]:
     """What Megatron receives for the layout: the worker's megatron-core configuration and the
     exported command's Megatron-LM arguments, as one hashable value."""
     # Megatron-LM has no impl sdpa; the export writes Transformer Engine's spec for it
-    # (autotune.scripts), and the worker's layer spec keeps the two apart.
-    exported = layout if layout.impl != Impl.SDPA else replace(layout, impl=Impl.TE)
-    args = megatron_lm_args(model, exported, mock_data=True)
+    # (megatron_args.exported_layout), and the worker's layer spec keeps the two apart.
+    args = megatron_lm_args(model, exported_layout(layout), mock_data=True)
     return worker_config(model, layout).signature(), tuple(args)
 
 

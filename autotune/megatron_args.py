@@ -25,8 +25,9 @@ from autotune.errors import ConfigError, InvalidLayoutError
 from autotune.layout import Layout
 from autotune.model import ModelSpec
 
-__all__ = ["FLAG_TABLE", "GPT2_BPE_VOCAB", "TRAINING_SCRIPT", "TRANSFORMER_IMPLS", "Flag",
-           "FlagRow", "Given", "Part", "RunOptions", "flag_names", "known_flags",
+__all__ = ["FLAG_TABLE", "GPT2_BPE_VOCAB", "SDPA_STANDS_IN", "TRAINING_SCRIPT",
+           "TRANSFORMER_IMPLS", "Flag", "FlagRow", "Given", "Part", "RunOptions",
+           "exported_layout", "flag_names", "known_flags", "measured_as_exported",
            "megatron_lm_args", "read_fields", "row_args", "training_script"]
 
 TRAINING_SCRIPT = "pretrain_gpt.py"
@@ -34,6 +35,30 @@ TRAINING_SCRIPT = "pretrain_gpt.py"
 TRANSFORMER_IMPLS: dict[str, str] = {"local": "local", "te": "transformer_engine"}
 """autotune impl -> Megatron-LM `--transformer-impl`. autotune's "sdpa" (a local spec with
 PyTorch SDPA as core attention) lives only in autotune's worker; Megatron-LM has no such choice."""
+
+SDPA_STANDS_IN = ("impl sdpa (autotune's local spec with PyTorch SDPA attention) has no "
+                  "Megatron-LM equivalent; this uses --transformer-impl transformer_engine, "
+                  "whose fused attention is the closest.")
+"""What the export says of a layout measured with sdpa (`exported_layout`)."""
+
+
+def exported_layout(layout: Layout) -> Layout:
+    """The layout a Megatron-LM command runs for `layout`: impl sdpa, which Megatron-LM does not
+    have, runs as Transformer Engine (Megatron-LM's default). The one place that decides it:
+    the export (autotune.scripts), a run's identity (autotune.identity), `--from-megatron`'s
+    flag changes (autotune.megatron_command) and what a search measures where TE is installed
+    (autotune.commands.search) all ask here."""
+    from dataclasses import replace
+
+    from autotune.dimensions import Impl
+
+    return replace(layout, impl=Impl.TE) if layout.impl == Impl.SDPA else layout
+
+
+def measured_as_exported(layout: Layout) -> bool:
+    """Whether a figure measured with `layout` is the figure of the Megatron-LM command the
+    export writes for it (not so for sdpa, which runs as TE there)."""
+    return exported_layout(layout) == layout
 
 GPT2_BPE_VOCAB = 50257
 """Entries of GPT-2's BPE vocabulary (gpt2-vocab.json, Radford et al. 2019): the vocabulary of

@@ -26,12 +26,13 @@ from autotune.launch_site import (
     read_script,
     walk,
 )
-from autotune.layout import DIMENSIONS, Impl, Layout, derive_dp
+from autotune.layout import DIMENSIONS, Layout, derive_dp
 from autotune.megatron_args import (
     FLAG_TABLE,
     TRAINING_SCRIPT,
     Given,
     Part,
+    exported_layout,
     known_flags,
     read_fields,
     row_args,
@@ -306,14 +307,6 @@ class RowChange:
         before = " ".join(self.before) or "(none)"
         after = " ".join(self.after) or "(removed)"
         return f"{before} -> {after}"
-
-
-def exported_layout(layout: Layout) -> Layout:
-    """The layout a Megatron-LM command runs: impl sdpa (autotune's worker only) becomes te,
-    as `autotune export --format megatron-lm` writes it (autotune.scripts)."""
-    from dataclasses import replace
-
-    return replace(layout, impl=Impl.TE) if layout.impl == Impl.SDPA else layout
 
 
 def layout_changes(command: MegatronCommand, old: Layout, new: Layout) -> list[RowChange]:

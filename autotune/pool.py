@@ -65,7 +65,16 @@ from autotune.trial import TrialSpec, TrialStatus
 __all__ = ["RELEASE_S", "WarmPool"]
 
 _REFRESH_S = 0.25
-"""How often the pool's process tree is re-read while a trial runs (for a clean shutdown)."""
+"""How often the pool's process tree is re-read at first while a trial runs (for a clean
+shutdown); the interval doubles up to _REFRESH_MAX_S (below)."""
+_REFRESH_MAX_S = 8.0
+"""The longest interval between re-reads of the process tree while a trial runs: its ranks
+were all started long before, and a walk of /proc is host time on the trial's CPUs."""
+_POLL_MAX_S = 0.5
+"""The longest interval between looks for a running trial's done file. The orchestrator
+starts at POOL_POLL_S and backs off by half each look: a trial's steps, timed on the same
+host's CPUs, should not share them with a loop that wakes 50 times a second (issue 25); a
+done file is then seen at most this late, against trials of tens of seconds."""
 RELEASE_S = 30.0
 """How long the ranks get to release a trial once its result is written (a few seconds in
 practice: a gather, freeing, destroying the trial's groups); past it the trial's figures stand
@@ -203,6 +212,8 @@ class WarmPool:
         counts as done (its figures are whole) with ranks that cannot serve on."""
         assert self._proc is not None and self._tree is not None
         refresh = 0.0
+        refresh_s = _REFRESH_S
+        poll_s = POOL_POLL_S
         result_at: float | None = None
         try:
             while True:
@@ -224,8 +235,12 @@ class WarmPool:
                     return None, True, False
                 if now >= refresh:
                     self._tree.refresh()
-                    refresh = now + _REFRESH_S
-                time.sleep(POOL_POLL_S)
+                    refresh = now + refresh_s
+                    refresh_s = min(2 * refresh_s, _REFRESH_MAX_S)
+                # Never past the deadline or the release limit: those are decided on time.
+                limit = result_at + RELEASE_S if result_at is not None else deadline
+                time.sleep(max(0.0, min(poll_s, limit - now)))
+                poll_s = min(1.5 * poll_s, _POLL_MAX_S)
         except KeyboardInterrupt:
             # The pool is in its own session, so the terminal's Ctrl-C reached only us.
             return None, False, True

@@ -11,12 +11,17 @@ import json
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.layout import DIMENSIONS, Impl, Layout
-from autotune.megatron_args import megatron_lm_args, training_script
+from autotune.layout import DIMENSIONS, Layout
+from autotune.megatron_args import (
+    SDPA_STANDS_IN,
+    exported_layout,
+    measured_as_exported,
+    megatron_lm_args,
+    training_script,
+)
 from autotune.model import ModelSpec
 from autotune.protocol import SPEC_NAME, WORKER
 from autotune.trial import TrialSpec
@@ -91,13 +96,11 @@ def _megatron_parts(model: ModelSpec, layout: Layout, *, megatron_lm: str | None
                     train_iters: int) -> tuple[list[str], str, list[str]]:
     """(comment lines, the pretrain_gpt.py path as shell text, Megatron-LM arguments)."""
     notes = []
-    if layout.impl == "sdpa":
+    if not measured_as_exported(layout):
         # Megatron-LM has no "local spec with PyTorch SDPA"; TE's fused attention is its
         # nearest equivalent (the measured figures were taken with SDPA).
-        layout = replace(layout, impl=Impl.TE)
-        notes.append("impl sdpa (autotune's local spec with PyTorch SDPA attention) has no "
-                     "Megatron-LM equivalent; this uses --transformer-impl transformer_engine, "
-                     "whose fused attention is the closest.")
+        layout = exported_layout(layout)
+        notes.append(SDPA_STANDS_IN)
     args = megatron_lm_args(model, layout, train_iters=train_iters, mock_data=True)
     real = megatron_lm_args(model, layout, train_iters=train_iters, mock_data=False)
     mock = args[len(real):] if args[:len(real)] == real else ["--mock-data"]

@@ -16,8 +16,8 @@ from autotune.errors import ConfigError
 from autotune.layout import Layout
 from autotune.model import ModelSpec
 
-__all__ = ["DEFAULT_STABLE_CV", "RankResult", "StopReason", "TrialMetrics", "TrialSpec",
-           "TrialStatus"]
+__all__ = ["DEFAULT_STABLE_CV", "THROTTLE_REASONS", "THROTTLING", "ClockSummary", "RankResult",
+           "Spread", "StopReason", "TrialMetrics", "TrialSpec", "TrialStatus"]
 
 DEFAULT_STABLE_CV = 0.01
 """A search's TrialSpec.stable_cv unless told otherwise (SearchConfig.stable_cv, --stable-cv):
@@ -120,6 +120,109 @@ class RankResult:
     """Device memory in use as NVML reports it (includes the CUDA context and NCCL)."""
 
 
+THROTTLE_REASONS: dict[int, str] = {
+    0x1: "gpu_idle", 0x2: "app_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
+    0x100: "display_clocks"}
+"""NVML's clock event reasons (nvmlDeviceGetCurrentClocksEventReasons, formerly
+ThrottleReasons; nvml.h's nvmlClocksEventReason* bits) by the names a record keeps. The worker
+writes the names, the orchestrator reads them: both sides spell them here."""
+THROTTLING = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal",
+                        "hw_power_brake"})
+"""The reasons that slow a busy GPU below the clocks it would hold otherwise (power, heat, a
+hardware slowdown). An idle GPU, application clocks or sync boost are settings, not throttling."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Spread:
+    """min, median and max of one quantity sampled during a trial's timed steps."""
+
+    min: float
+    median: float
+    max: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread | None:
+        if not values:
+            return None
+        ordered = sorted(values)
+        mid = len(ordered) // 2
+        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        return cls(min=ordered[0], median=median, max=ordered[-1])
+
+    @classmethod
+    def merge(cls, spreads: list[Spread]) -> Spread | None:
+        """Over ranks: the lowest min, the median of medians, the highest max."""
+        if not spreads:
+            return None
+        middle = cls.of([s.median for s in spreads])
+        assert middle is not None
+        return cls(min=min(s.min for s in spreads), median=middle.median,
+                   max=max(s.max for s in spreads))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClockSummary:
+    """What NVML said about the GPUs during a trial's timed steps (autotune.worker.clocks
+    samples it every CLOCK_SAMPLE_S), over every rank's GPU."""
+
+    samples: int
+    sm_mhz: Spread | None = None
+    mem_mhz: Spread | None = None
+    power_w: Spread | None = None
+    temperature_c: Spread | None = None
+    utilization: Spread | None = None
+    """NVML's GPU utilization (0-1): the fraction of each sample period a kernel ran; below 1,
+    the GPU waited for the host."""
+    reasons: tuple[str, ...] = ()
+    """The union of the clock event reasons seen (THROTTLE_REASONS' names), sorted."""
+
+    @property
+    def throttled(self) -> bool:
+        """A reason in THROTTLING was seen: the figure may be below what the layout does."""
+        return bool(THROTTLING.intersection(self.reasons))
+
+    def describe(self) -> str:
+        """`sm 1755-1980 MHz, 640-700 W, 61-74 C, throttled: sw_power_cap`."""
+        parts = []
+        if self.sm_mhz:
+            parts.append(f"sm {self.sm_mhz.min:.0f}-{self.sm_mhz.max:.0f} MHz")
+        if self.power_w:
+            parts.append(f"{self.power_w.min:.0f}-{self.power_w.max:.0f} W")
+        if self.temperature_c:
+            parts.append(f"{self.temperature_c.min:.0f}-{self.temperature_c.max:.0f} C")
+        throttling = sorted(THROTTLING.intersection(self.reasons))
+        if throttling:
+            parts.append("throttled: " + "+".join(throttling))
+        return ", ".join(parts) or f"{self.samples} samples"
+
+    @classmethod
+    def merge(cls, summaries: list[ClockSummary]) -> ClockSummary | None:
+        """Over ranks (each samples its own GPU); None when no rank could sample."""
+        got = [c for c in summaries if c.samples]
+        if not got:
+            return None
+
+        def spread(name: str) -> Spread | None:
+            return Spread.merge([v for c in got if (v := getattr(c, name)) is not None])
+
+        return cls(samples=sum(c.samples for c in got), sm_mhz=spread("sm_mhz"),
+                   mem_mhz=spread("mem_mhz"), power_w=spread("power_w"),
+                   temperature_c=spread("temperature_c"), utilization=spread("utilization"),
+                   reasons=tuple(sorted({r for c in got for r in c.reasons})))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClockSummary:
+        spreads = {k: Spread(**v) for k in ("sm_mhz", "mem_mhz", "power_w", "temperature_c",
+                                            "utilization")
+                   if isinstance(v := data.get(k), dict)}
+        return cls(samples=int(data.get("samples", 0)), **spreads,
+                   reasons=tuple(str(r) for r in data.get("reasons", ())))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrialMetrics:
     """The outcome of a trial, measured or predicted."""
@@ -157,6 +260,21 @@ class TrialMetrics:
     launch_failed: bool = False
     """True when no rank ever started (torchrun's rendezvous failed): a CRASH that says
     nothing about the layout, so a search launches it once more."""
+    step_time_cv: float | None = None
+    """The timed steps' relative standard deviation (pstdev / mean): the trial's own noise,
+    which the search tells apart from the model's error (autotune.search.stop_rule)."""
+    clocks: ClockSummary | None = None
+    """NVML's clocks, power, temperature and clock event reasons during the timed steps; None
+    where NVML could not be read (no GPU, no pynvml) and for predictions."""
+
+    @property
+    def noise(self) -> float:
+        """The figure's relative noise: the timed steps' spread (0 where not measured)."""
+        return self.step_time_cv or 0.0
+
+    @property
+    def throttled(self) -> bool:
+        return self.clocks is not None and self.clocks.throttled
 
     @property
     def peak_bytes(self) -> int | None:
@@ -168,6 +286,7 @@ class TrialMetrics:
         data = asdict(self)
         data["status"] = self.status.value
         data["stop_reason"] = None if self.stop_reason is None else self.stop_reason.value
+        data["clocks"] = None if self.clocks is None else self.clocks.to_dict()
         return data
 
     @classmethod
@@ -178,4 +297,6 @@ class TrialMetrics:
         if values.get("stop_reason") is not None:
             values["stop_reason"] = StopReason(values["stop_reason"])
         values["ranks"] = tuple(RankResult(**r) for r in values.get("ranks", ()))
+        clocks = values.get("clocks")
+        values["clocks"] = ClockSummary.from_dict(clocks) if isinstance(clocks, dict) else None
         return cls(**values)

@@ -38,7 +38,7 @@ def test_grid_launches_each_run_once(tmp_path: Path) -> None:
     backend = FakeBackend(cluster)
     result = run_search(SearchConfig(model=model, cluster=cluster, space=load_space(str(SPACE)),
                                      backend=backend, results_dir=tmp_path, study_name="grid",
-                                     sampler="grid"))
+                                     sampler="grid", finalists=0))  # each run once: no repeats
     assert len(backend.calls) == 4
     assert sum(s.recompute == Recompute.NONE for s in backend.calls) == 1
     assert sorted(s.recompute_num_layers for s in backend.calls

@@ -262,7 +262,8 @@ def test_a_layout_running_in_a_dead_worker_is_waited_for_then_retried(tmp_path: 
     backend = FakeBackend(CLUSTER)
     result = Search(SearchConfig(model=small_model(), cluster=CLUSTER, space=shared_space(),
                                  backend=backend, results_dir=tmp_path, study_name="s",
-                                 sampler="grid", resume=True), heartbeat=beat).run()
+                                 sampler="grid", resume=True, finalists=0),
+                    heartbeat=beat).run()
     assert result.stop_reason == "every layout of the grid was tried"
     assert Counter(s.describe() for s in backend.calls) == Counter(
         s.describe() for s in set(_runs().values()))

@@ -177,7 +177,7 @@ def test_a_real_run_study_of_the_old_format_resumes(old_url: str, tmp_path: Path
     cfg = SearchConfig(model=small_model(), cluster=small_cluster(),
                        space=load_space(str(OLD / "measured-space.yaml")), backend=backend,
                        results_dir=tmp_path, storage=old_url, study_name="old-measured",
-                       sampler="tpe", resume=True, n_trials=len(ran) + 3)
+                       sampler="tpe", resume=True, n_trials=len(ran) + 3, finalists=0)
     result = run_search(cfg)
     assert len(backend.calls) == 3 and not ran & set(backend.calls)
     assert result.stop_reason == f"reached --trials {len(ran) + 3}"

@@ -162,8 +162,9 @@ def test_fold_ties_and_scaling_points() -> None:
 
 def test_measured_study_compares_with_predictions(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # Four trials, no finalists' repeats (tests/test_finalists.py): one row per layout.
     name = make_study(tmp_path, 2, backend=MeasuredBackend(cluster(2)), name="measured",
-                      n_trials=4)
+                      n_trials=4, finalists=0)
     code, _, err = report(capsys, "--results-dir", str(tmp_path), "--study", name)
     assert code == 0, err
     frame = pd.read_csv(tmp_path / name / "trials.csv")

@@ -29,7 +29,7 @@ GIB = 2**30
 def config(tmp_path: Path, backend: object, **overrides: object) -> SearchConfig:
     values: dict[str, object] = {"model": MODEL, "cluster": CLUSTER, "space": SPACE,
                                  "backend": backend, "results_dir": tmp_path,
-                                 "study_name": "s", **overrides}
+                                 "study_name": "s", "finalists": 0, **overrides}
     return SearchConfig(**values)  # type: ignore[arg-type]
 
 

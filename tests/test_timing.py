@@ -8,7 +8,7 @@ import pytest
 from autotune.layout import Layout
 from autotune.model import ModelSpec
 from autotune.trial import StopReason, TrialSpec
-from autotune.worker.timing import SLOW_AFTER, STABLE_WINDOW, StepJudge, Timing
+from autotune.worker.timing import SLOW_AFTER, STABLE_WINDOW, StepJudge, Timing, drifting
 
 
 def _feed(judge: StepJudge, times: list[float]) -> tuple[Timing | None, int]:
@@ -85,3 +85,27 @@ def test_for_spec_turns_the_threshold_into_a_step_time() -> None:
 def test_bad_counts_are_refused(warmup: int, train: int) -> None:
     with pytest.raises(ValueError, match="train_steps"):
         StepJudge(warmup_steps=warmup, train_steps=train)
+
+
+# A slow drift whose window still has a small standard error: 0.6 % per step, so any window of
+# five has a relative standard error below 1 % but rises by 2.4 % across it (clocks coming
+# down under sustained load, the issue-25 suspicion).
+DRIFTING = [5.0] + [1.0 * 1.006 ** i for i in range(40)]
+
+
+def test_a_drifting_window_is_not_stable() -> None:
+    judge = StepJudge(warmup_steps=3, train_steps=10, stable_cv=0.01)
+    timing, n = _feed(judge, DRIFTING)
+    assert timing is not None and timing.reason is StopReason.MAX_STEPS and n == 13
+
+
+@pytest.mark.parametrize(("values", "tolerance", "drift"), [
+    ([1.0, 1.0, 1.0, 1.0, 1.0], 0.01, False),               # flat
+    ([1.0, 1.01, 1.02, 1.03, 1.04], 0.01, True),            # rising steadily, 4 % over the window
+    ([1.04, 1.03, 1.02, 1.01, 1.0], 0.01, True),            # still falling: warm-up not over
+    ([1.0, 1.002, 1.004, 1.006, 1.008], 0.01, False),       # a trend, but within the tolerance
+    ([1.0, 1.05, 0.98, 1.06, 1.03], 0.01, False),           # noise: the slope is not significant
+    ([1.0, 1.0], 0.01, False),                              # too few to tell a trend
+])
+def test_drifting(values: list[float], tolerance: float, drift: bool) -> None:
+    assert drifting(values, tolerance) is drift

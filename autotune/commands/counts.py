@@ -3,7 +3,8 @@
 "2802 trials simulated, 2889 in the study" left the other 87 unexplained. Each record falls in
 exactly one bucket: ranked (a figure that may be the best), launched but left unranked (why:
 OOM, TIMEOUT, pruned slow, ...), never launched (predicted out of memory, predicted slow,
-invalid, interrupted, ...) or a repeat of an earlier trial's run; the buckets add up to the
+invalid, interrupted, ...), a repeat of an earlier trial's run, or a finalist measured again
+(autotune.search.finalists: its run joins the finalist's figure); the buckets add up to the
 study.
 """
 
@@ -48,6 +49,9 @@ class StudyCounts:
     """Never launched, by why (predicted out of memory, predicted slow, invalid, ...)."""
     repeats: int = 0
     """The same run as an earlier trial, its outcome repeated."""
+    remeasured: int = 0
+    """Finalists' runs measured again (TrialRecord.repeat_of): launched, ranked with the
+    finalist's figure, never alone."""
 
     def breakdown(self, verb: str) -> str:
         """`2802 ranked, 87 predicted out of memory (not simulated)`: every trial once."""
@@ -58,6 +62,8 @@ class StudyCounts:
             parts.append(_joined(self.not_run) + f" (not {verb})")
         if self.repeats:
             parts.append(f"{self.repeats} repeating an earlier trial's run")
+        if self.remeasured:
+            parts.append(f"{self.remeasured} measuring a finalist again")
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -65,7 +71,7 @@ class StudyCounts:
                 "ranked": self.ranked,
                 "unranked": {_key(k): n for k, n in self.unranked.items()},
                 "not_run": {_key(k): n for k, n in self.not_run.items()},
-                "repeats": self.repeats}
+                "repeats": self.repeats, "remeasured": self.remeasured}
 
 
 def _joined(counts: dict[str, int]) -> str:
@@ -82,11 +88,14 @@ def count_trials(records: Iterable[TrialRecord], stored: Collection[int]) -> Stu
     every = list(records)
     repeats = [r for r in every if r.duplicate_of is not None]
     launched = [r for r in every if r.launched]
-    unranked = Counter(_why_unranked(r) for r in launched if not r.rankable)
+    remeasured = [r for r in launched if r.repeat_of is not None]
+    unranked = Counter(_why_unranked(r) for r in launched
+                       if not r.rankable and r.repeat_of is None)
     not_run = Counter(_NOT_RUN_WORDS.get(r.status, r.status.value.lower()) for r in every
                       if r.duplicate_of is None and not r.launched)
     read = sum(1 for r in launched if r.number in stored)
     return StudyCounts(in_study=len(every), ran=len(launched) - read, read=read,
                        ranked=sum(1 for r in launched if r.rankable),
                        unranked=dict(unranked.most_common()),
-                       not_run=dict(not_run.most_common()), repeats=len(repeats))
+                       not_run=dict(not_run.most_common()), repeats=len(repeats),
+                       remeasured=len(remeasured))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.errors import ConfigError
+from autotune.megatron_args import SDPA_STANDS_IN, exported_layout, measured_as_exported
 from autotune.trust import trust_line
 
 if TYPE_CHECKING:  # optuna and the report's loader are imported when an export runs
@@ -131,7 +132,9 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
     path = None if output is None else output_path(output, ref)
     loaded = load_study(ref, model)
     record = pick_record(loaded, trial)
-    layout, tokens = record.layout, record.tokens_per_s or 0.0
+    layout = record.layout
+    # A finalist's figure is over its runs (autotune.search.finalists).
+    tokens = loaded.figure_tokens(record.number, record.tokens_per_s or 0.0)
     chosen = "the best COMPLETE trial" if trial is None else "--trial"
     print(f"autotune: exporting trial {record.number} ({chosen}) of study {ref.name}: "
           f"{record.label}, as --format {fmt}", file=sys.stderr)
@@ -157,9 +160,18 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
                  f"{tokens:,.0f} tokens/s, {figure}."]
         if record.predicted and cluster is not None:  # the figure's band and range (issue 28)
             title.append(trust_line(spec_model, cluster) + ".")
+        if not measured_as_exported(layout) and cluster is not None:
+            from autotune.cost import estimate_cost
+
+            te = estimate_cost(spec_model, exported_layout(layout), cluster).tokens_per_s
+            title.append(f"That figure is sdpa's, standing in for te: with te, as this command "
+                         f"runs, the model predicts {te:,.0f} tokens/s (not measured).")
         default_nodes = cluster.num_nodes if cluster else 1
         if from_megatron is not None:
             text = _user_command(from_megatron, spec_model, layout, ref.name, line)
+            if not measured_as_exported(layout):  # the user's file takes no header: say it here
+                said = title[-1] if cluster is not None else ""
+                print(f"autotune: {SDPA_STANDS_IN} {said}".rstrip(), file=sys.stderr)
         elif fmt == "megatron-lm":
             text = megatron_lm_script(spec_model, layout, title=title,
                                       nodes=nodes or default_nodes, megatron_lm=megatron_lm,

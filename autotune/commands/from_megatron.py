@@ -12,6 +12,7 @@ from autotune.cost import estimate_cost
 from autotune.errors import ConfigError, InvalidLayoutError
 from autotune.hardware import ClusterSpec
 from autotune.layout import SEARCHED, Impl, Layout, validate
+from autotune.megatron_args import exported_layout, measured_as_exported
 from autotune.megatron_command import (
     MegatronCommand,
     RowChange,
@@ -112,14 +113,20 @@ def estimate_line(job: UserJob) -> str:
             f"{memory.peak_bytes / _GIB:.1f} GiB of {memory.capacity_bytes / _GIB:.1f} ({fits})")
 
 
-def _figure(record: TrialRecord | None) -> tuple[float | None, str]:
+def _figure(record: TrialRecord | None, result: SearchResult) -> tuple[float | None, str]:
+    """The record's tokens/s as the search ranks it (a finalist's over its runs:
+    SearchResult.figure) and as shown."""
     if record is None:
         return None, "not tried"
     kind = "predicted" if record.predicted else "measured"
     if record.tokens_per_s is None:
         why = f": {record.reason}" if record.reason else ""
         return None, f"{record.status}{why} ({kind})"
-    return record.tokens_per_s, f"{record.tokens_per_s:,.0f} tokens/s ({kind})"
+    figure = result.figure(record)
+    if figure is None or len(figure.runs) < 2:
+        return record.tokens_per_s, f"{record.tokens_per_s:,.0f} tokens/s ({kind})"
+    return figure.tokens_per_s, (f"{figure.tokens_per_s:,.0f} tokens/s ({kind}, mean of "
+                                 f"{len(figure.runs)} runs ± {figure.error:.1%})")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,6 +146,19 @@ class Comparison:
     export: str | None = None
     """The `autotune export` command that writes the user's file with these flags changed,
     shell-quoted: the file name is the user's, and a pasted line must run nothing else."""
+    best_exported_tokens_per_s: float | None = None
+    """With the best measured with sdpa standing in for te (megatron_args.exported_layout):
+    the model's tokens/s of the te layout the user's command runs, not measured; else None."""
+    yours_measured_as_written: bool = True
+    """False when the user's layout ran with another impl than their command's (sdpa for te):
+    its figure is not a measurement of their command."""
+    ranking: str | None = None
+    """How sure the top of the ranking is, over the finalists' runs
+    (autotune.search.finalists.ranking_line); the search summary prints it above."""
+
+    @property
+    def best_measured_as_exported(self) -> bool:
+        return self.best_exported_tokens_per_s is None
 
     @property
     def gain(self) -> float | None:
@@ -152,8 +172,16 @@ class Comparison:
         gain = "" if self.gain is None else f" ({self.gain:+.1%})"
         out = [f"yours: {self.yours}: {self.yours_shown}",
                f"best found: {self.best}: {self.best_shown}{gain}"]
+        if self.best_exported_tokens_per_s is not None:
+            # sdpa stood in for the te the command runs: its figure is not the command's.
+            out.append("the best's figure is sdpa's, standing in for te (Transformer Engine is "
+                       "not installed here); with te it is predicted "
+                       f"{self.best_exported_tokens_per_s:,.0f} tokens/s, not measured")
         if not self.changes:
-            out.append("your layout is the best found: no flag changes")
+            out.append("your layout is the best found: no flag changes"
+                       if self.best_measured_as_exported and self.yours_measured_as_written
+                       else "no flag changes found: your layout was measured with sdpa "
+                       "standing in for te, so this is not a measurement of your command")
             return out
         out.append("flags that change: " + "; ".join(c.describe() for c in self.changes))
         out.append(f"{self.export}   writes your file with these flags changed")
@@ -163,8 +191,13 @@ class Comparison:
         return {"yours": {"layout": self.yours, "tokens_per_s": self.yours_tokens_per_s,
                           "figure": self.yours_shown},
                 "best": None if self.best is None else {
-                    "layout": self.best, "tokens_per_s": self.best_tokens_per_s},
+                    "layout": self.best, "tokens_per_s": self.best_tokens_per_s,
+                    "figure": self.best_shown,
+                    "measured_as_exported": self.best_measured_as_exported,
+                    "exported_predicted_tokens_per_s": self.best_exported_tokens_per_s},
+                "yours_measured_as_written": self.yours_measured_as_written,
                 "gain": self.gain,
+                "ranking": self.ranking,
                 "changes": [{"row": c.row, "before": list(c.before), "after": list(c.after)}
                             for c in self.changes],
                 "export": self.export}
@@ -172,23 +205,29 @@ class Comparison:
 
 def compare(job: UserJob, result: SearchResult, *, study: str) -> Comparison:
     """The user's layout against the best of `result`, with the flags that change."""
+    from autotune.search.finalists import ranking_line
     from autotune.search.records import Source
 
     mine = next((r for r in result.records if r.source == Source.USER), None)
-    yours, shown = _figure(mine)
+    yours, shown = _figure(mine, result)
     label = mine.label if mine else job.layout.describe()
     best = result.best(1)
     if not best:
         return Comparison(yours=label, yours_shown=shown, yours_tokens_per_s=yours, best=None,
                           best_tokens_per_s=None)
     top = best[0]
-    _, best_shown = _figure(top)
+    best_tokens, best_shown = _figure(top, result)
     same = mine is not None and top.number == mine.number
     changes = [] if same else layout_changes(job.command, job.layout, top.layout)
     words = ["autotune", "export", "--from-megatron", job.command.source,
              *([] if job.line_option is None else ["--line", str(job.line_option)]),
              "--study", study, "-o", "tuned.sh"]
+    te = None if measured_as_exported(top.layout) else estimate_cost(
+        job.model, exported_layout(top.layout), job.cluster).tokens_per_s
     return Comparison(yours=label, yours_shown=shown, yours_tokens_per_s=yours,
-                      best=top.label, best_tokens_per_s=top.tokens_per_s,
+                      best=top.label, best_tokens_per_s=best_tokens,
                       best_shown=best_shown, changes=changes,
-                      export=" ".join(shlex.quote(w) for w in words) if changes else None)
+                      export=" ".join(shlex.quote(w) for w in words) if changes else None,
+                      best_exported_tokens_per_s=te,
+                      yours_measured_as_written=mine is None or mine.layout == job.layout,
+                      ranking=ranking_line(result))

@@ -18,7 +18,8 @@ from autotune.commands.counts import StudyCounts, count_trials
 from autotune.errors import AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec, local_gpu_count
 from autotune.launchers import MultiNode
-from autotune.layout import DIMENSIONS, Layout
+from autotune.layout import DIMENSIONS, Impl, Layout
+from autotune.megatron_args import exported_layout, measured_as_exported
 from autotune.model import ModelSpec
 from autotune.protocol import te_available
 from autotune.space import SearchSpace
@@ -118,13 +119,18 @@ def _choose_backend(requested: str, cluster: ClusterSpec,
 
 def _runnable_space(space: SearchSpace, backend: str) -> SearchSpace:
     """Real trials can only use the implementations installed here: without Transformer Engine
-    `te` is dropped (and `sdpa` for Megatron-LM, which has no such implementation)."""
+    `te` is dropped (and `sdpa` for Megatron-LM, which has no such implementation). With it,
+    `sdpa` is measured as what the export writes for it (megatron_args.exported_layout: te),
+    so that the winner's figure is the figure of the command a user runs (issue 25: te ran
+    2.3-7.5% slower than sdpa on one H100, and the search crowned sdpa)."""
     impls = space.candidates.get("impl")
     if impls is None or backend == BackendName.SIMULATE:
         return space
     drop = set() if te_available() else {"te"}
-    if backend == BackendName.MEGATRON_LM:
+    if backend == BackendName.MEGATRON_LM or (te_available() and "sdpa" in impls):
         drop.add("sdpa")
+        if te_available() and "te" not in impls:
+            impls = (*impls, exported_layout(Layout(impl=Impl.SDPA)).impl)
     kept = tuple(i for i in impls if i not in drop)
     if not kept:
         raise ConfigError(f"impl candidates {', '.join(impls)} cannot run here "
@@ -195,6 +201,8 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     groups = best_groups(result, 10, identity)
     comparison = None if compare is None else compare(result)
     if as_json:
+        from autotune.search.finalists import ranking_line
+
         trust = ({"trust": trust_line(model, cluster),
                   "outside_measured_range": outside_range(model, cluster),
                   "within_memory_band": _within_memory_band(result, cluster)}
@@ -206,7 +214,9 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
             **trust,
             "stop_reason": result.stop_reason, "valid_layouts": result.valid_layouts,
             "trials": counts.to_dict(), "summary": f"{summary}; stopped: {result.stop_reason}",
-            "best": [_best_row(r, cluster) for r in result.best(10)],
+            # How sure the top of the ranking is over the finalists' runs (issue 25).
+            "ranking": ranking_line(result), "verdict": _verdict_lines(result, cfg),
+            "best": [_best_row(r, cluster, result, cfg) for r in result.best(10)],
             # The text table's rows: each trial shown, with those it stands for.
             "table": [{"trial": first.number, "same_figures": [r.number for r in twins],
                        "similar": [r.number for r in similar]}
@@ -229,6 +239,8 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                           f"of memory: trial{'s' if len(risky) > 1 else ''} "
                           + ", ".join(str(n) for n in risky))
         out.print(f"{summary}; stopped: {result.stop_reason}")
+        for line in _verdict_lines(result, cfg):
+            out.print(line)
         if split.describe():
             out.print(split.describe())
         out.print(f"study {result.study_name} in {result.storage}")
@@ -307,16 +319,64 @@ def _why_nothing(result: SearchResult, cfg: SearchConfig) -> str:
     return f"no layout was tried ({result.stop_reason})"
 
 
-def _best_row(record: object, cluster: ClusterSpec) -> dict[str, object]:
+def _best_row(record: object, cluster: ClusterSpec, result: SearchResult,
+              cfg: SearchConfig) -> dict[str, object]:
     from autotune.search import TrialRecord
 
     assert isinstance(record, TrialRecord)
     s, m = record.layout, record.metrics
     peak = m.peak_bytes if m else None
+    figure = result.figure(record)
+    repeats = result.repeats(record)
     # Every layout field, from the dimension table (JSON: enums print as their values).
     return {"trial": record.number, **{name: getattr(s, name) for name in DIMENSIONS},
-            "tokens_per_s": record.tokens_per_s,
+            "tokens_per_s": figure.tokens_per_s if figure else record.tokens_per_s,
+            "tokens_per_s_error": figure.error if figure else None,
+            "runs": [{"trial": r.number, "tokens_per_s": r.tokens_per_s,
+                      "fresh": bool(r.metrics and r.metrics.warm is False),
+                      "throttled": r.throttled, "noise": r.noise}
+                     for r in [record, *repeats]],
             "mfu": m.mfu if m else None,
             "step_time_s": m.step_time_s if m else None,
+            "step_time_cv": m.step_time_cv if m else None,
+            "clocks": m.clocks.to_dict() if m and m.clocks else None,
+            "throttled": bool(figure and figure.throttled),
             "peak_memory_gib": None if peak is None else peak / 2**30,
-            "predicted": bool(m and m.predicted)}
+            "predicted": bool(m and m.predicted),
+            "measured_as_exported": measured_as_exported(s),
+            "exported_impl": exported_layout(s).impl.value,
+            "exported_predicted_tokens_per_s": None if measured_as_exported(s)
+            else _exported_prediction(s, cfg)}
+
+
+def _exported_prediction(layout: Layout, cfg: SearchConfig) -> float:
+    """The model's tokens/s of the layout the export writes for `layout` (te for sdpa)."""
+    from autotune.cost import estimate_cost
+
+    return estimate_cost(cfg.model, exported_layout(layout), cfg.cluster,
+                         cfg.cost_params).tokens_per_s
+
+
+def _verdict_lines(result: SearchResult, cfg: SearchConfig) -> list[str]:
+    """What the summary says of the winner beyond its row: how sure the ranking is
+    (autotune.search.finalists), a winner measured while the GPU throttled, and a winner
+    measured with sdpa standing in for the te the export writes."""
+    from autotune.search.finalists import ranking_line
+
+    best = result.best(1)
+    if not best or cfg.backend.predicted:
+        return []
+    top = best[0]
+    lines = [line] if (line := ranking_line(result)) else []
+    figure = result.figure(top)
+    clocks = top.metrics.clocks if top.metrics is not None else None
+    if figure is not None and figure.throttled and clocks is not None:
+        lines.append(f"the best, #{top.number}, was measured while the GPU throttled "
+                     f"({clocks.describe()}): its figure may be below what the layout does")
+    if not measured_as_exported(top.layout):
+        exported = exported_layout(top.layout)
+        lines.append(f"the best's figure is sdpa's, standing in for {exported.impl} "
+                     "(Transformer Engine is not installed here); the export writes "
+                     f"{exported.describe()}, predicted "
+                     f"{_exported_prediction(top.layout, cfg):,.0f} tokens/s, not measured")
+    return lines

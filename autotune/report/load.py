@@ -25,7 +25,7 @@ from autotune.hardware import DEFAULT_GPU, ClusterSpec, gpu_spec
 from autotune.layout import DIMENSIONS, Layout
 from autotune.model import ModelSpec, load_model
 from autotune.protocol import SPEC_NAME
-from autotune.search.records import RECORD_ATTR, TrialRecord, stored_record
+from autotune.search.records import RECORD_ATTR, Figure, TrialRecord, stored_record
 from autotune.search.storage import as_stored, check_study_name, redact_url, storage_url
 from autotune.search.timesplit import overhead_s
 from autotune.trial import StopReason, TrialSpec
@@ -98,9 +98,23 @@ class LoadedStudy:
         the lighter layout, then the lower trial number. Trials pruned slow are left out: a
         few steps of a layout below the best by construction (TrialRecord.pruned_slow)."""
         done = [r for r in self.rows if r["state"] == "COMPLETE" and r["tokens_per_s"]
-                and r["stop_reason"] != StopReason.SLOW]
-        return sorted(done, key=lambda r: (-r["tokens_per_s"],
+                and r["stop_reason"] != StopReason.SLOW and r.get("repeat_of") is None]
+        # A finalist's figure is over its runs (autotune.search.finalists); its repeats are
+        # not rows of their own here.
+        return sorted(done, key=lambda r: (-self.figure_tokens(r["trial"], r["tokens_per_s"]),
                                            r["peak_memory_gib"] or float("inf"), r["trial"]))
+
+    def figure(self, number: int) -> Figure | None:
+        """Trial `number`'s figure over its runs (its repeats' too: records.Figure)."""
+        record = self.records.get(number)
+        if record is None:
+            return None
+        repeats = [r for r in self.records.values() if r.repeat_of == number]
+        return Figure.of([record, *sorted(repeats, key=lambda r: r.number)])
+
+    def figure_tokens(self, number: int, default: float) -> float:
+        figure = self.figure(number)
+        return figure.tokens_per_s if figure is not None else default
 
 
 def find_studies(results_dir: Path) -> list[Path]:
@@ -194,7 +208,8 @@ def trial_row(trial: FrozenTrial, record: TrialRecord | None = None) -> dict[str
     if record is None:  # running, or failed before a record was written
         return {**row, "status": trial.state.name, "source": "", "layout": "", "gpus": None,
                 **dict.fromkeys(LAYOUT_FIELDS), "predicted": False,
-                **dict.fromkeys(_FIGURES), "duplicate_of": None, "reason": "",
+                **dict.fromkeys(_FIGURES), "duplicate_of": None, "repeat_of": None,
+                "reason": "", "noise_pct": None, "throttled": False, "clocks": "",
                 "wall_time_s": None, **dict.fromkeys(_TIMING)}
     s, m = record.layout, record.metrics
     tokens = record.tokens_per_s
@@ -220,7 +235,11 @@ def trial_row(trial: FrozenTrial, record: TrialRecord | None = None) -> dict[str
         "tokens_error_pct": _error_pct(tokens, predicted_tokens) if measured else None,
         "memory_error_pct": _error_pct(peak, predicted_peak) if measured else None,
         "duplicate_of": record.duplicate_of,
+        "repeat_of": record.repeat_of,
         "reason": record.reason,
+        "noise_pct": 100 * m.step_time_cv if ok and m and m.step_time_cv is not None else None,
+        "throttled": record.throttled,
+        "clocks": m.clocks.describe() if m and m.clocks else "",
         "wall_time_s": m.wall_time_s if m else None,
         "stop_reason": m.stop_reason.value if m and m.stop_reason else None,
         "timed_steps": m.timed_steps if m else None,

@@ -99,6 +99,12 @@ class SearchConfig:
     max_idle_asks: int = 40
     """Consecutive proposals that launch nothing before the model's best untried layout is
     enqueued instead."""
+    finalists: int = 3
+    """Before a real search stops (but on Ctrl-C or a spent --time-budget), its best this many
+    layouts are measured again until each has `finalist_runs` runs, and the search decides on
+    the repeated figures (autotune.search.finalists); 0: never."""
+    finalist_runs: int = 3
+    """Runs of each finalist, the first measurement included."""
     seeds: tuple[Layout, ...] = ()
     """Layouts tried first, before the sampler's own (Source.USER): a user's own layout, read
     from their Megatron-LM command (`--from-megatron`). Each must be a valid layout of the
@@ -107,6 +113,9 @@ class SearchConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sampler", Sampler.parse(self.sampler))
         object.__setattr__(self, "stop_rule", StopRule.parse(self.stop_rule))
+        if self.finalists < 0 or self.finalist_runs < 1:
+            raise ConfigError(f"finalists must be at least 0 and their runs at least 1, got "
+                              f"{self.finalists} and {self.finalist_runs}")
         if not (math.isfinite(self.stable_cv) and 0 <= self.stable_cv < 1):
             raise ConfigError(f"--stable-cv must be at least 0 and below 1 (0: a fixed number "
                               f"of timed steps), got {self.stable_cv:g}")

@@ -222,11 +222,7 @@ class TrialExecutor:
         """Run a layout the gate and the stop rule let through (`step_time_s` predicted), tell
         its outcome, and bisect after an OOM."""
         s, cfg = planned.layout, self.parts.cfg
-        spec = TrialSpec(model=cfg.model, layout=s, train_steps=cfg.train_steps,
-                         warmup_steps=cfg.warmup_steps, seed=cfg.seed,
-                         gpu_peak_bf16_flops=cfg.cluster.gpu.peak_bf16_flops,
-                         gpu_name=cfg.cluster.gpu.name, stable_cv=cfg.stable_cv,
-                         slow_below_tokens_per_s=self.parts.stop.prune_below())
+        spec = self.spec(s, slow_below=self.parts.stop.prune_below())
         timeout = cfg.trial_timeout_s or trial_timeout_s(step_time_s, spec)
         trial_dir = self.trial_root / str(trial.number)
         try:
@@ -253,6 +249,40 @@ class TrialExecutor:
             self.bisect(replace(s, mbs=oom_mbs[layout_key(s)]))
         if metrics.status in (TrialStatus.OK, TrialStatus.OOM) and not record.pruned_slow:
             self.climb(s)
+
+    def spec(self, s: Layout, *, slow_below: float | None) -> TrialSpec:
+        cfg = self.parts.cfg
+        return TrialSpec(model=cfg.model, layout=s, train_steps=cfg.train_steps,
+                         warmup_steps=cfg.warmup_steps, seed=cfg.seed,
+                         gpu_peak_bf16_flops=cfg.cluster.gpu.peak_bf16_flops,
+                         gpu_name=cfg.cluster.gpu.name, stable_cv=cfg.stable_cv,
+                         slow_below_tokens_per_s=slow_below)
+
+    def remeasure(self, trial: optuna.Trial, original: TrialRecord, *, fresh: bool) -> None:
+        """Measure `original`'s layout again as trial `trial` (a finalist's repeat,
+        autotune.search.finalists): timed to its end (never pruned slow), in a fresh process
+        when `fresh` and the backend keeps processes between trials (`run_fresh`), and told
+        as a repeat of `original`."""
+        cfg = self.parts.cfg
+        s = original.layout
+        spec = self.spec(s, slow_below=None)
+        timeout = cfg.trial_timeout_s or trial_timeout_s(
+            self.parts.knowledge.predict(s).step_time_s, spec)
+        trial_dir = self.trial_root / str(trial.number)
+        planned = TrialRecord(number=trial.number, layout=s, status=TrialStatus.OK,
+                              source=Source.FINALIST, repeat_of=original.number,
+                              predicted_peak_bytes=original.predicted_peak_bytes,
+                              predicted_tokens_per_s=original.predicted_tokens_per_s)
+        run_fresh = getattr(cfg.backend, "run_fresh", None) if fresh else None
+        try:
+            metrics = (run_fresh or cfg.backend.run)(spec, trial_dir, timeout)
+            if metrics.launch_failed:
+                metrics = self.relaunch(spec, trial_dir, timeout, metrics)
+        except KeyboardInterrupt:
+            self.parts.store.tell(trial, replace(planned, status=TrialStatus.INTERRUPTED))
+            raise
+        self.tell(trial, replace(planned, status=metrics.status, reason=metrics.error or "",
+                                 metrics=metrics))
 
     def relaunch(self, spec: TrialSpec, trial_dir: Path, timeout: float,
                  failed: TrialMetrics) -> TrialMetrics:
@@ -296,5 +326,5 @@ def _pruned_reason(metrics: TrialMetrics, spec: TrialSpec) -> str:
         f" at {format_tokens(metrics.tokens_per_s)} tokens/s"
     below = "" if spec.slow_below_tokens_per_s is None else \
         f", below {format_tokens(spec.slow_below_tokens_per_s)} " \
-        f"({1 - PRUNE_MARGIN:.0%} of the best measured)"
+        f"(the best measured less the prune margin, at least {PRUNE_MARGIN:.0%})"
     return f"pruned slow after {steps} steps{tokens}{below}"

@@ -46,12 +46,15 @@ class Ledger:
             self.seen.setdefault(self.layouts.key(record.layout), record)
         # A trial pruned slow is measured below the best by construction: never the best.
         tokens = None if record.pruned_slow else record.tokens_per_s
-        if record.launched:
+        if record.launched and record.repeat_of is None:
+            # A finalist's repeat (autotune.search.finalists) is not a new trial of the search.
             # --trials counts the study's launched trials, so a resumed study finishes the
             # budget it started with instead of launching it again; in a shared study it is a
             # budget for all workers together.
             self.launched += 1
-        if record.launched and told:
+        if record.repeat_of is not None:
+            pass  # it measures a layout again: the best and --patience follow new layouts
+        elif record.launched and told:
             if tokens is not None and tokens > self.best_tokens:
                 self.best_tokens, self.since_best = tokens, 0
             else:

@@ -28,11 +28,13 @@ _STYLE = {TrialStatus.OK: "green", TrialStatus.OOM: "red", TrialStatus.PREDICTED
           TrialStatus.INTERRUPTED: "red", TrialStatus.PREDICTED_SLOW: "dim"}
 
 
-_LIVE_COLUMNS = ("#", "layout", "status", "tokens/s", "MFU", "peak GiB", "timed", "wall s",
-                 "overhead s", "source", "same figures")
+_LIVE_COLUMNS = ("#", "layout", "status", "tokens/s", "±", "MFU", "peak GiB", "timed", "wall s",
+                 "overhead s", "gpu", "source", "same figures")
 """The live table: each trial as it finishes, with how it stopped timing (`12 stable`, `3 slow`:
 timed steps and TrialMetrics.stop_reason), its wall time (launch included) and its overhead
-(wall time less the timed steps); trials with the same figures as an earlier one share its row,
+(wall time less the timed steps), its noise (`±`: the timed steps' relative spread) and the GPU
+(`gpu`: THROTTLED when NVML saw a power, thermal or hardware slowdown during its timed steps,
+else its median SM clock); trials with the same figures as an earlier one share its row,
 as in the best table and the report. Layouts skipped as predicted slow are counted below it."""
 
 
@@ -52,7 +54,31 @@ def format_record(r: TrialRecord) -> dict[str, str]:
         "wall s": "-" if not m or m.wall_time_s is None else f"{m.wall_time_s:.0f}",
         "timed": _timed(r),
         "overhead s": "-" if (o := overhead_s(r)) is None else f"{o:.1f}",
+        "±": "-" if not m or m.step_time_cv is None or r.tokens_per_s is None
+        else f"{m.step_time_cv:.1%}",
+        "gpu": _gpu(r),
+        "runs": "1",
     }
+
+
+def _gpu(r: TrialRecord) -> str:
+    """`THROTTLED (sw_power_cap)`, else `1980 MHz` (median SM clock), `-` without clocks."""
+    clocks = r.metrics.clocks if r.metrics is not None else None
+    if clocks is None:
+        return "-"
+    if clocks.throttled:
+        return f"THROTTLED ({clocks.describe().split('throttled: ')[-1]})"
+    return "-" if clocks.sm_mhz is None else f"{clocks.sm_mhz.median:.0f} MHz"
+
+
+def _runs(result: SearchResult, r: TrialRecord) -> dict[str, str]:
+    """A best-table row's figure over the trial's runs (autotune.search.finalists): the mean
+    and its error once it was measured again."""
+    figure = result.figure(r)
+    if figure is None or len(figure.runs) < 2:
+        return {}
+    return {"tokens/s": f"{figure.tokens_per_s:,.0f}", "±": f"{figure.error:.1%}",
+            "runs": str(len(figure.runs))}
 
 
 def _timed(r: TrialRecord) -> str:
@@ -76,8 +102,10 @@ def _fold(records: list[TrialRecord]) -> list[list[TrialRecord]]:
                        else ("alone", r.number))
 
 
-_BEST_COLUMNS = ("#", "layout", "tokens/s", "MFU", "peak GiB", "source", "same figures",
-                 "similar")
+_BEST_COLUMNS = ("#", "layout", "tokens/s", "±", "runs", "MFU", "peak GiB", "gpu", "source",
+                 "same figures", "similar")
+"""The best table: a finalist measured again shows the mean over its runs, `±` the mean's
+relative standard error (one run: its timed steps' spread)."""
 
 
 def best_groups(result: SearchResult, k: int = 10,
@@ -108,7 +136,8 @@ def best_table(result: SearchResult, k: int = 10, title: str | None = None,
         table.add_column(column, justify="left" if column in ("layout", "same figures",
                                                               "similar") else "right")
     for (first, *twins), similar in rows:
-        row = {**format_record(first), "same figures": ties_text([r.number for r in twins]),
+        row = {**format_record(first), **_runs(result, first),
+               "same figures": ties_text([r.number for r in twins]),
                "similar": ties_text([r.number for r in similar])}
         table.add_row(*(row[c] for c in _BEST_COLUMNS))
     return table
@@ -156,6 +185,8 @@ class LiveProgress:
         line = (f"best so far: {best[0].label} at "
                 f"{best[0].tokens_per_s:,.0f} tokens/s (#{best[0].number})" if best
                 else "best so far: -")
+        if best and best[0].throttled:
+            line += " - measured while the GPU throttled; measured again before the search ends"
         if self.last_skip is not None:
             why = self.last_skip.reason.split(";")[0]
             line = (f"skipped as predicted slow: {len(self.skipped)} layouts (latest "
@@ -170,5 +201,7 @@ class LiveProgress:
             self.live.update(self.render(result))
             return
         self.recent = [*self.recent, record][-self.keep:]
-        self.progress.update(self.task, completed=result.launched)
+        # The bar counts the search's own launches (--trials): finalists' repeats are extra.
+        self.progress.update(self.task, completed=sum(
+            1 for r in result.records if r.launched and r.repeat_of is None))
         self.live.update(self.render(result))

@@ -22,10 +22,9 @@ from autotune.dimensions import plain
 from autotune.layout import DIMENSIONS, Layout
 from autotune.trial import StopReason, TrialMetrics, TrialStatus
 
-__all__ = ["DERIVED_ATTR", "LAUNCHED", "RECORD_ATTR", "Observer", "SearchResult", "Source",
-           "TrialRecord",
-           "read_record", "record_attrs", "store_record", "stored_derived",
-           "stored_record"]
+__all__ = ["DERIVED_ATTR", "LAUNCHED", "RECORD_ATTR", "Figure", "Observer", "SearchResult",
+           "Source", "TrialRecord", "read_record", "record_attrs", "store_record",
+           "stored_derived", "stored_record"]
 
 
 class Source(enum.StrEnum):
@@ -47,6 +46,8 @@ class Source(enum.StrEnum):
     layers after a fit with room left, more after an OOM."""
     USER = "user"
     """The user's own layout (SearchConfig.seeds, `--from-megatron`), tried first."""
+    FINALIST = "finalist"
+    """A finalist measured again before the search stops (autotune.search.finalists)."""
 
     @classmethod
     def read(cls, value: object) -> Source:
@@ -82,6 +83,9 @@ class TrialRecord:
     that another worker was running)."""
     predicted: bool = False
     """True when the figures come from the analytical models (a planning study)."""
+    repeat_of: int | None = None
+    """The trial whose layout this one measures again (a finalist's repeat,
+    autotune.search.finalists): its figure joins that trial's, it is never ranked alone."""
 
     @property
     def launched(self) -> bool:
@@ -103,7 +107,17 @@ class TrialRecord:
     def rankable(self) -> bool:
         """A figure that may be the best: measured (or simulated) to the end, not a duplicate."""
         return self.tokens_per_s is not None and self.duplicate_of is None \
-            and not self.pruned_slow
+            and self.repeat_of is None and not self.pruned_slow
+
+    @property
+    def noise(self) -> float:
+        """The figure's own relative noise (TrialMetrics.noise; 0 without metrics)."""
+        return self.metrics.noise if self.metrics is not None else 0.0
+
+    @property
+    def throttled(self) -> bool:
+        """Measured while the GPU throttled (TrialMetrics.throttled)."""
+        return self.metrics is not None and self.metrics.throttled
 
     @property
     def peak_bytes(self) -> int | None:
@@ -113,6 +127,38 @@ class TrialRecord:
     @property
     def label(self) -> str:
         return self.layout.describe()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Figure:
+    """A layout's tokens/s over its runs (the trial and its repeats): the mean of the runs not
+    measured while throttled (of all runs when every one was), and how sure that mean is."""
+
+    tokens_per_s: float
+    error: float
+    """Relative standard error of the mean: the runs' spread / sqrt(runs) over two runs and
+    more; with one run, its own timed steps' spread (TrialMetrics.noise)."""
+    runs: tuple[float, ...]
+    """Every run's tokens/s, the first trial's first."""
+    throttled: bool
+    """Every run counted was measured while the GPU throttled."""
+
+    @classmethod
+    def of(cls, records: list[TrialRecord]) -> Figure | None:
+        measured = [r for r in records if r.tokens_per_s is not None]
+        counted = [r for r in measured if not r.throttled] or measured
+        if not counted:
+            return None
+        values = [r.tokens_per_s or 0.0 for r in counted]
+        mean = sum(values) / len(values)
+        if len(values) > 1:
+            var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+            error = (var / len(values)) ** 0.5 / mean if mean > 0 else 0.0
+        else:
+            error = counted[0].noise
+        return cls(tokens_per_s=mean, error=error,
+                   runs=tuple(r.tokens_per_s or 0.0 for r in measured),
+                   throttled=counted[0].throttled)
 
 
 @dataclass(slots=True)
@@ -130,8 +176,22 @@ class SearchResult:
     fitted_on: int = 0
 
     def best(self, k: int = 5) -> list[TrialRecord]:
+        """The k best rankable trials by their figure (their repeats' too, `figure`)."""
         ok = [r for r in self.records if r.rankable]
-        return sorted(ok, key=lambda r: -(r.tokens_per_s or 0.0))[:k]
+        return sorted(ok, key=lambda r: -self.tokens(r))[:k]
+
+    def repeats(self, record: TrialRecord) -> list[TrialRecord]:
+        """The trials that measured `record`'s layout again, in order."""
+        return [r for r in self.records if r.repeat_of == record.number]
+
+    def figure(self, record: TrialRecord) -> Figure | None:
+        """`record`'s tokens/s with its repeats' (Figure); None without a measured figure."""
+        return Figure.of([record, *self.repeats(record)])
+
+    def tokens(self, record: TrialRecord) -> float:
+        """The tokens/s a ranking uses: the figure over the runs (0 without one)."""
+        figure = self.figure(record)
+        return figure.tokens_per_s if figure is not None else 0.0
 
     def count(self, status: TrialStatus) -> int:
         return sum(1 for r in self.records if r.status is status and r.duplicate_of is None)
@@ -161,6 +221,8 @@ def record_attrs(record: TrialRecord) -> dict[str, Any]:
         attrs["metrics"] = record.metrics.to_dict()
     if record.duplicate_of is not None:
         attrs["duplicate_of"] = record.duplicate_of
+    if record.repeat_of is not None:
+        attrs["repeat_of"] = record.repeat_of
     return attrs
 
 
@@ -212,13 +274,15 @@ def read_record(number: int, attrs: object,
     if isinstance(raw_metrics, Mapping):  # the metrics say it themselves where they exist
         predicted = raw_metrics.get("predicted", predicted)
     duplicate_of = attrs.get("duplicate_of")
+    repeat_of = attrs.get("repeat_of")
     return TrialRecord(number=number, layout=layout, status=status,
                        source=Source.read(attrs.get("source")),
                        reason=str(attrs.get("reason") or ""), metrics=_metrics(raw_metrics),
                        predicted_peak_bytes=_number(attrs.get("predicted_peak_bytes")),
                        predicted_tokens_per_s=_number(attrs.get("predicted_tokens_per_s")),
                        duplicate_of=duplicate_of if isinstance(duplicate_of, int) else None,
-                       predicted=bool(predicted))
+                       predicted=bool(predicted),
+                       repeat_of=repeat_of if isinstance(repeat_of, int) else None)
 
 
 def stored_derived(trial: FrozenTrial | optuna.Trial) -> dict[str, Any] | None:

@@ -6,7 +6,8 @@ worker) are skipped when their turn comes; a layout another worker is running is
 search stops at --trials, --time-budget or --patience, when no untried layout could beat the
 best measured (the model's stop rule, autotune.search.stop_rule), when the queue of a grid or
 ranking is empty, or when proposals keep launching nothing and every layout predicted to fit
-was tried.
+was tried. Before it stops (but on Ctrl-C or a spent --time-budget) its finalists are measured
+again (autotune.search.finalists).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from autotune.layout import Layout
 from autotune.protocol import te_available
 from autotune.search.config import RANKED_DEFAULT, Sampler
 from autotune.search.execution import SearchParts, TrialExecutor
+from autotune.search.finalists import plan
 from autotune.search.records import SearchResult, Source
 from autotune.search.shared import SHARED_POLL_S
 
@@ -123,6 +125,21 @@ class Scheduler:
         p.queue.push(untried[0], Source.MODEL)
         return None
 
+    def budget_spent(self, start: float) -> bool:
+        budget = self.parts.cfg.time_budget_s
+        return budget is not None and self.clock() - start >= budget
+
+    def remeasure_finalists(self) -> None:
+        """Measure the best layouts again (autotune.search.finalists) before the search stops:
+        real runs only (a plan's figures are the model's own)."""
+        p = self.parts
+        if p.cfg.backend.predicted or not p.cfg.finalists:
+            return
+        for repeat in plan(p.ledger.result, finalists=p.cfg.finalists,
+                           runs=p.cfg.finalist_runs):
+            with p.store.next_trial((repeat.of.layout, Source.FINALIST)) as trial:
+                self.executor.remeasure(trial, repeat.of, fresh=repeat.fresh)
+
     @staticmethod
     def interrupted(result: SearchResult) -> None:
         result.interrupted = True
@@ -152,6 +169,8 @@ class Scheduler:
                         break
                     idle = 0
             result.stop_reason = reason
+            if not self.budget_spent(start):
+                self.remeasure_finalists()
         except KeyboardInterrupt:
             self.interrupted(result)
         finally:

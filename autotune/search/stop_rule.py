@@ -6,7 +6,9 @@ whose optimistic prediction is below the best measured tokens/s cannot be the be
 model is wrong by more than it has been: it is recorded PREDICTED_SLOW, not launched (`skip`).
 The search stops once no untried layout that the memory gate lets through could beat the best
 (`exhausted`). A launched trial stops timing once its first steps show it cannot reach the best
-less PRUNE_MARGIN (`prune_below`, TrialSpec.slow_below_tokens_per_s).
+less PRUNE_MARGIN, or less twice the best's own noise where that is wider (`prune_below`,
+TrialSpec.slow_below_tokens_per_s). Measurement noise is not model error: each trial's miss
+counts in the error band less the trial's own spread (`_miss`).
 
 Nothing is ruled out before there is a best measurement (Alpa's seeds run first), in a plan
 (the model is the measurement there), with --sampler grid (it measures every layout), nor with
@@ -21,8 +23,8 @@ from dataclasses import dataclass
 from autotune.layout import Layout
 from autotune.search.records import TrialRecord
 
-__all__ = ["DEFAULT_ERROR_BAND", "ERROR_WINDOW", "MIN_ERROR_BAND", "PRUNE_MARGIN", "ErrorBand",
-           "ModelStop", "error_band", "format_tokens"]
+__all__ = ["DEFAULT_ERROR_BAND", "ERROR_WINDOW", "MIN_ERROR_BAND", "NOISE_MARGIN",
+           "PRUNE_MARGIN", "ErrorBand", "ModelStop", "error_band", "format_tokens", "prune_margin"]
 
 DEFAULT_ERROR_BAND = 0.30
 """The band while the model has not been refitted to this study: the committed constants'
@@ -44,6 +46,11 @@ autotuning), and the margin keeps that noise from pruning a layout that would ha
 best."""
 
 
+NOISE_MARGIN = 2.0
+"""A measurement is trusted to within this many times its own relative noise (the timed steps'
+spread): the prune margin is at least that wide."""
+
+
 def format_tokens(value: float) -> str:
     """tokens/s as people read them in a reason: 43.7k, 1.25M."""
     if value >= 1e6:
@@ -51,11 +58,20 @@ def format_tokens(value: float) -> str:
     return f"{value / 1e3:.1f}k" if value >= 1e3 else f"{value:.0f}"
 
 
-def _measured(records: Iterable[TrialRecord]) -> list[tuple[Layout, float, float | None]]:
-    """(layout, measured tokens/s, the prediction it was launched with) of each measured trial,
-    in order."""
-    return [(r.layout, r.tokens_per_s, r.predicted_tokens_per_s) for r in records
-            if r.duplicate_of is None and not r.predicted and r.tokens_per_s]
+def _measured(records: Iterable[TrialRecord]
+              ) -> list[tuple[Layout, float, float | None, float]]:
+    """(layout, measured tokens/s, the prediction it was launched with, the measurement's own
+    relative noise) of each measured trial, in order (a finalist's repeats left out)."""
+    return [(r.layout, r.tokens_per_s, r.predicted_tokens_per_s, r.noise) for r in records
+            if r.duplicate_of is None and r.repeat_of is None and not r.predicted
+            and r.tokens_per_s]
+
+
+def _miss(measured: float, predicted: float, noise: float) -> float:
+    """The model's error on one trial: |measured / predicted - 1| less the measurement's own
+    noise, at least 0. A trial whose steps jitter by 4% may be 4% off its layout's true speed
+    without the model being wrong (issue 25: one layout moved 23% between two cold runs)."""
+    return max(0.0, abs(measured / predicted - 1) - noise)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,7 +81,8 @@ class ErrorBand:
     band: float
     """Optimistic prediction = predicted tokens/s x (1 + band)."""
     error: float | None
-    """The model's largest |measured / predicted - 1| so far (None: nothing measured)."""
+    """The model's largest |measured / predicted - 1| so far, each less its trial's own noise
+    (None: nothing measured)."""
     trials: int
     """The measured trials `error` is over."""
     fitted: bool
@@ -91,24 +108,33 @@ def error_band(records: Iterable[TrialRecord], *, predict: Callable[[Layout], fl
 
     Refitted (`predict`, the refitted model's tokens/s), once a refitted model has predicted a
     trial before it ran (one measured after the first `fitted_after`; a fit is not trusted on
-    the trials it was fitted to alone): its largest |measured / predicted - 1| over every
-    measured trial, and over the latest ERROR_WINDOW of its own predictions, at least
-    MIN_ERROR_BAND. The unfitted model's errors do not count then: the refit took out its bias.
-    Before: (1 + DEFAULT_ERROR_BAND) x the largest measured / predicted ratio so far (at least
-    1) - 1, so that a model seen to under-predict this machine keeps the default band on top
-    of that bias."""
+    the trials it was fitted to alone): its largest miss (`_miss`: |measured / predicted - 1|
+    less the trial's own noise) over every measured trial, and over the latest ERROR_WINDOW of
+    its own predictions, at least MIN_ERROR_BAND. The unfitted model's errors do not count
+    then: the refit took out its bias. Before: (1 + DEFAULT_ERROR_BAND) x the largest measured
+    / predicted ratio so far, the measurement's noise taken off (at least 1) - 1, so that a
+    model seen to under-predict this machine keeps the default band on top of that bias."""
     measured = _measured(records)
-    checked = any(p for _, _, p in measured[fitted_after:])
+    checked = any(p for _, _, p, _ in measured[fitted_after:])
     if predict is not None and checked:
-        errors = [abs(m / q - 1) for s, m, _ in measured if (q := predict(s)) > 0]
-        errors += [abs(m / p - 1) for _, m, p in measured[fitted_after:][-ERROR_WINDOW:] if p]
+        errors = [_miss(m, q, n) for s, m, _, n in measured if (q := predict(s)) > 0]
+        errors += [_miss(m, p, n) for _, m, p, n in measured[fitted_after:][-ERROR_WINDOW:]
+                   if p]
         worst = max(errors)
         return ErrorBand(band=max(MIN_ERROR_BAND, worst), error=worst, trials=len(measured),
                          fitted=True)
-    ratios = [m / p for _, m, p in measured if p]
-    return ErrorBand(band=(1 + DEFAULT_ERROR_BAND) * max([1.0, *ratios]) - 1,
-                     error=max((abs(r - 1) for r in ratios), default=None), trials=len(ratios),
-                     fitted=False)
+    ratios = [m / p for _, m, p, _ in measured if p]
+    discounted = [m * (1 - n) / p for _, m, p, n in measured if p]
+    return ErrorBand(band=(1 + DEFAULT_ERROR_BAND) * max([1.0, *discounted]) - 1,
+                     error=max((_miss(m, p, n) for _, m, p, n in measured if p), default=None),
+                     trials=len(ratios), fitted=False)
+
+
+def prune_margin(best: TrialRecord) -> float:
+    """How far below the best a trial may measure before it is pruned slow: PRUNE_MARGIN, or
+    NOISE_MARGIN times the best's own noise where that is wider (a best measured with 6% jitter
+    may stand 6% too high, and the layout that would beat it must not be pruned for that)."""
+    return max(PRUNE_MARGIN, NOISE_MARGIN * best.noise)
 
 
 class ModelStop:
@@ -155,11 +181,12 @@ class ModelStop:
                 f"{best.number}); {band.describe()}")
 
     def prune_below(self) -> float | None:
-        """TrialSpec.slow_below_tokens_per_s for the next launch: the best less PRUNE_MARGIN."""
+        """TrialSpec.slow_below_tokens_per_s for the next launch: the best less the prune
+        margin (`prune_margin`)."""
         best = self.best() if self.active else None
         if best is None or best.tokens_per_s is None:
             return None
-        return best.tokens_per_s * (1 - PRUNE_MARGIN)
+        return best.tokens_per_s * (1 - prune_margin(best))
 
     def exhausted(self) -> str | None:
         """The stop reason once no untried layout the gate lets through could beat the best

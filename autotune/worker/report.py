@@ -19,8 +19,7 @@ from typing import Any
 from autotune.protocol import ABORT_WAIT_ENV, EXIT_CODES, failure_name, status_line
 from autotune.trial import TrialStatus
 
-__all__ = ["classify", "error_line", "exit_with_failure", "nvml_device_used_bytes",
-           "record_failure", "write_json"]
+__all__ = ["classify", "error_line", "exit_with_failure", "record_failure", "write_json"]
 
 _MAX_ERROR_CHARS = 300
 
@@ -107,27 +106,3 @@ def record_failure(rank: int, exc: BaseException, out_dir: Path) -> TrialStatus:
     traceback.print_exception(exc, file=sys.stderr)
     print(status_line(rank, status), file=sys.stderr, flush=True)
     return status
-
-
-def nvml_device_used_bytes(device_index: int) -> int | None:
-    """Memory in use on this rank's GPU as NVML sees it (all processes, CUDA context included).
-
-    The GPU is found by UUID, so CUDA_VISIBLE_DEVICES remapping does not matter.
-    """
-    try:
-        import pynvml
-        import torch
-
-        pynvml.nvmlInit()
-        try:
-            uuid = str(getattr(torch.cuda.get_device_properties(device_index), "uuid", ""))
-            if uuid:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(
-                    uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-            else:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
-            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return None

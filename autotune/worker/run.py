@@ -21,13 +21,20 @@ from autotune.protocol import (
     status_line,
     te_available,
 )
-from autotune.trial import RankResult, TrialMetrics, TrialSpec, TrialStatus
+from autotune.trial import ClockSummary, RankResult, TrialMetrics, TrialSpec, TrialStatus
 
 if TYPE_CHECKING:
     from autotune.worker.train import StepTimes
 
-__all__ = ["init_model_parallel", "init_world", "metrics_from_ranks", "prepare_environment",
-           "run_rank", "run_trial"]
+__all__ = [
+    "init_model_parallel",
+    "init_world",
+    "metrics_from_ranks",
+    "prepare_environment",
+    "run_rank",
+    "run_trial",
+    "step_time_cv",
+]
 
 
 def prepare_environment(spec: TrialSpec) -> None:
@@ -133,6 +140,8 @@ def metrics_from_ranks(spec: TrialSpec, steps: StepTimes, ranks: list[dict[str, 
                                     device_used_bytes=r["device_used_bytes"])
                          for r in sorted(ranks, key=lambda r: r["rank"]))
     used = [r.device_used_bytes for r in rank_results if r.device_used_bytes is not None]
+    clocks = ClockSummary.merge([ClockSummary.from_dict(r["clocks"]) for r in ranks
+                                 if r.get("clocks")])
     metrics = TrialMetrics(
         status=TrialStatus.OK,
         step_time_s=median,
@@ -150,13 +159,27 @@ def metrics_from_ranks(spec: TrialSpec, steps: StepTimes, ranks: list[dict[str, 
         timed_s=sum(times_s),
         stop_reason=steps.timing.reason,
         warm=warm,
+        step_time_cv=step_time_cv(times_s),
+        clocks=clocks,
     )
     data = metrics.to_dict()
     data["step_times_s"] = list(times_s)
     data["warmup_step_times_s"] = list(steps.timing.warmup_s)
     data["loss"] = sum(losses) / len(losses) if losses else None
     data["worker_phases_s"] = phases_s
+    # Each rank's host during the timed steps (tools/repeatability.py reads them).
+    data["host"] = [r.get("host") for r in sorted(ranks, key=lambda r: r["rank"])]
     return data
+
+
+def step_time_cv(times_s: tuple[float, ...] | list[float]) -> float | None:
+    """The timed steps' relative standard deviation (TrialMetrics.step_time_cv)."""
+    import statistics
+
+    if len(times_s) < 2:
+        return None
+    mean = statistics.fmean(times_s)
+    return statistics.pstdev(times_s) / mean if mean > 0 else None
 
 
 def _finite(x: float) -> bool:
@@ -190,7 +213,8 @@ def run_trial(spec: TrialSpec, out_dir: Path, local_rank: int, phases: dict[str,
     import torch.distributed as dist
 
     from autotune.worker import build, train
-    from autotune.worker.report import nvml_device_used_bytes, write_json
+    from autotune.worker.clocks import nvml_device_used_bytes
+    from autotune.worker.report import write_json
 
     t0 = time.perf_counter()
     _check_impl(spec)
@@ -211,7 +235,9 @@ def run_trial(spec: TrialSpec, out_dir: Path, local_rank: int, phases: dict[str,
     mine = {"rank": rank, "loss": steps.loss,
             "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
             "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
-            "device_used_bytes": nvml_device_used_bytes(local_rank)}
+            "device_used_bytes": nvml_device_used_bytes(local_rank),
+            "clocks": None if steps.clocks is None else steps.clocks.to_dict(),
+            "host": steps.host}
     gathered: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
     dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
     phases.update(init_s=t_init - t0, build_s=t_build - t_init, train_s=t_train - t_build,

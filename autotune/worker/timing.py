@@ -9,10 +9,13 @@ benchmarks take them: `warmup_steps` untimed, then `train_steps` timed. Otherwis
   communicators made on their first collective);
 - timing ends as soon as the mean of the last STABLE_WINDOW steps is known to within
   `stable_cv`: their relative standard error (coefficient of variation / sqrt(STABLE_WINDOW)) is
-  at most that. A steady layout stops after the window; a noisy one (steps that jitter by
-  several percent, seen on H100s at small micro-batches) runs to the most steps, where the
-  median of more steps is what makes its figure good. Every step before the window is warm-up,
-  so warm-up ends when the step time stops falling (a falling window is not steady);
+  at most that, and they do not drift (`drifting`: a least-squares line through the window
+  changes by more than `stable_cv` over it, and its slope is more than TREND_T standard errors
+  from flat, so noise alone does not count as a trend). A steady layout stops after the window;
+  a noisy one (steps that jitter by several percent, seen on H100s at small micro-batches) runs
+  to the most steps, where the median of more steps is what makes its figure good. Every step
+  before the window is warm-up, so warm-up ends when the step time stops falling, and a window
+  still falling (or rising: clocks coming down under sustained load) is not steady;
 - a trial is stopped SLOW once SLOW_AFTER steps after the first show that even its fastest step
   is slower than `slow_below_tokens_per_s` allows;
 - at most `warmup_steps + train_steps` steps run; then the last `train_steps` are timed.
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 
 from autotune.trial import StopReason, TrialSpec
 
-__all__ = ["SLOW_AFTER", "STABLE_WINDOW", "StepJudge", "Timing"]
+__all__ = ["SLOW_AFTER", "STABLE_WINDOW", "TREND_T", "StepJudge", "Timing", "drifting"]
 
 STABLE_WINDOW = 5
 """Timed steps that must agree (coefficient of variation <= stable_cv) before timing ends: few
@@ -35,6 +38,11 @@ SLOW_AFTER = 3
 """Steps after the first before a trial may be stopped slow: one more step may still be warming
 up (a pipeline's first full 1F1B, a communicator made late), and the slow test reads the
 fastest of them, so it errs toward running on."""
+
+TREND_T = 2.0
+"""A window's slope counts as a trend when it is this many standard errors from zero. With 3
+degrees of freedom (a window of 5) noise alone passes it in about 14% of steady windows; such a
+window then times one step more, which costs less than stopping on a drift."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +105,10 @@ class StepJudge:
                 and min(after_first) > self.slow_step_s:
             return self._split(len(after_first), StopReason.SLOW)
         window = min(STABLE_WINDOW, self.train_steps)
+        last = self.times[-window:]
         if self.stable_cv > 0 and len(after_first) >= window \
-                and _cv(self.times[-window:]) / math.sqrt(window) <= self.stable_cv:
+                and _cv(last) / math.sqrt(window) <= self.stable_cv \
+                and not drifting(last, self.stable_cv):
             return self._split(window, StopReason.STABLE)
         if n >= max(self.most_steps, 2):
             return self._split(min(self.train_steps, n - 1), StopReason.MAX_STEPS)
@@ -108,6 +118,26 @@ class StepJudge:
         cut = len(self.times) - timed
         return Timing(warmup_s=tuple(self.times[:cut]), timed_s=tuple(self.times[cut:]),
                       reason=reason)
+
+
+def drifting(values: list[float], tolerance: float) -> bool:
+    """Whether step times still trend: the least-squares line through them changes by more than
+    `tolerance` (a fraction of their mean) from the first to the last, and its slope is more
+    than TREND_T standard errors from zero (a trend, not noise)."""
+    n = len(values)
+    if n < 3:
+        return False
+    mean = statistics.fmean(values)
+    xs = range(n)
+    x_mean = (n - 1) / 2
+    sxx = sum((x - x_mean) ** 2 for x in xs)
+    slope = sum((x - x_mean) * (y - mean) for x, y in zip(xs, values, strict=True)) / sxx
+    if mean <= 0 or abs(slope) * (n - 1) / mean <= tolerance:
+        return False
+    residual = sum((y - mean - slope * (x - x_mean)) ** 2
+                   for x, y in zip(xs, values, strict=True))
+    se = math.sqrt(residual / (n - 2) / sxx)
+    return se == 0 or abs(slope) / se > TREND_T
 
 
 def _cv(values: list[float]) -> float:

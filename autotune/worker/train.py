@@ -15,8 +15,10 @@ import torch
 
 from autotune.model import padded_vocab_size
 from autotune.protocol import step_line
-from autotune.trial import TrialSpec
+from autotune.trial import ClockSummary, TrialSpec
+from autotune.worker.clocks import ClockSampler
 from autotune.worker.config import CHECK_FOR_NAN
+from autotune.worker.host import HostWatch, gc_held
 from autotune.worker.timing import StepJudge, Timing
 
 __all__ = ["StepTimes", "make_batches", "train"]
@@ -25,11 +27,17 @@ __all__ = ["StepTimes", "make_batches", "train"]
 @dataclass(frozen=True, slots=True)
 class StepTimes:
     """Wall-clock seconds of each step (max over ranks), split into warm-up and timed steps
-    (autotune.worker.timing), and the last step's loss."""
+    (autotune.worker.timing), the last step's loss, and what this rank's host and GPU did
+    during the timed steps."""
 
     timing: Timing
     loss: float | None
     """Mean per-token loss of the last step on a last pipeline stage; None elsewhere."""
+    clocks: ClockSummary | None = None
+    """This rank's GPU during the timed steps (autotune.worker.clocks); None without NVML."""
+    host: dict[str, Any] | None = None
+    """This rank's host during the timed steps (autotune.worker.host.HostWatch.over), with
+    the garbage collector's passes (gc_pauses, gc_pause_s: none while it is held off)."""
 
     @property
     def times_s(self) -> tuple[float, ...]:
@@ -149,21 +157,34 @@ def train(spec: TrialSpec, model: list[Any], optimizer: Any, config: Any) -> Ste
     slowest = torch.zeros(1, dtype=torch.float64, device=device)
     losses: list[dict[str, Any]] = []
     timing = None
+    host = HostWatch()
+    starts: list[float] = []
     torch.cuda.synchronize()
-    while timing is None:
-        phase = judge.phase()
-        start = time.perf_counter()
-        losses = _step(spec, model, optimizer, iterators, forward_backward)
-        torch.cuda.synchronize()
-        slowest.fill_(time.perf_counter() - start)
-        # A step ends when its slowest rank ends. Reduced after the clock stopped, so the
-        # reduction is not timed; it also starts every rank's next step together.
-        torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
-        step_s = float(slowest.item())
-        timing = judge.add(step_s)
-        if announce:
-            print(step_line(len(judge.times), phase, step_s), file=sys.stderr, flush=True)
-    return StepTimes(timing=timing, loss=_mean_loss(losses))
+    # The collector held off for the steps (autotune.worker.host), the GPU's clocks sampled
+    # (autotune.worker.clocks): both over every step, the timed ones' share taken at the end.
+    with gc_held() as pauses, ClockSampler.for_device(device.index or 0) as sampler:
+        while timing is None:
+            phase = judge.phase()
+            host.mark()
+            start = time.perf_counter()
+            starts.append(start)
+            losses = _step(spec, model, optimizer, iterators, forward_backward)
+            torch.cuda.synchronize()
+            slowest.fill_(time.perf_counter() - start)
+            # A step ends when its slowest rank ends. Reduced after the clock stopped, so the
+            # reduction is not timed; it also starts every rank's next step together.
+            torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
+            step_s = float(slowest.item())
+            timing = judge.add(step_s)
+            if announce:
+                print(step_line(len(judge.times), phase, step_s), file=sys.stderr, flush=True)
+        host.mark()
+    first_timed = len(starts) - len(timing.timed_s)
+    clocks = sampler.summary(since=starts[first_timed])
+    return StepTimes(timing=timing, loss=_mean_loss(losses),
+                     clocks=clocks if clocks.samples else None,
+                     host={**host.over(first_timed), "gc_pauses": pauses.count,
+                           "gc_pause_s": pauses.total_s})
 
 
 def _mean_loss(losses: list[dict[str, Any]]) -> float | None:

@@ -111,10 +111,12 @@ def search_args(results: Path, space: str, *extra: str, model: str = "gpt2-mediu
 
 def consistent(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """`trials`, checked: every one finished (none RUNNING or WAITING), numbered without a gap,
-    and no layout finished (COMPLETE or PRUNED) twice."""
+    and no layout finished (COMPLETE or PRUNED) twice but as a finalist's repeat (its record's
+    repeat_of, autotune.search.finalists)."""
     assert all(t.state.is_finished() for t in trials), Counter(t.state.name for t in trials)
     assert [t.number for t in trials] == list(range(len(trials)))
     done = [tuple(sorted(t.params.items())) for t in trials
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and (t.user_attrs.get("record") or {}).get("repeat_of") is None]
     assert len(done) == len(set(done)), "a layout finished twice"
     return trials

@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     result = run_search(SearchConfig(model=small_model(), cluster=CLUSTER, space=shared_space(),
                                      backend=backend, results_dir=args.results_dir,
                                      study_name=args.study, storage=args.url, sampler="grid",
-                                     resume=args.resume))
+                                     resume=args.resume, finalists=0))
     print(f"launched {len(backend.calls)}; stopped: {result.stop_reason}; "
           f"storage {redact_url(args.url)}")
     return 0

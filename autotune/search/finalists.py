@@ -1,0 +1,89 @@
+"""Finalists measured again before a search stops, and how sure the ranking then is.
+
+One short measurement of a host-bound layout is a coin toss: issue 25 saw one micro-batch-8
+layout move by 23% between two cold runs on one H100. So before a search stops (for any reason
+but Ctrl-C or a spent --time-budget) its best FINALISTS layouts are measured again until each
+has RUNS runs, in a fresh order each round (the last first, so that no layout is always measured
+right after itself) and the leader's first repeat in a fresh process (`fresh`: the pool's
+warmth is part of nothing a user runs). The search then decides on the repeated figures
+(SearchResult.figure: the mean of the runs not measured while the GPU throttled), and
+`ranking_line` says how sure that is: "A beats B by 3.1% ± 0.4% over 3 runs each".
+
+Each repeat is a trial of its own in the study (TrialRecord.repeat_of, Source.FINALIST), so
+records keep every run and a resumed search runs only the repeats still missing (`plan`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autotune.search.records import SearchResult, TrialRecord
+
+__all__ = ["FINALISTS", "RUNS", "Repeat", "plan", "ranking_line"]
+
+FINALISTS = 3
+"""Layouts measured again: the best and the two behind it, the close calls a search makes."""
+RUNS = 3
+"""Runs per finalist, the first measurement included: with three, one outlier shows."""
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """One repeat to run: the finalist it measures again, and whether in a fresh process."""
+
+    of: TrialRecord
+    fresh: bool
+
+
+def plan(result: SearchResult, *, finalists: int = FINALISTS, runs: int = RUNS) -> list[Repeat]:
+    """The repeats still missing, in the order to run them (the module). A finalist's repeats
+    already in the study (a resume) count, a fresh run of the leader too."""
+    top = result.best(finalists)
+    if not top or runs < 2:
+        return []
+    missing = {r.number: runs - 1 - len(_launched(result.repeats(r))) for r in top}
+    leader = top[0]
+    fresh_done = any(m is not None and m.warm is False
+                     for m in (r.metrics for r in [leader, *result.repeats(leader)]))
+    order: list[Repeat] = []
+    backwards = list(reversed(top))
+    for k in range(max(missing.values(), default=0)):
+        # Round k starts k places further along: the last first in round 0, then rotated.
+        shift = k % len(backwards)
+        for r in backwards[shift:] + backwards[:shift]:
+            if missing[r.number] > k:
+                fresh = r is leader and not fresh_done
+                fresh_done = fresh_done or fresh
+                order.append(Repeat(r, fresh))
+    return order
+
+
+def _launched(records: list[TrialRecord]) -> list[TrialRecord]:
+    """Repeats that ran (an interrupted repeat runs again on --resume)."""
+    return [r for r in records if r.launched]
+
+
+def ranking_line(result: SearchResult) -> str | None:
+    """How sure the top of the ranking is: `A beats B by 3.1% ± 0.4% over 3 runs each`, with
+    `within the noise` when the gap is under twice its error; None with fewer than two
+    layouts, or when neither was measured more than once."""
+    top = result.best(2)
+    if len(top) < 2:
+        return None
+    a, b = (result.figure(r) for r in top)
+    if a is None or b is None or (len(a.runs) < 2 and len(b.runs) < 2):
+        return None
+    gap = a.tokens_per_s / b.tokens_per_s - 1
+    error = math.hypot(a.error, b.error) * (1 + gap)
+    runs = (f"{len(a.runs)} runs each" if len(a.runs) == len(b.runs)
+            else f"{len(a.runs)} and {len(b.runs)} runs")
+    line = (f"{top[0].label} (#{top[0].number}) beats {top[1].label} (#{top[1].number}) by "
+            f"{gap:.1%} ± {error:.1%} over {runs}")
+    if gap < 2 * error:
+        line += ": within the noise, either may be the faster"
+    throttled = [r for r, f in ((top[0], a), (top[1], b)) if f.throttled]
+    if throttled:
+        line += "; measured while the GPU throttled: " + ", ".join(
+            f"#{r.number}" for r in throttled)
+    return line

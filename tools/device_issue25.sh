@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Issue 25 on one H100: the repeatability check and the Megatron-LM gap, clocks logged all along.
+#
+#   PARTS="repeat" SET=a bash tools/device_issue25.sh    (then SET=b in a second call)
+#   PARTS="gap" bash tools/device_issue25.sh
+#
+#   repeat  tools/repeatability.py on gpt2-xl: 10 layouts (SET a: the first five, b: the last
+#           five, all: every one; each set of five fits in one call), micro-batch 1-16, no,
+#           selective and full recompute, te where Transformer Engine is installed (else sdpa
+#           only, and report.md says so). ROUNDS (3) rounds, each a warm and a cold pass, which
+#           goes first alternating; GBS (32: short steps, so that 3 rounds fit) and FIXED=1 for
+#           2 + 8 fixed steps (default: adaptive timing, as a search). Stops starting trials
+#           after DEADLINE_S (420). -> repeat-SET.md, repeat-SET.jsonl
+#   gap     tools/megatron_gap.py: gpt2-xl GAP_LAYOUT (mbs=16, impl te with TE, else local: the
+#           Megatron-LM spec the worker also has) as a worker trial, the exported Megatron-LM
+#           command and a worker trial again, GAP_STEPS (35) steps each. -> gap.md, gap-steps.json,
+#           megatron-lm.log
+#   Always: nvidia-smi's SM and memory clocks, power, temperature and clock event reasons every
+#   500 ms for the whole call -> clocks.csv; versions -> versions.txt; everything raw -> raw.tgz.
+#
+# Carry: .whl (megatron-core), .whl-search (optuna and deps); optional .whl-te (the TE wheel
+# and its deps, tools/te_build.sh): without it te layouts are left out; for gap also
+# .carry/megatron-lm (Megatron-LM's training code at core_v0.16.1 and its wheels six, regex,
+# pyyaml; tools/device_megatron_lm.sh). Wall: repeat about 8 min per SET, gap about 5 min.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/out}
+raw=/tmp/issue25
+mkdir -p "$out" "$raw"
+parts=" ${PARTS:-repeat} "
+set_name=${SET:-a}
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv -lms 500 > "$out/clocks.csv" 2>&1 &
+smi=$!
+trap 'kill $smi 2>/dev/null' EXIT
+
+wheels=(.whl/*.whl .whl-search/*.whl)
+ls .whl-te/transformer_engine-*.whl > /dev/null 2>&1 && wheels+=(.whl-te/*.whl)
+[[ $parts == *" gap "* ]] && wheels+=(.carry/megatron-lm/wheels/*.whl)
+if [[ ! -d /tmp/site/megatron ]]; then
+  t0=$(now)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site "${wheels[@]}" || exit 1
+  echo "install: $(since "$t0") s"
+fi
+export PYTHONPATH=/tmp/site:$PWD:$PWD/tools
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader
+  python3 -c "import sys, torch, megatron.core as mc, optuna
+from autotune.protocol import te_available
+te = __import__('transformer_engine').__version__ if te_available() else 'not installed'
+print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
+      'megatron-core', mc.__version__, 'optuna', optuna.__version__, 'te', te)"
+} 2>&1 | tee "$out/versions.txt"
+gpu=$(case $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) in
+        *H200*) echo h200 ;; *) echo h100-80gb ;; esac)
+
+part_repeat() {
+  local lays
+  # Host-bound first (small micro-batches, full recompute), then the larger ones; te pairs.
+  local a=(mbs=1,impl=sdpa mbs=2,recompute=selective,impl=sdpa mbs=4,recompute=full,impl=sdpa
+           mbs=8,recompute=full,impl=sdpa mbs=8,recompute=selective,impl=sdpa)
+  local b=(mbs=8,impl=sdpa mbs=16,impl=sdpa mbs=1,recompute=full,impl=sdpa
+           mbs=8,impl=te mbs=8,recompute=selective,impl=te)
+  case $set_name in a) lays=("${a[@]}") ;; b) lays=("${b[@]}") ;; *) lays=("${a[@]}" "${b[@]}") ;; esac
+  python3 tools/repeatability.py --rounds "${ROUNDS:-3}" --gbs "${GBS:-32}" \
+      --deadline-s "${DEADLINE_S:-420}" ${FIXED:+--fixed} gpt2-xl "$gpu" "$raw/repeat-$set_name" \
+      "${lays[@]}" > "$raw/repeat-$set_name.out" 2> "$raw/repeat-$set_name.err"
+  local rc=$?
+  cp "$raw/repeat-$set_name/report.md" "$out/repeat-$set_name.md" 2>/dev/null
+  cp "$raw/repeat-$set_name/trials.jsonl" "$out/repeat-$set_name.jsonl" 2>/dev/null
+  cat "$out/repeat-$set_name.md" 2>/dev/null || tail -20 "$raw/repeat-$set_name.err"
+  return $rc
+}
+
+part_gap() {
+  [[ -f .carry/megatron-lm/pretrain_gpt.py ]] || { echo "no .carry/megatron-lm"; return 1; }
+  cp tools/run_pretrain_gpt.py .carry/megatron-lm/run_pretrain_gpt.py
+  local impl=local
+  python3 -c "from autotune.protocol import te_available; exit(0 if te_available() else 1)" && impl=te
+  python3 tools/megatron_gap.py --steps "${GAP_STEPS:-35}" gpt2-xl "$gpu" "$raw/gap" \
+      "$PWD/.carry/megatron-lm/run_pretrain_gpt.py" "${GAP_LAYOUT:-mbs=16,impl=$impl}" \
+      > "$raw/gap.out" 2> "$raw/gap.err"
+  local rc=$?
+  cp "$raw/gap/gap.md" "$out/gap.md" 2>/dev/null
+  cp "$raw/gap/steps.json" "$out/gap-steps.json" 2>/dev/null
+  tail -c 200000 "$raw/gap/megatron-lm.log" > "$out/megatron-lm.log" 2>/dev/null
+  cat "$raw/gap.out"; [[ $rc == 0 ]] || tail -20 "$raw/gap.err"
+  return $rc
+}
+
+for part in repeat gap; do
+  [[ $parts == *" $part "* ]] || continue
+  echo "=== $part"
+  start=$(now)
+  "part_$part"
+  echo "=== $part rc=$? wall=$(since "$start")s"
+done
+kill $smi 2>/dev/null
+tar czf "$out/raw.tgz" --exclude='*.pt' -C /tmp issue25
