@@ -145,8 +145,23 @@ def family_of(model_name: str, gpu_name: str) -> str:
     return f"{model_name}/{gpu_name}"
 
 
+def trial_model_ref(model: str, data_path: Path | str) -> str:
+    """A measured trial's model as load_model takes it: a preset name as is, a path (a model
+    YAML or a Hugging Face config.json, relative to the repository root that holds
+    tests/data/measured_trials.json) made absolute."""
+    if "/" not in model and not model.endswith((".yaml", ".yml", ".json")):
+        return model
+    path = Path(model)
+    if path.is_absolute():
+        return model
+    return str(Path(data_path).resolve().parent.parent.parent / path)
+
+
 def load_trials(path: Path | str) -> list[Trial]:
-    """The OK trials of a measured_trials.json (tests/data), as fit samples with families."""
+    """The OK trials of a measured_trials.json (tests/data), as fit samples with families.
+
+    A trial's family is its `family` field (one model shape given by two files is one family)
+    or else its model, on its GPU type."""
     from autotune.hardware import gpu_spec
     from autotune.model import load_model
 
@@ -156,12 +171,12 @@ def load_trials(path: Path | str) -> list[Trial]:
         if t["status"] != "OK":
             continue
         layout = Layout(**t["strategy"])
-        model = load_model(t["model"]).with_overrides(global_batch_size=layout.gbs,
-                                                      seq_length=t.get("seq_length"))
+        model = load_model(trial_model_ref(t["model"], path)).with_overrides(
+            global_batch_size=layout.gbs, seq_length=t.get("seq_length"))
         cluster = ClusterSpec(num_gpus=t["gpus"], gpus_per_node=t["gpus"],
                               gpu=gpu_spec(t["gpu"]))
-        trials.append((family_of(t["model"], t["gpu"]), model, layout, cluster,
-                       float(t["step_time_s"]), float(t["device_used_bytes"])))
+        trials.append((family_of(t.get("family", t["model"]), t["gpu"]), model, layout,
+                       cluster, float(t["step_time_s"]), float(t["device_used_bytes"])))
     return trials
 
 

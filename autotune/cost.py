@@ -56,7 +56,9 @@ class CostParams:
     are fitted by tools/fit_constants.py (scipy least squares on log step time) to the 113 OK
     trials of tests/data/measured_trials.json (5 families: gpt2-xl, gpt2-large, gpt-3.6b on
     H100 and H200), with leave-one-family-out cross-validation in
-    results/benchmarks/2026-11-25-cpu-constants-fit.md; layer_launch_s was fitted earlier
+    results/benchmarks/2026-11-25-cpu-constants-fit.md (kept when 30 H100 trials of Llama
+    shapes made it 143 trials and 8 families: the refit did not lower held-out error across
+    them, same report); layer_launch_s was fitted earlier
     (results/benchmarks/2026-11-21-h100-h200x2-model-accuracy.md).
     """
 

@@ -62,7 +62,18 @@ block with 73.4 GiB in use, its peak predicted at 75.5 GiB (s6-te-l-pairs/4 and 
 tests/data/measured_trials.json), and the seed tutorial's two context-parallel OOMs (gpt2-xl
 seq 4096 batch 4 cp 1, seq 8192 batch 8 cp 4: ../shared/seeds/000, tests/test_memory_seed_cp.py)
 are predicted at 76.2 and 78.0 GiB with 3.07 GiB blocks; every OK trial on an H100 kept a
-margin of one block. A condition of fitting, not a term of the peak: NVML never shows it."""
+margin of one block. A condition of fitting, not a term of the peak: NVML never shows it.
+
+Not under full recompute (StageMemory.block_margin_bytes is 0 there): on an H100 on 2026-11-25
+(tests/data/measured_trials.json, s7-*), Llama-3.2-3B at seq 8192 with full recompute ran with
+its 3.91 GiB logits block at 78.98 GiB used (block/10, predicted 78.80 GiB: one block over) and
+gpt2-xl at seq 32768 with its 6.14 GiB block at 72.5 GiB (block/31, predicted 74.7); every
+full-recompute OOM measured (block/6, /8 of that Llama, block/24 of that gpt2-xl) is predicted
+over the usable memory by its peak alone, and their OOM messages (2.1-2.3 GiB reserved but free,
+what `fragmentation` prices) do not need the block twice. Every OOM the margin alone predicts
+(gpt2-large mbs 32, the seed's two CP rows, gpt2-xl mbs 16 selective local) has no full
+recompute. Why the two differ is not measured (tests/test_memory_block_margin.py holds the
+cases); the gate runs a layout this rule alone rules out as a risk, not a verdict."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,7 +114,10 @@ class StageMemory:
     store without them, less what it stores and rebuilds (not part of the total)."""
     largest_block_bytes: float = 0.0
     """The largest single allocation of the stage (the fp32 copy of the logits on the last
-    stage), which needs a free block of its own beside the peak (BLOCK_MARGIN)."""
+    stage)."""
+    block_margin_bytes: float = 0.0
+    """Free memory the stage needs beside its peak: BLOCK_MARGIN largest blocks, none under
+    full recompute (see BLOCK_MARGIN)."""
 
     @property
     def allocated_bytes(self) -> float:
@@ -130,9 +144,10 @@ class MemoryEstimate:
 
     @property
     def required_bytes(self) -> float:
-        """The peak plus the free block its largest allocation needs (BLOCK_MARGIN), on the
-        stage where that sum is largest: what must stay below the usable memory."""
-        return max(st.total_bytes + BLOCK_MARGIN * st.largest_block_bytes for st in self.stages)
+        """The peak plus the free block its largest allocation needs (BLOCK_MARGIN; none under
+        full recompute), on the stage where that sum is largest: what must stay below the
+        usable memory."""
+        return max(st.total_bytes + st.block_margin_bytes for st in self.stages)
 
     @property
     def limit_bytes(self) -> int:
@@ -290,7 +305,9 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMe
     return StageMemory(stage=stage, weights_bytes=weights, gradients_bytes=grads,
                        optimizer_bytes=optimizer, activations_bytes=activations,
                        logits_bytes=logits, workspace_bytes=workspace, overhead_bytes=overhead,
-                       saved_bytes=saved, largest_block_bytes=block)
+                       saved_bytes=saved, largest_block_bytes=block,
+                       block_margin_bytes=0.0 if s.recompute == Recompute.FULL
+                       else BLOCK_MARGIN * block)
 
 
 def estimate_memory(model: ModelSpec, layout: Layout, cluster: ClusterSpec,

@@ -6,13 +6,14 @@ from typing import Any
 
 import pytest
 
-from autotune.calibration import load_calibration
+from autotune.calibration import load_calibration, trial_model_ref
 from autotune.cli import main
 from autotune.layout import Layout
 from autotune.model import load_model
 from autotune.trial import TrialSpec
 
-DATA = json.loads((Path(__file__).parent / "data" / "measured_trials.json").read_text())
+DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
+DATA = json.loads(DATA_PATH.read_text())
 
 
 def _write_trials(root: Path, with_gpu: bool = True) -> int:
@@ -20,8 +21,8 @@ def _write_trials(root: Path, with_gpu: bool = True) -> int:
     count = 0
     for i, t in enumerate(DATA["trials"]):
         s = Layout(**t["strategy"])
-        model = load_model(t["model"]).with_overrides(global_batch_size=s.gbs,
-                                                  seq_length=t.get("seq_length"))
+        model = load_model(trial_model_ref(t["model"], DATA_PATH)).with_overrides(
+            global_batch_size=s.gbs, seq_length=t.get("seq_length"))
         folder = root / "study" / "trials" / str(i)
         folder.mkdir(parents=True)
         spec = TrialSpec(model=model, layout=s, gpu_name=t["gpu"] if with_gpu else None)

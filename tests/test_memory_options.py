@@ -222,14 +222,17 @@ def test_an_uneven_split_paces_the_pipeline_by_its_slowest_stage() -> None:
 
 
 def _measured_band() -> dict[str, float]:
-    data = json.loads((Path(__file__).parent / "data" / "measured_trials.json").read_text())
+    from autotune.calibration import trial_model_ref
+
+    path = Path(__file__).parent / "data" / "measured_trials.json"
+    data = json.loads(path.read_text())
     worst: dict[str, float] = {}
     for t in data["trials"]:
         if t["status"] != "OK" or not t.get("device_used_bytes"):
             continue
         s = Layout(**t["strategy"])
-        model = load_model(t["model"]).with_overrides(global_batch_size=s.gbs,
-                                                      seq_length=t.get("seq_length"))
+        model = load_model(trial_model_ref(t["model"], path)).with_overrides(
+            global_batch_size=s.gbs, seq_length=t.get("seq_length"))
         c = ClusterSpec(num_gpus=t["gpus"], gpus_per_node=t["gpus"], gpu=gpu_spec(t["gpu"]))
         under = 1 - estimate_memory(model, s, c).peak_bytes / t["device_used_bytes"]
         worst[t["gpu"]] = max(worst.get(t["gpu"], 0.0), under)

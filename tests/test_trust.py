@@ -7,18 +7,20 @@ from pathlib import Path
 
 import pytest
 
+from autotune.calibration import trial_model_ref
 from autotune.hardware import ClusterSpec, gpu_spec
 from autotune.model import load_model
 from autotune.params import count_parameters
 from autotune.trust import MEASURED_RANGE, MeasuredRange, outside_range, trust_line
 
-DATA = json.loads((Path(__file__).parent / "data" / "measured_trials.json").read_text())
+DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
+DATA = json.loads(DATA_PATH.read_text())
 
 
 def test_the_measured_range_is_what_the_data_spans() -> None:
     trials = DATA["trials"]
-    models = [load_model(t["model"]).with_overrides(seq_length=t.get("seq_length"))
-              for t in trials]
+    models = [load_model(trial_model_ref(t["model"], DATA_PATH)).with_overrides(
+        seq_length=t.get("seq_length")) for t in trials]
     assert MeasuredRange(
         max_params=max(count_parameters(m) for m in models),
         max_gpus=max(t["gpus"] for t in trials),

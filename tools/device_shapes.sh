@@ -10,9 +10,10 @@
 # Every layout goes through tools/device_layouts.py (autotune's runner + worker, one trial per
 # launch, 2 warm-up + 5 timed steps, as the previous sessions' tools/device_*.sh did), gbs 16,
 # impl sdpa (no TE needed). Writes to $OUT: shapes.txt (measured against predicted, per model)
-# and rows/<model>-<seq>.json (tools/device_layouts.py's rows.json), shapes.tgz (logs). Append
-# the rows to tests/data/measured_trials.json as sources s28-shapes-<model>-<seq>/N, then run
-# `PYTHONPATH=. python tools/fit_constants.py` to refit and cross-validate with the new families.
+# and rows/<model>-<seq>.json (tools/device_layouts.py's rows.json), shapes.tgz (logs). The
+# 2026-11-25 run is in tests/data/measured_trials.json as s7-shapes/N (N the launch order, model
+# tools/shapes/<model>.yaml, its `family` the model); `PYTHONPATH=. python tools/fit_constants.py`
+# refits and cross-validates (results/benchmarks/2026-11-25-h100-model-shapes.md).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
