@@ -35,6 +35,6 @@ NonNegative = Annotated[float, at.Ge(0), at.Le(FLOAT_MAX)]
 """A real that may be zero: a duration, an overhead."""
 Fraction = Annotated[float, at.Ge(0), at.Le(1)]
 """A probability or a share: dropout, MFU, an efficiency."""
-Text = Annotated[str, at.MaxLen(10_000)]
+Text = Annotated[str, at.MaxLen(100_000)]
 """Free text read back (an error excerpt, a reason): bounded, shown through
 autotune.inputs.untrusted."""

@@ -128,18 +128,19 @@ def _must(error: dict[str, Any]) -> str:
     return rule.format(**ctx) if ctx else rule
 
 
-def _message(exc: Any, source: str, what: str) -> str:
+def _message(exc: Any, source: str, what: str, prefix: str) -> str:
     errors = exc.errors(include_url=False)
-    extra = [".".join(map(str, e["loc"])) for e in errors if e["type"] == "extra_forbidden"]
+    extra = [prefix + ".".join(map(str, e["loc"])) for e in errors
+             if e["type"] == "extra_forbidden"]
     if extra:
         return f"{source}: unknown {what} field(s) {for_terminal(', '.join(extra))[:200]}"
-    missing = [".".join(map(str, e["loc"])) for e in errors if e["type"] == "missing"]
+    missing = [prefix + ".".join(map(str, e["loc"])) for e in errors if e["type"] == "missing"]
     if missing:
         return f"{source}: missing {what} field(s) {', '.join(missing)}"
     first = errors[0]
     # A union (`int | None`) reports one error per member: the first names the real type.
     where = ".".join(str(part) for part in first["loc"] if not _is_member_tag(part))
-    return f"{source}: {where} must be {_must(first)}, got {shown(first.get('input'))}"
+    return f"{source}: {prefix}{where} must be {_must(first)}, got {shown(first.get('input'))}"
 
 
 def _is_member_tag(part: object) -> bool:
@@ -149,9 +150,11 @@ def _is_member_tag(part: object) -> bool:
                                       or part.startswith(("constrained-", "function-")))
 
 
-def check(cls: type[T], data: object, source: str, *, what: str) -> dict[str, Any]:
+def check(cls: type[T], data: object, source: str, *, what: str,
+          prefix: str = "") -> dict[str, Any]:
     """The fields `data` gives, checked against dataclass `cls` (see the module), as the
-    dataclass's values; `what` names the kind in messages (`model`, `calibration`)."""
+    dataclass's values; `what` names the kind in messages (`model`, `calibration`), `prefix`
+    goes before a field's name (`cost.`: where the mapping sits in its file)."""
     from pydantic import ValidationError
 
     if not isinstance(data, dict):
@@ -160,11 +163,11 @@ def check(cls: type[T], data: object, source: str, *, what: str) -> dict[str, An
     try:
         model = _model(cast(Any, cls)).model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_message(exc, source, what)) from None
+        raise ConfigError(_message(exc, source, what, prefix)) from None
     hints = typing.get_type_hints(cls, include_extras=True)
     return {name: _plain(getattr(model, name), hints[name]) for name in model.model_fields_set}
 
 
-def build(cls: type[T], data: object, source: str, *, what: str) -> T:
+def build(cls: type[T], data: object, source: str, *, what: str, prefix: str = "") -> T:
     """`cls(**check(...))`: the dataclass of a checked mapping, its own rules run too."""
-    return cls(**check(cls, data, source, what=what))
+    return cls(**check(cls, data, source, what=what, prefix=prefix))
