@@ -28,6 +28,7 @@ from autotune.inputs.files import read_text
 from autotune.layout import Layout
 from autotune.memory import MemoryParams, estimate_memory
 from autotune.model import ModelSpec
+from autotune.outputs import write_text
 
 __all__ = [
     "COST_FIT_FIELDS",
@@ -155,7 +156,7 @@ def save_calibration(path: Path | str, cost: CostParams, memory: MemoryParams, *
     data = {"version": 1, "samples": samples, "source": source,
             "cost": {"type": "CostParams", "values": asdict(cost)},
             "memory": {"type": "MemoryParams", "values": asdict(memory)}}
-    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_text(Path(path), json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _constants(cls: type[Any], data: Any, part: str, source: str) -> Any:

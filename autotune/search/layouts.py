@@ -45,6 +45,8 @@ class LayoutMap:
         """`valid`: every valid layout of the space; `candidates`: per dimension of the space,
         the values that appear in a valid layout; `model`: what the layouts train."""
         self.gbs = model.global_batch_size
+        self.candidates = {d: tuple(plain(x) for x in v) for d, v in candidates.items()}
+        """Per dimension of the space, its candidates in a valid layout (as stored)."""
         self.free = {d: v for d, v in candidates.items() if len(v) > 1}
         """The study's parameters, each with its candidates."""
         self.fixed = {d: v[0] for d, v in candidates.items() if len(v) == 1}
