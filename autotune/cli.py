@@ -20,6 +20,7 @@ from autotune.commands.pins import FIX_OPTION, describe_pins, parse_pins, pin_sp
 from autotune.dimensions import Dimension
 from autotune.errors import INTERRUPTED_EXIT, AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec
+from autotune.inputs.untrusted import for_terminal
 from autotune.layout import DIMENSIONS, RULE_LEVELS, SEARCHED
 from autotune.legend import legend_lines
 from autotune.model import ModelSpec, list_presets, load_model
@@ -551,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     except AutotuneError as exc:
         if debug:
             raise
-        print(f"autotune: error: {exc}", file=sys.stderr)
+        # Messages quote what the user gave: never an escape sequence or a second line.
+        print(f"autotune: error: {for_terminal(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("autotune: interrupted", file=sys.stderr)

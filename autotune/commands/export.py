@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from autotune.errors import ConfigError
 from autotune.megatron_args import SDPA_STANDS_IN, exported_layout, measured_as_exported
+from autotune.outputs import write_text
 from autotune.trust import trust_line
 
 if TYPE_CHECKING:  # optuna and the report's loader are imported when an export runs
@@ -192,9 +193,8 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
         sys.stdout.write(text)
     else:
         try:
-            path.write_text(text, encoding="utf-8")
-            if fmt != "json":
-                path.chmod(path.stat().st_mode | 0o111)
+            # Whole or not at all (a full disk leaves no empty script); executable unless JSON.
+            write_text(path, text, executable=fmt != "json")
         except OSError as exc:
             raise ConfigError(f"-o {output}: cannot write it ({exc.strerror or exc})") from None
         print(f"autotune: wrote {path}", file=sys.stderr)
