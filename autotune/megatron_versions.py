@@ -29,9 +29,10 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["DEFAULT", "VERSIONS", "ConfigChange", "DefaultChange", "FlagChange", "FlagFate",
-           "Lever", "MegatronVersion", "config_kwargs", "for_version", "installed_version",
-           "parse_version", "running", "spell_args", "spellings"]
+__all__ = ["DEFAULT", "V0_16", "V0_19", "VERSIONS", "ConfigChange", "DefaultChange",
+           "FlagChange", "FlagFate", "Lever", "MegatronVersion", "config_kwargs", "for_version",
+           "installed_version", "parse_version", "running", "spell_args", "spellings",
+           "supported"]
 
 log = logging.getLogger(__name__)
 
@@ -321,12 +322,16 @@ def spell_args(args: Sequence[str], version: MegatronVersion,
     """`args` (written for `written_for`, default: any supported release) with each flag in
     `version`'s spelling: renamed and deprecated flags take the spelling of the target, flags
     removed as no-ops are dropped (with their value, when the next word is not a flag), and a
-    flag the target does not have yet is refused."""
+    flag the target does not have yet, or that merged several older flags, is refused."""
     steps = VERSIONS if written_for is None else _between(written_for, version)
     forward = {c.old: c for row in steps if row.key <= version.key
                for c in row.flag_changes if c.old is not None}
-    backward = {c.new: c for row in steps if row.key > version.key
-                for c in row.flag_changes if c.new is not None}
+    backward: dict[str, list[FlagChange]] = {}
+    for row in steps:
+        if row.key > version.key:
+            for c in row.flag_changes:
+                if c.new is not None:
+                    backward.setdefault(c.new, []).append(c)
     out: list[str] = []
     skip_value = False
     for arg in args:
@@ -344,12 +349,16 @@ def spell_args(args: Sequence[str], version: MegatronVersion,
             continue
         if change is not None and change.new is not None:
             name = change.new
-        back = backward.get(name)
-        if back is not None:
-            if back.old is None:
-                raise ConfigError(f"{name} needs megatron-core >= {_row_of(back).version}; "
+        backs = backward.get(name, [])
+        if len(backs) > 1:
+            raise ConfigError(f"{name} was {' or '.join(str(b.old) for b in backs)} before "
+                              f"megatron-core {_row_of(backs[0]).version}; write the one "
+                              f"for {version.version} yourself")
+        if backs:
+            if backs[0].old is None:
+                raise ConfigError(f"{name} needs megatron-core >= {_row_of(backs[0]).version}; "
                                   f"the command is for {version.version}")
-            name = back.old
+            name = backs[0].old
         out.append(name + eq + value)
     return out
 
