@@ -29,10 +29,10 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["DEFAULT", "V0_16", "V0_19", "VERSIONS", "ConfigChange", "DefaultChange",
-           "FlagChange", "FlagFate", "Lever", "MegatronVersion", "config_kwargs", "for_version",
-           "installed_version", "parse_version", "running", "spell_args", "spellings",
-           "supported"]
+__all__ = ["DEFAULT", "GET_BATCH_ON_THIS_CP_RANK", "V0_16", "V0_19", "VERSIONS",
+           "ConfigChange", "DefaultChange", "FlagChange", "FlagFate", "Lever", "MegatronVersion",
+           "call_kwargs", "config_kwargs", "for_version", "installed_version", "parse_version",
+           "running", "spell_args", "spellings", "supported"]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,9 @@ class MegatronVersion:
     new_levers: tuple[Lever, ...] = ()
     worker_patches: frozenset[str] = field(default_factory=frozenset)
     """Holes in this release that autotune.worker.build fills (by name; see build.PATCHES)."""
+    call_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Keyword arguments a megatron-core function the worker calls needs from this release on
+    (by its dotted name), with the value that keeps the earlier behaviour."""
 
     @property
     def key(self) -> tuple[int, ...]:
@@ -141,6 +144,8 @@ class MegatronVersion:
         major, minor = self.series
         return f"{PACKAGE}>={self.version},<{major}.{minor + 1}"
 
+
+GET_BATCH_ON_THIS_CP_RANK = "megatron.core.utils.get_batch_on_this_cp_rank"
 
 V0_16 = MegatronVersion(
     version="0.16.1",
@@ -225,6 +230,13 @@ V0_19 = MegatronVersion(
         "unchanged (tools/rules_crosscheck.py runs the layouts through 0.19's own "
         "validation on a Python 3.12 machine)",
     ),
+    call_kwargs={
+        # A new positional parameter without a default; False with no cu_seqlens in the batch
+        # is the per-sequence zigzag split of 0.16.1 (pretrain_gpt.py passes it the same way).
+        # 0.19 also takes the CP size and rank from cp_group alone (None: the whole world,
+        # where 0.16.1 asked parallel_state), so the worker passes the group in every release.
+        GET_BATCH_ON_THIS_CP_RANK: {"is_hybrid_cp": False},
+    },
     new_levers=(
         Lever(name="fused_residual_rmsnorm", cls="TransformerConfig",
               flag="--fused-residual-rmsnorm", needs="impl te and RMSNorm",
@@ -365,6 +377,16 @@ def spell_args(args: Sequence[str], version: MegatronVersion,
 
 def _row_of(change: FlagChange) -> MegatronVersion:
     return next(v for v in VERSIONS if change in v.flag_changes)
+
+
+def call_kwargs(function: str, version: MegatronVersion) -> dict[str, Any]:
+    """The keyword arguments `function` (a dotted name) needs in `version`, gathered from every
+    row up to it."""
+    out: dict[str, Any] = {}
+    for row in VERSIONS:
+        if row.key <= version.key:
+            out.update(row.call_kwargs.get(function, {}))
+    return out
 
 
 _INHERITS: dict[str, tuple[str, ...]] = {"TransformerConfig": ("ModelParallelConfig",)}

@@ -24,11 +24,13 @@ from autotune.layout import Layout
 from autotune.megatron_args import known_flags, megatron_lm_args
 from autotune.megatron_versions import (
     DEFAULT,
+    GET_BATCH_ON_THIS_CP_RANK,
     V0_16,
     V0_19,
     VERSIONS,
     FlagFate,
     MegatronVersion,
+    call_kwargs,
     config_kwargs,
     for_version,
     installed_version,
@@ -342,3 +344,25 @@ def test_pyproject_extras_declare_the_tables_ranges() -> None:
         for te_version in ("2.8.0", "2.9.0", "2.11.0", "2.12.0", "2.14.0"):
             assert (Version(te_version) in chosen.specifier) == (
                 Version(te_version) in declared), (row.version, te_version)
+
+
+@pytest.mark.parametrize(("row", "expected"), [(V0_16, {}), (V0_19, {"is_hybrid_cp": False})],
+                         ids=["0.16.1", "0.19.2"])
+def test_call_kwargs(row: MegatronVersion, expected: dict[str, Any]) -> None:
+    assert call_kwargs(GET_BATCH_ON_THIS_CP_RANK, row) == expected
+
+
+def test_call_kwargs_bind_to_the_installed_functions() -> None:
+    """The worker's calls, with the installed release's keyword arguments, fit its signatures."""
+    import importlib
+    import inspect
+
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    version = installed_version()
+    assert version is not None
+    row = for_version(version)
+    for name in {name for v in VERSIONS for name in v.call_kwargs}:
+        module, _, function = name.rpartition(".")
+        signature = inspect.signature(getattr(importlib.import_module(module), function))
+        signature.bind({}, **call_kwargs(name, row), cp_group=None)
