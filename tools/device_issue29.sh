@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 29 on one H100 (about 7 minutes, at most 9): autotune's worker on megatron-core 0.19.x
-# against 0.16.1 in one call, a default search on 0.19.x, and the rules cross-check on 0.19.x.
+# Issue 29 on one H100 (about 7 minutes; the timeouts bound it under 9): autotune's worker on
+# megatron-core 0.19.x against 0.16.1 in one call, a default search on 0.19.x, and the rules
+# cross-check on 0.19.x.
 #
 #   tools/device_issue29.sh            (run with carry [".whl"])
 #
@@ -17,10 +18,12 @@
 #  1. the same 8 one-GPU layouts (tools/spaces/issue29-versions.yaml: gpt2-large, gbs 16, impl
 #     local/sdpa, mbs 2/4, recompute none/selective) as a grid through the CLI (warm pool, fixed
 #     2 warm-up + 6 timed steps, no stop rule), under 0.16.1, then under 0.19.x;
-#  2. the rules cross-check (tools/rules_crosscheck.py, CPU) under 0.19.x, in the background;
-#  3. `autotune gpt2-large --gpus 1` with the default space and search under 0.19.x (100 s
+#  2. the rules cross-check (tools/rules_crosscheck.py, CPU) under 0.19.x, in the background
+#     of steps 3 and 4;
+#  3. tests/test_worker_gpu.py's tiny MoE trial and OOM under 0.19.x (MoE without TE, OOM path);
+#  4. `autotune gpt2-large --gpus 1` with the default space and search under 0.19.x (80 s
 #     budget);
-#  4. prints the versions, the joined table (tools/versions_table.py: tokens/s within 3%?), the
+#  5. prints the versions, the joined table (tools/versions_table.py: tokens/s within 3%?), the
 #     cross-check's summary and the search's trials. $OUT gets summary.md, results.tgz (the
 #     studies and logs) and the cross-check's report (rules-crosscheck-<version>.json/.md).
 set -u
@@ -59,7 +62,7 @@ print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torc
 grid() {  # VERSION
   use "$1"
   echo "=== grid under megatron-core $1 ($(elapsed))"
-  timeout 200 python3 -m autotune.cli gpt2-large --gpus 1 --gbs 16 \
+  timeout 140 python3 -m autotune.cli gpt2-large --gpus 1 --gbs 16 \
       --space tools/spaces/issue29-versions.yaml --sampler grid --stop-rule none \
       --stable-cv 0 --steps 6 --warmup-steps 2 --results-dir "$work/grid-$1" \
       > "$work/grid-$1.out" 2> "$work/grid-$1.err"
@@ -73,8 +76,14 @@ use 019
 OMP_NUM_THREADS=2 python3 tools/rules_crosscheck.py --out "$out" > "$work/rules.log" 2>&1 &
 rules=$!
 
+echo "=== tiny MoE trial and OOM under megatron-core 0.19 ($(elapsed))"
+timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_worker_gpu.py -k "moe or oom" \
+    > "$work/worker-gpu-019.log" 2>&1
+echo "worker GPU tests rc=$? at $(elapsed)"
+tail -2 "$work/worker-gpu-019.log"
+
 echo "=== default search under megatron-core 0.19 ($(elapsed))"
-timeout 200 python3 -m autotune.cli gpt2-large --gpus 1 --time-budget 100 \
+timeout 140 python3 -m autotune.cli gpt2-large --gpus 1 --time-budget 80 \
     --results-dir "$work/search-019" > "$work/search-019.out" 2> "$work/search-019.err"
 echo "search rc=$? at $(elapsed)"
 tail -4 "$work/search-019.err"
@@ -86,6 +95,8 @@ rules_rc=$?
   echo "## Same layouts, 0.16.1 against 0.19.x (gpt2-large, gbs 16, 6 timed steps, warm pool)"
   python3 tools/versions_table.py 0.16.1 "$work/grid-016" 0.19.x "$work/grid-019"
   echo "versions table rc=$?"
+  echo
+  echo "## Worker GPU tests under 0.19.x: $(tail -1 "$work/worker-gpu-019.log")"
   echo
   echo "## Rules cross-check under 0.19.x (rc=$rules_rc)"
   grep -E "^Result|DISAGREES" "$out"/rules-crosscheck-*.md 2>/dev/null || tail -5 "$work/rules.log"
