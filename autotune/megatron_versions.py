@@ -5,8 +5,8 @@ what autotune's worker, export and reader must do differently from the row befor
 fields removed or renamed, Megatron-LM flags renamed, deprecated or removed, defaults that
 changed, rule changes, levers that exist only from that release on, the worker's patches that
 release needs, and the Python, torch and Transformer Engine ranges its wheel declares. Code
-elsewhere asks this table (`running()`, `for_version()`, `spell_args()`, `config_kwargs()`)
-rather than comparing version strings itself.
+elsewhere asks this table (`running()`, `for_version()`, `spell_args()`, `config_kwargs()`,
+`call_kwargs()`) rather than comparing version strings itself.
 
 The installed release is read once from the package metadata (importlib.metadata): the
 orchestrator never imports torch or megatron-core to know it. Sources: the megatron-core wheels'
@@ -32,7 +32,7 @@ from autotune.errors import ConfigError
 __all__ = ["DEFAULT", "GET_BATCH_ON_THIS_CP_RANK", "V0_16", "V0_19", "VERSIONS",
            "ConfigChange", "DefaultChange", "FlagChange", "FlagFate", "Lever", "MegatronVersion",
            "call_kwargs", "config_kwargs", "for_version", "installed_version", "parse_version",
-           "running", "spell_args", "spellings", "supported"]
+           "running", "spell_args", "supported"]
 
 log = logging.getLogger(__name__)
 
@@ -307,39 +307,15 @@ def running(requested: str | None = None) -> MegatronVersion:
     return DEFAULT if text is None else for_version(text)
 
 
-def _between(frm: MegatronVersion, to: MegatronVersion) -> list[MegatronVersion]:
-    """The rows whose changes lie between two rows (the later row of each step)."""
-    lo, hi = sorted((frm.key, to.key))
-    return [v for v in VERSIONS if lo < v.key <= hi]
-
-
-def spellings() -> dict[str, str]:
-    """Every flag spelling any row knows -> its newest spelling (itself when current): what a
-    reader of commands for any supported release maps a flag through."""
-    out: dict[str, str] = {}
-    for row in VERSIONS:
-        for c in row.flag_changes:
-            if c.new is not None:
-                out.setdefault(c.new, c.new)
-            if c.old is not None and c.new is not None:
-                out[c.old] = c.new
-                for name, target in out.items():  # chains: a -> b, then b -> c
-                    if target == c.old:
-                        out[name] = c.new
-    return out
-
-
-def spell_args(args: Sequence[str], version: MegatronVersion,
-               written_for: MegatronVersion | None = None) -> list[str]:
-    """`args` (written for `written_for`, default: any supported release) with each flag in
-    `version`'s spelling: renamed and deprecated flags take the spelling of the target, flags
-    removed as no-ops are dropped (with their value, when the next word is not a flag), and a
-    flag the target does not have yet, or that merged several older flags, is refused."""
-    steps = VERSIONS if written_for is None else _between(written_for, version)
-    forward = {c.old: c for row in steps if row.key <= version.key
+def spell_args(args: Sequence[str], version: MegatronVersion) -> list[str]:
+    """`args` (written for any supported release) with each flag in `version`'s spelling:
+    renamed and deprecated flags take the spelling of the target, flags removed as no-ops are
+    dropped (with their value, when the next word is not a flag), and a flag the target does
+    not have yet, or that merged several older flags, is refused."""
+    forward = {c.old: c for row in VERSIONS if row.key <= version.key
                for c in row.flag_changes if c.old is not None}
     backward: dict[str, list[FlagChange]] = {}
-    for row in steps:
+    for row in VERSIONS:
         if row.key > version.key:
             for c in row.flag_changes:
                 if c.new is not None:
