@@ -271,6 +271,7 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in match.groups(default="0"))
 
 
+@functools.cache  # once per version: the run key asks for every layout of a space
 def for_version(text: str) -> MegatronVersion:
     """The table's row for a megatron-core version: the row of its series (0.19.x -> 0.19.2),
     else the newest older row, with a warning (a series between two rows, or newer than all:
