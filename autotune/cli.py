@@ -503,6 +503,10 @@ def export(
                             "--from-megatron): written back with only the layout's flags "
                             "changed.")] = None,
     line: LineOption = None,
+    megatron_version: Annotated[str | None, typer.Option(
+        "--megatron-version", help="megatron-core release whose Megatron-LM flags to write, "
+                                   "e.g. 0.19.2 (default: the installed megatron-core, else "
+                                   "0.16.1).")] = None,
 ) -> None:
     """Launch command (or JSON) for a study's best layout or --trial N."""
     from autotune.commands.export import run_export
@@ -510,7 +514,8 @@ def export(
     _check_places(study, results_dir, storage, writable=False)
     run_export(study=study, results_dir=results_dir, storage=storage, trial=trial, fmt=fmt,
                output=output, megatron_lm=megatron_lm, nodes=nodes, model=model,
-               train_iters=train_iters, from_megatron=from_megatron, line=line)
+               train_iters=train_iters, from_megatron=from_megatron, line=line,
+               megatron_version=megatron_version)
 
 
 @app.command()
