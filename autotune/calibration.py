@@ -21,9 +21,13 @@ from typing import Any
 from autotune.cost import CostParams, estimate_cost
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
+from autotune.inputs.bounds import FLOAT_MAX
+from autotune.inputs.documents import parse_json
+from autotune.inputs.files import read_text
 from autotune.layout import Layout
 from autotune.memory import MemoryParams, estimate_memory
-from autotune.model import ModelSpec, read_text
+from autotune.model import ModelSpec
+from autotune.outputs import write_text
 
 __all__ = [
     "COST_FIT_FIELDS",
@@ -115,23 +119,44 @@ def save_calibration(path: Path | str, cost: CostParams, memory: MemoryParams, *
     data = {"version": 1, "samples": samples, "source": source,
             "cost": {"type": "CostParams", "values": asdict(cost)},
             "memory": {"type": "MemoryParams", "values": asdict(memory)}}
-    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_text(Path(path), json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _constants(cls: type[Any], data: Any, part: str, source: str) -> Any:
+    """`cls` (CostParams or MemoryParams) from the file's `part`: each value a finite number
+    (autotune.inputs.schema), at most 1 where it is an efficiency (_UPPER), positive where its
+    default is (a zero GEMM efficiency divides by zero; a negative fragmentation made a
+    model that does not fit "fit"), never negative."""
+    from autotune.inputs.schema import check
+
+    section = data.get(part) if isinstance(data, dict) else None
+    values = section.get("values") if isinstance(section, dict) else None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: not a calibration file from `autotune calibrate` (no "
+                          f"{part}.values)")
+    checked = check(cls, values, source, what=part, prefix=f"{part}.")
+    defaults = cls()
+    for name, value in checked.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            raise ConfigError(f"{source}: {part}.{name} must be a number, got {value!r}")
+        low = 0.0 if not getattr(defaults, name) else math.ulp(0.0)
+        high = _UPPER.get(name, FLOAT_MAX)
+        if not low <= value <= high:
+            rule = "positive" if low else "at least 0"
+            raise ConfigError(f"{source}: {part}.{name} must be {rule} and at most {high:g}, "
+                              f"got {value!r}")
+    return cls(**checked)
 
 
 def load_calibration(path: Path | str) -> tuple[CostParams, MemoryParams]:
-    """The (cost, memory) constants of a file written by save_calibration."""
-    text = read_text(Path(path), "calibration file")  # missing, a folder, not UTF-8: one line
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"calibration file {path}: malformed JSON ({exc.msg}, line "
-                          f"{exc.lineno})") from None
-    try:
-        return (CostParams(**data["cost"]["values"]),
-                MemoryParams(**data["memory"]["values"]))
-    except (KeyError, TypeError) as exc:
-        raise ConfigError(f"{path}: not a calibration file from `autotune calibrate` "
-                          f"({exc})") from exc
+    """The (cost, memory) constants of a file written by save_calibration, every value checked
+    (one line naming the file and the constant otherwise)."""
+    source = f"calibration file {path}"
+    data = parse_json(read_text(Path(path), "calibration file"), source)
+    return (_constants(CostParams, data, "cost", source),
+            _constants(MemoryParams, data, "memory", source))
 
 
 # --- Leave-one-family-out cross-validation over measured trials (issue 28) ---

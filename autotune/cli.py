@@ -20,6 +20,7 @@ from autotune.commands.pins import FIX_OPTION, describe_pins, parse_pins, pin_sp
 from autotune.dimensions import Dimension
 from autotune.errors import INTERRUPTED_EXIT, AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec
+from autotune.inputs.untrusted import for_terminal
 from autotune.layout import DIMENSIONS, RULE_LEVELS, SEARCHED
 from autotune.legend import legend_lines
 from autotune.model import ModelSpec, list_presets, load_model
@@ -502,6 +503,10 @@ def export(
                             "--from-megatron): written back with only the layout's flags "
                             "changed.")] = None,
     line: LineOption = None,
+    megatron_version: Annotated[str | None, typer.Option(
+        "--megatron-version", help="megatron-core release whose Megatron-LM flags to write, "
+                                   "e.g. 0.19.2 (default: the installed megatron-core, else "
+                                   "0.16.1).")] = None,
 ) -> None:
     """Launch command (or JSON) for a study's best layout or --trial N."""
     from autotune.commands.export import run_export
@@ -509,7 +514,8 @@ def export(
     _check_places(study, results_dir, storage, writable=False)
     run_export(study=study, results_dir=results_dir, storage=storage, trial=trial, fmt=fmt,
                output=output, megatron_lm=megatron_lm, nodes=nodes, model=model,
-               train_iters=train_iters, from_megatron=from_megatron, line=line)
+               train_iters=train_iters, from_megatron=from_megatron, line=line,
+               megatron_version=megatron_version)
 
 
 @app.command()
@@ -551,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     except AutotuneError as exc:
         if debug:
             raise
-        print(f"autotune: error: {exc}", file=sys.stderr)
+        # Messages quote what the user gave: never an escape sequence or a second line.
+        print(f"autotune: error: {for_terminal(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("autotune: interrupted", file=sys.stderr)

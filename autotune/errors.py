@@ -6,7 +6,7 @@ import enum
 from typing import TypeVar
 
 __all__ = ["INTERRUPTED_EXIT", "AutotuneError", "ConfigError", "Interrupted",
-           "InvalidLayoutError", "LaunchError", "parse_choice"]
+           "InvalidLayoutError", "LaunchError", "StorageError", "parse_choice"]
 
 E = TypeVar("E", bound=enum.StrEnum)
 
@@ -42,6 +42,13 @@ class Interrupted(AutotuneError):
 
 class LaunchError(AutotuneError):
     """A trial could not be started (missing torchrun, no GPU, a worker that cannot import)."""
+
+    exit_code = 1
+
+
+class StorageError(AutotuneError):
+    """The study's storage failed to write (a full disk, a lost database server); what was
+    told before is kept, and --resume continues."""
 
     exit_code = 1
 

@@ -11,14 +11,17 @@ time (RoPE scaling, Qwen's QKV bias, Qwen3's QK norm) are noted, not refused.
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.model import MODEL_NAME_MAX, ModelSpec, read_text
+from autotune.inputs.documents import parse_json
+from autotune.inputs.files import read_text
+from autotune.inputs.untrusted import for_terminal, shown
+from autotune.model import MODEL_NAME_MAX, ModelSpec, model_from_mapping
 
 __all__ = ["CONFIG_NAME", "HfModel", "is_hf_config", "load_hf_config", "read_hf_config"]
 
@@ -84,10 +87,36 @@ class _Config:
         value = self.get(key, default)
         if value is None:
             raise ConfigError(f"{self.source}: no {key!r}, which autotune needs")
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             value = int(value)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{self.source}: {key} must be a positive integer, got {value!r}")
+            raise ConfigError(f"{self.source}: {key} must be a positive integer, got "
+                              f"{shown(value)}")
+        return value
+
+    def optional_count(self, key: str) -> int | None:
+        return None if self.get(key) is None else self.count(key)
+
+    def flag(self, key: str, default: bool) -> bool:
+        # JSON's true/false only: the string "false" is truthy to Python.
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.source}: {key} must be true or false, got "
+                              f"{shown(value)}")
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        value = self.get(key, default)
+        if not isinstance(value, int | float) or isinstance(value, bool) \
+                or not math.isfinite(value):
+            raise ConfigError(f"{self.source}: {key} must be a finite number, got "
+                              f"{shown(value)}")
+        return float(value)
+
+    def text(self, key: str, default: str) -> str:
+        value = self.get(key, default)
+        if not isinstance(value, str):
+            raise ConfigError(f"{self.source}: {key} must be a string, got {shown(value)}")
         return value
 
     def refuse(self, what: str) -> ConfigError:
@@ -98,41 +127,41 @@ def _gpt2(c: _Config) -> tuple[dict[str, Any], list[str]]:
     # transformers GPT2Config: n_inner None means 4 * n_embd; gelu_new is the tanh-approximated
     # GELU, which Megatron's default MLP (bias_gelu) computes; LayerNorm with biases; tied
     # embeddings.
-    act = c.get("activation_function", "gelu_new")
+    act = c.text("activation_function", "gelu_new")
     if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
-        raise c.refuse(f"GPT-2 activation_function {act!r} has no Megatron-LM equivalent "
+        raise c.refuse(f"GPT-2 activation_function {shown(act)} has no Megatron-LM equivalent "
                        "autotune models (gelu)")
     positions = c.count("n_positions", 1024)
     hidden = c.count("n_embd")
     return {
         "num_layers": c.count("n_layer"), "hidden_size": hidden,
-        "num_attention_heads": c.count("n_head"), "ffn_hidden_size": c.get("n_inner"),
+        "num_attention_heads": c.count("n_head"), "ffn_hidden_size": c.optional_count("n_inner"),
         "vocab_size": c.count("vocab_size"), "seq_length": min(positions, SEQ_LENGTH_MAX),
         "max_position_embeddings": positions, "activation": "gelu",
         "normalization": "LayerNorm", "add_bias_linear": True,
-        "tied_embeddings": bool(c.get("tie_word_embeddings", True)),
+        "tied_embeddings": c.flag("tie_word_embeddings", True),
         "position_embedding": "learned_absolute",
-        "hidden_dropout": float(c.get("resid_pdrop", 0.1)),
-        "attention_dropout": float(c.get("attn_pdrop", 0.1)),
+        "hidden_dropout": c.number("resid_pdrop", 0.1),
+        "attention_dropout": c.number("attn_pdrop", 0.1),
     }, []
 
 
 def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
     notes: list[str] = []
     hidden, heads = c.count("hidden_size"), c.count("num_attention_heads")
-    head_dim = c.get("head_dim")
+    head_dim = c.optional_count("head_dim")
     if head_dim is not None and head_dim * heads != hidden:
         # Megatron's --kv-channels; autotune's models take the head dimension as h / heads.
         raise c.refuse(f"head_dim {head_dim} x {heads} heads != hidden_size {hidden}: a head "
                        "dimension of its own (Megatron --kv-channels) is not in autotune's "
                        "models")
-    if c.get("hidden_act", "silu") != "silu":
-        raise c.refuse(f"hidden_act {c.get('hidden_act')!r}: autotune maps the SwiGLU "
+    if c.text("hidden_act", "silu") != "silu":
+        raise c.refuse(f"hidden_act {shown(c.get('hidden_act'))}: autotune maps the SwiGLU "
                        "(silu-gated) MLP of these models only")
     positions = c.count("max_position_embeddings", 2048)
     seq = min(positions, SEQ_LENGTH_MAX)
-    window = c.get("sliding_window")
-    in_use = c.get("use_sliding_window", kind in ("mistral", "mixtral"))
+    window = c.optional_count("sliding_window")
+    in_use = c.flag("use_sliding_window", kind in ("mistral", "mixtral"))
     if window is not None and in_use and window < seq:
         raise c.refuse(f"sliding-window attention (sliding_window {window} < the {seq}-token "
                        "sequence) is in use; autotune's models and export have full causal "
@@ -141,7 +170,8 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
         scaling = c.get("rope_scaling")
         kind_of = scaling.get("rope_type") or scaling.get("type") if isinstance(
             scaling, dict) else scaling
-        notes.append(f"rope_scaling ({kind_of}) changes positions, not memory or step time: "
+        shown_kind = for_terminal(str(kind_of))[:40]
+        notes.append(f"rope_scaling ({shown_kind}) changes positions, not memory or step time: "
                      "not part of the model autotune tunes, nor of the exported flags")
     if kind in ("qwen2", "qwen2_moe"):
         notes.append("Qwen2's QKV bias (Megatron --add-qkv-bias) is left out: 2 x "
@@ -149,7 +179,7 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
     if kind in ("qwen3", "qwen3_moe"):
         notes.append("Qwen3's QK norm (Megatron --qk-layernorm) is left out: 2 x head_dim "
                      "parameters per layer")
-    if c.get("attention_bias") or c.get("mlp_bias"):
+    if c.flag("attention_bias", False) or c.flag("mlp_bias", False):
         raise c.refuse("attention_bias / mlp_bias on some layers only: autotune's models have "
                        "biases on every linear layer or none")
     values: dict[str, Any] = {
@@ -159,44 +189,51 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
         "ffn_hidden_size": c.count("intermediate_size"), "vocab_size": c.count("vocab_size"),
         "seq_length": seq, "max_position_embeddings": positions,
         "gated_linear_unit": True, "activation": "swiglu", "normalization": "RMSNorm",
-        "add_bias_linear": False, "tied_embeddings": bool(c.get("tie_word_embeddings", False)),
-        "position_embedding": "rope", "rotary_base": int(c.get("rope_theta", 10000)),
-        "hidden_dropout": 0.0, "attention_dropout": float(c.get("attention_dropout", 0.0)),
+        "add_bias_linear": False, "tied_embeddings": c.flag("tie_word_embeddings", False),
+        "position_embedding": "rope", "rotary_base": _integral(c, "rope_theta", 10000),
+        "hidden_dropout": 0.0, "attention_dropout": c.number("attention_dropout", 0.0),
     }
-    experts = c.get("num_local_experts") if kind == "mixtral" else c.get("num_experts")
+    experts = c.optional_count("num_local_experts" if kind == "mixtral" else "num_experts")
     if kind in ("mixtral", "qwen2_moe", "qwen3_moe") and experts:
-        if c.get("shared_expert_intermediate_size"):
+        if c.optional_count("shared_expert_intermediate_size"):
             raise c.refuse("shared experts (shared_expert_intermediate_size) are not in "
                            "autotune's models")
-        if c.get("mlp_only_layers") or c.get("decoder_sparse_step", 1) != 1:
+        if c.get("mlp_only_layers") or c.count("decoder_sparse_step", 1) != 1:
             raise c.refuse("dense layers among the MoE layers (mlp_only_layers, "
                            "decoder_sparse_step) are not in autotune's models")
-        values.update(num_experts=int(experts), moe_topk=c.count("num_experts_per_tok", 2))
+        values.update(num_experts=experts, moe_topk=c.count("num_experts_per_tok", 2))
         if kind != "mixtral":
             values["moe_ffn_hidden_size"] = c.count("moe_intermediate_size")
     return values, notes
+
+
+def _integral(c: _Config, key: str, default: int) -> int:
+    """A whole number that configs write either way (rope_theta: 10000 or 500000.0)."""
+    value = c.number(key, default)
+    if not value.is_integer() or value <= 0:
+        raise ConfigError(f"{c.source}: {key} must be a positive whole number, got "
+                          f"{shown(c.get(key))}")
+    return int(value)
 
 
 def read_hf_config(name_or_path: str) -> HfModel:
     """The ModelSpec of a config.json (or a folder holding one), with the mapping's notes."""
     path = _config_path(name_or_path)
     source = str(path)
-    text = read_text(path, "config file")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{source}: malformed JSON ({exc.msg}, line {exc.lineno})") from None
+    data = parse_json(read_text(path, "config file"), source)
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a JSON object (a Hugging Face config.json)")
     c = _Config(data, source)
     kind = data.get("model_type")
-    if kind not in SUPPORTED:
-        arch = ", ".join(map(str, data.get("architectures") or [])) or "no architectures"
-        raise ConfigError(f"{source}: model_type {kind!r} ({arch}) is not an architecture "
+    if not isinstance(kind, str) or kind not in SUPPORTED:
+        archs = data.get("architectures")
+        arch = for_terminal(", ".join(map(str, archs))[:80]) if isinstance(archs, list) \
+            and archs else "no architectures"
+        raise ConfigError(f"{source}: model_type {shown(kind)} ({arch}) is not an architecture "
                           f"autotune maps (it reads {', '.join(SUPPORTED)})")
     values, notes = _gpt2(c) if kind == "gpt2" else _llama_like(c, kind)
     values["global_batch_size"] = GLOBAL_BATCH.get(kind, DEFAULT_GLOBAL_BATCH)
-    spec = ModelSpec(name=_name(path, data), **values)
+    spec = model_from_mapping({"name": _name(path, data), **values}, source)
     return HfModel(spec, tuple(notes))
 
 

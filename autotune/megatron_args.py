@@ -23,6 +23,7 @@ from typing import Any
 from autotune.dimensions import RECOMPUTE_MODULES
 from autotune.errors import ConfigError, InvalidLayoutError
 from autotune.layout import Layout
+from autotune.megatron_versions import MegatronVersion, running, spell_args
 from autotune.model import ModelSpec
 
 __all__ = ["FLAG_TABLE", "GPT2_BPE_VOCAB", "SDPA_STANDS_IN", "TRAINING_SCRIPT",
@@ -615,12 +616,16 @@ def row_args(row: FlagRow, model: ModelSpec, layout: Layout,
 def megatron_lm_args(model: ModelSpec, layout: Layout, *, train_iters: int | None = None,
                      mock_data: bool = True, lr: float = 1.0e-4, seed: int = 1234,
                      log_interval: int = 1, distributed_timeout_minutes: int | None = None,
-                     extra_args: Sequence[str] = ()) -> list[str]:
+                     extra_args: Sequence[str] = (),
+                     megatron_version: MegatronVersion | None = None) -> list[str]:
     """Megatron-LM `pretrain_gpt.py` arguments for one model and layout, each flag once.
 
     `train_iters` is the total number of iterations (warm-up included); `mock_data` trains on
     Megatron's synthetic GPT dataset with a NullTokenizer so no data or tokenizer files are needed.
     `extra_args` are appended verbatim; repeating a flag set here raises ConfigError.
+    The flags are spelled for `megatron_version` (default: the installed megatron-core's
+    release, else autotune.megatron_versions.DEFAULT): the table's spellings are those of
+    every supported release, and `extra_args` in another release's spelling are respelled.
     """
     if seed < 1:
         # megatron/core/tensor_parallel/random.py, model_parallel_cuda_manual_seed via
@@ -629,8 +634,10 @@ def megatron_lm_args(model: ModelSpec, layout: Layout, *, train_iters: int | Non
     run = RunOptions(train_iters=train_iters, mock_data=mock_data, lr=lr, seed=seed,
                      log_interval=log_interval,
                      distributed_timeout_minutes=distributed_timeout_minutes)
-    args = [arg for row in FLAG_TABLE for arg in row.emit(model, layout, run)]
-    extra = list(extra_args)
+    version = megatron_version or running()
+    args = spell_args([arg for row in FLAG_TABLE for arg in row.emit(model, layout, run)],
+                      version)
+    extra = spell_args(extra_args, version)
     if not extra:
         return args
     clash = sorted(set(flag_names(args)) & set(flag_names(extra)))

@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.errors import ConfigError
 from autotune.protocol import (
     FAILURE_GLOB,
     FAILURE_PREFIX,
@@ -362,11 +363,11 @@ def _failure_reports(trial_dir: Path) -> list[tuple[int, TrialStatus, str]]:
 
 
 def _read_result(path: Path) -> TrialMetrics | str:
-    try:
-        return TrialMetrics.from_dict(json.loads(path.read_text()))
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         return f"wrote no {RESULT_NAME}"
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    try:
+        return TrialMetrics.read(path)
+    except ConfigError as exc:  # a rank killed mid-write, or a file that is not the worker's
         return f"{RESULT_NAME} is unreadable ({exc})"
 
 

@@ -9,16 +9,16 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autotune.errors import ConfigError
+from autotune.inputs.bounds import Count, Fraction
+from autotune.inputs.documents import parse_yaml
+from autotune.inputs.files import MAX_YAML_BYTES, read_text
 
-__all__ = ["MODEL_NAME_MAX", "ModelSpec", "list_presets", "load_model", "padded_vocab_size",
-           "read_text", "search_spaces_dir"]
+__all__ = ["MODEL_NAME_MAX", "ModelSpec", "list_presets", "load_model", "model_from_mapping",
+           "padded_vocab_size", "read_text", "search_spaces_dir"]
 
 MODEL_NAME_MAX = 100
 """Characters of a model's `name:`; it titles reports and exported scripts."""
-
 
 
 def search_spaces_dir() -> Traversable:
@@ -36,21 +36,21 @@ class ModelSpec:
     """The shape of a decoder-only transformer, in Megatron's terms."""
 
     name: str
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_query_groups: int | None = None
+    num_layers: Count
+    hidden_size: Count
+    num_attention_heads: Count
+    num_query_groups: Count | None = None
     """GQA groups (Megatron `--num-query-groups`); None means multi-head attention."""
-    ffn_hidden_size: int | None = None
+    ffn_hidden_size: Count | None = None
     """MLP width; None means 4 * hidden_size, as Megatron defaults."""
-    vocab_size: int
-    seq_length: int
-    max_position_embeddings: int | None = None
-    global_batch_size: int
+    vocab_size: Count
+    seq_length: Count
+    max_position_embeddings: Count | None = None
+    global_batch_size: Count
     """The preset's global batch in sequences; `--global-batch-size` overrides it."""
-    num_experts: int | None = None
-    moe_topk: int = 2
-    moe_ffn_hidden_size: int | None = None
+    num_experts: Count | None = None
+    moe_topk: Count = 2
+    moe_ffn_hidden_size: Count | None = None
     """Expert MLP width; None means ffn_hidden_size."""
     gated_linear_unit: bool = False
     """SwiGLU-style MLP: three h x f matrices instead of two."""
@@ -59,11 +59,11 @@ class ModelSpec:
     add_bias_linear: bool = True
     tied_embeddings: bool = True
     position_embedding: str = "learned_absolute"
-    rotary_base: int = 10000
-    hidden_dropout: float = 0.1
+    rotary_base: Count = 10000
+    hidden_dropout: Fraction = 0.1
     """Megatron's default (--hidden-dropout); GPT-2 trains with it, Llama and Mixtral with 0."""
-    attention_dropout: float = 0.1
-    make_vocab_size_divisible_by: int = 128
+    attention_dropout: Fraction = 0.1
+    make_vocab_size_divisible_by: Count = 128
 
     def __post_init__(self) -> None:
         # The name reaches report titles, script comments and the default study name: one
@@ -74,11 +74,19 @@ class ModelSpec:
             shown = self.name if len(self.name) <= 40 else self.name[:40] + "..."
             raise ConfigError(f"model name {shown!r} must be one line of at most "
                               f"{MODEL_NAME_MAX} printable characters")
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
-                     "seq_length", "global_batch_size"):
+        # Files are checked field by field before they get here (autotune.inputs.schema);
+        # these rules hold for every ModelSpec, whatever built it.
+        for name in _COUNTS:
             value = getattr(self, name)
+            if value is None and name not in _REQUIRED:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model {self.name}: {name} must be a positive integer, "
+                                  f"got {value!r}")
+        for name in ("hidden_dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0 <= value <= 1:
+                raise ConfigError(f"model {self.name}: {name} must be between 0 and 1, "
                                   f"got {value!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"model {self.name}: hidden_size={self.hidden_size} must be "
@@ -153,51 +161,21 @@ def list_presets() -> list[str]:
     return sorted(_preset_files())
 
 
-def _from_mapping(data: Any, source: str) -> ModelSpec:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping of model fields, got "
-                          f"{type(data).__name__}")
-    known = {f.name for f in fields(ModelSpec)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"{source}: unknown model field(s) {', '.join(unknown)}")
-    try:
-        return ModelSpec(**data)
-    except TypeError as exc:  # a required field is missing
-        missing = sorted(f.name for f in fields(ModelSpec)
-                         if f.name not in data and f.name in _REQUIRED)
-        raise ConfigError(f"{source}: missing model field(s) {', '.join(missing)}") from exc
-
-
 _REQUIRED = ("name", "num_layers", "hidden_size", "num_attention_heads", "vocab_size",
              "seq_length", "global_batch_size")
+_COUNTS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+           "ffn_hidden_size", "vocab_size", "seq_length", "max_position_embeddings",
+           "global_batch_size", "num_experts", "moe_topk", "moe_ffn_hidden_size", "rotary_base",
+           "make_vocab_size_divisible_by")
+"""The fields that are counts (positive integers; None for the optional ones: a default)."""
 
 
-def read_text(path: Path, what: str) -> str:
-    """The UTF-8 text of a file the user named (`what`: "model file", ...), or ConfigError in
-    one line: missing, a folder, unreadable, or not UTF-8 text."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{what} {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{what} {path} is a folder, not a file") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{what} {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at "
-                          f"offset {exc.start})") from None
+def model_from_mapping(data: Any, source: str) -> ModelSpec:
+    """A ModelSpec from a mapping read from a file or a study (`source` names it): every field
+    checked (autotune.inputs.schema), then the model's own rules."""
+    from autotune.inputs.schema import build  # pydantic: imported when a model is read
 
-
-def _read_yaml(text: str, source: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ConfigError(f"{source}: malformed YAML{where}") from exc
+    return build(ModelSpec, data, source, what="model")
 
 
 def load_model(name_or_path: str) -> ModelSpec:
@@ -210,14 +188,14 @@ def load_model(name_or_path: str) -> ModelSpec:
     looks_like_path = name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path
     if looks_like_path:
         path = Path(name_or_path)
-        data = _read_yaml(read_text(path, "model file"), str(path))
+        data = parse_yaml(read_text(path, "model file", max_bytes=MAX_YAML_BYTES), str(path))
         if isinstance(data, dict):
             data.setdefault("name", path.stem)
-        return _from_mapping(data, str(path))
+        return model_from_mapping(data, str(path))
     presets = _preset_files()
     if name_or_path not in presets:
         close = difflib.get_close_matches(name_or_path, list(presets), n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see `autotune models`"
         raise ConfigError(f"unknown model {name_or_path!r}{hint}")
     source = f"preset {name_or_path}"
-    return _from_mapping(_read_yaml(presets[name_or_path].read_text(), source), source)
+    return model_from_mapping(parse_yaml(presets[name_or_path].read_text(), source), source)

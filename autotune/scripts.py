@@ -22,6 +22,7 @@ from autotune.megatron_args import (
     megatron_lm_args,
     training_script,
 )
+from autotune.megatron_versions import MegatronVersion, running
 from autotune.model import ModelSpec
 from autotune.protocol import SPEC_NAME, WORKER
 from autotune.trial import TrialSpec
@@ -93,7 +94,8 @@ def check_megatron_lm(megatron_lm: str | None) -> str | None:
 
 
 def _megatron_parts(model: ModelSpec, layout: Layout, *, megatron_lm: str | None,
-                    train_iters: int) -> tuple[list[str], str, list[str]]:
+                    train_iters: int, megatron_version: MegatronVersion | None = None
+                    ) -> tuple[list[str], str, list[str]]:
     """(comment lines, the pretrain_gpt.py path as shell text, Megatron-LM arguments)."""
     notes = []
     if not measured_as_exported(layout):
@@ -101,8 +103,14 @@ def _megatron_parts(model: ModelSpec, layout: Layout, *, megatron_lm: str | None
         # nearest equivalent (the measured figures were taken with SDPA).
         layout = exported_layout(layout)
         notes.append(SDPA_STANDS_IN)
-    args = megatron_lm_args(model, layout, train_iters=train_iters, mock_data=True)
-    real = megatron_lm_args(model, layout, train_iters=train_iters, mock_data=False)
+    version = megatron_version or running()
+    notes.append(f"Flags of megatron-core {version.series[0]}.{version.series[1]}.x "
+                 f"(Megatron-LM {version.megatron_lm_tag}); autotune export "
+                 "--megatron-version X.Y writes another release's.")
+    args = megatron_lm_args(model, layout, train_iters=train_iters, mock_data=True,
+                            megatron_version=version)
+    real = megatron_lm_args(model, layout, train_iters=train_iters, mock_data=False,
+                            megatron_version=version)
     mock = args[len(real):] if args[:len(real)] == real else ["--mock-data"]
     notes += [f"Data: Megatron-LM's mock dataset ({' '.join(mock)})."
               " For real data replace those flags with --data-path PREFIX --tokenizer-type TYPE "
@@ -147,11 +155,13 @@ def _split(layout: Layout, nodes: int) -> int:
 
 def megatron_lm_script(model: ModelSpec, layout: Layout, *, title: Sequence[str],
                        nodes: int = 1, megatron_lm: str | None = None,
-                       train_iters: int = TRAIN_ITERS) -> str:
+                       train_iters: int = TRAIN_ITERS,
+                       megatron_version: MegatronVersion | None = None) -> str:
     """A bash script: torchrun over Megatron-LM's pretrain_gpt.py with every flag."""
     per_node = _split(layout, nodes)
     notes, script, args = _megatron_parts(model, layout, megatron_lm=megatron_lm,
-                                          train_iters=train_iters)
+                                          train_iters=train_iters,
+                                          megatron_version=megatron_version)
     if nodes == 1:
         launch = f"torchrun --standalone --nproc-per-node {per_node}"
     else:
@@ -168,11 +178,13 @@ def megatron_lm_script(model: ModelSpec, layout: Layout, *, title: Sequence[str]
 
 def slurm_script(model: ModelSpec, layout: Layout, *, title: Sequence[str], nodes: int,
                  megatron_lm: str | None = None, train_iters: int = TRAIN_ITERS,
-                 job_name: str = "autotune") -> str:
+                 job_name: str = "autotune",
+                 megatron_version: MegatronVersion | None = None) -> str:
     """An sbatch script: one torchrun per node (srun), c10d rendezvous on the first node."""
     per_node = _split(layout, nodes)
     notes, script, args = _megatron_parts(model, layout, megatron_lm=megatron_lm,
-                                          train_iters=train_iters)
+                                          train_iters=train_iters,
+                                          megatron_version=megatron_version)
     sbatch = [f"#SBATCH --job-name={_job_name(job_name)}", f"#SBATCH --nodes={nodes}",
               "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={per_node}",
               "#SBATCH --exclusive", "#SBATCH --output=%x-%j.out"]

@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autotune.dimensions import LEVELS
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
+from autotune.inputs.documents import parse_yaml
+from autotune.inputs.files import MAX_YAML_BYTES, read_text
+from autotune.inputs.untrusted import shown
 from autotune.layout import RULES, SEARCHED, Layout, derive_dp, with_fields
 from autotune.levers.derive import (
     DERIVABLE,
@@ -25,12 +26,15 @@ from autotune.levers.derive import (
     safe_limit_bytes,
 )
 from autotune.memory import MemoryParams
-from autotune.model import ModelSpec, read_text, search_spaces_dir
+from autotune.model import ModelSpec, search_spaces_dir
 
 __all__ = ["DIMENSIONS", "SearchSpace", "SpaceSummary", "enumerate_space", "load_space"]
 
 DIMENSIONS = SEARCHED
 """The dimensions a space file may list, with their levels (autotune.layout.DIMENSIONS)."""
+MAX_CANDIDATES = 64
+"""Candidates one dimension may list: the default space's longest list has 8; the product of
+a few lists of thousands would take the enumeration days."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,7 +70,7 @@ def _check_value(dim: str, value: Any, source: str) -> Any:
         return value
     problem = DIMENSIONS[dim].check(value)
     if problem is not None:
-        raise ConfigError(f"{source}: {dim} candidates must be {problem}, got {value!r}")
+        raise ConfigError(f"{source}: {dim} candidates must be {problem}, got {shown(value)}")
     return DIMENSIONS[dim].coerce(value)
 
 
@@ -87,6 +91,9 @@ def space_from_mapping(data: Any, source: str) -> SearchSpace:
             values = [values]
         if not values:
             raise ConfigError(f"{source}: {dim} needs at least one candidate")
+        if len(values) > MAX_CANDIDATES:
+            raise ConfigError(f"{source}: {dim} lists {len(values)} candidates; at most "
+                              f"{MAX_CANDIDATES}")
         checked = tuple(_check_value(dim, v, source) for v in values)
         if len(set(checked)) != len(checked):
             raise ConfigError(f"{source}: {dim} lists a candidate twice")
@@ -101,15 +108,9 @@ def load_space(path: str | None = None) -> SearchSpace:
         source = "default.yaml"
     else:
         file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"search space file {path} does not exist")
-        text, source = read_text(file, "search space file"), str(file)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ConfigError(f"{source}: malformed YAML{where}") from exc
+        text = read_text(file, "search space file", max_bytes=MAX_YAML_BYTES)
+        source = str(file)
+    data = parse_yaml(text, source)
     return space_from_mapping(data, source)
 
 

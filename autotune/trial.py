@@ -13,8 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.layout import Layout
-from autotune.model import ModelSpec
+from autotune.inputs.bounds import Bytes, NonNegative, NonNegativeInt, Positive, Text
+from autotune.inputs.documents import parse_json
+from autotune.inputs.files import read_text
+from autotune.inputs.untrusted import shown
+from autotune.layout import DIMENSIONS, Layout
+from autotune.model import ModelSpec, model_from_mapping
 
 __all__ = ["DEFAULT_STABLE_CV", "THROTTLE_REASONS", "THROTTLING", "ClockSummary", "RankResult",
            "Spread", "StopReason", "TrialMetrics", "TrialSpec", "TrialStatus"]
@@ -92,31 +96,75 @@ class TrialSpec:
                           indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> TrialSpec:
-        data = json.loads(text)
+    def from_json(cls, text: str, source: str = "trial spec") -> TrialSpec:
+        """The spec in trial.json's text, every value checked (one ConfigError line)."""
+        data = parse_json(text, source)
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a JSON object")
+        missing = [k for k in ("model", "strategy", "train_steps", "warmup_steps", "seed",
+                               "gpu_peak_bf16_flops") if k not in data]
+        if missing:
+            raise ConfigError(f"malformed trial spec {source}: no {', '.join(missing)}")
+        stored = data["strategy"]
+        if not isinstance(stored, dict) or set(stored) - set(DIMENSIONS):
+            raise ConfigError(f"{source}: strategy must be a mapping of layout fields")
+        for key, value in stored.items():
+            problem = DIMENSIONS[key].check(value)
+            if problem is not None:
+                raise ConfigError(f"{source}: strategy.{key} must be {problem}, got "
+                                  f"{shown(value)}")
+        gpu_name = data.get("gpu_name")
+        if gpu_name is not None and not isinstance(gpu_name, str):
+            raise ConfigError(f"{source}: gpu_name must be a string, got {shown(gpu_name)}")
+        slow = data.get("slow_below_tokens_per_s")
         try:
-            return cls(model=ModelSpec(**data["model"]), layout=Layout(**data["strategy"]),
-                       train_steps=int(data["train_steps"]),
-                       warmup_steps=int(data["warmup_steps"]), seed=int(data["seed"]),
-                       gpu_peak_bf16_flops=float(data["gpu_peak_bf16_flops"]),
-                       gpu_name=data.get("gpu_name"),
-                       stable_cv=float(data.get("stable_cv", 0.0)),
-                       slow_below_tokens_per_s=data.get("slow_below_tokens_per_s"))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"malformed trial spec: {exc}") from exc
+            return cls(model=model_from_mapping(data["model"], f"{source}: model"),
+                       layout=Layout(**stored),
+                       train_steps=_whole(data, "train_steps", source),
+                       warmup_steps=_whole(data, "warmup_steps", source, low=0),
+                       seed=_whole(data, "seed", source, low=0),
+                       gpu_peak_bf16_flops=_real(data["gpu_peak_bf16_flops"],
+                                                 "gpu_peak_bf16_flops", source),
+                       gpu_name=gpu_name,
+                       stable_cv=_real(data.get("stable_cv", 0.0), "stable_cv", source, low=0),
+                       slow_below_tokens_per_s=None if slow is None else _real(
+                           slow, "slow_below_tokens_per_s", source, low=0))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"malformed trial spec {source}: {exc}") from exc
+
+    @classmethod
+    def read(cls, path: Path) -> TrialSpec:
+        """The spec of a trial.json file (autotune.inputs: a regular file, bounded, checked)."""
+        return cls.from_json(read_text(path, "trial spec"), str(path))
 
     def write(self, path: Path) -> None:
         path.write_text(self.to_json())
+
+
+def _whole(data: dict[str, Any], key: str, source: str, low: int = 1) -> int:
+    value = data[key]
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 2**63:
+        raise ConfigError(f"{source}: {key} must be an integer of at least {low}, got "
+                          f"{shown(value)}")
+    return value
+
+
+def _real(value: Any, key: str, source: str, low: float = 1e-300) -> float:
+    # parse_json has refused NaN and Infinity already; a number below `low` is refused here.
+    if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value:
+        raise ConfigError(f"{source}: {key} must be a number of at least {low:g}, got "
+                          f"{shown(value)}")
+    return float(value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankResult:
     """One rank's measurements."""
 
-    rank: int
-    peak_allocated_bytes: int
-    peak_reserved_bytes: int
-    device_used_bytes: int | None = None
+    rank: NonNegativeInt
+    peak_allocated_bytes: Bytes
+    peak_reserved_bytes: Bytes
+    device_used_bytes: Bytes | None = None
     """Device memory in use as NVML reports it (includes the CUDA context and NCCL)."""
 
 
@@ -166,7 +214,7 @@ class ClockSummary:
     """What NVML said about the GPUs during a trial's timed steps (autotune.worker.clocks
     samples it every CLOCK_SAMPLE_S), over every rank's GPU."""
 
-    samples: int
+    samples: NonNegativeInt
     sm_mhz: Spread | None = None
     mem_mhz: Spread | None = None
     power_w: Spread | None = None
@@ -174,7 +222,7 @@ class ClockSummary:
     utilization: Spread | None = None
     """NVML's GPU utilization (0-1): the fraction of each sample period a kernel ran; below 1,
     the GPU waited for the host."""
-    reasons: tuple[str, ...] = ()
+    reasons: tuple[Text, ...] = ()
     """The union of the clock event reasons seen (THROTTLE_REASONS' names), sorted."""
 
     @property
@@ -228,30 +276,30 @@ class TrialMetrics:
     """The outcome of a trial, measured or predicted."""
 
     status: TrialStatus
-    step_time_s: float | None = None
+    step_time_s: Positive | None = None
     """Median step time over the timed steps."""
-    step_time_p90_s: float | None = None
-    tokens_per_s: float | None = None
+    step_time_p90_s: Positive | None = None
+    tokens_per_s: Positive | None = None
     """Whole-job throughput: gbs * seq_length / step time."""
-    tflops_per_gpu: float | None = None
-    mfu: float | None = None
-    peak_allocated_bytes: int | None = None
+    tflops_per_gpu: NonNegative | None = None
+    mfu: NonNegative | None = None
+    peak_allocated_bytes: Bytes | None = None
     """Largest peak allocated over ranks."""
-    peak_reserved_bytes: int | None = None
-    device_used_bytes: int | None = None
+    peak_reserved_bytes: Bytes | None = None
+    device_used_bytes: Bytes | None = None
     loss_finite: bool | None = None
     ranks: tuple[RankResult, ...] = field(default_factory=tuple)
-    error: str | None = None
+    error: Text | None = None
     """Last lines of the log or the exception, for failed trials."""
-    wall_time_s: float | None = None
+    wall_time_s: NonNegative | None = None
     """Seconds from launch to exit, launch overhead included."""
     predicted: bool = False
     """True when the figures come from the analytical models, not a run."""
-    timed_steps: int | None = None
+    timed_steps: NonNegativeInt | None = None
     """How many steps were timed (the median is over them)."""
-    warmup_s: float | None = None
+    warmup_s: NonNegative | None = None
     """Seconds of untimed warm-up steps."""
-    timed_s: float | None = None
+    timed_s: NonNegative | None = None
     """Seconds of timed steps (their sum)."""
     stop_reason: StopReason | None = None
     """Why timing ended; None for predictions and failures."""
@@ -260,7 +308,7 @@ class TrialMetrics:
     launch_failed: bool = False
     """True when no rank ever started (torchrun's rendezvous failed): a CRASH that says
     nothing about the layout, so a search launches it once more."""
-    step_time_cv: float | None = None
+    step_time_cv: NonNegative | None = None
     """The timed steps' relative standard deviation (pstdev / mean): the trial's own noise,
     which the search tells apart from the model's error (autotune.search.stop_rule)."""
     clocks: ClockSummary | None = None
@@ -290,13 +338,20 @@ class TrialMetrics:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialMetrics:
+    def from_dict(cls, data: object, source: str = "trial result") -> TrialMetrics:
+        """The metrics of a result.json (or a stored record's) mapping, every value checked
+        (autotune.inputs.schema: finite, in range, of its type), or ConfigError in one line.
+        Keys this version does not know (a later version's) are left out."""
+        from autotune.inputs.schema import build
+
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a mapping of result fields, got "
+                              f"{type(data).__name__}")
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        values["status"] = TrialStatus(values["status"])
-        if values.get("stop_reason") is not None:
-            values["stop_reason"] = StopReason(values["stop_reason"])
-        values["ranks"] = tuple(RankResult(**r) for r in values.get("ranks", ()))
-        clocks = values.get("clocks")
-        values["clocks"] = ClockSummary.from_dict(clocks) if isinstance(clocks, dict) else None
-        return cls(**values)
+        return build(cls, values, source, what="result")
+
+    @classmethod
+    def read(cls, path: Path) -> TrialMetrics:
+        """The metrics of a result.json file (a regular file, bounded, checked)."""
+        return cls.from_dict(parse_json(read_text(path, "trial result"), str(path)), str(path))

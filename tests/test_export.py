@@ -254,3 +254,19 @@ def test_nodes_may_not_split_tensor_parallelism(study: tuple[Path, str], fmt: st
                             "--nodes", "2")
     assert code == 2 and out == ""
     assert "fewer than the layout's tp=2: tensor parallelism must stay inside a node" in err
+
+
+@pytest.mark.parametrize(("version", "tag"), [("0.19.2", "core_v0.19.0"), ("0.19", "core_v0.19.0"),
+                                              ("0.16.1", "core_v0.16.1")])
+def test_megatron_version_names_the_release_written_for(
+        study: tuple[Path, str], version: str, tag: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = export(capsys, study, "--format", "megatron-lm", "--megatron-version", version)
+    assert code == 0 and f"(Megatron-LM {tag})" in out
+
+
+@pytest.mark.parametrize("version", ["0.15.3", "latest"])
+def test_megatron_version_outside_the_table_is_one_line_exit_2(
+        study: tuple[Path, str], version: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = export(capsys, study, "--format", "megatron-lm", "--megatron-version", version)
+    assert code == 2 and "megatron-core" in err and err.count("\n") <= 2, err

@@ -147,7 +147,7 @@ HOSTILE: list[tuple[str, list[str], str]] = [
     ("model-name-long", ["search", "{file:model_long}", "--gpus", "1", "--dry-run"],
      "at most 100 printable characters"),
     ("model-name-number", ["search", "{file:model_number}", "--gpus", "1", "--dry-run"],
-     "must be a non-empty string"),
+     "name must be a string, got 175"),
     # Item 5: export -o.
     ("output-missing-folder", ["export", "--format", "json", "-o", "{root}/no/such/x.json"],
      "does not exist"),

@@ -238,6 +238,7 @@ def test_a_layout_running_in_a_dead_worker_is_waited_for_then_retried(tmp_path: 
     from doubles.fake_backend import FakeBackend
 
     from autotune.search import SearchConfig
+    from autotune.search.lock import lock_study
     from autotune.search.loop import Search
     from autotune.search.storage import Heartbeat, open_study, storage_url
 
@@ -260,10 +261,17 @@ def test_a_layout_running_in_a_dead_worker_is_waited_for_then_retried(tmp_path: 
     study._storage.record_heartbeat(dead._trial_id)  # type: ignore[attr-defined]
 
     backend = FakeBackend(CLUSTER)
-    result = Search(SearchConfig(model=small_model(), cluster=CLUSTER, space=shared_space(),
-                                 backend=backend, results_dir=tmp_path, study_name="s",
-                                 sampler="grid", resume=True, finalists=0),
-                    heartbeat=beat).run()
+    # The simulated worker holds the study as a live one would: a search alone on an SQLite
+    # study fails every RUNNING trial at once (storage.fail_orphans).
+    other = lock_study("s", url)
+    try:
+        result = Search(SearchConfig(model=small_model(), cluster=CLUSTER,
+                                     space=shared_space(), backend=backend,
+                                     results_dir=tmp_path, study_name="s", sampler="grid",
+                                     resume=True, finalists=0), heartbeat=beat).run()
+    finally:
+        if other is not None:
+            other.release()
     assert result.stop_reason == "every layout of the grid was tried"
     assert Counter(s.describe() for s in backend.calls) == Counter(
         s.describe() for s in set(_runs().values()))

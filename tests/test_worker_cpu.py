@@ -181,11 +181,21 @@ def test_make_batches_keeps_this_cp_ranks_share(cp: int, rank: int,
 
     m = ModelSpec(name="t", num_layers=2, hidden_size=64, num_attention_heads=4,
                   vocab_size=1000, seq_length=32, global_batch_size=4)
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
     whole = make_batches(TrialSpec(model=m, layout=Layout(mbs=2, gbs=4)), torch.device("cpu"))
-    monkeypatch.setattr(parallel_state, "get_context_parallel_world_size", lambda: cp)
-    monkeypatch.setattr(parallel_state, "get_context_parallel_rank", lambda: rank)
-    mine = make_batches(TrialSpec(model=m, layout=Layout(mbs=2, gbs=4, cp=cp, dp=1)),
-                        torch.device("cpu"))
+    # The rank's CP group: a fake world of cp ranks (megatron-core 0.19 reads the group only).
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=cp)
+    monkeypatch.setattr(parallel_state, "get_context_parallel_group",
+                        lambda **_: dist.group.WORLD)
+    try:
+        mine = make_batches(TrialSpec(model=m, layout=Layout(mbs=2, gbs=4, cp=cp, dp=1)),
+                            torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
     chunk = m.seq_length // (2 * cp)
     kept = [*range(rank * chunk, (rank + 1) * chunk),
             *range((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk)]

@@ -8,7 +8,6 @@ of the search and of `estimate` accepts.
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from autotune.layout import Layout
 from autotune.memory import MemoryParams, estimate_memory
 from autotune.model import ModelSpec
 from autotune.protocol import RESULT_NAME, SPEC_NAME
-from autotune.trial import TrialSpec
+from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
 
 __all__ = ["Measured", "collect", "run_calibrate"]
 
@@ -41,19 +40,19 @@ def collect(folders: list[Path], gpu: str | None) -> list[Measured]:
             result = spec_path.parent / RESULT_NAME
             if not result.is_file():
                 continue
-            data = json.loads(result.read_text())
-            if data.get("status") != "OK" or not data.get("step_time_s") or \
-                    not data.get("device_used_bytes"):
+            metrics = TrialMetrics.read(result)  # checked: a NaN would poison the fit
+            if metrics.status is not TrialStatus.OK or not metrics.step_time_s or \
+                    not metrics.device_used_bytes:
                 continue
-            spec = TrialSpec.from_json(spec_path.read_text())
+            spec = TrialSpec.read(spec_path)
             name = gpu or spec.gpu_name
             if name is None:
                 raise ConfigError(f"{spec_path} does not say which GPU it ran on; pass --gpu")
             world = spec.layout.world_size
             cluster = ClusterSpec(num_gpus=world, gpus_per_node=min(world, 8),
                                   gpu=gpu_spec(name))
-            found.append((spec.model, spec.layout, cluster, float(data["step_time_s"]),
-                          int(data["device_used_bytes"])))
+            found.append((spec.model, spec.layout, cluster, metrics.step_time_s,
+                          metrics.device_used_bytes))
     return found
 
 

@@ -11,9 +11,12 @@ from autotune.calibration import load_calibration
 from autotune.cost import estimate_cost
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
+from autotune.inputs.documents import parse_json
+from autotune.inputs.files import read_text
+from autotune.inputs.untrusted import shown
 from autotune.layout import DIMENSIONS, Layout, derive_dp, validate
 from autotune.memory import estimate_memory
-from autotune.model import ModelSpec, read_text
+from autotune.model import ModelSpec
 from autotune.trust import STEP_TIME_BAND, in_memory_band, memory_band, outside_range, trust_line
 
 __all__ = ["SEARCH_DIFFERS", "LayoutFile", "defaults_note", "layout_file", "layout_from_fields",
@@ -26,12 +29,8 @@ _LAYOUT_KEYS = tuple(k for k in DIMENSIONS if k != "dp")
 
 
 def _read_layout(path: str) -> dict[str, Any]:
-    text = read_text(Path(path), "layout file")  # missing, a folder, not UTF-8: one line
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"layout file {path}: malformed JSON ({exc.msg}, line {exc.lineno})") \
-            from None
+    # Missing, a folder, a FIFO, too large, not UTF-8, malformed or too deep: one line.
+    data = parse_json(read_text(Path(path), "layout file"), f"layout file {path}")
     stored = data.get("layout", data) if isinstance(data, dict) else None
     if not isinstance(stored, dict):
         raise ConfigError(f"layout file {path}: expected a JSON object")
@@ -44,7 +43,7 @@ def _check_type(path: str, key: str, value: Any, expected: type) -> None:
           else isinstance(value, expected) and not isinstance(value, bool))
     if not ok:
         raise ConfigError(f"layout file {path}: {key} must be {expected.__name__}, "
-                          f"got {value!r}")
+                          f"got {shown(value)}")
 
 
 _TIME_TERMS: tuple[tuple[str, str], ...] = (
@@ -105,6 +104,13 @@ def layout_from_fields(model: ModelSpec, cluster: ClusterSpec,
     values.setdefault("gbs", model.global_batch_size)
     if values["gbs"] is None:
         values["gbs"] = model.global_batch_size
+    for key, value in values.items():
+        # Options and layout files alike: a value of the wrong type or below the dimension's
+        # minimum (--first-stage-layers -3) is refused here, not priced.
+        problem = DIMENSIONS[key].check(value) if key in DIMENSIONS else None
+        if problem is not None and not DIMENSIONS[key].choices:
+            raise ConfigError(f"{DIMENSIONS[key].option} takes {problem}, got "
+                              f"{shown(value)}")
     dp = derive_dp(cluster.num_gpus, tp=values.get("tp", 1), pp=values.get("pp", 1),
                    cp=values.get("cp", 1))
     return validate(Layout(dp=dp, **values), model, cluster)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from autotune.errors import ConfigError
 from autotune.megatron_args import SDPA_STANDS_IN, exported_layout, measured_as_exported
+from autotune.outputs import write_text
 from autotune.trust import trust_line
 
 if TYPE_CHECKING:  # optuna and the report's loader are imported when an export runs
@@ -90,11 +91,14 @@ def output_path(output: str, ref: StudyRef) -> Path:
 def run_export(*, study: str | None, results_dir: str, storage: str | None, trial: int | None,
                fmt: str | None, output: str | None, megatron_lm: str | None,
                nodes: int | None, model: str | None = None, train_iters: int | None = None,
-               from_megatron: str | None = None, line: int | None = None) -> str:
+               from_megatron: str | None = None, line: int | None = None,
+               megatron_version: str | None = None) -> str:
     """Build the export text, write it to `output` (or stdout) and return it. With
     `from_megatron` (the user's own command file) the text is that file with only the flags
     of the study's layout that differ from theirs edited on its launch command (the one on
-    `line`, when given: --line N)."""
+    `line`, when given: --line N). Megatron-LM's flags are spelled for `megatron_version`
+    (default: the installed megatron-core, else the release autotune is written against)."""
+    from autotune.megatron_versions import running
     from autotune.report.load import load_study, resolve_study
     from autotune.scripts import (
         FORMATS,
@@ -127,6 +131,7 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
     if train_iters is not None and train_iters < 1:
         raise ConfigError(f"--train-iters must be a positive integer, got {train_iters}")
     iters = {} if train_iters is None else {"train_iters": train_iters}
+    version = running(megatron_version)  # an unknown or unsupported version: refused here
     check_megatron_lm(megatron_lm)
     ref = resolve_study(study, Path(results_dir), storage)
     path = None if output is None else output_path(output, ref)
@@ -175,11 +180,12 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
         elif fmt == "megatron-lm":
             text = megatron_lm_script(spec_model, layout, title=title,
                                       nodes=nodes or default_nodes, megatron_lm=megatron_lm,
-                                      **iters)
+                                      megatron_version=version, **iters)
         elif fmt == "slurm":
             text = slurm_script(spec_model, layout, title=title, nodes=nodes or default_nodes,
                                 megatron_lm=megatron_lm,
-                                job_name=f"autotune-{spec_model.name}", **iters)
+                                job_name=f"autotune-{spec_model.name}",
+                                megatron_version=version, **iters)
         else:
             if (nodes or default_nodes) > 1:
                 raise ConfigError("--format torchrun runs autotune's worker on one node; use "
@@ -192,9 +198,8 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
         sys.stdout.write(text)
     else:
         try:
-            path.write_text(text, encoding="utf-8")
-            if fmt != "json":
-                path.chmod(path.stat().st_mode | 0o111)
+            # Whole or not at all (a full disk leaves no empty script); executable unless JSON.
+            write_text(path, text, executable=fmt != "json")
         except OSError as exc:
             raise ConfigError(f"-o {output}: cannot write it ({exc.strerror or exc})") from None
         print(f"autotune: wrote {path}", file=sys.stderr)

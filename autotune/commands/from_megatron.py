@@ -12,6 +12,7 @@ from autotune.cost import estimate_cost
 from autotune.errors import ConfigError, InvalidLayoutError
 from autotune.hardware import ClusterSpec
 from autotune.layout import SEARCHED, Impl, Layout, validate
+from autotune.levers.derive import DIVISORS
 from autotune.megatron_args import exported_layout, measured_as_exported
 from autotune.megatron_command import (
     MegatronCommand,
@@ -84,7 +85,9 @@ def widen_space(space: SearchSpace, layout: Layout) -> SearchSpace:
         if listed is None:
             if value != SEARCHED[name].default:
                 candidates[name] = (value,)
-        elif value not in listed:
+        elif value not in listed and DIVISORS not in listed:
+            # `divisors` already offers every value Megatron accepts, the user's among them
+            # (a listed value beside the marker would be taken for a list: autotune.space).
             candidates[name] = (*listed, value)
     return replace(space, candidates=candidates, source=f"{space.source} + your layout")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.outputs import replacing, write_text
 
 __all__ = ["TOP_K", "ReportFiles", "run_report"]
 
@@ -39,7 +40,8 @@ def _require_extras() -> None:
 def _write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
     import pandas as pd
 
-    pd.DataFrame(list(rows)).to_csv(path, index=False)
+    with replacing(path) as tmp:
+        pd.DataFrame(list(rows)).to_csv(tmp, index=False)
 
 
 def _top_rows(loaded: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -143,7 +145,7 @@ def run_report(*, study: str | None, results_dir: str, storage: str | None,
     text = render_report(loaded, top=top, pareto=pareto, breakdown=breakdown,
                          importances=tokens_importances(loaded.study), scaling=scaling,
                          files=[p.name for p in [*out.written, md_path]])
-    md_path.write_text(text)
+    write_text(md_path, text)
     out.written.append(md_path)
 
     console = Console()

@@ -265,8 +265,8 @@ def _model_from_attrs(study: optuna.Study) -> tuple[ModelSpec | None, dict[str, 
 def _model_from_trial_json(folder: Path) -> tuple[ModelSpec | None, float | None]:
     for path in sorted((folder / "trials").glob(f"*/{SPEC_NAME}")):
         try:
-            spec = TrialSpec.from_json(path.read_text())
-        except (ConfigError, ValueError, OSError):
+            spec = TrialSpec.read(path)
+        except ConfigError:
             continue
         return spec.model, spec.gpu_peak_bf16_flops
     return None, None

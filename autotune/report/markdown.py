@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.inputs.untrusted import for_markdown
 from autotune.report.load import LoadedStudy, StudyRef
 from autotune.search.storage import DEFAULT_RESULTS_DIR
 
@@ -67,7 +68,7 @@ def cells(row: dict[str, Any], columns: Sequence[Column]) -> list[str]:
 
 def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
     def clean(text: str) -> str:
-        return text.replace("|", "\\|")
+        return for_markdown(text)  # cells hold layouts and study names: `|`, `<` escaped
 
     lines = ["| " + " | ".join(c.title for c in columns) + " |",
              "|" + "|".join("---:" if c.right else ":---" for c in columns) + "|"]
@@ -150,12 +151,14 @@ def render_report(loaded: LoadedStudy, *, top: Sequence[dict[str, Any]],
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    what = model.name if model else "unknown model"
-    where = f"{cluster.num_gpus} x {cluster.gpu.name}" if cluster else "unknown GPUs"
+    # The model's name and the notes are the user's (or a study's) text: escaped for Markdown.
+    what = for_markdown(model.name) if model else "unknown model"
+    where = f"{cluster.num_gpus} x {for_markdown(cluster.gpu.name)}" if cluster \
+        else "unknown GPUs"
     out = [f"# autotune report: {loaded.ref.name}", "",
            f"- model: {what}"
            + (f" (seq {model.seq_length}, global batch {model.global_batch_size}; from "
-              f"{loaded.model_source})" if model else ""),
+              f"{for_markdown(loaded.model_source)})" if model else ""),
            f"- GPUs: {where}" + (f", {cluster.gpus_per_node} per node" if cluster else ""),
            f"- backend: {loaded.backend or 'unknown'}",
            f"- storage: `{loaded.ref.redacted}`",
@@ -166,7 +169,7 @@ def render_report(loaded: LoadedStudy, *, top: Sequence[dict[str, Any]],
         out += ["> **Predictions.** Every figure in this report comes from autotune's analytical "
                 "memory and throughput models (simulate backend); nothing was measured. Check "
                 "the winner on real GPUs before relying on it.", ""]
-    out += [f"> note: {n}" for n in loaded.notes]
+    out += [f"> note: {for_markdown(n)}" for n in loaded.notes]
     if loaded.notes:
         out.append("")
     if not top:

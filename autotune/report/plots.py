@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.inputs.untrusted import for_html, for_matplotlib
+from autotune.outputs import replacing
 from autotune.report.pareto import ties_text, twin_groups
 
 __all__ = ["pareto_figure", "pareto_html", "pareto_png", "scaling_html", "scaling_png"]
@@ -131,14 +133,15 @@ def pareto_html(rows: Sequence[dict[str, Any]], front: Sequence[int], path: Path
     if capacity_gib:
         fig.add_vline(x=capacity_gib, line_dash="dash", line_color="black",
                       annotation_text=f"GPU memory {capacity_gib:.0f} GiB")
-    fig.update_layout(title=title, xaxis_title="peak memory per GPU (GiB)",
+    fig.update_layout(title=for_html(title), xaxis_title="peak memory per GPU (GiB)",
                       yaxis_title=_y_title(points), template="plotly_white",
                       hovermode="closest",
                       legend={"orientation": "h", "yanchor": "top", "y": -0.15})
     fig.update_yaxes(range=[points.y_low, points.y_high])
     # The whole plotly.js goes into the file: the report opens offline, e.g. copied off a
     # cluster without internet access.
-    fig.write_html(path, include_plotlyjs=True, full_html=True)
+    with replacing(path) as tmp:  # whole or not at all (autotune.outputs)
+        fig.write_html(tmp, include_plotlyjs=True, full_html=True)
 
 
 def _thousands(ax: Any) -> None:
@@ -199,7 +202,7 @@ def pareto_figure(rows: Sequence[dict[str, Any]], front: Sequence[int], *, title
     ax.set_xlabel("peak memory per GPU (GiB)")
     ax.set_ylabel(_y_title(points), fontsize=9 if points.y_from_zero else 8)
     _thousands(ax)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(for_matplotlib(title), fontsize=10)
     ax.grid(alpha=0.3)
     fig.legend(fontsize=8, loc="outside lower center", ncols=3, frameon=False)
     return fig
@@ -207,7 +210,9 @@ def pareto_figure(rows: Sequence[dict[str, Any]], front: Sequence[int], *, title
 
 def pareto_png(rows: Sequence[dict[str, Any]], front: Sequence[int], path: Path, *,
                title: str, capacity_gib: float | None) -> None:
-    pareto_figure(rows, front, title=title, capacity_gib=capacity_gib).savefig(path)
+    figure = pareto_figure(rows, front, title=title, capacity_gib=capacity_gib)
+    with replacing(path) as tmp:
+        figure.savefig(tmp, format="png")
 
 
 def _scaling_hover(p: dict[str, Any]) -> str:
@@ -227,10 +232,11 @@ def scaling_html(points: Sequence[dict[str, Any]], path: Path, *, title: str) ->
                 "color": [_FRONT if p["pareto"] else _OTHER for p in points]},
         line={"color": _OTHER}, hovertext=[_scaling_hover(p) for p in points],
         hoverinfo="text"))
-    fig.update_layout(title=title, xaxis_title="GPUs", yaxis_title="tokens/s per GPU",
+    fig.update_layout(title=for_html(title), xaxis_title="GPUs", yaxis_title="tokens/s per GPU",
                       xaxis_type="log", template="plotly_white")
     fig.update_xaxes(tickvals=[p["gpus"] for p in points])
-    fig.write_html(path, include_plotlyjs=True, full_html=True)
+    with replacing(path) as tmp:  # whole or not at all (autotune.outputs)
+        fig.write_html(tmp, include_plotlyjs=True, full_html=True)
 
 
 def scaling_png(points: Sequence[dict[str, Any]], path: Path, *, title: str) -> None:
@@ -252,7 +258,8 @@ def scaling_png(points: Sequence[dict[str, Any]], path: Path, *, title: str) -> 
         ax.annotate(f"{p['tokens_per_s']:,.0f} tokens/s",
                     (p["gpus"], p["tokens_per_s_per_gpu"]), fontsize=7, ha="center",
                     xytext=(0, 8), textcoords="offset points")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(for_matplotlib(title), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
-    fig.savefig(path)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, format="png")

@@ -56,6 +56,8 @@ class LayoutMap:
         the layouts train; `via_derive`: the valid layouts resolved from `derive`, with the
         dimensions resolved (SpaceSummary.via_derive)."""
         self.gbs = model.global_batch_size
+        self.candidates = {d: tuple(plain(x) for x in v) for d, v in candidates.items()}
+        """Per dimension of the space, its candidates in a valid layout (as stored)."""
         self.derived = tuple(d for d, v in candidates.items() if DERIVE in v)
         """The dimensions the space marks `derive`, resolved per layout."""
         self._listed = {d: frozenset(plain(x) for x in candidates[d] if x != DERIVE)

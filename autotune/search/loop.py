@@ -32,7 +32,7 @@ from autotune.search.ledger import LayoutQueue, Ledger
 from autotune.search.records import Observer, SearchResult, TrialRecord
 from autotune.search.scheduling import Clock, Scheduler
 from autotune.search.stop_rule import ModelStop
-from autotune.search.storage import Heartbeat, redact_url
+from autotune.search.storage import Heartbeat, redact_url, storage_errors
 from autotune.search.store import open_store
 
 __all__ = ["Search", "SearchConfig", "SearchResult", "TrialRecord", "run_search"]
@@ -49,7 +49,8 @@ class Search:
         self.cfg = cfg
         self.layouts = LayoutMap.of(cfg)
         sampler = sampler_name(cfg, len(self.layouts.valid))
-        self.store = open_store(cfg, self.layouts, sampler, beat=heartbeat)
+        with storage_errors(cfg.storage or str(cfg.results_dir)):
+            self.store = open_store(cfg, self.layouts, sampler, beat=heartbeat)
         self.result = SearchResult(study_name=self.store.name, storage=redact_url(self.store.url),
                                    valid_layouts=len(self.layouts.valid))
         self.knowledge = Knowledge(cfg, self.result, refits=self.store.measured)
@@ -74,7 +75,8 @@ class Search:
         if observer is not None:
             self.ledger.observer = observer
         try:
-            return self.scheduler.run()
+            with storage_errors(self.store.url):  # a full disk: one line, the study kept
+                return self.scheduler.run()
         finally:
             self.store.release()  # an SQLite study is free for the next process
             self.cfg.backend.close()  # a warm pool's ranks exit with the search

@@ -10,6 +10,7 @@ DUPLICATE and INTERRUPTED records that versions before the typed record wrote wi
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,9 @@ from optuna.trial import FrozenTrial
 
 from autotune.cost import CostParams
 from autotune.dimensions import plain
+from autotune.errors import ConfigError
+from autotune.inputs.bounds import FLOAT_MAX
+from autotune.inputs.untrusted import shown
 from autotune.layout import DIMENSIONS, Layout
 from autotune.trial import StopReason, TrialMetrics, TrialStatus
 
@@ -231,27 +235,46 @@ def store_record(trial: optuna.Trial, record: TrialRecord) -> None:
     trial.set_user_attr(RECORD_ATTR, record_attrs(record))
 
 
-def _stored_layout(value: object) -> Layout | None:
+def _tampered(number: int, what: str) -> ConfigError:
+    return ConfigError(f"the study's record of trial {number} is not one autotune wrote: "
+                       f"{what} (was study.db edited?)")
+
+
+def _stored_layout(number: int, value: object) -> Layout | None:
+    if value is None:
+        return None  # a DUPLICATE or INTERRUPTED record of a version before typed records
     if not isinstance(value, Mapping):
-        return None
-    try:  # a field added after the record was written is absent: it ran at its default
-        return Layout(**{f: value[f] for f in DIMENSIONS if f in value})
-    except (TypeError, ValueError):
-        return None
+        raise _tampered(number, f"layout is {type(value).__name__}, not a mapping")
+    # A field added after the record was written is absent: it ran at its default. A value
+    # is held to what a space file may give (its type, its minimum), then to Megatron's rules
+    # where the layout is used.
+    for key in DIMENSIONS:
+        if key in value:
+            problem = DIMENSIONS[key].check(value[key])
+            if problem is not None:
+                raise _tampered(number, f"layout.{key} must be {problem}, got "
+                                        f"{shown(value[key])}")
+    return Layout(**{f: value[f] for f in DIMENSIONS if f in value})
 
 
-def _metrics(value: object) -> TrialMetrics | None:
-    if not isinstance(value, Mapping) or not value:
+def _metrics(number: int, value: object) -> TrialMetrics | None:
+    if value is None or value == {}:
         return None
     try:
-        return TrialMetrics.from_dict(dict(value))
-    except (KeyError, TypeError, ValueError):
+        return TrialMetrics.from_dict(dict(value) if isinstance(value, Mapping) else value,
+                                      source="metrics")
+    except ConfigError as exc:
+        raise _tampered(number, str(exc)) from None
+
+
+def _number(number: int, key: str, value: object) -> float | None:
+    if value is None:
         return None
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
-        else None
+    if not isinstance(value, int | float) or isinstance(value, bool) \
+            or not math.isfinite(value) or not 0 <= value <= FLOAT_MAX:
+        raise _tampered(number, f"{key} must be a finite number of at least 0, got "
+                                f"{shown(value)}")
+    return float(value)
 
 
 def read_record(number: int, attrs: object,
@@ -259,14 +282,17 @@ def read_record(number: int, attrs: object,
     """The record of trial `number` from its stored form `attrs`. Its layout is `layout` when
     given (a search derives it from the trial's parameters), else the stored one. None when
     there is nothing to read: no record, a status this version does not know, or no layout
-    (a DUPLICATE or INTERRUPTED record of an earlier version, and no `layout` given)."""
+    (a DUPLICATE or INTERRUPTED record of an earlier version, and no `layout` given).
+    ConfigError in one line when the record holds what autotune never writes (a tampered
+    study: a string, NaN or a negative where a figure goes), rather than a wrong figure."""
     if not isinstance(attrs, Mapping):
         return None
     try:
         status = TrialStatus(str(attrs.get("status")))
     except ValueError:
         return None
-    layout = layout or _stored_layout(attrs.get("layout"))
+    stored = _stored_layout(number, attrs.get("layout"))
+    layout = layout or stored
     if layout is None:
         return None
     raw_metrics = attrs.get("metrics")
@@ -274,15 +300,26 @@ def read_record(number: int, attrs: object,
     if isinstance(raw_metrics, Mapping):  # the metrics say it themselves where they exist
         predicted = raw_metrics.get("predicted", predicted)
     duplicate_of = attrs.get("duplicate_of")
+    if duplicate_of is not None and (not isinstance(duplicate_of, int)
+                                     or isinstance(duplicate_of, bool)
+                                     or duplicate_of < 0):
+        raise _tampered(number, f"duplicate_of must be a trial's number, got "
+                                f"{shown(duplicate_of)}")
     repeat_of = attrs.get("repeat_of")
+    if repeat_of is not None and (not isinstance(repeat_of, int)
+                                  or isinstance(repeat_of, bool) or repeat_of < 0):
+        raise _tampered(number, f"repeat_of must be a trial's number, got {shown(repeat_of)}")
+    if not isinstance(predicted, bool):
+        raise _tampered(number, f"predicted must be true or false, got {shown(predicted)}")
     return TrialRecord(number=number, layout=layout, status=status,
                        source=Source.read(attrs.get("source")),
-                       reason=str(attrs.get("reason") or ""), metrics=_metrics(raw_metrics),
-                       predicted_peak_bytes=_number(attrs.get("predicted_peak_bytes")),
-                       predicted_tokens_per_s=_number(attrs.get("predicted_tokens_per_s")),
-                       duplicate_of=duplicate_of if isinstance(duplicate_of, int) else None,
-                       predicted=bool(predicted),
-                       repeat_of=repeat_of if isinstance(repeat_of, int) else None)
+                       reason=str(attrs.get("reason") or ""),
+                       metrics=_metrics(number, raw_metrics),
+                       predicted_peak_bytes=_number(number, "predicted_peak_bytes",
+                                                    attrs.get("predicted_peak_bytes")),
+                       predicted_tokens_per_s=_number(number, "predicted_tokens_per_s",
+                                                      attrs.get("predicted_tokens_per_s")),
+                       duplicate_of=duplicate_of, predicted=predicted, repeat_of=repeat_of)
 
 
 def stored_derived(trial: FrozenTrial | optuna.Trial) -> dict[str, Any] | None:

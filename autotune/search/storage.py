@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
+import logging
 import os
 import re
 import threading
@@ -18,10 +20,13 @@ from urllib.parse import unquote_plus
 import optuna
 from optuna.study import StudyDirection
 
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, StorageError
 from autotune.hardware import ClusterSpec
+from autotune.inputs.untrusted import for_terminal
 from autotune.model import ModelSpec
 from autotune.space import SearchSpace
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_RESULTS_DIR",
@@ -33,11 +38,13 @@ __all__ = [
     "check_study_name",
     "default_study_name",
     "describe_study",
+    "fail_orphans",
     "fail_stale",
     "heartbeat",
     "open_planning_study",
     "open_study",
     "redact_url",
+    "storage_errors",
     "storage_url",
 ]
 
@@ -243,6 +250,50 @@ def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,
     if heartbeat is not None:
         fail_stale(study)
     return study
+
+
+@contextmanager
+def storage_errors(url: str) -> Iterator[None]:
+    """Optuna's StorageInternalError and SQLAlchemy's errors (`database or disk is full`)
+    as one StorageError line that names the storage and says what to do."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        yield
+    except (optuna.exceptions.StorageInternalError, SQLAlchemyError) as exc:
+        cause: BaseException = exc
+        while cause.__cause__ is not None or cause.__context__ is not None:
+            cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
+        text = " ".join(str(getattr(cause, "orig", None) or cause).split())[:200]
+        full = "full" in text or "No space left" in text
+        hint = ("free disk space, then --resume continues the study" if full
+                else "--resume continues the study once it can be written again")
+        raise StorageError(f"the study's storage {redact_url(url)} could not be written "
+                           f"({for_terminal(text)}); {hint}") from exc
+
+
+def fail_orphans(study: optuna.Study, *, everything: bool, grace_s: float) -> list[int]:
+    """Mark FAIL the RUNNING trials no process will finish, and return their numbers.
+
+    A process killed while the sampler ran (before the trial's first heartbeat) leaves a
+    RUNNING trial that fail_stale never sees: Optuna fails only trials that have beaten.
+    With `everything` (an SQLite study this process alone holds: autotune.search.lock) every
+    RUNNING trial is such a one; in a shared study, one still without parameters that started
+    more than `grace_s` ago (a live worker's sampler sets them within seconds)."""
+    from optuna.trial import TrialState
+
+    now = datetime.datetime.now()
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        started = trial.datetime_start
+        old = started is None or (now - started).total_seconds() > grace_s
+        if everything or (old and not trial.params):
+            study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+            failed.append(trial.number)
+    if failed:
+        log.info("autotune: failed trial(s) %s, left RUNNING by a process that ended "
+                 "without finishing them", ", ".join(map(str, failed)))
+    return failed
 
 
 def open_planning_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,

@@ -48,12 +48,14 @@ from autotune.search.storage import (
     Heartbeat,
     default_study_name,
     describe_study,
+    fail_orphans,
     fail_stale,
     heartbeat,
     open_planning_study,
     open_study,
     storage_url,
 )
+from autotune.search.study_space import keep_space
 from autotune.trial import TrialStatus
 
 __all__ = ["PlanningStore", "RealRunStore", "StudyStore", "open_store"]
@@ -75,6 +77,12 @@ def _locked(name: str, url: str) -> Iterator[StudyLock | None]:
         if lock is not None:
             lock.release()
         raise
+
+
+def _alone(lock: StudyLock | None) -> bool:
+    """Whether this search alone holds its study: an SQLite study locked once in this process
+    (a RUNNING trial there has no process left to finish it)."""
+    return lock is not None and lock.holders == 1
 
 
 class StudyStore(ABC):
@@ -217,6 +225,8 @@ class RealRunStore(StudyStore):
             study = open_study(name, url, make_sampler(sampler, cfg.seed), resume=cfg.resume,
                                heartbeat=beat)
             describe_study(study, cfg.model, cfg.cluster, cfg.backend.name)
+            keep_space(study, layouts.candidates, cfg.space.source)
+            fail_orphans(study, everything=_alone(lock), grace_s=beat.grace_s)
         store = cls(study, layouts, name=name, url=url,
                     capacity_bytes=cfg.cluster.gpu.memory_bytes)
         store.lock = lock
@@ -275,6 +285,8 @@ class PlanningStore(StudyStore):
             study, persistent, persisted = open_planning_study(
                 name, url, make_sampler(sampler, cfg.seed), resume=cfg.resume)
             describe_study(persistent, cfg.model, cfg.cluster, cfg.backend.name)
+            keep_space(persistent, layouts.candidates, cfg.space.source)
+            fail_orphans(persistent, everything=_alone(lock), grace_s=Heartbeat().grace_s)
         store = cls(study, layouts, name=name, url=url,
                     capacity_bytes=cfg.cluster.gpu.memory_bytes, persistent=persistent,
                     persisted=persisted)

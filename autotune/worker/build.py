@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from autotune.megatron_versions import config_kwargs, installed_version, running
 from autotune.protocol import te_available
 from autotune.trial import TrialSpec
 from autotune.worker.config import worker_config
 
-__all__ = ["build_model", "build_optimizer", "transformer_config", "transformer_config_kwargs"]
+__all__ = ["PATCHES", "build_model", "build_optimizer", "transformer_config",
+           "transformer_config_kwargs"]
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +45,11 @@ def _resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def transformer_config_kwargs(spec: TrialSpec) -> dict[str, Any]:
     """TransformerConfig keyword arguments for the trial (pure: no CUDA needed), from
-    autotune.worker.config, the one mapping of a layout to megatron-core's configuration."""
-    return _resolved(worker_config(spec.model, spec.layout).transformer)
+    autotune.worker.config, the one mapping of a layout to megatron-core's configuration, in
+    the installed megatron-core's field names (autotune.megatron_versions)."""
+    return config_kwargs("TransformerConfig",
+                         _resolved(worker_config(spec.model, spec.layout).transformer),
+                         running())
 
 
 def transformer_config(spec: TrialSpec) -> Any:
@@ -129,28 +135,45 @@ def build_model(spec: TrialSpec, config: Any) -> list[Any]:
         # Megatron-LM wraps bf16 models the same way (training.py, get_model): every parameter
         # in bf16, inputs cast on the first stage, the loss in fp32 on the last.
         chunks.append(Float16Module(config, model.cuda()))
-    ddp_config = DistributedDataParallelConfig(**wanted.ddp)
+    ddp_config = DistributedDataParallelConfig(
+        **config_kwargs("DistributedDataParallelConfig", wanted.ddp, running()))
     # Only the first chunk gets buckets, as in Megatron-LM (later chunks' grads are ready last).
     return [DistributedDataParallel(config=config, ddp_config=dataclasses.replace(ddp_config),
                                     module=chunk, disable_bucketing=i > 0)
             for i, chunk in enumerate(chunks)]
 
 
-def _patch_megatron_core() -> None:
-    """Fill a hole megatron-core 0.16.1 leaves when Transformer Engine is not installed."""
+def _fill_te_general_gemm() -> None:
+    """megatron-core 0.16.1 without Transformer Engine: RouterGatingLinearFunction tests
+    `te_general_gemm is not None`, but moe_utils binds the name only when TE imports, so every
+    MoE forward raises NameError (0.19 binds it to None)."""
     from megatron.core.transformer.moe import moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):
-        # RouterGatingLinearFunction tests `te_general_gemm is not None`, but the name is only
-        # bound when TE imports: without TE every MoE forward raises NameError.
         moe_utils.te_general_gemm = None
+
+
+PATCHES: dict[str, Callable[[], None]] = {"moe_te_general_gemm_unbound": _fill_te_general_gemm}
+"""The holes autotune fills, by the names autotune.megatron_versions gives the releases that
+have them (MegatronVersion.worker_patches)."""
+
+
+def _patch_megatron_core() -> None:
+    """Fill the holes the installed megatron-core release has (its version table row)."""
+    row = running()
+    log.info("megatron-core %s (version table row %s), patches: %s",
+             installed_version(), row.version, ", ".join(sorted(row.worker_patches)) or "none")
+    for name in sorted(row.worker_patches):
+        PATCHES[name]()
 
 
 def build_optimizer(spec: TrialSpec, model: list[Any]) -> Any:
     """Megatron's mixed-precision Adam over the chunks, on a fused kernel where possible."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    config = OptimizerConfig(**_resolved(worker_config(spec.model, spec.layout).optimizer))
+    config = OptimizerConfig(**config_kwargs(
+        "OptimizerConfig", _resolved(worker_config(spec.model, spec.layout).optimizer),
+        running()))
     optimizer = get_megatron_optimizer(config, model, use_gloo_process_groups=False)
     fused = _use_fused_torch_adam(optimizer)
     _use_foreach_multi_tensor_ops()

@@ -53,9 +53,15 @@ def make_batches(spec: TrialSpec, device: torch.device) -> list[dict[str, torch.
     """One synthetic micro-batch per micro-batch of a step, the same on every rank of a DP
     replica (fixed seed): tokens [mbs, seq] int64, labels = tokens shifted by one. With context
     parallelism each rank keeps its share of the sequence, as Megatron-LM's get_batch does."""
+    from megatron.core import parallel_state
     from megatron.core.utils import get_batch_on_this_cp_rank
 
+    from autotune.megatron_versions import GET_BATCH_ON_THIS_CP_RANK, call_kwargs, running
+
     m, s = spec.model, spec.layout
+    cp_kwargs = call_kwargs(GET_BATCH_ON_THIS_CP_RANK, running())
+    if s.cp > 1:  # pretrain_gpt.py at core_v0.19.0 passes the group; 0.16.1 reads it the same
+        cp_kwargs["cp_group"] = parallel_state.get_context_parallel_group()
     generator = torch.Generator(device="cpu").manual_seed(spec.seed)
     # Draw from the real vocabulary, not the padded one, as a tokenizer would.
     vocab = min(m.vocab_size, padded_vocab_size(m, s.tp))
@@ -70,7 +76,7 @@ def make_batches(spec: TrialSpec, device: torch.device) -> list[dict[str, torch.
         # Megatron-LM slices every batch for the rank's CP position (2 x cp chunks, this
         # rank's pair, so that causal attention's work is balanced); the schedule is told the
         # local length, seq / cp.
-        batches.append(get_batch_on_this_cp_rank(batch) if s.cp > 1 else batch)
+        batches.append(get_batch_on_this_cp_rank(batch, **cp_kwargs) if s.cp > 1 else batch)
     return batches
 
 

@@ -1,0 +1,40 @@
+"""Value types with their ranges, for the fields of what inputs become (ModelSpec, TrialMetrics).
+
+Each is `Annotated[base, constraints...]` with annotated_types' constraints: to mypy and to the
+code the plain base type, to pydantic (autotune.inputs.schema) the rule a file's value must
+follow. Strictness (a string is not a number, "false" is not a bool) is schema's, for every
+field alike.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import annotated_types as at
+
+__all__ = ["BYTES_MAX", "COUNT_MAX", "FLOAT_MAX", "Bytes", "Count", "Fraction", "NonNegative",
+           "NonNegativeInt", "Positive", "Text"]
+
+COUNT_MAX = 2**40
+"""The largest count read (layers, heads, vocabulary, tokens, GPUs): far above any real model,
+far below what overflows the arithmetic that follows (1e300 is refused here)."""
+BYTES_MAX = 2**60
+"""The largest byte figure read (an exabyte): a GPU's memory is under 2**38."""
+FLOAT_MAX = 1e18
+"""The largest real number read (a tokens/s, a FLOP/s figure per GPU is under 1e16)."""
+
+Count = Annotated[int, at.Gt(0), at.Le(COUNT_MAX)]
+"""A positive integer: layers, heads, widths, sizes."""
+NonNegativeInt = Annotated[int, at.Ge(0), at.Le(COUNT_MAX)]
+"""An integer that may be zero: layers given to a stage, a rank."""
+Bytes = Annotated[int, at.Ge(0), at.Le(BYTES_MAX)]
+"""A measured memory figure in bytes."""
+Positive = Annotated[float, at.Gt(0), at.Le(FLOAT_MAX)]
+"""A positive real: a step time, a throughput, a base frequency."""
+NonNegative = Annotated[float, at.Ge(0), at.Le(FLOAT_MAX)]
+"""A real that may be zero: a duration, an overhead."""
+Fraction = Annotated[float, at.Ge(0), at.Le(1)]
+"""A probability or a share: dropout, MFU, an efficiency."""
+Text = Annotated[str, at.MaxLen(100_000)]
+"""Free text read back (an error excerpt, a reason): bounded, shown through
+autotune.inputs.untrusted."""

@@ -1,0 +1,64 @@
+"""A file the user named, read as UTF-8 text: regular files only, and at most a size limit."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from autotune.errors import ConfigError
+
+__all__ = ["MAX_INPUT_BYTES", "MAX_YAML_BYTES", "read_text"]
+
+MAX_INPUT_BYTES = 2**20
+"""The largest input file read (1 MiB): the largest real inputs, a Hugging Face config.json or a
+Megatron-LM script, are kilobytes; a bigger file is a mistake (or /dev/zero by another name)."""
+MAX_YAML_BYTES = 256 * 2**10
+"""The largest YAML file read (256 KiB): PyYAML's pure-Python loader (the one that can refuse
+aliases, autotune.inputs.documents) reads about 100 KiB a second; presets are under 2 KiB."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_text(path: Path, what: str, *, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The UTF-8 text of a file the user named (`what`: "model file", ...), or ConfigError in
+    one line: missing, a folder, not a regular file (a FIFO, /dev/zero: refused without
+    reading, so nothing blocks or fills memory), larger than `max_bytes`, unreadable, or not
+    UTF-8 text."""
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer would block; fstat then refuses it unread.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a folder, not a file") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise ConfigError(f"{what} {path} is a folder, not a file")
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"{what} {path} is {_kind(info.st_mode)}; give a regular file")
+        if info.st_size > max_bytes:
+            raise ConfigError(f"{what} {path} has {info.st_size:,} bytes; at most "
+                              f"{max_bytes:,} are read")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)  # a file that grew since fstat is still bounded
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise ConfigError(f"{what} {path} has more than {max_bytes:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at "
+                          f"offset {exc.start})") from None
