@@ -13,7 +13,7 @@ from doubles.fake_backend import FakeBackend, small_cluster, small_model, small_
 
 from autotune.layout import Layout
 from autotune.search import SearchConfig, run_search
-from autotune.search.finalists import plan, ranking_line
+from autotune.search.finalists import FINALISTS, plan, ranking_line
 from autotune.search.records import Figure, SearchResult, Source, TrialRecord
 from autotune.trial import ClockSummary, TrialMetrics, TrialSpec, TrialStatus
 
@@ -25,7 +25,7 @@ SPACE = small_space(tp=[1], pp=[1], mbs=[2, 4, 8], distributed_optimizer=[False]
 
 def _record(number: int, mbs: int, tokens: float | None, *, repeat_of: int | None = None,
             warm: bool = True, throttled: bool = False, cv: float = 0.01) -> TrialRecord:
-    clocks = ClockSummary(samples=3, reasons=("sw_power_cap",) if throttled else ())
+    clocks = ClockSummary(samples=3, reasons=("hw_thermal",) if throttled else ("sw_power_cap",))
     metrics = None if tokens is None else TrialMetrics(
         status=TrialStatus.OK, tokens_per_s=tokens, warm=warm, step_time_cv=cv, clocks=clocks)
     return TrialRecord(number=number, layout=Layout(mbs=mbs, gbs=64), status=TrialStatus.OK,
@@ -41,8 +41,9 @@ def test_the_plan_runs_the_best_three_in_fresh_orders_the_leader_once_fresh() ->
     result = _result(_record(0, 2, 100.0), _record(1, 4, 120.0), _record(2, 8, 110.0),
                      _record(3, 16, 90.0))
     order = [(r.of.number, r.fresh) for r in plan(result, finalists=3, runs=3)]
-    # Round 1: the last first, the leader (#1) fresh; round 2 rotated by one.
-    assert order == [(0, False), (2, False), (1, True), (2, False), (1, False), (0, False)]
+    # Round 1: the last first; round 2 rotated by one; the leader's (#1) last repeat fresh, so
+    # that no warm repeat follows the fresh process (it would start the pool again).
+    assert order == [(0, False), (2, False), (1, False), (2, False), (1, True), (0, False)]
 
 
 @pytest.mark.parametrize(("done", "left"), [
@@ -116,7 +117,7 @@ class FreshBackend(FakeBackend):
 def _config(tmp_path: Path, backend: Any, **overrides: Any) -> SearchConfig:
     values: dict[str, Any] = {"model": MODEL, "cluster": CLUSTER, "space": SPACE,
                               "backend": backend, "results_dir": tmp_path, "study_name": "s",
-                              "sampler": "grid"}
+                              "sampler": "ranked", "stop_rule": "none"}
     return SearchConfig(**{**values, **overrides})
 
 
@@ -126,7 +127,7 @@ def test_a_search_measures_its_finalists_again_and_resume_does_not_redo_them(
     result = run_search(_config(tmp_path, backend))
     first = [r for r in result.records if r.repeat_of is None and r.launched]
     repeats = [r for r in result.records if r.repeat_of is not None]
-    top = result.best(3)
+    top = result.best(FINALISTS)
     assert len(repeats) == 2 * len(top) and {r.repeat_of for r in repeats} == \
         {r.number for r in top}
     assert all(r.source is Source.FINALIST for r in repeats)
@@ -159,3 +160,10 @@ def test_a_throttled_leader_is_measured_again_before_it_is_crowned(tmp_path: Pat
     assert best.layout.mbs == 8 and best.throttled  # its first run was throttled
     figure = result.figure(best)
     assert figure is not None and len(figure.runs) == 3 and not figure.throttled
+
+
+def test_a_grid_measures_every_layout_once_and_repeats_none(tmp_path: Path) -> None:
+    backend = FreshBackend(CLUSTER)
+    result = run_search(_config(tmp_path, backend, sampler="grid"))
+    assert not [r for r in result.records if r.repeat_of is not None]
+    assert len(backend.calls) == len({c for c in backend.calls})

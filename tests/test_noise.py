@@ -62,7 +62,8 @@ class FakeNvml:
     (0x0, (), False),
     (0x1, ("gpu_idle",), False),            # idle is not throttling
     (0x2 | 0x10, ("app_clocks", "sync_boost"), False),
-    (0x4, ("sw_power_cap",), True),
+    (0x4, ("sw_power_cap",), False),        # the sustained state at the power limit
+    (0x80, ("hw_power_brake",), True),
     (0x20 | 0x40, ("hw_thermal", "sw_thermal"), True),
     (0x8 | 0x1000, ("0x1000", "hw_slowdown"), True),   # an unknown bit kept as hex
 ])
@@ -97,7 +98,7 @@ def test_clocks_merge_over_ranks_and_round_trip_through_the_metrics() -> None:
     a = ClockSummary(samples=4, sm_mhz=Spread(min=1700, median=1900, max=1980),
                      reasons=("gpu_idle",))
     b = ClockSummary(samples=2, sm_mhz=Spread(min=1800, median=1950, max=1990),
-                     reasons=("sw_power_cap",))
+                     reasons=("sw_thermal",))
     merged = ClockSummary.merge([a, b, ClockSummary(samples=0)])
     assert merged is not None and merged.samples == 6 and merged.throttled
     assert merged.sm_mhz == Spread(min=1700, median=1925, max=1990)

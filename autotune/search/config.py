@@ -16,6 +16,7 @@ from autotune.hardware import ClusterSpec
 from autotune.layout import Layout
 from autotune.memory import MemoryParams
 from autotune.model import ModelSpec
+from autotune.search.finalists import FINALISTS
 from autotune.space import SearchSpace
 from autotune.trial import DEFAULT_STABLE_CV
 
@@ -99,7 +100,7 @@ class SearchConfig:
     max_idle_asks: int = 40
     """Consecutive proposals that launch nothing before the model's best untried layout is
     enqueued instead."""
-    finalists: int = 3
+    finalists: int = FINALISTS
     """Before a real search stops (but on Ctrl-C or a spent --time-budget), its best this many
     layouts are measured again until each has `finalist_runs` runs, and the search decides on
     the repeated figures (autotune.search.finalists); 0: never."""

@@ -22,8 +22,10 @@ from autotune.search.records import SearchResult, TrialRecord
 
 __all__ = ["FINALISTS", "RUNS", "Repeat", "plan", "ranking_line"]
 
-FINALISTS = 3
-"""Layouts measured again: the best and the two behind it, the close calls a search makes."""
+FINALISTS = 2
+"""Layouts measured again: the best and the one behind it, the close call that crowns a layout.
+Three cost an H100 search of gpt2-xl 247 s against 96-151 s before (6 repeats and two pool
+restarts; results/benchmarks/2026-11-25-h100-measurements.md)."""
 RUNS = 3
 """Runs per finalist, the first measurement included: with three, one outlier shows."""
 
@@ -53,9 +55,12 @@ def plan(result: SearchResult, *, finalists: int = FINALISTS, runs: int = RUNS) 
         shift = k % len(backwards)
         for r in backwards[shift:] + backwards[:shift]:
             if missing[r.number] > k:
-                fresh = r is leader and not fresh_done
-                fresh_done = fresh_done or fresh
-                order.append(Repeat(r, fresh))
+                order.append(Repeat(r, False))
+    # The leader's fresh process is its last repeat: a fresh run stops the warm pool, and a
+    # warm repeat after it would start the pool again (on an H100, 28 s each time).
+    last = next((i for i in range(len(order) - 1, -1, -1) if order[i].of is leader), None)
+    if last is not None and not fresh_done:
+        order[last] = Repeat(leader, True)
     return order
 
 

@@ -133,7 +133,8 @@ class Scheduler:
         """Measure the best layouts again (autotune.search.finalists) before the search stops:
         real runs only (a plan's figures are the model's own)."""
         p = self.parts
-        if p.cfg.backend.predicted or not p.cfg.finalists:
+        # Not for a grid: its point is every layout measured once, as the stop rule stays off.
+        if p.cfg.backend.predicted or not p.cfg.finalists or self.sampler == Sampler.GRID:
             return
         for repeat in plan(p.ledger.result, finalists=p.cfg.finalists,
                            runs=p.cfg.finalist_runs):
