@@ -3,9 +3,9 @@
 Every simulated figure carries a band: step time ± STEP_TIME_BAND (the worst held-out median
 error of a family with three or more trials in the leave-one-family-out cross-validation,
 tools/fit_constants.py, results/benchmarks/2026-11-25-cpu-constants-fit.md) and memory ± the
-gate's measured band for the GPU (gate.MEMORY_ERROR_BAND). A prediction for a model, GPU count, node count, GPU type or MoE
-outside what tests/data/measured_trials.json ever ran says so (MEASURED_RANGE; a test recomputes
-it from the data).
+gate's measured band for the GPU (gate.MEMORY_ERROR_BAND). A prediction for a model, GPU
+count, node count, GPU type or MoE outside what tests/data/measured_trials.json ever ran says
+so (MEASURED_RANGE; a test recomputes it from the data).
 """
 
 from __future__ import annotations
