@@ -39,7 +39,7 @@ def test_the_dry_run_block_is_the_commands_output(capsys: pytest.CaptureFixture[
 
 @pytest.mark.slow
 def test_the_planning_layout_count_is_the_enumerations() -> None:
-    stated = re.search(r"Planning gpt-1t on 3072\s+GPUs \(([\d,]+) valid layouts\)", README)
+    stated = re.search(r"Planning gpt-1t on 3072\s+GPUs \(([\d,]+) valid layouts[,)]", README)
     assert stated, "README states gpt-1t's valid layouts on 3072 GPUs"
     # What `autotune gpt-1t --gpus 3072 --gpus-per-node 8 --dry-run` prints as `valid
     # layouts`, without its distinct-run count (seconds more on 2 cores).

@@ -262,7 +262,11 @@ def test_layout_file_supplies_model_and_gpus(capsys: pytest.CaptureFixture[str],
     path.write_text(json.dumps(exported))
     code, out, err = run(capsys, "estimate", *given, "--layout", str(path), "--json")
     assert code == 0, err
-    assert json.loads(out) == json.loads(run(capsys, *ESTIMATE)[1])
+    # The note on estimate's defaults names the options left at their defaults: a layout file
+    # sets every one of them, the command line of ESTIMATE does not.
+    def without_note(text: str) -> dict[str, Any]:
+        return {k: v for k, v in json.loads(text).items() if k != "defaults_note"}
+    assert without_note(out) == without_note(run(capsys, *ESTIMATE)[1])
 
 
 @pytest.mark.parametrize(("drop", "args", "message"), [
