@@ -12,8 +12,6 @@ context it runs in (`cd`, `source`, exports, defaults) stays the user's.
 
 from __future__ import annotations
 
-import os
-import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +20,7 @@ import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
 
 from autotune.errors import ConfigError
+from autotune.inputs.files import read_bytes
 from autotune.megatron_args import TRAINING_SCRIPT
 
 __all__ = ["MAX_NESTING", "MAX_SCRIPT_BYTES", "NOT_RUN", "PARSE_SECONDS", "Candidate",
@@ -86,42 +85,9 @@ class Candidate:
 
 
 def read_script(path: str, what: str = "Megatron-LM command file") -> bytes:
-    """The bytes of a regular file of at most MAX_SCRIPT_BYTES, UTF-8; anything else is one line.
-    The file is opened without blocking, so a FIFO is refused rather than waited on."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    except FileNotFoundError:
-        raise ConfigError(f"{what} {path} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise ConfigError(f"{what} {path} is a folder, not a file")
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(f"{what} {path} is not a regular file (a FIFO, device or "
-                              "socket); give the script itself")
-        chunks, size = [], 0
-        while size <= MAX_SCRIPT_BYTES:
-            chunk = os.read(fd, MAX_SCRIPT_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if size > MAX_SCRIPT_BYTES:
-        raise ConfigError(f"{what} {path} is larger than {MAX_SCRIPT_BYTES // 1024} KiB; a "
-                          "launch script is a few KiB")
-    data = b"".join(chunks)
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{what} {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at "
-                          f"offset {exc.start})") from None
-    return data
+    """The bytes of a regular file of at most MAX_SCRIPT_BYTES, UTF-8; anything else is one line
+    (autotune.inputs.files, the one reader of input files: a FIFO is refused, not waited on)."""
+    return read_bytes(path, what, max_bytes=MAX_SCRIPT_BYTES)
 
 
 def walk(node: Node) -> Iterator[tuple[Node, int]]:

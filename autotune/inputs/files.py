@@ -8,7 +8,7 @@ from pathlib import Path
 
 from autotune.errors import ConfigError
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_YAML_BYTES", "read_text"]
+__all__ = ["MAX_INPUT_BYTES", "MAX_YAML_BYTES", "read_bytes", "read_text"]
 
 MAX_INPUT_BYTES = 2**20
 """The largest input file read (1 MiB): the largest real inputs, a Hugging Face config.json or a
@@ -22,18 +22,24 @@ def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
-            return name
+            return f"{name}, not a regular file"
     return "not a regular file"
 
 
-def read_text(path: Path, what: str, *, max_bytes: int = MAX_INPUT_BYTES) -> str:
+def read_text(path: Path | str, what: str, *, max_bytes: int = MAX_INPUT_BYTES) -> str:
     """The UTF-8 text of a file the user named (`what`: "model file", ...), or ConfigError in
-    one line: missing, a folder, not a regular file (a FIFO, /dev/zero: refused without
-    reading, so nothing blocks or fills memory), larger than `max_bytes`, unreadable, or not
-    UTF-8 text."""
+    one line (read_bytes)."""
+    return read_bytes(path, what, max_bytes=max_bytes).decode("utf-8")
+
+
+def read_bytes(path: Path | str, what: str, *, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a file the user named, checked to be UTF-8 text, or ConfigError in one
+    line: missing, a folder, not a regular file (a FIFO, /dev/zero: refused without reading, so
+    nothing blocks or fills memory), larger than `max_bytes`, unreadable, or not UTF-8 text.
+    The one reader of every input file (a Megatron-LM script too: autotune.launch_site)."""
     try:
         # O_NONBLOCK: opening a FIFO with no writer would block; fstat then refuses it unread.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except FileNotFoundError:
         raise ConfigError(f"{what} {path} does not exist") from None
     except IsADirectoryError:
@@ -47,8 +53,8 @@ def read_text(path: Path, what: str, *, max_bytes: int = MAX_INPUT_BYTES) -> str
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError(f"{what} {path} is {_kind(info.st_mode)}; give a regular file")
         if info.st_size > max_bytes:
-            raise ConfigError(f"{what} {path} has {info.st_size:,} bytes; at most "
-                              f"{max_bytes:,} are read")
+            raise ConfigError(f"{what} {path} is larger than {_size(max_bytes)} "
+                              f"({info.st_size:,} bytes)")
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(max_bytes + 1)  # a file that grew since fstat is still bounded
     except OSError as exc:
@@ -56,9 +62,14 @@ def read_text(path: Path, what: str, *, max_bytes: int = MAX_INPUT_BYTES) -> str
     finally:
         os.close(fd)
     if len(data) > max_bytes:
-        raise ConfigError(f"{what} {path} has more than {max_bytes:,} bytes")
+        raise ConfigError(f"{what} {path} is larger than {_size(max_bytes)}")
     try:
-        return data.decode("utf-8")
+        data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{what} {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at "
                           f"offset {exc.start})") from None
+    return data
+
+
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n // 2**10} KiB"
