@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.levers import cross_entropy, distributed_optimizer, overlap
+from autotune.levers import cross_entropy, distributed_optimizer, overlap, precision_optimizer
 from autotune.levers.base import Lever, Requires, Rule
 
 __all__ = ["LEVERS", "LeverConstants", "LeverFields", "requirements", "rules"]
@@ -25,11 +25,13 @@ LEVERS: tuple[Lever, ...] = (
     distributed_optimizer.LEVER,
     overlap.LEVER,
     cross_entropy.LEVER,
+    precision_optimizer.LEVER,
 )
 
 
 @dataclass(frozen=True, kw_only=True)
-class LeverFields(cross_entropy.Fields, overlap.Fields, distributed_optimizer.Fields):
+class LeverFields(precision_optimizer.Fields, cross_entropy.Fields, overlap.Fields,
+                  distributed_optimizer.Fields):
     """Every lever's Layout fields, in LEVERS order."""
 
     __slots__ = ()
