@@ -16,7 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.levers import cross_entropy, distributed_optimizer, overlap, precision_optimizer
+from autotune.levers import (
+    cross_entropy,
+    distributed_optimizer,
+    optimizer_offload,
+    overlap,
+    precision_optimizer,
+)
 from autotune.levers.base import Lever, Requires, Rule
 
 __all__ = ["LEVERS", "LeverConstants", "LeverFields", "requirements", "rules"]
@@ -26,19 +32,20 @@ LEVERS: tuple[Lever, ...] = (
     overlap.LEVER,
     cross_entropy.LEVER,
     precision_optimizer.LEVER,
+    optimizer_offload.LEVER,
 )
 
 
 @dataclass(frozen=True, kw_only=True)
-class LeverFields(precision_optimizer.Fields, cross_entropy.Fields, overlap.Fields,
-                  distributed_optimizer.Fields):
+class LeverFields(optimizer_offload.Fields, precision_optimizer.Fields, cross_entropy.Fields,
+                  overlap.Fields, distributed_optimizer.Fields):
     """Every lever's Layout fields, in LEVERS order."""
 
     __slots__ = ()
 
 
 @dataclass(frozen=True, kw_only=True)
-class LeverConstants:
+class LeverConstants(optimizer_offload.Constants):
     """Every lever's cost constants (autotune.cost.CostParams inherits them)."""
 
     __slots__ = ()
