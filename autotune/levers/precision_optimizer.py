@@ -100,9 +100,9 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
 
 def _needs_te(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # OptimizerConfig.__post_init__: "--use-precision-aware-optimizer requires FusedAdam from
-    # TransformerEngine" (a RuntimeError without TE). autotune's marker for an installed TE is
-    # impl te (the search drops te where TE is absent). megatron-core skips the check with the
-    # optimizer's CPU offload; autotune does not, which errs on the safe side.
+    # TransformerEngine" (a RuntimeError without TE); before that, even with the optimizer's
+    # CPU offload, it calls is_te_min_version("2.1.0"), which fails without TE in 0.16.1.
+    # autotune's marker for an installed TE is impl te (the search drops te where TE is absent).
     if s.precision_aware_optimizer and s.impl != Impl.TE:
         return (f"precision_aware_optimizer needs Transformer Engine's FusedAdam (impl=te), "
                 f"got impl={s.impl}")
