@@ -10,7 +10,8 @@ gbs`. Pure: no I/O, no subprocess, no torch.
 
 Adding a flag is one row (or one flag in a row): its emission and its reading side by side, so
 the export and the reader of user commands cannot drift apart (tests/test_megatron_command.py
-round-trips every preset through both).
+round-trips every preset through both). A lever's rows live in its module (autotune.levers) and
+are spliced into the table; the row types are in autotune.levers.flags.
 """
 
 from __future__ import annotations
