@@ -31,6 +31,8 @@ from autotune.flops import (
 )
 from autotune.hardware import ClusterSpec
 from autotune.layout import Layout, stage_layers
+from autotune.levers import LEVERS, LeverConstants
+from autotune.levers.base import CostState
 from autotune.memory import MAIN_GRAD_BYTES, PARAM_BYTES, stage_params
 from autotune.memory_activations import (
     layer_activations,
@@ -48,8 +50,11 @@ max(40M, 1M x dp) parameters; the last bucket's reduction cannot hide behind bac
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CostParams:
+class CostParams(LeverConstants):
     """Empirical efficiency constants (fractions of datasheet peaks, bytes moved per element).
+
+    A lever's own constants are declared in its module and inherited (LeverConstants), so
+    calibration fits them like these.
 
     Defaults: gemm_half_size, the attention, HBM and communication efficiencies are
     datasheet-style guesses; gemm_efficiency_max, the two elementwise factors and step_overhead_s
@@ -230,6 +235,11 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     seq = model.seq_length / s.cp
     tokens = s.mbs * seq  # local tokens of one micro-batch
     tsp = t if s.sequence_parallel else 1
+    # The terms the levers change, each lever in registry order (autotune.levers).
+    state = CostState(optimizer_bytes_per_param=prm.optimizer_bytes_per_param)
+    for lever in LEVERS:
+        if lever.cost is not None:
+            state = lever.cost(model, s, cluster, prm, state)
 
     # --- one layer, one micro-batch, one forward pass (backward = 2 forwards) ---
     eff = gemm_efficiency(min(tokens, h / t), prm)
@@ -271,10 +281,9 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
 
     # The last stage adds the output layer (2 h V per token forward) and the vocab-parallel
     # cross entropy over fp32 logits (cross_entropy.py: ~4 passes over 4-byte elements; the
-    # fused kernels ~2: 3.5 ms less per 16k-token micro-batch of gpt2-xl on an H100,
-    # results/benchmarks/2026-11-21-h100-gpt2-xl-mfu.md).
+    # fused kernels fewer, autotune.levers.cross_entropy).
     vocab_rank = padded_vocab_size(model, t) / t
-    ce_passes = 2 if s.cross_entropy_fusion else 4
+    ce_passes = state.cross_entropy_passes
     logits_s = (tokens * fl.logits * 3 / t / (peak * eff)
                 + tokens * vocab_rank * 4 * ce_passes / hbm)
     # Pipeline: send + receive of s b h bf16 per chunk boundary, forward and backward (1/t of
@@ -308,13 +317,14 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     # of (p - 1)/v slots (Section 2.2.2). An uneven split pays or gains through that slot.
     bubble_s = (s.pp - 1) / s.vpp * mb_s
 
-    dp_s = _dp_exposed(model, s, cluster, prm, bwd_window_s=mb_s * 2 / 3,
+    dp_s = _dp_exposed(model, s, cluster, prm, state, bwd_window_s=mb_s * 2 / 3,
                        fwd_window_s=mb_s / 3)
-    # Adam over the local shard is memory-bound (megatron/core/optimizer: one fused pass).
+    # Adam over the local shard is memory-bound (megatron/core/optimizer: one fused pass); a
+    # lever may move part of it off the GPU (optimizer_host_s_per_param).
     dense, expert = _largest_stage(model, s)
-    shard = dense / (s.dp * s.cp if s.distributed_optimizer else 1) + expert / (
-        s.expert_dp if s.distributed_optimizer else 1)
-    optimizer_s = shard * prm.optimizer_bytes_per_param / hbm
+    shard = dense / state.dense_shard + expert / state.expert_shard
+    optimizer_s = shard * state.optimizer_bytes_per_param / hbm \
+        + shard * state.optimizer_host_s_per_param
     step = m * mb_s + bubble_s + dp_s + optimizer_s + prm.step_overhead_s
     tokens_per_s = s.gbs * model.seq_length / step
     world = s.world_size
@@ -442,8 +452,8 @@ def _largest_stage(model: ModelSpec, s: Layout) -> tuple[float, float]:
     return first if sum(first) >= sum(last) else last
 
 
-def _dp_exposed(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostParams, *,
-                bwd_window_s: float, fwd_window_s: float) -> float:
+def _dp_exposed(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostParams,
+                state: CostState, *, bwd_window_s: float, fwd_window_s: float) -> float:
     """Exposed gradient reduction (+ parameter all-gather with the distributed optimizer).
 
     Dense gradients reduce over the dp x cp group (stride tp), expert gradients over the
@@ -461,16 +471,16 @@ def _dp_exposed(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostPara
             continue
         bw = _link(cluster, span)
         bucket = min(n_params, max(_BUCKET_PARAMS, 1_000_000 * n))
-        if s.distributed_optimizer:
+        if state.dp_sharded:
             grad_s += _one_way_s(n_params * MAIN_GRAD_BYTES, n, bw, prm)
             gather_s += _one_way_s(n_params * PARAM_BYTES, n, bw, prm)
             tail_s += _one_way_s(bucket * MAIN_GRAD_BYTES, n, bw, prm)
         else:
             grad_s += ring_allreduce_s(n_params * MAIN_GRAD_BYTES, n, bw, prm)
             tail_s += ring_allreduce_s(bucket * MAIN_GRAD_BYTES, n, bw, prm)
-    if s.overlap_grad_reduce:
+    if state.overlap_grad_reduce:
         grad_s = max(0.0, grad_s - bwd_window_s) + tail_s
-    if s.overlap_param_gather:
+    if state.overlap_param_gather:
         gather_s = max(0.0, gather_s - fwd_window_s) + tail_s * PARAM_BYTES / MAIN_GRAD_BYTES
     embed_s = 0.0
     if s.pp > 1 and model.tied_embeddings:

@@ -97,6 +97,9 @@ class ClusterSpec:
     num_gpus: int
     gpus_per_node: int
     gpu: GpuSpec
+    host_memory_bytes: float | None = None
+    """Host (CPU) memory per node, from a cluster file's host_memory_gib; None: not known, and
+    what the levers keep there (an offloaded optimizer) is not checked against it."""
 
     def __post_init__(self) -> None:
         for name in ("num_gpus", "gpus_per_node"):
@@ -123,7 +126,8 @@ class ClusterSpec:
             file = load_cluster_file(gpu)
             per_node = gpus_per_node if gpus_per_node is not None else min(file.gpus_per_node,
                                                                            num_gpus)
-            return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=file.gpu)
+            return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=file.gpu,
+                       host_memory_bytes=file.host_memory_bytes)
         per_node = gpus_per_node if gpus_per_node is not None else min(8, num_gpus)
         name = gpu or detect_gpu() or DEFAULT_GPU
         return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=gpu_spec(name))

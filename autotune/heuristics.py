@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from autotune.cost import CostParams, estimate_cost
 from autotune.hardware import ClusterSpec
 from autotune.layout import LAYOUT_DEFAULTS, Layout
+from autotune.levers import LEVERS, requirements
+from autotune.levers.base import Seed
 from autotune.model import ModelSpec
 
 __all__ = ["MEMORY_OPTIONS", "alpa_seeds", "next_smaller_mbs", "predicted_speed"]
@@ -25,21 +28,27 @@ __all__ = ["MEMORY_OPTIONS", "alpa_seeds", "next_smaller_mbs", "predicted_speed"
 
 def _mismatches(s: Layout, impl: str) -> int:
     """How far a layout's options are from Megatron practice without tuning: no recompute
-    beyond what is asked, the distributed optimizer and overlapped parameter gather with dp > 1,
-    overlapped gradient reduce, sequence parallel with tp > 1, no interleaving or context
-    parallelism, and the fastest implementation available."""
-    ideal = {"vpp": 1, "cp": 1, "distributed_optimizer": s.dp > 1,
-             "overlap_grad_reduce": True, "overlap_param_gather": s.dp > 1,
-             "sequence_parallel": s.tp > 1, "impl": impl,
-             # Megatron-LM's default is off; the search, not the seed, decides whether the
-             # fused cross entropy's speed is worth its memory.
-             "cross_entropy_fusion": False}
+    beyond what is asked, no interleaving or context parallelism, sequence parallel with tp > 1,
+    the fastest implementation available, and each lever at the value its module calls practice
+    (autotune.levers: the distributed optimizer and overlapped parameter gather with dp > 1,
+    overlapped gradient reduce, no fused cross entropy). A field that a lever in use requires
+    (the precision-aware optimizer needs the distributed optimizer) counts at that value."""
+    ideal: dict[str, Any] = {"vpp": 1, "cp": 1, "sequence_parallel": s.tp > 1, "impl": impl}
+    for lever in LEVERS:
+        if lever.practice is not None:
+            ideal.update(lever.practice(s, impl))
+    for requirement in requirements():
+        if requirement.when(s):
+            ideal.update(requirement.needs)
     return sum(getattr(s, name) != value for name, value in ideal.items())
 
 
 MEMORY_OPTIONS = ("recompute", "recompute_method", "recompute_num_layers", "recompute_modules",
-                  "offload_layers", "first_stage_layers", "last_stage_layers")
-"""The dimensions that trade time for memory: what a seed may spend to make a micro-batch fit."""
+                  "offload_layers", "first_stage_layers", "last_stage_layers",
+                  *(name for lever in LEVERS if lever.seed == Seed.MEMORY
+                    for name in lever.field_names))
+"""The dimensions that trade time for memory: what a seed may spend to make a micro-batch fit
+(the levers whose seed role is Seed.MEMORY among them)."""
 
 
 def predicted_speed(model: ModelSpec, cluster: ClusterSpec,

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.layout import DATA_PARALLEL_OPTIONS, DIMENSIONS, Layout, with_fields
+from autotune.levers import requirements
+from autotune.levers.base import satisfy
 from autotune.megatron_args import exported_layout, megatron_lm_args
 from autotune.model import ModelSpec
 from autotune.worker.config import worker_config
@@ -42,9 +44,11 @@ SAME_RUN_RULES: tuple[SameRunRule, ...] = (
         "the data-parallel group with context parallelism (dp x cp ranks); expert parameters use "
         "the expert-data-parallel group, dp x cp / ep ranks, never more. With one such rank the "
         "distributed optimizer and the overlap flags have nothing to shard or overlap: the same "
-        "kernels, memory and communication.",
+        "kernels, memory and communication. A field another lever requires stays (the "
+        "precision-aware optimizer asserts the distributed optimizer whatever the ranks).",
         lambda s: s.dp * s.cp == 1,
-        lambda s: with_fields(s, **dict.fromkeys(DATA_PARALLEL_OPTIONS, False))),
+        lambda s: satisfy(with_fields(s, **dict.fromkeys(DATA_PARALLEL_OPTIONS, False)),
+                          requirements())),
 )
 
 

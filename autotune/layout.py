@@ -7,7 +7,7 @@ enumerator in `space` can reject a partial layout before it expands the deeper d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -25,6 +25,9 @@ from autotune.dimensions import (
 )
 from autotune.errors import InvalidLayoutError
 from autotune.hardware import ClusterSpec
+from autotune.levers import LeverFields
+from autotune.levers import rules as lever_rules
+from autotune.levers.base import Rule
 from autotune.model import ModelSpec
 
 __all__ = [
@@ -61,13 +64,12 @@ def _recompute_label(s: Layout, value: Recompute) -> str | None:
     return None if value == Recompute.NONE else f"rc={value}"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Layout:
-    """One Megatron parallel layout plus the batch and memory options that go with it.
+@dataclass(frozen=True, kw_only=True)
+class _Core:
+    """The parallel sizes, the batch and the memory options not yet moved into a lever module
+    (autotune.levers): the first fields of a Layout."""
 
-    Each field's metadata (help, enumeration level, label, estimate flag) is declared once,
-    here, with `dimension(...)`; DIMENSIONS below collects it for every consumer."""
-
+    __slots__ = ()
     tp: int = dimension(1, level=0, label=always("tp"), flag="--tp", help=(
         "Tensor parallel size (Megatron `--tensor-model-parallel-size`)."))
     pp: int = dimension(1, level=0, label=always("pp"), flag="--pp", help=(
@@ -112,16 +114,17 @@ class Layout:
                                     help=(
         "Layers whose activations are offloaded to CPU memory (`--cpu-offloading-num-layers`, "
         "Transformer Engine's offload); 0: none."))
-    distributed_optimizer: bool = dimension(False, level=5, label=flag_label("do"), help=(
-        "Shard the optimizer state over the data-parallel ranks."))
-    overlap_grad_reduce: bool = dimension(False, level=5, label=flag_label("ogr"), help=(
-        "Overlap the gradient reduce-scatter/all-reduce with the backward pass."))
-    overlap_param_gather: bool = dimension(False, level=5, label=flag_label("opg"), help=(
-        "Overlap the distributed optimizer's parameter all-gather with the forward pass."))
-    cross_entropy_fusion: bool = dimension(False, level=5, label=flag_label("cef"), help=(
-        "Megatron's fused vocab-parallel cross entropy (`--cross-entropy-loss-fusion`, the "
-        "native torch.compile'd kernels): fewer passes over the fp32 logits, one more fp32 "
-        "copy of them."))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout(LeverFields, _Core):
+    """One Megatron parallel layout plus the batch and memory options that go with it.
+
+    Each field's metadata (help, enumeration level, label, estimate flag) is declared once,
+    with `dimension(...)`: the core fields in `_Core`, a lever's in its module under
+    autotune/levers/ (LeverFields), the implementation here. Fields follow in that order;
+    DIMENSIONS below collects them for every consumer."""
+
     impl: Impl = dimension(Impl.LOCAL, level=5, label=value_label(), help=(
         "Transformer implementation: local, sdpa or te."))
 
@@ -180,19 +183,6 @@ class Violation:
 
     rule: str
     message: str
-
-
-Check = Callable[[Layout, ModelSpec, ClusterSpec], str | None]
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """A named check; `level` is the deepest enumeration level whose fields it reads."""
-
-    name: str
-    level: int
-    summary: str
-    check: Check
 
 
 # Levels: 0 = tp, pp, cp, dp; 1 = vpp, the first/last stage's layers; 2 = ep;
@@ -455,16 +445,6 @@ def _offload(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-def _opg_do(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
-    # Megatron-LM arguments.py: "--overlap-param-gather only supported with distributed
-    # optimizer" and it requires --overlap-grad-reduce.
-    if s.overlap_param_gather and not s.distributed_optimizer:
-        return "overlap_param_gather needs distributed_optimizer"
-    if s.overlap_param_gather and not s.overlap_grad_reduce:
-        return "overlap_param_gather needs overlap_grad_reduce"
-    return None
-
-
 def _impl_known(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     if not isinstance(s.impl, Impl):
         return f"impl={s.impl!r} must be one of {', '.join(Impl)}"
@@ -479,7 +459,7 @@ def _cp_impl(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-RULES: tuple[Rule, ...] = (
+_RULES: tuple[Rule, ...] = (
     Rule("world", 0, "dp x tp x pp x cp must equal the GPU count", _world),
     Rule("tp_node", 0, "tp must fit in one node (Alpa)", _tp_node),
     Rule("tp_heads", 0, "tp must divide num_attention_heads", _tp_heads),
@@ -507,10 +487,16 @@ RULES: tuple[Rule, ...] = (
          _recompute_modules),
     Rule("offload", 5, "CPU offloading needs TE, pp=1, no recompute, < num_layers layers",
          _offload),
-    Rule("opg_do", 5, "overlap_param_gather needs the distributed optimizer", _opg_do),
+)
+_IMPL_RULES = (
     Rule("impl_known", 5, "impl must be local, te or sdpa", _impl_known),
     Rule("cp_impl", 5, "context parallelism needs Transformer Engine attention", _cp_impl),
 )
+
+RULES: tuple[Rule, ...] = tuple(sorted((*_RULES, *lever_rules(), *_IMPL_RULES),
+                                       key=lambda rule: rule.level))
+"""Megatron's checks in level order: the core rules, then each lever's (autotune.levers), then
+the implementation's; sorting is stable, so within a level that order stays."""
 
 RULE_LEVELS: dict[str, int] = {rule.name: rule.level for rule in RULES}
 

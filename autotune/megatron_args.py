@@ -10,19 +10,20 @@ gbs`. Pure: no I/O, no subprocess, no torch.
 
 Adding a flag is one row (or one flag in a row): its emission and its reading side by side, so
 the export and the reader of user commands cannot drift apart (tests/test_megatron_command.py
-round-trips every preset through both).
+round-trips every preset through both). A lever's rows live in its module (autotune.levers) and
+are spliced into the table; the row types are in autotune.levers.flags.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from autotune.dimensions import RECOMPUTE_MODULES
 from autotune.errors import ConfigError, InvalidLayoutError
 from autotune.layout import Layout
+from autotune.levers import LEVERS
+from autotune.levers.flags import Emit, Flag, FlagRow, Given, Part, RunOptions, switch, value
 from autotune.megatron_versions import MegatronVersion, running, spell_args
 from autotune.model import ModelSpec
 
@@ -73,135 +74,6 @@ _ACTIVATION_FLAGS: dict[tuple[str, bool], tuple[str, ...]] = {
     ("silu", True): ("--swiglu",),
     ("squared_relu", False): ("--squared-relu",),
 }
-
-
-class Part(enum.StrEnum):
-    """What a row's flags describe: the model's shape, the parallel layout (what a search
-    changes), or the run itself (precision, learning rate, logging, data), which a user's own
-    command keeps as it is."""
-
-    MODEL = "model"
-    LAYOUT = "layout"
-    RUN = "run"
-
-
-@dataclass(frozen=True, slots=True)
-class Flag:
-    """One Megatron-LM flag: its spelling and whether a value follows it."""
-
-    name: str
-    takes_value: bool = True
-    many: bool = False
-    """nargs '+': every word up to the next flag is one of its values (read as one value,
-    joined by spaces)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunOptions:
-    """The run around the layout: what megatron_lm_args takes besides the model and layout."""
-
-    train_iters: int | None = None
-    mock_data: bool = True
-    lr: float = 1.0e-4
-    seed: int = 1234
-    log_interval: int = 1
-    distributed_timeout_minutes: int | None = None
-
-
-class Given:
-    """The flag values of one command, as Megatron-LM's argparse would see them (the last
-    occurrence of a flag wins; a switch's value is None), with one-line errors naming `source`."""
-
-    def __init__(self, values: Mapping[str, str | None], source: str) -> None:
-        self.values = dict(values)
-        self.source = source
-
-    def has(self, name: str) -> bool:
-        return name in self.values
-
-    def text(self, name: str, default: str | None = None) -> str | None:
-        value = self.values.get(name)
-        return default if value is None else value
-
-    def integer(self, name: str, default: int | None = None) -> int | None:
-        value = self.values.get(name)
-        if value is None:
-            return default
-        try:
-            return int(value)
-        except ValueError:
-            raise ConfigError(f"{self.source}: {name} {value!r} is not an integer") from None
-
-    def number(self, name: str, default: float) -> float:
-        value = self.values.get(name)
-        if value is None:
-            return default
-        try:
-            return float(value)
-        except ValueError:
-            raise ConfigError(f"{self.source}: {name} {value!r} is not a number") from None
-
-    def choice(self, name: str, choices: Sequence[str], default: str) -> str:
-        value = self.text(name, default)
-        assert value is not None
-        if value not in choices:
-            raise ConfigError(f"{self.source}: {name} {value} is not one autotune models "
-                              f"({', '.join(choices)})")
-        return value
-
-    def required(self, name: str) -> int:
-        value = self.integer(name)
-        if value is None:
-            raise ConfigError(f"{self.source}: the command has no {name}, which autotune needs "
-                              "for the model's shape")
-        return value
-
-
-Emit = Callable[[ModelSpec, Layout, RunOptions], list[str]]
-Read = Callable[[Given], dict[str, Any]]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FlagRow:
-    """Flags that belong together: how a model and layout emit them, how their values read
-    back into ModelSpec / Layout fields (None: they set none, and a user's values stay)."""
-
-    name: str
-    part: Part
-    flags: tuple[Flag, ...]
-    emit: Emit
-    read: Read | None = None
-
-
-def _value(name: str, field: str, part: Part, *, default: int | None = None,
-           omit_at: int | None = None) -> FlagRow:
-    """An integer field with a flag of its own; `omit_at`: not emitted at that value (the
-    default Megatron-LM takes without it); `default`: read when the flag is absent."""
-    owner = "model" if part == Part.MODEL else "layout"
-
-    def emit(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
-        value = getattr(m if owner == "model" else s, field)
-        return [] if value == omit_at else [name, str(value)]
-
-    def read(g: Given) -> dict[str, Any]:
-        return {field: g.required(name) if default is None else g.integer(name, default)}
-
-    return FlagRow(name=field, part=part, flags=(Flag(name),), emit=emit, read=read)
-
-
-def _switch(name: str, field: str, part: Part, *, on_means: bool = True) -> FlagRow:
-    """A boolean field set by a store_true flag (`on_means` False: the flag turns it off)."""
-    owner = "model" if part == Part.MODEL else "layout"
-
-    def emit(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
-        value = getattr(m if owner == "model" else s, field)
-        return [name] if value == on_means else []
-
-    def read(g: Given) -> dict[str, Any]:
-        return {field: on_means if g.has(name) else not on_means}
-
-    return FlagRow(name=field, part=part, flags=(Flag(name, takes_value=False),), emit=emit,
-                   read=read)
 
 
 # ---- the model's shape -------------------------------------------------------------------
@@ -377,13 +249,6 @@ def _read_recompute(g: Given) -> dict[str, Any]:
     return {"recompute": "full", "recompute_method": method, "recompute_num_layers": layers}
 
 
-def _emit_cross_entropy(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
-    # TransformerConfig fields (model_parallel_config.py), flags generated from them.
-    if s.cross_entropy_fusion:
-        return ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "native"]
-    return []
-
-
 _LOCAL_SPEC_ARGS: tuple[str, ...] = (
     "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-persist-layer-norm",
     "--attention-softmax-in-fp32")
@@ -496,15 +361,15 @@ _DATA_FLAGS = (Flag("--mock-data", takes_value=False), Flag("--tokenizer-type"),
 
 FLAG_TABLE: tuple[FlagRow, ...] = (
     # The model's shape.
-    _value("--num-layers", "num_layers", Part.MODEL),
-    _value("--hidden-size", "hidden_size", Part.MODEL),
-    _value("--num-attention-heads", "num_attention_heads", Part.MODEL),
+    value("--num-layers", "num_layers", Part.MODEL),
+    value("--hidden-size", "hidden_size", Part.MODEL),
+    value("--num-attention-heads", "num_attention_heads", Part.MODEL),
     FlagRow(name="num_query_groups", part=Part.MODEL,
             flags=(Flag("--group-query-attention", takes_value=False),
                    Flag("--num-query-groups")), emit=_emit_gqa, read=_read_gqa),
     FlagRow(name="ffn_hidden_size", part=Part.MODEL, flags=(Flag("--ffn-hidden-size"),),
             emit=_emit_ffn, read=_read_ffn),
-    _value("--seq-length", "seq_length", Part.MODEL),
+    value("--seq-length", "seq_length", Part.MODEL),
     FlagRow(name="positions", part=Part.MODEL,
             flags=(Flag("--max-position-embeddings"), Flag("--position-embedding-type"),
                    Flag("--rotary-base"),
@@ -517,10 +382,10 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
     FlagRow(name="activation", part=Part.MODEL,
             flags=(Flag("--swiglu", takes_value=False), Flag("--squared-relu", takes_value=False)),
             emit=_emit_activation, read=_read_activation),
-    _switch("--disable-bias-linear", "add_bias_linear", Part.MODEL, on_means=False),
-    _switch("--untie-embeddings-and-output-weights", "tied_embeddings", Part.MODEL,
+    switch("--disable-bias-linear", "add_bias_linear", Part.MODEL, on_means=False),
+    switch("--untie-embeddings-and-output-weights", "tied_embeddings", Part.MODEL,
             on_means=False),
-    _value("--make-vocab-size-divisible-by", "make_vocab_size_divisible_by", Part.MODEL,
+    value("--make-vocab-size-divisible-by", "make_vocab_size_divisible_by", Part.MODEL,
            default=128),
     _dropout("--attention-dropout", "attention_dropout"),
     _dropout("--hidden-dropout", "hidden_dropout"),
@@ -528,8 +393,8 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
             flags=(Flag("--num-experts"), Flag("--moe-router-topk"),
                    Flag("--moe-ffn-hidden-size")), emit=_emit_moe, read=_read_moe),
     # The parallel layout.
-    _value("--tensor-model-parallel-size", "tp", Part.LAYOUT, default=1),
-    _value("--pipeline-model-parallel-size", "pp", Part.LAYOUT, default=1),
+    value("--tensor-model-parallel-size", "tp", Part.LAYOUT, default=1),
+    value("--pipeline-model-parallel-size", "pp", Part.LAYOUT, default=1),
     FlagRow(name="vpp", part=Part.LAYOUT,
             flags=(Flag("--num-virtual-stages-per-pipeline-rank"),
                    Flag("--num-layers-per-virtual-pipeline-stage")),
@@ -537,15 +402,15 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
     # An uneven pipeline split (arguments.py _add_distributed_args, core_v0.16.1): absent, an
     # even split; with vpp, --num-virtual-stages-per-pipeline-rank is the flag validate_args
     # accepts alongside them.
-    _value("--decoder-first-pipeline-num-layers", "first_stage_layers", Part.LAYOUT, default=0,
+    value("--decoder-first-pipeline-num-layers", "first_stage_layers", Part.LAYOUT, default=0,
            omit_at=0),
-    _value("--decoder-last-pipeline-num-layers", "last_stage_layers", Part.LAYOUT, default=0,
+    value("--decoder-last-pipeline-num-layers", "last_stage_layers", Part.LAYOUT, default=0,
            omit_at=0),
-    _value("--context-parallel-size", "cp", Part.LAYOUT, default=1, omit_at=1),
-    _value("--expert-model-parallel-size", "ep", Part.LAYOUT, default=1, omit_at=1),
+    value("--context-parallel-size", "cp", Part.LAYOUT, default=1, omit_at=1),
+    value("--expert-model-parallel-size", "ep", Part.LAYOUT, default=1, omit_at=1),
     FlagRow(name="moe_token_dispatcher", part=Part.LAYOUT,
             flags=(Flag("--moe-token-dispatcher-type"),), emit=_emit_dispatcher),
-    _switch("--sequence-parallel", "sequence_parallel", Part.LAYOUT),
+    switch("--sequence-parallel", "sequence_parallel", Part.LAYOUT),
     FlagRow(name="batch", part=Part.LAYOUT,
             flags=(Flag("--micro-batch-size"), Flag("--global-batch-size")),
             emit=lambda m, s, run: ["--micro-batch-size", str(s.mbs),
@@ -560,18 +425,13 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
     # TransformerConfig.cpu_offloading_num_layers as a flag; validate_args turns cpu_offloading
     # on when it is > 0 (arguments.py, core_v0.16.1). Layout rules keep it apart from recompute
     # and pipelines, which TransformerConfig refuses with it.
-    _value("--cpu-offloading-num-layers", "offload_layers", Part.LAYOUT, default=0, omit_at=0),
+    value("--cpu-offloading-num-layers", "offload_layers", Part.LAYOUT, default=0, omit_at=0),
     FlagRow(name="precision", part=Part.RUN,
             flags=(Flag("--bf16", takes_value=False), Flag("--lr"), Flag("--seed")),
             emit=_emit_precision),
-    _switch("--use-distributed-optimizer", "distributed_optimizer", Part.LAYOUT),
-    _switch("--overlap-grad-reduce", "overlap_grad_reduce", Part.LAYOUT),
-    _switch("--overlap-param-gather", "overlap_param_gather", Part.LAYOUT),
-    FlagRow(name="cross_entropy_fusion", part=Part.LAYOUT,
-            flags=(Flag("--cross-entropy-loss-fusion", takes_value=False),
-                   Flag("--cross-entropy-fusion-impl")),
-            emit=_emit_cross_entropy,
-            read=lambda g: {"cross_entropy_fusion": g.has("--cross-entropy-loss-fusion")}),
+    # Each lever's rows, in registry order (autotune.levers: the optimizer, the overlap flags,
+    # the fused cross entropy, ...).
+    *(row for lever in LEVERS for row in lever.flag_rows),
     FlagRow(name="impl", part=Part.LAYOUT,
             flags=(Flag("--transformer-impl"),
                    *(Flag(name, takes_value=False)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from autotune.dimensions import Recompute
 from autotune.hardware import ClusterSpec
 from autotune.layout import Layout, stage_layers
+from autotune.levers import LEVERS
+from autotune.levers.base import MemoryState
 from autotune.memory_activations import (
     full_recompute_chunk,
     inflight_microbatches,
@@ -42,13 +44,8 @@ OPTIMIZER_BYTES = 12
 """fp32 master weights + Adam first and second moments (ZeRO Section 3.1: K = 12)."""
 LOGITS_BYTES_PER_ELEMENT = 6
 """megatron/core/tensor_parallel/cross_entropy.py: the bf16 logits (2 B) plus the fp32 copy that
-becomes exp(logits) / softmax and is saved for backward (4 B), per vocabulary entry and token."""
-FUSED_CE_EXTRA_BYTES_PER_ELEMENT = 4
-"""megatron/core/fusions/fused_cross_entropy.py: its torch.compile'd functions return new tensors
-instead of subtracting the max in place, so one more fp32 copy of the logits is live at the
-peak. Measured on an H100, gpt2-xl mbs 16: +3.1 GiB = 16 x 1024 x 50,304 x 4 B
-(results/benchmarks/2026-11-21-h100-gpt2-xl-mfu.md)."""
-
+becomes exp(logits) / softmax and is saved for backward (4 B), per vocabulary entry and token.
+The fused cross entropy adds a copy (autotune.levers.cross_entropy)."""
 
 BLOCK_MARGIN = 1.0
 """Free memory, in largest blocks, that a layout needs beside its predicted peak to run.
@@ -118,6 +115,9 @@ class StageMemory:
     block_margin_bytes: float = 0.0
     """Free memory the stage needs beside its peak: BLOCK_MARGIN largest blocks, none under
     full recompute (see BLOCK_MARGIN)."""
+    host_bytes: float = 0.0
+    """Host (CPU) memory this rank keeps, e.g. an offloaded optimizer's state (not part of the
+    GPU total)."""
 
     @property
     def allocated_bytes(self) -> float:
@@ -141,6 +141,20 @@ class MemoryEstimate:
     gpu_name: str
     usable_bytes: int = 0
     """What CUDA lets the process allocate (GpuSpec.usable_bytes); 0: capacity_bytes."""
+    host_memory_bytes: float | None = None
+    """Host memory of a node (ClusterSpec.host_memory_bytes); None: not known, not checked."""
+    ranks_per_node: int = 1
+
+    @property
+    def host_bytes_per_node(self) -> float:
+        """Host memory the node's ranks keep, each taken at the busiest stage's (pipeline stages
+        share a node only when pp ranks sit on it, so this errs on the safe side)."""
+        return max(st.host_bytes for st in self.stages) * self.ranks_per_node
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host_memory_bytes is None or \
+            self.host_bytes_per_node <= self.host_memory_bytes
 
     @property
     def required_bytes(self) -> float:
@@ -155,7 +169,8 @@ class MemoryEstimate:
 
     @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.capacity_bytes and self.required_bytes <= self.limit_bytes
+        return (self.peak_bytes <= self.capacity_bytes and self.required_bytes <= self.limit_bytes
+                and self.host_fits)
 
     @property
     def peak(self) -> StageMemory:
@@ -174,6 +189,11 @@ class MemoryEstimate:
         """Why the layout does not fit, calculon-style; None when it fits."""
         if self.fits:
             return None
+        if not self.host_fits:
+            assert self.host_memory_bytes is not None
+            return (f"its {self.ranks_per_node} ranks per node keep "
+                    f"{self.host_bytes_per_node / GIB:.1f} GiB in host memory but a node has "
+                    f"{self.host_memory_bytes / GIB:.1f} GiB")
         if self.peak_bytes <= self.capacity_bytes:
             return (f"a peak of {self.peak_bytes / GIB:.1f} GiB leaves too little free memory "
                     f"for its largest allocation (needs {self.required_bytes / GIB:.1f} of "
@@ -246,12 +266,18 @@ def _nccl_groups(s: Layout, model: ModelSpec) -> int:
 def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMemory:
     dense, expert = stage_params(model, s, stage)
     n_params = dense + expert
-    # Distributed optimizer: master weights and moments sharded over the dp x cp group for dense
-    # params and over the expert-data-parallel group for experts (dist_optimizer.md: 6 + 12/d).
-    dense_shard = s.dp * s.cp if s.distributed_optimizer else 1
-    expert_shard = s.expert_dp if s.distributed_optimizer else 1
-    per_shard_bytes = OPTIMIZER_BYTES + (4 if MAIN_GRAD_BYTES < 4 else 0)  # fp32 grad copy
-    optimizer = per_shard_bytes * (dense / dense_shard + expert / expert_shard)
+    # Model states with every lever off (fp32 master weights and Adam moments, plus an fp32
+    # copy of the grads were they kept in less), then as the levers change them: the
+    # distributed optimizer shards them (dist_optimizer.md: 6 + 12/d), ... (autotune.levers).
+    states = MemoryState(
+        optimizer_bytes_per_param=OPTIMIZER_BYTES + (4 if MAIN_GRAD_BYTES < 4 else 0),
+        logits_bytes_per_element=LOGITS_BYTES_PER_ELEMENT)
+    for lever in LEVERS:
+        if lever.memory is not None:
+            states = lever.memory(model, s, states)
+    shard = dense / states.dense_shard + expert / states.expert_shard
+    optimizer = states.optimizer_bytes_per_param * shard
+    host = states.host_bytes_per_param * shard
 
     acts = layer_activations(model, s.tp, s.impl)
     seq = model.seq_length / s.cp
@@ -293,9 +319,8 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMe
         # Final norm input and output-layer input (2 B each), then the logits of the one
         # micro-batch between its forward and backward (1F1B runs the last stage's back-to-back).
         activations += tokens * 4 * h / tsp
-        per_element = LOGITS_BYTES_PER_ELEMENT + (FUSED_CE_EXTRA_BYTES_PER_ELEMENT
-                                                  if s.cross_entropy_fusion else 0)
-        logits = tokens * padded_vocab_size(model, s.tp) / s.tp * per_element
+        logits = tokens * padded_vocab_size(model, s.tp) / s.tp \
+            * states.logits_bytes_per_element
         block = tokens * padded_vocab_size(model, s.tp) / s.tp * 4  # the fp32 copy
     weights = PARAM_BYTES * n_params
     grads = MAIN_GRAD_BYTES * n_params
@@ -305,7 +330,7 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMe
     return StageMemory(stage=stage, weights_bytes=weights, gradients_bytes=grads,
                        optimizer_bytes=optimizer, activations_bytes=activations,
                        logits_bytes=logits, workspace_bytes=workspace, overhead_bytes=overhead,
-                       saved_bytes=saved, largest_block_bytes=block,
+                       saved_bytes=saved, largest_block_bytes=block, host_bytes=host,
                        block_margin_bytes=0.0 if s.recompute == Recompute.FULL
                        else BLOCK_MARGIN * block)
 
@@ -324,4 +349,6 @@ def estimate_memory(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     peak = max(stages, key=lambda st: st.total_bytes)
     return MemoryEstimate(stages=stages, peak_stage=peak.stage, peak_bytes=peak.total_bytes,
                           capacity_bytes=cluster.gpu.memory_bytes, gpu_name=cluster.gpu.name,
-                          usable_bytes=cluster.gpu.usable_bytes)
+                          usable_bytes=cluster.gpu.usable_bytes,
+                          host_memory_bytes=cluster.host_memory_bytes,
+                          ranks_per_node=min(cluster.gpus_per_node, cluster.num_gpus))

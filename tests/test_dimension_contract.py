@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -19,11 +20,14 @@ from typing import Any
 
 import pytest
 
-from autotune.cost import estimate_cost
+from autotune.cost import CostParams, estimate_cost
 from autotune.dimensions import Impl
 from autotune.hardware import ClusterSpec
 from autotune.identity import run_key
-from autotune.layout import DIMENSIONS, SEARCHED, Layout
+from autotune.layout import DIMENSIONS, SEARCHED, Layout, check
+from autotune.levers import LEVERS, cross_entropy
+from autotune.levers.base import CONFIG_PARTS, CostState, Lever, contract_problems
+from autotune.levers.flags import FlagRow, Given, RunOptions
 from autotune.megatron_args import megatron_lm_args
 from autotune.memory import estimate_memory
 from autotune.model import ModelSpec, load_model
@@ -129,3 +133,131 @@ def test_every_allowance_is_needed(rule: Allowed) -> None:
         used = used or any(rule.when(a, b) and not _differs(rule.consumer, model, cluster, a, b)
                            for a, b in _pairs(preset, gpus, rule.dimension))
     assert used
+
+
+# ---- the lever contract (autotune/levers/) ------------------------------------------------
+# Every registered lever declares its fields, rules, flag rows (read back), worker keys that
+# megatron-core 0.16.1's configuration classes have, and memory and cost terms, a saving in
+# memory never free in time. `lever_problems` reports what a lever breaks; a deliberately broken
+# lever shows the check fails.
+
+CONFIG_CLASSES = {
+    "transformer": ("megatron.core.transformer.transformer_config", "TransformerConfig"),
+    "ddp": ("megatron.core.distributed.distributed_data_parallel_config",
+            "DistributedDataParallelConfig"),
+    "optimizer": ("megatron.core.optimizer.optimizer_config", "OptimizerConfig"),
+}
+
+
+@functools.cache
+def _config_fields() -> dict[str, frozenset[str]]:
+    """The keyword arguments megatron-core's configuration classes take, by worker part."""
+    import dataclasses
+    import importlib
+
+    if not os.environ.get("CI"):  # CI installs megatron-core: a skip there would hide a gap
+        pytest.importorskip("megatron.core")
+    return {part: frozenset(f.name for f in dataclasses.fields(
+        getattr(importlib.import_module(module), name)))
+        for part, (module, name) in CONFIG_CLASSES.items()}
+
+
+def _given(args: list[str], row: FlagRow) -> Given:
+    """The flag values of `args` as Megatron-LM's argparse reads them (the row says which take
+    a value)."""
+    takes = {flag.name: flag.takes_value for flag in row.flags}
+    values: dict[str, str | None] = {}
+    words = iter(args)
+    for word in words:
+        values[word] = next(words) if takes.get(word, True) else None
+    return Given(values, "round trip")
+
+
+def _lever_layouts(lever: Lever) -> list[tuple[ModelSpec, ClusterSpec, Layout]]:
+    """Valid layouts of the all-dimensions space with the lever's fields set and not, from a
+    dense model and a mixture of experts on 8 GPUs and one GPU."""
+    chosen = []
+    for preset, gpus in [*CASES, ("gpt2", 1)]:
+        model, cluster, keys = _layouts(preset, gpus)
+        def lever_on(s: Layout) -> bool:
+            return any(getattr(s, n) != DIMENSIONS[n].default for n in lever.field_names)
+        on = [s for s in keys if lever_on(s)]
+        off = [s for s in keys if not lever_on(s)]
+        rng = random.Random(lever.name)
+        for group in (on, off):
+            chosen += [(model, cluster, s) for s in rng.sample(group, min(20, len(group)))]
+    return chosen
+
+
+def lever_problems(lever: Lever) -> list[str]:
+    """What `lever` breaks of the contract, as sentences."""
+    problems = contract_problems(lever)
+    known = _config_fields()
+    layouts = _lever_layouts(lever)
+    if not any(getattr(s, n) != DIMENSIONS[n].default
+               for _, _, s in layouts for n in lever.field_names):
+        problems.append(f"lever {lever.name}: no valid layout of the all-dimensions space "
+                        "turns it")
+    for model, cluster, s in layouts:
+        for part, keys in lever.worker(model, s).items():
+            if part not in known:
+                problems.append(f"lever {lever.name}: worker part {part} is none of "
+                                f"{', '.join(CONFIG_PARTS)}")
+                continue
+            for key in sorted(set(keys) - known[part]):
+                problems.append(f"lever {lever.name}: worker key {key} is no field of "
+                                f"megatron-core's {CONFIG_CLASSES[part][1]}")
+        read: dict[str, Any] = {}
+        for row in lever.flag_rows:
+            if row.read is not None:
+                read.update(row.read(_given(row.emit(model, s, RunOptions()), row)))
+        for name in lever.field_names:
+            if name in read and read[name] != getattr(s, name):
+                problems.append(f"lever {lever.name}: {name}={getattr(s, name)} reads back as "
+                                f"{read[name]}")
+        # A lever the memory model prices must cost time too (or say why not): the layout
+        # with the lever's fields at their defaults, where Megatron accepts it.
+        off = replace(s, **{n: DIMENSIONS[n].default for n in lever.field_names})
+        if off == s or check(off, model, cluster) or lever.no_cost:
+            continue
+        if estimate_memory(model, s, cluster) == estimate_memory(model, off, cluster):
+            continue
+        # The step's terms must see it (its stage may not set the pace: the fused cross
+        # entropy on a last stage lighter than the first changes no step time).
+        start = CostState(optimizer_bytes_per_param=CostParams().optimizer_bytes_per_param)
+        terms = [lever.cost(model, layout, cluster, CostParams(), start)
+                 for layout in (s, off)] if lever.cost is not None else [start, start]
+        if terms[0] == terms[1] and (estimate_cost(model, s, cluster).step_time_s
+                                     == estimate_cost(model, off, cluster).step_time_s):
+            problems.append(f"lever {lever.name}: {s.describe()} changes memory but not time")
+    return sorted(set(problems))
+
+
+@pytest.mark.parametrize("lever", LEVERS, ids=lambda lever: lever.name)
+def test_every_lever_keeps_the_contract(lever: Lever) -> None:
+    assert lever_problems(lever) == []
+
+
+def _noop_cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: Any, state: CostState) -> CostState:
+    return state
+
+
+@pytest.mark.parametrize(("change", "reported"), [
+    ({"memory": None}, "no memory term"),
+    ({"cost": None}, "no cost term"),
+    ({"cost": _noop_cost}, "changes memory but not time"),
+    ({"flag_rows": ()}, "no Megatron-LM flag row"),
+    ({"worker": lambda m, s: {"transformer": {"cross_entropy_fused_typo": True}}},
+     "worker key cross_entropy_fused_typo is no field"),
+])
+def test_a_broken_lever_is_reported(change: dict[str, Any], reported: str) -> None:
+    broken = replace(cross_entropy.LEVER, **change)
+    assert any(reported in problem for problem in lever_problems(broken)), \
+        lever_problems(broken)
+
+
+def test_a_flag_row_that_does_not_read_back_is_reported() -> None:
+    row = replace(cross_entropy.LEVER.flag_rows[0],
+                  read=lambda g: {"cross_entropy_fusion": False})
+    broken = replace(cross_entropy.LEVER, flag_rows=(row,))
+    assert any("reads back as False" in p for p in lever_problems(broken))

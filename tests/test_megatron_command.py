@@ -81,6 +81,10 @@ EXTRA = [
            cross_entropy_fusion=True, gbs=512),
     Layout(tp=2, pp=2, vpp=2, dp=2, sequence_parallel=True, distributed_optimizer=True,
            overlap_grad_reduce=True, overlap_param_gather=True, impl="te", gbs=512),
+    Layout(dp=8, distributed_optimizer=True, precision_aware_optimizer=True, impl="te",
+           gbs=512),
+    Layout(dp=8, distributed_optimizer=True, precision_aware_optimizer=True, impl="te",
+           optimizer_offload_percent=50, gbs=512),
 ]
 CASES = [(name, gpus, layout) for name in list_presets() for gpus in (8, 16)
          for layout in _sample(name, gpus)] + [("llama3-8b", 8, s) for s in EXTRA]

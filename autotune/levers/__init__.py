@@ -1,0 +1,60 @@
+"""The lever registry: one module per lever, each declaring all of its Megatron knowledge.
+
+`LEVERS` lists them in the order the models apply their terms (autotune.levers.base explains
+what a lever declares). `LeverFields` joins their Layout fields and `LeverConstants` their cost
+constants: autotune.layout.Layout and autotune.cost.CostParams inherit them, so the fields are
+typed like the rest. A dataclass orders inherited fields by the reversed method resolution
+order, so both list their bases last lever first.
+
+Adding a lever: its module, one line in each of the three lists below, its candidates in
+search_spaces/ and its tests (tests/test_dimension_contract.py checks it against the contract).
+autotune.levers.derive (values resolved from the memory model) sits beside the registry; it
+imports the models, so nothing here imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.levers import (
+    cross_entropy,
+    distributed_optimizer,
+    optimizer_offload,
+    overlap,
+    precision_optimizer,
+)
+from autotune.levers.base import Lever, Requires, Rule
+
+__all__ = ["LEVERS", "LeverConstants", "LeverFields", "requirements", "rules"]
+
+LEVERS: tuple[Lever, ...] = (
+    distributed_optimizer.LEVER,
+    overlap.LEVER,
+    cross_entropy.LEVER,
+    precision_optimizer.LEVER,
+    optimizer_offload.LEVER,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeverFields(optimizer_offload.Fields, precision_optimizer.Fields, cross_entropy.Fields,
+                  overlap.Fields, distributed_optimizer.Fields):
+    """Every lever's Layout fields, in LEVERS order."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeverConstants(optimizer_offload.Constants):
+    """Every lever's cost constants (autotune.cost.CostParams inherits them)."""
+
+    __slots__ = ()
+
+
+def rules() -> tuple[Rule, ...]:
+    """The levers' validity rules, in LEVERS order."""
+    return tuple(rule for lever in LEVERS for rule in lever.all_rules())
+
+
+def requirements() -> tuple[Requires, ...]:
+    return tuple(r for lever in LEVERS for r in lever.requires)

@@ -25,16 +25,18 @@ __all__ = ["PATCHES", "build_model", "build_optimizer", "transformer_config",
 log = logging.getLogger(__name__)
 
 
-_DTYPES = {"bfloat16": torch.bfloat16}
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu}
 
 
 def _resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
     """worker_config's names of dtypes and activations as the torch objects they name."""
     out = dict(kwargs)
-    for key in ("params_dtype", "pipeline_dtype"):
-        if key in out:
-            out[key] = _DTYPES[out[key]]
+    for key, value in kwargs.items():
+        # Every dtype by name: the core's params_dtype and pipeline_dtype, and a lever's
+        # (autotune.levers.base.Worker), e.g. the precision-aware optimizer's moments.
+        if key.endswith("_dtype") and isinstance(value, str):
+            out[key] = _DTYPES[value]
     if "activation_func" in out:
         out["activation_func"] = _ACTIVATIONS[out["activation_func"]]
     if out.get("recompute_modules") is not None:

@@ -2,15 +2,16 @@
 
 `worker_config` is what the worker hands megatron-core for a model and layout: the
 TransformerConfig, DistributedDataParallelConfig and OptimizerConfig keyword arguments, the layer
-spec and the batch schedule. autotune.worker.build turns it into megatron-core objects; the
-orchestrator reads it to know when two layouts are the same run (autotune.identity) and to check
-that every layout dimension reaches the worker (tests/test_dimension_contract.py). dtypes and
-the activation are named here ("bfloat16", "silu") and resolved to torch objects in build.
+spec and the batch schedule; each lever adds its own keys (autotune.levers, `Lever.worker`).
+autotune.worker.build turns it into megatron-core objects; the orchestrator reads it to know when
+two layouts are the same run (autotune.identity) and to check that every layout dimension reaches
+the worker (tests/test_dimension_contract.py). dtypes and the activation are named here
+("bfloat16", "silu") and resolved to torch objects in build.
 
 The mapping follows Megatron-LM's megatron/training/arguments.py (`core_transformer_config_from_
 args`) and training.py (`get_model`, `setup_model_and_optimizer`), with Megatron-LM's defaults
-where the layout says nothing (bias-GELU and bias-dropout fusion on; grads accumulated and
-reduced in fp32, as Megatron-LM does with --bf16).
+where the layout says nothing (bias-GELU and bias-dropout fusion on; grads accumulated and reduced
+in fp32, as Megatron-LM does with --bf16).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from autotune.dimensions import Impl, Recompute
 from autotune.layout import Layout
+from autotune.levers import LEVERS
 from autotune.model import ModelSpec, padded_vocab_size
 
 __all__ = ["CHECK_FOR_NAN", "WorkerConfig", "worker_config"]
@@ -122,8 +124,6 @@ def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
         # 2026-11-21-h100-worker-dev.md), so grads accumulate with a separate add.
         "gradient_accumulation_fusion": False,
         "masked_softmax_fusion": False,
-        "cross_entropy_loss_fusion": s.cross_entropy_fusion,
-        "cross_entropy_fusion_impl": "native",
         # megatron-core's default, kept on purpose: the unfused attention of impl local saves
         # fp32 probabilities. Megatron-LM's --attention-softmax-in-fp32 defaults to off, so
         # autotune.megatron_args passes it for impl local (measured: 9.4 GiB at gpt2-xl mbs 4).
@@ -166,17 +166,18 @@ def worker_config(model: ModelSpec, layout: Layout) -> WorkerConfig:
         # (arguments.py: accumulate_allreduce_grads_in_fp32); trials must use the memory and
         # speed of the command that export prints, and the memory model assumes 4-byte grads.
         "grad_reduce_in_fp32": True,
-        "overlap_grad_reduce": s.overlap_grad_reduce,
-        "overlap_param_gather": s.overlap_param_gather,
-        "align_param_gather": s.overlap_param_gather and s.vpp > 1,
-        "use_distributed_optimizer": s.distributed_optimizer,
         "check_for_nan_in_grad": CHECK_FOR_NAN,
     }
     optimizer = {"optimizer": "adam", "lr": 1e-4, "bf16": True, "params_dtype": "bfloat16",
-                 "use_distributed_optimizer": s.distributed_optimizer, "clip_grad": 1.0}
+                 "clip_grad": 1.0}
+    transformer = _transformer(model, s)
+    parts = {"transformer": transformer, "ddp": ddp, "optimizer": optimizer}
+    for lever in LEVERS:  # each lever's keys (autotune.levers), in registry order
+        for part, keys in lever.worker(model, s).items():
+            parts[part].update(keys)
     gpt = {"layer_spec": str(s.impl), "vocab_size": padded_vocab_size(model, s.tp),
            "model_chunks": s.vpp}
     schedule = {"micro_batch_size": s.mbs, "num_microbatches": s.num_microbatches,
                 "data_parallel_size": s.dp, "seq_length": model.seq_length}
-    return WorkerConfig(transformer=_transformer(model, s), ddp=ddp, optimizer=optimizer,
+    return WorkerConfig(transformer=transformer, ddp=ddp, optimizer=optimizer,
                         model=gpt, schedule=schedule)
