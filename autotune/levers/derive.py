@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from autotune.dimensions import Impl, Recompute, RecomputeMethod
 from autotune.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND
@@ -38,8 +37,8 @@ from autotune.layout import Layout, chunk_layers, stage_layers, with_fields
 from autotune.memory import MemoryParams, estimate_memory
 from autotune.model import ModelSpec
 
-__all__ = ["DERIVABLE", "DERIVE", "DIVISORS", "ENUMERABLE", "Derivable", "derived_values",
-           "divisor_values", "fewest_fitting", "resolve", "safe_limit_bytes", "values_of"]
+__all__ = ["DERIVABLE", "DERIVE", "DIVISORS", "ENUMERABLE", "Derivable", "divisor_values",
+           "fewest_fitting", "resolve", "safe_limit_bytes", "values_of"]
 
 DERIVE = "derive"
 """The space-file marker of a dimension whose value the memory model resolves."""
@@ -49,6 +48,13 @@ DIVISORS = "divisors"
 
 def _divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0) if n > 0 else ()
+
+
+def _common_divisors(counts: Iterable[int]) -> tuple[int, ...]:
+    """The values that divide every count (uniform recompute groups of every chunk, the
+    virtual stages of every pipeline stage)."""
+    distinct = set(counts)
+    return tuple(d for d in _divisors(min(distinct)) if all(n % d == 0 for n in distinct))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,9 +83,7 @@ def _recompute_values(s: Layout, m: ModelSpec) -> tuple[int, ...]:
         # transformer_block.py: 1 to the layers of a chunk (rule recompute_layers).
         return tuple(range(1, max(chunk_layers(s, m)) + 1))
     # Uniform groups must divide every chunk's layers (rule recompute_groups).
-    counts = set(chunk_layers(s, m))
-    smallest = min(counts)
-    return tuple(d for d in _divisors(smallest) if all(n % d == 0 for n in counts))
+    return _common_divisors(chunk_layers(s, m))
 
 
 def _offload_applies(s: Layout, m: ModelSpec) -> bool:
@@ -110,8 +114,7 @@ def _vpp_values(s: Layout, m: ModelSpec) -> tuple[int, ...]:
     if s.pp < 2:
         return (1,)
     # get_num_layers_to_build: every stage's layers divisible by the virtual stages.
-    counts = set(stage_layers(s, m))
-    return tuple(d for d in _divisors(min(counts)) if all(n % d == 0 for n in counts))
+    return _common_divisors(stage_layers(s, m))
 
 
 ENUMERABLE: dict[str, Callable[[Layout, ModelSpec], tuple[int, ...]]] = {
@@ -186,8 +189,3 @@ def resolve(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSp
             value = min(values, key=lambda v: (peak(v), v))
         s = with_fields(s, **{dim: value})
     return s
-
-
-def derived_values(s: Layout, dims: Iterable[str]) -> dict[str, Any]:
-    """The values of `s`'s derived dimensions, for a trial's record and run key."""
-    return {dim: getattr(s, dim) for dim in dims}
