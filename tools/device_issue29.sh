@@ -3,7 +3,7 @@
 # megatron-core 0.19.x against 0.16.1 in one call, a default search on 0.19.x, and the rules
 # cross-check on 0.19.x.
 #
-#   tools/device_issue29.sh            (run with carry [".whl"])
+#   tools/device_issue29.sh            (run with carry [".whl"]; WHL=DIR for another folder)
 #
 # .whl/ (git-ignored) holds, downloaded with `pip download --no-deps --python-version 3.12
 # --only-binary=:all: --platform manylinux_2_28_x86_64 ...`:
@@ -40,9 +40,10 @@ install() {  # TARGET WHEEL...
   [[ -d $target ]] || python3 -m pip install -q --no-index --no-deps --no-compile \
       --no-cache-dir --target "$target" "$@" || exit 1
 }
-install /tmp/site .whl/search/*.whl
-install /tmp/mc016 .whl/mcore016/*.whl
-install /tmp/mc019 .whl/mcore019/*.whl
+whl=${WHL:-.whl}
+install /tmp/site "$whl"/search/*.whl
+install /tmp/mc016 "$whl"/mcore016/*.whl
+install /tmp/mc019 "$whl"/mcore019/*.whl
 use() { export PYTHONPATH=/tmp/mc$1:/tmp/site:$PWD; }
 
 {
