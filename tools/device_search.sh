@@ -6,7 +6,8 @@
 # Needs .whl (megatron-core) and .whl-search (optuna and its deps: alembic, sqlalchemy, greenlet,
 # colorlog, mako) carried; the machine's own typer is used (typer 0.29 needs pydantic). Studies go to
 # /tmp/r (kept between calls while the machine stays warm); $OUT gets results.tgz and
-# summary.txt (every trial: layout, status, measured vs predicted).
+# summary.txt (every trial: layout, status, measured vs predicted). STUDY_TIMEOUT_S bounds each
+# study's wall time (timeout(1); 0, the default: none).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
@@ -30,7 +31,7 @@ while [[ $# -gt 0 ]]; do
   [[ ${1:-} == ";;" ]] && shift
   echo "=== $name: autotune ${args[*]}" | tee -a /tmp/r/commands.txt
   start=$(date +%s)
-  python3 -m autotune.cli "${args[@]}" --results-dir /tmp/r --study "$name" \
+  timeout "${STUDY_TIMEOUT_S:-0}" python3 -m autotune.cli "${args[@]}" --results-dir /tmp/r --study "$name" \
       > "/tmp/r/$name.out" 2> "/tmp/r/$name.err"
   echo "$name rc=$? wall=$(( $(date +%s) - start ))s" | tee -a /tmp/r/commands.txt
   tail -5 "/tmp/r/$name.err"
