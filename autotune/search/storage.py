@@ -263,10 +263,26 @@ def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,
     return study
 
 
+def _hint(text: str, *, reading: bool) -> str:
+    """What to do about a storage failure whose root message is `text`."""
+    if "full" in text or "No space left" in text:
+        return ("free disk space, then try again" if reading
+                else "free disk space, then --resume continues the study")
+    if reading:
+        if "locked" in text or "busy" in text:
+            return "another process is writing it: try again once that has finished"
+        if "malformed" in text or "not a database" in text:
+            return "the database file is damaged: restore it from a copy"
+        return "check that the database can be reached, then try again"
+    return "--resume continues the study once it can be written again"
+
+
 @contextmanager
-def storage_errors(url: str) -> Iterator[None]:
-    """Optuna's StorageInternalError and SQLAlchemy's errors (`database or disk is full`)
-    as one StorageError line that names the storage and says what to do."""
+def storage_errors(url: str, *, reading: bool = False) -> Iterator[None]:
+    """Optuna's StorageInternalError and SQLAlchemy's errors (`database or disk is full`,
+    `database is locked`, a damaged file, a server that went away) as one StorageError line
+    that names the storage and says what to do; `reading`: the block only reads the study
+    (report, export), so nothing of it is left to resume."""
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
@@ -276,11 +292,9 @@ def storage_errors(url: str) -> Iterator[None]:
         while cause.__cause__ is not None or cause.__context__ is not None:
             cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
         text = " ".join(str(getattr(cause, "orig", None) or cause).split())[:200]
-        full = "full" in text or "No space left" in text
-        hint = ("free disk space, then --resume continues the study" if full
-                else "--resume continues the study once it can be written again")
-        raise StorageError(f"the study's storage {redact_url(url)} could not be written "
-                           f"({for_terminal(text)}); {hint}") from exc
+        what = "read" if reading else "written"
+        raise StorageError(f"the study's storage {redact_url(url)} could not be {what} "
+                           f"({for_terminal(text)}); {_hint(text, reading=reading)}") from exc
 
 
 def fail_orphans(study: optuna.Study, *, everything: bool, grace_s: float) -> list[int]:
