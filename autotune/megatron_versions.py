@@ -318,6 +318,8 @@ class _Spellings:
     removed)."""
     backward: Mapping[str, Sequence[FlagChange]]
     """A spelling of a newer release -> the changes that made it (added, or renamed from)."""
+    changed: frozenset[str]
+    """Every spelling either maps: a command without any is spelled right already."""
 
 
 @functools.cache  # per release (by its key: a row holds dicts, so it cannot be hashed); the
@@ -331,7 +333,8 @@ def _spellings(key: tuple[int, ...]) -> _Spellings:
             for c in row.flag_changes:
                 if c.new is not None:
                     backward.setdefault(c.new, []).append(c)
-    return _Spellings(forward=forward, backward={k: tuple(v) for k, v in backward.items()})
+    return _Spellings(forward=forward, backward={k: tuple(v) for k, v in backward.items()},
+                      changed=frozenset(forward) | frozenset(backward))
 
 
 def spell_args(args: Sequence[str], version: MegatronVersion) -> list[str]:
@@ -340,6 +343,8 @@ def spell_args(args: Sequence[str], version: MegatronVersion) -> list[str]:
     dropped (with their value, when the next word is not a flag), and a flag the target does
     not have yet, or that merged several older flags, is refused."""
     spellings = _spellings(version.key)
+    if spellings.changed.isdisjoint(arg.partition("=")[0] for arg in args):
+        return list(args)  # the common case: autotune's own flags, the same in every release
     forward, backward = spellings.forward, spellings.backward
     out: list[str] = []
     skip_value = False
