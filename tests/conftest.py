@@ -5,8 +5,10 @@ from __future__ import annotations
 import enum
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,26 @@ def _has_cuda() -> bool:
 
 
 HAS_CUDA = _has_cuda()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _sqlite_without_fsync() -> Iterator[None]:
+    """Studies written by this process skip SQLite's fsync (PRAGMA synchronous=OFF).
+
+    Every ask, parameter and tell of a real-run study is a commit, and on a busy disk each
+    commit's fsync took 10 ms or more: the search tests spent most of their time waiting for
+    the disk. No test here is about surviving a power cut; a killed process loses nothing
+    either way (its writes are in the operating system's cache)."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    def no_fsync(connection: Any, _record: Any) -> None:
+        if isinstance(connection, sqlite3.Connection):
+            connection.execute("PRAGMA synchronous=OFF")
+
+    event.listen(Engine, "connect", no_fsync)
+    yield
+    event.remove(Engine, "connect", no_fsync)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
