@@ -6,7 +6,6 @@ import enum
 import functools
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doubles.no_fsync import sqlite_without_fsync
 
 from autotune.dimensions import RecomputeModules
 from autotune.hardware import ClusterSpec, gpu_spec
@@ -46,22 +46,10 @@ HAS_CUDA = _has_cuda()
 
 @pytest.fixture(autouse=True, scope="session")
 def _sqlite_without_fsync() -> Iterator[None]:
-    """Studies written by this process skip SQLite's fsync (PRAGMA synchronous=OFF).
-
-    Every ask, parameter and tell of a real-run study is a commit, and on a busy disk each
-    commit's fsync took 10 ms or more: the search tests spent most of their time waiting for
-    the disk. No test here is about surviving a power cut; a killed process loses nothing
-    either way (its writes are in the operating system's cache)."""
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
-
-    def no_fsync(connection: Any, _record: Any) -> None:
-        if isinstance(connection, sqlite3.Connection):
-            connection.execute("PRAGMA synchronous=OFF")
-
-    event.listen(Engine, "connect", no_fsync)
+    """Studies written by this process skip SQLite's fsync (doubles/no_fsync.py says why)."""
+    undo = sqlite_without_fsync()
     yield
-    event.remove(Engine, "connect", no_fsync)
+    undo()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
