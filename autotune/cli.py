@@ -506,7 +506,8 @@ def export(
     megatron_version: Annotated[str | None, typer.Option(
         "--megatron-version", help="megatron-core release whose Megatron-LM flags to write, "
                                    "e.g. 0.19.2 (default: the installed megatron-core, else "
-                                   "0.16.1).")] = None,
+                                   "0.16.1); with --from-megatron, your flags are respelled "
+                                   "for it.")] = None,
 ) -> None:
     """Launch command (or JSON) for a study's best layout or --trial N."""
     from autotune.commands.export import run_export

@@ -18,10 +18,10 @@ than one that fit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from autotune.hardware import ClusterSpec
-from autotune.layout import Layout, check
+from autotune.layout import Layout, check, with_fields
 from autotune.memory import MemoryEstimate, MemoryParams, estimate_memory
 from autotune.model import ModelSpec
 from autotune.trial import TrialStatus
@@ -45,7 +45,7 @@ DEFAULT_ERROR_BAND = max(MEMORY_ERROR_BAND.values())
 
 def layout_key(layout: Layout) -> Layout:
     """The layout with mbs normalised: layouts sharing it differ only in micro-batch."""
-    return replace(layout, mbs=1)
+    return with_fields(layout, mbs=1)  # the layout itself when its mbs is 1 already
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

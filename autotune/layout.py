@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 from typing import Any
 
 from autotune.dimensions import (
@@ -539,6 +540,27 @@ DATA_PARALLEL_OPTIONS = ("distributed_optimizer", "overlap_grad_reduce", "overla
 """Options that act only on gradients and parameters across data-parallel replicas."""
 
 
+_FIELD_NAMES = tuple(f.name for f in fields(Layout))
+_MISSING = object()
+_READ_FIELDS = attrgetter(*_FIELD_NAMES)
+
+
 def with_fields(layout: Layout, **values: object) -> Layout:
-    """A copy with some fields changed (dataclasses.replace, typed loosely for the enumerator)."""
-    return replace(layout, **values)  # type: ignore[arg-type]
+    """A copy with some fields changed (dataclasses.replace, typed loosely for the enumerator);
+    `layout` itself where none changes (it is immutable).
+
+    The enumerator, the derived values' resolver and the gate call this hundreds of thousands
+    of times for a large plan (gpt-1t on 3072 GPUs): half of them change nothing, and a copy
+    built from the fields at once costs a third less than dataclasses.replace."""
+    for name, value in values.items():
+        current = getattr(layout, name, _MISSING)  # not a field: Layout() says so below
+        if current is not value and (current.__class__ is not value.__class__
+                                     or current != value):
+            break
+    else:
+        return layout
+    if layout.__class__ is not Layout:  # a subclass may add fields of its own
+        return replace(layout, **values)  # type: ignore[arg-type]
+    kwargs = dict(zip(_FIELD_NAMES, _READ_FIELDS(layout), strict=True))
+    kwargs.update(values)
+    return Layout(**kwargs)

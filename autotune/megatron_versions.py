@@ -262,6 +262,7 @@ DEFAULT = V0_16
 writes for when no megatron-core is installed and no --megatron-version is given."""
 
 
+@functools.cache  # pure, and asked for each row's key whenever a command is spelled
 def parse_version(text: str) -> tuple[int, ...]:
     """`0.19.2`, `0.16.1rc0`, `0.19.0+abc` -> (0, 19, 2) ... (the release numbers)."""
     match = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", text)
@@ -308,19 +309,43 @@ def running(requested: str | None = None) -> MegatronVersion:
     return DEFAULT if text is None else for_version(text)
 
 
+@dataclass(frozen=True, slots=True)
+class _Spellings:
+    """What spelling a command for one release means, flag by flag (`_spellings`)."""
+
+    forward: Mapping[str, FlagChange]
+    """A spelling of an older release -> its change up to this release (renamed, deprecated,
+    removed)."""
+    backward: Mapping[str, Sequence[FlagChange]]
+    """A spelling of a newer release -> the changes that made it (added, or renamed from)."""
+    changed: frozenset[str]
+    """Every spelling either maps: a command without any is spelled right already."""
+
+
+@functools.cache  # per release (by its key: a row holds dicts, so it cannot be hashed); the
+# identity of a run (autotune.identity) spells the command of every layout of a space
+def _spellings(key: tuple[int, ...]) -> _Spellings:
+    forward = {c.old: c for row in VERSIONS if row.key <= key
+               for c in row.flag_changes if c.old is not None}
+    backward: dict[str, list[FlagChange]] = {}
+    for row in VERSIONS:
+        if row.key > key:
+            for c in row.flag_changes:
+                if c.new is not None:
+                    backward.setdefault(c.new, []).append(c)
+    return _Spellings(forward=forward, backward={k: tuple(v) for k, v in backward.items()},
+                      changed=frozenset(forward) | frozenset(backward))
+
+
 def spell_args(args: Sequence[str], version: MegatronVersion) -> list[str]:
     """`args` (written for any supported release) with each flag in `version`'s spelling:
     renamed and deprecated flags take the spelling of the target, flags removed as no-ops are
     dropped (with their value, when the next word is not a flag), and a flag the target does
     not have yet, or that merged several older flags, is refused."""
-    forward = {c.old: c for row in VERSIONS if row.key <= version.key
-               for c in row.flag_changes if c.old is not None}
-    backward: dict[str, list[FlagChange]] = {}
-    for row in VERSIONS:
-        if row.key > version.key:
-            for c in row.flag_changes:
-                if c.new is not None:
-                    backward.setdefault(c.new, []).append(c)
+    spellings = _spellings(version.key)
+    if spellings.changed.isdisjoint(arg.partition("=")[0] for arg in args):
+        return list(args)  # the common case: autotune's own flags, the same in every release
+    forward, backward = spellings.forward, spellings.backward
     out: list[str] = []
     skip_value = False
     for arg in args:
@@ -338,7 +363,7 @@ def spell_args(args: Sequence[str], version: MegatronVersion) -> list[str]:
             continue
         if change is not None and change.new is not None:
             name = change.new
-        backs = backward.get(name, [])
+        backs = backward.get(name, ())
         if len(backs) > 1:
             raise ConfigError(f"{name} was {' or '.join(str(b.old) for b in backs)} before "
                               f"megatron-core {_row_of(backs[0]).version}; write the one "

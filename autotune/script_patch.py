@@ -13,6 +13,11 @@ command) and the rows of the flag table a better layout changes, and edits the f
 A flag the user's command gets from somewhere autotune does not follow (a variable set in an
 `if`, the environment, a `$(...)`) is refused in one line: an edit there could change more
 than the flag, and leaving it would run the old layout.
+
+With a megatron-core release named (`export --megatron-version X`), the user's other flags are
+respelled for it where they stand (autotune.megatron_versions: a renamed flag takes the
+release's name, one it removed goes with its value, one it lacks is refused): `respellings`
+says which, `patch_script` edits them with the layout's flags.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from autotune.launch_site import Script, context_of, walk
 from autotune.layout import Layout
 from autotune.megatron_args import FLAG_TABLE, TRAINING_SCRIPT, Flag, row_args
 from autotune.megatron_command import MegatronCommand, RowChange, exported_layout
+from autotune.megatron_versions import MegatronVersion, spell_args
 
-__all__ = ["Token", "launch_tokens", "patch_script"]
+__all__ = ["Respelling", "Token", "launch_tokens", "patch_script", "respellings"]
 
 _MAX_FOLLOW = 16
 """Variables followed inside one another (`ARGS=( "${MODEL[@]}" ... )`)."""
@@ -372,10 +378,90 @@ def _parse_args(args: list[str]) -> dict[str, list[str]]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Respelling:
+    """A flag of the user's command spelled otherwise for a megatron-core release."""
+
+    old: str
+    new: str | None
+    """None: the release removed it (a no-op there), and it goes with its value."""
+    token: int
+    """Its place among launch_tokens(command)."""
+
+    def describe(self) -> str:
+        return f"{self.old} -> {self.new}" if self.new else f"{self.old} (removed)"
+
+
+def _flag_name(token: Token) -> str | None:
+    """The flag a token gives (`--name` of `--name` or `--name=value`), or None."""
+    text = token.text if token.text is not None else token.head
+    if not text.startswith("--") or (token.text is None and "=" not in text):
+        return None  # a value, or a flag whose name is partly an expansion
+    return text.partition("=")[0]
+
+
+def respellings(command: MegatronCommand, version: MegatronVersion) -> list[Respelling]:
+    """The flags of the launch command that `version` spells otherwise, in order; a flag the
+    release lacks (or that merged several of the command's release) is refused in one line
+    (ConfigError), as is one that needs respelling in a variable autotune does not follow."""
+    tokens = launch_tokens(command)
+    out: list[Respelling] = []
+    seen: set[str] = set()
+    for k, token in enumerate(tokens):
+        name = _flag_name(token)
+        if name is None:
+            continue
+        seen.add(name)
+        spelled = spell_args([name], version)
+        if spelled != [name]:
+            out.append(Respelling(name, spelled[0] if spelled else None, k))
+    hidden = {g.flag for g in command.groups if g.flag is not None} - seen
+    for name in sorted(hidden):
+        if spell_args([name], version) != [name]:
+            raise ConfigError(f"{command.source}: line {command.line}: {name} comes from a "
+                              "variable autotune does not follow; megatron-core "
+                              f"{version.version} spells it {_spelled(name, version)}: change "
+                              "it by hand")
+    return out
+
+
+def _spelled(name: str, version: MegatronVersion) -> str:
+    spelled = spell_args([name], version)
+    return spelled[0] if spelled else "nothing (removed)"
+
+
+def _respelling_edits(command: MegatronCommand, tokens: list[Token],
+                      found: list[Respelling]) -> list[_Edit]:
+    data, source = command.parsed.data, command.source
+    edits = []
+    for r in found:
+        token = tokens[r.token]
+        if r.new is None:
+            # Its value goes too, where it has one as a word of its own (spell_args' rule).
+            last = r.token
+            if token.text is not None and "=" not in token.text and r.token + 1 < len(tokens) \
+                    and _flag_name(tokens[r.token + 1]) is None \
+                    and not tokens[r.token + 1].head.startswith("--"):
+                last = r.token + 1
+            edits.append(_removal(data, tokens, r.token, last))
+        elif data[token.start:token.end].startswith(r.old.encode()):
+            # The name as written, bare: only it changes (`--old=$VALUE` keeps its value).
+            edits.append(_Edit(token.start, token.start + len(r.old.encode()), r.new))
+        elif token.text is not None:
+            shown = _shown(r.new + token.text[len(r.old):], token, source, r.old)
+            edits.append(_Edit(token.start, token.end, shown))
+        else:
+            raise ConfigError(f"{source}: line {command.line}: {r.old} is written in a way "
+                              f"autotune cannot respell; write {r.new} for it by hand")
+    return edits
+
+
 def patch_script(command: MegatronCommand, new_layout: Layout,
-                 changes: list[RowChange]) -> str:
+                 changes: list[RowChange], megatron_version: MegatronVersion | None = None
+                 ) -> str:
     """The user's file with the flags of `changes` (autotune.megatron_command.layout_changes
-    from the command's layout to `new_layout`) edited on its launch command (module docstring);
+    from the command's layout to `new_layout`) edited on its launch command (module docstring)
+    and, with `megatron_version`, its other flags spelled for that release (`respellings`);
     every other byte as it was."""
     script, launch, source = command.parsed, command.site.node, command.source
     assert launch is not None
@@ -419,6 +505,9 @@ def patch_script(command: MegatronCommand, new_layout: Layout,
                 shown = " ".join(_shown(v, first, source, flag.name)
                                  for v in wanted[flag.name])
                 edits.append(_Edit(first.start, last.end, shown))
+    if megatron_version is not None:
+        edits += _respelling_edits(command, tokens, respellings(command, megatron_version))
+        added = [spell_args(a, megatron_version) for a in added]
     if any(added):
         edits.append(_insertion(script, launch, [a for a in added if a]))
     return _apply(script, edits)

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from doubles.no_fsync import sqlite_without_fsync
 
 from autotune.dimensions import RecomputeModules
 from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import SEARCHED
-from autotune.space import SearchSpace
+from autotune.layout import SEARCHED, Layout
+from autotune.model import ModelSpec, load_model
+from autotune.space import SearchSpace, enumerate_space
 
 
 def process_gone(pid: int) -> bool:
@@ -38,6 +42,14 @@ def _has_cuda() -> bool:
 
 
 HAS_CUDA = _has_cuda()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _sqlite_without_fsync() -> Iterator[None]:
+    """Studies written by this process skip SQLite's fsync (doubles/no_fsync.py says why)."""
+    undo = sqlite_without_fsync()
+    yield
+    undo()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -88,3 +100,15 @@ def all_dimensions_space() -> SearchSpace:
             # Sizes from 1; a count whose 0 means off (an even split, no offload) from 0.
             candidates[name] = (dim.default, dim.default + 1)
     return SearchSpace(candidates=candidates, source="all dimensions")
+
+
+@functools.cache
+def all_dimensions_layouts(preset: str, gpus: int) -> tuple[ModelSpec, ClusterSpec,
+                                                           tuple[Layout, ...]]:
+    """The model, an H100 node of `gpus` GPUs and the valid layouts of all_dimensions_space()
+    on it: enumerated once per session (tens of thousands of layouts, 15 to 25 s each) for
+    tests/test_identity.py and tests/test_dimension_contract.py. A tuple: no test can change
+    what the next one reads."""
+    model = load_model(preset)
+    cluster = ClusterSpec.make(gpus, gpu="h100-80gb", gpus_per_node=min(8, gpus))
+    return model, cluster, tuple(enumerate_space(all_dimensions_space(), model, cluster).valid)

@@ -30,10 +30,9 @@ from autotune.levers.base import CONFIG_PARTS, CostState, Lever, contract_proble
 from autotune.levers.flags import FlagRow, Given, RunOptions
 from autotune.megatron_args import megatron_lm_args
 from autotune.memory import estimate_memory
-from autotune.model import ModelSpec, load_model
-from autotune.space import enumerate_space
+from autotune.model import ModelSpec
 from autotune.worker.config import worker_config
-from tests.conftest import all_dimensions_space
+from tests.conftest import all_dimensions_layouts
 
 CONSUMERS = ("megatron-lm", "worker", "model")
 MAX_PAIRS = 60
@@ -80,9 +79,7 @@ def _differs(consumer: str, model: ModelSpec, cluster: ClusterSpec, a: Layout,
 @functools.cache
 def _layouts(preset: str, gpus: int) -> tuple[ModelSpec, ClusterSpec, dict[Layout, str]]:
     """The valid layouts of the all-dimensions space, each with its run key."""
-    model = load_model(preset)
-    cluster = ClusterSpec.make(gpus, gpu="h100-80gb")
-    valid = enumerate_space(all_dimensions_space(), model, cluster).valid
+    model, cluster, valid = all_dimensions_layouts(preset, gpus)  # shared with test_identity
     return model, cluster, {s: run_key(model, s) for s in valid}
 
 

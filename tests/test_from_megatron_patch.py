@@ -23,7 +23,8 @@ from autotune.errors import ConfigError
 from autotune.layout import Layout
 from autotune.megatron_args import FLAG_TABLE, Part
 from autotune.megatron_command import layout_changes, megatron_layout, read_megatron_command
-from autotune.script_patch import patch_script
+from autotune.megatron_versions import V0_16, V0_19, MegatronVersion, spell_args
+from autotune.script_patch import patch_script, respellings
 
 LAUNCH = ("torchrun --nproc-per-node 2 pretrain_gpt.py \\\n"
           "    --num-layers 4 --hidden-size 256 --num-attention-heads 8 \\\n"
@@ -365,3 +366,125 @@ def test_patches(tmp_path: Path, name: str, text: str, gpus: int, new: Layout,
     again = tmp_path / "tuned.sh"
     again.write_text(patched)
     assert megatron_layout(read_megatron_command(str(again)), gpus) == new
+
+
+# -- export --megatron-version: the user's other flags in that release's spelling -------------
+
+_OLD_FLAGS = ("ARGS=(\n  --moe-deepep-num-sms 20\n  --tokenizer-hf-use-fast\n)\n"
+              f"torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size 8 "
+              '--micro-batch-size 1 --no-async-tensor-model-parallel-allreduce "${ARGS[@]}" \\\n'
+              "    --muon-use-nesterov --inference-max-batch-size=8 --save ckpt\n")
+"""A script in megatron-core 0.16's spelling: flags that 0.19 renamed (in an array, inline,
+as --flag=value), deprecated, and removed (with a value-less flag before the array)."""
+
+
+_RESPELLED_TO = Layout(dp=4, mbs=2, gbs=8, impl="te")
+
+
+def _patched(tmp_path: Path, text: str, version: MegatronVersion | None,
+             new: Layout = _RESPELLED_TO) -> tuple[str, list[str]]:
+    script = tmp_path / "train.sh"
+    script.write_text(text)
+    command = read_megatron_command(str(script))
+    patched = patch_script(command, new, layout_changes(command, megatron_layout(command, 4),
+                                                        new), version)
+    diff = [line for line in difflib.unified_diff(text.splitlines(), patched.splitlines(),
+                                                  lineterm="", n=0)
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    return patched, diff
+
+
+def test_megatron_version_respells_the_users_flags_in_place(tmp_path: Path) -> None:
+    patched, diff = _patched(tmp_path, _OLD_FLAGS, V0_19)
+    assert diff == [
+        "-  --moe-deepep-num-sms 20", "-  --tokenizer-hf-use-fast",
+        "+  --moe-flex-dispatcher-num-sms 20",
+        f"-torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size 8 "
+        '--micro-batch-size 1 --no-async-tensor-model-parallel-allreduce "${ARGS[@]}" \\',
+        "-    --muon-use-nesterov --inference-max-batch-size=8 --save ckpt",
+        f"+torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size 8 "
+        '--micro-batch-size 2 "${ARGS[@]}" \\',
+        "+    --muon-nesterov --inference-max-requests=8 --save ckpt"]
+    # Read back: every flag is 0.19's, the layout the new one, and nothing else moved.
+    again = tmp_path / "tuned.sh"
+    again.write_text(patched)
+    command = read_megatron_command(str(again))
+    flags = [g.flag for g in command.groups if g.flag is not None]
+    assert spell_args(flags, V0_19) == flags
+    assert megatron_layout(command, 4) == _RESPELLED_TO
+
+
+def test_without_megatron_version_the_users_spelling_is_kept(tmp_path: Path) -> None:
+    _, diff = _patched(tmp_path, _OLD_FLAGS, None)
+    assert diff == [  # the layout's flag alone
+        f"-torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size 8 "
+        '--micro-batch-size 1 --no-async-tensor-model-parallel-allreduce "${ARGS[@]}" \\',
+        f"+torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size 8 "
+        '--micro-batch-size 2 --no-async-tensor-model-parallel-allreduce "${ARGS[@]}" \\']
+    # The release the script is written for: nothing to respell either.
+    assert _patched(tmp_path, _OLD_FLAGS, V0_16)[1] == diff
+
+
+def test_megatron_version_respells_a_newer_script_for_an_older_release(tmp_path: Path) -> None:
+    text = f"torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size 8 " \
+           "--muon-nesterov --cuda-graph-modules=attn\n"
+    _, diff = _patched(tmp_path, text, V0_16)
+    assert diff == [f"-{text.rstrip()}",
+                    f"+torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} "
+                    "--global-batch-size 8 --muon-use-nesterov --cuda-graph-scope=attn "
+                    "--micro-batch-size 2"]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ("--fused-residual-rmsnorm", "--fused-residual-rmsnorm needs megatron-core >= 0.19.2; "
+                                 "the command is for 0.16.1"),
+    ("--moe-flex-dispatcher-num-sms 20", "--moe-deepep-num-sms or --moe-hybridep-num-sms"),
+], ids=["added-in-0.19", "merged-in-0.19"])
+def test_a_flag_the_release_lacks_is_refused(tmp_path: Path, flags: str, message: str) -> None:
+    text = f"torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size 8 {flags}\n"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _patched(tmp_path, text, V0_16)
+
+
+def test_a_flag_to_respell_in_a_variable_autotune_does_not_follow_is_refused(
+        tmp_path: Path) -> None:
+    text = ('if [ -n "$X" ]; then EXTRA="--muon-use-nesterov"; fi\n'
+            f"torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size 8 "
+            "$EXTRA\n")
+    script = tmp_path / "train.sh"
+    script.write_text(text)
+    try:
+        command = read_megatron_command(str(script))
+    except ConfigError as exc:  # the reader may refuse the unknown words first: one line too
+        assert len(str(exc).splitlines()) == 1
+        return
+    with pytest.raises(ConfigError, match="--muon-use-nesterov comes from a variable"):
+        respellings(command, V0_19)
+
+
+def test_export_megatron_version_respells_and_says_so(
+        tmp_path: Path, study: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script, line = _script(tmp_path, "")
+    text = script.read_text().replace("--log-dir {a,b}\n",
+                                      "--log-dir {a,b} --tokenizer-hf-use-fast \\\n"
+                                      "    --muon-use-nesterov\n")
+    script.write_text(text)
+    tuned = tmp_path / "tuned.sh"
+    capsys.readouterr()
+    assert main(["export", "--from-megatron", str(script), "--line", str(line), "--study", "s",
+                 "--results-dir", str(study), "--megatron-version", "0.19.2",
+                 "-o", str(tuned)]) == 0
+    err = capsys.readouterr().err
+    assert (f"line {line}: flags respelled for megatron-core 0.19.2: --tokenizer-hf-use-fast "
+            "(removed); --muon-use-nesterov -> --muon-nesterov") in err
+    after = tuned.read_text()
+    # The removed flag went with its line's blank; the renamed one stands where it stood.
+    assert "--log-dir {a,b} \\\n" in after and after.endswith("\n    --muon-nesterov\n")
+    assert "--tokenizer-hf-use-fast" not in after and "--muon-use-nesterov" not in after
+    # Without the option, the same export keeps the user's spelling.
+    assert main(["export", "--from-megatron", str(script), "--line", str(line), "--study", "s",
+                 "--results-dir", str(study), "-o", str(tuned)]) == 0
+    assert "flags respelled" not in capsys.readouterr().err
+    kept = tuned.read_text()
+    assert "--log-dir {a,b} --tokenizer-hf-use-fast \\\n" in kept
+    assert kept.endswith("\n    --muon-use-nesterov\n")

@@ -4,7 +4,7 @@ Megatron the same configuration, checked over every shipped space and preset."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +14,9 @@ from autotune.dimensions import Impl, Recompute
 from autotune.hardware import ClusterSpec
 from autotune.identity import SAME_RUN_RULES, configuration, representatives, run_key
 from autotune.layout import DATA_PARALLEL_OPTIONS, SEARCHED, Layout
-from autotune.model import list_presets, load_model
+from autotune.model import ModelSpec, list_presets, load_model
 from autotune.space import SearchSpace, enumerate_space, load_space
-from tests.conftest import all_dimensions_space
+from tests.conftest import all_dimensions_layouts
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 GPUS_FOR_SPACE = {"default.yaml": (8,), "one-node.yaml": (8,), "four-gpu.yaml": (4,),
@@ -45,7 +45,10 @@ def _explained(a: Layout, b: Layout) -> bool:
 def _check_space(preset: str, gpus: int, space: SearchSpace) -> int:
     model = load_model(preset)
     cluster = ClusterSpec.make(gpus, gpu="h100-80gb", gpus_per_node=min(8, gpus))
-    valid = enumerate_space(space, model, cluster).valid
+    return _check_layouts(model, enumerate_space(space, model, cluster).valid)
+
+
+def _check_layouts(model: ModelSpec, valid: Sequence[Layout]) -> int:
     reps = representatives(model, valid)
     groups: dict[Layout, list[Layout]] = {}
     for s in valid:
@@ -81,7 +84,8 @@ def test_every_shipped_space_and_preset(space_file: str) -> None:
 def test_a_dimension_outside_the_key_must_be_explained(preset: str) -> None:
     """Every searched dimension varies here: one that neither the worker nor the exported
     command receives would put two different layouts under one key, and fail."""
-    assert _check_space(preset, 8, all_dimensions_space()) > 1000
+    model, _, valid = all_dimensions_layouts(preset, 8)
+    assert _check_layouts(model, valid) > 1000
 
 
 @pytest.mark.parametrize(("a", "b", "same"), [

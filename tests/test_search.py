@@ -79,15 +79,39 @@ def fits(s: Layout) -> bool:
     return MemoryGate(MODEL, CLUSTER).decide(s).launch
 
 
+Run = tuple[FakeBackend, SearchResult, Path]
+"""A search's backend (its calls), its result and its results folder."""
+
+
+@pytest.fixture(scope="module")
+def grid_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The whole grid of SPACE, each layout met by the gate: read by several tests (about a
+    hundred trials in SQLite, written one by one as real runs are)."""
+    tmp = tmp_path_factory.mktemp("grid")
+    backend = FakeBackend(CLUSTER)
+    return backend, run_search(config(tmp, backend, sampler="grid")), tmp
+
+
+@pytest.fixture(scope="module")
+def capacity_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """TPE for 12 launches where the memory model underestimates: nothing over 9 GiB runs,
+    though 12 GiB are predicted. Read by several tests."""
+    tmp = tmp_path_factory.mktemp("capacity")
+    backend = FakeBackend(CLUSTER, true_capacity_bytes=9 * GIB)
+    return backend, run_search(config(tmp, backend, n_trials=12)), tmp
+
+
 # -- the gate ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("sampler", ["grid", "tpe"])
 def test_predicted_oom_is_pruned_with_a_constraint_and_never_launched(
-        tmp_path: Path, sampler: str) -> None:
-    backend = FakeBackend(CLUSTER)
-    trials = None if sampler == "grid" else 30
-    result = run_search(config(tmp_path, backend, sampler=sampler, n_trials=trials))
+        tmp_path: Path, sampler: str, request: pytest.FixtureRequest) -> None:
+    if sampler == "grid":
+        backend, result, tmp_path = request.getfixturevalue("grid_run")
+    else:
+        backend = FakeBackend(CLUSTER)
+        result = run_search(config(tmp_path, backend, sampler=sampler, n_trials=12))
 
     assert backend.calls and all(fits(s) for s in backend.calls)
     predicted_oom = [t for t in stored(tmp_path)
@@ -142,10 +166,9 @@ def test_bisection_climbs_back_after_a_success_below_the_oom(tmp_path: Path) -> 
     assert layout_key(seed) not in {layout_key(s) for s in backend.calls[3:]}
 
 
-def test_a_real_oom_teaches_the_gate_a_smaller_capacity(tmp_path: Path) -> None:
+def test_a_real_oom_teaches_the_gate_a_smaller_capacity(capacity_run: Run) -> None:
     # The memory model underestimates: nothing over 9 GiB runs, though 12 GiB are predicted.
-    backend = FakeBackend(CLUSTER, true_capacity_bytes=9 * GIB)
-    result = run_search(config(tmp_path, backend, n_trials=30))
+    backend, result, _ = capacity_run
 
     learned: float | None = None
     for s in backend.calls:
@@ -193,11 +216,10 @@ def test_an_oom_below_a_measured_fit_never_rules_out_a_layout(tmp_path: Path) ->
 # -- no duplicates, stop conditions, samplers -----------------------------------------------
 
 
-def test_no_layout_is_launched_twice_and_duplicates_are_recorded(tmp_path: Path) -> None:
-    backend = FakeBackend(CLUSTER, true_capacity_bytes=9 * GIB)
-    result = run_search(config(tmp_path, backend, n_trials=20))
+def test_no_layout_is_launched_twice_and_duplicates_are_recorded(capacity_run: Run) -> None:
+    backend, result, tmp_path = capacity_run
 
-    assert len(backend.calls) == len(set(backend.calls)) == 20
+    assert len(backend.calls) == len(set(backend.calls)) == 12
     by_number = {r.number: r for r in result.records}
     duplicates = [r for r in result.records if r.duplicate_of is not None]
     assert duplicates, "the sampler proposed no duplicate; the test needs a smaller space"
@@ -239,9 +261,8 @@ def test_stops_at_the_time_budget(tmp_path: Path) -> None:
     assert result.stop_reason == "reached --time-budget 250 s"
 
 
-def test_grid_launches_every_layout_predicted_to_fit_once(tmp_path: Path) -> None:
-    backend = FakeBackend(CLUSTER)
-    result = run_search(config(tmp_path, backend, sampler="grid"))
+def test_grid_launches_every_layout_predicted_to_fit_once(grid_run: Run) -> None:
+    backend, result, _ = grid_run
 
     # one run for each set of layouts that are the same run (do/ogr/opg with one DP rank)
     valid = set(representatives(MODEL, enumerate_space(SPACE, MODEL, CLUSTER).valid).values())

@@ -5,8 +5,11 @@ file behind."""
 from __future__ import annotations
 
 import errno
+import shutil
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -148,3 +151,111 @@ def test_full_database_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert code == 1
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert "could not be written (database or disk is full); free disk space" in err
+
+
+# -- a storage that fails while report or export reads it --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A planned study `s`, read (never changed) by the tests below."""
+    results = tmp_path_factory.mktemp("planned") / "results"
+    assert main([*PLAN, "--results-dir", str(results)]) == 0
+    return results
+
+
+def _driver_error(kind: str) -> Exception:
+    """The error the database driver raises for each failure (SQLite's texts, and psycopg's
+    for a server that cannot be reached)."""
+    if kind == "unreachable":
+        return ConnectionRefusedError('connection to server at "db.example" (10.0.0.9), port '
+                                      "5432 failed: Connection refused")
+    text = {"locked": "database is locked", "damaged": "database disk image is malformed",
+            "full": "database or disk is full"}[kind]
+    return (sqlite3.DatabaseError if kind == "damaged" else sqlite3.OperationalError)(text)
+
+
+def _raising(kind: str, stage: str) -> Callable[..., Any]:
+    """A stand-in that fails as Optuna's RDB storage does: SQLAlchemy's OperationalError from
+    the driver's while it connects (`open`), wrapped in StorageInternalError once the study is
+    being read (`read`)."""
+    from sqlalchemy.exc import OperationalError
+
+    def fail(*_: Any, **__: Any) -> Any:
+        try:
+            try:
+                raise _driver_error(kind)
+            except Exception as driver:
+                raise OperationalError("SELECT ...", {}, driver) from driver
+        except OperationalError as exc:
+            if stage == "open":
+                raise
+            raise optuna.exceptions.StorageInternalError(
+                "An exception is raised during the commit.") from exc
+    return fail
+
+
+HINTS = {"locked": "another process is writing it", "damaged": "the database file is damaged",
+         "full": "free disk space", "unreachable": "check that the database can be reached"}
+COMMANDS = {"report": ["report"], "export": ["export", "--format", "json", "-o"]}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("stage", ["open", "read"])
+@pytest.mark.parametrize("kind", sorted(HINTS))
+def test_a_storage_failure_while_reading_is_one_line(
+        planned: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], kind: str, stage: str, command: str) -> None:
+    if command == "report":
+        pytest.importorskip("pandas")
+    if stage == "open":
+        monkeypatch.setattr(optuna, "load_study", _raising(kind, stage))
+    else:
+        monkeypatch.setattr(optuna.Study, "get_trials", _raising(kind, stage))
+    out = tmp_path / "layout.json"
+    args = [*COMMANDS[command], *([str(out)] if command == "export" else [])]
+    before = sorted(p.name for p in (planned / "s").iterdir())
+    code, err = run(capsys, *args, "--results-dir", str(planned), "--study", "s")
+    assert code == 1
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    db = (planned / "s" / "study.db").resolve()
+    assert err.startswith(f"autotune: error: the study's storage sqlite:///{db} could not "
+                          "be read (")
+    assert HINTS[kind] in err
+    assert not out.exists()
+    assert sorted(p.name for p in (planned / "s").iterdir()) == before  # no report written
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_damaged_database_file_is_one_line(planned: Path, tmp_path: Path, command: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    if command == "report":
+        pytest.importorskip("pandas")
+    copy = tmp_path / "results"
+    shutil.copytree(planned, copy)
+    db = copy / "s" / "study.db"
+    data = db.read_bytes()
+    db.write_bytes(data[:len(data) // 2])  # a copy cut short: its tables are incomplete
+    out = tmp_path / "layout.json"
+    args = [*COMMANDS[command], *([str(out)] if command == "export" else [])]
+    code, err = run(capsys, *args, "--results-dir", str(copy), "--study", "s")
+    assert code == 1
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "(database disk image is malformed); the database file is damaged" in err
+    assert not out.exists() and not (copy / "s" / "report.md").exists()
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_an_unreachable_server_is_one_line(tmp_path: Path, command: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("psycopg")
+    if command == "report":
+        pytest.importorskip("pandas")
+    url = "postgresql+psycopg://u:s3cret@127.0.0.1:1/db?connect_timeout=2"  # nothing listens
+    out = tmp_path / "layout.json"
+    args = [*COMMANDS[command], *([str(out)] if command == "export" else [])]
+    code, err = run(capsys, *args, "--storage", url, "--results-dir", str(tmp_path / "r"))
+    assert code != 0
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "s3cret" not in err and "127.0.0.1:1/db" in err
+    assert not out.exists()

@@ -15,6 +15,7 @@ from autotune.trust import trust_line
 
 if TYPE_CHECKING:  # optuna and the report's loader are imported when an export runs
     from autotune.layout import Layout
+    from autotune.megatron_versions import MegatronVersion
     from autotune.model import ModelSpec
     from autotune.report.load import LoadedStudy, StudyRef
     from autotune.search.records import TrialRecord
@@ -173,7 +174,10 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
                          f"runs, the model predicts {te:,.0f} tokens/s (not measured).")
         default_nodes = cluster.num_nodes if cluster else 1
         if from_megatron is not None:
-            text = _user_command(from_megatron, spec_model, layout, ref.name, line)
+            # The user's file is theirs byte for byte unless a release is named: then their
+            # other flags are respelled for it too.
+            text = _user_command(from_megatron, spec_model, layout, ref.name, line,
+                                 version if megatron_version is not None else None)
             if not measured_as_exported(layout):  # the user's file takes no header: say it here
                 said = title[-1] if cluster is not None else ""
                 print(f"autotune: {SDPA_STANDS_IN} {said}".rstrip(), file=sys.stderr)
@@ -207,14 +211,15 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
 
 
 def _user_command(path: str, model: ModelSpec, layout: Layout, study: str,
-                  line: int | None) -> str:
-    """The user's file with `layout`'s changed flags edited in place (autotune.script_patch),
+                  line: int | None, version: MegatronVersion | None = None) -> str:
+    """The user's file with `layout`'s changed flags edited in place (autotune.script_patch)
+    and, with `version` (--megatron-version), their other flags respelled for that release;
     refused in one line when the study searched another model or GPU count than the command
     runs. Nothing is added to it (no header): the file differs from theirs only in those
-    flags, which a line on stderr lists."""
+    flags, which lines on stderr list."""
     from autotune.commands.from_megatron import read_user_job
     from autotune.megatron_command import layout_changes
-    from autotune.script_patch import patch_script
+    from autotune.script_patch import patch_script, respellings
 
     job = read_user_job(path, gpus=layout.world_size, gpus_per_node=None, gpu=None, line=line)
     if replace(job.model, name=model.name) != model:
@@ -224,4 +229,9 @@ def _user_command(path: str, model: ModelSpec, layout: Layout, study: str,
     described = "; ".join(c.describe() for c in changes) or "none, the layout is yours"
     print(f"autotune: {path}, line {job.command.line}: flags that change: {described}",
           file=sys.stderr)
-    return patch_script(job.command, layout, changes)
+    if version is not None:
+        respelled = "; ".join(r.describe() for r in respellings(job.command, version)) or \
+            "none, they are its spelling already"
+        print(f"autotune: {path}, line {job.command.line}: flags respelled for megatron-core "
+              f"{version.version}: {respelled}", file=sys.stderr)
+    return patch_script(job.command, layout, changes, version)

@@ -82,6 +82,7 @@ def run_report(*, study: str | None, results_dir: str, storage: str | None,
     )
     from autotune.report.pareto import fold_ties, pareto_front, scaling_points
     from autotune.report.plots import pareto_html, pareto_png, scaling_html, scaling_png
+    from autotune.search.storage import storage_errors
     from autotune.search.timesplit import time_split
 
     _require_extras()
@@ -142,8 +143,10 @@ def run_report(*, study: str | None, results_dir: str, storage: str | None,
         out.written += [folder / "gpu_scaling.html", folder / "gpu_scaling.png"]
 
     md_path = folder / "report.md"
+    with storage_errors(ref.url, reading=True):  # the importances read the study again
+        importances = tokens_importances(loaded.study)
     text = render_report(loaded, top=top, pareto=pareto, breakdown=breakdown,
-                         importances=tokens_importances(loaded.study), scaling=scaling,
+                         importances=importances, scaling=scaling,
                          files=[p.name for p in [*out.written, md_path]])
     write_text(md_path, text)
     out.written.append(md_path)

@@ -20,13 +20,19 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.errors import ConfigError
+from autotune.errors import AutotuneError, ConfigError
 from autotune.hardware import DEFAULT_GPU, ClusterSpec, gpu_spec
 from autotune.layout import DIMENSIONS, Layout
 from autotune.model import ModelSpec, load_model
 from autotune.protocol import SPEC_NAME
 from autotune.search.records import RECORD_ATTR, Figure, TrialRecord, stored_record
-from autotune.search.storage import as_stored, check_study_name, redact_url, storage_url
+from autotune.search.storage import (
+    as_stored,
+    check_study_name,
+    redact_url,
+    storage_errors,
+    storage_url,
+)
 from autotune.search.timesplit import overhead_s
 from autotune.trial import StopReason, TrialSpec
 
@@ -345,20 +351,24 @@ def _resolve_model(ref: StudyRef, study: optuna.Study, rows: list[dict[str, Any]
 
 
 def load_study(ref: StudyRef, model_arg: str | None = None) -> LoadedStudy:
-    """Read every trial of the study and work out its model and GPUs."""
+    """Read every trial of the study and work out its model and GPUs. A storage that fails
+    (locked, damaged, full, a server gone) is one StorageError line (storage_errors)."""
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), storage_errors(ref.url, reading=True):
             warnings.simplefilter("ignore")
             study = optuna.load_study(study_name=ref.name, storage=ref.url)
     except KeyError:
         raise ConfigError(f"unknown study {ref.name} in {ref.redacted}") from None
-    except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad storage
+    except AutotuneError:
+        raise
+    except Exception as exc:  # Optuna refuses a schema it cannot read (RuntimeError), ...
         raise ConfigError(f"cannot read study {ref.name} from {ref.redacted}: "
                           f"{str(exc).splitlines()[0]}") from None
-    trials = study.get_trials(deepcopy=False)
-    records = read_records(trials)
-    rows = [trial_row(t, records.get(t.number)) for t in trials]
-    model, source, hints = _resolve_model(ref, study, rows, model_arg)
+    with storage_errors(ref.url, reading=True):
+        trials = study.get_trials(deepcopy=False)
+        records = read_records(trials)
+        rows = [trial_row(t, records.get(t.number)) for t in trials]
+        model, source, hints = _resolve_model(ref, study, rows, model_arg)
     gpus = next((r["gpus"] for r in rows if r["gpus"]), None) or hints.get("num_gpus")
     cluster = None
     notes: list[str] = []
@@ -394,7 +404,7 @@ def peer_studies(results_dir: Path, loaded: LoadedStudy) -> list[LoadedStudy]:
             continue  # cheap filter before reading a whole study
         try:
             other = load_study(resolve_study(folder.name, results_dir, None))
-        except ConfigError:
+        except AutotuneError:  # a peer that cannot be read (locked, damaged) is left out
             continue
         if other.model is None or other.cluster is None:
             continue

@@ -8,11 +8,13 @@ this process owns the study, so they are inserted here in one transaction into O
 tables (optuna/storages/_rdb/models.py), one bulk INSERT per table, numbered after the trials
 already stored.
 
-Nothing here imports Optuna's private modules: the tables are reflected from the database with
-SQLAlchemy, and they are written only when the storage reports, through RDBStorage's public
-`get_current_version()`, a schema version this module knows (KNOWN_SCHEMAS: Optuna migrates
-its schema with alembic and names each version); a newer Optuna with the same schema keeps the
-fast path, one with another schema (or another storage) gets `add_trials`, with a warning. The
+Nothing here reads Optuna's private modules or attributes: the caller hands in the RDBStorage
+it opened the study with (optuna.Study has no public accessor for its storage), the tables are
+reflected from the database with SQLAlchemy, and they are written only when the storage reports,
+through RDBStorage's public `get_current_version()`, a schema version this module knows
+(KNOWN_SCHEMAS: Optuna migrates its schema with alembic and names each version); a newer Optuna
+with the same schema keeps the fast path, one with another schema (or another storage, or none
+given) gets `add_trials`, with a warning. The
 checks add_trial makes are made here too (each trial's state and values, its number of values,
 each parameter's distribution against the one stored, with optuna.distributions' public
 functions). tests/test_storage_bulk.py reads bulk-written trials back through Optuna and
@@ -28,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
+from optuna.storages import BaseStorage, RDBStorage
 from optuna.trial import FrozenTrial
 
 from autotune.search.interrupts import deferred_interrupts
@@ -37,8 +40,10 @@ __all__ = ["add_finished_trials"]
 log = logging.getLogger(__name__)
 
 
-def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
-    """study.add_trials(trials), in one transaction where the storage allows it.
+def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial], *,
+                        storage: BaseStorage | None = None) -> None:
+    """study.add_trials(trials), in one transaction where `storage` allows it: the storage the
+    study was created with (optuna.create_study(storage=...)), an RDBStorage of a known schema.
 
     Attributes that JSON cannot hold raise TypeError before anything is written."""
     if not trials:
@@ -47,7 +52,7 @@ def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> N
         json.dumps([t.user_attrs, t.system_attrs])
     try:
         with deferred_interrupts():  # a Ctrl-C waits for the commit (seconds at most)
-            _insert(study, trials)
+            _insert(study, _rdb_storage(storage), trials)
     except Exception as exc:  # any surprise (the transaction rolled back): the public path
         log.warning("writing %d trials one by one (slower): the bulk insert failed: %r",
                     len(trials), exc)
@@ -60,21 +65,16 @@ _TABLES = ("studies", "trials", "trial_params", "trial_values", "trial_user_attr
            "trial_system_attributes")
 
 
-def _rdb_storage(study: optuna.Study) -> Any:
-    """The study's RDBStorage. Study has no public accessor for its storage, and Optuna wraps
-    an RDB storage in a cache; both are read by attribute here, and anything unexpected is
-    refused (the caller then takes add_trials)."""
-    from optuna.storages import RDBStorage
-
-    storage = getattr(study, "_storage", None)
-    rdb = getattr(storage, "_backend", storage)
-    if not isinstance(rdb, RDBStorage):
-        raise TypeError(f"not an RDB storage: {type(rdb).__name__}")
-    version = rdb.get_current_version()
+def _rdb_storage(storage: BaseStorage | None) -> RDBStorage:
+    """`storage` as the RDBStorage this module writes, else TypeError (the caller then takes
+    add_trials)."""
+    if not isinstance(storage, RDBStorage):
+        raise TypeError(f"not an RDB storage: {type(storage).__name__}")
+    version = storage.get_current_version()
     if version not in KNOWN_SCHEMAS:
         raise TypeError(f"Optuna's schema {version} is not one this module writes "
                         f"({', '.join(KNOWN_SCHEMAS)})")
-    return rdb
+    return storage
 
 
 def _stored_value(value: float) -> tuple[float | None, str]:
@@ -129,13 +129,12 @@ def _utc(value: datetime.datetime | None) -> datetime.datetime | None:
     return None if value is None else value.astimezone(datetime.UTC).replace(tzinfo=None)
 
 
-def _insert(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
+def _insert(study: optuna.Study, rdb: RDBStorage, trials: Sequence[FrozenTrial]) -> None:
     from optuna.distributions import distribution_to_json
     from sqlalchemy import MetaData, func, insert, select
 
-    rdb = _rdb_storage(study)
     _check(study, trials)
-    study_id = rdb.get_study_id_from_name(study.study_name)
+    study_id = rdb.get_study_id_from_name(study.study_name)  # KeyError: not its storage
     metadata = MetaData()
     metadata.reflect(bind=rdb.engine, only=_TABLES)
     tables = metadata.tables

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote_plus
 
 import optuna
@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_RESULTS_DIR",
     "STUDY_NAME_MAX",
     "Heartbeat",
+    "PlanningStudies",
     "as_stored",
     "check_results_dir",
     "check_storage_url",
@@ -42,6 +43,7 @@ __all__ = [
     "fail_stale",
     "heartbeat",
     "open_planning_study",
+    "open_storage",
     "open_study",
     "redact_url",
     "storage_errors",
@@ -222,11 +224,9 @@ def check_storage_url(url: str) -> str:
     return url
 
 
-def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,
-               resume: bool | None, heartbeat: Heartbeat | None) -> optuna.Study:
-    """Create the study, or load it with `resume`; resume=None loads it if it exists, else
-    creates it. An existing study is never overwritten. With `heartbeat`, running trials beat
-    (see `heartbeat()`) and stale ones are failed now."""
+def open_storage(url: str, heartbeat: Heartbeat | None = None) -> optuna.storages.RDBStorage:
+    """The RDB storage at `url` (ConfigError in one line when it cannot be opened); with
+    `heartbeat`, the trials of its studies beat (see `heartbeat()`)."""
     kwargs: dict[str, object] = {}
     if heartbeat is not None:
         # A trial whose process dies stops beating; after the grace period it is marked FAIL
@@ -235,10 +235,21 @@ def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,
     try:
         with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            storage = optuna.storages.RDBStorage(url, **kwargs)  # type: ignore[arg-type]
+            return optuna.storages.RDBStorage(url, **kwargs)  # type: ignore[arg-type]
     except Exception as exc:  # SQLAlchemy raises many types for a bad URL or server
         raise ConfigError(f"cannot open storage {redact_url(url)}: "
                           f"{str(exc).splitlines()[0]}") from exc
+
+
+def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,
+               resume: bool | None, heartbeat: Heartbeat | None,
+               storage: optuna.storages.RDBStorage | None = None) -> optuna.Study:
+    """Create the study, or load it with `resume`; resume=None loads it if it exists, else
+    creates it. An existing study is never overwritten. With `heartbeat`, running trials beat
+    (see `heartbeat()`) and stale ones are failed now. `storage`: `url`'s storage, opened by
+    the caller (open_storage) where it needs it again (Optuna's Study does not hand it out)."""
+    if storage is None:
+        storage = open_storage(url, heartbeat)
     exists = name in {s.study_name for s in optuna.get_all_study_summaries(storage)}
     if exists and resume is False:
         raise ConfigError(f"study {name} already exists in {redact_url(url)}; pass --resume to "
@@ -252,10 +263,26 @@ def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,
     return study
 
 
+def _hint(text: str, *, reading: bool) -> str:
+    """What to do about a storage failure whose root message is `text`."""
+    if "full" in text or "No space left" in text:
+        return ("free disk space, then try again" if reading
+                else "free disk space, then --resume continues the study")
+    if reading:
+        if "locked" in text or "busy" in text:
+            return "another process is writing it: try again once that has finished"
+        if "malformed" in text or "not a database" in text:
+            return "the database file is damaged: restore it from a copy"
+        return "check that the database can be reached, then try again"
+    return "--resume continues the study once it can be written again"
+
+
 @contextmanager
-def storage_errors(url: str) -> Iterator[None]:
-    """Optuna's StorageInternalError and SQLAlchemy's errors (`database or disk is full`)
-    as one StorageError line that names the storage and says what to do."""
+def storage_errors(url: str, *, reading: bool = False) -> Iterator[None]:
+    """Optuna's StorageInternalError and SQLAlchemy's errors (`database or disk is full`,
+    `database is locked`, a damaged file, a server that went away) as one StorageError line
+    that names the storage and says what to do; `reading`: the block only reads the study
+    (report, export), so nothing of it is left to resume."""
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
@@ -265,11 +292,9 @@ def storage_errors(url: str) -> Iterator[None]:
         while cause.__cause__ is not None or cause.__context__ is not None:
             cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
         text = " ".join(str(getattr(cause, "orig", None) or cause).split())[:200]
-        full = "full" in text or "No space left" in text
-        hint = ("free disk space, then --resume continues the study" if full
-                else "--resume continues the study once it can be written again")
-        raise StorageError(f"the study's storage {redact_url(url)} could not be written "
-                           f"({for_terminal(text)}); {hint}") from exc
+        what = "read" if reading else "written"
+        raise StorageError(f"the study's storage {redact_url(url)} could not be {what} "
+                           f"({for_terminal(text)}); {_hint(text, reading=reading)}") from exc
 
 
 def fail_orphans(study: optuna.Study, *, everything: bool, grace_s: float) -> list[int]:
@@ -296,19 +321,34 @@ def fail_orphans(study: optuna.Study, *, everything: bool, grace_s: float) -> li
     return failed
 
 
+class PlanningStudies(NamedTuple):
+    """What a planning search works on (open_planning_study)."""
+
+    memory: optuna.Study
+    """In memory: the stored study's finished trials, then the plan's."""
+    stored: optuna.Study
+    persisted: int
+    """How many trials of `memory` the stored study has."""
+    storage: optuna.storages.RDBStorage
+    """The stored study's storage, where the plan's trials are written in one pass
+    (autotune.search.bulk)."""
+
+
 def open_planning_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,
-                        resume: bool) -> tuple[optuna.Study, optuna.Study, int]:
+                        resume: bool) -> PlanningStudies:
     """For predictions: an in-memory study holding the stored study's finished trials, the
-    stored study, and how many trials the stored one has of the in-memory one."""
+    stored study, how many trials the stored one has of the in-memory one, and its storage."""
     # Predictions cost microseconds; a storage round trip per trial would dominate. The
     # study runs in memory and its trials are written in one pass at the end.
     # Predictions are deterministic: running the same planning job again continues (and
     # so shows) the stored study instead of refusing; --resume stays strict.
-    persistent = open_study(name, url, sampler, resume=resume or None, heartbeat=None)
+    storage = open_storage(url)
+    persistent = open_study(name, url, sampler, resume=resume or None, heartbeat=None,
+                            storage=storage)
     study = optuna.create_study(directions=list(DIRECTIONS), sampler=sampler)
     finished = [t for t in persistent.get_trials(deepcopy=False) if t.state.is_finished()]
     study.add_trials(finished)
-    return study, persistent, len(finished)
+    return PlanningStudies(study, persistent, len(finished), storage)
 
 
 def as_stored(value: Any) -> Any:
@@ -375,7 +415,9 @@ def heartbeat(trial: optuna.Trial) -> Iterator[None]:
     if interval is None:
         yield
         return
-    trial_id = trial._trial_id
+    # The trial's storage id, through the storage's public lookups (Trial keeps it private).
+    trial_id = storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(trial.study.study_name), trial.number)
     stop = threading.Event()
 
     def beat() -> None:

@@ -267,11 +267,14 @@ class PlanningStore(StudyStore):
     measured = False
 
     def __init__(self, study: optuna.Study, layouts: LayoutMap, *, name: str, url: str,
-                 capacity_bytes: float, persistent: optuna.Study, persisted: int) -> None:
+                 capacity_bytes: float, persistent: optuna.Study, persisted: int,
+                 storage: optuna.storages.RDBStorage) -> None:
         super().__init__(study, layouts, name=name, url=url, capacity_bytes=capacity_bytes)
         self.persistent = persistent
         self.persisted = persisted
         """How many trials of the in-memory study the stored one has."""
+        self.storage = storage
+        """The stored study's storage: the plan is written there in one pass (close)."""
 
     @classmethod
     def open(cls, cfg: SearchConfig, layouts: LayoutMap, sampler: Sampler) -> PlanningStore:
@@ -282,14 +285,15 @@ class PlanningStore(StudyStore):
         name = cls.study_name(cfg, variant)
         url = storage_url(cfg.results_dir, name, cfg.storage)
         with _locked(name, url) as lock:  # held until the plan is written (close)
-            study, persistent, persisted = open_planning_study(
-                name, url, make_sampler(sampler, cfg.seed), resume=cfg.resume)
+            opened = open_planning_study(name, url, make_sampler(sampler, cfg.seed),
+                                         resume=cfg.resume)
+            persistent = opened.stored
             describe_study(persistent, cfg.model, cfg.cluster, cfg.backend.name)
             keep_space(persistent, layouts.candidates, cfg.space.source)
             fail_orphans(persistent, everything=_alone(lock), grace_s=Heartbeat().grace_s)
-        store = cls(study, layouts, name=name, url=url,
+        store = cls(opened.memory, layouts, name=name, url=url,
                     capacity_bytes=cfg.cluster.gpu.memory_bytes, persistent=persistent,
-                    persisted=persisted)
+                    persisted=opened.persisted, storage=opened.storage)
         store.lock = lock
         return store
 
@@ -302,7 +306,8 @@ class PlanningStore(StudyStore):
     def close(self) -> None:
         new = [t for t in self.study.get_trials(deepcopy=False)[self.persisted:]
                if t.state.is_finished()]
-        add_finished_trials(self.persistent, new)  # one transaction, never split by Ctrl-C
+        # One transaction, never split by Ctrl-C.
+        add_finished_trials(self.persistent, new, storage=self.storage)
         self.persisted += len(new)
 
 

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for `dou
 
 import optuna
 from doubles.fake_backend import FakeBackend
+from doubles.no_fsync import sqlite_without_fsync
 from optuna.trial import TrialState
 
 import autotune.cli
@@ -90,6 +91,7 @@ class Hooked:
 
 
 def install() -> None:
+    sqlite_without_fsync()  # as in the test process (doubles/no_fsync.py)
     autotune.cli.enumerate_space = before("enumerate", autotune.cli.enumerate_space)
     autotune.search.store.open_study = before("open", autotune.search.store.open_study)
     autotune.search.store.open_planning_study = before(

@@ -121,8 +121,11 @@ class FakeBackend:
 def main(argv: list[str]) -> None:
     """`python fake_backend.py RESULTS_DIR MARKER TRIALS`: a search whose third launched trial
     blocks until the process is killed (the killed-process resume test)."""
+    from no_fsync import sqlite_without_fsync  # run as a script: this folder is on sys.path
+
     from autotune.search import SearchConfig, run_search
 
+    sqlite_without_fsync()  # as in the test process
     results_dir, marker, trials = Path(argv[0]), Path(argv[1]), int(argv[2])
     cluster = small_cluster()
     backend = FakeBackend(cluster, block_on_call=3, started_marker=marker)
