@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from autotune.dimensions import (
+    LEVELS,
     Dimension,
     Impl,
     Recompute,
@@ -186,7 +187,8 @@ class Violation:
 
 
 # Levels: 0 = tp, pp, cp, dp; 1 = vpp, the first/last stage's layers; 2 = ep;
-# 3 = sequence_parallel; 4 = mbs; 5 = recompute, offload, optimizer, overlap, implementation.
+# 3 = sequence_parallel; 4 = mbs; 5 = recompute, offload, optimizer, overlap, implementation;
+# 6 = precision (autotune.levers.fp8).
 
 
 def _world(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
@@ -502,7 +504,7 @@ RULE_LEVELS: dict[str, int] = {rule.name: rule.level for rule in RULES}
 
 
 def iter_violations(layout: Layout, model: ModelSpec, cluster: ClusterSpec,
-                    max_level: int = 5) -> Iterator[Violation]:
+                    max_level: int = LEVELS - 1) -> Iterator[Violation]:
     """Broken rules up to `max_level`, in Megatron's order."""
     sizes = {k: getattr(layout, k) for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "gbs")}
     if min(sizes.values()) < 1:
@@ -539,6 +541,21 @@ DATA_PARALLEL_OPTIONS = ("distributed_optimizer", "overlap_grad_reduce", "overla
 """Options that act only on gradients and parameters across data-parallel replicas."""
 
 
+_FIELD_NAMES = tuple(DIMENSIONS)
+_FIELD_SET = frozenset(_FIELD_NAMES)
+_ENUM_KINDS = dict(_ENUM_FIELDS)
+
+
 def with_fields(layout: Layout, **values: object) -> Layout:
-    """A copy with some fields changed (dataclasses.replace, typed loosely for the enumerator)."""
-    return replace(layout, **values)  # type: ignore[arg-type]
+    """A copy with some fields changed, typed loosely for the enumerator: what
+    dataclasses.replace gives, without its __init__ where every value is already of its
+    field's kind (the enumerator builds a layout per combination it checks, hundreds of
+    thousands for a large space; a space's candidates are coerced when it is read)."""
+    if not _FIELD_SET.issuperset(values) or any(
+            name in _ENUM_KINDS and value.__class__ is not _ENUM_KINDS[name]
+            for name, value in values.items()):
+        return replace(layout, **values)  # type: ignore[arg-type]
+    new = object.__new__(Layout)
+    for name in _FIELD_NAMES:
+        object.__setattr__(new, name, values[name] if name in values else getattr(layout, name))
+    return new

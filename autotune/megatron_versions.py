@@ -313,14 +313,9 @@ def spell_args(args: Sequence[str], version: MegatronVersion) -> list[str]:
     renamed and deprecated flags take the spelling of the target, flags removed as no-ops are
     dropped (with their value, when the next word is not a flag), and a flag the target does
     not have yet, or that merged several older flags, is refused."""
-    forward = {c.old: c for row in VERSIONS if row.key <= version.key
-               for c in row.flag_changes if c.old is not None}
-    backward: dict[str, list[FlagChange]] = {}
-    for row in VERSIONS:
-        if row.key > version.key:
-            for c in row.flag_changes:
-                if c.new is not None:
-                    backward.setdefault(c.new, []).append(c)
+    forward, backward, touched = _spellings(version.version)
+    if touched.isdisjoint([a.partition("=")[0] for a in args if a[:2] == "--"]):
+        return list(args)  # nothing to respell: the common case, once per layout of a space
     out: list[str] = []
     skip_value = False
     for arg in args:
@@ -350,6 +345,23 @@ def spell_args(args: Sequence[str], version: MegatronVersion) -> list[str]:
             name = backs[0].old
         out.append(name + eq + value)
     return out
+
+
+@functools.cache  # once per version: the run key spells the arguments of every layout
+def _spellings(version: str) -> tuple[dict[str, FlagChange], dict[str, list[FlagChange]],
+                                      frozenset[str]]:
+    """spell_args' maps for the table's row `version`: the changes up to it by old spelling,
+    the later ones by new spelling, and every flag either names."""
+    key = parse_version(version)
+    forward = {c.old: c for row in VERSIONS if row.key <= key
+               for c in row.flag_changes if c.old is not None}
+    backward: dict[str, list[FlagChange]] = {}
+    for row in VERSIONS:
+        if row.key > key:
+            for c in row.flag_changes:
+                if c.new is not None:
+                    backward.setdefault(c.new, []).append(c)
+    return forward, backward, frozenset(forward) | frozenset(backward)
 
 
 def _row_of(change: FlagChange) -> MegatronVersion:
