@@ -35,6 +35,7 @@ __all__ = [
     "Sample",
     "fit_cost_params",
     "fit_memory_params",
+    "lever_fit_fields",
     "load_calibration",
     "save_calibration",
 ]
@@ -46,6 +47,24 @@ COST_FIT_FIELDS: tuple[str, ...] = ("gemm_efficiency_max", "elementwise_bytes_lo
                                     "elementwise_bytes_te", "step_overhead_s")
 MEMORY_FIT_FIELDS: tuple[str, ...] = ("cuda_context_bytes", "nccl_bytes_per_group",
                                       "fragmentation")
+
+
+def lever_fit_fields(layouts: Sequence[Layout]) -> tuple[str, ...]:
+    """The cost constants of every lever (autotune.levers: Lever.constants) that one of
+    `layouts` turns on: what measured trials of it can fit (FP8's GEMM efficiency and casts, the
+    offloaded optimizer's host bandwidth). A lever no sample turns keeps its first-principles
+    values."""
+    from autotune.layout import DIMENSIONS
+    from autotune.levers import LEVERS
+
+    names: list[str] = []
+    for lever in LEVERS:
+        if lever.constants is None:
+            continue
+        if any(getattr(s, n) != DIMENSIONS[n].default for s in layouts
+               for n in lever.field_names):
+            names += [f.name for f in fields(lever.constants)]
+    return tuple(names)
 _UPPER: dict[str, float] = {"gemm_efficiency_max": 1.0, "flash_attention_efficiency": 1.0,
                             "hbm_efficiency": 1.0, "comm_efficiency": 1.0}
 _RIDGE = 1e-6
@@ -89,9 +108,13 @@ def _fit(default: Any, names: Sequence[str], samples: Sequence[Sample],
     return make(result.x)
 
 
-def fit_cost_params(samples: Sequence[Sample], *, names: Sequence[str] = COST_FIT_FIELDS,
+def fit_cost_params(samples: Sequence[Sample], *, names: Sequence[str] | None = None,
                     start: CostParams | None = None) -> CostParams:
-    """CostParams whose predicted step times best match the measured ones (seconds)."""
+    """CostParams whose predicted step times best match the measured ones (seconds). `names`:
+    the constants fitted; by default COST_FIT_FIELDS and the constants of the levers the
+    samples turn on (lever_fit_fields)."""
+    if names is None:
+        names = (*COST_FIT_FIELDS, *lever_fit_fields([s for _, s, _, _ in samples]))
     def predict(p: CostParams, m: ModelSpec, s: Layout, c: ClusterSpec) -> float:
         return estimate_cost(m, s, c, p).step_time_s
 

@@ -23,6 +23,7 @@ from autotune.hardware import ClusterSpec
 from autotune.inputs.untrusted import for_terminal
 from autotune.layout import DIMENSIONS, RULE_LEVELS, SEARCHED
 from autotune.legend import legend_lines
+from autotune.levers.fp8 import Fp8
 from autotune.model import ModelSpec, list_presets, load_model
 from autotune.space import enumerate_space, load_space
 from autotune.trial import DEFAULT_STABLE_CV
@@ -240,9 +241,17 @@ def _search(
                          "(repeatable; DIM as in the space file, its option or its Megatron-LM "
                          "flag). Each dimension's own option below does the same.",
         metavar="DIM=VALUES")] = None,
+    precision: Annotated[str | None, typer.Option(
+        "--precision", help="bf16: keep the study in bf16, no FP8 layout (the same as --fix "
+                            "fp8=off); left out, the search space decides (the default space "
+                            "offers FP8 where Transformer Engine and the GPU run it).",
+        metavar="bf16")] = None,
     **dimensions: Any,
 ) -> None:
     pins = parse_pins(dimensions, fix or ())
+    bf16_only = _bf16_only(precision, pins)
+    if bf16_only and from_megatron is None:
+        pins = {**pins, "fp8": (Fp8.OFF,)}
     job = None
     if line is not None and from_megatron is None:
         raise ConfigError(f"--line names the launch in a {FROM_MEGATRON} FILE; give that too")
@@ -288,6 +297,12 @@ def _search(
         from autotune.commands.from_megatron import widen_space
 
         space_spec = widen_space(space_spec, job.layout)
+        if bf16_only:
+            if job.layout.fp8 != Fp8.OFF:
+                raise ConfigError(f"{FROM_MEGATRON}: your command trains in FP8 (fp8="
+                                  f"{job.layout.fp8}); --precision bf16 would search without "
+                                  "your layout")
+            space_spec = pin_space(space_spec, {"fp8": (Fp8.OFF,)})
     summary = enumerate_space(space_spec, spec, cluster)
     if not summary.valid:
         # The rules of the deepest level reached are the ones that bind: a layout rejected
@@ -324,6 +339,20 @@ def _search(
                        stable_cv=stable_cv, stop_rule=stop_rule,
                        seeds=() if job is None else (job.layout,),
                        compare=None if job is None else _comparison(job))
+
+
+def _bf16_only(precision: str | None, pins: dict[str, tuple[Any, ...]]) -> bool:
+    """--precision bf16 as a pin of fp8 to off (added to `pins` for a MODEL search); whether it
+    was given. Another value, or a pin of fp8 besides it, is one line."""
+    if precision is None:
+        return False
+    if precision != "bf16":
+        raise ConfigError(f"--precision {precision}: only bf16 can be asked for (FP8 is a "
+                          "dimension the search space offers: --fix fp8=hybrid pins it)")
+    if "fp8" in pins:
+        raise ConfigError("--precision bf16 pins fp8=off; it cannot go with a pin of fp8 "
+                          f"({describe_pins({'fp8': pins['fp8']})})")
+    return True
 
 
 _search.__doc__ = (

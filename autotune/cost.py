@@ -33,7 +33,7 @@ from autotune.hardware import ClusterSpec
 from autotune.layout import Layout, stage_layers
 from autotune.levers import LEVERS, LeverConstants
 from autotune.levers.base import CostState
-from autotune.memory import MAIN_GRAD_BYTES, PARAM_BYTES, stage_params
+from autotune.memory import MAIN_GRAD_BYTES, PARAM_BYTES, stage_linear_params, stage_params
 from autotune.memory_activations import (
     layer_activations,
     layer_bytes,
@@ -42,7 +42,7 @@ from autotune.memory_activations import (
 )
 from autotune.model import ModelSpec, padded_vocab_size
 
-__all__ = ["CostEstimate", "CostParams", "checkpoint_calls", "estimate_cost"]
+__all__ = ["CostEstimate", "CostParams", "checkpoint_calls", "estimate_cost", "gemm_size"]
 
 _BUCKET_PARAMS = 40_000_000
 """megatron/core/distributed/distributed_data_parallel_config.py: bucket_size defaults to
@@ -187,6 +187,12 @@ def _flops(model: ModelSpec) -> _Flops:
                   logits=logits, model_per_token=base)
 
 
+def gemm_size(model: ModelSpec, layout: Layout) -> float:
+    """The x of gemm_efficiency for the layers' GEMMs: the smaller of the local tokens of a
+    micro-batch (mbs * seq / cp) and the hidden size per tensor-parallel rank."""
+    return min(layout.mbs * (model.seq_length / layout.cp), model.hidden_size / layout.tp)
+
+
 def gemm_efficiency(x: float, params: CostParams) -> float:
     """Saturating fit eff_max * x / (x + x_half) (empirical, see CostParams.gemm_half_size)."""
     return params.gemm_efficiency_max * x / (x + params.gemm_half_size)
@@ -236,15 +242,18 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     tokens = s.mbs * seq  # local tokens of one micro-batch
     tsp = t if s.sequence_parallel else 1
     # The terms the levers change, each lever in registry order (autotune.levers).
-    state = CostState(optimizer_bytes_per_param=prm.optimizer_bytes_per_param)
+    state = CostState(optimizer_bytes_per_param=prm.optimizer_bytes_per_param,
+                      linear_gather_bytes=PARAM_BYTES)
     for lever in LEVERS:
         if lever.cost is not None:
             state = lever.cost(model, s, cluster, prm, state)
 
     # --- one layer, one micro-batch, one forward pass (backward = 2 forwards) ---
-    eff = gemm_efficiency(min(tokens, h / t), prm)
-    gemm_fwd = tokens * fl.layer_mats / t / (peak * eff)
-    mlp_fwd = tokens * fl.layer_mlp / t / (peak * eff)
+    eff = gemm_efficiency(gemm_size(model, s), prm)
+    # A lever may run the layers' GEMMs faster than bf16 (FP8: autotune.levers.fp8); the
+    # output layer's below stays at bf16's rate.
+    gemm_fwd = tokens * fl.layer_mats / t / (peak * eff) / state.layer_gemm_speedup
+    mlp_fwd = tokens * fl.layer_mlp / t / (peak * eff) / state.layer_gemm_speedup
     core_flops = tokens * fl.layer_core / t
     acts = layer_activations(model, t, s.impl)
     stored_per_token = acts.replicated / tsp + acts.split
@@ -257,8 +266,10 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     else:
         core_fwd = core_flops / (peak * prm.flash_attention_efficiency)
         elementwise = prm.elementwise_bytes_te
-    # Element-wise kernels move `elementwise` bytes (forward + backward) per stored byte.
-    elem_fwd = tokens * stored_per_token * elementwise / 3 / hbm
+    # Element-wise kernels move `elementwise` bytes (forward + backward) per stored byte; a
+    # lever's own passes (FP8's casts) add their bytes, forward + backward as well.
+    elem_fwd = tokens * stored_per_token * elementwise / 3 / hbm \
+        + tokens * state.layer_pass_bytes_per_token / 3 / hbm
     # Tensor parallel: 2 all-reduces of s b h bf16 per layer forward, 2 backward (Korthikanti
     # et al. 2022, Section 4.2.2; SP swaps each for all-gather + reduce-scatter of the same
     # volume); megatron-core's local spec does not overlap them.
@@ -325,6 +336,10 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     shard = dense / state.dense_shard + expert / state.expert_shard
     optimizer_s = shard * state.optimizer_bytes_per_param / hbm \
         + shard * state.optimizer_host_s_per_param
+    # A lever's once-a-step pass over the stage's GEMM weights (FP8's weight casts), with the
+    # optimizer's time: both run outside the pipeline's micro-batches.
+    if state.linear_weight_pass_bytes:
+        optimizer_s += _busiest_linear(model, s) * state.linear_weight_pass_bytes / hbm
     step = m * mb_s + bubble_s + dp_s + optimizer_s + prm.step_overhead_s
     tokens_per_s = s.gbs * model.seq_length / step
     world = s.world_size
@@ -443,6 +458,11 @@ def _stage_time(model: ModelSpec, s: Layout, prm: CostParams, layer: _LayerTimes
                       offload=offload)
 
 
+def _busiest_linear(model: ModelSpec, s: Layout) -> float:
+    """GEMM weights of the stage with the most (autotune.memory.stage_linear_params)."""
+    return max(stage_linear_params(model, s, i) for i in {0, s.pp - 1})
+
+
 def _largest_stage(model: ModelSpec, s: Layout) -> tuple[float, float]:
     """(dense, expert) parameters of the stage with the most: first (embedding) or last."""
     first = stage_params(model, s, 0)
@@ -462,6 +482,9 @@ def _dp_exposed(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostPara
     backward: exposed = max(0, comm - backward) + the last bucket (Megatron DDP docs).
     """
     dense, expert = _largest_stage(model, s)
+    # The GEMM weights' share of the gathered parameters (FP8 parameters gather in 1 byte).
+    linear_share = 0.0 if state.linear_gather_bytes == PARAM_BYTES else \
+        _busiest_linear(model, s) / max(1.0, dense + expert)
     groups = [(dense, s.dp * s.cp, s.tp * s.cp * s.dp)]
     if expert:
         groups.append((expert, s.expert_dp, cluster.num_gpus // s.pp))
@@ -473,7 +496,8 @@ def _dp_exposed(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostPara
         bucket = min(n_params, max(_BUCKET_PARAMS, 1_000_000 * n))
         if state.dp_sharded:
             grad_s += _one_way_s(n_params * MAIN_GRAD_BYTES, n, bw, prm)
-            gather_s += _one_way_s(n_params * PARAM_BYTES, n, bw, prm)
+            gather_s += _one_way_s(n_params * PARAM_BYTES + linear_share * n_params
+                                   * (state.linear_gather_bytes - PARAM_BYTES), n, bw, prm)
             tail_s += _one_way_s(bucket * MAIN_GRAD_BYTES, n, bw, prm)
         else:
             grad_s += ring_allreduce_s(n_params * MAIN_GRAD_BYTES, n, bw, prm)

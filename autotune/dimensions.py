@@ -20,11 +20,12 @@ __all__ = ["LEVELS", "RECOMPUTE_MODULES", "Dimension", "Impl", "Label", "Recompu
            "RecomputeMethod", "RecomputeModules", "always", "dimension", "flag_label", "plain",
            "unless_default", "value_label"]
 
-LEVELS = 6
+LEVELS = 7
 """Enumeration levels: 0 tp, pp, cp (dp follows); 1 vpp and the first/last stage's layers; 2 ep;
-3 sequence parallel; 4 mbs; 5 recompute, offload, optimizer, overlap and implementation. A
-validity rule of level k reads only the fields of levels <= k (autotune.layout.RULES), so the
-enumerator rejects a partial layout before it expands the deeper levels."""
+3 sequence parallel; 4 mbs; 5 recompute, offload, optimizer, overlap and implementation; 6
+precision (FP8, whose rules read the implementation and the recompute of level 5). A validity
+rule of level k reads only the fields of levels <= k (autotune.layout.RULES), so the enumerator
+rejects a partial layout before it expands the deeper levels."""
 
 
 class Recompute(enum.StrEnum):

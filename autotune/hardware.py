@@ -38,6 +38,12 @@ class GpuSpec:
     """Host link per direction, datasheet (CPU offloading moves activations over it)."""
     measured: bool = True
     """False for a GPU known only from its datasheet: no trial ever ran on it."""
+    compute_capability: tuple[int, int]
+    """CUDA compute capability (sm_XY): what decides which of Transformer Engine's FP8 recipes
+    run on it (autotune.levers.fp8.RECIPE_MIN_CAPABILITY)."""
+    peak_fp8_flops: float | None = None
+    """Dense FP8 tensor-core peak, datasheet; None where the tensor cores have no FP8 (before
+    sm_89)."""
 
     @property
     def usable_bytes(self) -> int:
@@ -52,31 +58,37 @@ class GpuSpec:
 # is what nvidia-smi shows as total; the H100's allocatable 79.19 GiB is torch's "total capacity"
 # in its OOM messages on the H100s these trials ran on (tests/doubles/oom.py quotes one).
 # A cluster file (autotune.cluster) may override the links of any of them.
+# Dense FP8 peaks (datasheets, half the "with sparsity" figures): H100 SXM and H200 3,958
+# TFLOP/s sparse = 1,979 dense, twice their dense BF16; B200 9 PFLOP/s sparse = 4.5 dense. A100
+# (sm_80) has no FP8 tensor cores. Compute capabilities: CUDA C++ Programming Guide, "Compute
+# Capabilities" (Hopper 9.0, Ampere A100 8.0, Blackwell B200 10.0).
 GPUS: dict[str, GpuSpec] = {
     "h200": GpuSpec(name="h200", memory_bytes=143771 * 1024**2, peak_bf16_flops=989e12,
                     intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9,
-                    nvml_patterns=("H200",), hbm_bytes_per_s=4.8e12, pcie_bytes_per_s=64e9),
+                    nvml_patterns=("H200",), hbm_bytes_per_s=4.8e12, pcie_bytes_per_s=64e9,
+                    compute_capability=(9, 0), peak_fp8_flops=1979e12),
     "h100-80gb": GpuSpec(name="h100-80gb", memory_bytes=81559 * 1024**2,
                          peak_bf16_flops=989e12, intra_node_bytes_per_s=450e9,
                          inter_node_bytes_per_s=50e9, nvml_patterns=("H100",),
                          allocatable_bytes=int(79.19 * _GIB), hbm_bytes_per_s=3.35e12,
-                         pcie_bytes_per_s=64e9),
+                         pcie_bytes_per_s=64e9, compute_capability=(9, 0),
+                         peak_fp8_flops=1979e12),
     "a100-80gb": GpuSpec(name="a100-80gb", memory_bytes=81920 * 1024**2,
                          peak_bf16_flops=312e12, intra_node_bytes_per_s=300e9,
                          inter_node_bytes_per_s=25e9, nvml_patterns=("A100-SXM4-80GB",
                                                                      "A100 80GB"),
-                         hbm_bytes_per_s=2.0e12),
+                         hbm_bytes_per_s=2.0e12, compute_capability=(8, 0)),
     "a100-40gb": GpuSpec(name="a100-40gb", memory_bytes=40960 * 1024**2,
                          peak_bf16_flops=312e12, intra_node_bytes_per_s=300e9,
                          inter_node_bytes_per_s=25e9, nvml_patterns=("A100",),
-                         hbm_bytes_per_s=1.555e12),
+                         hbm_bytes_per_s=1.555e12, compute_capability=(8, 0)),
     # Datasheet only (DGX B200: 8 x B200 with 1,440 GB HBM3e, 72 PFLOP/s dense FP8 training =
     # 2.25 PFLOP/s dense BF16 per GPU): never measured, so the models' constants are not known
     # to hold on it; predictions say so.
     "b200": GpuSpec(name="b200", memory_bytes=180 * 10**9, peak_bf16_flops=2.25e15,
                     intra_node_bytes_per_s=900e9, inter_node_bytes_per_s=50e9,
                     nvml_patterns=("B200",), hbm_bytes_per_s=8.0e12, pcie_bytes_per_s=64e9,
-                    measured=False),
+                    measured=False, compute_capability=(10, 0), peak_fp8_flops=4.5e15),
 }
 
 DEFAULT_GPU = "h100-80gb"

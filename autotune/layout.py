@@ -13,6 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 from autotune.dimensions import (
+    LEVELS,
     Dimension,
     Impl,
     Recompute,
@@ -187,7 +188,8 @@ class Violation:
 
 
 # Levels: 0 = tp, pp, cp, dp; 1 = vpp, the first/last stage's layers; 2 = ep;
-# 3 = sequence_parallel; 4 = mbs; 5 = recompute, offload, optimizer, overlap, implementation.
+# 3 = sequence_parallel; 4 = mbs; 5 = recompute, offload, optimizer, overlap, implementation;
+# 6 = precision (autotune.levers.fp8).
 
 
 def _world(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
@@ -503,7 +505,7 @@ RULE_LEVELS: dict[str, int] = {rule.name: rule.level for rule in RULES}
 
 
 def iter_violations(layout: Layout, model: ModelSpec, cluster: ClusterSpec,
-                    max_level: int = 5) -> Iterator[Violation]:
+                    max_level: int = LEVELS - 1) -> Iterator[Violation]:
     """Broken rules up to `max_level`, in Megatron's order."""
     sizes = {k: getattr(layout, k) for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "gbs")}
     if min(sizes.values()) < 1:

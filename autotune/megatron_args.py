@@ -28,7 +28,9 @@ from autotune.megatron_versions import MegatronVersion, running, spell_args
 from autotune.model import ModelSpec
 
 __all__ = ["FLAG_TABLE", "GPT2_BPE_VOCAB", "SDPA_STANDS_IN", "TRAINING_SCRIPT",
-           "TRANSFORMER_IMPLS", "Flag", "FlagRow", "Given", "Part", "RunOptions",
+           "TRANSFORMER_IMPLS", "UNMODELED_DEFAULTS", "UNMODELED_FLAGS", "Flag", "FlagRow",
+           "Given", "Part",
+           "RunOptions",
            "exported_layout", "flag_names", "known_flags", "measured_as_exported",
            "megatron_lm_args", "read_fields", "row_args", "training_script"]
 
@@ -449,6 +451,43 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
             read=_read_vocabulary),
 )
 """Every flag autotune writes or reads, in the order megatron_lm_args writes them."""
+
+
+_UNMODELED: tuple[tuple[str, str], ...] = (
+    ("--tp-comm-overlap", "tensor-parallel communication overlapped with the GEMMs"),
+    ("--overlap-moe-expert-parallel-comm", "expert-parallel communication overlap"),
+    ("--delay-wgrad-compute", "weight gradients computed later"),
+    ("--enable-cuda-graph", "CUDA graphs"),
+    ("--cuda-graph-impl", "CUDA graphs"),
+    ("--external-cuda-graph", "CUDA graphs"),
+    ("--use-torch-fsdp2", "FSDP instead of the distributed optimizer"),
+    ("--use-megatron-fsdp", "FSDP instead of the distributed optimizer"),
+    ("--num-distributed-optimizer-instances", "optimizer state replicated in groups"),
+    ("--grad-reduce-in-bf16", "gradients reduced in bf16"),
+    ("--fp16", "fp16 instead of bf16"),
+    ("--attention-backend", "which fused attention kernel runs, when not auto"),
+    ("--te-rng-tracker", "Transformer Engine's RNG tracker"),
+    ("--no-bias-gelu-fusion", "an unfused bias-GELU"),
+    ("--no-bias-swiglu-fusion", "an unfused bias-SwiGLU"),
+    ("--no-bias-dropout-fusion", "an unfused bias-dropout-add"),
+    ("--no-rope-fusion", "an unfused rotary embedding"),
+    ("--fine-grained-activation-offloading", "activations offloaded per module"),
+    ("--use-nccl-ub", "NCCL user buffers"),
+    ("--symmetric-ar-type", "symmetric-memory all-reduces"),
+)
+"""Megatron-LM core_v0.16.1 flags outside the levers that change speed or memory and that
+autotune does not model, each with what it changes."""
+
+UNMODELED_DEFAULTS: dict[str, str] = {"--attention-backend": "auto"}
+"""Values of UNMODELED_FLAGS that are Megatron-LM's default (arguments.py), which autotune
+runs too: a command that spells one out is not warned about."""
+
+UNMODELED_FLAGS: dict[str, str] = dict(
+    (*_UNMODELED, *(pair for lever in LEVERS for pair in lever.unmodeled)))
+"""Every Megatron-LM flag that changes a run in a way autotune's models and worker leave out
+(the levers' own, autotune.levers.base.Lever.unmodeled, among them), with what it changes: a
+user's command that passes one is warned about in one line
+(autotune.megatron_command.unmodeled_warning), never followed in silence."""
 
 
 def known_flags() -> dict[str, Flag]:

@@ -30,6 +30,8 @@ from autotune.layout import DIMENSIONS, Layout, derive_dp
 from autotune.megatron_args import (
     FLAG_TABLE,
     TRAINING_SCRIPT,
+    UNMODELED_DEFAULTS,
+    UNMODELED_FLAGS,
     Given,
     Part,
     exported_layout,
@@ -41,7 +43,7 @@ from autotune.model import MODEL_NAME_MAX, ModelSpec
 from autotune.shell_script import Command, Ref, Word, read_commands
 
 __all__ = ["ArgGroup", "MegatronCommand", "RowChange", "exported_layout", "layout_changes",
-           "megatron_layout", "read_megatron_command"]
+           "megatron_layout", "read_megatron_command", "unmodeled_warning"]
 
 _LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 _PYTHON = re.compile(r"(.*/)?python[0-9.]*$")
@@ -88,6 +90,28 @@ class MegatronCommand:
         if self.gpus_per_node is None or self.nodes is None:
             return None
         return self.gpus_per_node * self.nodes
+
+    @property
+    def unmodeled(self) -> tuple[str, ...]:
+        """The command's flags that change its speed or memory in ways autotune does not
+        model (megatron_args.UNMODELED_FLAGS), each once, in the command's order."""
+        def default(group: ArgGroup) -> bool:
+            given = [w.text for w in group.words[1:]]
+            return given == [UNMODELED_DEFAULTS.get(group.flag or "")]
+
+        return tuple(dict.fromkeys(g.flag for g in self.groups if g.flag is not None
+                                   and g.flag in UNMODELED_FLAGS and not default(g)))
+
+
+def unmodeled_warning(command: MegatronCommand) -> str | None:
+    """One line naming the command's flags autotune does not model, with what each changes;
+    None when it has none."""
+    flags = command.unmodeled
+    if not flags:
+        return None
+    named = "; ".join(f"{flag} ({UNMODELED_FLAGS[flag]})" for flag in flags)
+    return (f"{command.source}: autotune does not model {named}: its predictions and trials "
+            "run without them, your command with them")
 
 
 def _is_script(word: Word) -> bool:

@@ -30,7 +30,7 @@ from autotune.memory_activations import (
 from autotune.model import ModelSpec, padded_vocab_size
 
 __all__ = ["BLOCK_MARGIN", "MemoryEstimate", "MemoryParams", "StageMemory", "estimate_memory",
-           "stage_params"]
+           "stage_linear_params", "stage_params"]
 
 GIB = 1024**3
 PARAM_BYTES = 2
@@ -210,6 +210,10 @@ class _Params:
     layer_expert: float
     first_extra: float
     last_extra: float
+    layer_linear: float = 0.0
+    """Of a layer's parameters, the weights of its GEMMs (QKV, projection, MLP or experts):
+    what Transformer Engine runs in FP8. Norms, biases, the router and the embedding and output
+    layers are not among them."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -223,24 +227,29 @@ def _param_counts(model: ModelSpec, tp: int, ep: int, pp: int) -> _Params:
     # is not split (megatron/core/tensor_parallel/layers.py).
     qkv_out = h / t + 2 * kv_rank
     dense = 2 * norm + h * qkv_out + bias * qkv_out + (h / t) * h + bias * h
+    linear = h * qkv_out + (h / t) * h
     expert = 0.0
     if model.is_moe:
         assert model.num_experts is not None
         fe = model.expert_ffn_size
         dense += h * model.num_experts  # router, replicated
         # Experts split over ep, each expert's MLP over expert-TP = tp.
-        per_expert = h * gates * fe / t + fe / t * h + bias * (gates * fe / t + h)
+        weights = h * gates * fe / t + fe / t * h
+        per_expert = weights + bias * (gates * fe / t + h)
         expert = model.num_experts / ep * per_expert
+        linear += model.num_experts / ep * weights
     else:
         f = model.ffn_size
         dense += h * gates * f / t + f / t * h + bias * (gates * f / t + h)
+        linear += h * gates * f / t + f / t * h
     vocab = padded_vocab_size(model, tp) * h / t
     first = vocab + (model.max_positions * h if model.position_embedding == "learned_absolute"
                      else 0)
     # The last stage holds the final norm and the output layer; a tied output layer is the
     # embedding itself when pp == 1 and a synchronized copy on the last stage when pp > 1.
     last = norm + (vocab if (not model.tied_embeddings or pp > 1) else 0)
-    return _Params(layer_dense=dense, layer_expert=expert, first_extra=first, last_extra=last)
+    return _Params(layer_dense=dense, layer_expert=expert, first_extra=first, last_extra=last,
+                   layer_linear=linear)
 
 
 def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, float]:
@@ -253,6 +262,13 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, f
     if stage == layout.pp - 1:
         dense += counts.last_extra
     return dense, layers * counts.layer_expert
+
+
+def stage_linear_params(model: ModelSpec, layout: Layout, stage: int) -> float:
+    """The weights of the transformer layers' GEMMs on one rank of pipeline stage `stage`
+    (dense and expert): what Transformer Engine casts to FP8 (autotune.levers.fp8)."""
+    counts = _param_counts(model, layout.tp, layout.ep, layout.pp)
+    return stage_layers(layout, model)[stage] * counts.layer_linear
 
 
 def _nccl_groups(s: Layout, model: ModelSpec) -> int:
@@ -271,7 +287,8 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMe
     # distributed optimizer shards them (dist_optimizer.md: 6 + 12/d), ... (autotune.levers).
     states = MemoryState(
         optimizer_bytes_per_param=OPTIMIZER_BYTES + (4 if MAIN_GRAD_BYTES < 4 else 0),
-        logits_bytes_per_element=LOGITS_BYTES_PER_ELEMENT)
+        logits_bytes_per_element=LOGITS_BYTES_PER_ELEMENT, linear_weight_bytes=PARAM_BYTES,
+        linear_input_bytes=PARAM_BYTES)
     for lever in LEVERS:
         if lever.memory is not None:
             states = lever.memory(model, s, states)
@@ -279,7 +296,7 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMe
     optimizer = states.optimizer_bytes_per_param * shard
     host = states.host_bytes_per_param * shard
 
-    acts = layer_activations(model, s.tp, s.impl)
+    acts = layer_activations(model, s.tp, s.impl, states.linear_input_bytes)
     seq = model.seq_length / s.cp
     tokens = s.mbs * seq
     tsp = s.tp if s.sequence_parallel else 1
@@ -322,7 +339,9 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMe
         logits = tokens * padded_vocab_size(model, s.tp) / s.tp \
             * states.logits_bytes_per_element
         block = tokens * padded_vocab_size(model, s.tp) / s.tp * 4  # the fp32 copy
-    weights = PARAM_BYTES * n_params
+    # The layers' GEMM weights at what the levers keep of each (FP8 copies or parameters).
+    linear = stage_linear_params(model, s, stage)
+    weights = PARAM_BYTES * n_params + (states.linear_weight_bytes - PARAM_BYTES) * linear
     grads = MAIN_GRAD_BYTES * n_params
     allocated = weights + grads + optimizer + activations + logits + workspace
     overhead = (mp.fragmentation * allocated + mp.cuda_context_bytes

@@ -88,10 +88,17 @@ def _dropout(model: ModelSpec, name: str) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def layer_activations(model: ModelSpec, tp: int, impl: str) -> LayerActivations:
-    """Per-token stored bytes of one layer (Korthikanti et al. 2022, Section 4.1, generalized)."""
+def layer_activations(model: ModelSpec, tp: int, impl: str,
+                      linear_input_bytes: float = 2.0) -> LayerActivations:
+    """Per-token stored bytes of one layer (Korthikanti et al. 2022, Section 4.1, generalized).
+
+    `linear_input_bytes`: bytes per element of the inputs the GEMMs save for backward (the QKV,
+    projection, fc1 and fc2 inputs, the experts' too): bf16's 2, or Transformer Engine's FP8
+    byte and scales (autotune.levers.fp8, TE 2.11 linear.py / layernorm_linear.py /
+    grouped_linear.py save their quantized input). Every other tensor keeps its bytes."""
     h = model.hidden_size
     t = tp
+    e = linear_input_bytes
     # KV heads replicate when tp > num_query_groups (TransformerConfig: groups divide or are a
     # multiple of tp), so a rank holds max(1, g/t) KV heads.
     kv_rank = model.head_dim * max(1, model.query_groups // t)
@@ -102,27 +109,27 @@ def layer_activations(model: ModelSpec, tp: int, impl: str) -> LayerActivations:
 
     # Section 4.1, attention block: LayerNorm input 2h, shared QKV input 2h, dropout mask h after
     # the output projection (all replicated over TP without SP: the "10" of eq. 2 with the MLP's).
-    replicated = 2 * h + 2 * h + hidden_mask * h
+    replicated = 2 * h + e * h + hidden_mask * h
     # Q (2h) and K (2h for MHA, 2 kv for GQA) for QK^T, V for scores x V, output-projection input.
-    split = 2 * h / t + 2 * kv_rank + 2 * kv_rank + 2 * h / t
+    split = 2 * h / t + 2 * kv_rank + 2 * kv_rank + e * h / t
     # MLP block: LayerNorm input 2h, fc1 input 2h, dropout mask h (replicated)...
-    replicated += 2 * h + 2 * h + hidden_mask * h
+    replicated += 2 * h + e * h + hidden_mask * h
     mlp_internal = moe_act = moe_replicated = moe_split = 0.0
     if model.is_moe:
         assert model.num_experts is not None
         k, fe = model.moe_topk, model.expert_ffn_size
         # Each token is permuted to k experts: the expert fc1 input (k x 2h) and the expert output
         # kept for the probability-weighted unpermute (k x 2h); router logits and probs in fp32.
-        moe_replicated = k * 4 * h + 2 * 4 * model.num_experts
-        moe_split = k * (2 * gates * fe / t + 2 * fe / t)
-        moe_act = k * 2 * fe / t
+        moe_replicated = k * (e + 2) * h + 2 * 4 * model.num_experts
+        moe_split = k * (2 * gates * fe / t + e * fe / t)
+        moe_act = k * e * fe / t
         replicated += moe_replicated
         split += moe_split
     else:
         # ...activation input (fc1 output, 2f, or 2 x 2f gated for SwiGLU) and fc2 input (2f):
         # 8h + 8h = the paper's 16h of the GeLU for f = 4h.
         f = model.ffn_size
-        mlp_internal = 2 * gates * f / t + 2 * f / t
+        mlp_internal = 2 * gates * f / t + e * f / t
         split += mlp_internal
 
     if impl == "local":
@@ -147,7 +154,7 @@ def layer_activations(model: ModelSpec, tp: int, impl: str) -> LayerActivations:
         recomputable = 4 * a_rank
     return LayerActivations(replicated=replicated, split=split + recomputable, per_key=per_key,
                             transient_per_key=transient, attn_recomputable=recomputable,
-                            dropout_mask=hidden_mask, norm_outputs=2 * h + 2 * h,
+                            dropout_mask=hidden_mask, norm_outputs=e * h + e * h,
                             mlp_internal=mlp_internal, moe_act_output=moe_act,
                             moe_replicated=moe_replicated, moe_split=moe_split)
 

@@ -62,6 +62,11 @@ class SearchSpace:
 
 
 def _check_value(dim: str, value: Any, source: str) -> Any:
+    choices = DIMENSIONS[dim].choices
+    if isinstance(value, bool) and choices is not None and ("on" if value else "off") in choices:
+        # YAML 1.1 (PyYAML) reads a bare `off` or `on` as a boolean: `fp8: [off]` means the
+        # choice spelled so.
+        value = "on" if value else "off"
     if value in (DERIVE, DIVISORS):
         allowed = DERIVABLE if value == DERIVE else ENUMERABLE
         if dim not in allowed:

@@ -36,6 +36,10 @@ class TrialStatus(enum.StrEnum):
     TIMEOUT = "TIMEOUT"
     CRASH = "CRASH"
     NCCL_ERROR = "NCCL_ERROR"
+    DIVERGED = "DIVERGED"
+    """Ran, but its loss left its bf16 twin's on the same data by more than the FP8 loss
+    guard's tolerance (autotune.search.loss_guard): failed, its reason holding the numbers,
+    never the best."""
     PREDICTED_OOM = "PREDICTED_OOM"
     PREDICTED_SLOW = "PREDICTED_SLOW"
     """Not launched: even its optimistic prediction (the model's error band added) is below
@@ -317,6 +321,10 @@ class TrialMetrics:
     clocks: ClockSummary | None = None
     """NVML's clocks, power, temperature and clock event reasons during the timed steps; None
     where NVML could not be read (no GPU, no pynvml) and for predictions."""
+    losses: tuple[float | None, ...] = ()
+    """The mean per-token loss of every step, warm-up and timed, in order (None: not finite):
+    what the FP8 loss guard compares with a bf16 twin's (autotune.search.loss_guard). Empty for
+    predictions and for results written before it was recorded."""
 
     @property
     def noise(self) -> float:

@@ -18,6 +18,7 @@ from doubles.no_fsync import sqlite_without_fsync
 from autotune.dimensions import RecomputeModules
 from autotune.hardware import ClusterSpec, gpu_spec
 from autotune.layout import SEARCHED, Layout
+from autotune.levers.fp8 import Fp8, Fp8Recipe
 from autotune.model import ModelSpec, load_model
 from autotune.space import SearchSpace, enumerate_space
 
@@ -94,6 +95,10 @@ def all_dimensions_space() -> SearchSpace:
             # 15 sets: the default and one other, so the space stays small (the MoE modules'
             # terms have tests of their own in test_memory_options.py).
             candidates[name] = (RecomputeModules.CORE_ATTN, RecomputeModules.LAYERNORM__MLP)
+        elif dim.kind in (Fp8, Fp8Recipe):
+            # The default and one other each (3 formats x 4 recipes would multiply the space by
+            # 12): tests/test_fp8.py holds the rest, e4m3 (priced as hybrid) among them.
+            candidates[name] = tuple(dim.kind)[:2]
         elif issubclass(dim.kind, enum.Enum):
             candidates[name] = tuple(dim.kind)
         else:

@@ -77,22 +77,41 @@ def _differs(consumer: str, model: ModelSpec, cluster: ClusterSpec, a: Layout,
 
 
 @functools.cache
-def _layouts(preset: str, gpus: int) -> tuple[ModelSpec, ClusterSpec, dict[Layout, str]]:
-    """The valid layouts of the all-dimensions space, each with its run key."""
-    model, cluster, valid = all_dimensions_layouts(preset, gpus)  # shared with test_identity
-    return model, cluster, {s: run_key(model, s) for s in valid}
+def _layouts(preset: str, gpus: int) -> tuple[ModelSpec, ClusterSpec, tuple[Layout, ...]]:
+    """The valid layouts of the all-dimensions space (shared with test_identity)."""
+    return all_dimensions_layouts(preset, gpus)
+
+
+@functools.cache
+def _values(preset: str, gpus: int) -> list[tuple[Any, ...]]:
+    """Each valid layout's searched values, in SEARCHED order (read once, sliced per test)."""
+    return [tuple(getattr(s, d) for d in SEARCHED) for s in _layouts(preset, gpus)[2]]
+
+
+@functools.cache
+def _key(preset: str, gpus: int, s: Layout) -> tuple[Any, ...]:
+    """`s`'s run key, computed when a pair needs it: the all-dimensions space holds 100,000s
+    of layouts and a test looks at a few hundred pairs of them."""
+    return run_key(_layouts(preset, gpus)[0], s)
 
 
 def _pairs(preset: str, gpus: int, name: str) -> list[tuple[Layout, Layout]]:
     """Valid layouts that differ in `name` alone and are different runs, a seeded sample."""
-    _, _, keys = _layouts(preset, gpus)
-    others = [d for d in SEARCHED if d != name]
+    _, _, valid = _layouts(preset, gpus)
+    at = list(SEARCHED).index(name)
     by_rest: dict[tuple[Any, ...], list[Layout]] = {}
-    for s in keys:
-        by_rest.setdefault(tuple(getattr(s, d) for d in others), []).append(s)
-    pairs = [(a, b) for group in by_rest.values() for a, b in itertools.combinations(group, 2)
-             if keys[a] != keys[b]]
-    return random.Random(name).sample(pairs, min(MAX_PAIRS, len(pairs)))
+    for s, values in zip(valid, _values(preset, gpus), strict=True):
+        by_rest.setdefault(values[:at] + values[at + 1:], []).append(s)
+    candidates = [pair for group in by_rest.values()
+                  for pair in itertools.combinations(group, 2)]
+    random.Random(name).shuffle(candidates)
+    pairs = []
+    for a, b in candidates:
+        if _key(preset, gpus, a) != _key(preset, gpus, b):
+            pairs.append((a, b))
+            if len(pairs) == MAX_PAIRS:
+                break
+    return pairs
 
 
 CASES = [("gpt2", 8), ("mixtral-8x7b", 8)]
@@ -175,11 +194,11 @@ def _lever_layouts(lever: Lever) -> list[tuple[ModelSpec, ClusterSpec, Layout]]:
     dense model and a mixture of experts on 8 GPUs and one GPU."""
     chosen = []
     for preset, gpus in [*CASES, ("gpt2", 1)]:
-        model, cluster, keys = _layouts(preset, gpus)
+        model, cluster, valid = _layouts(preset, gpus)
         def lever_on(s: Layout) -> bool:
             return any(getattr(s, n) != DIMENSIONS[n].default for n in lever.field_names)
-        on = [s for s in keys if lever_on(s)]
-        off = [s for s in keys if not lever_on(s)]
+        on = [s for s in valid if lever_on(s)]
+        off = [s for s in valid if not lever_on(s)]
         rng = random.Random(lever.name)
         for group in (on, off):
             chosen += [(model, cluster, s) for s in rng.sample(group, min(20, len(group)))]

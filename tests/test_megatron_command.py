@@ -85,6 +85,10 @@ EXTRA = [
            gbs=512),
     Layout(dp=8, distributed_optimizer=True, precision_aware_optimizer=True, impl="te",
            optimizer_offload_percent=50, gbs=512),
+    Layout(dp=8, distributed_optimizer=True, impl="te", fp8="hybrid", fp8_recipe="tensorwise",
+           fp8_param_gather=True, gbs=512),
+    Layout(tp=2, dp=4, sequence_parallel=True, impl="te", fp8="e4m3", fp8_recipe="blockwise",
+           gbs=512),
 ]
 CASES = [(name, gpus, layout) for name in list_presets() for gpus in (8, 16)
          for layout in _sample(name, gpus)] + [("llama3-8b", 8, s) for s in EXTRA]

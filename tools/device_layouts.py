@@ -78,7 +78,10 @@ def main() -> None:
                "predicted_step_time_s": cost.step_time_s,
                "wall_s": time.monotonic() - start,
                "overhead_s": (m.wall_time_s or 0) - STEPS * (m.step_time_s or 0),
-               "error": (m.error or "").splitlines()[:1]}
+               "error": (m.error or "").splitlines()[:1],
+               # Every step's loss (warm-up and timed; None: not finite): an FP8 row's is
+               # compared with its bf16 twin's by autotune.search.loss_guard.compare_losses.
+               "losses": list(m.losses)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     (Path(out_dir) / "rows.json").write_text(json.dumps(rows, indent=1))

@@ -18,7 +18,13 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from autotune.calibration import COST_FIT_FIELDS, MEMORY_FIT_FIELDS, cross_validate, load_trials
+from autotune.calibration import (
+    COST_FIT_FIELDS,
+    MEMORY_FIT_FIELDS,
+    cross_validate,
+    lever_fit_fields,
+    load_trials,
+)
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured_trials.json"
 
@@ -30,9 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     trials = load_trials(args.data)
     cv = cross_validate(trials)
+    # The levers' constants join the fit where a trial turns the lever (FP8, the optimizer's
+    # offload): autotune.calibration.lever_fit_fields.
+    cost_fields = (*COST_FIT_FIELDS, *lever_fit_fields([t[2] for t in trials]))
     if args.json:
         print(json.dumps({"families": [asdict(f) for f in cv.families],
-                          "cost": {n: getattr(cv.cost, n) for n in COST_FIT_FIELDS},
+                          "cost": {n: getattr(cv.cost, n) for n in cost_fields},
                           "memory": {n: getattr(cv.memory, n) for n in MEMORY_FIT_FIELDS}},
                          indent=2))
         return 0
@@ -44,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{f.step_in_sample:.1%} | {f.step_shipped:.1%} | {f.memory_median:.1%} / "
               f"{f.memory_worst:.1%} | {f.memory_in_sample:.1%} | {f.memory_shipped:.1%} |")
     print("\nfitted to all trials:")
-    for n in COST_FIT_FIELDS:
+    for n in cost_fields:
         print(f"  CostParams.{n} = {getattr(cv.cost, n):.6g}")
     for n in MEMORY_FIT_FIELDS:
         print(f"  MemoryParams.{n} = {getattr(cv.memory, n):.6g}")

@@ -76,6 +76,8 @@ def _transformer_config(model: ModelSpec, s: Layout) -> TransformerConfig:
              "num_layers_in_last_pipeline_stage": s.last_stage_layers or None}
     offload = {"cpu_offloading": s.offload_layers > 0,
                "cpu_offloading_num_layers": s.offload_layers}
+    fp8 = {"fp8": None if s.fp8 == "off" else str(s.fp8), "fp8_recipe": str(s.fp8_recipe),
+           "fp8_param": s.fp8_param_gather}
     moe: dict[str, Any] = {}
     if model.num_experts:
         moe = {"num_moe_experts": model.num_experts, "moe_router_topk": model.moe_topk}
@@ -89,7 +91,7 @@ def _transformer_config(model: ModelSpec, s: Layout) -> TransformerConfig:
         context_parallel_size=s.cp, expert_model_parallel_size=s.ep,
         sequence_parallel=s.sequence_parallel, bf16=True, params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16, moe_grouped_gemm=bool(moe) and s.impl == "te",
-        **recompute, **moe, **split, **offload)
+        **recompute, **moe, **split, **offload, **fp8)
     return TransformerConfig(**config_kwargs("TransformerConfig", kwargs, running()))
 
 
@@ -118,6 +120,13 @@ def megatron_verdict(model: ModelSpec, s: Layout, gpus: int) -> str | None:
                                 attn_mask_type=AttnMaskType.causal, attention_type="self")
     except (AssertionError, ValueError, RuntimeError) as exc:
         return f"{type(exc).__name__}: {exc}"
+    except TypeError as exc:
+        if "Version" not in str(exc):
+            raise
+        # is_te_min_version without Transformer Engine (its version None): megatron-core asks
+        # TE, not the layout (FP8 recompute of layernorm or moe_act with a current or block
+        # scaling recipe), so this machine cannot judge it.
+        return None
     return None
 
 
@@ -168,6 +177,13 @@ TABLE: list[tuple[str, int, dict[str, Any], bool]] = [
     ("gpt2-xl", 2, dict(pp=2, offload_layers=8, impl="te"), False),
     ("gpt2-xl", 1, dict(offload_layers=8, impl="te", recompute="selective"), False),
     ("gpt2-xl", 1, dict(offload_layers=48, impl="te"), False),
+    # FP8 (TransformerConfig.__post_init__).
+    ("gpt2-xl", 8, dict(mbs=4, impl="te", fp8="hybrid"), True),
+    ("gpt2-xl", 8, dict(mbs=4, impl="te", fp8="e4m3", fp8_recipe="tensorwise"), True),
+    ("gpt2-xl", 8, dict(mbs=4, impl="te", distributed_optimizer=True, fp8_param_gather=True),
+     False),                                      # fp8_param without fp8
+    ("tiny-moe", 8, dict(ep=4, impl="te", fp8="hybrid", recompute="selective",
+                         recompute_modules="layernorm"), False),  # delayed scaling
 ]
 
 
@@ -194,6 +210,9 @@ def random_layouts(count: int, seed: int) -> list[tuple[str, int, Layout]]:
             recompute_modules=rng.choice(["core_attn", "mlp", "layernorm+mlp", "moe_act",
                                           "core_attn+moe"]),
             offload_layers=rng.choice([0, 0, 0, 1, 4, 40]),
+            fp8=rng.choice(["off", "off", "hybrid", "e4m3"]),
+            fp8_recipe=rng.choice(["delayed", "tensorwise"]),
+            fp8_param_gather=rng.random() < 0.2,
         )
         out.append((name, gpus, layout_for(model, gpus, **fields)))
     return out

@@ -11,7 +11,12 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from autotune.calibration import fit_cost_params, fit_memory_params, save_calibration
+from autotune.calibration import (
+    fit_cost_params,
+    fit_memory_params,
+    lever_fit_fields,
+    save_calibration,
+)
 from autotune.cost import CostParams, estimate_cost
 from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec, gpu_spec
@@ -71,7 +76,8 @@ def run_calibrate(folders: list[str], gpu: str | None, output: str) -> None:
                           f"under {', '.join(folders)}")
     before = _errors(samples, CostParams(), MemoryParams())
     fitted_cost = fit_cost_params([(m, s, c, t) for m, s, c, t, _ in samples],
-                                  names=COST_FIELDS)
+                                  names=(*COST_FIELDS,
+                                         *lever_fit_fields([s for _, s, *_ in samples])))
     fitted_memory = fit_memory_params([(m, s, c, float(u)) for m, s, c, _, u in samples])
     fitted = _errors(samples, fitted_cost, fitted_memory)
     # The fits minimise their own losses, not the median error reported here; a fit that is

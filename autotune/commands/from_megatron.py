@@ -20,6 +20,7 @@ from autotune.megatron_command import (
     layout_changes,
     megatron_layout,
     read_megatron_command,
+    unmodeled_warning,
 )
 from autotune.memory import estimate_memory
 from autotune.model import ModelSpec
@@ -52,6 +53,9 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
     launcher's, or --gpus where it cannot tell), its layout checked against Megatron's rules
     there."""
     command = read_megatron_command(path, line)
+    warning = unmodeled_warning(command)
+    if warning is not None:
+        print(f"autotune: warning: {warning}", file=sys.stderr)
     world = command.gpus
     if world is None and gpus is None:
         raise ConfigError(f"{path}: cannot tell how many GPUs the command runs on "

@@ -79,6 +79,7 @@ def run_report(*, study: str | None, results_dir: str, storage: str | None,
         Column,
         cells,
         render_report,
+        with_fp8_mfu,
     )
     from autotune.report.pareto import fold_ties, pareto_front, scaling_points
     from autotune.report.plots import pareto_html, pareto_png, scaling_html, scaling_png
@@ -168,8 +169,10 @@ def run_report(*, study: str | None, results_dir: str, storage: str | None,
     if top:
         shown = pareto[-_TERMINAL_PARETO:]  # the fastest end of the front matters most
         more = f", fastest {len(shown)} of {len(pareto)}" if len(shown) < len(pareto) else ""
-        show(f"Pareto front: tokens/s against peak memory{tag}{more}", shown, PARETO_COLUMNS)
-        show(f"{what} on {gpus}: top {len(top)} layouts{tag}", top, TOP_COLUMNS)
+        show(f"Pareto front: tokens/s against peak memory{tag}{more}", shown,
+             with_fp8_mfu(PARETO_COLUMNS, shown))
+        show(f"{what} on {gpus}: top {len(top)} layouts{tag}", top,
+             with_fp8_mfu(TOP_COLUMNS, top))
     else:
         console.print("no COMPLETE trial with a tokens/s figure yet")
     if scaling:

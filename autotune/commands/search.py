@@ -19,6 +19,7 @@ from autotune.errors import AutotuneError, ConfigError, Interrupted
 from autotune.hardware import ClusterSpec, local_gpu_count
 from autotune.launchers import MultiNode
 from autotune.layout import DIMENSIONS, Impl, Layout
+from autotune.levers.fp8 import Fp8
 from autotune.megatron_args import exported_layout, measured_as_exported
 from autotune.model import ModelSpec
 from autotune.protocol import te_available
@@ -123,6 +124,7 @@ def _runnable_space(space: SearchSpace, backend: str) -> SearchSpace:
     `sdpa` is measured as what the export writes for it (megatron_args.exported_layout: te),
     so that the winner's figure is the figure of the command a user runs (issue 25: te ran
     2.3-7.5% slower than sdpa on one H100, and the search crowned sdpa)."""
+    space = _runnable_precision(space, backend)
     impls = space.candidates.get("impl")
     if impls is None or backend == BackendName.SIMULATE:
         return space
@@ -139,6 +141,19 @@ def _runnable_space(space: SearchSpace, backend: str) -> SearchSpace:
         print(f"autotune: impl {', '.join(sorted(set(impls) - set(kept)))} left out: not "
               "available on this machine", file=sys.stderr)
     return replace(space, candidates={**space.candidates, "impl": kept})
+
+
+def _runnable_precision(space: SearchSpace, backend: str) -> SearchSpace:
+    """Real trials run FP8 only through Transformer Engine (autotune.levers.fp8): without it
+    the space's FP8 formats are dropped as `te` is, and said so; bf16 stays."""
+    formats = space.candidates.get("fp8")
+    if formats is None or backend == BackendName.SIMULATE or te_available():
+        return space
+    kept = tuple(f for f in formats if f == Fp8.OFF) or (Fp8.OFF,)
+    if kept != formats:
+        print(f"autotune: fp8 {', '.join(str(f) for f in formats if f != Fp8.OFF)} left out: "
+              "Transformer Engine is not installed on this machine", file=sys.stderr)
+    return replace(space, candidates={**space.candidates, "fp8": kept})
 
 
 def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, *,

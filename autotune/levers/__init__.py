@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from autotune.levers import (
     cross_entropy,
     distributed_optimizer,
+    fp8,
     optimizer_offload,
     overlap,
     precision_optimizer,
@@ -33,19 +34,20 @@ LEVERS: tuple[Lever, ...] = (
     cross_entropy.LEVER,
     precision_optimizer.LEVER,
     optimizer_offload.LEVER,
+    fp8.LEVER,
 )
 
 
 @dataclass(frozen=True, kw_only=True)
-class LeverFields(optimizer_offload.Fields, precision_optimizer.Fields, cross_entropy.Fields,
-                  overlap.Fields, distributed_optimizer.Fields):
+class LeverFields(fp8.Fields, optimizer_offload.Fields, precision_optimizer.Fields,
+                  cross_entropy.Fields, overlap.Fields, distributed_optimizer.Fields):
     """Every lever's Layout fields, in LEVERS order."""
 
     __slots__ = ()
 
 
 @dataclass(frozen=True, kw_only=True)
-class LeverConstants(optimizer_offload.Constants):
+class LeverConstants(fp8.Constants, optimizer_offload.Constants):
     """Every lever's cost constants (autotune.cost.CostParams inherits them)."""
 
     __slots__ = ()

@@ -112,6 +112,12 @@ class MemoryState:
     """Ranks the expert parameters' optimizer state is sharded over."""
     logits_bytes_per_element: float = 6.0
     """Live bytes per logit (vocabulary entry x token) at the last stage's peak."""
+    linear_weight_bytes: float = 2.0
+    """GPU bytes per weight of the transformer layers' GEMMs: the bf16 parameter
+    (autotune.memory.PARAM_BYTES) and any copy a lever keeps of it (TE's FP8 copies)."""
+    linear_input_bytes: float = 2.0
+    """Bytes per element of the inputs the layers' GEMMs save for backward (bf16; TE's FP8
+    keeps them in 1 byte and its scales)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +140,18 @@ class CostState:
     optimizer_host_s_per_param: float = 0.0
     """Seconds per local-shard parameter the step spends off the GPU (a CPU optimizer and its
     copies over the host link), on the critical path."""
+    layer_gemm_speedup: float = 1.0
+    """How many times faster than bf16 the transformer layers' GEMMs run (FP8); the output
+    layer's GEMM is megatron-core's own and stays bf16."""
+    layer_pass_bytes_per_token: float = 0.0
+    """HBM bytes per local token of one layer, forward and backward, that a lever's memory-
+    bound passes add (FP8's casts of GEMM inputs and output gradients)."""
+    linear_weight_pass_bytes: float = 0.0
+    """HBM bytes per GEMM weight of the stage that a lever's once-a-step pass moves (TE's FP8
+    weight casts on a step's first micro-batch)."""
+    linear_gather_bytes: float = 2.0
+    """Bytes per GEMM weight the distributed optimizer all-gathers (bf16, autotune.memory.
+    PARAM_BYTES; FP8 parameters: 1)."""
 
 
 MemoryTerm = Callable[["ModelSpec", "Layout", MemoryState], MemoryState]
@@ -171,6 +189,10 @@ class Lever:
     """With Seed.PRACTICE: (layout, best impl) -> the fields' values Megatron practice takes."""
     constants: type | None = None
     """Its CostParams mixin, if it brings constants of its own."""
+    unmodeled: tuple[tuple[str, str], ...] = ()
+    """Megatron-LM flags of the lever's area that change speed, memory or the numbers in ways
+    its terms leave out, each with what it changes: a user's command that passes one is
+    warned about (autotune.megatron_args.UNMODELED_FLAGS)."""
 
     @property
     def field_names(self) -> tuple[str, ...]:

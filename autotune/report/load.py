@@ -21,8 +21,9 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.errors import AutotuneError, ConfigError
-from autotune.hardware import DEFAULT_GPU, ClusterSpec, gpu_spec
+from autotune.hardware import DEFAULT_GPU, ClusterSpec, GpuSpec, gpu_spec
 from autotune.layout import DIMENSIONS, Layout
+from autotune.levers.fp8 import Fp8
 from autotune.model import ModelSpec, load_model
 from autotune.protocol import SPEC_NAME
 from autotune.search.records import RECORD_ATTR, Figure, TrialRecord, stored_record
@@ -42,7 +43,7 @@ __all__ = ["LAYOUT_FIELDS", "LoadedStudy", "StudyRef", "find_studies", "load_stu
 LAYOUT_FIELDS: tuple[str, ...] = tuple(DIMENSIONS)
 """Every layout field (autotune.layout.DIMENSIONS): a report row's layout columns."""
 _FIGURES = ("tokens_per_s", "tokens_per_s_per_gpu", "step_time_s", "step_time_p90_s",
-            "tflops_per_gpu", "mfu", "peak_memory_gib", "predicted_tokens_per_s",
+            "tflops_per_gpu", "mfu", "mfu_fp8", "peak_memory_gib", "predicted_tokens_per_s",
             "predicted_peak_memory_gib", "tokens_error_pct", "memory_error_pct")
 _TIMING = ("stop_reason", "timed_steps", "warmup_s", "timed_s", "overhead_s")
 """How a measured trial's time went (TrialMetrics): why timing ended, the timed steps, the
@@ -235,6 +236,7 @@ def trial_row(trial: FrozenTrial, record: TrialRecord | None = None) -> dict[str
         "step_time_p90_s": ok.step_time_p90_s if ok else None,
         "tflops_per_gpu": ok.tflops_per_gpu if ok else None,
         "mfu": ok.mfu if ok else None,
+        "mfu_fp8": None,  # against the FP8 peak, where the GPU is known (load_study)
         "peak_memory_gib": None if peak is None else peak / _GIB,
         "predicted_tokens_per_s": predicted_tokens,
         "predicted_peak_memory_gib": None if predicted_peak is None else predicted_peak / _GIB,
@@ -350,6 +352,16 @@ def _resolve_model(ref: StudyRef, study: optuna.Study, rows: list[dict[str, Any]
     return model, source, hints
 
 
+def _fp8_mfu(rows: list[dict[str, Any]], gpu: GpuSpec) -> None:
+    """Each FP8 trial's model FLOP/s against the GPU's dense FP8 peak (`mfu_fp8`); `mfu` stays
+    against the bf16 peak for every trial (report.markdown.MFU_NOTE)."""
+    if gpu.peak_fp8_flops is None:
+        return
+    for r in rows:
+        if r.get("fp8", Fp8.OFF) != Fp8.OFF and r.get("tflops_per_gpu") is not None:
+            r["mfu_fp8"] = r["tflops_per_gpu"] * 1e12 / gpu.peak_fp8_flops
+
+
 def load_study(ref: StudyRef, model_arg: str | None = None) -> LoadedStudy:
     """Read every trial of the study and work out its model and GPUs. A storage that fails
     (locked, damaged, full, a server gone) is one StorageError line (storage_errors)."""
@@ -381,6 +393,7 @@ def load_study(ref: StudyRef, model_arg: str | None = None) -> LoadedStudy:
             gpu_name = DEFAULT_GPU
         per_node = hints.get("gpus_per_node") or min(8, gpus)
         cluster = ClusterSpec.make(gpus, per_node, gpu_name)
+        _fp8_mfu(rows, cluster.gpu)
     if model is None:
         notes.append(f"the model of study {ref.name} is unknown (not a default study name, no "
                      "trial.json); pass --model PRESET_OR_YAML for the memory breakdown")

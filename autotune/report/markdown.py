@@ -16,8 +16,8 @@ from autotune.inputs.untrusted import for_markdown
 from autotune.report.load import LoadedStudy, StudyRef
 from autotune.search.storage import DEFAULT_RESULTS_DIR
 
-__all__ = ["PARETO_COLUMNS", "SCALING_COLUMNS", "TOP_COLUMNS", "Column", "cells",
-           "markdown_table", "render_report"]
+__all__ = ["FP8_MFU", "MFU_NOTE", "PARETO_COLUMNS", "SCALING_COLUMNS", "TOP_COLUMNS", "Column",
+           "cells", "markdown_table", "render_report", "with_fp8_mfu"]
 
 
 def _num(fmt: str) -> Callable[[Any], str]:
@@ -60,6 +60,27 @@ _ERROR_COLUMNS: tuple[Column, ...] = (
     Column("peak GiB predicted", "predicted_peak_memory_gib", _num(".1f")),
     Column("peak GiB measured", "peak_memory_gib", _num(".1f")),
     Column("error %", "memory_error_pct", _num("+.1f")))
+
+
+FP8_MFU = Column("MFU FP8 peak", "mfu_fp8", _num(".1%"))
+"""An FP8 trial's model FLOP/s against the GPU's dense FP8 peak (report.load); MFU stays
+against the dense bf16 peak for every trial, FP8's included, so that the two precisions
+compare on one scale."""
+MFU_NOTE = ("MFU is model FLOP/s against the GPU's dense bf16 peak for every trial, FP8 trials "
+            "included; `MFU FP8 peak` is an FP8 trial's against the dense FP8 peak (twice the "
+            "bf16 one on H100, H200 and B200).")
+
+
+def with_fp8_mfu(columns: Sequence[Column], rows: Sequence[dict[str, Any]]) -> list[Column]:
+    """`columns` with FP8_MFU after MFU where a row has an FP8 figure; unchanged otherwise."""
+    if not any(r.get("mfu_fp8") is not None for r in rows):
+        return list(columns)
+    out: list[Column] = []
+    for c in columns:
+        out.append(c)
+        if c.key == "mfu":
+            out.append(FP8_MFU)
+    return out
 
 
 def cells(row: dict[str, Any], columns: Sequence[Column]) -> list[str]:
@@ -180,10 +201,13 @@ def render_report(loaded: LoadedStudy, *, top: Sequence[dict[str, Any]],
                 "Layouts with exactly the same figures share a row (same figures), and so do "
                 "the same run and layouts that differ only in recompute, offload, optimizer, "
                 "overlap or implementation options with figures within noise (similar).", "",
-                markdown_table(top, TOP_COLUMNS), ""]
+                markdown_table(top, with_fp8_mfu(TOP_COLUMNS, top)), ""]
+        if any(r.get("mfu_fp8") is not None for r in rows):
+            out += [MFU_NOTE, ""]
         out += ["## Pareto front: tokens/s against peak memory per GPU", "",
                 "No other layout is both faster and lighter than these "
-                "(pareto.html, pareto.png).", "", markdown_table(pareto, PARETO_COLUMNS), ""]
+                "(pareto.html, pareto.png).", "",
+                markdown_table(pareto, with_fp8_mfu(PARETO_COLUMNS, pareto)), ""]
     measured = [r for r in rows if r["tokens_error_pct"] is not None
                 or r["memory_error_pct"] is not None]
     if measured:

@@ -28,6 +28,7 @@ from autotune.search.config import SearchConfig
 from autotune.search.ladder import Ladder
 from autotune.search.layouts import LayoutMap, ParamsKey
 from autotune.search.ledger import LayoutQueue, Ledger
+from autotune.search.loss_guard import REFERENCE_STEPS, compare_losses, guarded, twin
 from autotune.search.records import SearchResult, Source, TrialRecord, stored_derived
 from autotune.search.refit import refit_cost_params
 from autotune.search.stop_rule import PRUNE_MARGIN, ModelStop, format_tokens
@@ -155,6 +156,9 @@ class TrialExecutor:
     def __init__(self, parts: SearchParts) -> None:
         self.parts = parts
         self.trial_root = parts.cfg.results_dir / parts.store.name / "trials"
+        self._references: dict[Layout, tuple[tuple[float | None, ...], str]] = {}
+        """The FP8 loss guard's bf16 references run so far: losses and where they came from,
+        per twin layout."""
 
     def look(self, mine: int | None = None) -> dict[ParamsKey, int]:
         """Note the trials other workers finished since the last look (so that their layouts
@@ -241,6 +245,8 @@ class TrialExecutor:
                              else noise)
         if record.pruned_slow:
             record = replace(record, reason=_pruned_reason(metrics, spec))
+        if record.tokens_per_s is not None and guarded(s) and not cfg.backend.predicted:
+            record = self.guard(record, trial_dir)
         self.tell(trial, record)
         oom_mbs = self.parts.knowledge.gate.oom_mbs
         if metrics.status is TrialStatus.OOM:
@@ -249,6 +255,53 @@ class TrialExecutor:
             self.bisect(replace(s, mbs=oom_mbs[layout_key(s)]))
         if metrics.status in (TrialStatus.OK, TrialStatus.OOM) and not record.pruned_slow:
             self.climb(s)
+
+    def guard(self, record: TrialRecord, trial_dir: Path) -> TrialRecord:
+        """The FP8 loss guard (autotune.search.loss_guard) on a measured FP8 trial: failed as
+        DIVERGED, with the numbers, when its losses leave its bf16 twin's; its verdict, or why
+        there is none, joins the record's reason either way."""
+        metrics = record.metrics
+        assert metrics is not None
+        if not metrics.losses:  # a backend or worker that records none: nothing to compare
+            return replace(record, reason=_joined(record.reason,
+                                                  "loss unchecked: the trial recorded no losses"))
+        losses, source = self.reference(twin(record.layout), len(metrics.losses), trial_dir)
+        verdict = compare_losses(metrics.losses, losses) if losses else None
+        if verdict is None:
+            why = source if not losses else "too few steps with a finite loss on both sides"
+            return replace(record, reason=_joined(record.reason, f"loss unchecked: {why}"))
+        said = f"{verdict.describe()}, {source}"
+        if verdict.diverged:
+            log.warning("trial %d: %s", record.number, said)
+            return replace(record, status=TrialStatus.DIVERGED, reason=said,
+                           metrics=replace(metrics, status=TrialStatus.DIVERGED))
+        return replace(record, reason=_joined(record.reason, said))
+
+    def reference(self, bf16: Layout, steps: int,
+                  trial_dir: Path) -> tuple[tuple[float | None, ...], str]:
+        """The bf16 twin's losses and where they come from: a trial of the search that ran
+        it, else a short reference run launched for the purpose (kept for the next FP8 trial
+        of the same twin); no losses, with why, when neither has them."""
+        known = self._references.get(bf16)
+        if known is not None:
+            return known
+        for r in self.parts.ledger.result.records:
+            if r.layout == bf16 and r.metrics is not None and r.metrics.losses:
+                return r.metrics.losses, f"twin: trial {r.number}"
+        cfg = self.parts.cfg
+        spec = replace(self.spec(bf16, slow_below=None), warmup_steps=0, stable_cv=0.0,
+                       train_steps=max(1, min(REFERENCE_STEPS, steps)))
+        where = trial_dir / "bf16-twin"
+        timeout = cfg.trial_timeout_s or trial_timeout_s(
+            self.parts.knowledge.predict(bf16).step_time_s, spec)
+        metrics = cfg.backend.run(spec, where, timeout)
+        if metrics.status is not TrialStatus.OK or not metrics.losses:
+            found: tuple[tuple[float | None, ...], str] = (
+                (), f"its bf16 twin's reference run ended {metrics.status} ({where})")
+        else:
+            found = (metrics.losses, f"twin: a {len(metrics.losses)}-step reference run")
+        self._references[bf16] = found
+        return found
 
     def spec(self, s: Layout, *, slow_below: float | None) -> TrialSpec:
         cfg = self.parts.cfg
@@ -317,6 +370,10 @@ class TrialExecutor:
         if rung is not None and rung != s and not p.ledger.tried(rung):
             log.info("derived %s: next rung %s", s.describe(), rung.describe())
             p.queue.push(rung, Source.DERIVED, first=True)
+
+
+def _joined(reason: str, more: str) -> str:
+    return f"{reason}; {more}" if reason else more
 
 
 def _pruned_reason(metrics: TrialMetrics, spec: TrialSpec) -> str:

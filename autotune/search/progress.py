@@ -24,7 +24,7 @@ __all__ = ["LiveProgress", "best_groups", "best_table", "format_record"]
 _GIB = 2**30
 _STYLE = {TrialStatus.OK: "green", TrialStatus.OOM: "red", TrialStatus.PREDICTED_OOM: "yellow",
           TrialStatus.INVALID: "dim", TrialStatus.TIMEOUT: "red", TrialStatus.CRASH: "red",
-          TrialStatus.NCCL_ERROR: "red", TrialStatus.DUPLICATE: "dim",
+          TrialStatus.NCCL_ERROR: "red", TrialStatus.DIVERGED: "red", TrialStatus.DUPLICATE: "dim",
           TrialStatus.INTERRUPTED: "red", TrialStatus.PREDICTED_SLOW: "dim"}
 
 

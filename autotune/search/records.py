@@ -67,7 +67,7 @@ DERIVED_ATTR = "derived"
 """The user attribute of a queued trial that holds its derived values (the ladder's rung):
 its parameters name the choice, this the count (autotune.search.layouts)."""
 LAUNCHED = (TrialStatus.OK, TrialStatus.OOM, TrialStatus.TIMEOUT, TrialStatus.CRASH,
-            TrialStatus.NCCL_ERROR)
+            TrialStatus.NCCL_ERROR, TrialStatus.DIVERGED)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.calibration import fit_cost_params
+from autotune.calibration import fit_cost_params, lever_fit_fields
 from autotune.cost import CostParams
 from autotune.hardware import ClusterSpec
 from autotune.model import ModelSpec
@@ -25,5 +25,7 @@ def refit_cost_params(result: SearchResult, model: ModelSpec, cluster: ClusterSp
                 and r.metrics.step_time_s]
     if not refit_after or len(measured) < refit_after or len(measured) == fitted_on:
         return None
-    return fit_cost_params(measured, names=REFIT_FIELDS, start=start or CostParams()), \
-        len(measured)
+    # With the constants of the levers the measured trials turn (FP8's GEMM rate and casts):
+    # the ridge keeps them near their first-principles values until trials speak for them.
+    names = (*REFIT_FIELDS, *lever_fit_fields([s for _, s, _, _ in measured]))
+    return fit_cost_params(measured, names=names, start=start or CostParams()), len(measured)

@@ -62,7 +62,7 @@ __all__ = ["PlanningStore", "RealRunStore", "StudyStore", "open_store"]
 
 _GIB = 2**30
 _FAILED = (TrialStatus.CRASH, TrialStatus.TIMEOUT, TrialStatus.NCCL_ERROR,
-           TrialStatus.DUPLICATE, TrialStatus.INTERRUPTED)
+           TrialStatus.DUPLICATE, TrialStatus.INTERRUPTED, TrialStatus.DIVERGED)
 """Told FAIL: nothing learned about the layout's fit (TPE ignores them, dedupe too)."""
 
 

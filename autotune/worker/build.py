@@ -84,6 +84,11 @@ def _layer_spec(spec: TrialSpec, config: Any, vp_stage: int | None) -> Any:
 
     m, impl = spec.model, spec.layout.impl
     experts = m.num_experts if m.is_moe else None
+    if spec.layout.fp8 != "off" and impl != "te":
+        # The layers' fp8_autocast (megatron-core fp8_utils.get_fp8_context) reaches TE's
+        # modules only: a local spec would train in bf16 and be measured as FP8.
+        raise RuntimeError(f"fp8={spec.layout.fp8} needs impl=te (Transformer Engine's "
+                           f"spec), got impl={impl}")
     if impl == "te":
         if not te_available():
             raise RuntimeError("impl=te needs transformer-engine (pip install "

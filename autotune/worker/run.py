@@ -33,6 +33,7 @@ __all__ = [
     "prepare_environment",
     "run_rank",
     "run_trial",
+    "step_losses",
     "step_time_cv",
 ]
 
@@ -161,6 +162,7 @@ def metrics_from_ranks(spec: TrialSpec, steps: StepTimes, ranks: list[dict[str, 
         warm=warm,
         step_time_cv=step_time_cv(times_s),
         clocks=clocks,
+        losses=step_losses(ranks),
     )
     data = metrics.to_dict()
     data["step_times_s"] = list(times_s)
@@ -170,6 +172,22 @@ def metrics_from_ranks(spec: TrialSpec, steps: StepTimes, ranks: list[dict[str, 
     # Each rank's host during the timed steps (tools/repeatability.py reads them).
     data["host"] = [r.get("host") for r in sorted(ranks, key=lambda r: r["rank"])]
     return data
+
+
+def step_losses(ranks: list[dict[str, Any]]) -> tuple[float | None, ...]:
+    """Each step's loss over the ranks that hold one (the last pipeline stage's data-parallel
+    ranks, which see the same batches: their mean), None for a step whose loss was not finite
+    (JSON has no NaN): TrialMetrics.losses."""
+    series = [r["losses"] for r in ranks if r.get("losses")]
+    if not series:
+        return ()
+    out: list[float | None] = []
+    for step in zip(*series, strict=False):
+        if any(x is None or not _finite(x) for x in step):
+            out.append(None)
+        else:
+            out.append(sum(step) / len(step))
+    return tuple(out)
 
 
 def step_time_cv(times_s: tuple[float, ...] | list[float]) -> float | None:
@@ -232,7 +250,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, local_rank: int, phases: dict[str,
     steps = train.train(spec, model, optimizer, config)
     t_train = time.perf_counter()
 
-    mine = {"rank": rank, "loss": steps.loss,
+    mine = {"rank": rank, "loss": steps.loss, "losses": list(steps.step_losses),
             "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
             "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
             "device_used_bytes": nvml_device_used_bytes(local_rank),

@@ -33,6 +33,10 @@ class StepTimes:
     timing: Timing
     loss: float | None
     """Mean per-token loss of the last step on a last pipeline stage; None elsewhere."""
+    step_losses: tuple[float | None, ...] = ()
+    """Mean per-token loss of every step, warm-up and timed, on a last pipeline stage (empty
+    elsewhere): what the FP8 loss guard compares with a bf16 twin's (autotune.search.
+    loss_guard)."""
     clocks: ClockSummary | None = None
     """This rank's GPU during the timed steps (autotune.worker.clocks); None without NVML."""
     host: dict[str, Any] | None = None
@@ -162,6 +166,7 @@ def train(spec: TrialSpec, model: list[Any], optimizer: Any, config: Any) -> Ste
     announce = torch.distributed.get_rank() == 0
     slowest = torch.zeros(1, dtype=torch.float64, device=device)
     losses: list[dict[str, Any]] = []
+    step_losses: list[float | None] = []
     timing = None
     host = HostWatch()
     starts: list[float] = []
@@ -181,6 +186,8 @@ def train(spec: TrialSpec, model: list[Any], optimizer: Any, config: Any) -> Ste
             # reduction is not timed; it also starts every rank's next step together.
             torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
             step_s = float(slowest.item())
+            # After the clock: the step's loss, which the synchronize above has computed.
+            step_losses.append(_mean_loss(losses))
             timing = judge.add(step_s)
             if announce:
                 print(step_line(len(judge.times), phase, step_s), file=sys.stderr, flush=True)
@@ -188,6 +195,7 @@ def train(spec: TrialSpec, model: list[Any], optimizer: Any, config: Any) -> Ste
     first_timed = len(starts) - len(timing.timed_s)
     clocks = sampler.summary(since=starts[first_timed])
     return StepTimes(timing=timing, loss=_mean_loss(losses),
+                     step_losses=tuple(step_losses) if losses else (),
                      clocks=clocks if clocks.samples else None,
                      host={**host.over(first_timed), "gc_pauses": pauses.count,
                            "gc_pause_s": pauses.total_s})

@@ -1,0 +1,486 @@
+"""FP8 training through Transformer Engine: the format, the scaling recipe, FP8 parameters.
+
+megatron-core 0.16.1 (transformer/transformer_config.py `fp8`, `fp8_recipe`, `fp8_param`;
+fp8_utils.py get_fp8_recipe / get_fp8_context; transformer_block.py) runs the transformer
+layers' GEMMs in FP8 through Transformer Engine: TransformerBlock.forward wraps the layers in
+TE's `fp8_autocast` with the recipe (DelayedScaling, Float8CurrentScaling for `tensorwise`,
+Float8BlockScaling for `blockwise`, MXFP8BlockScaling for `mxfp8`), and with `fp8_param` builds
+each layer under TE's `fp8_model_init`, so that its GEMM weights are FP8 tensors. Only TE's
+modules read the autocast: the local spec stays bf16 under it, and the output layer (megatron-
+core's own ColumnParallelLinear) always does. Megatron-LM (core_v0.16.1 arguments.py) spells it
+`--fp8-format e4m3|hybrid --fp8-recipe ... --fp8-param-gather`; `hybrid` keeps gradients in
+E5M2, `e4m3` everything in E4M3: the same bytes and the same cuBLASLt FP8 GEMMs, so the models
+price the two alike.
+
+What FP8 changes, from Transformer Engine 2.11 (transformer_engine/pytorch/module/linear.py,
+layernorm_linear.py, grouped_linear.py, quantization.py):
+- memory: each GEMM keeps its weight's FP8 copy and transpose between micro-batches (the
+  `weight` workspace megatron-core's `is_first_microbatch` refreshes once a step: +2 B per
+  weight); with FP8 parameters the weight itself is 1 B and its transpose 1 B, no other copy.
+  The inputs a GEMM saves for backward are FP8 (1 B instead of bf16's 2; block scaling adds
+  its scales), the other activations stay bf16. The scaling state (amax history of
+  `fp8_amax_history_len` = 1 and a scale per quantized tensor, fp32, five tensors per GEMM:
+  40 B a GEMM) is left out, far below the model's resolution.
+- time: the layers' GEMMs at the FP8 peak with their own size-dependent efficiency, plus the
+  memory-bound casts (amax, quantize, transpose) of every GEMM input in forward and every
+  output gradient in backward, and of the weights once a step.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from autotune.dimensions import Impl, dimension, flag_label
+from autotune.errors import ConfigError
+from autotune.levers.base import CostState, Lever, MemoryState, Requires, Rule, Seed
+from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
+
+if TYPE_CHECKING:
+    from autotune.cost import CostParams
+    from autotune.hardware import ClusterSpec, GpuSpec
+    from autotune.layout import Layout
+    from autotune.model import ModelSpec
+
+__all__ = [
+    "AMAX_READ_BYTES_FP32",
+    "CAST_BYTES_PER_ELEMENT",
+    "FP8_INPUT_BYTES",
+    "LEVER",
+    "OPTIMIZER_FP8_PARAM_BYTES",
+    "RECIPE_MIN_CAPABILITY",
+    "UNMODELED_FLAGS",
+    "WEIGHT_COPY_BYTES",
+    "Constants",
+    "Fields",
+    "Fp8",
+    "Fp8Recipe",
+    "gemm_speedup",
+    "recipes_on",
+]
+
+
+class Fp8(enum.StrEnum):
+    """FP8 format (TransformerConfig.fp8, Megatron-LM `--fp8-format`); off is bf16."""
+
+    OFF = "off"
+    HYBRID = "hybrid"
+    """E4M3 for weights and activations, E5M2 for the gradients (TE's Format.HYBRID)."""
+    E4M3 = "e4m3"
+
+
+class Fp8Recipe(enum.StrEnum):
+    """How TE scales FP8 tensors (TransformerConfig.fp8_recipe, `--fp8-recipe`)."""
+
+    DELAYED = "delayed"
+    """One scale per tensor from the amax history of earlier steps (DelayedScaling)."""
+    TENSORWISE = "tensorwise"
+    """One scale per tensor from its own amax, computed before the cast (Float8CurrentScaling)."""
+    BLOCKWISE = "blockwise"
+    """A scale per 1x128 block of activations and gradients, 128x128 of weights
+    (Float8BlockScaling)."""
+    MXFP8 = "mxfp8"
+    """A power-of-two scale per 32 elements, in the tensor cores (MXFP8BlockScaling)."""
+
+
+RECIPE_MIN_CAPABILITY: dict[Fp8Recipe, tuple[tuple[int, int], tuple[int, int] | None]] = {
+    Fp8Recipe.DELAYED: ((8, 9), None),
+    Fp8Recipe.TENSORWISE: ((8, 9), None),
+    Fp8Recipe.BLOCKWISE: ((9, 0), None),
+    Fp8Recipe.MXFP8: ((10, 0), (12, 0)),
+}
+"""(lowest compute capability, first one without it) per recipe, Transformer Engine 2.11
+(pytorch/quantization.py check_recipe_support): delayed and tensorwise need check_fp8_support
+(sm_89 and up: Ada with cuBLASLt 12.1.3, Hopper, Blackwell), blockwise check_fp8_block_scaling_
+support (sm_90 and up, and CUDA 12.9, which the worker's TE asserts where it runs), mxfp8
+check_mxfp8_support (sm_100 up to, not including, sm_120)."""
+
+FP8_INPUT_BYTES: dict[Fp8Recipe, float] = {
+    Fp8Recipe.DELAYED: 1.0,
+    Fp8Recipe.TENSORWISE: 1.0,
+    Fp8Recipe.BLOCKWISE: 1.0 + 4 / 128,
+    Fp8Recipe.MXFP8: 1.0 + 1 / 32,
+}
+"""Bytes per element of a GEMM input saved for backward: the FP8 byte (linear.py keeps only its
+column-wise copy, or the row-wise one where sequence parallelism all-gathers it) plus its
+scales: none per element for one scale a tensor, an fp32 scale per 128 elements (blockwise),
+an E8M0 byte per 32 (mxfp8)."""
+
+WEIGHT_COPY_BYTES = 2.0
+"""TE's FP8 copy of a bf16 weight kept between micro-batches (linear.py get_weight_workspace,
+cache "weight"): row-wise and column-wise (the transpose Hopper's TN-only FP8 GEMMs need for
+dgrad), 1 B each. With FP8 parameters the parameter is the row-wise byte and only the
+transpose (1 B) is added (DDP's post_all_gather_processing, fp8_utils.py)."""
+
+CAST_BYTES_PER_ELEMENT: dict[Fp8Recipe, float] = {
+    Fp8Recipe.DELAYED: 4.0,
+    Fp8Recipe.TENSORWISE: 6.0,
+    Fp8Recipe.BLOCKWISE: 4.0,
+    Fp8Recipe.MXFP8: 4.0,
+}
+"""HBM bytes one quantization of a bf16 tensor moves per element: read it (2 B), write the
+row-wise and column-wise FP8 copies (1 + 1 B). Delayed scaling takes its scale from the amax
+history and records the new amax inside the cast kernel; current scaling (tensorwise) must
+know the amax before it can scale, so it reads the tensor once more (+2 B); block scaling
+computes each block's scale in the cast kernel. Byte counts, not measurements: the norm-fused
+casts of the QKV and fc1 inputs (layernorm_linear.py with_quantized_norm) move less, which the
+fitted Constants.fp8_cast_scale absorbs."""
+
+
+OPTIMIZER_FP8_PARAM_BYTES = 3.0
+"""With FP8 parameters the optimizer step writes each updated weight as FP8 from its fp32 master
+(read 4, write 1 B) where it copied it into the bf16 parameter (read 4, write 2): the read is
+counted already (CostParams.optimizer_bytes_per_param), the write is 1 B less, and quantizing
+reads the master once more for the cast (+4): 3 B a parameter."""
+AMAX_READ_BYTES_FP32 = 4.0
+"""Current scaling's amax pass over an fp32 master shard before it is quantized."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fields:
+    __slots__ = ()
+    fp8: Fp8 = dimension(Fp8.OFF, level=6, label=lambda s, v: None if v == Fp8.OFF else (
+        f"fp8={v}" if s.fp8_recipe == Fp8Recipe.DELAYED else f"fp8={v}/{s.fp8_recipe}"), help=(
+        "FP8 training through Transformer Engine (`--fp8-format`): off (bf16), hybrid (E4M3 "
+        "forward, E5M2 gradients) or e4m3; needs impl te and a GPU with FP8 tensor cores."))
+    fp8_recipe: Fp8Recipe = dimension(
+        Fp8Recipe.DELAYED, level=6, label=None, folded_into="fp8", help=(
+            "With fp8: how TE scales FP8 tensors (`--fp8-recipe`): delayed, tensorwise "
+            "(current scaling), blockwise (sm_90+, CUDA 12.9) or mxfp8 (Blackwell)."))
+    fp8_param_gather: bool = dimension(False, level=6, label=flag_label("fp8pg"), help=(
+        "With fp8: keep the GEMM weights in FP8 and all-gather them in FP8 "
+        "(`--fp8-param-gather`): 2 bytes less per weight; needs the distributed optimizer."))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Constants:
+    __slots__ = ()
+    fp8_gemm_efficiency_max: float = 0.745
+    """Fraction of the dense FP8 peak that large FP8 GEMMs reach. NVIDIA's cuBLAS 12.9 post
+    ("Boosting Matrix Multiplication Speed and Flexibility with NVIDIA cuBLAS 12.9", 2025)
+    measures Hopper's FP8 GEMMs 1.75x as fast as BF16 for large sizes: 1.75 x CostParams.
+    gemm_efficiency_max (0.852) x 989 / 1979 TFLOP/s = 0.745. A first-principles value, to be
+    fitted (`autotune calibrate`) on measured FP8 trials."""
+    fp8_gemm_half_size: float = 768.0
+    """The size at which FP8 GEMMs reach half their large-size efficiency (the x of
+    CostParams.gemm_half_size: min(local tokens, hidden / tp)). FP8 tiles are twice as deep in
+    K as bf16's, so small GEMMs fill the tensor cores less: placed so that a GEMM of x = 1,024
+    gains the 1.25x the same post gives for "most other cases" (1.75 x (1024 + 256) / (1024 +
+    768) = 1.25), which puts the crossover (no gain) at x = 427 on H100 and H200 alike (the
+    same 989 / 1979 TFLOP/s peaks). To be fitted on measured trials."""
+    fp8_cast_scale: float = 1.0
+    """Multiplies CAST_BYTES_PER_ELEMENT's byte counts (1: the first-principles count); fitted
+    on measured FP8 trials."""
+
+
+def _on(s: Layout) -> bool:
+    return s.fp8 != Fp8.OFF
+
+
+def recipes_on(gpu: GpuSpec) -> tuple[Fp8Recipe, ...]:
+    """The recipes Transformer Engine 2.11 runs on `gpu` (RECIPE_MIN_CAPABILITY); none without
+    FP8 tensor cores."""
+    if gpu.peak_fp8_flops is None:
+        return ()
+    cc = gpu.compute_capability
+    return tuple(r for r, (low, high) in RECIPE_MIN_CAPABILITY.items()
+                 if cc >= low and (high is None or cc < high))
+
+
+# ---- flags --------------------------------------------------------------------------------
+
+
+def _emit(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
+    # Megatron-LM core_v0.16.1: --fp8-format and --fp8-recipe are generated from
+    # TransformerConfig's fields (argparse_meta arg_names), --fp8-param-gather is its own
+    # (arguments.py _add_transformer_engine_args) and sets fp8_param. An unused recipe is not
+    # written: without --fp8-format Megatron-LM reads none of it (the same run).
+    args = []
+    if _on(s):
+        args += ["--fp8-format", str(s.fp8), "--fp8-recipe", str(s.fp8_recipe)]
+    if s.fp8_param_gather:
+        args.append("--fp8-param-gather")
+    return args
+
+
+def _read(g: Given) -> dict[str, Any]:
+    fmt = g.choice("--fp8-format", tuple(f.value for f in Fp8 if f != Fp8.OFF), "off") \
+        if g.has("--fp8-format") else Fp8.OFF.value
+    recipe = g.text("--fp8-recipe", Fp8Recipe.DELAYED.value)
+    if recipe not in tuple(Fp8Recipe):
+        raise ConfigError(f"{g.source}: --fp8-recipe {recipe} is not one autotune models "
+                          f"({', '.join(Fp8Recipe)})")
+    # Without --fp8-format the recipe means nothing (Megatron-LM's default "delayed" runs).
+    return {"fp8": fmt, "fp8_recipe": recipe if fmt != Fp8.OFF else Fp8Recipe.DELAYED.value,
+            "fp8_param_gather": g.has("--fp8-param-gather")}
+
+
+UNMODELED_FLAGS: tuple[tuple[str, str], ...] = (
+    ("--fp8-amax-history-len", "the amax history delayed scaling keeps and reduces"),
+    ("--fp8-amax-compute-algo", "how delayed scaling picks its amax"),
+    ("--fp8-margin", "FP8 scales"),
+    ("--no-fp8-wgrad", "weight gradients in bf16 instead of FP8"),
+    ("--disable-fp8-wgrad", "weight gradients in bf16 instead of FP8"),
+    ("--first-last-layers-bf16", "layers kept in bf16"),
+    ("--num-layers-at-start-in-bf16", "layers kept in bf16"),
+    ("--num-layers-at-end-in-bf16", "layers kept in bf16"),
+    ("--fp8-quantizer-factory", "a custom quantization"),
+    ("--moe-router-padding-for-fp8", "token padding of the experts"),
+    ("--reuse-grad-buf-for-mxfp8-param-ag", "the MXFP8 parameter all-gather's buffer"),
+    ("--fp4-format", "FP4 instead of FP8"),
+    ("--fp4-param-gather", "FP4 parameters"),
+    ("--te-precision-config-file", "per-module precision"),
+)
+"""Megatron-LM core_v0.16.1 flags of FP8 training that change speed, memory or the numbers
+and that this lever does not model: a command with one is warned about (autotune.megatron_
+args.UNMODELED_FLAGS)."""
+
+
+# ---- worker --------------------------------------------------------------------------------
+
+
+def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+    on = _on(s)
+    # TransformerConfig as Megatron-LM's core_transformer_config_from_args sets it (fp8 None
+    # for bf16; fp8_param from --fp8-param-gather); the DDP and optimizer configs take the same
+    # names from args (training.py get_model, get_megatron_optimizer_config). The recipe is
+    # left at its default when FP8 is off, as a command without --fp8-recipe leaves it.
+    return {"transformer": {"fp8": str(s.fp8) if on else None,
+                            "fp8_recipe": str(s.fp8_recipe) if on else str(Fp8Recipe.DELAYED),
+                            "fp8_param": s.fp8_param_gather},
+            "ddp": {"fp8_param_gather": s.fp8_param_gather},
+            "optimizer": {"fp8_recipe": str(s.fp8_recipe) if on else None}}
+
+
+# ---- rules ---------------------------------------------------------------------------------
+
+
+def _needs_te(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # fp8_utils.get_fp8_context wraps the layers in TE's fp8_autocast, which only TE's modules
+    # read: the local spec would run bf16 under it (and without TE installed the context is a
+    # nullcontext), so an FP8 figure of another impl would be a bf16 one.
+    if _on(s) and s.impl != Impl.TE:
+        return f"fp8={s.fp8} runs through Transformer Engine's modules (impl=te), got " \
+               f"impl={s.impl}"
+    return None
+
+
+def _gpu(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    if not _on(s):
+        return None
+    if not isinstance(s.fp8_recipe, Fp8Recipe):
+        return f"fp8_recipe={s.fp8_recipe!r} must be one of {', '.join(Fp8Recipe)}"
+    offered = recipes_on(c.gpu)
+    if s.fp8_recipe not in offered:
+        major, minor = c.gpu.compute_capability
+        runs = f"runs {', '.join(offered)}" if offered else "has no FP8 tensor cores"
+        return (f"fp8_recipe={s.fp8_recipe} does not run on the {c.gpu.name} (sm_{major}{minor}"
+                f", which {runs}; Transformer Engine 2.11 check_recipe_support)")
+    return None
+
+
+def gemm_dims(m: ModelSpec, s: Layout) -> list[tuple[str, int, int]]:
+    """(GEMM, its input's last dimension, its weight's rows) per rank for every GEMM TE runs in
+    FP8: each input's features and each weight's output rows, tensor-parallel shards."""
+    t = s.tp
+    heads = m.num_attention_heads * m.head_dim // t
+    qkv = heads + 2 * m.head_dim * max(1, m.query_groups // t)
+    gates = 2 if m.gated_linear_unit else 1
+    # A shard that is not whole fails megatron-core's own divide() first; rounding down here
+    # only keeps the numbers integral for the checks below.
+    f = (m.expert_ffn_size if m.is_moe else m.ffn_size) // t
+    return [("qkv", m.hidden_size, qkv), ("proj", heads, m.hidden_size),
+            ("fc1", m.hidden_size, gates * f), ("fc2", f, m.hidden_size)]
+
+
+def _dims(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # TE 2.11 utils.assert_dim_for_fp8_exec, run by Linear, LayerNormLinear and LayerNormMLP on
+    # the input and the weight: "the product of all dimensions except the last to be divisible
+    # by 8 and the last dimension to be divisible by 16". A GEMM's input is [tokens, in] and
+    # its weight [out, in] on the rank; with sequence parallelism the column-parallel GEMMs
+    # check their input before the all-gather (tokens / tp).
+    if not _on(s):
+        return None
+    for name, features, rows in gemm_dims(m, s):
+        if features % 16:
+            return (f"fp8 needs the {name} GEMM's input features divisible by 16 (Transformer "
+                    f"Engine), got {features} with tp={s.tp}")
+        if rows % 8:
+            return (f"fp8 needs the {name} GEMM's weight rows divisible by 8 (Transformer "
+                    f"Engine), got {rows} with tp={s.tp}")
+    tokens = s.mbs * m.seq_length // s.cp
+    local = tokens // s.tp if s.sequence_parallel else tokens
+    if local % 8:
+        return (f"fp8 needs the tokens of a micro-batch on a rank divisible by 8 (Transformer "
+                f"Engine), got mbs={s.mbs} x seq {m.seq_length} / cp={s.cp}"
+                + (f" / tp={s.tp}" if s.sequence_parallel else "") + f" = {local}")
+    if s.sequence_parallel and s.fp8_recipe in (Fp8Recipe.BLOCKWISE, Fp8Recipe.MXFP8):
+        # assert_dim_for_all_gather: the sequence-parallel all-gather of a block-scaled input
+        # needs whole blocks (Float8BlockQuantizer / MXFP8Quantizer.is_quantizable).
+        block = 128 if s.fp8_recipe == Fp8Recipe.BLOCKWISE else 32
+        if local % block or m.hidden_size % block:
+            return (f"fp8_recipe={s.fp8_recipe} with sequence_parallel all-gathers whole "
+                    f"{block}-element blocks: tokens on a rank ({local}) and hidden "
+                    f"({m.hidden_size}) must be multiples of {block}")
+    return None
+
+
+def _recipe_unused(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # Megatron reads fp8_recipe only with fp8 (fp8_utils.get_fp8_recipe is called for an FP8
+    # run alone), and neither the export nor the worker passes it then: a layout that names
+    # another recipe without fp8 is the same run as the default's (autotune.identity gives
+    # both one key). Offered once, so that the space holds no copies of a run.
+    if not _on(s) and s.fp8_recipe != Fp8Recipe.DELAYED:
+        return (f"fp8_recipe={s.fp8_recipe} means nothing with fp8=off: the same run as the "
+                f"default {Fp8Recipe.DELAYED}, offered once")
+    return None
+
+
+def _param_gather_needs_fp8(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # TransformerConfig.__post_init__: "fp8_param must be used together with fp8 mode."
+    if s.fp8_param_gather and not _on(s):
+        return "fp8_param_gather needs fp8 (megatron-core: fp8_param must be used together " \
+               "with fp8 mode)"
+    return None
+
+
+def _recompute(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # TransformerConfig.__post_init__: "Delayed scaling does not support moe_act and layernorm
+    # recompute for fp8" (output-discarding checkpoints recompute a cast whose amax history has
+    # moved on).
+    if (_on(s) and s.fp8_recipe == Fp8Recipe.DELAYED and s.recompute == "selective"
+            and {"moe_act", "layernorm"} & set(s.recompute_modules.modules)):
+        return (f"fp8 with the delayed recipe cannot recompute {s.recompute_modules} "
+                "(megatron-core: delayed scaling does not support moe_act and layernorm "
+                "recompute)")
+    return None
+
+
+def _offload(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # Megatron-LM arguments.py validate_args: "When `--fp8-param-gather` is enabled, the
+    # optimizer cpu offload must be used in conjunction with `--fp8-recipe delayed`."
+    if (s.fp8_param_gather and s.optimizer_offload_percent
+            and s.fp8_recipe != Fp8Recipe.DELAYED):
+        return (f"fp8_param_gather with the optimizer's CPU offload needs fp8_recipe=delayed, "
+                f"got {s.fp8_recipe}")
+    return None
+
+
+# ---- models --------------------------------------------------------------------------------
+
+
+def _pao_master_bytes(s: Layout) -> float:
+    """Optimizer bytes per parameter FP8 adds to the precision-aware optimizer: with a recipe
+    other than delayed (OptimizerConfig.fp8_recipe) and no CPU offload, megatron-core keeps
+    fp32 master weights itself (OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8
+    is False: distrib_optimizer.py shard_main_param) instead of FusedAdam's 2-byte remainders
+    (autotune.levers.precision_optimizer): 4 - 2 = 2 B."""
+    if (_on(s) and s.precision_aware_optimizer and not s.optimizer_offload_percent
+            and s.fp8_recipe != Fp8Recipe.DELAYED):
+        return 2.0
+    return 0.0
+
+
+def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
+    if not _on(s):
+        return state
+    weight = (1.0 + WEIGHT_COPY_BYTES / 2) if s.fp8_param_gather \
+        else state.linear_weight_bytes + WEIGHT_COPY_BYTES
+    return replace(state, linear_weight_bytes=weight,
+                   linear_input_bytes=FP8_INPUT_BYTES[s.fp8_recipe],
+                   optimizer_bytes_per_param=state.optimizer_bytes_per_param
+                   + _pao_master_bytes(s))
+
+
+def gemm_speedup(x: float, gpu: GpuSpec, p: CostParams) -> float:
+    """How many times faster than bf16 a GEMM of size x (CostParams.gemm_half_size's x) runs
+    in FP8: the FP8 peak at its own saturating efficiency over the bf16 peak at bf16's."""
+    from autotune.cost import gemm_efficiency
+
+    assert gpu.peak_fp8_flops is not None
+    fp8 = gpu.peak_fp8_flops * p.fp8_gemm_efficiency_max * x / (x + p.fp8_gemm_half_size)
+    return fp8 / (gpu.peak_bf16_flops * gemm_efficiency(x, p))
+
+
+def _cast_elements(m: ModelSpec, s: Layout) -> float:
+    """Elements per local token of one layer that TE quantizes: each GEMM's input in forward
+    and its output gradient in backward (linear.py: the grad output quantizer), sequence-
+    parallel inputs on their local shard."""
+    sp = s.tp if s.sequence_parallel else 1
+    h = m.hidden_size
+    k = m.moe_topk if m.is_moe else 1
+    (_, _, qkv), (_, heads, _), (_, _, fc1), (_, f, _) = gemm_dims(m, s)
+    forward = h / sp + heads + k * (h / sp + f)
+    backward = qkv + h / sp + k * (fc1 + h / sp)
+    return forward + backward
+
+
+def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
+          state: CostState) -> CostState:
+    if not _on(s) or c.gpu.peak_fp8_flops is None:
+        return state
+    # The optimizer step: the fp32 master the precision-aware optimizer keeps without delayed
+    # scaling moves 2 B more each way than FusedAdam's remainder, which it no longer rebuilds
+    # (-2 B); with FP8 parameters megatron-core quantizes the master shard into them
+    # (fp8_utils.quantize_param_shard: read fp32 4 B, write 1 B, instead of the bf16 copy's 2)
+    # and current scaling first reads the shard for its amax (+4 B). Counted on every
+    # parameter of the shard: the embedding's share is an over-count (4% of gpt2-xl's).
+    optimizer = _pao_master_bytes(s)
+    if s.fp8_param_gather:
+        optimizer += OPTIMIZER_FP8_PARAM_BYTES + (
+            AMAX_READ_BYTES_FP32 if s.fp8_recipe == Fp8Recipe.TENSORWISE else 0.0)
+    from autotune.cost import gemm_size
+
+    cast = CAST_BYTES_PER_ELEMENT[s.fp8_recipe] * p.fp8_cast_scale
+    # Once a step: the bf16 weights cast to their FP8 copies on the first micro-batch; with
+    # FP8 parameters only the transpose is rebuilt after the all-gather (read 1, write 1 B),
+    # and the gather moves 1 B a weight.
+    weight = 2.0 if s.fp8_param_gather else cast
+    return replace(state, layer_gemm_speedup=gemm_speedup(gemm_size(m, s), c.gpu, p),
+                   layer_pass_bytes_per_token=state.layer_pass_bytes_per_token
+                   + _cast_elements(m, s) * cast,
+                   linear_weight_pass_bytes=state.linear_weight_pass_bytes + weight,
+                   linear_gather_bytes=1.0 if s.fp8_param_gather else state.linear_gather_bytes,
+                   optimizer_bytes_per_param=state.optimizer_bytes_per_param + optimizer)
+
+
+LEVER = Lever(
+    name="fp8",
+    fields=Fields,
+    # Level 6: FP8's rules read the implementation and recompute chosen at level 5, so that
+    # the enumerator expands the precision only for layouts valid without it. The cheap ones
+    # first: two of three implementations fail fp8_te at once.
+    rules=(Rule("fp8_te", 6, "fp8 runs through Transformer Engine's modules (impl te)",
+                _needs_te),
+           Rule("fp8_recipe_unused", 6, "fp8_recipe means nothing without fp8 (one run)",
+                _recipe_unused),
+           Rule("fp8_param_gather", 6, "fp8_param_gather needs fp8", _param_gather_needs_fp8),
+           Rule("fp8_gpu", 6, "the FP8 recipe must run on the GPU", _gpu),
+           Rule("fp8_dims", 6, "fp8 GEMM dimensions must be multiples of 16 (8 for tokens)",
+                _dims),
+           Rule("fp8_recompute", 6, "delayed scaling cannot recompute moe_act or layernorm",
+                _recompute),
+           Rule("fp8_offload", 6, "fp8_param_gather with optimizer offload needs delayed",
+                _offload)),
+    # Megatron-LM arguments.py validate_args: "--fp8-param-gather only supported with
+    # distributed optimizer, torch fsdp2, megatron fsdp, or inference mode".
+    requires=(Requires(name="fp8_pg_do", level=6,
+                       summary="fp8_param_gather needs the distributed optimizer",
+                       needs=(("distributed_optimizer", True),),
+                       when=lambda s: s.fp8_param_gather,
+                       message=lambda s, unmet: f"fp8_param_gather needs {unmet}"),),
+    flag_rows=(FlagRow(name="fp8", part=Part.LAYOUT,
+                       flags=(Flag("--fp8-format"), Flag("--fp8-recipe"),
+                              Flag("--fp8-param-gather", takes_value=False)),
+                       emit=_emit, read=_read),),
+    worker=_worker,
+    memory=_memory,
+    cost=_cost,
+    seed=Seed.PRACTICE,
+    # Megatron-LM's default is bf16; the search, not the seed, decides whether FP8 pays.
+    practice=lambda s, impl: {"fp8": Fp8.OFF, "fp8_recipe": Fp8Recipe.DELAYED,
+                              "fp8_param_gather": False},
+    constants=Constants,
+    unmodeled=UNMODELED_FLAGS,
+)

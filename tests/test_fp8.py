@@ -1,0 +1,490 @@
+"""The FP8 lever (autotune/levers/fp8.py): rules, flags both ways, worker keys, memory and cost
+terms, and the warnings a user's command gets for FP8 flags autotune does not model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.cost import CostParams, estimate_cost, gemm_size
+from autotune.errors import ConfigError
+from autotune.hardware import ClusterSpec, gpu_spec
+from autotune.identity import run_key
+from autotune.layout import Layout, check
+from autotune.levers.flags import Given
+from autotune.levers.fp8 import (
+    CAST_BYTES_PER_ELEMENT,
+    Fp8,
+    Fp8Recipe,
+    gemm_speedup,
+    recipes_on,
+)
+from autotune.megatron_args import flag_names, megatron_lm_args, read_fields
+from autotune.megatron_command import read_megatron_command, unmodeled_warning
+from autotune.memory import GIB, estimate_memory, stage_linear_params
+from autotune.memory_activations import layer_activations
+from autotune.model import ModelSpec, load_model
+from autotune.scripts import megatron_lm_script
+from autotune.worker.config import worker_config
+
+XL = load_model("gpt2-xl")
+LLAMA = load_model("llama3-8b")
+H100 = ClusterSpec.make(1, gpu="h100-80gb")
+H100x8 = ClusterSpec.make(8, gpu="h100-80gb")
+BF16 = Layout(mbs=16, gbs=64, impl="te")
+FP8 = replace(BF16, fp8=Fp8.HYBRID)
+DP8 = Layout(dp=8, mbs=4, gbs=64, impl="te", distributed_optimizer=True)
+
+
+def _cluster(gpu: str, gpus: int = 1) -> ClusterSpec:
+    return ClusterSpec(num_gpus=gpus, gpus_per_node=gpus, gpu=gpu_spec(gpu))
+
+
+# ---- rules ---------------------------------------------------------------------------------
+
+TINY = ModelSpec(name="tiny", num_layers=4, hidden_size=200, num_attention_heads=4,
+                 vocab_size=1000, seq_length=100, global_batch_size=8)
+"""hidden 200 is no multiple of 16; 100 tokens per sequence no multiple of 8."""
+TINY256 = replace(TINY, hidden_size=256, global_batch_size=32)
+"""Every GEMM dimension a multiple of 16 at tp 1, 2 and 4."""
+SEQ128 = replace(TINY256, seq_length=128, max_position_embeddings=128)
+
+
+@pytest.mark.parametrize(("model", "gpu", "fields", "rule"), [
+    (XL, "h100-80gb", dict(fp8="hybrid"), None),
+    (XL, "h100-80gb", dict(fp8="e4m3", fp8_recipe="tensorwise"), None),
+    (XL, "h100-80gb", dict(fp8="hybrid", fp8_recipe="blockwise"), None),
+    (XL, "h200", dict(fp8="hybrid", fp8_recipe="tensorwise"), None),
+    (XL, "b200", dict(fp8="hybrid", fp8_recipe="mxfp8"), None),
+    (XL, "h100-80gb", dict(fp8="hybrid", fp8_recipe="mxfp8"), "fp8_gpu"),    # Blackwell only
+    (XL, "a100-80gb", dict(fp8="hybrid"), "fp8_gpu"),                          # no FP8 cores
+    (XL, "a100-40gb", dict(fp8="hybrid", fp8_recipe="tensorwise"), "fp8_gpu"),
+    (XL, "h100-80gb", dict(fp8="hybrid", impl="sdpa"), "fp8_te"),
+    (XL, "h100-80gb", dict(fp8="hybrid", impl="local"), "fp8_te"),
+    (XL, "h100-80gb", dict(fp8_recipe="tensorwise"), "fp8_recipe_unused"),
+    (XL, "h100-80gb", dict(fp8_param_gather=True, distributed_optimizer=True),
+     "fp8_param_gather"),
+    (XL, "h100-80gb", dict(fp8="hybrid", fp8_param_gather=True), "fp8_pg_do"),
+    (XL, "h100-80gb", dict(fp8="hybrid", fp8_param_gather=True, distributed_optimizer=True),
+     None),
+    (TINY, "h100-80gb", dict(fp8="hybrid", mbs=2), "fp8_dims"),               # hidden 200
+    (TINY256, "h100-80gb", dict(fp8="hybrid", mbs=1), "fp8_dims"),            # 100 tokens
+    (TINY256, "h100-80gb", dict(fp8="hybrid", mbs=2), None),                  # 200 tokens
+    (TINY256, "h100-80gb", dict(fp8="hybrid", tp=2, dp=1, mbs=4), None),      # 128 per shard
+    (replace(TINY256, ffn_hidden_size=1040), "h100-80gb", dict(fp8="hybrid", mbs=4), None),
+    (replace(TINY256, ffn_hidden_size=1040), "h100-80gb", dict(fp8="hybrid", tp=2, dp=1,
+                                                               mbs=4), "fp8_dims"),  # 520
+    # Sequence parallelism all-gathers block-scaled inputs in whole 128-element blocks.
+    (TINY256, "h100-80gb", dict(fp8="hybrid", tp=2, dp=1, mbs=4, sequence_parallel=True),
+     None),
+    (TINY256, "h100-80gb", dict(fp8="hybrid", fp8_recipe="blockwise", tp=2, dp=1, mbs=4,
+                                sequence_parallel=True), "fp8_dims"),          # 200 tokens
+    (SEQ128, "h100-80gb", dict(fp8="hybrid", fp8_recipe="blockwise", tp=2, dp=1, mbs=1,
+                               sequence_parallel=True), "fp8_dims"),           # 64 tokens
+    (SEQ128, "h100-80gb", dict(fp8="hybrid", fp8_recipe="blockwise", tp=2, dp=1, mbs=2,
+                               sequence_parallel=True), None),                # 128 tokens
+    (SEQ128, "b200", dict(fp8="hybrid", fp8_recipe="mxfp8", tp=2, dp=1, mbs=1,
+                          sequence_parallel=True), None),                     # 64: 32-blocks
+])
+def test_rules(model: ModelSpec, gpu: str, fields: dict[str, Any], rule: str | None) -> None:
+    s = replace(Layout(mbs=4, gbs=model.global_batch_size, impl="te"), **fields)
+    broken = [v.rule for v in check(s, model, _cluster(gpu, s.world_size))]
+    assert broken[:1] == ([rule] if rule else [])
+
+
+@pytest.mark.parametrize(("fields", "rule"), [
+    # TransformerConfig.__post_init__: delayed scaling cannot recompute layernorm or moe_act.
+    (dict(recompute="selective", recompute_modules="layernorm"), "fp8_recompute"),
+    (dict(recompute="selective", recompute_modules="moe_act"), "fp8_recompute"),
+    (dict(recompute="selective", recompute_modules="moe_act", fp8_recipe="tensorwise"), None),
+    (dict(recompute="full", recompute_num_layers=1), None),
+    # arguments.py: FP8 parameters with the optimizer's CPU offload need delayed scaling.
+    (dict(distributed_optimizer=True, precision_aware_optimizer=True, fp8_param_gather=True,
+          optimizer_offload_percent=50, fp8_recipe="tensorwise"), "fp8_offload"),
+    (dict(distributed_optimizer=True, precision_aware_optimizer=True, fp8_param_gather=True,
+          optimizer_offload_percent=50), None),
+])
+def test_interactions(fields: dict[str, Any], rule: str | None) -> None:
+    moe = load_model("mixtral-8x7b")
+    s = Layout(dp=8, ep=8, mbs=1, gbs=moe.global_batch_size, impl="te", fp8=Fp8.HYBRID,
+               **fields)
+    broken = [v.rule for v in check(s, moe, H100x8)]
+    assert (rule in broken) if rule else not [r for r in broken if r.startswith("fp8")]
+
+
+@pytest.mark.parametrize(("gpu", "recipes"), [
+    ("h100-80gb", ("delayed", "tensorwise", "blockwise")),
+    ("h200", ("delayed", "tensorwise", "blockwise")),
+    ("b200", ("delayed", "tensorwise", "blockwise", "mxfp8")),
+    ("a100-80gb", ()),
+])
+def test_recipes_per_gpu_generation(gpu: str, recipes: tuple[str, ...]) -> None:
+    assert recipes_on(gpu_spec(gpu)) == recipes
+
+
+def test_an_unused_recipe_is_the_same_run() -> None:
+    # Megatron reads the recipe only with fp8; neither the worker nor the export passes it.
+    assert run_key(XL, replace(BF16, fp8_recipe=Fp8Recipe.TENSORWISE)) == run_key(XL, BF16)
+    assert run_key(XL, replace(FP8, fp8_recipe=Fp8Recipe.TENSORWISE)) != run_key(XL, FP8)
+
+
+# ---- flags both ways -----------------------------------------------------------------------
+
+
+def _given(args: list[str]) -> Given:
+    values: dict[str, str | None] = {}
+    for i, word in enumerate(args):
+        if word.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            values[word] = None if nxt is None or nxt.startswith("--") else nxt
+    return Given(values, "test")
+
+
+@pytest.mark.parametrize(("layout", "flags"), [
+    (BF16, []),
+    (FP8, ["--fp8-format", "hybrid", "--fp8-recipe", "delayed"]),
+    (replace(FP8, fp8=Fp8.E4M3, fp8_recipe=Fp8Recipe.BLOCKWISE),
+     ["--fp8-format", "e4m3", "--fp8-recipe", "blockwise"]),
+    (replace(DP8, fp8=Fp8.HYBRID, fp8_recipe=Fp8Recipe.TENSORWISE, fp8_param_gather=True),
+     ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]),
+])
+def test_flags_round_trip(layout: Layout, flags: list[str]) -> None:
+    args = megatron_lm_args(XL, layout)
+    written = [a for a in args if a.startswith("--fp8") or a in ("hybrid", "e4m3")
+               or a in tuple(Fp8Recipe)]
+    assert written == flags
+    read = read_fields(_given(args))
+    assert {k: read[k] for k in ("fp8", "fp8_recipe", "fp8_param_gather")} == {
+        "fp8": layout.fp8, "fp8_recipe": layout.fp8_recipe,
+        "fp8_param_gather": layout.fp8_param_gather}
+
+
+@pytest.mark.parametrize(("extra", "read"), [
+    ([], ("off", "delayed", False)),
+    (["--fp8-recipe", "tensorwise"], ("off", "delayed", False)),   # unused without fp8
+    (["--fp8-format", "e4m3"], ("e4m3", "delayed", False)),         # Megatron-LM's default
+    (["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8", "--fp8-param-gather"],
+     ("hybrid", "mxfp8", True)),
+])
+def test_reading_a_users_flags(extra: list[str], read: tuple[str, str, bool]) -> None:
+    fields = read_fields(_given([*megatron_lm_args(XL, BF16), *extra]))
+    assert (fields["fp8"], fields["fp8_recipe"], fields["fp8_param_gather"]) == read
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--fp8-format", "hybrid", "--fp8-recipe", "custom"], "not one autotune models"),
+    (["--fp8-format", "e5m2"], "not one autotune models"),
+])
+def test_unmodeled_values_are_refused(extra: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        read_fields(_given([*megatron_lm_args(XL, BF16), *extra]))
+
+
+def test_the_flags_are_megatron_lms() -> None:
+    """Every flag the row writes is one Megatron-LM core_v0.16.1 and 0.19 declare (their
+    argparse, read by tools/megatron_names.py into tests/data/megatron_versions/)."""
+    import json
+
+    args = megatron_lm_args(XL, replace(DP8, fp8=Fp8.HYBRID, fp8_param_gather=True))
+    for version in ("0.16.1", "0.19.2"):
+        known = set(json.loads((Path(__file__).parent / "data" / "megatron_versions"
+                                / f"{version}.json").read_text())["flags"])
+        assert {f for f in flag_names(args) if "fp8" in f} <= known
+
+
+# ---- worker --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("layout", "transformer", "ddp", "optimizer"), [
+    (BF16, {"fp8": None, "fp8_recipe": "delayed", "fp8_param": False},
+     {"fp8_param_gather": False}, {"fp8_recipe": None}),
+    (replace(FP8, fp8_recipe=Fp8Recipe.TENSORWISE),
+     {"fp8": "hybrid", "fp8_recipe": "tensorwise", "fp8_param": False},
+     {"fp8_param_gather": False}, {"fp8_recipe": "tensorwise"}),
+    (replace(DP8, fp8=Fp8.E4M3, fp8_param_gather=True),
+     {"fp8": "e4m3", "fp8_recipe": "delayed", "fp8_param": True},
+     {"fp8_param_gather": True}, {"fp8_recipe": "delayed"}),
+])
+def test_worker_keys(layout: Layout, transformer: dict[str, Any], ddp: dict[str, Any],
+                     optimizer: dict[str, Any]) -> None:
+    config = worker_config(XL, layout)
+    assert {k: config.transformer[k] for k in transformer} == transformer
+    assert {k: config.ddp[k] for k in ddp} == ddp
+    assert {k: config.optimizer[k] for k in optimizer} == optimizer
+    assert config.model["layer_spec"] == "te"
+
+
+# ---- memory --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", [XL, LLAMA, load_model("mixtral-8x7b")])
+@pytest.mark.parametrize(("recipe", "per_element"), [
+    ("delayed", 1.0), ("tensorwise", 1.0), ("blockwise", 1 + 4 / 128), ("mxfp8", 1 + 1 / 32)])
+def test_gemm_inputs_are_saved_in_fp8(model: ModelSpec, recipe: str,
+                                      per_element: float) -> None:
+    """The four GEMM inputs of a layer (QKV, projection, fc1, fc2; the experts' with MoE) lose
+    2 - per_element bytes per element; every other saved tensor keeps its bytes."""
+    h, t = model.hidden_size, 2
+    bf16 = layer_activations(model, t, "te")
+    fp8 = layer_activations(model, t, "te", per_element)
+    saved = 2 - per_element
+    k = model.moe_topk if model.is_moe else 1
+    f = model.expert_ffn_size if model.is_moe else model.ffn_size
+    # Replicated: the QKV and fc1 inputs (and the experts' fc1 input, k of them per token).
+    assert bf16.replicated - fp8.replicated == pytest.approx(saved * (2 * h + (k * h if
+                                                                           model.is_moe else 0)))
+    # Split: the projection input and the fc2 input(s).
+    assert bf16.split - fp8.split == pytest.approx(saved * (h / t + k * f / t))
+    assert bf16.per_key == fp8.per_key and bf16.dropout_mask == fp8.dropout_mask
+
+
+@pytest.mark.parametrize(("layout", "weight_bytes"), [
+    (BF16, 2.0),                                                     # bf16 parameter
+    (FP8, 4.0),                                                      # + FP8 copy + transpose
+    (replace(DP8, fp8=Fp8.HYBRID), 4.0),
+    (replace(DP8, fp8=Fp8.HYBRID, fp8_param_gather=True), 2.0),      # FP8 parameter + transpose
+])
+def test_gemm_weights(layout: Layout, weight_bytes: float) -> None:
+    cluster = H100 if layout.dp == 1 else H100x8
+    linear = stage_linear_params(XL, layout, 0)
+    base = estimate_memory(XL, replace(layout, fp8=Fp8.OFF, fp8_param_gather=False),
+                           cluster).stages[0].weights_bytes
+    weights = estimate_memory(XL, layout, cluster).stages[0].weights_bytes
+    assert weights - base == pytest.approx((weight_bytes - 2) * linear)
+
+
+def test_fp8_saves_activation_memory_at_a_large_micro_batch() -> None:
+    bf16, fp8 = (estimate_memory(XL, s, H100).peak for s in (BF16, FP8))
+    assert fp8.activations_bytes < bf16.activations_bytes
+    assert fp8.total_bytes < bf16.total_bytes - 4 * GIB  # gpt2-xl, mbs 16: ~5.7 GiB less
+
+
+@pytest.mark.parametrize(("recipe", "extra"), [("delayed", 0.0), ("tensorwise", 2.0),
+                                               ("blockwise", 2.0)])
+def test_precision_aware_optimizer_keeps_an_fp32_master_without_delayed(
+        recipe: str, extra: float) -> None:
+    """OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8: a non-delayed recipe
+    makes megatron-core keep fp32 master weights (4 B) instead of FusedAdam's remainders."""
+    pao = replace(DP8, precision_aware_optimizer=True, fp8=Fp8.HYBRID)
+    base = estimate_memory(XL, pao, H100x8).stages[0].optimizer_bytes
+    other = estimate_memory(XL, replace(pao, fp8_recipe=Fp8Recipe(recipe)), H100x8)
+    shard = sum(stage_params_for(XL, pao)) / 8
+    assert other.stages[0].optimizer_bytes - base == pytest.approx(extra * shard)
+
+
+def stage_params_for(model: ModelSpec, s: Layout) -> tuple[float, float]:
+    from autotune.memory import stage_params
+
+    return stage_params(model, s, 0)
+
+
+# ---- cost ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("gpu", "x", "low", "high"), [
+    ("h100-80gb", 64, 0.0, 1.0),        # small GEMMs: FP8 slower (tiles half full)
+    ("h100-80gb", 427, 0.99, 1.01),     # the crossover
+    ("h100-80gb", 1024, 1.24, 1.26),    # cuBLAS 12.9's "at least 1.25x for most other cases"
+    ("h100-80gb", 1e6, 1.74, 1.76),     # cuBLAS 12.9's 1.75x for large GEMMs
+    ("h200", 1024, 1.24, 1.26),         # the same peaks: the same crossover
+    ("b200", 1e6, 1.74, 1.76),          # twice its bf16 peak too: the same constants
+])
+def test_gemm_speedup(gpu: str, x: float, low: float, high: float) -> None:
+    assert low <= gemm_speedup(x, gpu_spec(gpu), CostParams()) <= high
+
+
+def test_the_speedup_grows_with_the_gemm() -> None:
+    p = CostParams()
+    sizes = [16, 64, 256, 1024, 4096, 16384]
+    gains = [gemm_speedup(x, gpu_spec("h100-80gb"), p) for x in sizes]
+    assert gains == sorted(gains)
+
+
+@pytest.mark.parametrize(("model", "layout", "faster"), [
+    (XL, BF16, True),                                         # x = 1,600: 1.37x GEMMs
+    (LLAMA, Layout(mbs=1, gbs=8, impl="te", recompute="full", recompute_num_layers=1), True),
+    (TINY, Layout(mbs=8, gbs=8, impl="te"), False),           # x = 200 < 427: no gain
+])
+def test_fp8_pays_only_for_large_gemms(model: ModelSpec, layout: Layout, faster: bool) -> None:
+    model = replace(model, hidden_size=256) if model is TINY else model
+    bf16 = estimate_cost(model, layout, H100).step_time_s
+    fp8 = estimate_cost(model, replace(layout, fp8=Fp8.HYBRID), H100).step_time_s
+    assert (fp8 < bf16) == faster, (gemm_size(model, layout), bf16, fp8)
+
+
+def test_current_scaling_pays_an_amax_pass() -> None:
+    """tensorwise reads each tensor once more before casting it (CAST_BYTES_PER_ELEMENT)."""
+    assert CAST_BYTES_PER_ELEMENT[Fp8Recipe.TENSORWISE] > CAST_BYTES_PER_ELEMENT[
+        Fp8Recipe.DELAYED]
+    delayed = estimate_cost(XL, FP8, H100).compute_s
+    tensorwise = estimate_cost(XL, replace(FP8, fp8_recipe=Fp8Recipe.TENSORWISE), H100)
+    assert tensorwise.compute_s > delayed
+
+
+def test_the_cast_constant_is_priced() -> None:
+    p = CostParams()
+    cheap = estimate_cost(XL, FP8, H100, replace(p, fp8_cast_scale=0.5)).step_time_s
+    dear = estimate_cost(XL, FP8, H100, replace(p, fp8_cast_scale=2.0)).step_time_s
+    assert cheap < estimate_cost(XL, FP8, H100, p).step_time_s < dear
+
+
+def test_fp8_parameters_gather_in_one_byte() -> None:
+    """The distributed optimizer all-gathers the GEMM weights in FP8 (1 B): less exposed time
+    for the same layout with --fp8-param-gather."""
+    s = replace(DP8, fp8=Fp8.HYBRID, overlap_param_gather=False)
+    plain = estimate_cost(XL, s, H100x8).dp_comm_s
+    gathered = estimate_cost(XL, replace(s, fp8_param_gather=True), H100x8).dp_comm_s
+    assert gathered < plain
+
+
+def test_bf16_predictions_do_not_move() -> None:
+    """The lever off changes nothing: CostState and MemoryState start where they stood."""
+    for s in (BF16, DP8, replace(DP8, tp=2, dp=4, sequence_parallel=True)):
+        model = LLAMA
+        a, b = estimate_cost(model, s, H100x8), estimate_cost(
+            model, replace(s, fp8_recipe=Fp8Recipe.TENSORWISE), H100x8)
+        assert a == b
+
+
+# ---- a user's command ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    ([], []),
+    (["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"], []),
+    (["--fp8-format", "hybrid", "--fp8-margin", "1", "--fp8-amax-history-len", "1024"],
+     ["--fp8-margin", "--fp8-amax-history-len"]),
+    (["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16",
+      "--num-layers-at-start-in-bf16", "2"],
+     ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16"]),
+    (["--tp-comm-overlap", "--te-rng-tracker"], ["--tp-comm-overlap", "--te-rng-tracker"]),
+    (["--attention-backend", "auto"], []),              # Megatron-LM's default
+    (["--attention-backend", "flash"], ["--attention-backend"]),
+])
+def test_unmodeled_flags_are_named_in_one_line(tmp_path: Path, extra: list[str],
+                                               named: list[str]) -> None:
+    script = tmp_path / "run.sh"
+    text = megatron_lm_script(XL, replace(BF16, impl="te"), title=["fp8"], nodes=1)
+    script.write_text(text.replace("--bf16", " ".join(["--bf16", *extra]), 1))
+    command = read_megatron_command(str(script))
+    assert list(command.unmodeled) == named
+    warning = unmodeled_warning(command)
+    if not named:
+        assert warning is None
+        return
+    assert warning is not None and "\n" not in warning
+    assert all(flag in warning for flag in named)
+
+
+def test_the_search_warns_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import main
+
+    script = tmp_path / "run.sh"
+    text = megatron_lm_script(XL, FP8, title=["fp8"], nodes=1)
+    script.write_text(text.replace("--bf16", "--bf16 --fp8-margin 0 --first-last-layers-bf16",
+                                   1))
+    assert main(["--from-megatron", str(script), "--backend", "simulate", "--results-dir",
+                 str(tmp_path / "r"), "--trials", "2", "--gpu", "h100-80gb"]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "does not model" in line]
+    assert len(lines) == 1 and "--fp8-margin" in lines[0] and "--first-last-layers-bf16" in \
+        lines[0]
+    assert "fp8=hybrid" in err  # the user's FP8 layout is read, not dropped
+
+
+# ---- the search space, --precision bf16, the report, calibration ---------------------------
+
+
+def test_the_default_space_offers_fp8_on_hopper_only(capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import main
+
+    for gpu, offered in (("h100-80gb", "hybrid, off"), ("a100-80gb", "off")):
+        assert main(["gpt2-xl", "--gpus", "1", "--gpu", gpu, "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        line = next(x for x in out.splitlines() if x.strip().startswith("fp8 "))
+        assert line.split(None, 1)[1].strip() == offered, (gpu, line)
+
+
+@pytest.mark.parametrize(("args", "code", "said"), [
+    (["--precision", "bf16"], 0, "default.yaml + fp8=off"),
+    (["--precision", "fp8"], 2, "only bf16 can be asked for"),
+    (["--precision", "bf16", "--fix", "fp8=hybrid"], 2, "cannot go with a pin of fp8"),
+])
+def test_precision_bf16(capsys: pytest.CaptureFixture[str], args: list[str], code: int,
+                        said: str) -> None:
+    from autotune.cli import main
+
+    assert main(["gpt2-xl", "--gpus", "1", "--gpu", "h100-80gb", "--dry-run", *args]) == code
+    captured = capsys.readouterr()
+    assert said in captured.out + captured.err
+    if code == 0:
+        line = next(x for x in captured.out.splitlines() if x.strip().startswith("fp8 "))
+        assert line.split(None, 1)[1].strip() == "off"
+
+
+def test_precision_bf16_refuses_a_users_fp8_command(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import main
+
+    script = tmp_path / "run.sh"
+    script.write_text(megatron_lm_script(XL, FP8, title=["fp8"], nodes=1))
+    assert main(["--from-megatron", str(script), "--backend", "simulate", "--gpu", "h100-80gb",
+                 "--precision", "bf16", "--dry-run"]) == 2
+    assert "trains in FP8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("te", "kept"), [(True, ("off", "hybrid")), (False, ("off",))])
+def test_without_transformer_engine_fp8_is_left_out(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    te: bool, kept: tuple[str, ...]) -> None:
+    from autotune.commands import search
+    from autotune.space import load_space
+
+    monkeypatch.setattr(search, "te_available", lambda: te)
+    space = search._runnable_precision(load_space(None), "worker")
+    assert space.candidates["fp8"] == kept
+    assert ("fp8 hybrid left out" in capsys.readouterr().err) is not te
+    # Planning needs no Transformer Engine: the space stays as written.
+    assert search._runnable_precision(load_space(None), "simulate").candidates["fp8"] == (
+        "off", "hybrid")
+
+
+def test_yaml_reads_a_bare_off_as_the_choice() -> None:
+    from autotune.space import space_from_mapping
+
+    # PyYAML (YAML 1.1) reads `fp8: [off, hybrid]` as [False, "hybrid"].
+    space = space_from_mapping({"fp8": [False, "hybrid"]}, "test.yaml")
+    assert space.candidates["fp8"] == (Fp8.OFF, Fp8.HYBRID)
+
+
+def test_the_report_shows_mfu_against_both_peaks() -> None:
+    from autotune.report.load import _fp8_mfu
+    from autotune.report.markdown import FP8_MFU, TOP_COLUMNS, with_fp8_mfu
+
+    rows: list[dict[str, Any]] = [{"fp8": Fp8.OFF, "tflops_per_gpu": 450.0, "mfu": 0.455},
+                                  {"fp8": Fp8.HYBRID, "tflops_per_gpu": 600.0, "mfu": 0.607}]
+    assert with_fp8_mfu(TOP_COLUMNS, rows) == list(TOP_COLUMNS)
+    _fp8_mfu(rows, gpu_spec("h100-80gb"))
+    assert "mfu_fp8" not in rows[0] and rows[1]["mfu_fp8"] == pytest.approx(600 / 1979)
+    columns = with_fp8_mfu(TOP_COLUMNS, rows)
+    at = [c.key for c in columns].index("mfu")
+    assert columns[at + 1] == FP8_MFU  # beside MFU, which stays against the bf16 peak
+    _fp8_mfu(rows[:1], gpu_spec("a100-80gb"))  # no FP8 peak: nothing to show
+
+
+def test_measured_fp8_trials_fit_the_fp8_constants() -> None:
+    from autotune.calibration import fit_cost_params, lever_fit_fields
+
+    truth = replace(CostParams(), fp8_gemm_efficiency_max=0.6, fp8_gemm_half_size=1500.0)
+    layouts = [replace(BF16, mbs=mbs, fp8=fp8) for mbs in (1, 4, 16) for fp8 in
+               (Fp8.OFF, Fp8.HYBRID)]
+    assert lever_fit_fields([BF16]) == ()
+    names = lever_fit_fields(layouts)
+    assert {"fp8_gemm_efficiency_max", "fp8_gemm_half_size", "fp8_cast_scale"} <= set(names)
+    samples = [(XL, s, H100, estimate_cost(XL, s, H100, truth).step_time_s) for s in layouts]
+    fitted = fit_cost_params(samples, names=("fp8_gemm_efficiency_max", "fp8_gemm_half_size"))
+    assert fitted.fp8_gemm_efficiency_max == pytest.approx(0.6, rel=0.05)
+    assert fitted.fp8_gemm_half_size == pytest.approx(1500.0, rel=0.1)

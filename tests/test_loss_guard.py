@@ -1,0 +1,194 @@
+"""The FP8 loss guard (autotune/search/loss_guard.py): recorded loss series compared step by
+step, and the search's executor failing a diverging FP8 trial with the numbers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from autotune.layout import Layout
+from autotune.levers.fp8 import Fp8, Fp8Recipe
+from autotune.model import load_model
+from autotune.search.execution import TrialExecutor
+from autotune.search.loss_guard import LOSS_TOLERANCE, compare_losses, guarded, twin
+from autotune.search.records import SearchResult, Source, TrialRecord
+from autotune.search.store import _FAILED
+from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
+
+BF16 = (10.95, 10.91, 10.88, 10.86, 10.85, 10.84, 10.83, 10.83)
+"""A recorded bf16 series: gpt2-xl's first steps on the worker's random tokens, near ln(50257)
+= 10.83 (the loss of a uniform guess, which the synthetic data allows no better than)."""
+
+
+def _scaled(series: tuple[float, ...], factors: dict[int, float]) -> tuple[float | None, ...]:
+    return tuple(x * factors.get(i, 1.0) for i, x in enumerate(series))
+
+
+@pytest.mark.parametrize(("fp8", "bf16", "diverged", "worst_step"), [
+    (BF16, BF16, False, 1),                                           # identical
+    (_scaled(BF16, {3: 1.004, 6: 0.997}), BF16, False, 4),            # FP8 rounding: 0.4%
+    (_scaled(BF16, {5: 1.02}), BF16, True, 6),                        # 2% at step 6
+    (_scaled(BF16, {i: 1 + 0.004 * i for i in range(8)}), BF16, True, 8),  # grows away
+    ((*BF16[:4], None, *BF16[5:]), BF16, True, 5),                    # NaN at step 5
+    ((*BF16[:4], math.inf, *BF16[5:]), BF16, True, 5),                # inf at step 5
+    (BF16[:5], BF16, False, 1),                                       # shorter: common prefix
+    (_scaled(BF16, {6: 1.5}), (*BF16[:6], None, 10.8), False, 1),     # twin not finite at 7:
+])                                                                    # compared up to step 6
+def test_compare(fp8: tuple[float | None, ...], bf16: tuple[float | None, ...],
+                 diverged: bool, worst_step: int) -> None:
+    verdict = compare_losses(fp8, bf16)
+    assert verdict is not None
+    assert (verdict.diverged, verdict.worst_step) == (diverged, worst_step)
+    said = verdict.describe()
+    assert f"step {worst_step} of {verdict.steps}" in said
+    assert ("left" in said) == diverged and f"{LOSS_TOLERANCE:.1%}" in said
+
+
+@pytest.mark.parametrize(("fp8", "bf16"), [
+    (BF16[:2], BF16),                      # two steps say nothing of a trend
+    (BF16, (10.9, None, 10.8)),            # the twin's finite prefix is one step
+    ((), BF16),
+])
+def test_nothing_to_judge(fp8: tuple[float | None, ...], bf16: tuple[float | None, ...]) -> None:
+    assert compare_losses(fp8, bf16) is None
+
+
+def test_a_tolerance_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        compare_losses(BF16, BF16, tolerance=0.0)
+
+
+@pytest.mark.parametrize(("layout", "judged"), [
+    (Layout(impl="te"), False),
+    (Layout(impl="te", fp8=Fp8.HYBRID, fp8_recipe=Fp8Recipe.TENSORWISE), True),
+    (Layout(impl="te", fp8=Fp8.E4M3, distributed_optimizer=True, fp8_param_gather=True), True),
+])
+def test_the_twin_is_the_layout_in_bf16(layout: Layout, judged: bool) -> None:
+    assert guarded(layout) is judged
+    bf16 = twin(layout)
+    assert (bf16.fp8, bf16.fp8_recipe, bf16.fp8_param_gather) == (Fp8.OFF, Fp8Recipe.DELAYED,
+                                                                  False)
+    assert replace(bf16, fp8=layout.fp8, fp8_recipe=layout.fp8_recipe,
+                   fp8_param_gather=layout.fp8_param_gather) == layout
+
+
+def test_a_diverged_trial_is_failed_never_ranked() -> None:
+    assert TrialStatus.DIVERGED in _FAILED
+    metrics = TrialMetrics(status=TrialStatus.DIVERGED, tokens_per_s=1e5, step_time_s=0.5)
+    record = TrialRecord(number=3, layout=Layout(impl="te", fp8=Fp8.HYBRID),
+                         status=TrialStatus.DIVERGED, source=Source.SAMPLER, metrics=metrics)
+    assert record.launched and not record.rankable and record.tokens_per_s is None
+
+
+# ---- the executor ---------------------------------------------------------------------------
+
+XL = load_model("gpt2-xl")
+FP8 = Layout(mbs=16, gbs=64, impl="te", fp8=Fp8.HYBRID)
+
+
+class _Backend:
+    """Runs the bf16 reference: returns `losses` and remembers the specs it ran."""
+
+    predicted = False
+
+    def __init__(self, losses: tuple[float | None, ...],
+                 status: TrialStatus = TrialStatus.OK) -> None:
+        self.losses, self.status, self.ran = losses, status, []  # type: list[TrialSpec]
+
+    def run(self, spec: TrialSpec, trial_dir: Path, timeout: float) -> TrialMetrics:
+        self.ran.append(spec)
+        if self.status is not TrialStatus.OK:
+            return TrialMetrics(status=self.status, error="CUDA out of memory")
+        return TrialMetrics(status=TrialStatus.OK, tokens_per_s=1e5, step_time_s=0.5,
+                            losses=self.losses[:spec.train_steps])
+
+
+def _executor(backend: _Backend, records: list[TrialRecord], tmp: Path) -> TrialExecutor:
+    cfg = SimpleNamespace(results_dir=tmp, backend=backend, model=XL, train_steps=10,
+                          trial_timeout_s=None,
+                          warmup_steps=3, seed=1234, stable_cv=0.01,
+                          cluster=SimpleNamespace(gpu=SimpleNamespace(
+                              peak_bf16_flops=989e12, name="h100-80gb")))
+    result = SearchResult(study_name="s", storage="sqlite://", records=records)
+    knowledge = SimpleNamespace(predict=lambda s: SimpleNamespace(step_time_s=0.5))
+    parts: Any = SimpleNamespace(cfg=cfg, store=SimpleNamespace(name="s"), knowledge=knowledge,
+                                 ledger=SimpleNamespace(result=result))
+    return TrialExecutor(parts)
+
+
+def _measured(number: int, layout: Layout, losses: tuple[float | None, ...]) -> TrialRecord:
+    metrics = TrialMetrics(status=TrialStatus.OK, tokens_per_s=1e5, step_time_s=0.5,
+                           losses=losses)
+    return TrialRecord(number=number, layout=layout, status=TrialStatus.OK,
+                       source=Source.SAMPLER, metrics=metrics)
+
+
+@pytest.mark.parametrize(("fp8_losses", "status", "in_reason"), [
+    (BF16, TrialStatus.OK, "followed its bf16 twin's"),
+    (_scaled(BF16, {4: 1.05}), TrialStatus.DIVERGED, "step 5 of 8: 11.3925 against 10.8500"),
+    ((*BF16[:3], None, *BF16[4:]), TrialStatus.DIVERGED, "step 4 of 8: not finite"),
+])
+def test_the_twin_measured_by_the_search_is_the_reference(
+        tmp_path: Path, fp8_losses: tuple[float | None, ...], status: TrialStatus,
+        in_reason: str) -> None:
+    backend = _Backend(BF16)
+    executor = _executor(backend, [_measured(1, twin(FP8), BF16)], tmp_path)
+    judged = executor.guard(_measured(2, FP8, fp8_losses), tmp_path / "2")
+    assert judged.status is status and in_reason in judged.reason
+    assert "twin: trial 1" in judged.reason
+    assert backend.ran == []  # no reference run: trial 1 is the twin
+    assert judged.metrics is not None and judged.metrics.status is status
+    assert (judged.tokens_per_s is None) == (status is TrialStatus.DIVERGED)
+
+
+def test_a_reference_run_when_the_twin_has_not_run(tmp_path: Path) -> None:
+    backend = _Backend(BF16)
+    executor = _executor(backend, [], tmp_path)
+    first = executor.guard(_measured(1, FP8, _scaled(BF16, {2: 1.03})), tmp_path / "1")
+    assert first.status is TrialStatus.DIVERGED and "reference run" in first.reason
+    (spec,) = backend.ran
+    assert spec.layout == twin(FP8) and spec.warmup_steps == 0 and spec.stable_cv == 0
+    assert spec.train_steps == len(BF16)  # as many steps as the FP8 trial, at most 10
+    # Another recipe of the same layout reuses the reference.
+    other = replace(FP8, fp8_recipe=Fp8Recipe.TENSORWISE)
+    second = executor.guard(_measured(2, other, BF16), tmp_path / "2")
+    assert second.status is TrialStatus.OK and len(backend.ran) == 1
+
+
+@pytest.mark.parametrize(("backend", "losses", "unchecked"), [
+    (_Backend(BF16, TrialStatus.OOM), BF16, "reference run ended OOM"),   # FP8 fit, bf16 not
+    (_Backend(BF16), (), "recorded no losses"),                          # an older worker
+    (_Backend(BF16), BF16[:2], "too few steps"),
+])
+def test_unchecked_trials_say_why(tmp_path: Path, backend: _Backend,
+                                  losses: tuple[float | None, ...], unchecked: str) -> None:
+    judged = _executor(backend, [], tmp_path).guard(_measured(1, FP8, losses), tmp_path)
+    assert judged.status is TrialStatus.OK and "loss unchecked: " in judged.reason
+    assert unchecked in judged.reason
+
+
+@pytest.mark.parametrize(("ranks", "losses"), [
+    ([{"losses": [10.9, 10.8]}, {"losses": [10.7, 10.6]}], (10.8, 10.7)),   # last-stage DP ranks
+    ([{"losses": [10.9, 10.8]}, {"losses": []}], (10.9, 10.8)),             # another stage
+    ([{"losses": [10.9, math.nan, math.inf]}], (10.9, None, None)),         # not finite: None
+    ([{"losses": []}], ()),
+])
+def test_the_worker_records_each_steps_loss(ranks: list[dict[str, Any]],
+                                            losses: tuple[float | None, ...]) -> None:
+    from autotune.worker.run import step_losses
+
+    assert step_losses(ranks) == pytest.approx(losses) if losses and None not in losses \
+        else step_losses(ranks) == losses
+
+
+def test_losses_travel_in_result_json() -> None:
+    metrics = TrialMetrics(status=TrialStatus.OK, tokens_per_s=1.0, losses=(10.9, None, 10.8))
+    assert TrialMetrics.from_dict(metrics.to_dict()).losses == (10.9, None, 10.8)
+    # A result.json of a worker before the losses were recorded reads as none.
+    old = {k: v for k, v in metrics.to_dict().items() if k != "losses"}
+    assert TrialMetrics.from_dict(old).losses == ()
