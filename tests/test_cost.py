@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import timeit
 from dataclasses import replace
 
@@ -153,7 +154,10 @@ def test_estimate_is_fast() -> None:
                recompute="selective", distributed_optimizer=True, overlap_grad_reduce=True,
                impl="te")
     assert not check(s, model, c)
-    per_call = timeit.timeit(lambda: estimate_cost(model, s, c), number=2000) / 2000
+    # The process's own CPU time, the best of five: a busy machine (other jobs, a parallel
+    # test run) stretches wall time, not the work an estimate does.
+    timer = timeit.Timer(lambda: estimate_cost(model, s, c), timer=time.process_time)
+    per_call = min(timer.repeat(repeat=5, number=400)) / 400
     assert per_call < 200e-6  # ~15 us on a laptop core; generous for slow CI machines
 
 
