@@ -45,8 +45,13 @@ run: $(VENV)/.base
 		$(PIP) -e ".[megatron]"; fi
 	$(VENV)/bin/autotune $(MODEL) --gpus $(GPUS) $(ARGS)
 
+# The tests spread over the machine's cores, at most 4 (pytest-xdist; 2 cores: 2 workers), each
+# test file in one worker: a file's module fixtures are built once, and test_postgres.py's
+# shared database is used by one process at a time. `make test PYTEST_WORKERS=0` runs them in
+# this process, one after another.
+PYTEST_WORKERS ?= auto
 test: $(VENV)/.test
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check autotune tests
