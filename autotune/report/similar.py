@@ -5,7 +5,7 @@ A plan of gpt2-xl on 8 GPUs filled its top ten with `tp1 pp1 dp8 mbs8` under fiv
 variants, optimizer and attention choices, all within 1.5% of each other: one answer, ten rows.
 Rows are grouped when
 - Megatron runs them alike (autotune.identity.run_key: the same configuration), or
-- they differ only in NOISE_DIMENSIONS (the options of the last enumeration level:
+- they differ only in NOISE_DIMENSIONS (the options of recompute's enumeration level:
   recompute, offload, optimizer, overlap, implementation) and their tokens/s are within
   TOKENS_TOLERANCE and their peak memory within PEAK_TOLERANCE of the group's first row.
 Each group is compared with its first (fastest) row only, so groups never chain.
@@ -23,10 +23,12 @@ __all__ = ["NOISE_DIMENSIONS", "PEAK_TOLERANCE", "TOKENS_TOLERANCE", "similar_gr
 
 T = TypeVar("T")
 
-_LAST_LEVEL = max(d.level for d in SEARCHED.values() if d.level is not None)
+_OPTIONS_LEVEL = SEARCHED["recompute"].level
 NOISE_DIMENSIONS: tuple[str, ...] = tuple(name for name, d in SEARCHED.items()
-                                          if d.level == _LAST_LEVEL)
-"""Options that leave the parallel layout and the micro-batch as they are."""
+                                          if d.level == _OPTIONS_LEVEL)
+"""Options that leave the parallel layout and the micro-batch as they are: the enumeration
+level of recompute (autotune.dimensions.LEVELS). Precision (FP8, the level after it) is not
+one: it changes the numbers a step computes."""
 TOKENS_TOLERANCE = 2 * DEFAULT_STABLE_CV
 """Relative difference of tokens/s that is noise: two measured figures each known to within
 the timing's stable_cv (1%) may differ by 2% for nothing, and a plan cannot tell them apart
