@@ -18,6 +18,7 @@ from doubles.no_fsync import sqlite_without_fsync
 from autotune.dimensions import RecomputeModules
 from autotune.hardware import ClusterSpec, gpu_spec
 from autotune.layout import SEARCHED, Layout
+from autotune.levers.flags import Given
 from autotune.levers.fp8 import Fp8, Fp8Recipe
 from autotune.model import ModelSpec, load_model
 from autotune.space import SearchSpace, enumerate_space
@@ -117,3 +118,14 @@ def all_dimensions_layouts(preset: str, gpus: int) -> tuple[ModelSpec, ClusterSp
     model = load_model(preset)
     cluster = ClusterSpec.make(gpus, gpu="h100-80gb", gpus_per_node=min(8, gpus))
     return model, cluster, tuple(enumerate_space(all_dimensions_space(), model, cluster).valid)
+
+
+def given_of(args: list[str]) -> Given:
+    """A lever's flag reader input from a command's words: each `--flag` with the word after it
+    as its value, or None where the next word is another flag (a switch) or there is none."""
+    values: dict[str, str | None] = {}
+    for i, word in enumerate(args):
+        if word.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            values[word] = None if nxt is None or nxt.startswith("--") else nxt
+    return Given(values, "test")

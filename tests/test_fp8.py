@@ -14,7 +14,6 @@ from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec, gpu_spec
 from autotune.identity import run_key
 from autotune.layout import Layout, check
-from autotune.levers.flags import Given
 from autotune.levers.fp8 import (
     CAST_BYTES_PER_ELEMENT,
     Fp8,
@@ -29,6 +28,7 @@ from autotune.memory_activations import layer_activations
 from autotune.model import ModelSpec, load_model
 from autotune.scripts import megatron_lm_script
 from autotune.worker.config import worker_config
+from tests.conftest import given_of
 
 XL = load_model("gpt2-xl")
 LLAMA = load_model("llama3-8b")
@@ -134,15 +134,6 @@ def test_an_unused_recipe_is_the_same_run() -> None:
 # ---- flags both ways -----------------------------------------------------------------------
 
 
-def _given(args: list[str]) -> Given:
-    values: dict[str, str | None] = {}
-    for i, word in enumerate(args):
-        if word.startswith("--"):
-            nxt = args[i + 1] if i + 1 < len(args) else None
-            values[word] = None if nxt is None or nxt.startswith("--") else nxt
-    return Given(values, "test")
-
-
 @pytest.mark.parametrize(("layout", "flags"), [
     (BF16, []),
     (FP8, ["--fp8-format", "hybrid", "--fp8-recipe", "delayed"]),
@@ -156,7 +147,7 @@ def test_flags_round_trip(layout: Layout, flags: list[str]) -> None:
     written = [a for a in args if a.startswith("--fp8") or a in ("hybrid", "e4m3")
                or a in tuple(Fp8Recipe)]
     assert written == flags
-    read = read_fields(_given(args))
+    read = read_fields(given_of(args))
     assert {k: read[k] for k in ("fp8", "fp8_recipe", "fp8_param_gather")} == {
         "fp8": layout.fp8, "fp8_recipe": layout.fp8_recipe,
         "fp8_param_gather": layout.fp8_param_gather}
@@ -170,7 +161,7 @@ def test_flags_round_trip(layout: Layout, flags: list[str]) -> None:
      ("hybrid", "mxfp8", True)),
 ])
 def test_reading_a_users_flags(extra: list[str], read: tuple[str, str, bool]) -> None:
-    fields = read_fields(_given([*megatron_lm_args(XL, BF16), *extra]))
+    fields = read_fields(given_of([*megatron_lm_args(XL, BF16), *extra]))
     assert (fields["fp8"], fields["fp8_recipe"], fields["fp8_param_gather"]) == read
 
 
@@ -180,7 +171,7 @@ def test_reading_a_users_flags(extra: list[str], read: tuple[str, str, bool]) ->
 ])
 def test_unmodeled_values_are_refused(extra: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        read_fields(_given([*megatron_lm_args(XL, BF16), *extra]))
+        read_fields(given_of([*megatron_lm_args(XL, BF16), *extra]))
 
 
 def test_the_flags_are_megatron_lms() -> None:

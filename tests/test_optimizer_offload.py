@@ -11,12 +11,12 @@ from autotune.errors import ConfigError
 from autotune.hardware import ClusterSpec
 from autotune.heuristics import MEMORY_OPTIONS
 from autotune.layout import Layout, check
-from autotune.levers.flags import Given
 from autotune.megatron_args import megatron_lm_args, read_fields
 from autotune.memory import estimate_memory, stage_params
 from autotune.model import load_model
 from autotune.space import enumerate_space, load_space
 from autotune.worker.config import worker_config
+from tests.conftest import given_of
 
 MODEL = load_model("gpt2-xl")
 ONE = ClusterSpec.make(1, gpu="h100-80gb")
@@ -72,32 +72,23 @@ def test_megatron_refuses(layout: Layout, rule: str) -> None:
     assert rule in {v.rule for v in check(layout, MODEL, ONE)}
 
 
-def _given(args: list[str]) -> Given:
-    values: dict[str, str | None] = {}
-    for i, word in enumerate(args):
-        if word.startswith("--"):
-            nxt = args[i + 1] if i + 1 < len(args) else None
-            values[word] = None if nxt is None or nxt.startswith("--") else nxt
-    return Given(values, "test")
-
-
 @pytest.mark.parametrize("percent", [0, 25, 50, 100])
 def test_flags_round_trip(percent: int) -> None:
     args = megatron_lm_args(MODEL, _with(percent))
     assert ("--optimizer-cpu-offload" in args) == (percent > 0)
-    assert read_fields(_given(args))["optimizer_offload_percent"] == percent
+    assert read_fields(given_of(args))["optimizer_offload_percent"] == percent
 
 
 def test_megatron_lm_default_fraction_is_all() -> None:
     args = [*megatron_lm_args(MODEL, PAO), "--optimizer-cpu-offload"]
-    assert read_fields(_given(args))["optimizer_offload_percent"] == 100
+    assert read_fields(given_of(args))["optimizer_offload_percent"] == 100
 
 
 def test_fraction_between_percents_is_refused() -> None:
     args = [*megatron_lm_args(MODEL, PAO), "--optimizer-cpu-offload",
             "--optimizer-offload-fraction", "0.333"]
     with pytest.raises(ConfigError, match="whole percentage"):
-        read_fields(_given(args))
+        read_fields(given_of(args))
 
 
 def test_worker_keys() -> None:

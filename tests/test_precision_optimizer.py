@@ -12,12 +12,12 @@ from autotune.hardware import ClusterSpec
 from autotune.heuristics import MEMORY_OPTIONS
 from autotune.identity import representatives, run_key
 from autotune.layout import Layout, check
-from autotune.levers.flags import Given
 from autotune.megatron_args import megatron_lm_args, read_fields
 from autotune.memory import estimate_memory
 from autotune.model import load_model
 from autotune.space import enumerate_space, load_space
 from autotune.worker.config import worker_config
+from tests.conftest import given_of
 
 MODEL = load_model("gpt2-xl")
 EIGHT = ClusterSpec.make(8, gpu="h100-80gb")
@@ -54,28 +54,19 @@ def test_valid_with_te_and_the_distributed_optimizer() -> None:
     assert check(PAO, MODEL, EIGHT) == []
 
 
-def _given(args: list[str]) -> Given:
-    values: dict[str, str | None] = {}
-    for i, word in enumerate(args):
-        if word.startswith("--"):
-            nxt = args[i + 1] if i + 1 < len(args) else None
-            values[word] = None if nxt is None or nxt.startswith("--") else nxt
-    return Given(values, "test")
-
-
 def test_flags_round_trip() -> None:
     args = megatron_lm_args(MODEL, PAO)
     assert args[args.index("--exp-avg-dtype") + 1] == "bf16"
     assert "--use-precision-aware-optimizer" in args
-    assert read_fields(_given(args))["precision_aware_optimizer"] is True
-    assert read_fields(_given(megatron_lm_args(MODEL, BASE)))["precision_aware_optimizer"] \
+    assert read_fields(given_of(args))["precision_aware_optimizer"] is True
+    assert read_fields(given_of(megatron_lm_args(MODEL, BASE)))["precision_aware_optimizer"] \
         is False
 
 
 def test_other_dtypes_are_refused() -> None:
     args = [*megatron_lm_args(MODEL, BASE), "--use-precision-aware-optimizer"]
     with pytest.raises(ConfigError, match="bf16 moments"):
-        read_fields(_given(args))
+        read_fields(given_of(args))
 
 
 def test_worker_keys() -> None:

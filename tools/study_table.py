@@ -4,6 +4,7 @@ predicted, and launch overhead. Used to write results/benchmarks reports from de
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -11,12 +12,17 @@ import optuna
 GIB = 2**30
 
 
-def rows(db: Path, timed_steps: int) -> list[str]:
+def studies(db: Path) -> Iterator[optuna.Study]:
+    """Every study of one SQLite file, in the order Optuna lists them."""
     url = f"sqlite:///{db}"
-    out = []
     for summary in optuna.get_all_study_summaries(url):
-        study = optuna.load_study(study_name=summary.study_name, storage=url)
-        out.append(f"## {summary.study_name}")
+        yield optuna.load_study(study_name=summary.study_name, storage=url)
+
+
+def rows(db: Path, timed_steps: int) -> list[str]:
+    out = []
+    for study in studies(db):
+        out.append(f"## {study.study_name}")
         out.append("| # | layout | source | status | tokens/s | MFU | step s | peak alloc GiB | "
                    "peak reserved GiB | device used GiB | predicted GiB | mem err % | "
                    "predicted tokens/s | tok err % | wall s | overhead s |")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import optuna
+from study_table import studies
 
 
 def _fmt(values: list[float] | None) -> str:
@@ -17,11 +17,9 @@ def _fmt(values: list[float] | None) -> str:
 
 
 def rows(db: Path) -> list[str]:
-    url = f"sqlite:///{db}"
     out = []
-    for summary in optuna.get_all_study_summaries(url):
-        study = optuna.load_study(study_name=summary.study_name, storage=url)
-        out.append(f"## {summary.study_name}")
+    for study in studies(db):
+        out.append(f"## {study.study_name}")
         out.append("| # | layout | status | loss per step | last loss | step CV | SM MHz (median) "
                    "| GPU util (median) |")
         out.append("|" + "---|" * 8)
