@@ -89,8 +89,9 @@ def twin(s: Layout) -> Layout:
 
 def compare_losses(fp8: Sequence[float | None], bf16: Sequence[float | None],
                    tolerance: float = LOSS_TOLERANCE) -> LossVerdict | None:
-    """The verdict on an FP8 series against its twin's, step by step over their common prefix;
-    None when there is nothing to judge (fewer than MIN_STEPS steps with a finite twin)."""
+    """The verdict on an FP8 series against its twin's over their common prefix: every FP8 step
+    finite, and the last WINDOW steps' mean within `tolerance` of the twin's first loss; None
+    when there is nothing to judge (fewer than MIN_STEPS steps with a finite twin)."""
     if not tolerance > 0:  # NaN too
         raise ValueError(f"tolerance must be positive, got {tolerance}")
     pairs = list(zip(fp8, bf16, strict=False))
