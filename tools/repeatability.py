@@ -2,10 +2,11 @@
 interleaved, with what the host and the GPU did during each trial's timed steps.
 
     python tools/repeatability.py [--rounds 3] [--gbs 32] [--deadline-s 480] [--fixed]
-                                  MODEL GPU OUT_DIR LAYOUT...
+                                  [--gpus 1] MODEL GPU OUT_DIR LAYOUT...
     LAYOUT = comma-separated Layout fields (tools/device_layouts.py), e.g. mbs=8,recompute=full
 
-One GPU. Each round is a warm pass (every layout in one warm pool, autotune.pool, as a search
+One GPU by default, or --gpus N on one host (the layouts then name their tp, pp, cp, dp
+split). Each round is a warm pass (every layout in one warm pool, autotune.pool, as a search
 runs them) and a cold pass (every layout in a launch of its own, autotune.runner), the passes
 alternating which goes first (W C, C W, W C: never all of one kind, then the other), and the
 layouts in a rotated order each pass so that none always follows the same one. Trials run as a
@@ -148,6 +149,7 @@ def main() -> None:
     parser.add_argument("--deadline-s", type=float, default=480.0)
     parser.add_argument("--fixed", action="store_true",
                         help=f"{FIXED_WARMUP} warm-up and {FIXED_STEPS} timed steps per trial")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs of the one host the trials use")
     parser.add_argument("model")
     parser.add_argument("gpu")
     parser.add_argument("out_dir")
@@ -155,10 +157,10 @@ def main() -> None:
     args = parser.parse_args()
     start = time.monotonic()
     model = load_model(args.model)
-    cluster = ClusterSpec.make(1, gpu=args.gpu)
+    cluster = ClusterSpec.make(args.gpus, gpu=args.gpu)
     out = Path(args.out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    notes = [f"{args.model} on 1 x {args.gpu}, {args.rounds} rounds, "
+    notes = [f"{args.model} on {args.gpus} x {args.gpu}, {args.rounds} rounds, "
              + ("fixed steps" if args.fixed else "adaptive timing (--stable-cv default)")]
     texts = list(args.layouts)
     if not te_available():
@@ -174,7 +176,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
     log = (out / "trials.jsonl").open("w")
-    pool = WarmPool(out / "pool", 1)
+    pool = WarmPool(out / "pool", args.gpus)
     try:
         for round_ in range(args.rounds):
             kinds = ("warm", "cold") if round_ % 2 == 0 else ("cold", "warm")

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Issue 30 on one host with 2 GPUs (nvidia-h200-x2 or nvidia-h100-x2): the warm pool, the
+# interleaved warm/cold check, and the memory-tight llama3-8b search against the hand layout.
+#
+#   PARTS="pool repeat" bash tools/device_issue30.sh     (one call, about 9 min)
+#   PARTS="llama" bash tools/device_background.sh start i30 560 -- bash tools/device_issue30.sh
+#                                                        (longer than a call: the background
+#                                                         runner keeps it going between calls)
+#
+#   pool    tools/device_pool_check.py on gpt2-large: six layouts (dp, tp + sp, pp, pp + vpp,
+#           full recompute, distributed optimizer with overlap) warm against cold at fixed steps,
+#           then an OOM and a hang inside the pool, each followed by a trial that must still run
+#           (issue 15's checks, with the release-order fix). -> pool.md
+#   repeat  tools/repeatability.py --gpus 2 on gpt2-large at gbs 32: six layouts using dp, tp + sp,
+#           pp, pp with vpp, full recompute and the distributed optimizer (cp needs Transformer
+#           Engine's attention: add cp=2,impl=te where .whl-te is carried); ROUNDS (2) rounds of
+#           a warm and a cold pass, alternating which goes first, fixed steps.
+#           -> repeat.md, repeat.jsonl
+#   llama   issue 16's hand layout for llama3-8b at global batch 16 (dp 2, distributed optimizer,
+#           full recompute of 2 layers by block, mbs 1) measured with tools/device_layouts.py,
+#           then `autotune llama3-8b --gpus 2 --gbs 16` with default flags
+#           (tools/device_search.sh). -> llama-hand.txt, summary.txt, results.tgz
+#   Always: nvidia-smi clocks every second -> clocks.csv; versions -> versions.txt.
+#
+# Carry: .whl (megatron-core 0.16.1 cp312) and .whl-search (optuna and its deps, pydantic,
+# tree-sitter); see tools/device_search.sh.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/out}
+raw=/tmp/bg/i30
+mkdir -p "$out" "$raw"
+parts=" ${PARTS:-pool repeat} "
+
+if [[ ! -d /tmp/site/optuna ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl .whl-search/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD:$PWD/tools
+nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv -l 1 > "$raw/clocks.csv" 2>&1 &
+smi=$!
+trap 'kill $smi 2>/dev/null; cp "$raw/clocks.csv" "$out/" 2>/dev/null' EXIT
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader
+  nvidia-smi topo -m | head -4
+  python3 -c "import sys, torch, megatron.core as mc, optuna
+print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
+      'megatron-core', mc.__version__, 'optuna', optuna.__version__)"
+} 2>&1 | tee "$raw/versions.txt"
+cp "$raw/versions.txt" "$out/"
+gpu=$(case $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) in
+        *H200*) echo h200 ;; *) echo h100-80gb ;; esac)
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+echo "gpu=$gpu gpus=$gpus parts=$parts"
+
+if [[ $parts == *" pool "* ]]; then
+  t0=$(date +%s)
+  python3 tools/device_pool_check.py gpt2-large "$gpus" "$gpu" "$raw/pc" \
+      --oom mbs=32,impl=local --hang pp=2,mbs=1,impl=local,recompute=full --hang-budget 12 \
+      mbs=16,impl=sdpa tp=2,mbs=16,impl=sdpa,sequence_parallel=1 pp=2,mbs=8,impl=sdpa \
+      pp=2,vpp=2,mbs=8,impl=sdpa mbs=16,impl=sdpa,recompute=full \
+      mbs=16,impl=sdpa,distributed_optimizer=1,overlap_grad_reduce=1 \
+      > "$raw/pool.out" 2> "$raw/pool.err"
+  echo "pool rc=$? wall=$(( $(date +%s) - t0 ))s"
+  cp "$raw/pool.out" "$out/pool.md"
+  cat "$raw/pool.out"; tail -5 "$raw/pool.err"
+fi
+
+if [[ $parts == *" repeat "* ]]; then
+  t0=$(date +%s)
+  python3 tools/repeatability.py --gpus "$gpus" --rounds "${ROUNDS:-2}" --gbs "${GBS:-32}" \
+      --deadline-s "${DEADLINE_S:-330}" --fixed gpt2-large "$gpu" "$raw/repeat" \
+      mbs=8,impl=sdpa tp=2,sequence_parallel=1,mbs=16,impl=sdpa pp=2,vpp=2,mbs=4,impl=sdpa \
+      pp=2,mbs=8,impl=sdpa mbs=8,impl=sdpa,distributed_optimizer=1,overlap_grad_reduce=1 \
+      mbs=4,recompute=full,impl=sdpa \
+      > "$raw/repeat.out" 2> "$raw/repeat.err"
+  echo "repeat rc=$? wall=$(( $(date +%s) - t0 ))s"
+  cp "$raw/repeat/report.md" "$out/repeat.md" 2>/dev/null
+  cp "$raw/repeat/trials.jsonl" "$out/repeat.jsonl" 2>/dev/null
+  cat "$out/repeat.md" 2>/dev/null || tail -20 "$raw/repeat.err"
+fi
+
+if [[ $parts == *" llama "* ]]; then
+  t0=$(date +%s)
+  python3 tools/device_layouts.py llama3-8b "$gpus" "$gpu" "$raw/hand" \
+      gbs=16,distributed_optimizer=1,overlap_grad_reduce=1,recompute=full,recompute_method=block,recompute_num_layers=2,mbs=1,impl=sdpa \
+      > "$raw/llama-hand.txt" 2> "$raw/llama-hand.err"
+  echo "hand rc=$? wall=$(( $(date +%s) - t0 ))s"
+  cat "$raw/llama-hand.txt"; tail -3 "$raw/llama-hand.err"
+  cp "$raw/llama-hand.txt" "$out/"
+  OUT=$raw STUDY_TIMEOUT_S=${STUDY_TIMEOUT_S:-900} bash tools/device_search.sh \
+      l8b-default -- llama3-8b --gpus "$gpus" --gbs 16 --json
+fi
