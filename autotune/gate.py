@@ -14,10 +14,19 @@ memory in the warm pool and fit in a fresh process. The trial keeps its OOM stat
 teaches neither rule (a fit measured later sets an earlier OOM aside too): the learned capacity
 stays above every prediction that fit, and no OOM rules out a layout predicted to need no more
 than one that fit.
+
+Measured fits also teach the model's bias on this machine: NVML's device memory in use against
+the prediction. The worst under-prediction widens the error band (which layouts run as a risk,
+after the safe ones); once MIN_BIAS_FITS fits agree on a bias, a risky layout whose prediction,
+corrected by the median bias, is over the device memory is not launched. On 2 x H200
+(results/benchmarks/2026-11-27-h200x2-pool-and-llama3-8b.md) seven fits of llama3-8b all
+measured 0.8-2.6% above their predictions (median 1.7%), then a layout predicted at 98.9% of
+the device ran out of memory, 42 s lost.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from autotune.hardware import ClusterSpec
@@ -26,8 +35,8 @@ from autotune.memory import MemoryEstimate, MemoryParams, estimate_memory
 from autotune.model import ModelSpec
 from autotune.trial import TrialStatus
 
-__all__ = ["DEFAULT_ERROR_BAND", "MEMORY_ERROR_BAND", "GateDecision", "MemoryGate",
-           "layout_key"]
+__all__ = ["DEFAULT_ERROR_BAND", "MEMORY_ERROR_BAND", "MIN_BIAS_FITS", "GateDecision",
+           "MemoryGate", "layout_key"]
 
 MEMORY_ERROR_BAND: dict[str, float] = {
     # The memory model's worst under-prediction of NVML's device memory in use, as a fraction,
@@ -41,6 +50,9 @@ MEMORY_ERROR_BAND: dict[str, float] = {
 }
 DEFAULT_ERROR_BAND = max(MEMORY_ERROR_BAND.values())
 """For a GPU without measured trials: the widest band measured anywhere."""
+MIN_BIAS_FITS = 3
+"""Measured fits before their median bias corrects risky predictions: one trial's peak can be a
+warm worker's leftovers (see above); three that agree are the machine's."""
 
 
 def layout_key(layout: Layout) -> Layout:
@@ -89,6 +101,8 @@ class MemoryGate:
     """Fitted memory constants (autotune calibrate); None for the defaults."""
     observed_under: float = 0.0
     """The worst under-prediction of a measured peak this study has seen (record_peak)."""
+    biases: list[float] = field(default_factory=list)
+    """Every measured fit's peak over its prediction, minus one (record_peak)."""
 
     def error_band(self) -> float:
         """The fraction of capacity within which a prediction is a risk: the GPU's measured
@@ -97,9 +111,19 @@ class MemoryGate:
         return max(base, self.observed_under)
 
     def record_peak(self, predicted_bytes: float, measured_bytes: float) -> None:
-        """Learn from a measured trial: a peak above its prediction widens the band."""
-        if predicted_bytes > 0 and measured_bytes > predicted_bytes:
-            self.observed_under = max(self.observed_under, measured_bytes / predicted_bytes - 1)
+        """Learn from a measured trial: a peak above its prediction widens the band, and every
+        peak joins the bias (typical_bias)."""
+        if predicted_bytes <= 0 or measured_bytes <= 0:
+            return
+        bias = measured_bytes / predicted_bytes - 1
+        self.biases.append(bias)
+        self.observed_under = max(self.observed_under, bias)
+
+    def typical_bias(self) -> float | None:
+        """The median measured bias once MIN_BIAS_FITS fits were measured, else None."""
+        if len(self.biases) < MIN_BIAS_FITS:
+            return None
+        return statistics.median(self.biases)
 
     def capacity_bytes(self) -> float:
         capacity = float(self.cluster.gpu.memory_bytes)
@@ -149,6 +173,17 @@ class MemoryGate:
                 status=None, memory=memory, constraint=constraint, risky=True,
                 reason=f"predicted {gib:.1f} GiB; {memory.explain()}: run as a risk")
         if memory.peak_bytes > capacity * (1 - band):
+            bias = self.typical_bias()
+            device = float(self.cluster.gpu.memory_bytes)
+            if bias is not None and memory.peak_bytes * (1 + bias) > device:
+                expected = memory.peak_bytes * (1 + bias)
+                return GateDecision(
+                    status=TrialStatus.PREDICTED_OOM, memory=memory,
+                    constraint=max((expected - device) / 2**30, 0.1),
+                    reason=f"predicted {gib:.1f} GiB; this study's {len(self.biases)} measured "
+                           f"fits used a median {bias:+.1%} of their predictions: "
+                           f"{expected / 2**30:.1f} GiB expected, over the "
+                           f"{device / 2**30:.1f} GiB of the {self.cluster.gpu.name}")
             return GateDecision(
                 status=None, memory=memory, constraint=constraint, risky=True,
                 reason=f"predicted {gib:.1f} GiB, within the memory model's error band "

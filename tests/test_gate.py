@@ -163,3 +163,46 @@ def test_a_fit_unblocks_larger_micro_batches_of_an_oom_it_contradicts() -> None:
     gate.record_oom(NOISE["A"], None)
     assert gate.oom_mbs == {layout_key(NOISE["A"]): 2}
     assert gate.decide(NOISE["B"]).launch and not gate.decide(NOISE["C"]).launch
+
+
+def _tight(fraction: float) -> tuple[ClusterSpec, Layout, float]:
+    """A cluster whose GPU holds `layout(mbs=8)`'s prediction at `fraction` of its memory."""
+    s, c = layout(mbs=8), cluster(8)
+    peak = estimate_memory(GPT2_XL, s, c).peak_bytes
+    return replace(c, gpu=replace(c.gpu, memory_bytes=int(peak / fraction))), s, peak
+
+
+@pytest.mark.parametrize(("biases", "status", "reason"), [
+    # No fit measured yet, or too few to be the machine's: a risk, launched after the safe ones.
+    ((), None, "within the memory model's error band"),
+    ((0.022, 0.025), None, "within the memory model's error band"),
+    # Issue 30's llama3-8b study: seven fits 0.8-2.5% over their predictions, then an OOM at
+    # 98.9% predicted. Corrected by the median, it is over the device: not launched.
+    ((0.017, 0.022, 0.008, 0.011, 0.011, 0.025, 0.023), TrialStatus.PREDICTED_OOM,
+     "measured fits used a median +1.7% of their predictions"),
+    # The model over-predicts here: the correction never blocks, the layout stays a risk.
+    ((-0.03, -0.02, -0.04), None, "within the memory model's error band"),
+    # One outlier (a warm worker's leftovers) does not move the median.
+    ((0.001, 0.15, 0.002), None, "within the memory model's error band"),
+])
+def test_measured_fits_correct_risky_predictions(biases: tuple[float, ...],
+                                                 status: TrialStatus | None, reason: str) -> None:
+    c, s, peak = _tight(0.989)
+    gate = MemoryGate(GPT2_XL, c)
+    for bias in biases:
+        gate.record_peak(peak, peak * (1 + bias))
+    decision = gate.decide(s)
+    assert decision.status is status
+    assert reason in decision.reason
+    assert (decision.constraint > 0) == (status is not None)
+    if status is None:
+        assert decision.risky
+
+
+def test_the_bias_leaves_layouts_outside_the_band_alone() -> None:
+    c, s, peak = _tight(0.80)
+    gate = MemoryGate(GPT2_XL, c)
+    for _ in range(5):
+        gate.record_peak(peak, peak * 1.04)  # 4% more than predicted, 20% free: still fits
+    decision = gate.decide(s)
+    assert decision.launch and not decision.risky

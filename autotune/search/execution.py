@@ -79,6 +79,12 @@ class Knowledge:
             # Steps were measured, so it fit: an OOM predicted to need no more is noise.
             if self.gate.record_fit(record.predicted_peak_bytes, f"trial {record.number}"):
                 self._fits.clear()
+            measured = record.metrics.device_used_bytes if record.metrics is not None else None
+            if (not record.predicted and record.duplicate_of is None and measured
+                    and record.predicted_peak_bytes):
+                # NVML's device use against the prediction: the machine's bias (gate.py).
+                self.gate.record_peak(record.predicted_peak_bytes, measured)
+                self._fits.clear()
             key = layout_key(record.layout)
             self.good_mbs[key] = max(self.good_mbs.get(key, 0), record.layout.mbs)
             if told:
