@@ -23,9 +23,10 @@ __all__ = ["MEASURED_RANGE", "STEP_TIME_BAND", "MeasuredRange", "in_memory_band"
 
 STEP_TIME_BAND = 0.065
 """Held-out median step-time error of the worst family with at least three measured trials:
-llama-3b on H100, 6.5% (leave-one-family-out, results/benchmarks/2026-11-25-cpu-constants-fit.md).
-A family of one or two trials measures one layout, not the family: wide-8k (a two-layer slice of
-hidden 8192, two trials) is missed by 20.1% held out, and a model of that shape should expect as
+llama-3b on H100, 6.5% (leave-one-family-out, results/benchmarks/2026-11-25-cpu-constants-fit.md;
+6.4% with the 2026-11-27 trials, 2026-11-27-cpu-constants-cv.md). A family of one or two trials
+measures one layout, not the family: wide-8k (a two-layer slice of hidden 8192, two trials) is
+missed by 16.3% held out, and a model of that shape should expect as
 much until more of it is measured (results/benchmarks/2026-11-25-h100-model-shapes.md)."""
 
 
@@ -40,9 +41,9 @@ class MeasuredRange:
     moe: bool
 
 
-MEASURED_RANGE = MeasuredRange(max_params=3_562_168_320, max_gpus=4, max_nodes=1,
+MEASURED_RANGE = MeasuredRange(max_params=8_030_261_248, max_gpus=4, max_nodes=1,
                                gpus=("h100-80gb", "h200"), moe=False)
-"""gpt-3.6b the largest model, 4 GPUs of one node, H100 and H200, no MoE (test_trust.py)."""
+"""llama3-8b the largest model, 4 GPUs of one node, H100 and H200, no MoE (test_trust.py)."""
 
 
 def memory_band(cluster: ClusterSpec) -> float:

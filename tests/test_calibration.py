@@ -54,19 +54,21 @@ def test_fit_rejects_bad_samples() -> None:
 
 
 # Leave-one-family-out over tests/data/measured_trials.json (tools/fit_constants.py;
-# results/benchmarks/2026-11-25-cpu-constants-fit.md), measured 2026-11-25 with the 143 OK
+# results/benchmarks/2026-11-27-cpu-constants-cv.md), measured 2026-11-27 with the 151 OK
 # trials: (held-out step-time median, memory median, memory worst) per family, each bound about
-# one point above today's figure. wide-8k (hidden 8192) is the model's known miss: 20.1%, far
-# over the 10% target; llama-3b 6.5% and llama-1b 6.0% are over 5%.
+# one point above today's figure. wide-8k (hidden 8192) is the model's known miss: 16.3%, over
+# the 10% target (20.1% before llama3-8b's trials joined the data); llama-3b 6.4% and
+# llama-1b 5.7% are over 5%.
 HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
-    "gpt-3.6b/h100-80gb": (0.04, 0.045, 0.05),        # 2.9%, 3.5%, 4.2%
-    "gpt2-large/h100-80gb": (0.02, 0.025, 0.055),     # 1.0%, 1.7%, 4.7%
-    "gpt2-large/h200": (0.05, 0.04, 0.065),           # 4.0%, 3.2%, 5.6%
-    "gpt2-xl/h100-80gb": (0.035, 0.025, 0.07),        # 2.4%, 1.6%, 6.4%
-    "gpt2-xl/h200": (0.06, 0.03, 0.06),               # 5.1%, 1.9%, 5.2%
-    "llama-1b/h100-80gb": (0.07, 0.04, 0.04),         # 6.0%, 3.2%, 3.2%
-    "llama-3b/h100-80gb": (0.075, 0.03, 0.05),        # 6.5%, 2.0%, 4.1%
-    "wide-8k/h100-80gb": (0.21, 0.02, 0.025),         # 20.1%, 1.2%, 1.6%
+    "gpt-3.6b/h100-80gb": (0.04, 0.045, 0.05),        # 3.2%, 3.5%, 4.3%
+    "gpt2-large/h100-80gb": (0.02, 0.025, 0.055),     # 0.8%, 1.7%, 4.8%
+    "gpt2-large/h200": (0.05, 0.04, 0.058),           # 3.9%, 2.8%, 4.8%
+    "gpt2-xl/h100-80gb": (0.035, 0.025, 0.07),        # 2.3%, 1.5%, 6.4%
+    "gpt2-xl/h200": (0.06, 0.03, 0.059),              # 5.1%, 1.9%, 4.9%
+    "llama-1b/h100-80gb": (0.067, 0.04, 0.04),        # 5.7%, 3.2%, 3.2%
+    "llama-3b/h100-80gb": (0.074, 0.03, 0.05),        # 6.4%, 2.1%, 4.0%
+    "llama3-8b/h200": (0.028, 0.02, 0.029),           # 1.8%, 1.1%, 1.9%
+    "wide-8k/h100-80gb": (0.173, 0.02, 0.025),        # 16.3%, 1.2%, 1.6%
 }
 
 
