@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from autotune.errors import ConfigError
 from autotune.megatron_args import SDPA_STANDS_IN, exported_layout, measured_as_exported
 from autotune.outputs import write_text
-from autotune.trust import trust_line
+from autotune.trust import memory_risk, trust_line
 
 if TYPE_CHECKING:  # optuna and the report's loader are imported when an export runs
     from autotune.layout import Layout
@@ -166,6 +166,9 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
                  f"{tokens:,.0f} tokens/s, {figure}."]
         if record.predicted and cluster is not None:  # the figure's band and range (issue 28)
             title.append(trust_line(spec_model, cluster) + ".")
+            risk = memory_risk(record.predicted_peak_bytes, cluster)
+            if risk:
+                title.append(f"Memory: {risk}.")
         if not measured_as_exported(layout) and cluster is not None:
             from autotune.cost import estimate_cost
 

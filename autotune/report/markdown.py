@@ -15,6 +15,7 @@ from typing import Any
 from autotune.inputs.untrusted import for_markdown
 from autotune.report.load import LoadedStudy, StudyRef
 from autotune.search.storage import DEFAULT_RESULTS_DIR
+from autotune.trust import memory_risk
 
 __all__ = ["FP8_MFU", "MFU_NOTE", "PARETO_COLUMNS", "SCALING_COLUMNS", "TOP_COLUMNS", "Column",
            "cells", "markdown_table", "render_report", "with_fp8_mfu"]
@@ -129,6 +130,7 @@ def _winner(loaded: LoadedStudy, best: dict[str, Any],
            + (" (predicted)." if best["predicted"] else " (measured)."), "",
            *([f"Layouts with exactly the same figures: {best['ties']}.", ""]
              if best.get("ties") else []),
+           *_memory_risk(loaded, best),
            f"Launch it: {_code(launch_command(loaded.ref))} "
            "(or `--format slurm`, `torchrun`, `json`).", ""]
     if breakdown is not None:
@@ -136,6 +138,15 @@ def _winner(loaded: LoadedStudy, best: dict[str, Any],
                 markdown_table([{k: f"{v:.2f}" for k, v in breakdown.items()}],
                                [Column(k, k) for k in breakdown]), ""]
     return out
+
+
+def _memory_risk(loaded: LoadedStudy, best: dict[str, Any]) -> list[str]:
+    """A predicted winner inside the memory band says so (autotune.trust.memory_risk)."""
+    gib = best.get("predicted_peak_memory_gib")
+    if not best["predicted"] or loaded.cluster is None or gib is None:
+        return []
+    risk = memory_risk(gib * 2**30, loaded.cluster)
+    return [f"> **Memory:** {risk}.", ""] if risk else []
 
 
 def _importances(importances: dict[str, float] | str, loaded: LoadedStudy) -> list[str]:
