@@ -2,10 +2,12 @@
 # Issue 30 on one host with 2 GPUs (nvidia-h200-x2 or nvidia-h100-x2): the warm pool, the
 # interleaved warm/cold check, and the memory-tight llama3-8b search against the hand layout.
 #
-#   PARTS="pool repeat" bash tools/device_issue30.sh     (one call, about 9 min)
-#   PARTS="llama" bash tools/device_background.sh start i30 560 -- bash tools/device_issue30.sh
-#                                                        (longer than a call: the background
-#                                                         runner keeps it going between calls)
+#   PARTS="repeat" bash tools/device_issue30.sh          (one call each: pool took 9 min on
+#   PARTS="pool" bash tools/device_issue30.sh             2 x H200 on 2026-11-27, repeat ~8)
+#   PARTS="llama" bash tools/device_background.sh start i30 540 -- bash tools/device_issue30.sh
+#   bash tools/device_background.sh wait i30 470          (llama took 89 s + 773 s: longer than
+#                                                         a call, the background runner keeps it
+#                                                         going between calls on the warm machine)
 #
 #   pool    tools/device_pool_check.py on gpt2-large: six layouts (dp, tp + sp, pp, pp + vpp,
 #           full recompute, distributed optimizer with overlap) warm against cold at fixed steps,
@@ -30,7 +32,7 @@ export PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}
 raw=/tmp/bg/i30
 mkdir -p "$out" "$raw"
-parts=" ${PARTS:-pool repeat} "
+parts=" ${PARTS:-repeat} "
 
 if [[ ! -d /tmp/site/optuna ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
