@@ -338,7 +338,7 @@ def _search(
                        as_json=as_json, multi=multi, isolation=isolation,
                        stable_cv=stable_cv, stop_rule=stop_rule,
                        seeds=() if job is None else (job.layout,),
-                       compare=None if job is None else _comparison(job))
+                       compare=None if job is None else _comparison(job, results_dir, storage))
 
 
 def _bf16_only(precision: str | None, pins: dict[str, tuple[Any, ...]]) -> bool:
@@ -363,11 +363,12 @@ _search.__doc__ = (
     "pins it: the search only tries those values, in a study of its own.")
 
 
-def _comparison(job: Any) -> Any:
+def _comparison(job: Any, results_dir: str, storage: str | None) -> Any:
     """What a --from-megatron search ends with: the user's layout against the best."""
     from autotune.commands.from_megatron import compare
 
-    return lambda result: compare(job, result, study=result.study_name)
+    return lambda result: compare(job, result, study=result.study_name,
+                                  results_dir=results_dir, storage=storage)
 
 
 def _estimate(

@@ -210,8 +210,26 @@ class Comparison:
                 "export": self.export}
 
 
-def compare(job: UserJob, result: SearchResult, *, study: str) -> Comparison:
-    """The user's layout against the best of `result`, with the flags that change."""
+def _study_place(results_dir: str | None, storage: str | None,
+                 result: SearchResult) -> list[str]:
+    """The export's --storage or --results-dir where the search's study is not the default's."""
+    from pathlib import Path
+
+    from autotune.search.storage import DEFAULT_RESULTS_DIR
+
+    if storage is not None:
+        return ["--storage", result.storage]
+    if results_dir is not None and \
+            Path(results_dir).resolve() != Path(DEFAULT_RESULTS_DIR).resolve():
+        return ["--results-dir", str(Path(results_dir).resolve())]
+    return []
+
+
+def compare(job: UserJob, result: SearchResult, *, study: str, results_dir: str | None = None,
+            storage: str | None = None) -> Comparison:
+    """The user's layout against the best of `result`, with the flags that change. The export
+    line names --results-dir (absolute) when the study is not under ./results and --storage
+    (`result.storage`, its password redacted) when one was given: it runs from anywhere."""
     from autotune.search.finalists import ranking_line
     from autotune.search.records import Source
 
@@ -228,6 +246,7 @@ def compare(job: UserJob, result: SearchResult, *, study: str) -> Comparison:
     changes = [] if same else layout_changes(job.command, job.layout, top.layout)
     words = ["autotune", "export", "--from-megatron", job.command.source,
              *([] if job.line_option is None else ["--line", str(job.line_option)]),
+             *_study_place(results_dir, storage, result),
              "--study", study, "-o", "tuned.sh"]
     te = None if measured_as_exported(top.layout) else estimate_cost(
         job.model, exported_layout(top.layout), job.cluster).tokens_per_s
