@@ -45,10 +45,15 @@ def _with(base: Layout, values: dict[str, Any]) -> Layout:
 
 
 def _clause(text: str) -> str:
-    """The first clause of a help text: up to its first `. `, `: ` or `; `."""
+    """The first clause of a help text: up to its first `. `, `: ` or `; `. A help that opens
+    with its condition ("With fp8: keep the GEMM weights in FP8 ...") gives the clause after it,
+    the condition after that: the condition alone says nothing of what the label means."""
     flat = " ".join(text.split())
     cut = min((i for i in (flat.find(s) for s in (". ", ": ", "; ")) if i >= 0),
               default=len(flat))
+    if flat.startswith("With ") and flat[cut:cut + 2] == ": " and cut + 2 < len(flat):
+        rest = _clause(flat[cut + 2:])
+        return f"{rest[:1].upper()}{rest[1:]}, {flat[:cut].lower()}"
     return flat[:cut].rstrip(".")
 
 

@@ -34,3 +34,17 @@ def test_from_megatron_export_line_names_where_the_study_is(
     words = _study_place(where, storage, result)  # type: ignore[arg-type]
     assert words == [w.format(**fill) for w in expected]
     assert shlex.split(shlex.join(words)) == words
+
+
+@pytest.mark.parametrize(("label", "says"), [
+    # `autotune --help` and the search's table legend said "fp8pg = With fp8": the condition of
+    # the help text, not what the label means.
+    ("fp8pg", "Keep the GEMM weights in FP8"),
+    ("sp", "Sequence parallelism"),
+])
+def test_legend_says_what_a_label_means(label: str, says: str) -> None:
+    from autotune.legend import legend_entries
+
+    entry = next(e for e in legend_entries([label]) if e.shown == label)
+    assert entry.meaning.startswith(says)
+    assert entry.meaning.lower() != "with fp8"
