@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
 
-from autotune.dimensions import Impl, Recompute, RecomputeMethod
 from autotune.flops import (
     forward_flops_per_token,
     hardware_flops_per_token,
@@ -30,19 +28,16 @@ from autotune.flops import (
     model_flops_per_token,
 )
 from autotune.hardware import ClusterSpec
-from autotune.layout import Layout, stage_layers
+from autotune.layout import Layout
 from autotune.levers import LEVERS, LeverConstants
-from autotune.levers.base import CostState
+from autotune.levers.base import CostState, StageState
+from autotune.levers.pipeline_split import even_layers
 from autotune.memory import MAIN_GRAD_BYTES, PARAM_BYTES, stage_linear_params, stage_params
-from autotune.memory_activations import (
-    layer_activations,
-    layer_bytes,
-    offloaded_layers,
-    recomputed_share,
-)
+from autotune.memory_activations import layer_activations, layer_bytes
 from autotune.model import ModelSpec, padded_vocab_size
 
-__all__ = ["CostEstimate", "CostParams", "checkpoint_calls", "estimate_cost", "gemm_size"]
+__all__ = ["CostEstimate", "CostParams", "LayerTimes", "estimate_cost", "gemm_efficiency",
+           "gemm_size"]
 
 _BUCKET_PARAMS = 40_000_000
 """megatron/core/distributed/distributed_data_parallel_config.py: bucket_size defaults to
@@ -243,10 +238,9 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     tsp = t if s.sequence_parallel else 1
     # The terms the levers change, each lever in registry order (autotune.levers).
     state = CostState(optimizer_bytes_per_param=prm.optimizer_bytes_per_param,
-                      linear_gather_bytes=PARAM_BYTES)
-    for lever in LEVERS:
-        if lever.cost is not None:
-            state = lever.cost(model, s, cluster, prm, state)
+                      linear_gather_bytes=PARAM_BYTES, stage_layers=even_layers(s, model))
+    for term in _COST_TERMS:
+        state = term(model, s, cluster, prm, state)
 
     # --- one layer, one micro-batch, one forward pass (backward = 2 forwards) ---
     eff = gemm_efficiency(gemm_size(model, s), prm)
@@ -255,17 +249,15 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     gemm_fwd = tokens * fl.layer_mats / t / (peak * eff) / state.layer_gemm_speedup
     mlp_fwd = tokens * fl.layer_mlp / t / (peak * eff) / state.layer_gemm_speedup
     core_flops = tokens * fl.layer_core / t
-    acts = layer_activations(model, t, s.impl)
+    acts = layer_activations(model, t, state.attention)
     stored_per_token = acts.replicated / tsp + acts.split
-    if s.impl == "local":
-        # Unfused attention: two batched GEMMs with inner size head_dim, then s^2 memory traffic.
-        core_fwd = core_flops / (peak * gemm_efficiency(model.head_dim, prm))
+    # Core attention at its kernel's efficiency, and an unfused one's s^2 memory traffic
+    # (the implementation's: autotune.levers.transformer_impl).
+    core_fwd = core_flops / (peak * state.attention_efficiency)
+    if state.attention_bytes_per_score:
         core_fwd += (tokens * seq * model.num_attention_heads / t
-                     * prm.local_attention_bytes_per_score / 3 / hbm)
-        elementwise = prm.elementwise_bytes_local
-    else:
-        core_fwd = core_flops / (peak * prm.flash_attention_efficiency)
-        elementwise = prm.elementwise_bytes_te
+                     * state.attention_bytes_per_score / 3 / hbm)
+    elementwise = state.elementwise_bytes
     # Element-wise kernels move `elementwise` bytes (forward + backward) per stored byte; a
     # lever's own passes (FP8's casts) add their bytes, forward + backward as well.
     elem_fwd = tokens * stored_per_token * elementwise / 3 / hbm \
@@ -287,8 +279,8 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     if model.is_moe and s.ep > 1:
         a2a_bytes = tokens / tsp * model.moe_topk * h * 2
         ep_fwd = 2 * _one_way_s(a2a_bytes, s.ep, _link(cluster, t * s.ep), prm)
-    layer = _LayerTimes(gemm=gemm_fwd, core=core_fwd, elem=elem_fwd, tp=tp_fwd, cp=cp_fwd,
-                        ep=ep_fwd)
+    layer = LayerTimes(gemm=gemm_fwd, core=core_fwd, elem=elem_fwd, tp=tp_fwd, cp=cp_fwd,
+                       ep=ep_fwd)
 
     # The last stage adds the output layer (2 h V per token forward) and the vocab-parallel
     # cross entropy over fp32 logits (cross_entropy.py: ~4 passes over 4-byte elements; the
@@ -303,22 +295,28 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     if s.pp > 1:
         bw = _link(cluster, cluster.num_gpus) * prm.comm_efficiency
         pp_mb = 2 * s.vpp * (prm.collective_latency_s + act_bytes / t / bw)
-    pcie = gpu.pcie_bytes_per_s * prm.pcie_efficiency
-    offload_bytes = layer_bytes(acts, tokens=tokens, seq=seq, tp=t,
-                                sequence_parallel=s.sequence_parallel)
+    full_bytes = layer_bytes(acts, tokens=tokens, seq=seq, tp=t,
+                             sequence_parallel=s.sequence_parallel)
 
     # --- each pipeline stage, one micro-batch: its layers (an uneven split gives the first or
     # last stage its own count) and, on the last, the logits.
-    counts = stage_layers(s, model)
+    counts = state.stage_layers
     times: dict[tuple[int, bool], _StageTime] = {}
+    stages: dict[int, StageState] = {}  # what the levers add depends on the layers alone
     for i, n in enumerate(counts):
         key = (n, i == s.pp - 1)
-        if key not in times:
-            times[key] = _stage_time(model, s, prm, layer, n, acts=acts, tokens=tokens,
-                                     stored_per_token=stored_per_token,
-                                     elementwise=elementwise, mlp_fwd=mlp_fwd, hbm=hbm,
-                                     pcie=pcie, offload_bytes=offload_bytes,
-                                     logits_s=logits_s if key[1] else 0.0, pp_s=pp_mb)
+        if key in times:
+            continue
+        stage = stages.get(n)
+        if stage is None:
+            stage = StageState(layers=n, chunk=n // s.vpp, layer=layer, mlp_forward_s=mlp_fwd,
+                               activations=acts, tokens=tokens, layer_bytes=full_bytes,
+                               hbm_bytes_per_s=hbm, elementwise_bytes=elementwise)
+            for stage_term in _STAGE_TERMS:
+                stage = stage_term(model, s, cluster, prm, stage)
+            stages[n] = stage
+        times[key] = _stage_time(s, prm, state, stage, logits_s=logits_s if key[1] else 0.0,
+                                 pp_s=pp_mb)
     per_stage = [times[(n, i == s.pp - 1)] for i, n in enumerate(counts)]
     pace = max(per_stage, key=lambda st: st.total)
     compute_mb, tp_mb, cp_mb, ep_mb = pace.compute, pace.tp, pace.cp, pace.ep
@@ -332,14 +330,14 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
                        fwd_window_s=mb_s / 3)
     # Adam over the local shard is memory-bound (megatron/core/optimizer: one fused pass); a
     # lever may move part of it off the GPU (optimizer_host_s_per_param).
-    dense, expert = _largest_stage(model, s)
+    dense, expert = _largest_stage(model, s, counts)
     shard = dense / state.dense_shard + expert / state.expert_shard
     optimizer_s = shard * state.optimizer_bytes_per_param / hbm \
         + shard * state.optimizer_host_s_per_param
     # A lever's once-a-step pass over the stage's GEMM weights (FP8's weight casts), with the
     # optimizer's time: both run outside the pipeline's micro-batches.
     if state.linear_weight_pass_bytes:
-        optimizer_s += _busiest_linear(model, s) * state.linear_weight_pass_bytes / hbm
+        optimizer_s += _busiest_linear(model, s, counts) * state.linear_weight_pass_bytes / hbm
     step = m * mb_s + bubble_s + dp_s + optimizer_s + prm.step_overhead_s
     tokens_per_s = s.gbs * model.seq_length / step
     world = s.world_size
@@ -354,8 +352,12 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
                         mfu=tflops * 1e12 / peak)
 
 
+_COST_TERMS = tuple(lever.cost for lever in LEVERS if lever.cost is not None)
+_STAGE_TERMS = tuple(lever.stage_cost for lever in LEVERS if lever.stage_cost is not None)
+
+
 @dataclass(frozen=True, slots=True)
-class _LayerTimes:
+class LayerTimes:
     """One layer, one micro-batch, one forward pass: its terms in seconds."""
 
     gemm: float
@@ -383,72 +385,23 @@ class _StageTime:
         return self.compute + self.tp + self.cp + self.ep + self.pp + self.launch + self.offload
 
 
-def checkpoint_calls(s: Layout, chunk: int) -> float:
-    """Activation checkpoints per chunk of `chunk` layers and micro-batch.
-
-    transformer_block.py _checkpointed_forward: `uniform` checkpoints each group of
-    recompute_num_layers layers, `block` each of its first recompute_num_layers layers;
-    selective recompute one region per module and layer (attention.py, transformer_layer.py:
-    layernorm is two, the input and pre-MLP norms; experts.py, moe_layer.py).
-    """
-    if s.recompute == Recompute.FULL:
-        n = max(1, min(s.recompute_num_layers, chunk))
-        return float(n if s.recompute_method == RecomputeMethod.BLOCK else -(-chunk // n))
-    if s.recompute == Recompute.SELECTIVE:
-        per_module = {"core_attn": 1, "layernorm": 2, "mlp": 1, "moe_act": 1, "moe": 1}
-        return float(chunk * sum(per_module[mod] for mod in s.recompute_modules.modules))
-    return 0.0
-
-
-def _stage_time(model: ModelSpec, s: Layout, prm: CostParams, layer: _LayerTimes, n: int, *,
-                acts: Any, tokens: float, stored_per_token: float, elementwise: float,
-                mlp_fwd: float, hbm: float, pcie: float, offload_bytes: float,
+def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState, *,
                 logits_s: float, pp_s: float) -> _StageTime:
-    """Time of one stage of `n` layers for one micro-batch: forward (1) + backward (2) of every
-    layer, plus the forwards recompute reruns."""
-    chunk = n // s.vpp
-    # Full recompute reruns the whole forward of the layers it recomputes (all with uniform,
-    # the first recompute_num_layers of each chunk with block: recomputed_share).
-    full = (recomputed_share(chunk, method=s.recompute_method,
-                             num_layers=s.recompute_num_layers)
-            if s.recompute == Recompute.FULL and chunk else 0.0)
+    """Time of one stage of `stage.layers` layers for one micro-batch: forward (1) + backward
+    (2) of every layer, plus what the levers add (StageState: the forwards recompute reruns,
+    its checkpoints, offload's exposed copies)."""
+    n, layer = stage.layers, stage.layer
+    full = stage.recomputed_forwards
     compute = n * (3 + full) * (layer.gemm + layer.core + layer.elem)
     # 2 collectives per pass forward (layer.tp, layer.ep), 2 in backward, 2 per recompute.
     tp = n * (2 + full) * layer.tp
-    core_attn = s.recompute == Recompute.SELECTIVE and "core_attn" in s.recompute_modules.modules
-    cp = n * (3 + full + core_attn) * layer.cp
+    cp = n * (3 + full + stage.attention_reruns) * layer.cp
     ep = n * (2 + full) * layer.ep
-    per_layer = prm.layer_launch_s + (prm.te_layer_launch_s if s.impl == Impl.TE else 0.0)
+    per_layer = prm.layer_launch_s + state.layer_launch_extra_s
     launch = n * per_layer * (1 + 0.5 * full)  # recompute relaunches the forward
-    if s.recompute == Recompute.SELECTIVE:
-        # Selective recompute reruns each module's forward (Korthikanti et al. 2022, Section 5,
-        # for core_attn): its FLOPs, and its element-wise kernels over the bytes it freed.
-        modules = s.recompute_modules.modules
-        rerun = 0.0
-        if "core_attn" in modules:
-            rerun += layer.core
-        if "mlp" in modules or "moe" in modules:
-            rerun += mlp_fwd + tokens * acts.mlp_internal * elementwise / 3 / hbm
-        if "moe" in modules:
-            # moe_layer.py checkpoints routing and the token dispatch too: its all-to-all again.
-            rerun += layer.ep / 2 + tokens * (acts.moe_replicated + acts.moe_split) \
-                * elementwise / 3 / hbm
-        elif "moe_act" in modules:
-            rerun += tokens * acts.moe_act_output * elementwise / 3 / hbm
-        if "layernorm" in modules:
-            rerun += tokens * acts.norm_outputs / (s.tp if s.sequence_parallel else 1) \
-                * elementwise / 3 / hbm
-        compute += n * rerun
-    launch += s.vpp * checkpoint_calls(s, chunk) * prm.checkpoint_call_s
-    offload = 0.0
-    offloaded, _ = offloaded_layers(chunk, s.offload_layers)
-    if offloaded:
-        # Each offloaded layer's saved tensors go to the host during the next layer's forward
-        # and come back during the backward of the layer after it (offloaded_layers): what
-        # the link does not finish within that window is exposed.
-        copy = offload_bytes / pcie
-        fwd = layer.gemm + layer.core + layer.elem
-        offload = s.vpp * offloaded * (max(0.0, copy - fwd) + max(0.0, copy - 2 * fwd))
+    compute += n * stage.rerun_s
+    launch += s.vpp * stage.checkpoints * prm.checkpoint_call_s
+    offload = stage.offload_s
     if s.cp > 1:
         # The ring's host time hides behind the stage's GPU work only up to that work's length
         # (offload's copies wait on the host link, not on that work: priced on top).
@@ -458,17 +411,19 @@ def _stage_time(model: ModelSpec, s: Layout, prm: CostParams, layer: _LayerTimes
                       offload=offload)
 
 
-def _busiest_linear(model: ModelSpec, s: Layout) -> float:
-    """GEMM weights of the stage with the most (autotune.memory.stage_linear_params)."""
-    return max(stage_linear_params(model, s, i) for i in {0, s.pp - 1})
+def _busiest_linear(model: ModelSpec, s: Layout, counts: tuple[int, ...]) -> float:
+    """GEMM weights of the stage with the most (autotune.memory.stage_linear_params), of the
+    stages' layer `counts`."""
+    return max(stage_linear_params(model, s, i, counts[i]) for i in {0, s.pp - 1})
 
 
-def _largest_stage(model: ModelSpec, s: Layout) -> tuple[float, float]:
-    """(dense, expert) parameters of the stage with the most: first (embedding) or last."""
-    first = stage_params(model, s, 0)
+def _largest_stage(model: ModelSpec, s: Layout, counts: tuple[int, ...]) -> tuple[float, float]:
+    """(dense, expert) parameters of the stage with the most: first (embedding) or last, of
+    the stages' layer `counts`."""
+    first = stage_params(model, s, 0, counts[0])
     if s.pp == 1:
         return first
-    last = stage_params(model, s, s.pp - 1)
+    last = stage_params(model, s, s.pp - 1, counts[-1])
     return first if sum(first) >= sum(last) else last
 
 
@@ -481,10 +436,10 @@ def _dp_exposed(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostPara
     (MAIN_GRAD_BYTES). With overlap_grad_reduce, buckets reduce during the last micro-batch's
     backward: exposed = max(0, comm - backward) + the last bucket (Megatron DDP docs).
     """
-    dense, expert = _largest_stage(model, s)
+    dense, expert = _largest_stage(model, s, state.stage_layers)
     # The GEMM weights' share of the gathered parameters (FP8 parameters gather in 1 byte).
     linear_share = 0.0 if state.linear_gather_bytes == PARAM_BYTES else \
-        _busiest_linear(model, s) / max(1.0, dense + expert)
+        _busiest_linear(model, s, state.stage_layers) / max(1.0, dense + expert)
     groups = [(dense, s.dp * s.cp, s.tp * s.cp * s.dp)]
     if expert:
         groups.append((expert, s.expert_dp, cluster.num_gpus // s.pp))

@@ -29,11 +29,12 @@ __all__ = ["MEMORY_OPTIONS", "alpa_seeds", "next_smaller_mbs", "predicted_speed"
 def _mismatches(s: Layout, impl: str) -> int:
     """How far a layout's options are from Megatron practice without tuning: no recompute
     beyond what is asked, no interleaving or context parallelism, sequence parallel with tp > 1,
-    the fastest implementation available, and each lever at the value its module calls practice
-    (autotune.levers: the distributed optimizer and overlapped parameter gather with dp > 1,
-    overlapped gradient reduce, no fused cross entropy). A field that a lever in use requires
-    (the precision-aware optimizer needs the distributed optimizer) counts at that value."""
-    ideal: dict[str, Any] = {"vpp": 1, "cp": 1, "sequence_parallel": s.tp > 1, "impl": impl}
+    and each lever at the value its module calls practice (autotune.levers: the fastest
+    implementation available, the distributed optimizer and overlapped parameter gather with
+    dp > 1, overlapped gradient reduce, no fused cross entropy). A field that a lever in use
+    requires (the precision-aware optimizer needs the distributed optimizer) counts at that
+    value."""
+    ideal: dict[str, Any] = {"vpp": 1, "cp": 1, "sequence_parallel": s.tp > 1}
     for lever in LEVERS:
         if lever.practice is not None:
             ideal.update(lever.practice(s, impl))
@@ -43,12 +44,14 @@ def _mismatches(s: Layout, impl: str) -> int:
     return sum(getattr(s, name) != value for name, value in ideal.items())
 
 
-MEMORY_OPTIONS = ("recompute", "recompute_method", "recompute_num_layers", "recompute_modules",
-                  "offload_layers", "first_stage_layers", "last_stage_layers",
-                  *(name for lever in LEVERS if lever.seed == Seed.MEMORY
-                    for name in lever.field_names))
+MEMORY_OPTIONS = tuple(name for lever in LEVERS if lever.seed == Seed.MEMORY
+                       for name in lever.field_names)
 """The dimensions that trade time for memory: what a seed may spend to make a micro-batch fit
-(the levers whose seed role is Seed.MEMORY among them)."""
+(the fields of the levers whose seed role is Seed.MEMORY: the pipeline split, recompute,
+activation offload, the precision-aware optimizer, the optimizer's offload)."""
+_FALLBACKS = tuple(pair for lever in LEVERS for pair in lever.fallback)
+"""The savings a seed spends, in order, where nothing fits without one and no cost model
+ranks them (recompute selective, then full: Lever.fallback)."""
 
 
 def predicted_speed(model: ModelSpec, cluster: ClusterSpec,
@@ -119,8 +122,8 @@ def _group_seed(members: Sequence[Layout], speed: Callable[[Layout], float] | No
     if speed is None:
         if base is not None:
             return base
-        for recompute in ("selective", "full"):
-            saved = [s for s in members if s.recompute == recompute]
+        for name, value in _FALLBACKS:
+            saved = [s for s in members if getattr(s, name) == value]
             if saved:
                 return max(saved, key=lambda s: s.mbs)
         return max(members, key=lambda s: s.mbs) if members else None

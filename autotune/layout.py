@@ -3,6 +3,10 @@
 Each rule mirrors a check in megatron-core 0.16.1 or Megatron-LM; the source is named beside it.
 Rules carry a level: a rule of level k reads only the fields chosen at levels <= k, so the
 enumerator in `space` can reject a partial layout before it expands the deeper dimensions.
+The core fields and rules (parallel sizes, batch) are here; the levers' (the pipeline split,
+recompute, offload, optimizer, implementation, ...) are in their modules under autotune/levers/.
+`stage_layers` and `chunk_layers` (the pipeline split's) are re-exported for the rules and
+models that read a stage's layers.
 """
 
 from __future__ import annotations
@@ -23,13 +27,13 @@ from autotune.dimensions import (
     dimension,
     flag_label,
     unless_default,
-    value_label,
 )
 from autotune.errors import InvalidLayoutError
 from autotune.hardware import ClusterSpec
-from autotune.levers import LeverFields
+from autotune.levers import LeverFields, pipeline_split
 from autotune.levers import rules as lever_rules
 from autotune.levers.base import Rule
+from autotune.levers.pipeline_split import chunk_layers, stage_layers
 from autotune.model import ModelSpec
 
 __all__ = [
@@ -53,23 +57,9 @@ __all__ = [
 ]
 
 
-def _recompute_label(s: Layout, value: Recompute) -> str | None:
-    """`rc=selective`, `rc=full`, or `rc=full(block/2)` when the method or layer count is not
-    the default, `rc=selective(core_attn+mlp)` when the modules are not core_attn alone:
-    recompute_method and recompute_num_layers mean nothing without full, recompute_modules
-    nothing without selective."""
-    if value == Recompute.FULL and (s.recompute_method, s.recompute_num_layers) != (
-            RecomputeMethod.UNIFORM, 1):
-        return f"rc=full({s.recompute_method}/{s.recompute_num_layers})"
-    if value == Recompute.SELECTIVE and s.recompute_modules != RecomputeModules.CORE_ATTN:
-        return f"rc=selective({s.recompute_modules})"
-    return None if value == Recompute.NONE else f"rc={value}"
-
-
 @dataclass(frozen=True, kw_only=True)
-class _Core:
-    """The parallel sizes, the batch and the memory options not yet moved into a lever module
-    (autotune.levers): the first fields of a Layout."""
+class _Sizes:
+    """The parallel sizes: the first fields of a Layout."""
 
     __slots__ = ()
     tp: int = dimension(1, level=0, label=always("tp"), flag="--tp", help=(
@@ -84,51 +74,33 @@ class _Core:
         "Expert parallel size (MoE): experts split over ep ranks of the data-parallel group."))
     vpp: int = dimension(1, level=1, label=unless_default("vpp", 1), flag="--vpp", help=(
         "Virtual pipeline stages (model chunks) per pipeline rank; 1: no interleaving."))
-    first_stage_layers: int = dimension(0, level=1, label=unless_default("first", 0), minimum=0,
-                                        help=(
-        "Transformer layers on the first pipeline stage (`--decoder-first-pipeline-num-"
-        "layers`); 0: an even split. Fewer layers there offset the embedding and the most "
-        "micro-batches in flight."))
-    last_stage_layers: int = dimension(0, level=1, label=unless_default("last", 0), minimum=0,
-                                       help=(
-        "Transformer layers on the last pipeline stage (`--decoder-last-pipeline-num-layers`); "
-        "0: an even split. Fewer layers there offset the output layer and the loss."))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Batch:
+    """The batch and sequence parallelism: a Layout's fields after the pipeline split's."""
+
+    __slots__ = ()
     mbs: int = dimension(1, level=4, label=always("mbs"), flag="--mbs", help=(
         "Micro-batch size in sequences."))
     gbs: int = dimension(1, level=None, label=None, folded_into="the model", help=(
         "Global batch size in sequences (the model's; estimate's --gbs overrides it)."))
     sequence_parallel: bool = dimension(False, level=3, label=flag_label("sp"), flag="--sp",
                                         help="Sequence parallelism (needs tp > 1).")
-    recompute: Recompute = dimension(Recompute.NONE, level=5, label=_recompute_label, help=(
-        "Activation recomputation: none, selective (the recompute_modules) or full."))
-    recompute_method: RecomputeMethod = dimension(
-        RecomputeMethod.UNIFORM, level=5, label=None, folded_into="recompute", help=(
-            "With full recompute: uniform (every group of layers) or block (the first n "
-            "layers of each stage)."))
-    recompute_num_layers: int = dimension(1, level=5, label=None, folded_into="recompute",
-                                          help="With full recompute: layers per group (uniform)"
-                                               " or recomputed layers per stage (block).")
-    recompute_modules: RecomputeModules = dimension(
-        RecomputeModules.CORE_ATTN, level=5, label=None, folded_into="recompute", help=(
-            "With selective recompute: the modules checkpointed (`--recompute-modules`), "
-            "`core_attn+mlp` for several; Megatron's default is core_attn."))
-    offload_layers: int = dimension(0, level=5, label=unless_default("offload", 0), minimum=0,
-                                    help=(
-        "Layers whose activations are offloaded to CPU memory (`--cpu-offloading-num-layers`, "
-        "Transformer Engine's offload); 0: none."))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Layout(LeverFields, _Core):
+class Layout(LeverFields, _Batch, pipeline_split.Fields, _Sizes):
     """One Megatron parallel layout plus the batch and memory options that go with it.
 
     Each field's metadata (help, enumeration level, label, estimate flag) is declared once,
-    with `dimension(...)`: the core fields in `_Core`, a lever's in its module under
-    autotune/levers/ (LeverFields), the implementation here. Fields follow in that order;
-    DIMENSIONS below collects them for every consumer."""
-
-    impl: Impl = dimension(Impl.LOCAL, level=5, label=value_label(), help=(
-        "Transformer implementation: local, sdpa or te."))
+    with `dimension(...)`: the core fields in `_Sizes` and `_Batch`, a lever's in its module
+    under autotune/levers/ (LeverFields). A dataclass orders fields by the reversed method
+    resolution order: the sizes, the pipeline split (named again here, so that it comes
+    before the batch), the batch, then the other levers in registry order. That order is
+    every label's (`describe()`) and a study's parameters', so it stays as it was when the
+    pipeline split was a core field; DIMENSIONS below collects the fields for every
+    consumer."""
 
     def __post_init__(self) -> None:
         # Values read back from YAML, JSON or Optuna's storage are plain strings: keep the
@@ -146,11 +118,6 @@ class Layout(LeverFields, _Core):
     def num_microbatches(self) -> int:
         """Micro-batches per step and pipeline: gbs / (mbs * dp)."""
         return self.gbs // (self.mbs * self.dp)
-
-    @property
-    def uneven(self) -> bool:
-        """The first or last pipeline stage has a layer count of its own."""
-        return bool(self.first_stage_layers or self.last_stage_layers)
 
     @property
     def expert_dp(self) -> int:
@@ -187,9 +154,9 @@ class Violation:
     message: str
 
 
-# Levels: 0 = tp, pp, cp, dp; 1 = vpp, the first/last stage's layers; 2 = ep;
-# 3 = sequence_parallel; 4 = mbs; 5 = recompute, offload, optimizer, overlap, implementation;
-# 6 = precision (autotune.levers.fp8).
+# Levels: 0 = tp, pp, cp, dp; 1 = vpp, the first/last stage's layers (autotune.levers.
+# pipeline_split); 2 = ep; 3 = sequence_parallel; 4 = mbs; 5 = recompute, offload, optimizer,
+# overlap, implementation (autotune.levers); 6 = precision (autotune.levers.fp8).
 
 
 def _world(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
@@ -221,54 +188,6 @@ def _tp_groups(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     g = m.query_groups
     if g % s.tp and s.tp % g:
         return f"num_query_groups={g} must be a multiple or a divisor of tp={s.tp}"
-    return None
-
-
-def stage_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:
-    """Transformer layers on each pipeline rank, first to last: an even split, or the first
-    and last stages' own counts with the rest shared by the middle ranks (TransformerConfig.
-    __post_init__, "Uneven PP"; transformer_block.py get_num_layers_to_build). Meaningful for
-    a layout that passes the rule `pp_layers`."""
-    if not s.uneven or s.pp == 1:
-        return (m.num_layers // s.pp,) * s.pp
-    first, last = s.first_stage_layers, s.last_stage_layers
-    middle = s.pp - bool(first) - bool(last)
-    rest = m.num_layers - first - last
-    share = rest // middle if middle else 0
-    if s.pp == 2 and not (first and last):
-        # One stage named: the other holds the rest.
-        return (first, rest) if first else (rest, last)
-    return (first or share, *(share,) * (s.pp - 2), last or share)
-
-
-def chunk_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:
-    """Transformer layers of one model chunk on each pipeline rank (stage_layers / vpp)."""
-    return tuple(n // s.vpp for n in stage_layers(s, m))
-
-
-def _pp_layers(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
-    # megatron/core/transformer/transformer_block.py, get_num_layers_to_build; with the first
-    # or last stage's own count, TransformerConfig.__post_init__ ("Uneven PP").
-    if not s.uneven:
-        if m.num_layers % s.pp:
-            return f"pp={s.pp} must divide num_layers={m.num_layers}"
-        return None
-    first, last = s.first_stage_layers, s.last_stage_layers
-    if s.pp < 2:
-        return (f"first_stage_layers={first}/last_stage_layers={last} need pp >= 2: one "
-                "stage holds every layer")
-    named = bool(first) + bool(last)
-    middle = s.pp - named
-    rest = m.num_layers - first - last
-    if s.pp == 2 and named == 1:
-        middle = 1  # the stage not named holds the rest
-    if middle == 0 and rest != 0:
-        return (f"first_stage_layers={first} + last_stage_layers={last} must equal "
-                f"num_layers={m.num_layers} with pp=2")
-    if middle and (rest < middle or rest % middle):
-        return (f"the {rest} layers left after first_stage_layers={first} and "
-                f"last_stage_layers={last} must split evenly over the {middle} other "
-                f"pipeline stages (num_layers={m.num_layers}, pp={s.pp})")
     return None
 
 
@@ -364,112 +283,12 @@ def _vpp_microbatches(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-def _recompute_kind(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
-    if not isinstance(s.recompute, Recompute):
-        return f"recompute={s.recompute!r} must be one of {', '.join(Recompute)}"
-    if s.recompute == Recompute.FULL and not isinstance(s.recompute_method, RecomputeMethod):
-        return f"recompute_method={s.recompute_method!r} must be uniform or block"
-    return None
-
-
-def _recompute_layers(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
-    # TransformerConfig.__post_init__: between 1 and the layers of one pipeline rank (the
-    # largest chunk, with an uneven split).
-    per_chunk = max(chunk_layers(s, m))
-    if s.recompute == "full" and not 1 <= s.recompute_num_layers <= per_chunk:
-        return (f"recompute_num_layers={s.recompute_num_layers} must be between 1 and the "
-                f"{per_chunk} layers of a pipeline chunk")
-    return None
-
-
-def _recompute_groups(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
-    # TransformerConfig.recompute_method: uniform "will uniformly divide the total number of
-    # transformer layers in a transformer block" into groups of recompute_num_layers;
-    # transformer_block.py's _checkpointed_forward leaves a shorter last group otherwise, which
-    # saves no memory over the even groups and is not the documented use.
-    if s.recompute != "full" or s.recompute_method != RecomputeMethod.UNIFORM:
-        return None
-    counts = sorted(set(chunk_layers(s, m)))
-    if any(n % s.recompute_num_layers for n in counts):
-        listed = ", ".join(map(str, counts))
-        return (f"uniform recompute_num_layers={s.recompute_num_layers} must divide the "
-                f"layers of every pipeline chunk ({listed})")
-    return None
-
-
-def _recompute_modules(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
-    # Which modules take effect, megatron-core 0.16.1. Megatron accepts a module that acts on
-    # nothing; the rule keeps such a layout from passing for a different run.
-    if s.recompute != "selective":
-        return None
-    if not isinstance(s.recompute_modules, RecomputeModules):
-        return (f"recompute_modules={s.recompute_modules!r} must be one of "
-                f"{', '.join(RecomputeModules)}")
-    modules = s.recompute_modules.modules
-    if "mlp" in modules and m.is_moe:
-        # transformer_layer.py: recompute_mlp only `if not self.is_moe_layer`.
-        return f"recompute_modules mlp acts on dense MLPs; every layer of {m.name} is MoE"
-    if ("moe" in modules or "moe_act" in modules) and not m.is_moe:
-        # moe_layer.py / experts.py read them; a dense model has no expert layer.
-        return f"recompute_modules {s.recompute_modules} acts on MoE layers; {m.name} has none"
-    if "moe_act" in modules and s.impl != Impl.TE:
-        # TransformerConfig.__post_init__: "moe_act in recompute_modules is only supported
-        # with moe_grouped_gemm", which the worker turns on for impl te only (TEGroupedMLP).
-        return f"recompute_modules moe_act needs moe_grouped_gemm (impl=te), got impl={s.impl}"
-    if "layernorm" in modules and s.impl == Impl.TE and not m.is_moe:
-        # gpt_layer_specs.py, the TE spec: both norms are fused into TELayerNormColumnParallel-
-        # Linear (input_layernorm and pre_mlp_layernorm are IdentityOp), and
-        # transformer_layer.py recomputes a norm only when it is not an IdentityOp.
-        return "recompute_modules layernorm has no effect with impl=te: TE fuses the norms"
-    return None
-
-
-def _offload(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
-    if not s.offload_layers:
-        return None
-    if s.impl != Impl.TE:
-        # transformer_block.py: without Transformer Engine `get_cpu_offload_context` is None
-        # and "CPU Offloading is enabled when TE is not present" is asserted.
-        return f"offload_layers={s.offload_layers} needs impl=te (TE's CPU offload), " \
-               f"got impl={s.impl}"
-    if s.pp > 1:
-        # TransformerConfig.__post_init__: "Currently there is no support for Pipeline
-        # parallelism with CPU offloading".
-        return f"offload_layers={s.offload_layers} needs pp=1, got pp={s.pp}"
-    if s.recompute != Recompute.NONE:
-        # TransformerConfig.__post_init__: "CPU offloading does not work when activation
-        # recomputation is enabled".
-        return f"offload_layers={s.offload_layers} does not work with recompute={s.recompute}"
-    if s.offload_layers >= m.num_layers:
-        # TransformerConfig.__post_init__: "CPU offloading can be done only for layers less
-        # than num_layers".
-        return (f"offload_layers={s.offload_layers} must be less than "
-                f"num_layers={m.num_layers}")
-    return None
-
-
-def _impl_known(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
-    if not isinstance(s.impl, Impl):
-        return f"impl={s.impl!r} must be one of {', '.join(Impl)}"
-    return None
-
-
-def _cp_impl(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
-    # megatron/core/transformer/dot_product_attention.py: the local core attention asserts
-    # context_parallel_size == 1; only TEDotProductAttention implements context parallelism.
-    if s.cp > 1 and s.impl != "te":
-        return f"cp={s.cp} needs impl=te (Transformer Engine attention), got impl={s.impl}"
-    return None
-
-
 _RULES: tuple[Rule, ...] = (
     Rule("world", 0, "dp x tp x pp x cp must equal the GPU count", _world),
     Rule("tp_node", 0, "tp must fit in one node (Alpa)", _tp_node),
     Rule("tp_heads", 0, "tp must divide num_attention_heads", _tp_heads),
     Rule("tp_groups", 0, "num_query_groups must be a multiple or divisor of tp", _tp_groups),
     Rule("cp_seq", 0, "seq_length must be divisible by 2*cp", _cp_seq),
-    Rule("pp_layers", 1, "pp must divide num_layers, or the first/last stages' own counts "
-         "leave an even split", _pp_layers),
     Rule("vpp_pp", 1, "vpp needs pp >= 2", _vpp_pp),
     Rule("vpp_layers", 1, "vpp must divide the layers per pipeline stage", _vpp_layers),
     Rule("ep_dense", 2, "ep > 1 needs a mixture-of-experts model", _ep_dense),
@@ -481,25 +300,12 @@ _RULES: tuple[Rule, ...] = (
     Rule("gbs_batch", 4, "mbs x dp must divide the global batch", _gbs_batch),
     Rule("vpp_microbatches", 4, "interleaving needs micro-batches in multiples of pp",
          _vpp_microbatches),
-    Rule("recompute_kind", 5, "recompute must be none, selective or full", _recompute_kind),
-    Rule("recompute_layers", 5, "recompute_num_layers must fit a pipeline chunk",
-         _recompute_layers),
-    Rule("recompute_groups", 5, "uniform recompute_num_layers must divide a chunk's layers",
-         _recompute_groups),
-    Rule("recompute_modules", 5, "selective recompute's modules must act on the model",
-         _recompute_modules),
-    Rule("offload", 5, "CPU offloading needs TE, pp=1, no recompute, < num_layers layers",
-         _offload),
-)
-_IMPL_RULES = (
-    Rule("impl_known", 5, "impl must be local, te or sdpa", _impl_known),
-    Rule("cp_impl", 5, "context parallelism needs Transformer Engine attention", _cp_impl),
 )
 
-RULES: tuple[Rule, ...] = tuple(sorted((*_RULES, *lever_rules(), *_IMPL_RULES),
-                                       key=lambda rule: rule.level))
-"""Megatron's checks in level order: the core rules, then each lever's (autotune.levers), then
-the implementation's; sorting is stable, so within a level that order stays."""
+RULES: tuple[Rule, ...] = tuple(sorted((*lever_rules(), *_RULES), key=lambda rule: rule.level))
+"""Megatron's checks in level order: within a level the levers' (autotune.levers, in registry
+order), then the core's. Sorting is stable, so that order stays: the pipeline split's pp_layers
+runs before vpp_layers, which reads the stage counts it allows."""
 
 RULE_LEVELS: dict[str, int] = {rule.name: rule.level for rule in RULES}
 

@@ -11,7 +11,9 @@ gbs`. Pure: no I/O, no subprocess, no torch.
 Adding a flag is one row (or one flag in a row): its emission and its reading side by side, so
 the export and the reader of user commands cannot drift apart (tests/test_megatron_command.py
 round-trips every preset through both). A lever's rows live in its module (autotune.levers) and
-are spliced into the table; the row types are in autotune.levers.flags.
+are spliced into the table at the lever's `flag_place` (the recompute trio after the batch, the
+transformer implementation last, ...); the row types are in autotune.levers.flags. What
+Megatron-LM runs for impl sdpa (`exported_layout`) is the implementation lever's, re-exported.
 """
 
 from __future__ import annotations
@@ -19,11 +21,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from autotune.dimensions import RECOMPUTE_MODULES
-from autotune.errors import ConfigError, InvalidLayoutError
+from autotune.errors import ConfigError
 from autotune.layout import Layout
 from autotune.levers import LEVERS
-from autotune.levers.flags import Emit, Flag, FlagRow, Given, Part, RunOptions, switch, value
+from autotune.levers.flags import (
+    Emit,
+    Flag,
+    FlagRow,
+    Given,
+    Part,
+    Place,
+    RunOptions,
+    switch,
+    value,
+)
+from autotune.levers.transformer_impl import (
+    SDPA_STANDS_IN,
+    TRANSFORMER_IMPLS,
+    exported_layout,
+    measured_as_exported,
+)
 from autotune.megatron_versions import MegatronVersion, running, spell_args
 from autotune.model import ModelSpec
 
@@ -35,34 +52,6 @@ __all__ = ["FLAG_TABLE", "GPT2_BPE_VOCAB", "SDPA_STANDS_IN", "TRAINING_SCRIPT",
            "megatron_lm_args", "read_fields", "row_args", "training_script"]
 
 TRAINING_SCRIPT = "pretrain_gpt.py"
-
-TRANSFORMER_IMPLS: dict[str, str] = {"local": "local", "te": "transformer_engine"}
-"""autotune impl -> Megatron-LM `--transformer-impl`. autotune's "sdpa" (a local spec with
-PyTorch SDPA as core attention) lives only in autotune's worker; Megatron-LM has no such choice."""
-
-SDPA_STANDS_IN = ("impl sdpa (autotune's local spec with PyTorch SDPA attention) has no "
-                  "Megatron-LM equivalent; this uses --transformer-impl transformer_engine, "
-                  "whose fused attention is the closest.")
-"""What the export says of a layout measured with sdpa (`exported_layout`)."""
-
-
-def exported_layout(layout: Layout) -> Layout:
-    """The layout a Megatron-LM command runs for `layout`: impl sdpa, which Megatron-LM does not
-    have, runs as Transformer Engine (Megatron-LM's default). The one place that decides it:
-    the export (autotune.scripts), a run's identity (autotune.identity), `--from-megatron`'s
-    flag changes (autotune.megatron_command) and what a search measures where TE is installed
-    (autotune.commands.search) all ask here."""
-    from dataclasses import replace
-
-    from autotune.dimensions import Impl
-
-    return replace(layout, impl=Impl.TE) if layout.impl == Impl.SDPA else layout
-
-
-def measured_as_exported(layout: Layout) -> bool:
-    """Whether a figure measured with `layout` is the figure of the Megatron-LM command the
-    export writes for it (not so for sdpa, which runs as TE there)."""
-    return exported_layout(layout) == layout
 
 GPT2_BPE_VOCAB = 50257
 """Entries of GPT-2's BPE vocabulary (gpt2-vocab.json, Radford et al. 2019): the vocabulary of
@@ -210,90 +199,6 @@ def _read_batch(g: Given) -> dict[str, Any]:
     return {"mbs": mbs, "gbs": gbs, "global_batch_size": gbs}
 
 
-def _emit_recompute(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
-    if s.recompute == "none":
-        return []
-    if s.recompute == "selective":
-        # validate_args: "recompute method is not yet supported for selective recomputing".
-        # --recompute-modules is generated from TransformerConfig.recompute_modules (nargs +,
-        # core_v0.16.1 argument_utils.py); without it, core_attn alone.
-        args = ["--recompute-granularity", "selective"]
-        if s.recompute_modules != "core_attn":
-            args += ["--recompute-modules", *s.recompute_modules.split("+")]
-        return args
-    if s.recompute == "full":
-        return ["--recompute-granularity", "full", "--recompute-method", s.recompute_method,
-                "--recompute-num-layers", str(s.recompute_num_layers)]
-    raise InvalidLayoutError(f"recompute={s.recompute!r} must be none, selective or full")
-
-
-def _read_recompute(g: Given) -> dict[str, Any]:
-    # --recompute-activations is the older spelling of --recompute-granularity selective.
-    default = "selective" if g.has("--recompute-activations") else "none"
-    granularity = g.choice("--recompute-granularity", ("full", "selective"), default) \
-        if g.has("--recompute-granularity") else default
-    if granularity == "selective":
-        # nargs +: the modules may come as one space-separated value; autotune writes a set
-        # as `a+b` in its own order (dimensions.RecomputeModules).
-        given = (g.text("--recompute-modules") or "core_attn").replace("+", " ").split()
-        order = [m for m in RECOMPUTE_MODULES if m in given]
-        return {"recompute": granularity, "recompute_modules": "+".join(order) or "core_attn"}
-    if granularity != "full":
-        return {"recompute": granularity}
-    # TransformerConfig.__post_init__: full recompute needs a method (uniform or block) and a
-    # number of layers.
-    method = g.text("--recompute-method")
-    layers = g.integer("--recompute-num-layers")
-    if method not in ("uniform", "block") or layers is None:
-        raise ConfigError(f"{g.source}: --recompute-granularity full needs --recompute-method "
-                          "uniform|block and --recompute-num-layers N (megatron-core refuses it "
-                          "without them)")
-    return {"recompute": "full", "recompute_method": method, "recompute_num_layers": layers}
-
-
-_LOCAL_SPEC_ARGS: tuple[str, ...] = (
-    "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-persist-layer-norm",
-    "--attention-softmax-in-fp32")
-"""impl local is the local spec on plain PyTorch, as autotune's worker measures it: no apex
-(gradient-accumulation fusion, persistent LayerNorm) and no fused softmax kernel. Megatron-LM's
-defaults turn all three on and, without apex or TE, stop at start-up (tensor_parallel/layers.py
-"gradient_accumulation_fusion ... requires", transformer/torch_norm.py persist_layer_norm,
-fusions/fused_softmax.py scaled_masked_softmax_cuda), so the command says so explicitly.
-The worker's TransformerConfig keeps megatron-core's attention_softmax_in_fp32=True, whose fp32
-probabilities the unfused attention saves for backward; Megatron-LM's flag defaults to False.
-Measured on an H100 (gpt2-xl, mbs 4): without the flag Megatron-LM peaked 9.4 GiB lower than
-the worker, 2 bytes x heads x s^2 x mbs per layer."""
-
-
-_TE_SPEC_ARGS: tuple[str, ...] = ("--no-gradient-accumulation-fusion",)
-"""impl te as the worker measures it. Megatron-LM's default gradient-accumulation fusion also
-covers the output layer, megatron-core's own ColumnParallelLinear, which needs apex's
-fused_weight_gradient_mlp_cuda even when TE builds the layers: without apex Megatron-LM stops at
-start-up (measured on an H100 with TE 2.11, results/benchmarks/2026-11-23-h100-te-build-and-
-runs.md). The worker accumulates without the fusion (autotune.worker.config), so the command
-says the same; with apex installed, dropping the flag is the user's choice."""
-
-
-def _emit_impl(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
-    if s.impl not in TRANSFORMER_IMPLS:
-        raise InvalidLayoutError(
-            f"impl={s.impl} has no Megatron-LM equivalent; --transformer-impl takes "
-            f"{' or '.join(TRANSFORMER_IMPLS.values())} (impl {' or '.join(TRANSFORMER_IMPLS)})")
-    args = ["--transformer-impl", TRANSFORMER_IMPLS[s.impl]]
-    if s.impl == "local":
-        args += _LOCAL_SPEC_ARGS
-    elif s.impl == "te":
-        args += _TE_SPEC_ARGS
-    return args
-
-
-def _read_impl(g: Given) -> dict[str, Any]:
-    # arguments.py: --transformer-impl defaults to transformer_engine.
-    chosen = g.choice("--transformer-impl", tuple(TRANSFORMER_IMPLS.values()),
-                      TRANSFORMER_IMPLS["te"])
-    return {"impl": next(k for k, v in TRANSFORMER_IMPLS.items() if v == chosen)}
-
-
 # ---- the run -------------------------------------------------------------------------------
 
 
@@ -361,6 +266,14 @@ _DATA_FLAGS = (Flag("--mock-data", takes_value=False), Flag("--tokenizer-type"),
                Flag("--vocab-size"), Flag("--vocab-file"), Flag("--merge-file"))
 
 
+def _lever_rows(place: Place) -> tuple[FlagRow, ...]:
+    """The rows of the levers placed at `place` (autotune.levers: the pipeline split after the
+    pipeline sizes, recompute and offload after the batch, the optimizer, overlap, fusion and
+    FP8 levers after the precision, the implementation last), in registry order."""
+    return tuple(row for lever in LEVERS if lever.flag_place == place
+                 for row in lever.flag_rows)
+
+
 FLAG_TABLE: tuple[FlagRow, ...] = (
     # The model's shape.
     value("--num-layers", "num_layers", Part.MODEL),
@@ -401,13 +314,7 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
             flags=(Flag("--num-virtual-stages-per-pipeline-rank"),
                    Flag("--num-layers-per-virtual-pipeline-stage")),
             emit=_emit_vpp, read=_read_vpp),
-    # An uneven pipeline split (arguments.py _add_distributed_args, core_v0.16.1): absent, an
-    # even split; with vpp, --num-virtual-stages-per-pipeline-rank is the flag validate_args
-    # accepts alongside them.
-    value("--decoder-first-pipeline-num-layers", "first_stage_layers", Part.LAYOUT, default=0,
-           omit_at=0),
-    value("--decoder-last-pipeline-num-layers", "last_stage_layers", Part.LAYOUT, default=0,
-           omit_at=0),
+    *_lever_rows(Place.PIPELINE),
     value("--context-parallel-size", "cp", Part.LAYOUT, default=1, omit_at=1),
     value("--expert-model-parallel-size", "ep", Part.LAYOUT, default=1, omit_at=1),
     FlagRow(name="moe_token_dispatcher", part=Part.LAYOUT,
@@ -418,27 +325,12 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
             emit=lambda m, s, run: ["--micro-batch-size", str(s.mbs),
                                     "--global-batch-size", str(s.gbs)],
             read=_read_batch),
-    FlagRow(name="recompute", part=Part.LAYOUT,
-            flags=(Flag("--recompute-granularity"), Flag("--recompute-method"),
-                   Flag("--recompute-num-layers"),
-                   Flag("--recompute-activations", takes_value=False),
-                   Flag("--recompute-modules", many=True)),
-            emit=_emit_recompute, read=_read_recompute),
-    # TransformerConfig.cpu_offloading_num_layers as a flag; validate_args turns cpu_offloading
-    # on when it is > 0 (arguments.py, core_v0.16.1). Layout rules keep it apart from recompute
-    # and pipelines, which TransformerConfig refuses with it.
-    value("--cpu-offloading-num-layers", "offload_layers", Part.LAYOUT, default=0, omit_at=0),
+    *_lever_rows(Place.MEMORY),
     FlagRow(name="precision", part=Part.RUN,
             flags=(Flag("--bf16", takes_value=False), Flag("--lr"), Flag("--seed")),
             emit=_emit_precision),
-    # Each lever's rows, in registry order (autotune.levers: the optimizer, the overlap flags,
-    # the fused cross entropy, ...).
-    *(row for lever in LEVERS for row in lever.flag_rows),
-    FlagRow(name="impl", part=Part.LAYOUT,
-            flags=(Flag("--transformer-impl"),
-                   *(Flag(name, takes_value=False)
-                     for name in dict.fromkeys(_LOCAL_SPEC_ARGS + _TE_SPEC_ARGS))),
-            emit=_emit_impl, read=_read_impl),
+    *_lever_rows(Place.OPTIONS),
+    *_lever_rows(Place.IMPLEMENTATION),
     # The run: a user's own values of these stay as they are.
     FlagRow(name="train_iters", part=Part.RUN, flags=(Flag("--train-iters"),),
             emit=_emit_train_iters),
@@ -450,7 +342,8 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
     FlagRow(name="data", part=Part.RUN, flags=_DATA_FLAGS, emit=_emit_data,
             read=_read_vocabulary),
 )
-"""Every flag autotune writes or reads, in the order megatron_lm_args writes them."""
+"""Every flag autotune writes or reads, in the order megatron_lm_args writes them: the core
+rows, with each lever's rows at its place (autotune.levers.flags.Place)."""
 
 
 _UNMODELED: tuple[tuple[str, str], ...] = (

@@ -14,18 +14,16 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from autotune.dimensions import Recompute
 from autotune.hardware import ClusterSpec
 from autotune.layout import Layout, stage_layers
 from autotune.levers import LEVERS
-from autotune.levers.base import MemoryState
+from autotune.levers.base import ActivationState, MemoryState
+from autotune.levers.pipeline_split import even_layers
 from autotune.memory_activations import (
-    full_recompute_chunk,
+    LayerActivations,
     inflight_microbatches,
     layer_activations,
     layer_bytes,
-    module_workspace,
-    offloaded_layers,
 )
 from autotune.model import ModelSpec, padded_vocab_size
 
@@ -61,7 +59,8 @@ seq 4096 batch 4 cp 1, seq 8192 batch 8 cp 4: ../shared/seeds/000, tests/test_me
 are predicted at 76.2 and 78.0 GiB with 3.07 GiB blocks; every OK trial on an H100 kept a
 margin of one block. A condition of fitting, not a term of the peak: NVML never shows it.
 
-Not under full recompute (StageMemory.block_margin_bytes is 0 there): on an H100 on 2026-11-25
+Not under full recompute (StageMemory.block_margin_bytes is 0 there: autotune.levers.recompute
+sets ActivationState.block_margin to 0): on an H100 on 2026-11-25
 (tests/data/measured_trials.json, s7-*), Llama-3.2-3B at seq 8192 with full recompute ran with
 its 3.91 GiB logits block at 78.98 GiB used (block/10, predicted 78.80 GiB: one block over) and
 gpt2-xl at seq 32768 with its 6.14 GiB block at 72.5 GiB (block/31, predicted 74.7); every
@@ -252,23 +251,33 @@ def _param_counts(model: ModelSpec, tp: int, ep: int, pp: int) -> _Params:
                    layer_linear=linear)
 
 
-def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, float]:
-    """(dense, expert) parameters on one rank of pipeline stage `stage`."""
-    counts = _param_counts(model, layout.tp, layout.ep, layout.pp)
-    layers = stage_layers(layout, model)[stage]
+def stage_params(model: ModelSpec, layout: Layout, stage: int,
+                 layers: int | None = None) -> tuple[float, float]:
+    """(dense, expert) parameters on one rank of pipeline stage `stage` of `layers` transformer
+    layers (the pipeline split's stage_layers when None)."""
+    if layers is None:
+        layers = stage_layers(layout, model)[stage]
+    return _stage_params(_param_counts(model, layout.tp, layout.ep, layout.pp), layers, stage,
+                         layout.pp)
+
+
+def _stage_params(counts: _Params, layers: int, stage: int, pp: int) -> tuple[float, float]:
     dense = layers * counts.layer_dense
     if stage == 0:
         dense += counts.first_extra
-    if stage == layout.pp - 1:
+    if stage == pp - 1:
         dense += counts.last_extra
     return dense, layers * counts.layer_expert
 
 
-def stage_linear_params(model: ModelSpec, layout: Layout, stage: int) -> float:
+def stage_linear_params(model: ModelSpec, layout: Layout, stage: int,
+                        layers: int | None = None) -> float:
     """The weights of the transformer layers' GEMMs on one rank of pipeline stage `stage`
     (dense and expert): what Transformer Engine casts to FP8 (autotune.levers.fp8)."""
     counts = _param_counts(model, layout.tp, layout.ep, layout.pp)
-    return stage_layers(layout, model)[stage] * counts.layer_linear
+    if layers is None:
+        layers = stage_layers(layout, model)[stage]
+    return layers * counts.layer_linear
 
 
 def _nccl_groups(s: Layout, model: ModelSpec) -> int:
@@ -279,48 +288,79 @@ def _nccl_groups(s: Layout, model: ModelSpec) -> int:
     return int(groups)
 
 
-def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMemory:
-    dense, expert = stage_params(model, s, stage)
-    n_params = dense + expert
-    # Model states with every lever off (fp32 master weights and Adam moments, plus an fp32
-    # copy of the grads were they kept in less), then as the levers change them: the
-    # distributed optimizer shards them (dist_optimizer.md: 6 + 12/d), ... (autotune.levers).
+_MEMORY_TERMS = tuple(lever.memory for lever in LEVERS if lever.memory is not None)
+_ACTIVATION_TERMS = tuple(lever.activations for lever in LEVERS if lever.activations is not None)
+
+
+def _model_states(model: ModelSpec, s: Layout) -> MemoryState:
+    """What a rank keeps per parameter and per element, the same on every stage: with every
+    lever off (fp32 master weights and Adam moments, plus an fp32 copy of the grads were they
+    kept in less; bf16 weights and saved GEMM inputs), then as the levers change it in registry
+    order: the distributed optimizer shards the optimizer state (dist_optimizer.md: 6 + 12/d),
+    the implementation says what attention keeps, ... (autotune.levers)."""
     states = MemoryState(
         optimizer_bytes_per_param=OPTIMIZER_BYTES + (4 if MAIN_GRAD_BYTES < 4 else 0),
         logits_bytes_per_element=LOGITS_BYTES_PER_ELEMENT, linear_weight_bytes=PARAM_BYTES,
-        linear_input_bytes=PARAM_BYTES)
-    for lever in LEVERS:
-        if lever.memory is not None:
-            states = lever.memory(model, s, states)
+        linear_input_bytes=PARAM_BYTES, stage_layers=even_layers(s, model))
+    for term in _MEMORY_TERMS:
+        states = term(model, s, states)
+    return states
+
+
+@dataclass(frozen=True, slots=True)
+class _Layers:
+    """What is the same on every stage: the parameters of a layer and of the first and last
+    stages' extras, and what one layer stores for one micro-batch (its activations per token,
+    the local sequence and tokens, its bytes stored in full)."""
+
+    params: _Params
+    acts: LayerActivations
+    seq: float
+    tokens: float
+    full: float
+
+
+def _layers(model: ModelSpec, s: Layout, states: MemoryState) -> _Layers:
+    acts = layer_activations(model, s.tp, states.attention, states.linear_input_bytes)
+    seq = model.seq_length / s.cp
+    tokens = s.mbs * seq
+    full = layer_bytes(acts, tokens=tokens, seq=seq, tp=s.tp,
+                       sequence_parallel=s.sequence_parallel)
+    return _Layers(params=_param_counts(model, s.tp, s.ep, s.pp), acts=acts, seq=seq,
+                   tokens=tokens, full=full)
+
+
+def _chunk(model: ModelSpec, s: Layout, layers: int, one: _Layers) -> ActivationState:
+    """One model chunk of `layers` layers for one micro-batch: every layer stored in full, then
+    as the levers keep less of them (recompute, CPU offloading: autotune.levers)."""
+    chunk = ActivationState(layers=layers, layer=one.acts, tokens=one.tokens, seq=one.seq,
+                            layer_bytes=one.full, stored_bytes=layers * one.full,
+                            workspace_bytes=one.tokens * one.seq * one.acts.transient_per_key,
+                            block_margin=BLOCK_MARGIN)
+    for term in _ACTIVATION_TERMS:
+        chunk = term(model, s, chunk)
+    return chunk
+
+
+def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams, states: MemoryState,
+           one: _Layers, chunks: dict[int, ActivationState]) -> StageMemory:
+    """One pipeline stage's memory; `chunks` holds the chunk terms of the stages done so far
+    (they depend on a chunk's layers alone)."""
+    layers = states.stage_layers[stage]
+    dense, expert = _stage_params(one.params, layers, stage, s.pp)
+    n_params = dense + expert
     shard = dense / states.dense_shard + expert / states.expert_shard
     optimizer = states.optimizer_bytes_per_param * shard
     host = states.host_bytes_per_param * shard
 
-    acts = layer_activations(model, s.tp, s.impl, states.linear_input_bytes)
-    seq = model.seq_length / s.cp
-    tokens = s.mbs * seq
+    acts, seq, tokens, full = one.acts, one.seq, one.tokens, one.full
     tsp = s.tp if s.sequence_parallel else 1
-    full = layer_bytes(acts, tokens=tokens, seq=seq, tp=s.tp,
-                       sequence_parallel=s.sequence_parallel)
     m = s.num_microbatches
-    chunk_layers = stage_layers(s, model)[stage] // s.vpp
-    workspace = tokens * seq * acts.transient_per_key
-    if s.recompute == Recompute.FULL:
-        # Only the layer input survives: 2 s b h, scattered over TP with SP (Section 4.3).
-        layer_input = tokens * 2 * model.hidden_size / tsp
-        stored, rebuild = full_recompute_chunk(chunk_layers, method=s.recompute_method,
-                                               num_layers=s.recompute_num_layers, full=full,
-                                               layer_input=layer_input)
-        workspace += rebuild
-    elif s.recompute == Recompute.SELECTIVE:
-        modules = s.recompute_modules.modules
-        stored = chunk_layers * layer_bytes(acts, tokens=tokens, seq=seq, tp=s.tp,
-                                            sequence_parallel=s.sequence_parallel,
-                                            modules=modules)
-        workspace += tokens * module_workspace(acts, modules)
-    else:
-        _, kept = offloaded_layers(chunk_layers, s.offload_layers)
-        stored = kept * full
+    chunk_layers = layers // s.vpp
+    chunk = chunks.get(chunk_layers)
+    if chunk is None:
+        chunk = chunks[chunk_layers] = _chunk(model, s, chunk_layers, one)
+    stored, workspace = chunk.stored_bytes, chunk.workspace_bytes
     inflight = inflight_microbatches(pp=s.pp, vpp=s.vpp, stage=stage, num_microbatches=m)
     activations = inflight * s.vpp * stored
     # What recompute or offloading saved: the stage's activations stored in full, less what it
@@ -340,7 +380,7 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMe
             * states.logits_bytes_per_element
         block = tokens * padded_vocab_size(model, s.tp) / s.tp * 4  # the fp32 copy
     # The layers' GEMM weights at what the levers keep of each (FP8 copies or parameters).
-    linear = stage_linear_params(model, s, stage)
+    linear = layers * one.params.layer_linear
     weights = PARAM_BYTES * n_params + (states.linear_weight_bytes - PARAM_BYTES) * linear
     grads = MAIN_GRAD_BYTES * n_params
     allocated = weights + grads + optimizer + activations + logits + workspace
@@ -350,8 +390,7 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams) -> StageMe
                        optimizer_bytes=optimizer, activations_bytes=activations,
                        logits_bytes=logits, workspace_bytes=workspace, overhead_bytes=overhead,
                        saved_bytes=saved, largest_block_bytes=block, host_bytes=host,
-                       block_margin_bytes=0.0 if s.recompute == Recompute.FULL
-                       else BLOCK_MARGIN * block)
+                       block_margin_bytes=chunk.block_margin * block)
 
 
 def estimate_memory(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
@@ -364,7 +403,10 @@ def estimate_memory(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     mp = params or DEFAULT_MEMORY_PARAMS
     pp = layout.pp
     indices = (0,) if pp == 1 else (0, 1) if pp == 2 else (0, 1, pp - 1)
-    stages = tuple(_stage(model, layout, i, mp) for i in indices)
+    states = _model_states(model, layout)
+    one = _layers(model, layout, states)
+    chunks: dict[int, ActivationState] = {}
+    stages = tuple(_stage(model, layout, i, mp, states, one, chunks) for i in indices)
     peak = max(stages, key=lambda st: st.total_bytes)
     return MemoryEstimate(stages=stages, peak_stage=peak.stage, peak_bytes=peak.total_bytes,
                           capacity_bytes=cluster.gpu.memory_bytes, gpu_name=cluster.gpu.name,

@@ -25,10 +25,10 @@ from autotune.dimensions import Impl
 from autotune.hardware import ClusterSpec
 from autotune.identity import run_key
 from autotune.layout import DIMENSIONS, SEARCHED, Layout, check
-from autotune.levers import LEVERS, cross_entropy
+from autotune.levers import LEVERS, cross_entropy, recompute
 from autotune.levers.base import CONFIG_PARTS, CostState, Lever, contract_problems
 from autotune.levers.flags import FlagRow, Given, RunOptions
-from autotune.megatron_args import megatron_lm_args
+from autotune.megatron_args import exported_layout, megatron_lm_args
 from autotune.memory import estimate_memory
 from autotune.model import ModelSpec
 from autotune.worker.config import worker_config
@@ -154,38 +154,84 @@ def test_every_allowance_is_needed(rule: Allowed) -> None:
 # ---- the lever contract (autotune/levers/) ------------------------------------------------
 # Every registered lever declares its fields, rules, flag rows (read back), worker keys that
 # megatron-core 0.16.1's configuration classes have, and memory and cost terms, a saving in
-# memory never free in time. `lever_problems` reports what a lever breaks; a deliberately broken
-# lever shows the check fails.
+# memory never free in time; megatron-core accepts every layout its rules accept.
+# `lever_problems` reports what a lever breaks; a deliberately broken lever shows the check
+# fails.
 
 CONFIG_CLASSES = {
     "transformer": ("megatron.core.transformer.transformer_config", "TransformerConfig"),
     "ddp": ("megatron.core.distributed.distributed_data_parallel_config",
             "DistributedDataParallelConfig"),
     "optimizer": ("megatron.core.optimizer.optimizer_config", "OptimizerConfig"),
+    "model": ("megatron.core.models.gpt.gpt_model", "GPTModel"),
 }
+MODEL_PART_KEYS = frozenset({"layer_spec"})
+"""The worker config's model part beside GPTModel's arguments: the layer spec by name
+(autotune.worker.build._layer_spec builds GPTModel's transformer_layer_spec from it)."""
+
+
+def _needs_megatron() -> None:
+    if not os.environ.get("CI"):  # CI installs megatron-core: a skip there would hide a gap
+        pytest.importorskip("megatron.core")
 
 
 @functools.cache
 def _config_fields() -> dict[str, frozenset[str]]:
-    """The keyword arguments megatron-core's configuration classes take, by worker part."""
+    """The keyword arguments megatron-core's configuration classes (and GPTModel) take, by
+    worker part."""
     import dataclasses
     import importlib
+    import inspect
 
-    if not os.environ.get("CI"):  # CI installs megatron-core: a skip there would hide a gap
-        pytest.importorskip("megatron.core")
-    return {part: frozenset(f.name for f in dataclasses.fields(
-        getattr(importlib.import_module(module), name)))
-        for part, (module, name) in CONFIG_CLASSES.items()}
+    _needs_megatron()
+    known = {}
+    for part, (module, name) in CONFIG_CLASSES.items():
+        cls = getattr(importlib.import_module(module), name)
+        known[part] = frozenset(f.name for f in dataclasses.fields(cls)) \
+            if dataclasses.is_dataclass(cls) \
+            else frozenset(inspect.signature(cls.__init__).parameters) | MODEL_PART_KEYS
+    return known
+
+
+def _megatron_verdict(model: ModelSpec, s: Layout, gpus: int) -> str | None:
+    """megatron-core's judgement of `s` (tools/rules_crosscheck.py: its parallel state,
+    TransformerConfig, layer split and batch calculator on a fake process group)."""
+    _needs_megatron()
+    pytest.importorskip("torch")
+    from tools.rules_crosscheck import megatron_verdict
+
+    return megatron_verdict(model, s, gpus)
+
+
+def teardown_module() -> None:
+    """Leave no fake process group behind for the next test file in this process."""
+    import sys
+
+    if "tools.rules_crosscheck" in sys.modules:
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _given(args: list[str], row: FlagRow) -> Given:
     """The flag values of `args` as Megatron-LM's argparse reads them (the row says which take
-    a value)."""
-    takes = {flag.name: flag.takes_value for flag in row.flags}
+    a value; a flag of many values takes every word up to the next flag, joined by spaces)."""
+    flags = {flag.name: flag for flag in row.flags}
     values: dict[str, str | None] = {}
-    words = iter(args)
-    for word in words:
-        values[word] = next(words) if takes.get(word, True) else None
+    i = 0
+    while i < len(args):
+        flag = flags.get(args[i])
+        if flag is not None and not flag.takes_value:
+            values[args[i]], i = None, i + 1
+            continue
+        end = i + 2
+        if flag is not None and flag.many:
+            while end < len(args) and not args[end].startswith("--"):
+                end += 1
+        values[args[i]], i = " ".join(args[i + 1:end]), end
     return Given(values, "round trip")
 
 
@@ -214,6 +260,7 @@ def lever_problems(lever: Lever) -> list[str]:
                for _, _, s in layouts for n in lever.field_names):
         problems.append(f"lever {lever.name}: no valid layout of the all-dimensions space "
                         "turns it")
+    read_back: set[str] = set()
     for model, cluster, s in layouts:
         for part, keys in lever.worker(model, s).items():
             if part not in known:
@@ -223,14 +270,23 @@ def lever_problems(lever: Lever) -> list[str]:
             for key in sorted(set(keys) - known[part]):
                 problems.append(f"lever {lever.name}: worker key {key} is no field of "
                                 f"megatron-core's {CONFIG_CLASSES[part][1]}")
+        # What Megatron-LM runs reads back: impl sdpa is exported as te (exported_layout).
+        exported = exported_layout(s)
         read: dict[str, Any] = {}
         for row in lever.flag_rows:
             if row.read is not None:
-                read.update(row.read(_given(row.emit(model, s, RunOptions()), row)))
+                read.update(row.read(_given(row.emit(model, exported, RunOptions()), row)))
         for name in lever.field_names:
-            if name in read and read[name] != getattr(s, name):
-                problems.append(f"lever {lever.name}: {name}={getattr(s, name)} reads back as "
-                                f"{read[name]}")
+            if name in read and read[name] != getattr(exported, name):
+                problems.append(f"lever {lever.name}: {name}={getattr(exported, name)} reads "
+                                f"back as {read[name]}")
+        read_back |= set(read)
+        # megatron-core accepts what the rules accept (tests/test_megatron_crosscheck.py holds
+        # the converse on random layouts).
+        verdict = _megatron_verdict(model, s, cluster.num_gpus)
+        if verdict is not None:
+            problems.append(f"lever {lever.name}: megatron-core rejects {s.describe()}, which "
+                            f"the rules accept: {verdict}")
         # A lever the memory model prices must cost time too (or say why not): the layout
         # with the lever's fields at their defaults, where Megatron accepts it.
         off = replace(s, **{n: DIMENSIONS[n].default for n in lever.field_names})
@@ -239,13 +295,17 @@ def lever_problems(lever: Lever) -> list[str]:
         if estimate_memory(model, s, cluster) == estimate_memory(model, off, cluster):
             continue
         # The step's terms must see it (its stage may not set the pace: the fused cross
-        # entropy on a last stage lighter than the first changes no step time).
+        # entropy on a last stage lighter than the first changes no step time; nor does
+        # recomputing attention on a stage that waits on the context-parallel ring's host).
         start = CostState(optimizer_bytes_per_param=CostParams().optimizer_bytes_per_param)
         terms = [lever.cost(model, layout, cluster, CostParams(), start)
                  for layout in (s, off)] if lever.cost is not None else [start, start]
-        if terms[0] == terms[1] and (estimate_cost(model, s, cluster).step_time_s
-                                     == estimate_cost(model, off, cluster).step_time_s):
+        if terms[0] == terms[1] and (estimate_cost(model, s, cluster)
+                                     == estimate_cost(model, off, cluster)):
             problems.append(f"lever {lever.name}: {s.describe()} changes memory but not time")
+    for row in lever.flag_rows:
+        for name in sorted(set(row.reads) - read_back):
+            problems.append(f"lever {lever.name}: flag row {row.name} never reads back {name}")
     return sorted(set(problems))
 
 
@@ -270,6 +330,13 @@ def test_a_broken_lever_is_reported(change: dict[str, Any], reported: str) -> No
     broken = replace(cross_entropy.LEVER, **change)
     assert any(reported in problem for problem in lever_problems(broken)), \
         lever_problems(broken)
+
+
+def test_a_saving_without_its_stage_cost_is_reported() -> None:
+    """Recompute prices its time per stage (autotune.levers.base.StageState): without that
+    term its saving would be free."""
+    broken = replace(recompute.LEVER, stage_cost=None)
+    assert any("changes memory but not time" in p for p in contract_problems(broken))
 
 
 def test_a_flag_row_that_does_not_read_back_is_reported() -> None:

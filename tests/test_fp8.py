@@ -21,6 +21,7 @@ from autotune.levers.fp8 import (
     gemm_speedup,
     recipes_on,
 )
+from autotune.levers.transformer_impl import attention_bytes
 from autotune.megatron_args import flag_names, megatron_lm_args, read_fields
 from autotune.megatron_command import read_megatron_command, unmodeled_warning
 from autotune.memory import GIB, estimate_memory, stage_linear_params
@@ -219,8 +220,8 @@ def test_gemm_inputs_are_saved_in_fp8(model: ModelSpec, recipe: str,
     """The four GEMM inputs of a layer (QKV, projection, fc1, fc2; the experts' with MoE) lose
     2 - per_element bytes per element; every other saved tensor keeps its bytes."""
     h, t = model.hidden_size, 2
-    bf16 = layer_activations(model, t, "te")
-    fp8 = layer_activations(model, t, "te", per_element)
+    bf16 = layer_activations(model, t, attention_bytes(model, "te"))
+    fp8 = layer_activations(model, t, attention_bytes(model, "te"), per_element)
     saved = 2 - per_element
     k = model.moe_topk if model.is_moe else 1
     f = model.expert_ffn_size if model.is_moe else model.ffn_size

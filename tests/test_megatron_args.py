@@ -9,7 +9,8 @@ import pytest
 
 from autotune.errors import ConfigError, InvalidLayoutError
 from autotune.layout import Layout
-from autotune.megatron_args import flag_names, megatron_lm_args, training_script
+from autotune.levers import LEVERS
+from autotune.megatron_args import FLAG_TABLE, flag_names, megatron_lm_args, training_script
 from autotune.model import ModelSpec, padded_vocab_size
 from autotune.protocol import distributed_timeout_minutes
 
@@ -321,3 +322,24 @@ def test_no_memory_option_flags_at_the_defaults(fields: dict[str, object]) -> No
     for flag in ("--recompute-modules", "--cpu-offloading-num-layers",
                  "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"):
         assert flag not in args
+
+
+def test_lever_rows_sit_at_their_place() -> None:
+    """Each lever's rows are spliced in beside the core rows of their subject
+    (autotune.levers.flags.Place), so an exported command reads as it did before the levers
+    moved into autotune.levers: the pipeline split after the pipeline sizes, recompute and
+    offload after the batch, the optimizer and precision levers after --bf16, the
+    implementation last of the layout."""
+    names = [row.name for row in FLAG_TABLE]
+
+    def after(first: str, second: str) -> bool:
+        return names.index(second) == names.index(first) + 1
+
+    assert after("vpp", "first_stage_layers") and after("last_stage_layers", "cp")
+    assert after("batch", "recompute") and after("recompute", "offload_layers")
+    assert after("offload_layers", "precision")
+    assert after("precision", "distributed_optimizer")
+    assert after("impl", "train_iters")
+    for lever in LEVERS:
+        at = [names.index(row.name) for row in lever.flag_rows]
+        assert at == list(range(at[0], at[0] + len(at))), lever.name

@@ -11,16 +11,13 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from autotune import memory_activations
 from autotune.hardware import ClusterSpec, gpu_spec
 from autotune.layout import Layout, check
+from autotune.levers import transformer_impl
+from autotune.levers.recompute import full_recompute_chunk, module_savings
+from autotune.levers.transformer_impl import attention_bytes
 from autotune.memory import GIB, MemoryParams, estimate_memory, stage_params
-from autotune.memory_activations import (
-    full_recompute_chunk,
-    inflight_microbatches,
-    layer_activations,
-    layer_bytes,
-)
+from autotune.memory_activations import inflight_microbatches, layer_activations, layer_bytes
 from autotune.model import ModelSpec, list_presets, load_model
 from autotune.params import count_parameters
 
@@ -37,17 +34,21 @@ SBH = 512 * 2 * 1024
 
 def _layer(model: ModelSpec, tp: int, impl: str, sp: bool = False,
            selective: bool = False) -> float:
-    acts = layer_activations(model, tp, impl)
+    acts = layer_activations(model, tp, attention_bytes(model, impl))
+    freed = module_savings(acts, ("core_attn",), seq=model.seq_length, tp=tp,
+                           sequence_parallel=sp) if selective else 0.0
     return layer_bytes(acts, tokens=2 * model.seq_length, seq=model.seq_length, tp=tp,
-                       sequence_parallel=sp, modules=("core_attn",) if selective else ())
+                       sequence_parallel=sp, freed=freed)
 
 
 @pytest.fixture
 def fused_softmax(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The paper's setting: a fused softmax kernel that saves a bf16 output (2 bytes)."""
-    monkeypatch.setattr(memory_activations, "LOCAL_SOFTMAX_SAVED_BYTES", 2)
+    monkeypatch.setattr(transformer_impl, "LOCAL_SOFTMAX_SAVED_BYTES", 2)
+    transformer_impl._attention_bytes.cache_clear()
     layer_activations.cache_clear()
     yield
+    transformer_impl._attention_bytes.cache_clear()
     layer_activations.cache_clear()
 
 
@@ -80,7 +81,7 @@ def test_gqa_swiglu_activations() -> None:
     # h = 1024, a = 16 (d = 64), g = 4 -> kv = 256; ffn f = 2048 gated; dropout 0.1 (1-byte masks).
     model = replace(TOY, name="toy-gqa", num_query_groups=4, ffn_hidden_size=2048,
                     gated_linear_unit=True)
-    acts = layer_activations(model, 1, "te")
+    acts = layer_activations(model, 1, attention_bytes(model, "te"))
     h, kv, f = 1024, 256, 2048
     # Replicated: 2 LN inputs, QKV and fc1 inputs (8h) + 2 masks (2h); split: Q 2h, K/V 2kv
     # each, proj input 2h, SwiGLU input 2 * 2f, fc2 input 2f; plus lse 4a.

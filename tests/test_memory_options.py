@@ -12,14 +12,17 @@ from typing import Any
 import pytest
 from conftest import cluster
 
-from autotune.cost import checkpoint_calls, estimate_cost
+from autotune.cost import estimate_cost
 from autotune.dimensions import RECOMPUTE_MODULES, RecomputeModules
 from autotune.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND, MemoryGate
 from autotune.hardware import ClusterSpec, gpu_spec
 from autotune.heuristics import alpa_seeds, predicted_speed
 from autotune.layout import Layout, check, stage_layers
+from autotune.levers.activation_offload import offloaded_layers
+from autotune.levers.recompute import checkpoint_calls, module_savings
+from autotune.levers.transformer_impl import attention_bytes
 from autotune.memory import estimate_memory
-from autotune.memory_activations import layer_activations, module_savings, offloaded_layers
+from autotune.memory_activations import layer_activations
 from autotune.model import ModelSpec, load_model
 from autotune.space import enumerate_space, space_from_mapping
 from autotune.worker.config import worker_config
@@ -127,7 +130,7 @@ def test_worker_config(fields: dict[str, Any], expected: dict[str, Any]) -> None
 ])
 def test_module_savings(model: ModelSpec, impl: str, modules: tuple[str, ...],
                         per_token: float) -> None:
-    acts = layer_activations(model, 1, impl)
+    acts = layer_activations(model, 1, attention_bytes(model, impl))
     saved = module_savings(acts, modules, seq=model.seq_length, tp=1, sequence_parallel=False)
     assert saved == pytest.approx(per_token)
 

@@ -1,10 +1,17 @@
 """The lever registry: one module per lever, each declaring all of its Megatron knowledge.
 
 `LEVERS` lists them in the order the models apply their terms (autotune.levers.base explains
-what a lever declares). `LeverFields` joins their Layout fields and `LeverConstants` their cost
-constants: autotune.layout.Layout and autotune.cost.CostParams inherit them, so the fields are
-typed like the rest. A dataclass orders inherited fields by the reversed method resolution
-order, so both list their bases last lever first.
+what a lever declares): the pipeline split, recompute and activation offload, the optimizer,
+overlap, fusion and precision levers, and the transformer implementation. `LeverFields` joins
+their Layout fields and `LeverConstants` their cost constants: autotune.layout.Layout and
+autotune.cost.CostParams inherit them, so the fields are typed like the rest. A dataclass
+orders inherited fields by the reversed method resolution order, so both list their bases last
+lever first (autotune.layout places the pipeline split's fields among the core ones).
+
+The consumers read the registry instead of keeping lists of their own: autotune.layout (fields
+and rules), autotune.megatron_args (flag rows, at each lever's `flag_place`),
+autotune.worker.config (worker keys), autotune.memory and autotune.cost (the terms, in this
+order), autotune.heuristics (the seeds) and autotune.levers.derive (derivable counts).
 
 Adding a lever: its module, one line in each of the three lists below, its candidates in
 search_spaces/ and its tests (tests/test_dimension_contract.py checks it against the contract).
@@ -17,30 +24,42 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.levers import (
+    activation_offload,
     cross_entropy,
     distributed_optimizer,
     fp8,
     optimizer_offload,
     overlap,
+    pipeline_split,
     precision_optimizer,
+    recompute,
+    transformer_impl,
 )
 from autotune.levers.base import Lever, Requires, Rule
 
 __all__ = ["LEVERS", "LeverConstants", "LeverFields", "requirements", "rules"]
 
 LEVERS: tuple[Lever, ...] = (
+    pipeline_split.LEVER,
+    recompute.LEVER,
+    activation_offload.LEVER,
     distributed_optimizer.LEVER,
     overlap.LEVER,
     cross_entropy.LEVER,
     precision_optimizer.LEVER,
     optimizer_offload.LEVER,
     fp8.LEVER,
+    transformer_impl.LEVER,
 )
+"""In the order the models apply their terms, and the validity rules of one level run (the
+pipeline split's before the core's vpp rules, autotune.layout.RULES)."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class LeverFields(fp8.Fields, optimizer_offload.Fields, precision_optimizer.Fields,
-                  cross_entropy.Fields, overlap.Fields, distributed_optimizer.Fields):
+class LeverFields(transformer_impl.Fields, fp8.Fields, optimizer_offload.Fields,
+                  precision_optimizer.Fields, cross_entropy.Fields, overlap.Fields,
+                  distributed_optimizer.Fields, activation_offload.Fields, recompute.Fields,
+                  pipeline_split.Fields):
     """Every lever's Layout fields, in LEVERS order."""
 
     __slots__ = ()

@@ -10,15 +10,25 @@ their own:
   and `autotune.layout.Layout` inherits it, so the fields are typed like any other;
 - `rules` (autotune.layout.RULES) and `requires` (a field that must hold a value whenever the
   lever is on: a rule as data, which identity's same-run rule and the seeds respect);
-- `flag_rows` (autotune.megatron_args.FLAG_TABLE: the Megatron-LM flags, emitted and read back);
+- `flag_rows` (autotune.megatron_args.FLAG_TABLE: the Megatron-LM flags, emitted and read back),
+  spliced in at its `flag_place` (beside the core rows of its subject);
 - `worker`: its keys for megatron-core's TransformerConfig, DistributedDataParallelConfig and
-  OptimizerConfig (autotune.worker.config);
-- `memory`: how it changes a rank's model states (`MemoryState`, autotune.memory) and `cost`:
-  how it changes a step's terms (`CostState`, autotune.cost). Each is a pure function of the
-  layout applied in registry order, so a lever that reshapes the optimizer state (the
-  distributed optimizer, lower precision) comes before one that moves it (CPU offload);
+  OptimizerConfig, and the GPT model's build (the layer spec) (autotune.worker.config);
+- `memory`: how it changes a rank's model states and the sizes its layers' activations are
+  counted in (`MemoryState`, autotune.memory), and `cost`: how it changes a step's terms
+  (`CostState`, autotune.cost). Each is a pure function of the layout applied in registry
+  order, so a lever that reshapes the optimizer state (the distributed optimizer, lower
+  precision) comes before one that moves it (CPU offload);
+- `activations`: what one pipeline chunk keeps of its layers' activations for a micro-batch
+  (`ActivationState`: stored and workspace bytes), and `stage_cost`: what a stage's
+  micro-batch adds to its layers' time (`StageState`: recomputed forwards, checkpoints,
+  offload copies). Both run after every lever's `memory` / `cost` term, once the layers'
+  activations and times are known (they depend on the implementation and FP8's sizes);
 - `seed`: its part in Alpa's seeds (autotune.heuristics): the value Megatron practice starts
-  from, or a memory saving the seeds may spend on a larger micro-batch;
+  from, or a memory saving the seeds may spend on a larger micro-batch (and the `fallback`
+  savings spent in order where no cost model ranks them);
+- `derivable`: counts that a space may mark `derive`, resolved from the memory model
+  (autotune.levers.derive);
 - `constants`: a dataclass mixin of its cost constants, joined into autotune.cost.CostParams
   (through `autotune.levers.LeverConstants`) so that calibration can fit them.
 
@@ -33,16 +43,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from autotune.levers.flags import FlagRow, Given
+from autotune.levers.flags import FlagRow, Given, Place
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
+    from autotune.cost import CostParams, LayerTimes
     from autotune.hardware import ClusterSpec
     from autotune.layout import Layout
+    from autotune.memory_activations import LayerActivations
     from autotune.model import ModelSpec
 
-__all__ = ["CONFIG_PARTS", "CostState", "Lever", "MemoryState", "Requires", "Rule", "Seed",
-           "Worker", "contract_problems", "satisfy"]
+__all__ = ["CONFIG_PARTS", "ActivationState", "AttentionBytes", "CostState", "Derivable",
+           "Lever", "MemoryState", "Requires", "Rule", "Seed", "StageState", "Worker",
+           "contract_problems", "satisfy"]
 
 
 Check = Callable[["Layout", "ModelSpec", "ClusterSpec"], "str | None"]
@@ -85,14 +97,32 @@ class Requires:
         return Rule(self.name, self.level, self.summary, check)
 
 
-CONFIG_PARTS = ("transformer", "ddp", "optimizer")
+CONFIG_PARTS = ("transformer", "ddp", "optimizer", "model")
 """The worker-config parts a lever may add keys to: megatron-core's TransformerConfig,
-DistributedDataParallelConfig and OptimizerConfig keyword arguments (autotune.worker.config)."""
+DistributedDataParallelConfig and OptimizerConfig keyword arguments, and the GPT model's build
+(`layer_spec`, which autotune.worker.build turns into a layer spec) (autotune.worker.config)."""
 
 Worker = Callable[["ModelSpec", "Layout"], dict[str, dict[str, Any]]]
 """(model, layout) -> {part: {keyword: value}} for parts among CONFIG_PARTS. dtypes by name
 ("bfloat16"), as the rest of the worker config: autotune.worker.build resolves every
 `*_dtype` key."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionBytes:
+    """What core attention keeps of one layer, per rank, by how its kernels run: set by the
+    transformer implementation (autotune.levers.transformer_impl) and read by
+    autotune.memory_activations.layer_activations."""
+
+    saved_per_score: float = 0.0
+    """Bytes per attention score and head saved for backward (an unfused softmax's output,
+    dropout mask and dropout output; none where a fused kernel recomputes them)."""
+    workspace_per_score: float = 0.0
+    """Bytes per attention score and head alive while one layer's forward runs, beyond what it
+    saves."""
+    saved_per_head: float = 0.0
+    """Bytes per token and head saved for backward besides the scores (a fused kernel's fp32
+    log-sum-exp)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,6 +148,38 @@ class MemoryState:
     linear_input_bytes: float = 2.0
     """Bytes per element of the inputs the layers' GEMMs save for backward (bf16; TE's FP8
     keeps them in 1 byte and its scales)."""
+    attention: AttentionBytes = AttentionBytes()
+    """What core attention saves and needs per score (the transformer implementation's)."""
+    stage_layers: tuple[int, ...] = ()
+    """Transformer layers on each pipeline stage, first to last: an even split
+    (autotune.levers.pipeline_split.even_layers) unless the pipeline split says otherwise."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationState:
+    """What one model chunk of a pipeline stage keeps of its layers' activations for one
+    micro-batch: every layer's stored in full (`layers` x `layer_bytes`) before the levers
+    change it, then as recompute and CPU offloading do, in registry order. autotune.memory
+    multiplies it by the micro-batches in flight."""
+
+    layers: int
+    """Transformer layers of the chunk."""
+    layer: LayerActivations
+    """Bytes per token one layer stores, by how they shard (autotune.memory_activations)."""
+    tokens: float
+    """Local tokens of one micro-batch (mbs x seq / cp)."""
+    seq: float
+    """Local sequence length (seq / cp)."""
+    layer_bytes: float
+    """One layer's activations stored in full for the micro-batch."""
+    stored_bytes: float
+    """The chunk's stored activations."""
+    workspace_bytes: float
+    """Transient bytes of one layer at a time: unfused attention's scores, a recomputed
+    region being rebuilt."""
+    block_margin: float = 1.0
+    """Largest blocks the stage needs free beside its peak (autotune.memory.BLOCK_MARGIN; none
+    under full recompute)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,10 +214,83 @@ class CostState:
     linear_gather_bytes: float = 2.0
     """Bytes per GEMM weight the distributed optimizer all-gathers (bf16, autotune.memory.
     PARAM_BYTES; FP8 parameters: 1)."""
+    stage_layers: tuple[int, ...] = ()
+    """Transformer layers on each pipeline stage, first to last: an even split
+    (autotune.levers.pipeline_split.even_layers) unless the pipeline split says otherwise."""
+    attention: AttentionBytes = AttentionBytes()
+    """What core attention saves (the transformer implementation's): the activations whose
+    element-wise passes and offload copies the step pays for."""
+    attention_efficiency: float = 1.0
+    """Fraction of the bf16 peak core attention's FLOPs run at (the implementation's kernel)."""
+    attention_bytes_per_score: float = 0.0
+    """HBM bytes per attention score and head, forward and backward, of an unfused attention's
+    memory-bound kernels."""
+    elementwise_bytes: float = 0.0
+    """HBM bytes the layers' element-wise kernels move (forward and backward) per byte of
+    stored activation (the implementation's fusions)."""
+    layer_launch_extra_s: float = 0.0
+    """Host time per layer and micro-batch beyond CostParams.layer_launch_s (TE's modules)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageState:
+    """What one micro-batch of a pipeline stage of `layers` layers adds to its layers' forward
+    and backward, before (nothing) and after the levers (recompute, CPU offloading), in
+    registry order; autotune.cost turns it into the stage's time."""
+
+    layers: int
+    """Transformer layers of the stage."""
+    chunk: int
+    """Transformer layers of one of its model chunks."""
+    layer: LayerTimes
+    """One layer's forward for one micro-batch, by term (autotune.cost)."""
+    mlp_forward_s: float
+    """The MLP's (MoE layer's) GEMMs of `layer.gemm`."""
+    activations: LayerActivations
+    """What one layer stores per token (bf16 GEMM inputs: the element-wise kernels' bytes)."""
+    tokens: float
+    """Local tokens of one micro-batch."""
+    layer_bytes: float
+    """One layer's stored activations for the micro-batch."""
+    hbm_bytes_per_s: float
+    """HBM bandwidth the memory-bound kernels reach."""
+    elementwise_bytes: float
+    """CostState.elementwise_bytes."""
+    recomputed_forwards: float = 0.0
+    """Forwards per layer run again (full recompute: 1, or a block's share)."""
+    attention_reruns: float = 0.0
+    """Core-attention forwards per layer run again besides those (selective core_attn)."""
+    rerun_s: float = 0.0
+    """Seconds per layer of forwards run again besides those (selective recompute's modules)."""
+    checkpoints: float = 0.0
+    """Activation checkpoints per model chunk (CostParams.checkpoint_call_s each)."""
+    offload_s: float = 0.0
+    """Exposed seconds of host copies (CPU offloading)."""
 
 
 MemoryTerm = Callable[["ModelSpec", "Layout", MemoryState], MemoryState]
+ActivationTerm = Callable[["ModelSpec", "Layout", ActivationState], ActivationState]
 CostTerm = Callable[["ModelSpec", "Layout", "ClusterSpec", "CostParams", CostState], CostState]
+StageTerm = Callable[["ModelSpec", "Layout", "ClusterSpec", "CostParams", StageState],
+                     StageState]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Derivable:
+    """A count a space may mark `derive`: resolved from the memory model instead of listed
+    (autotune.levers.derive)."""
+
+    name: str
+    applies: Callable[[Layout, ModelSpec], bool]
+    """Whether the value means anything for this layout (else it stays at its default)."""
+    values: Callable[[Layout, ModelSpec], tuple[int, ...]]
+    """The values Megatron accepts for this layout, in order of rising saving and cost."""
+    monotone: Callable[[Layout], bool]
+    """True for a layout where memory falls and time rises along `values` (the fewest that
+    fit is the best); False where time is the same for every value (the least memory is the
+    best)."""
+    off: int
+    """The value that means the lever is unused (its Layout default)."""
 
 
 class Seed(enum.StrEnum):
@@ -177,16 +312,26 @@ class Lever:
     rules: tuple[Rule, ...] = ()
     requires: tuple[Requires, ...] = ()
     flag_rows: tuple[FlagRow, ...]
+    flag_place: Place = Place.OPTIONS
+    """Where its rows sit in autotune.megatron_args.FLAG_TABLE (and an exported command)."""
     worker: Worker
     memory: MemoryTerm | None
+    activations: ActivationTerm | None = None
     no_memory: str = ""
-    """Why the lever has no memory term (required when `memory` is None)."""
+    """Why the lever has no memory term (required when `memory` and `activations` are
+    None)."""
     cost: CostTerm | None
+    stage_cost: StageTerm | None = None
     no_cost: str = ""
-    """Why the lever has no cost term (required when `cost` is None)."""
+    """Why the lever has no cost term (required when `cost` and `stage_cost` are None)."""
     seed: Seed
     practice: Callable[[Layout, str], Mapping[str, Any]] | None = None
     """With Seed.PRACTICE: (layout, best impl) -> the fields' values Megatron practice takes."""
+    fallback: tuple[tuple[str, Any], ...] = ()
+    """With Seed.MEMORY: (field, value) savings that a seed without the cost model to rank them
+    spends in this order when nothing fits without one (autotune.heuristics)."""
+    derivable: tuple[Derivable, ...] = ()
+    """Its counts a space may mark `derive` (autotune.levers.derive)."""
     constants: type | None = None
     """Its CostParams mixin, if it brings constants of its own."""
     unmodeled: tuple[tuple[str, str], ...] = ()
@@ -217,19 +362,27 @@ def contract_problems(lever: Lever) -> list[str]:
         if row.read is None:
             problems.append(f"lever {lever.name}: flag row {row.name} does not read back")
         else:
-            read_back |= set(row.read(Given({}, "no flags")))
+            read_back |= set(row.read(Given({}, "no flags"))) | set(row.reads)
     missing = sorted(set(names) - read_back)
     if missing:
         problems.append(f"lever {lever.name}: no flag row reads back {', '.join(missing)}")
-    if lever.memory is None and not lever.no_memory:
+    memory = lever.memory is not None or lever.activations is not None
+    cost = lever.cost is not None or lever.stage_cost is not None
+    if not memory and not lever.no_memory:
         problems.append(f"lever {lever.name} has no memory term and does not say why")
-    if lever.cost is None and not lever.no_cost:
+    if not cost and not lever.no_cost:
         problems.append(f"lever {lever.name} has no cost term and does not say why")
-    if lever.memory is not None and lever.cost is None:
+    if memory and not cost:
         problems.append(f"lever {lever.name} changes memory but not time: a saving is never "
                         "free in the cost model")
     if lever.seed == Seed.PRACTICE and lever.practice is None:
         problems.append(f"lever {lever.name} is practice in the seeds but names no value")
+    for name, _ in lever.fallback:
+        if name not in names:
+            problems.append(f"lever {lever.name}: its seed fallback sets {name}, not its field")
+    for derivable in lever.derivable:
+        if derivable.name not in names:
+            problems.append(f"lever {lever.name}: derivable {derivable.name} is not its field")
     for name in names:
         dim = next(f for f in fields(lever.fields) if f.name == name).metadata.get("dimension")
         if dim is None:

@@ -4,7 +4,9 @@ A search space lists candidates; for some dimensions the best candidate is a fun
 rest of the layout and of the memory left, which no list can know (issue 24: a 3B Llama at
 sequence 8192 on one H100 is fastest with full recompute of 10 of its 28 layers, and no list
 held 10). A space marks such a dimension `derive`; the sampler picks the structure (full
-recompute by block, an offload) and this module resolves the count:
+recompute by block, an offload) and this module resolves the count. Each lever declares its
+derivable counts (`Lever.derivable`: autotune.levers.recompute, autotune.levers.
+activation_offload), with the values Megatron accepts and whether the fewest that fit is best:
 
 - `recompute_num_layers` with `recompute: full, recompute_method: block`: the fewest layers of a
   chunk recomputed that fit. Memory falls and step time rises with each recomputed layer
@@ -28,12 +30,13 @@ expects to fit with a margin. The search then moves the count by what trials mea
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
-from autotune.dimensions import Impl, Recompute, RecomputeMethod
 from autotune.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND
 from autotune.hardware import ClusterSpec
-from autotune.layout import Layout, chunk_layers, stage_layers, with_fields
+from autotune.layout import Layout, stage_layers, with_fields
+from autotune.levers import LEVERS
+from autotune.levers.base import Derivable
+from autotune.levers.pipeline_split import common_divisors
 from autotune.memory import MemoryParams, estimate_memory
 from autotune.model import ModelSpec
 
@@ -50,59 +53,8 @@ def _divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0) if n > 0 else ()
 
 
-def _common_divisors(counts: Iterable[int]) -> tuple[int, ...]:
-    """The values that divide every count (uniform recompute groups of every chunk, the
-    virtual stages of every pipeline stage)."""
-    distinct = set(counts)
-    return tuple(d for d in _divisors(min(distinct)) if all(n % d == 0 for n in distinct))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Derivable:
-    """A dimension whose value is resolved from the memory model."""
-
-    name: str
-    applies: Callable[[Layout, ModelSpec], bool]
-    """Whether the value means anything for this layout (else it stays at its default)."""
-    values: Callable[[Layout, ModelSpec], tuple[int, ...]]
-    """The values Megatron accepts for this layout, in order of rising saving and cost."""
-    monotone: Callable[[Layout], bool]
-    """True for a layout where memory falls and time rises along `values` (the fewest that
-    fit is the best); False where time is the same for every value (the least memory is the
-    best)."""
-    off: int
-    """The value that means the lever is unused (its Layout default)."""
-
-
-def _block(s: Layout, m: ModelSpec) -> bool:
-    return s.recompute == Recompute.FULL and s.recompute_method == RecomputeMethod.BLOCK
-
-
-def _recompute_values(s: Layout, m: ModelSpec) -> tuple[int, ...]:
-    if _block(s, m):
-        # transformer_block.py: 1 to the layers of a chunk (rule recompute_layers).
-        return tuple(range(1, max(chunk_layers(s, m)) + 1))
-    # Uniform groups must divide every chunk's layers (rule recompute_groups).
-    return _common_divisors(chunk_layers(s, m))
-
-
-def _offload_applies(s: Layout, m: ModelSpec) -> bool:
-    # The rule `offload`: TE's offload, pp 1, no recompute.
-    return s.impl == Impl.TE and s.pp == 1 and s.recompute == Recompute.NONE
-
-
-DERIVABLE: dict[str, Derivable] = {
-    "recompute_num_layers": Derivable(
-        name="recompute_num_layers",
-        applies=lambda s, m: s.recompute == Recompute.FULL,
-        values=_recompute_values, monotone=lambda s: s.recompute_method != "uniform", off=1),
-    "offload_layers": Derivable(
-        name="offload_layers", applies=_offload_applies,
-        # TransformerConfig.__post_init__: fewer than num_layers layers; 0 first, so that a
-        # layout that fits without offloading is not made to offload.
-        values=lambda s, m: tuple(range(0, m.num_layers)), monotone=lambda s: True, off=0),
-}
-"""The dimensions a space may mark `derive`."""
+DERIVABLE: dict[str, Derivable] = {d.name: d for lever in LEVERS for d in lever.derivable}
+"""The dimensions a space may mark `derive`, each lever's in registry order."""
 
 
 def _mbs_values(s: Layout, m: ModelSpec) -> tuple[int, ...]:
@@ -114,7 +66,7 @@ def _vpp_values(s: Layout, m: ModelSpec) -> tuple[int, ...]:
     if s.pp < 2:
         return (1,)
     # get_num_layers_to_build: every stage's layers divisible by the virtual stages.
-    return _common_divisors(stage_layers(s, m))
+    return common_divisors(stage_layers(s, m))
 
 
 ENUMERABLE: dict[str, Callable[[Layout, ModelSpec], tuple[int, ...]]] = {

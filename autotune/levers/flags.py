@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from autotune.layout import Layout
     from autotune.model import ModelSpec
 
-__all__ = ["Emit", "Flag", "FlagRow", "Given", "Part", "Read", "RunOptions", "switch", "value"]
+__all__ = ["Emit", "Flag", "FlagRow", "Given", "Part", "Place", "Read", "RunOptions", "switch",
+           "value"]
+
 
 class Part(enum.StrEnum):
     """What a row's flags describe: the model's shape, the parallel layout (what a search
@@ -30,6 +32,21 @@ class Part(enum.StrEnum):
     MODEL = "model"
     LAYOUT = "layout"
     RUN = "run"
+
+
+class Place(enum.StrEnum):
+    """Where a lever's rows sit in the flag table, beside the core rows of their subject: an
+    exported command reads in that order (and keeps the order it had before the lever moved
+    into autotune.levers)."""
+
+    PIPELINE = "pipeline"
+    """After the pipeline sizes: how the layers split over the stages."""
+    MEMORY = "memory"
+    """After the batch: what the layers keep of their activations (recompute, offload)."""
+    OPTIONS = "options"
+    """After the precision: the optimizer, overlap, fusion and FP8 levers."""
+    IMPLEMENTATION = "implementation"
+    """Last of the layout: the transformer implementation and its spec's flags."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +135,10 @@ class FlagRow:
     flags: tuple[Flag, ...]
     emit: Emit
     read: Read | None = None
+    reads: tuple[str, ...] = ()
+    """Fields `read` returns only when some of its flags are given (recompute_method, with full
+    recompute): what a lever's contract counts as read back besides what `read` returns for a
+    command without them (autotune.levers.base.contract_problems)."""
 
 
 def value(name: str, field: str, part: Part, *, default: int | None = None,

@@ -2,7 +2,9 @@
 
 `worker_config` is what the worker hands megatron-core for a model and layout: the
 TransformerConfig, DistributedDataParallelConfig and OptimizerConfig keyword arguments, the layer
-spec and the batch schedule; each lever adds its own keys (autotune.levers, `Lever.worker`).
+spec and the batch schedule; each lever adds its own keys (autotune.levers, `Lever.worker`:
+recompute, the pipeline split, offloading, the implementation's layer spec, the optimizer, ...)
+after the core's, in registry order.
 autotune.worker.build turns it into megatron-core objects; the orchestrator reads it to know when
 two layouts are the same run (autotune.identity) and to check that every layout dimension reaches
 the worker (tests/test_dimension_contract.py). dtypes and the activation are named here
@@ -19,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.dimensions import Impl, Recompute
 from autotune.layout import Layout
 from autotune.levers import LEVERS
 from autotune.model import ModelSpec, padded_vocab_size
@@ -46,7 +47,8 @@ class WorkerConfig:
     optimizer: dict[str, Any]
     """OptimizerConfig keyword arguments (params_dtype by name)."""
     model: dict[str, Any]
-    """GPTModel arguments that depend on the layout, and the layer spec built (`layer_spec`)."""
+    """GPTModel arguments that depend on the layout, and the layer spec built (`layer_spec`,
+    the transformer implementation's)."""
     schedule: dict[str, Any]
     """What megatron-core's forward_backward_func gets per step."""
 
@@ -57,36 +59,6 @@ class WorkerConfig:
         # sorting (this runs for every valid layout of a space: 22,671 for gpt-1t on 3072 GPUs).
         return tuple(tuple(part.items()) for part in (
             self.transformer, self.ddp, self.optimizer, self.model, self.schedule))
-
-
-def _recompute(s: Layout) -> dict[str, Any]:
-    # TransformerConfig reads recompute_method and recompute_num_layers only with full
-    # recompute (transformer_block.py, _checkpointed_forward), recompute_modules only with
-    # selective (attention.py, transformer_layer.py, moe_layer.py); Megatron-LM leaves the
-    # unread ones at their defaults (None: core_attn).
-    if s.recompute == Recompute.FULL:
-        return {"recompute_granularity": "full", "recompute_method": str(s.recompute_method),
-                "recompute_num_layers": s.recompute_num_layers, "recompute_modules": None}
-    if s.recompute == Recompute.SELECTIVE:
-        return {"recompute_granularity": "selective", "recompute_method": None,
-                "recompute_num_layers": None,
-                "recompute_modules": s.recompute_modules.modules}
-    return {"recompute_granularity": None, "recompute_method": None,
-            "recompute_num_layers": None, "recompute_modules": None}
-
-
-def _pipeline_split(s: Layout) -> dict[str, Any]:
-    # TransformerConfig's uneven split: None is an even split (Megatron-LM's default for
-    # --decoder-first/last-pipeline-num-layers); get_num_layers_to_build reads both.
-    return {"num_layers_in_first_pipeline_stage": s.first_stage_layers or None,
-            "num_layers_in_last_pipeline_stage": s.last_stage_layers or None}
-
-
-def _offload(s: Layout) -> dict[str, Any]:
-    # Transformer Engine's layer-level offload of activations (model_parallel_config.py
-    # cpu_offloading*; transformer_block.py get_cpu_offload_context), as Megatron-LM sets it
-    # from --cpu-offloading-num-layers: activations only, not weights.
-    return {"cpu_offloading": s.offload_layers > 0, "cpu_offloading_num_layers": s.offload_layers}
 
 
 def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
@@ -139,9 +111,6 @@ def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
         # (results/benchmarks/2026-11-21-h200x4-gpt2-xl-grid.md).
         "overlap_p2p_comm": s.vpp > 1,
         "batch_p2p_comm": s.vpp == 1,
-        **_recompute(s),
-        **_pipeline_split(s),
-        **_offload(s),
     }
     if m.normalization == "RMSNorm":
         kwargs["layernorm_epsilon"] = 1e-5
@@ -153,7 +122,6 @@ def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
             "moe_token_dispatcher_type": "alltoall",
             "moe_router_load_balancing_type": "aux_loss",
             "moe_aux_loss_coeff": 1e-2,
-            "moe_grouped_gemm": s.impl == Impl.TE,
         })
     return kwargs
 
@@ -171,12 +139,11 @@ def worker_config(model: ModelSpec, layout: Layout) -> WorkerConfig:
     optimizer = {"optimizer": "adam", "lr": 1e-4, "bf16": True, "params_dtype": "bfloat16",
                  "clip_grad": 1.0}
     transformer = _transformer(model, s)
-    parts = {"transformer": transformer, "ddp": ddp, "optimizer": optimizer}
+    gpt = {"vocab_size": padded_vocab_size(model, s.tp), "model_chunks": s.vpp}
+    parts = {"transformer": transformer, "ddp": ddp, "optimizer": optimizer, "model": gpt}
     for lever in LEVERS:  # each lever's keys (autotune.levers), in registry order
         for part, keys in lever.worker(model, s).items():
             parts[part].update(keys)
-    gpt = {"layer_spec": str(s.impl), "vocab_size": padded_vocab_size(model, s.tp),
-           "model_chunks": s.vpp}
     schedule = {"micro_batch_size": s.mbs, "num_microbatches": s.num_microbatches,
                 "data_parallel_size": s.dp, "seq_length": model.seq_length}
     return WorkerConfig(transformer=transformer, ddp=ddp, optimizer=optimizer,

@@ -1,0 +1,151 @@
+"""An uneven pipeline split: the first and last pipeline stages' own layer counts.
+
+megatron-core 0.16.1 builds the first and last pipeline ranks with
+`num_layers_in_first_pipeline_stage` / `num_layers_in_last_pipeline_stage` layers and splits the
+rest evenly over the middle ranks (TransformerConfig.__post_init__, "Uneven PP";
+transformer_block.py get_num_layers_to_build); Megatron-LM spells them
+`--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers` (arguments.py
+_add_distributed_args). Fewer layers on the first stage offset the embedding and the most
+micro-batches in flight, fewer on the last the output layer and the loss. A stage's weights,
+activations and time all scale with its layer count, so the lever's terms are the counts
+themselves (`stage_layers`), which autotune.memory and autotune.cost read stage by stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from autotune.dimensions import dimension, unless_default
+from autotune.levers.base import CostState, Lever, MemoryState, Rule, Seed
+from autotune.levers.flags import Part, Place, value
+
+if TYPE_CHECKING:
+    from autotune.cost import CostParams
+    from autotune.hardware import ClusterSpec
+    from autotune.layout import Layout
+    from autotune.model import ModelSpec
+
+__all__ = ["LEVER", "Fields", "chunk_layers", "common_divisors", "even_layers", "stage_layers"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fields:
+    __slots__ = ()
+    first_stage_layers: int = dimension(0, level=1, label=unless_default("first", 0), minimum=0,
+                                        help=(
+        "Transformer layers on the first pipeline stage (`--decoder-first-pipeline-num-"
+        "layers`); 0: an even split. Fewer layers there offset the embedding and the most "
+        "micro-batches in flight."))
+    last_stage_layers: int = dimension(0, level=1, label=unless_default("last", 0), minimum=0,
+                                       help=(
+        "Transformer layers on the last pipeline stage (`--decoder-last-pipeline-num-layers`); "
+        "0: an even split. Fewer layers there offset the output layer and the loss."))
+
+    @property
+    def uneven(self) -> bool:
+        """The first or last pipeline stage has a layer count of its own."""
+        return bool(self.first_stage_layers or self.last_stage_layers)
+
+
+def even_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:
+    """Transformer layers on each pipeline rank without the lever: num_layers / pp each
+    (get_num_layers_to_build). What autotune.memory and autotune.cost start from."""
+    return (m.num_layers // s.pp,) * s.pp
+
+
+def stage_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:
+    """Transformer layers on each pipeline rank, first to last: an even split, or the first
+    and last stages' own counts with the rest shared by the middle ranks (TransformerConfig.
+    __post_init__, "Uneven PP"; transformer_block.py get_num_layers_to_build). Meaningful for
+    a layout that passes the rule `pp_layers`."""
+    if not s.uneven or s.pp == 1:
+        return even_layers(s, m)
+    first, last = s.first_stage_layers, s.last_stage_layers
+    middle = s.pp - bool(first) - bool(last)
+    rest = m.num_layers - first - last
+    share = rest // middle if middle else 0
+    if s.pp == 2 and not (first and last):
+        # One stage named: the other holds the rest.
+        return (first, rest) if first else (rest, last)
+    return (first or share, *(share,) * (s.pp - 2), last or share)
+
+
+def chunk_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:
+    """Transformer layers of one model chunk on each pipeline rank (stage_layers / vpp)."""
+    return tuple(n // s.vpp for n in stage_layers(s, m))
+
+
+def common_divisors(counts: Iterable[int]) -> tuple[int, ...]:
+    """The values that divide every count (uniform recompute groups of every chunk, the
+    virtual stages of every pipeline stage)."""
+    distinct = set(counts)
+    low = min(distinct)
+    return tuple(d for d in range(1, low + 1) if all(n % d == 0 for n in distinct)) \
+        if low > 0 else ()
+
+
+def _pp_layers(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # megatron/core/transformer/transformer_block.py, get_num_layers_to_build; with the first
+    # or last stage's own count, TransformerConfig.__post_init__ ("Uneven PP").
+    if not s.uneven:
+        if m.num_layers % s.pp:
+            return f"pp={s.pp} must divide num_layers={m.num_layers}"
+        return None
+    first, last = s.first_stage_layers, s.last_stage_layers
+    if s.pp < 2:
+        return (f"first_stage_layers={first}/last_stage_layers={last} need pp >= 2: one "
+                "stage holds every layer")
+    named = bool(first) + bool(last)
+    middle = s.pp - named
+    rest = m.num_layers - first - last
+    if s.pp == 2 and named == 1:
+        middle = 1  # the stage not named holds the rest
+    if middle == 0 and rest != 0:
+        return (f"first_stage_layers={first} + last_stage_layers={last} must equal "
+                f"num_layers={m.num_layers} with pp=2")
+    if middle and (rest < middle or rest % middle):
+        return (f"the {rest} layers left after first_stage_layers={first} and "
+                f"last_stage_layers={last} must split evenly over the {middle} other "
+                f"pipeline stages (num_layers={m.num_layers}, pp={s.pp})")
+    return None
+
+
+def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+    # TransformerConfig's uneven split: None is an even split (Megatron-LM's default for
+    # --decoder-first/last-pipeline-num-layers); get_num_layers_to_build reads both.
+    return {"transformer": {"num_layers_in_first_pipeline_stage": s.first_stage_layers or None,
+                            "num_layers_in_last_pipeline_stage": s.last_stage_layers or None}}
+
+
+def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
+    # Each stage's weights, gradients, optimizer state and activations follow its layers.
+    return replace(state, stage_layers=stage_layers(s, m)) if s.uneven else state
+
+
+def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
+          state: CostState) -> CostState:
+    # Each stage's micro-batch takes its layers' time; the slowest stage sets the pace.
+    return replace(state, stage_layers=stage_layers(s, m)) if s.uneven else state
+
+
+LEVER = Lever(
+    name="pipeline_split",
+    fields=Fields,
+    # Level 1, with vpp: vpp_layers (autotune.layout) divides the counts this rule allows.
+    rules=(Rule("pp_layers", 1, "pp must divide num_layers, or the first/last stages' own "
+                "counts leave an even split", _pp_layers),),
+    # An uneven split (arguments.py _add_distributed_args, core_v0.16.1): absent, an even
+    # split; with vpp, --num-virtual-stages-per-pipeline-rank is the flag validate_args
+    # accepts alongside them.
+    flag_rows=(value("--decoder-first-pipeline-num-layers", "first_stage_layers", Part.LAYOUT,
+                     default=0, omit_at=0),
+               value("--decoder-last-pipeline-num-layers", "last_stage_layers", Part.LAYOUT,
+                     default=0, omit_at=0)),
+    flag_place=Place.PIPELINE,
+    worker=_worker,
+    memory=_memory,
+    cost=_cost,
+    seed=Seed.MEMORY,
+)

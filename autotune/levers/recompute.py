@@ -1,0 +1,412 @@
+"""Activation recomputation: selective (a layer's modules) or full (whole layers).
+
+megatron-core 0.16.1 (TransformerConfig `recompute_granularity`, `recompute_method`,
+`recompute_num_layers`, `recompute_modules`): full recompute checkpoints whole layers
+(transformer_block.py _checkpointed_forward), `uniform` in groups of recompute_num_layers
+layers, `block` the first recompute_num_layers layers of each pipeline chunk; selective
+recompute checkpoints modules of each layer (attention.py core_attn; transformer_layer.py
+layernorm and mlp; experts.py moe_act; moe_layer.py moe). Megatron-LM spells it
+`--recompute-granularity full|selective --recompute-method --recompute-num-layers
+--recompute-modules` (arguments.py; core_v0.16.1 argument_utils.py generates the last).
+
+What it changes, from Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models": a layer stores what its checkpoint keeps instead of every activation
+(Section 4.3 for full: the layer input 2 s b h, /t with sequence parallelism; eq. 4 for
+core_attn: no 5 a s^2 b term), a rebuilt region lives while its backward runs, and each
+recomputed forward runs again (Section 5), with one checkpoint call per region.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from autotune.dimensions import (
+    RECOMPUTE_MODULES,
+    Impl,
+    Recompute,
+    RecomputeMethod,
+    RecomputeModules,
+    dimension,
+)
+from autotune.errors import ConfigError, InvalidLayoutError
+from autotune.levers.base import (
+    ActivationState,
+    Derivable,
+    Lever,
+    Rule,
+    Seed,
+    StageState,
+)
+from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions
+from autotune.levers.pipeline_split import chunk_layers, common_divisors
+from autotune.memory_activations import LayerActivations, layer_bytes
+
+if TYPE_CHECKING:
+    from autotune.cost import CostParams
+    from autotune.hardware import ClusterSpec
+    from autotune.layout import Layout
+    from autotune.model import ModelSpec
+
+__all__ = ["LEVER", "Fields", "checkpoint_calls", "full_recompute_chunk", "module_savings",
+           "module_workspace", "recomputed_share"]
+
+
+def _label(s: Layout, value: Recompute) -> str | None:
+    """`rc=selective`, `rc=full`, or `rc=full(block/2)` when the method or layer count is not
+    the default, `rc=selective(core_attn+mlp)` when the modules are not core_attn alone:
+    recompute_method and recompute_num_layers mean nothing without full, recompute_modules
+    nothing without selective."""
+    if value == Recompute.FULL and (s.recompute_method, s.recompute_num_layers) != (
+            RecomputeMethod.UNIFORM, 1):
+        return f"rc=full({s.recompute_method}/{s.recompute_num_layers})"
+    if value == Recompute.SELECTIVE and s.recompute_modules != RecomputeModules.CORE_ATTN:
+        return f"rc=selective({s.recompute_modules})"
+    return None if value == Recompute.NONE else f"rc={value}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fields:
+    __slots__ = ()
+    recompute: Recompute = dimension(Recompute.NONE, level=5, label=_label, help=(
+        "Activation recomputation: none, selective (the recompute_modules) or full."))
+    recompute_method: RecomputeMethod = dimension(
+        RecomputeMethod.UNIFORM, level=5, label=None, folded_into="recompute", help=(
+            "With full recompute: uniform (every group of layers) or block (the first n "
+            "layers of each stage)."))
+    recompute_num_layers: int = dimension(1, level=5, label=None, folded_into="recompute",
+                                          help="With full recompute: layers per group (uniform)"
+                                               " or recomputed layers per stage (block).")
+    recompute_modules: RecomputeModules = dimension(
+        RecomputeModules.CORE_ATTN, level=5, label=None, folded_into="recompute", help=(
+            "With selective recompute: the modules checkpointed (`--recompute-modules`), "
+            "`core_attn+mlp` for several; Megatron's default is core_attn."))
+
+
+# ---- rules ---------------------------------------------------------------------------------
+
+
+def _kind(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    if not isinstance(s.recompute, Recompute):
+        return f"recompute={s.recompute!r} must be one of {', '.join(Recompute)}"
+    if s.recompute == Recompute.FULL and not isinstance(s.recompute_method, RecomputeMethod):
+        return f"recompute_method={s.recompute_method!r} must be uniform or block"
+    return None
+
+
+def _layers(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # TransformerConfig.__post_init__: between 1 and the layers of one pipeline rank (the
+    # largest chunk, with an uneven split).
+    per_chunk = max(chunk_layers(s, m))
+    if s.recompute == "full" and not 1 <= s.recompute_num_layers <= per_chunk:
+        return (f"recompute_num_layers={s.recompute_num_layers} must be between 1 and the "
+                f"{per_chunk} layers of a pipeline chunk")
+    return None
+
+
+def _groups(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # TransformerConfig.recompute_method: uniform "will uniformly divide the total number of
+    # transformer layers in a transformer block" into groups of recompute_num_layers;
+    # transformer_block.py's _checkpointed_forward leaves a shorter last group otherwise, which
+    # saves no memory over the even groups and is not the documented use.
+    if s.recompute != "full" or s.recompute_method != RecomputeMethod.UNIFORM:
+        return None
+    counts = sorted(set(chunk_layers(s, m)))
+    if any(n % s.recompute_num_layers for n in counts):
+        listed = ", ".join(map(str, counts))
+        return (f"uniform recompute_num_layers={s.recompute_num_layers} must divide the "
+                f"layers of every pipeline chunk ({listed})")
+    return None
+
+
+def _modules(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # Which modules take effect, megatron-core 0.16.1. Megatron accepts a module that acts on
+    # nothing; the rule keeps such a layout from passing for a different run.
+    if s.recompute != "selective":
+        return None
+    if not isinstance(s.recompute_modules, RecomputeModules):
+        return (f"recompute_modules={s.recompute_modules!r} must be one of "
+                f"{', '.join(RecomputeModules)}")
+    modules = s.recompute_modules.modules
+    if "mlp" in modules and m.is_moe:
+        # transformer_layer.py: recompute_mlp only `if not self.is_moe_layer`.
+        return f"recompute_modules mlp acts on dense MLPs; every layer of {m.name} is MoE"
+    if ("moe" in modules or "moe_act" in modules) and not m.is_moe:
+        # moe_layer.py / experts.py read them; a dense model has no expert layer.
+        return f"recompute_modules {s.recompute_modules} acts on MoE layers; {m.name} has none"
+    if "moe_act" in modules and s.impl != Impl.TE:
+        # TransformerConfig.__post_init__: "moe_act in recompute_modules is only supported
+        # with moe_grouped_gemm", which the worker turns on for impl te only (TEGroupedMLP).
+        return f"recompute_modules moe_act needs moe_grouped_gemm (impl=te), got impl={s.impl}"
+    if "layernorm" in modules and s.impl == Impl.TE and not m.is_moe:
+        # gpt_layer_specs.py, the TE spec: both norms are fused into TELayerNormColumnParallel-
+        # Linear (input_layernorm and pre_mlp_layernorm are IdentityOp), and
+        # transformer_layer.py recomputes a norm only when it is not an IdentityOp.
+        return "recompute_modules layernorm has no effect with impl=te: TE fuses the norms"
+    return None
+
+
+# ---- flags ---------------------------------------------------------------------------------
+
+
+def _emit(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
+    if s.recompute == "none":
+        return []
+    if s.recompute == "selective":
+        # validate_args: "recompute method is not yet supported for selective recomputing".
+        # --recompute-modules is generated from TransformerConfig.recompute_modules (nargs +,
+        # core_v0.16.1 argument_utils.py); without it, core_attn alone.
+        args = ["--recompute-granularity", "selective"]
+        if s.recompute_modules != "core_attn":
+            args += ["--recompute-modules", *s.recompute_modules.split("+")]
+        return args
+    if s.recompute == "full":
+        return ["--recompute-granularity", "full", "--recompute-method", s.recompute_method,
+                "--recompute-num-layers", str(s.recompute_num_layers)]
+    raise InvalidLayoutError(f"recompute={s.recompute!r} must be none, selective or full")
+
+
+def _read(g: Given) -> dict[str, Any]:
+    # --recompute-activations is the older spelling of --recompute-granularity selective.
+    default = "selective" if g.has("--recompute-activations") else "none"
+    granularity = g.choice("--recompute-granularity", ("full", "selective"), default) \
+        if g.has("--recompute-granularity") else default
+    if granularity == "selective":
+        # nargs +: the modules may come as one space-separated value; autotune writes a set
+        # as `a+b` in its own order (dimensions.RecomputeModules).
+        given = (g.text("--recompute-modules") or "core_attn").replace("+", " ").split()
+        order = [m for m in RECOMPUTE_MODULES if m in given]
+        return {"recompute": granularity, "recompute_modules": "+".join(order) or "core_attn"}
+    if granularity != "full":
+        return {"recompute": granularity}
+    # TransformerConfig.__post_init__: full recompute needs a method (uniform or block) and a
+    # number of layers.
+    method = g.text("--recompute-method")
+    layers = g.integer("--recompute-num-layers")
+    if method not in ("uniform", "block") or layers is None:
+        raise ConfigError(f"{g.source}: --recompute-granularity full needs --recompute-method "
+                          "uniform|block and --recompute-num-layers N (megatron-core refuses it "
+                          "without them)")
+    return {"recompute": "full", "recompute_method": method, "recompute_num_layers": layers}
+
+
+# ---- worker --------------------------------------------------------------------------------
+
+
+def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+    # TransformerConfig reads recompute_method and recompute_num_layers only with full
+    # recompute (transformer_block.py, _checkpointed_forward), recompute_modules only with
+    # selective (attention.py, transformer_layer.py, moe_layer.py); Megatron-LM leaves the
+    # unread ones at their defaults (None: core_attn).
+    if s.recompute == Recompute.FULL:
+        keys = {"recompute_granularity": "full", "recompute_method": str(s.recompute_method),
+                "recompute_num_layers": s.recompute_num_layers, "recompute_modules": None}
+    elif s.recompute == Recompute.SELECTIVE:
+        keys = {"recompute_granularity": "selective", "recompute_method": None,
+                "recompute_num_layers": None,
+                "recompute_modules": s.recompute_modules.modules}
+    else:
+        keys = {"recompute_granularity": None, "recompute_method": None,
+                "recompute_num_layers": None, "recompute_modules": None}
+    return {"transformer": keys}
+
+
+# ---- memory --------------------------------------------------------------------------------
+
+
+def module_savings(acts: LayerActivations, modules: tuple[str, ...], *, seq: float, tp: int,
+                   sequence_parallel: bool) -> float:
+    """Bytes per token of one layer that selective recompute of `modules` does not store.
+
+    core_attn: Korthikanti et al. 2022 eq. 4 (the 5 a s / h term; with flash attention only the
+    log-sum-exp, which is why megatron-core warns that fused attention needs no core_attn
+    recompute). The others free what their checkpoint's region saves beyond its input
+    (LayerActivations fields). `moe` frees the experts' internals, moe_act's output among them.
+    """
+    sp = tp if sequence_parallel else 1
+    saved = 0.0
+    if "core_attn" in modules:
+        saved += seq * acts.per_key + acts.attn_recomputable
+    if "layernorm" in modules:
+        saved += acts.norm_outputs / sp
+    if "mlp" in modules:
+        saved += acts.mlp_internal
+    if "moe" in modules:
+        saved += acts.moe_replicated / sp + acts.moe_split
+    elif "moe_act" in modules:
+        saved += acts.moe_act_output
+    return saved
+
+
+def module_workspace(acts: LayerActivations, modules: tuple[str, ...]) -> float:
+    """Bytes per token rebuilt at once in backward: the largest recomputed region of one
+    layer (checkpoints rerun one region, then free it)."""
+    regions = [0.0]
+    if "mlp" in modules:
+        regions.append(acts.mlp_internal)
+    if "moe" in modules:
+        regions.append(acts.moe_replicated + acts.moe_split)
+    return max(regions)
+
+
+def recomputed_share(layers: int, *, method: str, num_layers: int) -> float:
+    """The share of a chunk's `layers` layers whose forward full recompute runs again.
+
+    megatron/core/transformer/transformer_block.py, _checkpointed_forward: `uniform` checkpoints
+    groups of num_layers layers, so every layer is recomputed; `block` checkpoints the first
+    num_layers layers of the chunk and runs the rest normally.
+    """
+    n = max(1, min(num_layers, layers))
+    return n / layers if method == "block" else 1.0
+
+
+def full_recompute_chunk(layers: int, *, method: str, num_layers: int, full: float,
+                         layer_input: float) -> tuple[float, float]:
+    """(stored, recompute workspace) bytes of one chunk of `layers` layers, one micro-batch.
+
+    megatron/core/transformer/transformer_block.py, _checkpointed_forward: `uniform` checkpoints
+    groups of num_layers layers and keeps each group's input; `block` checkpoints the first
+    num_layers layers one by one and stores the rest in full. During backward one checkpointed
+    unit's activations are rebuilt (the workspace).
+    """
+    n = max(1, min(num_layers, layers))
+    if method == "block":
+        return n * layer_input + (layers - n) * full, full
+    return math.ceil(layers / n) * layer_input, n * full
+
+
+def _activations(m: ModelSpec, s: Layout, state: ActivationState) -> ActivationState:
+    if s.recompute == Recompute.FULL:
+        # Only the layer input survives: 2 s b h, scattered over TP with SP (Section 4.3).
+        tsp = s.tp if s.sequence_parallel else 1
+        layer_input = state.tokens * 2 * m.hidden_size / tsp
+        stored, rebuild = full_recompute_chunk(state.layers, method=s.recompute_method,
+                                               num_layers=s.recompute_num_layers,
+                                               full=state.layer_bytes, layer_input=layer_input)
+        # autotune.memory.BLOCK_MARGIN: every measured full-recompute run had its largest
+        # block free at a peak the margin would have ruled out.
+        return replace(state, stored_bytes=stored, workspace_bytes=state.workspace_bytes
+                       + rebuild, block_margin=0.0)
+    if s.recompute == Recompute.SELECTIVE:
+        modules = s.recompute_modules.modules
+        freed = module_savings(state.layer, modules, seq=state.seq, tp=s.tp,
+                               sequence_parallel=s.sequence_parallel)
+        stored = state.layers * layer_bytes(state.layer, tokens=state.tokens, seq=state.seq,
+                                            tp=s.tp, sequence_parallel=s.sequence_parallel,
+                                            freed=freed)
+        return replace(state, stored_bytes=stored, workspace_bytes=state.workspace_bytes
+                       + state.tokens * module_workspace(state.layer, modules))
+    return state
+
+
+# ---- cost ----------------------------------------------------------------------------------
+
+_CHECKPOINTS_PER_MODULE = {"core_attn": 1, "layernorm": 2, "mlp": 1, "moe_act": 1, "moe": 1}
+"""Checkpointed regions a module adds to a layer: layernorm is two, the input and pre-MLP norms
+(transformer_layer.py)."""
+
+
+def checkpoint_calls(s: Layout, chunk: int) -> float:
+    """Activation checkpoints per chunk of `chunk` layers and micro-batch.
+
+    transformer_block.py _checkpointed_forward: `uniform` checkpoints each group of
+    recompute_num_layers layers, `block` each of its first recompute_num_layers layers;
+    selective recompute one region per module and layer (attention.py, transformer_layer.py:
+    layernorm is two, the input and pre-MLP norms; experts.py, moe_layer.py).
+    """
+    if s.recompute == Recompute.FULL:
+        n = max(1, min(s.recompute_num_layers, chunk))
+        return float(n if s.recompute_method == RecomputeMethod.BLOCK else -(-chunk // n))
+    if s.recompute == Recompute.SELECTIVE:
+        return float(chunk * sum(_CHECKPOINTS_PER_MODULE[mod]
+                                 for mod in s.recompute_modules.modules))
+    return 0.0
+
+
+def _stage_cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
+                state: StageState) -> StageState:
+    if s.recompute == Recompute.FULL:
+        # Full recompute reruns the whole forward of the layers it recomputes (all with
+        # uniform, the first recompute_num_layers of each chunk with block).
+        full = recomputed_share(state.chunk, method=s.recompute_method,
+                                num_layers=s.recompute_num_layers) if state.chunk else 0.0
+        return replace(state, recomputed_forwards=full,
+                       checkpoints=checkpoint_calls(s, state.chunk))
+    if s.recompute != Recompute.SELECTIVE:
+        return state
+    # Selective recompute reruns each module's forward (Korthikanti et al. 2022, Section 5,
+    # for core_attn): its FLOPs, and its element-wise kernels over the bytes it freed.
+    modules = s.recompute_modules.modules
+    layer, acts, tokens = state.layer, state.activations, state.tokens
+    elementwise, hbm = state.elementwise_bytes, state.hbm_bytes_per_s
+    rerun = 0.0
+    if "core_attn" in modules:
+        rerun += layer.core
+    if "mlp" in modules or "moe" in modules:
+        rerun += state.mlp_forward_s + tokens * acts.mlp_internal * elementwise / 3 / hbm
+    if "moe" in modules:
+        # moe_layer.py checkpoints routing and the token dispatch too: its all-to-all again.
+        rerun += layer.ep / 2 + tokens * (acts.moe_replicated + acts.moe_split) \
+            * elementwise / 3 / hbm
+    elif "moe_act" in modules:
+        rerun += tokens * acts.moe_act_output * elementwise / 3 / hbm
+    if "layernorm" in modules:
+        rerun += tokens * acts.norm_outputs / (s.tp if s.sequence_parallel else 1) \
+            * elementwise / 3 / hbm
+    # Recomputed core attention runs its context-parallel ring again.
+    return replace(state, attention_reruns=1.0 if "core_attn" in modules else 0.0,
+                   rerun_s=rerun, checkpoints=checkpoint_calls(s, state.chunk))
+
+
+# ---- derived counts ------------------------------------------------------------------------
+
+
+def _block(s: Layout) -> bool:
+    return s.recompute == Recompute.FULL and s.recompute_method == RecomputeMethod.BLOCK
+
+
+def _derived_values(s: Layout, m: ModelSpec) -> tuple[int, ...]:
+    if _block(s):
+        # transformer_block.py: 1 to the layers of a chunk (rule recompute_layers).
+        return tuple(range(1, max(chunk_layers(s, m)) + 1))
+    # Uniform groups must divide every chunk's layers (rule recompute_groups).
+    return common_divisors(chunk_layers(s, m))
+
+
+LEVER = Lever(
+    name="recompute",
+    fields=Fields,
+    rules=(Rule("recompute_kind", 5, "recompute must be none, selective or full", _kind),
+           Rule("recompute_layers", 5, "recompute_num_layers must fit a pipeline chunk",
+                _layers),
+           Rule("recompute_groups", 5,
+                "uniform recompute_num_layers must divide a chunk's layers", _groups),
+           Rule("recompute_modules", 5, "selective recompute's modules must act on the model",
+                _modules)),
+    flag_rows=(FlagRow(name="recompute", part=Part.LAYOUT,
+                       flags=(Flag("--recompute-granularity"), Flag("--recompute-method"),
+                              Flag("--recompute-num-layers"),
+                              Flag("--recompute-activations", takes_value=False),
+                              Flag("--recompute-modules", many=True)),
+                       emit=_emit, read=_read,
+                       reads=("recompute_method", "recompute_num_layers",
+                              "recompute_modules")),),
+    flag_place=Place.MEMORY,
+    worker=_worker,
+    memory=None,
+    activations=_activations,
+    cost=None,
+    stage_cost=_stage_cost,
+    seed=Seed.MEMORY,
+    # Without the cost model to rank savings, Alpa's authors would recompute selectively
+    # first, then fully.
+    fallback=(("recompute", Recompute.SELECTIVE), ("recompute", Recompute.FULL)),
+    # The fewest layers of a chunk recomputed that fit (block: memory falls and time rises
+    # with each), or the group of least memory (uniform: every layer is recomputed whatever
+    # the group).
+    derivable=(Derivable(name="recompute_num_layers",
+                         applies=lambda s, m: s.recompute == Recompute.FULL,
+                         values=_derived_values,
+                         monotone=lambda s: s.recompute_method != "uniform", off=1),),
+)

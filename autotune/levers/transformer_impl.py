@@ -1,0 +1,226 @@
+"""The transformer implementation: megatron-core's local spec, Transformer Engine's, or SDPA.
+
+megatron-core 0.16.1 builds a GPT layer from a spec (models/gpt/gpt_layer_specs.py):
+`get_gpt_layer_local_spec` (plain PyTorch modules, the unfused DotProductAttention) or
+`get_gpt_layer_with_transformer_engine_spec` (TE's fused LayerNorm-Linear, cuDNN fused
+attention, grouped GEMMs for experts); Megatron-LM picks one with `--transformer-impl local|
+transformer_engine` (arguments.py, default transformer_engine). autotune's `sdpa` is the local
+spec with PyTorch's scaled_dot_product_attention as core attention (autotune.worker.attention),
+which Megatron-LM does not have: its command runs TE's spec instead (`exported_layout`).
+
+What the choice changes: core attention's kernels (the local spec's unfused softmax saves its
+fp32 probabilities and moves every score through HBM several times; the fused kernels keep a
+log-sum-exp and recompute the rest), the element-wise kernels' fusions, and the host time TE's
+modules add per layer.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from autotune.dimensions import Impl, dimension, value_label
+from autotune.errors import InvalidLayoutError
+from autotune.levers.base import AttentionBytes, CostState, Lever, MemoryState, Rule, Seed
+from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions
+from autotune.memory_activations import dropout_rate
+
+if TYPE_CHECKING:
+    from autotune.cost import CostParams
+    from autotune.hardware import ClusterSpec
+    from autotune.layout import Layout
+    from autotune.model import ModelSpec
+
+__all__ = ["LEVER", "LOCAL_SOFTMAX_SAVED_BYTES", "SDPA_STANDS_IN", "TRANSFORMER_IMPLS", "Fields",
+           "attention_bytes", "exported_layout", "measured_as_exported"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fields:
+    __slots__ = ()
+    impl: Impl = dimension(Impl.LOCAL, level=5, label=value_label(), help=(
+        "Transformer implementation: local, sdpa or te."))
+
+
+# ---- what Megatron-LM runs -----------------------------------------------------------------
+
+TRANSFORMER_IMPLS: dict[str, str] = {"local": "local", "te": "transformer_engine"}
+"""autotune impl -> Megatron-LM `--transformer-impl`. autotune's "sdpa" (a local spec with
+PyTorch SDPA as core attention) lives only in autotune's worker; Megatron-LM has no such choice."""
+
+SDPA_STANDS_IN = ("impl sdpa (autotune's local spec with PyTorch SDPA attention) has no "
+                  "Megatron-LM equivalent; this uses --transformer-impl transformer_engine, "
+                  "whose fused attention is the closest.")
+"""What the export says of a layout measured with sdpa (`exported_layout`)."""
+
+
+def exported_layout(layout: Layout) -> Layout:
+    """The layout a Megatron-LM command runs for `layout`: impl sdpa, which Megatron-LM does not
+    have, runs as Transformer Engine (Megatron-LM's default). The one place that decides it:
+    the export (autotune.scripts), a run's identity (autotune.identity), `--from-megatron`'s
+    flag changes (autotune.megatron_command) and what a search measures where TE is installed
+    (autotune.commands.search) all ask here (through autotune.megatron_args)."""
+    return replace(layout, impl=Impl.TE) if layout.impl == Impl.SDPA else layout
+
+
+def measured_as_exported(layout: Layout) -> bool:
+    """Whether a figure measured with `layout` is the figure of the Megatron-LM command the
+    export writes for it (not so for sdpa, which runs as TE there)."""
+    return exported_layout(layout) == layout
+
+
+# ---- rules ---------------------------------------------------------------------------------
+
+
+def _known(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    if not isinstance(s.impl, Impl):
+        return f"impl={s.impl!r} must be one of {', '.join(Impl)}"
+    return None
+
+
+def _cp(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # megatron/core/transformer/dot_product_attention.py: the local core attention asserts
+    # context_parallel_size == 1; only TEDotProductAttention implements context parallelism.
+    if s.cp > 1 and s.impl != "te":
+        return f"cp={s.cp} needs impl=te (Transformer Engine attention), got impl={s.impl}"
+    return None
+
+
+# ---- flags ---------------------------------------------------------------------------------
+
+_LOCAL_SPEC_ARGS: tuple[str, ...] = (
+    "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-persist-layer-norm",
+    "--attention-softmax-in-fp32")
+"""impl local is the local spec on plain PyTorch, as autotune's worker measures it: no apex
+(gradient-accumulation fusion, persistent LayerNorm) and no fused softmax kernel. Megatron-LM's
+defaults turn all three on and, without apex or TE, stop at start-up (tensor_parallel/layers.py
+"gradient_accumulation_fusion ... requires", transformer/torch_norm.py persist_layer_norm,
+fusions/fused_softmax.py scaled_masked_softmax_cuda), so the command says so explicitly.
+The worker's TransformerConfig keeps megatron-core's attention_softmax_in_fp32=True, whose fp32
+probabilities the unfused attention saves for backward; Megatron-LM's flag defaults to False.
+Measured on an H100 (gpt2-xl, mbs 4): without the flag Megatron-LM peaked 9.4 GiB lower than
+the worker, 2 bytes x heads x s^2 x mbs per layer."""
+
+
+_TE_SPEC_ARGS: tuple[str, ...] = ("--no-gradient-accumulation-fusion",)
+"""impl te as the worker measures it. Megatron-LM's default gradient-accumulation fusion also
+covers the output layer, megatron-core's own ColumnParallelLinear, which needs apex's
+fused_weight_gradient_mlp_cuda even when TE builds the layers: without apex Megatron-LM stops at
+start-up (measured on an H100 with TE 2.11, results/benchmarks/2026-11-23-h100-te-build-and-
+runs.md). The worker accumulates without the fusion (autotune.worker.config), so the command
+says the same; with apex installed, dropping the flag is the user's choice."""
+
+
+def _emit(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
+    if s.impl not in TRANSFORMER_IMPLS:
+        raise InvalidLayoutError(
+            f"impl={s.impl} has no Megatron-LM equivalent; --transformer-impl takes "
+            f"{' or '.join(TRANSFORMER_IMPLS.values())} (impl {' or '.join(TRANSFORMER_IMPLS)})")
+    args = ["--transformer-impl", TRANSFORMER_IMPLS[s.impl]]
+    if s.impl == "local":
+        args += _LOCAL_SPEC_ARGS
+    elif s.impl == "te":
+        args += _TE_SPEC_ARGS
+    return args
+
+
+def _read(g: Given) -> dict[str, Any]:
+    # arguments.py: --transformer-impl defaults to transformer_engine.
+    chosen = g.choice("--transformer-impl", tuple(TRANSFORMER_IMPLS.values()),
+                      TRANSFORMER_IMPLS["te"])
+    return {"impl": next(k for k, v in TRANSFORMER_IMPLS.items() if v == chosen)}
+
+
+# ---- worker --------------------------------------------------------------------------------
+
+
+def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+    # The layer spec autotune.worker.build builds for the implementation; with experts, TE's
+    # spec runs them as grouped GEMMs (TEGroupedMLP), the local spec as one MLP each.
+    keys: dict[str, dict[str, Any]] = {"model": {"layer_spec": str(s.impl)}}
+    if m.is_moe:
+        keys["transformer"] = {"moe_grouped_gemm": s.impl == Impl.TE}
+    return keys
+
+
+# ---- models --------------------------------------------------------------------------------
+
+LOCAL_SOFTMAX_SAVED_BYTES = 4
+"""Bytes per attention score that the local spec's softmax saves for backward.
+megatron-core's FusedScaleMaskSoftmax uses the fused kernel only when masked_softmax_fusion is set
+(default False, transformer_config.py) and the apex/TE kernel is installed; otherwise
+`forward_torch_softmax` upcasts to fp32 (attention_softmax_in_fp32=True) and torch's softmax saves
+its fp32 output. The paper's 5 a s^2 b assumes the fused kernel (2 bytes): 2 + 1 mask + 2."""
+
+
+def attention_bytes(m: ModelSpec, impl: str) -> AttentionBytes:
+    """What core attention keeps per score and head with implementation `impl` (Korthikanti
+    et al. 2022, Section 4.1's 5 a s^2 b term, and what replaces it in a fused kernel)."""
+    return _attention_bytes(impl, dropout_rate(m, "attention_dropout") > 0)
+
+
+@functools.lru_cache(maxsize=16)
+def _attention_bytes(impl: str, dropout: bool) -> AttentionBytes:
+    if impl == "local":
+        # Unfused core attention: softmax output (fp32 without the fused kernel), dropout mask
+        # (1 B) and dropout output (2 B, input of scores x V) per score: a s^2 b (4 + 1 + 2).
+        mask = 1.0 if dropout else 0.0
+        # Forward workspace beyond what the layer stores: megatron-core's
+        # fusions/fused_softmax.py forward_torch_softmax holds the bf16 scores (2, the caller's
+        # `attention_scores`, alive until DotProductAttention.forward returns) and their fp32
+        # copy (4) while softmax writes its fp32 output; that output is the tensor
+        # SoftmaxBackward saves, already counted in LOCAL_SOFTMAX_SAVED_BYTES. Later the copy
+        # is freed and the bf16 probs (2) live until dropout: max(2 + 4, 2 + 2) = 6.
+        # (Counting the fp32 output here too put full recompute of the local spec ~3 GiB high
+        # at gpt2-xl mbs 32, where one layer's s^2 terms dominate: s3-xl-search/2.)
+        return AttentionBytes(saved_per_score=LOCAL_SOFTMAX_SAVED_BYTES + mask + 2,
+                              workspace_per_score=2 + 4)
+    # Flash attention (SDPA flash backend, TE/cuDNN fused attention) keeps Q, K, V, the output
+    # and the fp32 log-sum-exp per head; dropout is regenerated from the RNG state.
+    return AttentionBytes(saved_per_head=4)
+
+
+def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
+    return replace(state, attention=attention_bytes(m, s.impl))
+
+
+def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
+          state: CostState) -> CostState:
+    attention = attention_bytes(m, s.impl)
+    if s.impl == "local":
+        from autotune.cost import gemm_efficiency
+
+        # Unfused attention: two batched GEMMs with inner size head_dim, then s^2 memory
+        # traffic; unfused bias, GeLU, dropout, residual adds and LayerNorm.
+        return replace(state, attention=attention,
+                       attention_efficiency=gemm_efficiency(m.head_dim, p),
+                       attention_bytes_per_score=p.local_attention_bytes_per_score,
+                       elementwise_bytes=p.elementwise_bytes_local)
+    # Fused attention (SDPA's flash backend, TE/cuDNN); sdpa keeps the local spec's other
+    # kernels but is priced with TE's element-wise factor (CostParams.elementwise_bytes_te),
+    # and TE's modules add host time per layer (CostParams.te_layer_launch_s).
+    return replace(state, attention=attention,
+                   attention_efficiency=p.flash_attention_efficiency,
+                   elementwise_bytes=p.elementwise_bytes_te,
+                   layer_launch_extra_s=p.te_layer_launch_s if s.impl == Impl.TE else 0.0)
+
+
+LEVER = Lever(
+    name="transformer_impl",
+    fields=Fields,
+    rules=(Rule("impl_known", 5, "impl must be local, te or sdpa", _known),
+           Rule("cp_impl", 5, "context parallelism needs Transformer Engine attention", _cp)),
+    flag_rows=(FlagRow(name="impl", part=Part.LAYOUT,
+                       flags=(Flag("--transformer-impl"),
+                              *(Flag(name, takes_value=False)
+                                for name in dict.fromkeys(_LOCAL_SPEC_ARGS + _TE_SPEC_ARGS))),
+                       emit=_emit, read=_read),),
+    flag_place=Place.IMPLEMENTATION,
+    worker=_worker,
+    memory=_memory,
+    cost=_cost,
+    seed=Seed.PRACTICE,
+    # Megatron practice: the fastest implementation installed (the seeds are told which).
+    practice=lambda s, impl: {"impl": impl},
+)
