@@ -27,8 +27,8 @@ def search_spaces_dir() -> Traversable:
     (as on GPU nodes without an install)."""
     try:
         return resources.files("autotune.search_spaces")
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "search_spaces"
+    except ModuleNotFoundError:  # the checkout: search_spaces/ beside the package
+        return Path(str(resources.files("autotune"))).parent / "search_spaces"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
