@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cluster import load_cluster_file
-from autotune.cost import estimate_cost
 from autotune.errors import ConfigError
-from autotune.hardware import ClusterSpec
-from autotune.layout import Layout
-from autotune.model import load_model
-from autotune.trust import outside_range
+from autotune.layouts.layout import Layout
+from autotune.predict.cost import estimate_cost
+from autotune.predict.trust import outside_range
+from autotune.specs.cluster import load_cluster_file
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import load_model
 
 CLUSTERS = Path(__file__).parent.parent / "search_spaces" / "clusters"
 

@@ -11,20 +11,20 @@ import pytest
 from doubles.fake_backend import GIB, FakeBackend, small_cluster, small_model
 
 from autotune.errors import ConfigError
-from autotune.layout import Layout, check
-from autotune.levers.derive import (
+from autotune.layouts.layout import Layout, check
+from autotune.predict.memory import estimate_memory
+from autotune.search import SearchConfig, run_search
+from autotune.search.derive import (
     DERIVE,
     fewest_fitting,
     resolve,
     safe_limit_bytes,
     values_of,
 )
-from autotune.memory import estimate_memory
-from autotune.search import SearchConfig, run_search
 from autotune.search.ladder import LADDER_MARGIN, Ladder
-from autotune.search.layouts import LayoutMap
-from autotune.space import enumerate_space, space_from_mapping
-from autotune.trial import TrialStatus
+from autotune.search.layout_map import LayoutMap
+from autotune.search.space import enumerate_space, space_from_mapping
+from autotune.trials.trial import TrialStatus
 
 MODEL = small_model()  # gpt2-medium: 24 layers, gbs 64, seq 1024
 ONE_GPU = small_cluster(num_gpus=1, memory_gib=12.0)

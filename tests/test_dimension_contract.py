@@ -1,11 +1,11 @@
 """The dimension contract: every layout dimension reaches every consumer that must see it.
 
-For every dimension of autotune.layout.DIMENSIONS that a space can search, two valid layouts
-that differ in it alone and are not the same run (autotune.identity) must differ in the
-Megatron-LM arguments that export writes, in the worker's megatron-core configuration, and in the
-memory or the cost model's prediction. A dimension that one of them ignores fails here, unless
-ALLOWED below says why that is right. Adding a dimension without teaching a consumer about it
-therefore fails a test instead of silently measuring the wrong thing.
+For every dimension of autotune.layouts.layout.DIMENSIONS that a space can search, two valid
+layouts that differ in it alone and are not the same run (autotune.megatron.identity) must differ
+in the Megatron-LM arguments that export writes, in the worker's megatron-core configuration, and
+in the memory or the cost model's prediction. A dimension that one of them ignores fails here,
+unless ALLOWED below says why that is right. Adding a dimension without teaching a consumer about
+it therefore fails a test instead of silently measuring the wrong thing.
 """
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ from typing import Any
 
 import pytest
 
-from autotune.cost import CostParams, estimate_cost
 from autotune.dimensions import Impl
-from autotune.hardware import ClusterSpec
-from autotune.identity import run_key
-from autotune.layout import DIMENSIONS, SEARCHED, Layout, check
+from autotune.layouts.layout import DIMENSIONS, SEARCHED, Layout, check
 from autotune.levers import LEVERS, cross_entropy
 from autotune.levers.base import CONFIG_PARTS, CostState, Lever, contract_problems
 from autotune.levers.flags import FlagRow, Given, RunOptions
-from autotune.megatron_args import megatron_lm_args
-from autotune.memory import estimate_memory
-from autotune.model import ModelSpec
-from autotune.worker.config import worker_config
+from autotune.megatron.core_config import worker_config
+from autotune.megatron.identity import run_key
+from autotune.megatron.megatron_args import megatron_lm_args
+from autotune.predict.cost import CostParams, estimate_cost
+from autotune.predict.memory import estimate_memory
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
 from tests.conftest import all_dimensions_layouts
 
 CONSUMERS = ("megatron-lm", "worker", "model")
@@ -53,7 +53,7 @@ class Allowed:
 ALLOWED: tuple[Allowed, ...] = (
     Allowed("impl", "megatron-lm", lambda a, b: {a.impl, b.impl} == {Impl.SDPA, Impl.TE},
             "Megatron-LM has no sdpa implementation; export writes Transformer Engine's spec, "
-            "the nearest (autotune.scripts), and the worker keeps the two apart."),
+            "the nearest (autotune.report.scripts), and the worker keeps the two apart."),
 )
 NOT_SEARCHED = {"dp": "derived from the GPU count and tp x pp x cp",
                 "gbs": "the model's global batch size, not a search dimension"}

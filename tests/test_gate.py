@@ -7,12 +7,12 @@ from dataclasses import replace
 import pytest
 from conftest import cluster
 
-from autotune.gate import MemoryGate, layout_key
-from autotune.hardware import ClusterSpec
-from autotune.layout import Layout
-from autotune.memory import estimate_memory
-from autotune.model import load_model
-from autotune.trial import TrialStatus
+from autotune.layouts.layout import Layout
+from autotune.predict.gate import MemoryGate, layout_key
+from autotune.predict.memory import estimate_memory
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import load_model
+from autotune.trials.trial import TrialStatus
 
 GPT2_XL = load_model("gpt2-xl")
 GPT2_MEDIUM = load_model("gpt2-medium")

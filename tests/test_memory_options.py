@@ -12,17 +12,17 @@ from typing import Any
 import pytest
 from conftest import cluster
 
-from autotune.cost import checkpoint_calls, estimate_cost
 from autotune.dimensions import RECOMPUTE_MODULES, RecomputeModules
-from autotune.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND, MemoryGate
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.heuristics import alpa_seeds, predicted_speed
-from autotune.layout import Layout, check, stage_layers
-from autotune.memory import estimate_memory
-from autotune.memory_activations import layer_activations, module_savings, offloaded_layers
-from autotune.model import ModelSpec, load_model
-from autotune.space import enumerate_space, space_from_mapping
-from autotune.worker.config import worker_config
+from autotune.layouts.layout import Layout, check, stage_layers
+from autotune.megatron.core_config import worker_config
+from autotune.predict.cost import checkpoint_calls, estimate_cost
+from autotune.predict.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND, MemoryGate
+from autotune.predict.memory import estimate_memory
+from autotune.predict.memory_activations import layer_activations, module_savings, offloaded_layers
+from autotune.search.heuristics import alpa_seeds, predicted_speed
+from autotune.search.space import enumerate_space, space_from_mapping
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.model import ModelSpec, load_model
 
 GPT36 = load_model("gpt-3.6b")  # 30 layers
 XL = load_model("gpt2-xl")  # 48 layers
@@ -222,7 +222,7 @@ def test_an_uneven_split_paces_the_pipeline_by_its_slowest_stage() -> None:
 
 
 def _measured_band() -> dict[str, float]:
-    from autotune.calibration import trial_model_ref
+    from autotune.predict.calibration import trial_model_ref
 
     path = Path(__file__).parent / "data" / "measured_trials.json"
     data = json.loads(path.read_text())

@@ -26,10 +26,10 @@ from doubles.fake_backend import small_model
 from doubles.shared_worker import CLUSTER, shared_space
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.identity import representatives
-from autotune.layout import Layout
+from autotune.layouts.layout import Layout
+from autotune.megatron.identity import representatives
+from autotune.search.space import enumerate_space
 from autotune.search.storage import redact_url
-from autotune.space import enumerate_space
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "doubles" / "shared_worker.py"

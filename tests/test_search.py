@@ -26,17 +26,17 @@ from doubles.fake_backend import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.backends import SimulateBackend
 from autotune.errors import ConfigError
-from autotune.gate import MemoryGate, layout_key
-from autotune.identity import representatives
-from autotune.layout import Layout
-from autotune.memory import estimate_memory
+from autotune.layouts.layout import Layout
+from autotune.megatron.identity import representatives
+from autotune.predict.gate import MemoryGate, layout_key
+from autotune.predict.memory import estimate_memory
 from autotune.search import SearchConfig, SearchResult, TrialRecord, run_search
+from autotune.search.backends import SimulateBackend
 from autotune.search.loop import Search
+from autotune.search.space import enumerate_space
 from autotune.search.storage import Heartbeat
-from autotune.space import enumerate_space
-from autotune.trial import TrialStatus
+from autotune.trials.trial import TrialStatus
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_SCRIPT = Path(__file__).resolve().parent / "doubles" / "fake_backend.py"
@@ -384,7 +384,7 @@ def test_simulate_study_is_written_once_at_the_end_and_resumes_without_duplicate
 
 def test_the_cost_model_is_refitted_to_measured_trials(tmp_path: Path) -> None:
     # The fake machine runs every layout at 2/3 of the speed the default model predicts.
-    from autotune.cost import CostParams, estimate_cost
+    from autotune.predict.cost import CostParams, estimate_cost
 
     def slower(s: Layout) -> float:
         return estimate_cost(MODEL, s, CLUSTER).tokens_per_s * 2 / 3
@@ -413,8 +413,8 @@ class _RendezvousFailsFirst:
         self.inner.close()
 
     def run(self, spec: Any, trial_dir: Path, timeout_s: float) -> Any:
-        from autotune.metrics import RENDEZVOUS_FAILED
-        from autotune.trial import TrialMetrics
+        from autotune.trials.metrics import RENDEZVOUS_FAILED
+        from autotune.trials.trial import TrialMetrics
 
         self.launches += 1
         trial_dir.mkdir(parents=True, exist_ok=True)

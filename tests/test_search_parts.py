@@ -10,17 +10,17 @@ import pytest
 from doubles.fake_backend import FakeBackend, small_cluster, small_model, small_space
 from optuna.trial import TrialState
 
-from autotune.backends import SimulateBackend
-from autotune.identity import representatives
-from autotune.layout import Layout
+from autotune.layouts.layout import Layout
+from autotune.megatron.identity import representatives
 from autotune.search import SearchConfig
-from autotune.search.layouts import LayoutMap
+from autotune.search.backends import SimulateBackend
+from autotune.search.layout_map import LayoutMap
 from autotune.search.ledger import LayoutQueue, Ledger
 from autotune.search.records import SearchResult, Source, TrialRecord, stored_record
+from autotune.search.space import enumerate_space
 from autotune.search.storage import DIRECTIONS
 from autotune.search.store import PlanningStore, RealRunStore, StudyStore, open_store
-from autotune.space import enumerate_space
-from autotune.trial import TrialMetrics, TrialStatus
+from autotune.trials.trial import TrialMetrics, TrialStatus
 
 CLUSTER, MODEL, SPACE = small_cluster(), small_model(), small_space()
 GIB = 2**30

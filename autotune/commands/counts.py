@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.search.records import TrialRecord
-from autotune.trial import TrialStatus
+from autotune.trials.trial import TrialStatus
 
 __all__ = ["StudyCounts", "count_trials"]
 

@@ -2,13 +2,13 @@
 
 `LEVERS` lists them in the order the models apply their terms (autotune.levers.base explains
 what a lever declares). `LeverFields` joins their Layout fields and `LeverConstants` their cost
-constants: autotune.layout.Layout and autotune.cost.CostParams inherit them, so the fields are
-typed like the rest. A dataclass orders inherited fields by the reversed method resolution
-order, so both list their bases last lever first.
+constants: autotune.layouts.layout.Layout and autotune.predict.cost.CostParams inherit them, so the
+fields are typed like the rest. A dataclass orders inherited fields by the reversed method
+resolution order, so both list their bases last lever first.
 
 Adding a lever: its module, one line in each of the three lists below, its candidates in
 search_spaces/ and its tests (tests/test_dimension_contract.py checks it against the contract).
-autotune.levers.derive (values resolved from the memory model) sits beside the registry; it
+autotune.search.derive (values resolved from the memory model) sits beside the registry; it
 imports the models, so nothing here imports it.
 """
 
@@ -48,7 +48,7 @@ class LeverFields(fp8.Fields, optimizer_offload.Fields, precision_optimizer.Fiel
 
 @dataclass(frozen=True, kw_only=True)
 class LeverConstants(fp8.Constants, optimizer_offload.Constants):
-    """Every lever's cost constants (autotune.cost.CostParams inherits them)."""
+    """Every lever's cost constants (autotune.predict.cost.CostParams inherits them)."""
 
     __slots__ = ()
 

@@ -7,20 +7,22 @@ their own:
 
 - its Layout fields: a frozen kw_only dataclass mixin (`Fields`, `__slots__ = ()`) whose fields
   are declared with `dimensions.dimension(...)`; `autotune.levers.LeverFields` joins the mixins
-  and `autotune.layout.Layout` inherits it, so the fields are typed like any other;
-- `rules` (autotune.layout.RULES) and `requires` (a field that must hold a value whenever the
-  lever is on: a rule as data, which identity's same-run rule and the seeds respect);
-- `flag_rows` (autotune.megatron_args.FLAG_TABLE: the Megatron-LM flags, emitted and read back);
+  and `autotune.layouts.layout.Layout` inherits it, so the fields are typed like any other;
+- `rules` (autotune.layouts.layout.RULES) and `requires` (a field that must hold a value whenever
+  the lever is on: a rule as data, which identity's same-run rule and the seeds respect);
+- `flag_rows` (autotune.megatron.megatron_args.FLAG_TABLE: the Megatron-LM flags, emitted and read
+  back);
 - `worker`: its keys for megatron-core's TransformerConfig, DistributedDataParallelConfig and
-  OptimizerConfig (autotune.worker.config);
-- `memory`: how it changes a rank's model states (`MemoryState`, autotune.memory) and `cost`:
-  how it changes a step's terms (`CostState`, autotune.cost). Each is a pure function of the
-  layout applied in registry order, so a lever that reshapes the optimizer state (the
-  distributed optimizer, lower precision) comes before one that moves it (CPU offload);
-- `seed`: its part in Alpa's seeds (autotune.heuristics): the value Megatron practice starts
+  OptimizerConfig (autotune.megatron.core_config);
+- `memory`: how it changes a rank's model states (`MemoryState`, autotune.predict.memory) and
+  `cost`: how it changes a step's terms (`CostState`, autotune.predict.cost). Each is a pure
+  function of the layout applied in registry order, so a lever that reshapes the optimizer state
+  (the distributed optimizer, lower precision) comes before one that moves it (CPU offload);
+- `seed`: its part in Alpa's seeds (autotune.search.heuristics): the value Megatron practice starts
   from, or a memory saving the seeds may spend on a larger micro-batch;
-- `constants`: a dataclass mixin of its cost constants, joined into autotune.cost.CostParams
-  (through `autotune.levers.LeverConstants`) so that calibration can fit them.
+- `constants`: a dataclass mixin of its cost constants, joined into
+  autotune.predict.cost.CostParams (through `autotune.levers.LeverConstants`) so that calibration
+  can fit them.
 
 tests/test_dimension_contract.py checks every registered lever against this contract
 (`contract_problems`) and against megatron-core's own configuration classes.
@@ -36,10 +38,10 @@ from typing import TYPE_CHECKING, Any
 from autotune.levers.flags import FlagRow, Given
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["CONFIG_PARTS", "CostState", "Lever", "MemoryState", "Requires", "Rule", "Seed",
            "Worker", "contract_problems", "satisfy"]
@@ -87,7 +89,8 @@ class Requires:
 
 CONFIG_PARTS = ("transformer", "ddp", "optimizer")
 """The worker-config parts a lever may add keys to: megatron-core's TransformerConfig,
-DistributedDataParallelConfig and OptimizerConfig keyword arguments (autotune.worker.config)."""
+DistributedDataParallelConfig and OptimizerConfig keyword arguments
+(autotune.megatron.core_config)."""
 
 Worker = Callable[["ModelSpec", "Layout"], dict[str, dict[str, Any]]]
 """(model, layout) -> {part: {keyword: value}} for parts among CONFIG_PARTS. dtypes by name
@@ -99,7 +102,7 @@ Worker = Callable[["ModelSpec", "Layout"], dict[str, dict[str, Any]]]
 class MemoryState:
     """What one rank of one pipeline stage keeps per parameter and per logit, before the levers
     change it (megatron-core's defaults with every lever off) and after, in registry order.
-    autotune.memory turns it into the StageMemory terms."""
+    autotune.predict.memory turns it into the StageMemory terms."""
 
     optimizer_bytes_per_param: float
     """GPU bytes of optimizer state per parameter of the local shard: fp32 master weights and
@@ -114,7 +117,7 @@ class MemoryState:
     """Live bytes per logit (vocabulary entry x token) at the last stage's peak."""
     linear_weight_bytes: float = 2.0
     """GPU bytes per weight of the transformer layers' GEMMs: the bf16 parameter
-    (autotune.memory.PARAM_BYTES) and any copy a lever keeps of it (TE's FP8 copies)."""
+    (autotune.predict.memory.PARAM_BYTES) and any copy a lever keeps of it (TE's FP8 copies)."""
     linear_input_bytes: float = 2.0
     """Bytes per element of the inputs the layers' GEMMs save for backward (bf16; TE's FP8
     keeps them in 1 byte and its scales)."""
@@ -123,7 +126,7 @@ class MemoryState:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CostState:
     """The step's terms that levers change, before (every lever off) and after, in registry
-    order; autotune.cost computes the times from them."""
+    order; autotune.predict.cost computes the times from them."""
 
     cross_entropy_passes: int = 4
     """Passes over the fp32 logits in the vocab-parallel cross entropy (cross_entropy.py)."""
@@ -150,7 +153,7 @@ class CostState:
     """HBM bytes per GEMM weight of the stage that a lever's once-a-step pass moves (TE's FP8
     weight casts on a step's first micro-batch)."""
     linear_gather_bytes: float = 2.0
-    """Bytes per GEMM weight the distributed optimizer all-gathers (bf16, autotune.memory.
+    """Bytes per GEMM weight the distributed optimizer all-gathers (bf16, autotune.predict.memory.
     PARAM_BYTES; FP8 parameters: 1)."""
 
 
@@ -159,7 +162,7 @@ CostTerm = Callable[["ModelSpec", "Layout", "ClusterSpec", "CostParams", CostSta
 
 
 class Seed(enum.StrEnum):
-    """A lever's part in Alpa's seeds (autotune.heuristics)."""
+    """A lever's part in Alpa's seeds (autotune.search.heuristics)."""
 
     PRACTICE = "practice"
     """Seeds start from the value `Lever.practice` gives (Megatron practice without tuning)."""
@@ -192,7 +195,7 @@ class Lever:
     unmodeled: tuple[tuple[str, str], ...] = ()
     """Megatron-LM flags of the lever's area that change speed, memory or the numbers in ways
     its terms leave out, each with what it changes: a user's command that passes one is
-    warned about (autotune.megatron_args.UNMODELED_FLAGS)."""
+    warned about (autotune.megatron.megatron_args.UNMODELED_FLAGS)."""
 
     @property
     def field_names(self) -> tuple[str, ...]:

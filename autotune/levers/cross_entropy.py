@@ -16,10 +16,10 @@ from autotune.levers.base import CostState, Lever, MemoryState, Seed
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["EXTRA_BYTES_PER_ELEMENT", "FUSED_PASSES", "LEVER", "Fields"]
 

@@ -19,10 +19,10 @@ from autotune.levers.base import CostState, Lever, MemoryState, Seed
 from autotune.levers.flags import Part, switch
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["LEVER", "Fields"]
 
@@ -54,7 +54,7 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     if not s.distributed_optimizer:
         return state
     # Reduce-scatter of the gradients and all-gather of the parameters instead of one
-    # all-reduce (autotune.cost._dp_exposed); Adam over the local shard only.
+    # all-reduce (autotune.predict.cost._dp_exposed); Adam over the local shard only.
     return replace(state, dp_sharded=True, dense_shard=s.dp * s.cp, expert_shard=s.expert_dp)
 
 

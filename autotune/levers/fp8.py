@@ -38,10 +38,10 @@ from autotune.levers.base import CostState, Lever, MemoryState, Requires, Rule, 
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec, GpuSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec, GpuSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = [
     "AMAX_READ_BYTES_FP32",
@@ -329,7 +329,7 @@ def _dims(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
 def _recipe_unused(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # Megatron reads fp8_recipe only with fp8 (fp8_utils.get_fp8_recipe is called for an FP8
     # run alone), and neither the export nor the worker passes it then: a layout that names
-    # another recipe without fp8 is the same run as the default's (autotune.identity gives
+    # another recipe without fp8 is the same run as the default's (autotune.megatron.identity gives
     # both one key). Offered once, so that the space holds no copies of a run.
     if not _on(s) and s.fp8_recipe != Fp8Recipe.DELAYED:
         return (f"fp8_recipe={s.fp8_recipe} means nothing with fp8=off: the same run as the "
@@ -396,7 +396,7 @@ def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
 def gemm_speedup(x: float, gpu: GpuSpec, p: CostParams) -> float:
     """How many times faster than bf16 a GEMM of size x (CostParams.gemm_half_size's x) runs
     in FP8: the FP8 peak at its own saturating efficiency over the bf16 peak at bf16's."""
-    from autotune.cost import gemm_efficiency
+    from autotune.predict.cost import gemm_efficiency
 
     assert gpu.peak_fp8_flops is not None
     fp8 = gpu.peak_fp8_flops * p.fp8_gemm_efficiency_max * x / (x + p.fp8_gemm_half_size)
@@ -430,7 +430,7 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     if s.fp8_param_gather:
         optimizer += OPTIMIZER_FP8_PARAM_BYTES + (
             AMAX_READ_BYTES_FP32 if s.fp8_recipe == Fp8Recipe.TENSORWISE else 0.0)
-    from autotune.cost import gemm_size
+    from autotune.predict.cost import gemm_size
 
     cast = CAST_BYTES_PER_ELEMENT[s.fp8_recipe] * p.fp8_cast_scale
     # Once a step: the bf16 weights cast to their FP8 copies on the first micro-batch; with

@@ -4,7 +4,7 @@ megatron-core's DistributedDataParallel reduces gradients bucket by bucket as th
 produces them (overlap_grad_reduce) and, with the distributed optimizer, all-gathers each
 bucket's updated parameters just before the next forward pass needs them
 (overlap_param_gather); distributed_data_parallel_config.py, param_and_grad_buffer.py. What the
-passes do not hide, and the last bucket, stay exposed (autotune.cost._dp_exposed).
+passes do not hide, and the last bucket, stay exposed (autotune.predict.cost._dp_exposed).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from autotune.levers.base import CostState, Lever, Requires, Seed
 from autotune.levers.flags import Part, switch
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["LEVER", "Fields"]
 

@@ -24,10 +24,10 @@ from autotune.levers.base import CostState, Lever, MemoryState, Requires, Rule, 
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["LEVER", "SAVED_BYTES_PER_PARAM", "SAVED_TRAFFIC_PER_PARAM", "Fields"]
 
@@ -37,8 +37,8 @@ moments (4 + 4 B) -> bf16 (2 + 2 B)."""
 SAVED_TRAFFIC_PER_PARAM = 10
 """HBM traffic of the Adam step per parameter: reading and writing master, m and v moves 12 B
 less each way (24 -> 12), and rebuilding the master from its remainder reads the bf16 parameter
-again (+2 B): 10 B less of autotune.cost.CostParams.optimizer_bytes_per_param's 32. A byte count,
-not a measurement."""
+again (+2 B): 10 B less of autotune.predict.cost.CostParams.optimizer_bytes_per_param's 32. A byte
+count, not a measurement."""
 
 
 @dataclass(frozen=True, kw_only=True)

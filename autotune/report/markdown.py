@@ -132,7 +132,7 @@ def _winner(loaded: LoadedStudy, best: dict[str, Any],
            f"Launch it: {_code(launch_command(loaded.ref))} "
            "(or `--format slurm`, `torchrun`, `json`).", ""]
     if breakdown is not None:
-        out += ["Memory of the busiest GPU, predicted by autotune.memory (GiB):", "",
+        out += ["Memory of the busiest GPU, predicted by autotune.predict.memory (GiB):", "",
                 markdown_table([{k: f"{v:.2f}" for k, v in breakdown.items()}],
                                [Column(k, k) for k in breakdown]), ""]
     return out

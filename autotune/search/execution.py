@@ -6,7 +6,7 @@ is told PREDICTED_OOM; one the model rules out (autotune.search.stop_rule) is to
 PREDICTED_SLOW. Only the rest is launched, with a timeout from the predicted step time, the
 adaptive timing of SearchConfig.stable_cv and the stop rule's prune threshold, and launched once
 more when the launch never reached its rendezvous. A real OOM is pruned and teaches the gate
-(autotune.gate), and the micro-batch of its layout is bisected.
+(autotune.predict.gate), and the micro-batch of its layout is bisected.
 """
 
 from __future__ import annotations
@@ -17,23 +17,23 @@ from pathlib import Path
 
 import optuna
 
-from autotune.backends import trial_timeout_s
-from autotune.cost import CostEstimate, CostParams, estimate_cost
-from autotune.gate import MemoryGate, layout_key
-from autotune.heuristics import next_smaller_mbs
-from autotune.launchers import LOG_NAME
-from autotune.layout import Layout
-from autotune.levers.derive import DIVISORS, divisor_values
+from autotune.layouts.layout import Layout
+from autotune.predict.cost import CostEstimate, CostParams, estimate_cost
+from autotune.predict.gate import MemoryGate, layout_key
+from autotune.search.backends import trial_timeout_s
 from autotune.search.config import SearchConfig
+from autotune.search.derive import DIVISORS, divisor_values
+from autotune.search.heuristics import next_smaller_mbs
 from autotune.search.ladder import Ladder
-from autotune.search.layouts import LayoutMap, ParamsKey
+from autotune.search.layout_map import LayoutMap, ParamsKey
 from autotune.search.ledger import LayoutQueue, Ledger
 from autotune.search.loss_guard import REFERENCE_STEPS, compare_losses, guarded, twin
 from autotune.search.records import SearchResult, Source, TrialRecord, stored_derived
 from autotune.search.refit import refit_cost_params
 from autotune.search.stop_rule import PRUNE_MARGIN, ModelStop, format_tokens
 from autotune.search.store import StudyStore
-from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
+from autotune.trials.launchers import LOG_NAME
+from autotune.trials.trial import TrialMetrics, TrialSpec, TrialStatus
 
 __all__ = ["Knowledge", "SearchParts", "TrialExecutor"]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from autotune.layout import Layout
-from autotune.search.layouts import LayoutMap, ParamsKey
+from autotune.layouts.layout import Layout
+from autotune.search.layout_map import LayoutMap, ParamsKey
 from autotune.search.records import Observer, SearchResult, Source, TrialRecord
-from autotune.trial import TrialStatus
+from autotune.trials.trial import TrialStatus
 
 __all__ = ["LayoutQueue", "Learner", "Ledger"]
 

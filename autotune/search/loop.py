@@ -3,7 +3,7 @@
 A search is assembled from one part per concern (docs/ARCHITECTURE.md, "A search, trial by
 trial"):
 - layouts.LayoutMap: the study's parameters <-> layouts (free and fixed dimensions, the one
-  layout of each run (autotune.identity), keys);
+  layout of each run (autotune.megatron.identity), keys);
 - store.StudyStore: the study's storage, in memory for a plan (PlanningStore) or in RDB storage
   shared with other workers for real runs (RealRunStore);
 - execution: one trial (TrialExecutor: gate, launch, relaunch, bisection) and what trials teach
@@ -27,7 +27,7 @@ import optuna
 
 from autotune.search.config import Sampler, SearchConfig, StopRule, sampler_name
 from autotune.search.execution import Knowledge, SearchParts, TrialExecutor
-from autotune.search.layouts import LayoutMap
+from autotune.search.layout_map import LayoutMap
 from autotune.search.ledger import LayoutQueue, Ledger
 from autotune.search.records import Observer, SearchResult, TrialRecord
 from autotune.search.scheduling import Clock, Scheduler

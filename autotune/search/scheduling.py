@@ -15,14 +15,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from autotune.heuristics import alpa_seeds, predicted_speed
-from autotune.layout import Layout
-from autotune.protocol import te_available
+from autotune.layouts.layout import Layout
 from autotune.search.config import RANKED_DEFAULT, Sampler
 from autotune.search.execution import SearchParts, TrialExecutor
 from autotune.search.finalists import plan
+from autotune.search.heuristics import alpa_seeds, predicted_speed
 from autotune.search.records import SearchResult, Source
 from autotune.search.shared import SHARED_POLL_S
+from autotune.trials.protocol import te_available
 
 __all__ = ["Clock", "Scheduler"]
 

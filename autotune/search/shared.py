@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.search.layouts import ParamsKey, params_key
+from autotune.search.layout_map import ParamsKey, params_key
 
 __all__ = ["PARAMS_WAIT_S", "SHARED_POLL_S", "read_shared"]
 

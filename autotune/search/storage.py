@@ -21,10 +21,10 @@ import optuna
 from optuna.study import StudyDirection
 
 from autotune.errors import ConfigError, StorageError
-from autotune.hardware import ClusterSpec
 from autotune.inputs.untrusted import for_terminal
-from autotune.model import ModelSpec
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.dimensions import plain
-from autotune.layout import Layout
+from autotune.layouts.layout import Layout
 from autotune.search.bulk import add_finished_trials
 from autotune.search.config import Sampler, SearchConfig, make_sampler
 from autotune.search.interrupts import deferred_interrupts
-from autotune.search.layouts import LayoutMap, ParamsKey
+from autotune.search.layout_map import LayoutMap, ParamsKey
 from autotune.search.lock import StudyLock, lock_study
 from autotune.search.records import (
     DERIVED_ATTR,
@@ -56,7 +56,7 @@ from autotune.search.storage import (
     storage_url,
 )
 from autotune.search.study_space import keep_space
-from autotune.trial import TrialStatus
+from autotune.trials.trial import TrialStatus
 
 __all__ = ["PlanningStore", "RealRunStore", "StudyStore", "open_store"]
 

@@ -1,7 +1,7 @@
 """Model, DDP wrapper and optimizer of one trial, built with megatron-core from the TrialSpec.
 
-What to build (every configuration value) comes from autotune.worker.config.worker_config; this
-module turns it into megatron-core objects on the GPU.
+What to build (every configuration value) comes from autotune.megatron.core_config.worker_config;
+this module turns it into megatron-core objects on the GPU.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from autotune.megatron_versions import config_kwargs, installed_version, running
-from autotune.protocol import te_available
-from autotune.trial import TrialSpec
-from autotune.worker.config import worker_config
+from autotune.megatron.core_config import worker_config
+from autotune.megatron.megatron_versions import config_kwargs, installed_version, running
+from autotune.trials.protocol import te_available
+from autotune.trials.trial import TrialSpec
 
 __all__ = ["PATCHES", "build_model", "build_optimizer", "transformer_config",
            "transformer_config_kwargs"]
@@ -47,8 +47,8 @@ def _resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def transformer_config_kwargs(spec: TrialSpec) -> dict[str, Any]:
     """TransformerConfig keyword arguments for the trial (pure: no CUDA needed), from
-    autotune.worker.config, the one mapping of a layout to megatron-core's configuration, in
-    the installed megatron-core's field names (autotune.megatron_versions)."""
+    autotune.megatron.core_config, the one mapping of a layout to megatron-core's configuration, in
+    the installed megatron-core's field names (autotune.megatron.megatron_versions)."""
     return config_kwargs("TransformerConfig",
                          _resolved(worker_config(spec.model, spec.layout).transformer),
                          running())
@@ -161,8 +161,8 @@ def _fill_te_general_gemm() -> None:
 
 
 PATCHES: dict[str, Callable[[], None]] = {"moe_te_general_gemm_unbound": _fill_te_general_gemm}
-"""The holes autotune fills, by the names autotune.megatron_versions gives the releases that
-have them (MegatronVersion.worker_patches)."""
+"""The holes autotune fills, by the names autotune.megatron.megatron_versions gives the releases
+that have them (MegatronVersion.worker_patches)."""
 
 
 def _patch_megatron_core() -> None:

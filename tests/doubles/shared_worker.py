@@ -22,8 +22,8 @@ from doubles.fake_backend import (
 )
 
 from autotune.search import SearchConfig, run_search
+from autotune.search.space import SearchSpace
 from autotune.search.storage import redact_url
-from autotune.space import SearchSpace
 
 CLUSTER = small_cluster(memory_gib=80.0)
 """Every layout of SPACE fits: all 16 are launched."""
