@@ -25,7 +25,8 @@ from autotune.layouts.legend import legend_lines
 from autotune.levers.fp8 import Fp8
 from autotune.search.space import enumerate_space, load_space
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.model import ModelSpec, list_presets, load_model
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import list_presets, load_model
 from autotune.trials.trial import DEFAULT_STABLE_CV
 
 __all__ = ["STORAGE_EXAMPLE", "app", "main"]

@@ -21,7 +21,8 @@ from autotune.levers.flags import Given
 from autotune.levers.fp8 import Fp8, Fp8Recipe
 from autotune.search.space import SearchSpace, enumerate_space
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import ModelSpec, load_model
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 
 
 def process_gone(pid: int) -> bool:

@@ -9,7 +9,7 @@ import pytest
 from autotune.cli import main
 from autotune.layouts.layout import Layout
 from autotune.predict.calibration import load_calibration, trial_model_ref
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 from autotune.trials.trial import TrialSpec
 
 DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"

@@ -10,7 +10,7 @@ from autotune.predict.calibration import fit_cost_params, fit_memory_params
 from autotune.predict.cost import CostParams, estimate_cost
 from autotune.predict.memory import GIB, MemoryParams, estimate_memory
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 
 C1 = ClusterSpec(num_gpus=1, gpus_per_node=1, gpu=gpu_spec("h100-80gb"))
 C2 = ClusterSpec(num_gpus=2, gpus_per_node=2, gpu=gpu_spec("h100-80gb"))

@@ -10,7 +10,7 @@ import pytest
 from autotune.cli import main
 from autotune.search.space import enumerate_space, load_space
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.model import list_presets, load_model
+from autotune.specs.presets import list_presets, load_model
 from tests.conftest import heavy_imports_of
 
 

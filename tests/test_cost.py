@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from autotune.layouts.layout import Layout, check
-from autotune.predict.cost import CostParams, estimate_cost, gemm_efficiency, ring_allreduce_s
-from autotune.specs.flops import model_flops_per_token
+from autotune.predict.cost import CostParams, estimate_cost, ring_allreduce_s
+from autotune.specs.flops import gemm_efficiency, model_flops_per_token
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 
 
 def cluster(n: int, gpu: str = "h100-80gb", per_node: int = 8) -> ClusterSpec:

@@ -13,7 +13,8 @@ from autotune.predict.cost import estimate_cost
 from autotune.predict.memory import estimate_memory
 from autotune.search.space import enumerate_space, space_from_mapping
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import load_model, padded_vocab_size
+from autotune.specs.model import padded_vocab_size
+from autotune.specs.presets import load_model
 
 XL = load_model("gpt2-xl")
 H100 = ClusterSpec(num_gpus=1, gpus_per_node=1, gpu=gpu_spec("h100-80gb"))

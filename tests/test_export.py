@@ -23,7 +23,7 @@ from autotune.search import SearchConfig, run_search
 from autotune.search.backends import SimulateBackend
 from autotune.search.space import space_from_mapping
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 from autotune.trials.trial import TrialSpec
 
 MODEL = load_model("gpt2")

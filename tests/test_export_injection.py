@@ -23,7 +23,7 @@ import pytest
 from autotune.cli import main
 from autotune.layouts.layout import Layout
 from autotune.report.scripts import megatron_lm_script, slurm_script, torchrun_script
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 from autotune.trials.trial import TrialSpec
 from tests.test_hardening_inputs import MODEL_YAML
 

@@ -22,12 +22,14 @@ from autotune.megatron.core_config import worker_config
 from autotune.megatron.identity import run_key
 from autotune.megatron.megatron_args import flag_names, megatron_lm_args, read_fields
 from autotune.megatron.megatron_command import read_megatron_command, unmodeled_warning
-from autotune.predict.cost import CostParams, estimate_cost, gemm_size
+from autotune.predict.cost import CostParams, estimate_cost
 from autotune.predict.memory import GIB, estimate_memory, stage_linear_params
 from autotune.predict.memory_activations import layer_activations
 from autotune.report.scripts import megatron_lm_script
+from autotune.specs.flops import gemm_size
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import ModelSpec, load_model
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 from tests.conftest import given_of
 
 XL = load_model("gpt2-xl")

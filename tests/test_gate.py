@@ -11,7 +11,7 @@ from autotune.layouts.layout import Layout
 from autotune.predict.gate import MemoryGate, layout_key
 from autotune.predict.memory import estimate_memory
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 from autotune.trials.trial import TrialStatus
 
 GPT2_XL = load_model("gpt2-xl")

@@ -22,7 +22,8 @@ from autotune.search.storage import (
     storage_url,
 )
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import ModelSpec, load_model
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 
 STUDY = "kept"
 MODEL_YAML = """name: tiny

@@ -11,7 +11,7 @@ from autotune.layouts.layout import Layout
 from autotune.predict.gate import MemoryGate, layout_key
 from autotune.search.heuristics import alpa_seeds, next_smaller_mbs
 from autotune.search.space import enumerate_space, space_from_mapping
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 
 SPACE = {"tp": [1, 2, 4], "pp": [1, 2, 4], "mbs": [1, 2, 4, 8],
          "sequence_parallel": [False, True], "distributed_optimizer": [False, True],
@@ -89,7 +89,7 @@ def test_next_smaller_mbs_bisects(candidates: Sequence[int], failed: int,
 def test_seeds_use_the_options_the_space_offers() -> None:
     """A space without overlap (single GPU) still gets its Alpa seed: the closest options."""
     from autotune.search.space import enumerate_space, space_from_mapping
-    from autotune.specs.model import load_model
+    from autotune.specs.presets import load_model
     from tests.conftest import cluster
 
     model, c = load_model("gpt2-xl"), cluster(1)

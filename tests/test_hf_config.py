@@ -10,8 +10,8 @@ import pytest
 from autotune.cli import main
 from autotune.errors import ConfigError
 from autotune.specs.hf_config import read_hf_config
-from autotune.specs.model import load_model
 from autotune.specs.params import count_parameters
+from autotune.specs.presets import load_model
 
 HF = Path(__file__).parent / "data" / "hf"
 

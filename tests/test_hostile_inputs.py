@@ -18,7 +18,7 @@ from autotune.cli import main
 from autotune.layouts.layout import Layout
 from autotune.predict.cost import CostParams
 from autotune.predict.memory import MemoryParams
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 from autotune.trials.trial import TrialSpec
 
 MODEL = {"name": "tiny", "num_layers": 2, "hidden_size": 256, "num_attention_heads": 4,

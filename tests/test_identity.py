@@ -15,7 +15,8 @@ from autotune.layouts.layout import DATA_PARALLEL_OPTIONS, SEARCHED, Layout
 from autotune.megatron.identity import SAME_RUN_RULES, configuration, representatives, run_key
 from autotune.search.space import SearchSpace, enumerate_space, load_space
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.model import ModelSpec, list_presets, load_model
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import list_presets, load_model
 from tests.conftest import all_dimensions_layouts
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"

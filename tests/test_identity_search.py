@@ -18,7 +18,7 @@ from autotune.dimensions import Recompute
 from autotune.search import SearchConfig, run_search
 from autotune.search.space import load_space
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 from autotune.trials.trial import TrialStatus
 
 REPO = Path(__file__).resolve().parents[1]

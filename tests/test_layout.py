@@ -4,7 +4,7 @@ import pytest
 
 from autotune.errors import InvalidLayoutError
 from autotune.layouts.layout import Layout, check, validate
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 from tests.conftest import cluster
 
 # model, gpus, layout fields, broken rule (None = valid), a fragment of the message

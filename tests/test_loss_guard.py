@@ -17,7 +17,7 @@ from autotune.search.execution import TrialExecutor
 from autotune.search.loss_guard import LOSS_TOLERANCE, compare_losses, guarded, twin
 from autotune.search.records import SearchResult, Source, TrialRecord
 from autotune.search.store import _FAILED
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 from autotune.trials.trial import TrialMetrics, TrialSpec, TrialStatus
 
 BF16 = (11.1467, 11.0574, 10.9425, 11.2242, 10.8217, 10.7586, 10.7028, 10.6507, 10.6035,

@@ -265,7 +265,7 @@ def test_distributed_timeout_minutes_rounds_up(seconds: float, minutes: int) -> 
 
 
 def test_presets_without_dropout_say_so() -> None:
-    from autotune.specs.model import load_model
+    from autotune.specs.presets import load_model
 
     llama = megatron_lm_args(load_model("llama3-8b"), Layout(tp=8, gbs=512))
     assert llama[llama.index("--attention-dropout") + 1] == "0.0"

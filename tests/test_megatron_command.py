@@ -33,8 +33,8 @@ from autotune.report.scripts import megatron_lm_script
 from autotune.search.derive import DERIVE, DIVISORS, divisor_values
 from autotune.search.space import load_space
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.model import list_presets, load_model
 from autotune.specs.params import count_parameters
+from autotune.specs.presets import list_presets, load_model
 
 SEED = Path(__file__).parent / "data" / "megatron" / "seed-tutorial.sh"
 SAMPLE = 8

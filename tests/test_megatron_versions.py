@@ -39,7 +39,7 @@ from autotune.megatron.megatron_versions import (
     spell_args,
 )
 from autotune.report.scripts import megatron_lm_script
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 
 DATA = Path(__file__).parent / "data" / "megatron_versions"
 ROOT = Path(__file__).parent.parent

@@ -21,8 +21,9 @@ from autotune.predict.memory_activations import (
     layer_bytes,
 )
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import ModelSpec, list_presets, load_model
+from autotune.specs.model import ModelSpec
 from autotune.specs.params import count_parameters
+from autotune.specs.presets import list_presets, load_model
 
 
 def cluster(n: int, gpu: str = "h100-80gb", per_node: int = 8) -> ClusterSpec:

@@ -18,7 +18,7 @@ from autotune.layouts.layout import Layout
 from autotune.predict.calibration import trial_model_ref
 from autotune.predict.memory import GIB, estimate_memory
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 
 DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
 TRIALS = {t["source"]: t for t in json.loads(DATA_PATH.read_text())["trials"]}

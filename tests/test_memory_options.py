@@ -22,7 +22,8 @@ from autotune.predict.memory_activations import layer_activations, module_saving
 from autotune.search.heuristics import alpa_seeds, predicted_speed
 from autotune.search.space import enumerate_space, space_from_mapping
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import ModelSpec, load_model
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 
 GPT36 = load_model("gpt-3.6b")  # 30 layers
 XL = load_model("gpt2-xl")  # 48 layers

@@ -14,7 +14,7 @@ import pytest
 from autotune.layouts.layout import Layout
 from autotune.predict.memory import estimate_memory
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 
 # (row, seq, batch, cp, measured GB per GPU or None for OOM)
 SEED_CP_TABLE = [

@@ -20,7 +20,7 @@ from autotune.predict.calibration import trial_model_ref
 from autotune.predict.cost import estimate_cost
 from autotune.predict.memory import estimate_memory
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 
 DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
 DATA = json.loads(DATA_PATH.read_text())

@@ -14,7 +14,8 @@ import autotune.commands.search as search_command
 from autotune.cli import main
 from autotune.errors import ConfigError, LaunchError
 from autotune.layouts.layout import Layout
-from autotune.specs.model import ModelSpec, load_model
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 from autotune.trials.launchers import (
     OTHER_NODES_NAME,
     TORCHRUN,

@@ -15,7 +15,7 @@ from autotune.predict.memory import estimate_memory, stage_params
 from autotune.search.heuristics import MEMORY_OPTIONS
 from autotune.search.space import enumerate_space, load_space
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 from tests.conftest import given_of
 
 MODEL = load_model("gpt2-xl")

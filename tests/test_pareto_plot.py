@@ -16,7 +16,7 @@ from autotune.search.backends import SimulateBackend
 from autotune.search.space import space_from_mapping
 from autotune.search.storage import storage_url
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 
 pytest.importorskip("matplotlib")
 pytest.importorskip("plotly")

@@ -27,7 +27,7 @@ from autotune.search.backends import SimulateBackend
 from autotune.search.records import TrialRecord, read_record, record_attrs
 from autotune.search.space import load_space
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 from autotune.trials.trial import TrialMetrics, TrialStatus
 
 OLD = Path(__file__).resolve().parent / "data" / "old-studies"

@@ -25,8 +25,8 @@ from autotune.search import SearchConfig, run_search
 from autotune.search.backends import SimulateBackend
 from autotune.search.space import space_from_mapping
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import list_presets, load_model
 from autotune.specs.params import count_parameters
+from autotune.specs.presets import list_presets, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TWIN_SPACE = "tp: [1]\npp: [1, 2]\nmbs: [1, 2, 4]\nimpl: [sdpa, te]\n"

@@ -16,7 +16,7 @@ from autotune.search import SearchConfig, run_search
 from autotune.search.backends import SimulateBackend
 from autotune.search.space import space_from_mapping
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import load_model, search_spaces_dir
+from autotune.specs.presets import load_model, search_spaces_dir
 from autotune.trials.trial import TrialSpec
 
 CLUSTER = ClusterSpec(num_gpus=2, gpus_per_node=2, gpu=gpu_spec("h100-80gb"))

@@ -10,8 +10,8 @@ import pytest
 from autotune.predict.calibration import trial_model_ref
 from autotune.predict.trust import MEASURED_RANGE, MeasuredRange, outside_range, trust_line
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import load_model
 from autotune.specs.params import count_parameters
+from autotune.specs.presets import load_model
 
 DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
 DATA = json.loads(DATA_PATH.read_text())

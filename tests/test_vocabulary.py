@@ -17,7 +17,7 @@ from autotune.cli import STORAGE_EXAMPLE, main
 from autotune.commands.estimate import SEARCH_DIFFERS
 from autotune.layouts.layout import DIMENSIONS, Layout
 from autotune.layouts.legend import legend_entries, legend_lines, legend_text
-from autotune.specs.model import search_spaces_dir
+from autotune.specs.presets import search_spaces_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 

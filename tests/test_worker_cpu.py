@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from autotune.layouts.layout import Layout
-from autotune.specs.model import ModelSpec, load_model
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 from autotune.trials.protocol import distributed_timeout_minutes, percentile, started_ranks
 from autotune.trials.trial import TrialSpec, TrialStatus
 from autotune.worker.__main__ import parse_args

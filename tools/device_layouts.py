@@ -22,7 +22,7 @@ from autotune.predict.cost import estimate_cost
 from autotune.predict.memory import estimate_memory
 from autotune.search.backends import trial_timeout_s
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 from autotune.trials.metrics import metrics_from_run
 from autotune.trials.runner import run_trial
 from autotune.trials.trial import TrialSpec

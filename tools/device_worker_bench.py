@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from autotune.layouts.layout import Layout
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 from autotune.trials.trial import TrialSpec
 
 _GIB = 1024**3

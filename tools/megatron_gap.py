@@ -25,7 +25,7 @@ from device_layouts import layout_fields  # tools/ is on sys.path: run as a scri
 from autotune.commands.estimate import layout_from_fields
 from autotune.report.scripts import megatron_lm_script
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.model import load_model
+from autotune.specs.presets import load_model
 from autotune.trials.launchers import LOG_NAME
 from autotune.trials.metrics import metrics_from_run
 from autotune.trials.protocol import parse_step_lines

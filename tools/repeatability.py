@@ -44,7 +44,8 @@ from autotune.layouts.layout import Layout
 from autotune.predict.cost import estimate_cost
 from autotune.search.backends import trial_timeout_s
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.model import ModelSpec, load_model
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 from autotune.trials.metrics import metrics_from_run
 from autotune.trials.pool import WarmPool
 from autotune.trials.protocol import RESULT_NAME, te_available

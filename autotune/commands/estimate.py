@@ -91,7 +91,7 @@ def layout_file(path: str, *, model_name: str | None, gpus: int | None, gpu: str
     if "gpus" in context and gpus is not None and context["gpus"] != gpus:
         raise ConfigError(f"layout file {path} is for {context['gpus']} GPUs; --gpus says {gpus}")
     if "model" in context and model_name is not None:
-        from autotune.specs.model import load_model
+        from autotune.specs.presets import load_model
 
         name = load_model(model_name).name
         if context["model"] != name:

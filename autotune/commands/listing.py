@@ -8,8 +8,9 @@ from typing import Any
 from autotune.megatron.identity import representatives
 from autotune.search.space import describe_limits
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.model import ModelSpec, list_presets, load_model
+from autotune.specs.model import ModelSpec
 from autotune.specs.params import count_parameters
+from autotune.specs.presets import list_presets, load_model
 
 __all__ = ["print_dry_run", "print_models"]
 

@@ -36,6 +36,7 @@ from autotune.dimensions import Impl, dimension, flag_label
 from autotune.errors import ConfigError
 from autotune.levers.base import CostState, Lever, MemoryState, Requires, Rule, Seed
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
+from autotune.specs.flops import gemm_efficiency, gemm_size
 
 if TYPE_CHECKING:
     from autotune.layouts.layout import Layout
@@ -396,8 +397,6 @@ def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
 def gemm_speedup(x: float, gpu: GpuSpec, p: CostParams) -> float:
     """How many times faster than bf16 a GEMM of size x (CostParams.gemm_half_size's x) runs
     in FP8: the FP8 peak at its own saturating efficiency over the bf16 peak at bf16's."""
-    from autotune.predict.cost import gemm_efficiency
-
     assert gpu.peak_fp8_flops is not None
     fp8 = gpu.peak_fp8_flops * p.fp8_gemm_efficiency_max * x / (x + p.fp8_gemm_half_size)
     return fp8 / (gpu.peak_bf16_flops * gemm_efficiency(x, p))
@@ -430,8 +429,6 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     if s.fp8_param_gather:
         optimizer += OPTIMIZER_FP8_PARAM_BYTES + (
             AMAX_READ_BYTES_FP32 if s.fp8_recipe == Fp8Recipe.TENSORWISE else 0.0)
-    from autotune.predict.cost import gemm_size
-
     cast = CAST_BYTES_PER_ELEMENT[s.fp8_recipe] * p.fp8_cast_scale
     # Once a step: the bf16 weights cast to their FP8 copies on the first micro-batch; with
     # FP8 parameters only the transpose is rebuilt after the all-gather (read 1, write 1 B),

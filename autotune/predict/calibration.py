@@ -211,7 +211,7 @@ def load_trials(path: Path | str) -> list[Trial]:
     A trial's family is its `family` field (one model shape given by two files is one family)
     or else its model, on its GPU type."""
     from autotune.specs.hardware import gpu_spec
-    from autotune.specs.model import load_model
+    from autotune.specs.presets import load_model
 
     data = json.loads(read_text(Path(path), "measured trials"))
     trials: list[Trial] = []

@@ -35,6 +35,8 @@ from autotune.predict.memory_activations import (
 )
 from autotune.specs.flops import (
     forward_flops_per_token,
+    gemm_efficiency,
+    gemm_size,
     hardware_flops_per_token,
     mlp_forward_flops_per_token,
     model_flops_per_token,
@@ -42,7 +44,7 @@ from autotune.specs.flops import (
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec, padded_vocab_size
 
-__all__ = ["CostEstimate", "CostParams", "checkpoint_calls", "estimate_cost", "gemm_size"]
+__all__ = ["CostEstimate", "CostParams", "checkpoint_calls", "estimate_cost"]
 
 _BUCKET_PARAMS = 40_000_000
 """megatron/core/distributed/distributed_data_parallel_config.py: bucket_size defaults to
@@ -186,17 +188,6 @@ def _flops(model: ModelSpec) -> _Flops:
     logits = forward_flops_per_token(model) - model.num_layers * (mats + core)
     return _Flops(layer_mats=mats, layer_core=core, layer_mlp=mlp_forward_flops_per_token(model),
                   logits=logits, model_per_token=base)
-
-
-def gemm_size(model: ModelSpec, layout: Layout) -> float:
-    """The x of gemm_efficiency for the layers' GEMMs: the smaller of the local tokens of a
-    micro-batch (mbs * seq / cp) and the hidden size per tensor-parallel rank."""
-    return min(layout.mbs * (model.seq_length / layout.cp), model.hidden_size / layout.tp)
-
-
-def gemm_efficiency(x: float, params: CostParams) -> float:
-    """Saturating fit eff_max * x / (x + x_half) (empirical, see CostParams.gemm_half_size)."""
-    return params.gemm_efficiency_max * x / (x + params.gemm_half_size)
 
 
 def ring_allreduce_s(nbytes: float, n: int, bytes_per_s: float, params: CostParams) -> float:

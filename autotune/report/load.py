@@ -33,7 +33,8 @@ from autotune.search.storage import (
 )
 from autotune.search.timesplit import overhead_s
 from autotune.specs.hardware import DEFAULT_GPU, ClusterSpec, GpuSpec, gpu_spec
-from autotune.specs.model import ModelSpec, load_model
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 from autotune.trials.protocol import SPEC_NAME
 from autotune.trials.trial import StopReason, TrialSpec
 

@@ -26,7 +26,8 @@ from autotune.search.derive import (
     safe_limit_bytes,
 )
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.model import ModelSpec, search_spaces_dir
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import search_spaces_dir
 
 __all__ = ["DIMENSIONS", "SearchSpace", "SpaceSummary", "enumerate_space", "load_space"]
 

@@ -8,19 +8,20 @@
 
 The links replace the GPU table's in the cost model (its inter-node bandwidth is otherwise a
 fixed 50 GB/s per GPU). Examples: search_spaces/clusters/. A bad file is one line and exit 2.
+This module reads the file; autotune.specs.hardware (`ClusterSpec.make`) looks its GPU up in the
+table and gives it the file's links.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from autotune.errors import ConfigError
-from autotune.specs.hardware import GpuSpec, gpu_spec
 
 __all__ = ["ClusterFile", "is_cluster_file", "load_cluster_file"]
 
@@ -30,9 +31,13 @@ _OPTIONAL = ("host_memory_gib", "name", "note")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterFile:
-    gpu: GpuSpec
-    """The table's GPU with the file's links."""
+    gpu: str
+    """A GPU type of the table (autotune.specs.hardware.GPUS)."""
     gpus_per_node: int
+    intra_node_bytes_per_s: float
+    """NVLink bandwidth per GPU, one direction."""
+    inter_node_bytes_per_s: float
+    """Network bandwidth per GPU, one direction."""
     host_memory_bytes: float | None
 
 
@@ -71,12 +76,10 @@ def load_cluster_file(path: Path | str) -> ClusterFile:
     if not isinstance(data["gpu"], str):
         raise ConfigError(f"cluster file {path}: gpu must be a GPU type name, got "
                           f"{data['gpu']!r}")
-    gpu = gpu_spec(data["gpu"])
     per_node = int(_positive(path, "gpus_per_node", data["gpus_per_node"], integer=True))
     nvlink = _positive(path, "nvlink_gb_per_s", data["nvlink_gb_per_s"]) * 1e9
     network = _positive(path, "inter_node_gbit_per_s", data["inter_node_gbit_per_s"]) * 1e9 / 8
     host = data.get("host_memory_gib")
     host_bytes = None if host is None else _positive(path, "host_memory_gib", host) * 2**30
-    return ClusterFile(gpu=replace(gpu, intra_node_bytes_per_s=nvlink,
-                                   inter_node_bytes_per_s=network),
-                       gpus_per_node=per_node, host_memory_bytes=host_bytes)
+    return ClusterFile(gpu=data["gpu"], gpus_per_node=per_node, intra_node_bytes_per_s=nvlink,
+                       inter_node_bytes_per_s=network, host_memory_bytes=host_bytes)

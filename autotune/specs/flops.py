@@ -12,10 +12,12 @@ Attention scores are counted in full (s^2, no causal halving), as the paper and 
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from autotune.specs.model import ModelSpec
 
-__all__ = ["forward_flops_per_token", "hardware_flops_per_token", "mlp_forward_flops_per_token",
-           "model_flops_per_token"]
+__all__ = ["GemmFit", "GemmSplit", "forward_flops_per_token", "gemm_efficiency", "gemm_size",
+           "hardware_flops_per_token", "mlp_forward_flops_per_token", "model_flops_per_token"]
 
 
 def mlp_forward_flops_per_token(model: ModelSpec) -> float:
@@ -71,3 +73,40 @@ def hardware_flops_per_token(model: ModelSpec, recompute: str = "none") -> float
     elif recompute == "selective":
         extra = model.num_layers * core
     return model_flops_per_token(model) + extra
+
+
+# ---- how fast a GEMM runs -----------------------------------------------------------------------
+# The cost model's time for the layers' matrix multiplies and the fp8 lever's speed-up over bf16
+# both read these; they sit here, below the levers and the models, so that neither imports the
+# other for them.
+
+
+class GemmSplit(Protocol):
+    """What gemm_size reads of a layout (autotune.layouts.layout.Layout)."""
+
+    @property
+    def mbs(self) -> int: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def cp(self) -> int: ...
+
+
+class GemmFit(Protocol):
+    """The saturating fit's constants (autotune.predict.cost.CostParams)."""
+
+    @property
+    def gemm_efficiency_max(self) -> float: ...
+    @property
+    def gemm_half_size(self) -> float: ...
+
+
+def gemm_size(model: ModelSpec, layout: GemmSplit) -> float:
+    """The x of gemm_efficiency for the layers' GEMMs: the smaller of the local tokens of a
+    micro-batch (mbs * seq / cp) and the hidden size per tensor-parallel rank."""
+    return min(layout.mbs * (model.seq_length / layout.cp), model.hidden_size / layout.tp)
+
+
+def gemm_efficiency(x: float, params: GemmFit) -> float:
+    """Saturating fit eff_max * x / (x + x_half) (empirical, see CostParams.gemm_half_size)."""
+    return params.gemm_efficiency_max * x / (x + params.gemm_half_size)

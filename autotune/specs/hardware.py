@@ -1,4 +1,5 @@
-"""GPUs and clusters: a table of GPU types and the `ClusterSpec` a search runs against.
+"""GPUs and clusters: a table of GPU types and the `ClusterSpec` a search runs against (from CLI
+values or a cluster file, autotune.specs.cluster).
 
 pynvml is imported here only when asked to detect the local GPU; the worker imports it too
 (autotune.worker.report, a rank's device memory as NVML sees it).
@@ -6,9 +7,10 @@ pynvml is imported here only when asked to detect the local GPU; the worker impo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.errors import ConfigError
+from autotune.specs.cluster import is_cluster_file, load_cluster_file
 
 __all__ = ["GPUS", "ClusterSpec", "GpuSpec", "detect_gpu", "gpu_spec", "local_gpu_count"]
 
@@ -132,13 +134,17 @@ class ClusterSpec:
              gpu: str | None = None) -> ClusterSpec:
         """A cluster from CLI values: 8 GPUs per node by default, the local GPU type if known;
         `gpu` may be a cluster file (`--cluster FILE`, autotune.specs.cluster)."""
-        if gpu is not None and gpu.endswith((".yaml", ".yml")):  # --cluster FILE
-            from autotune.specs.cluster import load_cluster_file
-
+        if gpu is not None and is_cluster_file(gpu):  # --cluster FILE
             file = load_cluster_file(gpu)
+            try:
+                table = gpu_spec(file.gpu)
+            except ConfigError as exc:
+                raise ConfigError(f"cluster file {gpu}: {exc}") from None
+            spec = replace(table, intra_node_bytes_per_s=file.intra_node_bytes_per_s,
+                           inter_node_bytes_per_s=file.inter_node_bytes_per_s)
             per_node = gpus_per_node if gpus_per_node is not None else min(file.gpus_per_node,
                                                                            num_gpus)
-            return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=file.gpu,
+            return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=spec,
                        host_memory_bytes=file.host_memory_bytes)
         per_node = gpus_per_node if gpus_per_node is not None else min(8, num_gpus)
         name = gpu or detect_gpu() or DEFAULT_GPU

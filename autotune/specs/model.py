@@ -1,34 +1,21 @@
-"""Model presets: a `ModelSpec` per YAML file in search_spaces/models/, loaded by name or path."""
+"""ModelSpec: the shape of a decoder-only transformer in Megatron's terms, and its checks.
+
+Read from a preset, a model YAML file or a Hugging Face config.json by autotune.specs.presets
+(`load_model`); from a study's records by `model_from_mapping`.
+"""
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, fields
-from importlib import resources
-from importlib.resources.abc import Traversable
-from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.inputs.bounds import Count, Fraction
-from autotune.inputs.documents import parse_yaml
-from autotune.inputs.files import MAX_YAML_BYTES, read_text
 
-__all__ = ["MODEL_NAME_MAX", "ModelSpec", "list_presets", "load_model", "model_from_mapping",
-           "padded_vocab_size", "read_text", "search_spaces_dir"]
+__all__ = ["MODEL_NAME_MAX", "ModelSpec", "model_from_mapping", "padded_vocab_size"]
 
 MODEL_NAME_MAX = 100
 """Characters of a model's `name:`; it titles reports and exported scripts."""
-
-
-def search_spaces_dir() -> Traversable:
-    """The presets and search spaces: shipped as autotune.search_spaces when installed, read
-    from the repository's search_spaces/ when autotune runs from a checkout on PYTHONPATH
-    (as on GPU nodes without an install)."""
-    try:
-        return resources.files("autotune.search_spaces")
-    except ModuleNotFoundError:  # the checkout: search_spaces/ beside the package
-        return Path(str(resources.files("autotune"))).parent / "search_spaces"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,16 +138,6 @@ def padded_vocab_size(model: ModelSpec, tp: int = 1) -> int:
     return -(-model.vocab_size // multiple) * multiple
 
 
-def _preset_files() -> dict[str, Any]:
-    root = search_spaces_dir().joinpath("models")
-    return {p.name.removesuffix(".yaml"): p for p in root.iterdir() if p.name.endswith(".yaml")}
-
-
-def list_presets() -> list[str]:
-    """Names of the built-in presets, sorted."""
-    return sorted(_preset_files())
-
-
 _REQUIRED = ("name", "num_layers", "hidden_size", "num_attention_heads", "vocab_size",
              "seq_length", "global_batch_size")
 _COUNTS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
@@ -176,26 +153,3 @@ def model_from_mapping(data: Any, source: str) -> ModelSpec:
     from autotune.inputs.schema import build  # pydantic: imported when a model is read
 
     return build(ModelSpec, data, source, what="model")
-
-
-def load_model(name_or_path: str) -> ModelSpec:
-    """A preset by name (`gpt2-xl`), a model YAML file by path, or a Hugging Face config.json
-    (or a folder holding one: autotune.specs.hf_config)."""
-    from autotune.specs.hf_config import is_hf_config, load_hf_config
-
-    if is_hf_config(name_or_path):
-        return load_hf_config(name_or_path)
-    looks_like_path = name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path
-    if looks_like_path:
-        path = Path(name_or_path)
-        data = parse_yaml(read_text(path, "model file", max_bytes=MAX_YAML_BYTES), str(path))
-        if isinstance(data, dict):
-            data.setdefault("name", path.stem)
-        return model_from_mapping(data, str(path))
-    presets = _preset_files()
-    if name_or_path not in presets:
-        close = difflib.get_close_matches(name_or_path, list(presets), n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else "; see `autotune models`"
-        raise ConfigError(f"unknown model {name_or_path!r}{hint}")
-    source = f"preset {name_or_path}"
-    return model_from_mapping(parse_yaml(presets[name_or_path].read_text(), source), source)

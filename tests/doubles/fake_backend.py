@@ -20,7 +20,8 @@ from autotune.layouts.layout import Layout
 from autotune.predict.memory import estimate_memory
 from autotune.search.space import SearchSpace, space_from_mapping
 from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.model import ModelSpec, load_model
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 from autotune.trials.trial import TrialMetrics, TrialSpec, TrialStatus
 
 GIB = 2**30
