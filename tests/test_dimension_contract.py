@@ -25,7 +25,7 @@ from autotune.layouts.layout import DIMENSIONS, SEARCHED, Layout, check
 from autotune.levers import LEVERS, cross_entropy
 from autotune.levers.base import CONFIG_PARTS, CostState, Lever, contract_problems
 from autotune.levers.flags import FlagRow, Given, RunOptions
-from autotune.megatron.core_config import worker_config
+from autotune.megatron.core_config import core_config
 from autotune.megatron.identity import run_key
 from autotune.megatron.megatron_args import megatron_lm_args
 from autotune.predict.cost import CostParams, estimate_cost
@@ -69,7 +69,7 @@ def _differs(consumer: str, model: ModelSpec, cluster: ClusterSpec, a: Layout,
     if consumer == "megatron-lm":
         return _exported_args(model, a) != _exported_args(model, b)
     if consumer == "worker":
-        return worker_config(model, a).signature() != worker_config(model, b).signature()
+        return core_config(model, a).signature() != core_config(model, b).signature()
     memory = estimate_memory(model, a, cluster) != estimate_memory(model, b, cluster)
     cost = (estimate_cost(model, a, cluster).step_time_s
             != estimate_cost(model, b, cluster).step_time_s)
@@ -152,7 +152,7 @@ def test_every_allowance_is_needed(rule: Allowed) -> None:
 
 
 # ---- the lever contract (autotune/levers/) ------------------------------------------------
-# Every registered lever declares its fields, rules, flag rows (read back), worker keys that
+# Every registered lever declares its fields, rules, flag rows (read back), core-config keys that
 # megatron-core 0.16.1's configuration classes have, and memory and cost terms, a saving in
 # memory never free in time. `lever_problems` reports what a lever breaks; a deliberately broken
 # lever shows the check fails.
@@ -215,13 +215,13 @@ def lever_problems(lever: Lever) -> list[str]:
         problems.append(f"lever {lever.name}: no valid layout of the all-dimensions space "
                         "turns it")
     for model, cluster, s in layouts:
-        for part, keys in lever.worker(model, s).items():
+        for part, keys in lever.core_config(model, s).items():
             if part not in known:
-                problems.append(f"lever {lever.name}: worker part {part} is none of "
+                problems.append(f"lever {lever.name}: core_config part {part} is none of "
                                 f"{', '.join(CONFIG_PARTS)}")
                 continue
             for key in sorted(set(keys) - known[part]):
-                problems.append(f"lever {lever.name}: worker key {key} is no field of "
+                problems.append(f"lever {lever.name}: core_config key {key} is no field of "
                                 f"megatron-core's {CONFIG_CLASSES[part][1]}")
         read: dict[str, Any] = {}
         for row in lever.flag_rows:
@@ -263,8 +263,8 @@ def _noop_cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: Any, state: CostState
     ({"cost": None}, "no cost term"),
     ({"cost": _noop_cost}, "changes memory but not time"),
     ({"flag_rows": ()}, "no Megatron-LM flag row"),
-    ({"worker": lambda m, s: {"transformer": {"cross_entropy_fused_typo": True}}},
-     "worker key cross_entropy_fused_typo is no field"),
+    ({"core_config": lambda m, s: {"transformer": {"cross_entropy_fused_typo": True}}},
+     "core_config key cross_entropy_fused_typo is no field"),
 ])
 def test_a_broken_lever_is_reported(change: dict[str, Any], reported: str) -> None:
     broken = replace(cross_entropy.LEVER, **change)

@@ -1,5 +1,5 @@
-"""The FP8 lever (autotune/levers/fp8.py): rules, flags both ways, worker keys, memory and cost
-terms, and the warnings a user's command gets for FP8 flags autotune does not model."""
+"""The FP8 lever (autotune/levers/fp8.py): rules, flags both ways, core-config keys, memory and
+cost terms, and the warnings a user's command gets for FP8 flags autotune does not model."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from autotune.levers.fp8 import (
     gemm_speedup,
     recipes_on,
 )
-from autotune.megatron.core_config import worker_config
+from autotune.megatron.core_config import core_config
 from autotune.megatron.identity import run_key
 from autotune.megatron.megatron_args import flag_names, megatron_lm_args, read_fields
 from autotune.megatron.megatron_command import read_megatron_command, unmodeled_warning
@@ -203,7 +203,7 @@ def test_the_flags_are_megatron_lms() -> None:
 ])
 def test_worker_keys(layout: Layout, transformer: dict[str, Any], ddp: dict[str, Any],
                      optimizer: dict[str, Any]) -> None:
-    config = worker_config(XL, layout)
+    config = core_config(XL, layout)
     assert {k: config.transformer[k] for k in transformer} == transformer
     assert {k: config.ddp[k] for k in ddp} == ddp
     assert {k: config.optimizer[k] for k in optimizer} == optimizer

@@ -8,7 +8,7 @@ import pytest
 from conftest import cluster
 
 from autotune.layouts.layout import Layout
-from autotune.predict.gate import MemoryGate, layout_key
+from autotune.predict.gate import MemoryGate, mbs_family
 from autotune.search.heuristics import alpa_seeds, next_smaller_mbs
 from autotune.search.space import enumerate_space, space_from_mapping
 from autotune.specs.presets import load_model
@@ -34,7 +34,7 @@ def test_seeds_prefer_dp_then_less_tp_then_less_pp_at_the_largest_fitting_mbs() 
     assert [(s.tp, s.pp, s.dp) for s in seeds] == [(1, 1, 8), (1, 2, 4), (2, 1, 4), (1, 4, 2),
                                                    (2, 2, 2), (4, 1, 2)]
     for s in seeds:
-        same_layout = [v for v in valid if layout_key(v) == layout_key(s)]
+        same_layout = [v for v in valid if mbs_family(v) == mbs_family(s)]
         assert s.mbs == max(v.mbs for v in same_layout if gate.decide(v).launch)
         # Megatron practice without tuning: no recompute, the distributed optimizer with
         # dp > 1, sequence parallel with tp > 1.

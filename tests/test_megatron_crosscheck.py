@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from autotune.layouts.layout import Layout, check
-from autotune.megatron.core_config import worker_config
+from autotune.megatron.core_config import core_config
 from tests.conftest import cluster
 
 if os.environ.get("CI"):  # CI installs megatron-core on purpose: a skip there would hide a gap.
@@ -91,7 +91,7 @@ def optimizer_verdict(model_name: str, s: Layout) -> str | None:
     from autotune.megatron.megatron_versions import config_kwargs, running
     from autotune.worker.build import _resolved
 
-    kwargs = _resolved(worker_config(model_by_name(model_name), s).optimizer)
+    kwargs = _resolved(core_config(model_by_name(model_name), s).optimizer)
     try:
         OptimizerConfig(**config_kwargs("OptimizerConfig", kwargs, running()))
     except (AssertionError, RuntimeError, TypeError, ValueError) as exc:

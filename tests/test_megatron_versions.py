@@ -21,7 +21,7 @@ import pytest
 
 from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout
-from autotune.megatron.core_config import worker_config
+from autotune.megatron.core_config import core_config
 from autotune.megatron.megatron_args import known_flags, megatron_lm_args
 from autotune.megatron.megatron_versions import (
     DEFAULT,
@@ -189,7 +189,7 @@ def test_worker_config_fields_exist_in_every_release(row: MegatronVersion,
     model = load_model(model_name)
     for extra in LAYOUTS:
         layout = Layout(dp=1, gbs=model.global_batch_size, **extra)
-        wanted = worker_config(model, layout)
+        wanted = core_config(model, layout)
         for cls, kwargs in (("TransformerConfig", wanted.transformer),
                             ("DistributedDataParallelConfig", wanted.ddp),
                             ("OptimizerConfig", wanted.optimizer)):

@@ -14,7 +14,7 @@ from conftest import cluster
 
 from autotune.dimensions import RECOMPUTE_MODULES, RecomputeModules
 from autotune.layouts.layout import Layout, check, stage_layers
-from autotune.megatron.core_config import worker_config
+from autotune.megatron.core_config import core_config
 from autotune.predict.cost import checkpoint_calls, estimate_cost
 from autotune.predict.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND, MemoryGate
 from autotune.predict.memory import estimate_memory
@@ -111,7 +111,7 @@ def test_module_sets_are_ordered_and_complete() -> None:
 ])
 def test_worker_config(fields: dict[str, Any], expected: dict[str, Any]) -> None:
     s = _layout(fields.get("pp", 1), **fields)
-    transformer = worker_config(GPT36, s).transformer
+    transformer = core_config(GPT36, s).transformer
     assert {k: transformer[k] for k in expected} == expected
 
 

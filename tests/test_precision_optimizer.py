@@ -8,7 +8,7 @@ import pytest
 
 from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout, check
-from autotune.megatron.core_config import worker_config
+from autotune.megatron.core_config import core_config
 from autotune.megatron.identity import representatives, run_key
 from autotune.megatron.megatron_args import megatron_lm_args, read_fields
 from autotune.predict.cost import estimate_cost
@@ -70,7 +70,7 @@ def test_other_dtypes_are_refused() -> None:
 
 
 def test_worker_keys() -> None:
-    on, off = worker_config(MODEL, PAO).optimizer, worker_config(MODEL, BASE).optimizer
+    on, off = core_config(MODEL, PAO).optimizer, core_config(MODEL, BASE).optimizer
     assert (on["use_precision_aware_optimizer"], on["exp_avg_dtype"]) == (True, "bfloat16")
     assert (off["use_precision_aware_optimizer"], off["exp_avg_sq_dtype"]) == (False, "float32")
 

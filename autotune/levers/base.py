@@ -1,4 +1,4 @@
-"""What a lever declares: its rules, flag rows, worker keys, memory and cost terms, seed role.
+"""What a lever declares: its rules, flag rows, core-config keys, memory and cost terms, seed role.
 
 A lever is one piece of Megatron knowledge that a layout may turn (the distributed optimizer,
 the overlap flags, the fused cross entropy, ...). Its module under autotune/levers/ holds all of
@@ -12,7 +12,7 @@ their own:
   the lever is on: a rule as data, which identity's same-run rule and the seeds respect);
 - `flag_rows` (autotune.megatron.megatron_args.FLAG_TABLE: the Megatron-LM flags, emitted and read
   back);
-- `worker`: its keys for megatron-core's TransformerConfig, DistributedDataParallelConfig and
+- `core_config`: its keys for megatron-core's TransformerConfig, DistributedDataParallelConfig and
   OptimizerConfig (autotune.megatron.core_config);
 - `memory`: how it changes a rank's model states (`MemoryState`, autotune.predict.memory) and
   `cost`: how it changes a step's terms (`CostState`, autotune.predict.cost). Each is a pure
@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from autotune.specs.hardware import ClusterSpec
     from autotune.specs.model import ModelSpec
 
-__all__ = ["CONFIG_PARTS", "CostState", "Lever", "MemoryState", "Requires", "Rule", "Seed",
-           "Worker", "contract_problems", "satisfy"]
+__all__ = ["CONFIG_PARTS", "CoreConfigTerm", "CostState", "Lever", "MemoryState", "Requires",
+           "Rule", "Seed", "contract_problems", "satisfy"]
 
 
 Check = Callable[["Layout", "ModelSpec", "ClusterSpec"], "str | None"]
@@ -88,13 +88,13 @@ class Requires:
 
 
 CONFIG_PARTS = ("transformer", "ddp", "optimizer")
-"""The worker-config parts a lever may add keys to: megatron-core's TransformerConfig,
+"""The core-config parts a lever may add keys to: megatron-core's TransformerConfig,
 DistributedDataParallelConfig and OptimizerConfig keyword arguments
 (autotune.megatron.core_config)."""
 
-Worker = Callable[["ModelSpec", "Layout"], dict[str, dict[str, Any]]]
+CoreConfigTerm = Callable[["ModelSpec", "Layout"], dict[str, dict[str, Any]]]
 """(model, layout) -> {part: {keyword: value}} for parts among CONFIG_PARTS. dtypes by name
-("bfloat16"), as the rest of the worker config: autotune.worker.build resolves every
+("bfloat16"), as the rest of the core config: autotune.worker.build resolves every
 `*_dtype` key."""
 
 
@@ -180,7 +180,7 @@ class Lever:
     rules: tuple[Rule, ...] = ()
     requires: tuple[Requires, ...] = ()
     flag_rows: tuple[FlagRow, ...]
-    worker: Worker
+    core_config: CoreConfigTerm
     memory: MemoryTerm | None
     no_memory: str = ""
     """Why the lever has no memory term (required when `memory` is None)."""

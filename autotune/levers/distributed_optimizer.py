@@ -34,7 +34,7 @@ class Fields:
         "Shard the optimizer state over the data-parallel ranks."))
 
 
-def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     # Megatron-LM's --use-distributed-optimizer sets both (arguments.py; training.py get_model
     # builds DistributedDataParallelConfig, get_megatron_optimizer reads OptimizerConfig's).
     return {"ddp": {"use_distributed_optimizer": s.distributed_optimizer},
@@ -62,7 +62,7 @@ LEVER = Lever(
     name="distributed_optimizer",
     fields=Fields,
     flag_rows=(switch("--use-distributed-optimizer", "distributed_optimizer", Part.LAYOUT),),
-    worker=_worker,
+    core_config=_core_config,
     memory=_memory,
     cost=_cost,
     seed=Seed.PRACTICE,

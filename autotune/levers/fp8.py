@@ -241,7 +241,7 @@ args.UNMODELED_FLAGS)."""
 # ---- worker --------------------------------------------------------------------------------
 
 
-def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     on = _on(s)
     # TransformerConfig as Megatron-LM's core_transformer_config_from_args sets it (fp8 None
     # for bf16; fp8_param from --fp8-param-gather); the DDP and optimizer configs take the same
@@ -471,7 +471,7 @@ LEVER = Lever(
                        flags=(Flag("--fp8-format"), Flag("--fp8-recipe"),
                               Flag("--fp8-param-gather", takes_value=False)),
                        emit=_emit, read=_read),),
-    worker=_worker,
+    core_config=_core_config,
     memory=_memory,
     cost=_cost,
     seed=Seed.PRACTICE,

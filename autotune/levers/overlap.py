@@ -34,7 +34,7 @@ class Fields:
         "Overlap the distributed optimizer's parameter all-gather with the forward pass."))
 
 
-def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     return {"ddp": {
         "overlap_grad_reduce": s.overlap_grad_reduce,
         "overlap_param_gather": s.overlap_param_gather,
@@ -65,7 +65,7 @@ LEVER = Lever(
                        when=lambda s: s.overlap_param_gather, message=_opg_message),),
     flag_rows=(switch("--overlap-grad-reduce", "overlap_grad_reduce", Part.LAYOUT),
                switch("--overlap-param-gather", "overlap_param_gather", Part.LAYOUT)),
-    worker=_worker,
+    core_config=_core_config,
     memory=None,
     no_memory=("the buckets overlap communicates are the gradient and parameter buffers that "
                "exist either way (param_and_grad_buffer.py); the memory model prices no "

@@ -74,7 +74,7 @@ def _read(g: Given) -> dict[str, Any]:
     return {"precision_aware_optimizer": True}
 
 
-def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     on = s.precision_aware_optimizer
     # OptimizerConfig's fields; every dtype stays fp32 unless the optimizer is on (its
     # __post_init__ asserts so).
@@ -125,7 +125,7 @@ LEVER = Lever(
                               Flag("--exp-avg-dtype"), Flag("--exp-avg-sq-dtype"),
                               Flag("--main-grads-dtype"), Flag("--main-params-dtype")),
                        emit=_emit, read=_read),),
-    worker=_worker,
+    core_config=_core_config,
     memory=_memory,
     cost=_cost,
     seed=Seed.MEMORY,

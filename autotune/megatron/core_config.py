@@ -1,8 +1,8 @@
 """The megatron-core configuration a trial builds, as plain values: no torch, no megatron-core.
 
-`worker_config` is what the worker hands megatron-core for a model and layout: the
+`core_config` is what the worker hands megatron-core for a model and layout: the
 TransformerConfig, DistributedDataParallelConfig and OptimizerConfig keyword arguments, the layer
-spec and the batch schedule; each lever adds its own keys (autotune.levers, `Lever.worker`).
+spec and the batch schedule; each lever adds its own keys (autotune.levers, `Lever.core_config`).
 autotune.worker.build turns it into megatron-core objects; the orchestrator reads it to know when
 two layouts are the same run (autotune.megatron.identity) and to check that every layout dimension
 reaches the worker (tests/test_dimension_contract.py). dtypes and the activation are named here
@@ -24,7 +24,7 @@ from autotune.layouts.layout import Layout
 from autotune.levers import LEVERS
 from autotune.specs.model import ModelSpec, padded_vocab_size
 
-__all__ = ["CHECK_FOR_NAN", "WorkerConfig", "worker_config"]
+__all__ = ["CHECK_FOR_NAN", "CoreConfig", "core_config"]
 
 CHECK_FOR_NAN = True
 """Megatron-LM checks every micro-batch's loss for NaN and Inf (pretrain_gpt.py loss_func,
@@ -35,7 +35,7 @@ runs (on an H100, gpt2-xl with TE: Megatron-LM 5.9% below a worker without the c
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerConfig:
+class CoreConfig:
     """Everything a trial's worker configures megatron-core with, as JSON-able values."""
 
     transformer: dict[str, Any]
@@ -53,7 +53,7 @@ class WorkerConfig:
     def signature(self) -> tuple[Any, ...]:
         """The whole configuration as one hashable value: equal for two layouts exactly when
         the worker would configure megatron-core the same way."""
-        # worker_config inserts the keys in one order for a given model, so the items need no
+        # core_config inserts the keys in one order for a given model, so the items need no
         # sorting (this runs for every valid layout of a space: 22,671 for gpt-1t on 3072 GPUs).
         return tuple(tuple(part.items()) for part in (
             self.transformer, self.ddp, self.optimizer, self.model, self.schedule))
@@ -159,7 +159,7 @@ def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
     return kwargs
 
 
-def worker_config(model: ModelSpec, layout: Layout) -> WorkerConfig:
+def core_config(model: ModelSpec, layout: Layout) -> CoreConfig:
     """The configuration autotune's worker builds for `layout` (pure)."""
     s = layout
     ddp = {
@@ -174,11 +174,11 @@ def worker_config(model: ModelSpec, layout: Layout) -> WorkerConfig:
     transformer = _transformer(model, s)
     parts = {"transformer": transformer, "ddp": ddp, "optimizer": optimizer}
     for lever in LEVERS:  # each lever's keys (autotune.levers), in registry order
-        for part, keys in lever.worker(model, s).items():
+        for part, keys in lever.core_config(model, s).items():
             parts[part].update(keys)
     gpt = {"layer_spec": str(s.impl), "vocab_size": padded_vocab_size(model, s.tp),
            "model_chunks": s.vpp}
     schedule = {"micro_batch_size": s.mbs, "num_microbatches": s.num_microbatches,
                 "data_parallel_size": s.dp, "seq_length": model.seq_length}
-    return WorkerConfig(transformer=transformer, ddp=ddp, optimizer=optimizer,
+    return CoreConfig(transformer=transformer, ddp=ddp, optimizer=optimizer,
                         model=gpt, schedule=schedule)

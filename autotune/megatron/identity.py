@@ -1,7 +1,7 @@
 """When two layouts are the same run: they give Megatron the same configuration.
 
 A layout's key is what the trial's worker and the exported Megatron-LM command would receive
-(autotune.megatron.core_config.worker_config and autotune.megatron.megatron_args.megatron_lm_args),
+(autotune.megatron.core_config.core_config and autotune.megatron.megatron_args.megatron_lm_args),
 not a list of special cases: Megatron ignores `recompute_method` and `recompute_num_layers` without
 full recompute, so layouts that differ only there get one key because neither side receives them.
 The search, the grid, `--dry-run`'s count of distinct runs and the duplicate records all use it.
@@ -19,7 +19,7 @@ from typing import Any
 from autotune.layouts.layout import DATA_PARALLEL_OPTIONS, DIMENSIONS, Layout, with_fields
 from autotune.levers import requirements
 from autotune.levers.base import satisfy
-from autotune.megatron.core_config import worker_config
+from autotune.megatron.core_config import core_config
 from autotune.megatron.megatron_args import exported_layout, megatron_lm_args
 from autotune.specs.model import ModelSpec
 
@@ -58,7 +58,7 @@ def configuration(model: ModelSpec, layout: Layout) -> tuple[Any, ...]:
     # Megatron-LM has no impl sdpa; the export writes Transformer Engine's spec for it
     # (megatron_args.exported_layout), and the worker's layer spec keeps the two apart.
     args = megatron_lm_args(model, exported_layout(layout), mock_data=True)
-    return worker_config(model, layout).signature(), tuple(args)
+    return core_config(model, layout).signature(), tuple(args)
 
 
 def run_key(model: ModelSpec, layout: Layout) -> tuple[Any, ...]:

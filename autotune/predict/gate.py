@@ -27,7 +27,7 @@ from autotune.specs.model import ModelSpec
 from autotune.trials.trial import TrialStatus
 
 __all__ = ["DEFAULT_ERROR_BAND", "MEMORY_ERROR_BAND", "GateDecision", "MemoryGate",
-           "layout_key"]
+           "mbs_family"]
 
 MEMORY_ERROR_BAND: dict[str, float] = {
     # The memory model's worst under-prediction of NVML's device memory in use, as a fraction,
@@ -43,7 +43,7 @@ DEFAULT_ERROR_BAND = max(MEMORY_ERROR_BAND.values())
 """For a GPU without measured trials: the widest band measured anywhere."""
 
 
-def layout_key(layout: Layout) -> Layout:
+def mbs_family(layout: Layout) -> Layout:
     """The layout with mbs normalised: layouts sharing it differ only in micro-batch."""
     return with_fields(layout, mbs=1)  # the layout itself when its mbs is 1 already
 
@@ -77,7 +77,7 @@ class MemoryGate:
     """Every real OOM, with its predicted peak (None: unknown), contradicted ones included: a
     fit measured later can set one aside, so what they teach is recomputed from all of them."""
     oom_mbs: dict[Layout, int] = field(default_factory=dict)
-    """Per layout (layout_key), the smallest micro-batch that ran out of memory (OOMs that a fit
+    """Per layout (mbs_family), the smallest micro-batch that ran out of memory (OOMs that a fit
     contradicts left out)."""
     learned_capacity_bytes: float | None = None
     """The smallest predicted peak among real OOMs above the largest fit (largest_fit_bytes)."""
@@ -121,7 +121,7 @@ class MemoryGate:
             return self._decide_measured(memory, evidence_bytes)
         capacity = self.capacity_bytes()
         constraint = (memory.peak_bytes - capacity) / 2**30
-        smallest_oom = self.oom_mbs.get(layout_key(layout))
+        smallest_oom = self.oom_mbs.get(mbs_family(layout))
         # Never when a layout predicted to need as much fit (an OOM without a prediction).
         if smallest_oom is not None and layout.mbs >= smallest_oom \
                 and not self._fit_at_least(memory.peak_bytes):
@@ -182,7 +182,7 @@ class MemoryGate:
         for failed, peak in self.ooms:
             if peak is not None and self._fit_at_least(peak):
                 continue
-            key = layout_key(failed)
+            key = mbs_family(failed)
             self.oom_mbs[key] = min(self.oom_mbs.get(key, failed.mbs), failed.mbs)
             if peak is not None:
                 peaks.append(peak)

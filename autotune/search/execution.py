@@ -19,7 +19,7 @@ import optuna
 
 from autotune.layouts.layout import Layout
 from autotune.predict.cost import CostEstimate, CostParams, estimate_cost
-from autotune.predict.gate import MemoryGate, layout_key
+from autotune.predict.gate import MemoryGate, mbs_family
 from autotune.search.backends import trial_timeout_s
 from autotune.search.config import SearchConfig
 from autotune.search.derive import DIVISORS, divisor_values
@@ -53,7 +53,7 @@ class Knowledge:
         self.cost_params: CostParams | None = cfg.cost_params
         self.fitted_on = 0
         self.good_mbs: dict[Layout, int] = {}
-        """Per layout (gate.layout_key), the largest micro-batch that ran."""
+        """Per layout (gate.mbs_family), the largest micro-batch that ran."""
         self._tokens: dict[Layout, float] = {}
         """Predicted tokens/s per layout under the current cost constants (refit clears it)."""
         self.ladder = Ladder(cfg.model, cfg.cluster, cfg.space.derived, cfg.memory_params)
@@ -79,7 +79,7 @@ class Knowledge:
             # Steps were measured, so it fit: an OOM predicted to need no more is noise.
             if self.gate.record_fit(record.predicted_peak_bytes, f"trial {record.number}"):
                 self._fits.clear()
-            key = layout_key(record.layout)
+            key = mbs_family(record.layout)
             self.good_mbs[key] = max(self.good_mbs.get(key, 0), record.layout.mbs)
             if told:
                 self.refit()
@@ -131,7 +131,7 @@ class Knowledge:
         # `mbs: divisors`: every micro-batch that divides the layout's batch per rank.
         candidates = divisor_values("mbs", failed, self.cfg.model) if DIVISORS in listed \
             else listed
-        smaller = next_smaller_mbs(candidates, failed.mbs, self.good_mbs.get(layout_key(failed)))
+        smaller = next_smaller_mbs(candidates, failed.mbs, self.good_mbs.get(mbs_family(failed)))
         return None if smaller is None else replace(failed, mbs=smaller)
 
 
@@ -251,8 +251,8 @@ class TrialExecutor:
         oom_mbs = self.parts.knowledge.gate.oom_mbs
         if metrics.status is TrialStatus.OOM:
             self.bisect(s)
-        elif record.tokens_per_s is not None and layout_key(s) in oom_mbs:
-            self.bisect(replace(s, mbs=oom_mbs[layout_key(s)]))
+        elif record.tokens_per_s is not None and mbs_family(s) in oom_mbs:
+            self.bisect(replace(s, mbs=oom_mbs[mbs_family(s)]))
         if metrics.status in (TrialStatus.OK, TrialStatus.OOM) and not record.pruned_slow:
             self.climb(s)
 
