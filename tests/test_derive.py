@@ -153,7 +153,7 @@ def test_derived_count_is_no_parameter_but_part_of_the_key() -> None:
         limit_bytes=limit).recompute_num_layers
     rung = replace(full8, recompute_num_layers=full8.recompute_num_layers - 2)
     assert cfg_layouts.params(rung) == cfg_layouts.params(full8)
-    assert cfg_layouts.key(rung) != cfg_layouts.key(full8)
+    assert cfg_layouts.run_params(rung) != cfg_layouts.run_params(full8)
     assert cfg_layouts.layout({"mbs": 8, "recompute": "full"},
                               {"recompute_num_layers": rung.recompute_num_layers}) == rung
 

@@ -44,7 +44,8 @@ DEFAULT_ERROR_BAND = max(MEMORY_ERROR_BAND.values())
 
 
 def mbs_family(layout: Layout) -> Layout:
-    """The layout with mbs normalised: layouts sharing it differ only in micro-batch."""
+    """The layout's micro-batch family: the layout at mbs 1, which the layouts that differ from
+    it only in micro-batch share."""
     return with_fields(layout, mbs=1)  # the layout itself when its mbs is 1 already
 
 
@@ -77,8 +78,8 @@ class MemoryGate:
     """Every real OOM, with its predicted peak (None: unknown), contradicted ones included: a
     fit measured later can set one aside, so what they teach is recomputed from all of them."""
     oom_mbs: dict[Layout, int] = field(default_factory=dict)
-    """Per layout (mbs_family), the smallest micro-batch that ran out of memory (OOMs that a fit
-    contradicts left out)."""
+    """Per micro-batch family (mbs_family), the smallest micro-batch that ran out of memory (OOMs
+    that a fit contradicts left out)."""
     learned_capacity_bytes: float | None = None
     """The smallest predicted peak among real OOMs above the largest fit (largest_fit_bytes)."""
     largest_fit_bytes: float | None = None
@@ -182,8 +183,8 @@ class MemoryGate:
         for failed, peak in self.ooms:
             if peak is not None and self._fit_at_least(peak):
                 continue
-            key = mbs_family(failed)
-            self.oom_mbs[key] = min(self.oom_mbs.get(key, failed.mbs), failed.mbs)
+            family = mbs_family(failed)
+            self.oom_mbs[family] = min(self.oom_mbs.get(family, failed.mbs), failed.mbs)
             if peak is not None:
                 peaks.append(peak)
         self.learned_capacity_bytes = min(peaks) if peaks else None

@@ -9,8 +9,8 @@ configuration); each maps to one of them, and the search knows only those.
 A dimension the space marks `derive` (autotune.search.derive) is a parameter only where the
 space also lists values for it (`offload_layers: [0, derive]`: the sampler picks between no
 offload and the derived count); the resolved value is not a parameter but part of the layout,
-its record and its key, so the search can move it (autotune.search.ladder) without Optuna's
-distributions changing.
+its record and its run parameters, so the search can move it (autotune.search.ladder) without
+Optuna's distributions changing.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from autotune.search.derive import DERIVABLE, DERIVE
 from autotune.search.space import enumerate_space
 from autotune.specs.model import ModelSpec
 
-__all__ = ["LayoutMap", "ParamsKey", "layout_params", "params_key"]
+__all__ = ["FrozenParams", "LayoutMap", "freeze_params", "layout_params"]
 
-ParamsKey = tuple[Any, ...]
-"""A hashable form of a trial's parameters."""
+FrozenParams = tuple[Any, ...]
+"""A trial's parameters in a hashable form (freeze_params)."""
 
 
 def layout_params(layout: Layout, free: Mapping[str, tuple[Any, ...]]) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def layout_params(layout: Layout, free: Mapping[str, tuple[Any, ...]]) -> dict[s
     return {dim: plain(getattr(layout, dim)) for dim in free}
 
 
-def params_key(params: Mapping[str, Any]) -> ParamsKey:
+def freeze_params(params: Mapping[str, Any]) -> FrozenParams:
     return tuple(sorted(params.items()))
 
 
@@ -70,14 +70,14 @@ class LayoutMap:
         # Each parameter combination of a valid layout maps to the layout that runs for it; a
         # layout resolved from `derive` is also reached by the parameter `derive`.
         runs = representatives(model, valid)
-        self.by_key: dict[ParamsKey, Layout] = {}
+        self.by_params: dict[FrozenParams, Layout] = {}
         for s in valid:
             params = self.params(s)
-            self.by_key.setdefault(params_key(params), runs[s])
+            self.by_params.setdefault(freeze_params(params), runs[s])
             for dim in (via_derive or {}).get(s, ()):
                 if dim in self.free:
-                    self.by_key.setdefault(params_key({**params, dim: DERIVE}), runs[s])
-        self.valid = list(dict.fromkeys(self.by_key.values()))
+                    self.by_params.setdefault(freeze_params({**params, dim: DERIVE}), runs[s])
+        self.valid = list(dict.fromkeys(self.by_params.values()))
         """One layout of each set of valid layouts that are the same run."""
 
     @classmethod
@@ -109,8 +109,8 @@ class LayoutMap:
         return params
 
     def derived_values(self, s: Layout) -> dict[str, Any]:
-        """`s`'s values of the derived dimensions: what its record and key add to its
-        parameters."""
+        """`s`'s values of the derived dimensions: what its record and its run parameters add to
+        its parameters."""
         return {dim: plain(getattr(s, dim)) for dim in self.derived}
 
     def with_derived(self, s: Layout, values: Mapping[str, Any] | None) -> Layout:
@@ -128,8 +128,8 @@ class LayoutMap:
         values where a trial carries its own (the ladder's); None when they break a rule."""
         # A trial stored before the space freed a dimension (e.g. cross_entropy_fusion added
         # to the YAML for --resume) has no parameter for it: it ran with Layout's default.
-        s = self.by_key.get(params_key({d: params.get(d, LAYOUT_DEFAULTS[d])
-                                        for d in self.free}))
+        s = self.by_params.get(freeze_params({d: params.get(d, LAYOUT_DEFAULTS[d])
+                                              for d in self.free}))
         return None if s is None else self.with_derived(s, derived)
 
     def proposal(self, params: Mapping[str, Any]) -> Layout:
@@ -140,21 +140,22 @@ class LayoutMap:
                                        if k in Layout.__dataclass_fields__})
 
     def is_valid(self, s: Layout) -> bool:
-        return params_key(self.params(s)) in self.by_key
+        return freeze_params(self.params(s)) in self.by_params
 
-    def key(self, s: Layout) -> ParamsKey:
-        """Equal for two valid layouts that are the same run.
+    def run_params(self, s: Layout) -> FrozenParams:
+        """The parameters of the layout that runs for `s`, with `s`'s derived values: equal
+        for two valid layouts that are the same run (one run key, autotune.megatron.identity).
 
         Only a valid layout is mapped to the layout that runs for it: an INVALID record's
         layout is built from the proposal's parameters with dp left at 1, and mapping it
-        could give the key of a real layout, which would then never run."""
-        raw = params_key(self.params(s))
-        valid = self.by_key.get(raw)
-        key = raw if valid is None else params_key(self.params(valid))
+        could give the run parameters of a real layout, which would then never run."""
+        raw = freeze_params(self.params(s))
+        valid = self.by_params.get(raw)
+        run = raw if valid is None else freeze_params(self.params(valid))
         # Two counts of one derived lever are two runs (the ladder's rungs).
-        return key + tuple(sorted(self.derived_values(s).items())) if self.derived else key
+        return run + tuple(sorted(self.derived_values(s).items())) if self.derived else run
 
-    def params_key(self, params: Mapping[str, Any]) -> ParamsKey:
-        """`key` of the layout that a trial's parameters stand for."""
+    def run_params_of(self, params: Mapping[str, Any]) -> FrozenParams:
+        """`run_params` of the layout that a trial's parameters stand for."""
         s = self.layout(params)
-        return params_key(params) if s is None else self.key(s)
+        return freeze_params(params) if s is None else self.run_params(s)

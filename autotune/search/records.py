@@ -84,7 +84,7 @@ class TrialRecord:
     predicted_tokens_per_s: float | None = None
     duplicate_of: int | None = None
     """The earlier trial of the same layout whose outcome this one repeats (or, DUPLICATE,
-    that another worker was running)."""
+    that another searcher was running)."""
     predicted: bool = False
     """True when the figures come from the analytical models (a planning study)."""
     repeat_of: int | None = None

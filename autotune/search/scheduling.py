@@ -2,7 +2,7 @@
 
 The queue is seeded by the sampler: every layout (grid), the analytical model's best first
 (ranked), or Alpa's heuristic seeds before TPE proposes. Seeds already tried (a resume, another
-worker) are skipped when their turn comes; a layout another worker is running is deferred. The
+searcher) are skipped when their turn comes; a layout another searcher is running is deferred. The
 search stops at --trials, --time-budget or --patience, when no untried layout could beat the
 best measured (the model's stop rule, autotune.search.stop_rule), when the queue of a grid or
 ranking is empty, or when proposals keep launching nothing and every layout predicted to fit
@@ -94,8 +94,8 @@ class Scheduler:
             queued, source = p.queue.pop()
             if p.ledger.tried(queued):
                 continue
-            if p.layouts.key(queued) in running:
-                # Another worker runs it now; keep it in case that worker dies (FAIL).
+            if p.layouts.run_params(queued) in running:
+                # Another searcher runs it now; keep it in case that searcher dies (FAIL).
                 deferred.append((queued, source))
                 continue
             took = (queued, source)

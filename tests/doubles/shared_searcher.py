@@ -1,8 +1,8 @@
-"""One worker of a shared study (tests/test_postgres.py): a grid search over a small space with
+"""One searcher of a shared study (tests/test_postgres.py): a grid search over a small space with
 the scripted FakeBackend, against the storage URL it is given.
 
-`python shared_worker.py URL STUDY LAUNCH_LOG [--resume] [--delay S] [--block-on N --marker P]`
-With --block-on, the worker's N-th launch writes P and blocks until the process is killed.
+`python shared_searcher.py URL STUDY LAUNCH_LOG [--resume] [--delay S] [--block-on N --marker P]`
+With --block-on, the searcher's N-th launch writes P and blocks until the process is killed.
 Heartbeat timing comes from AUTOTUNE_HEARTBEAT_INTERVAL_S / AUTOTUNE_HEARTBEAT_GRACE_S.
 """
 
