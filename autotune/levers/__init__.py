@@ -8,7 +8,7 @@ resolution order, so both list their bases last lever first.
 
 Adding a lever: its module, one line in each of the three lists below, its candidates in
 search_spaces/ and its tests (tests/test_dimension_contract.py checks it against the contract).
-autotune.search.derive (values resolved from the memory model) sits beside the registry; it
+autotune.search.derive (values resolved from the memory model) sits in search/; it
 imports the models, so nothing here imports it.
 """
 
