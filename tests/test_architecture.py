@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,6 +124,15 @@ def test_nothing_outside_the_worker_imports_it() -> None:
               for b, line in targets
               if layer_of(b) == "worker" and layer_of(a) != "worker"]
     assert not inward, "\n".join(inward)
+
+
+def test_every_package_is_installed() -> None:
+    """pyproject.toml lists the packages setuptools installs: a folder left out is missing from
+    an installed autotune (only a checkout on PYTHONPATH would still import it)."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert not folders - listed, f"not in pyproject.toml's packages: {sorted(folders - listed)}"
 
 
 def cycles(graph: dict[str, list[str]]) -> list[list[str]]:
