@@ -74,7 +74,7 @@ start() {
         || { cat "$dir/initdb.log" >&2; exit 1; }
     rm -f "$dir/pwfile"
     # The socket goes in our folder (/var/run/postgresql may not exist or be writable);
-    # max_connections leaves room for several workers with a small pool each.
+    # max_connections leaves room for several searchers with a small pool each.
     as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
         -o "-h 127.0.0.1 -p $port -k $dir -c max_connections=200 -c fsync=off" start >&2 \
         || { cat "$dir/server.log" >&2; exit 1; }

@@ -19,14 +19,15 @@ from autotune.commands.estimate import defaults_note
 from autotune.commands.pins import FIX_OPTION, describe_pins, parse_pins, pin_space
 from autotune.dimensions import Dimension
 from autotune.errors import INTERRUPTED_EXIT, AutotuneError, ConfigError, Interrupted
-from autotune.hardware import ClusterSpec
 from autotune.inputs.untrusted import for_terminal
-from autotune.layout import DIMENSIONS, RULE_LEVELS, SEARCHED
-from autotune.legend import legend_lines
+from autotune.layouts.layout import DIMENSIONS, RULE_LEVELS, SEARCHED
+from autotune.layouts.legend import legend_lines
 from autotune.levers.fp8 import Fp8
-from autotune.model import ModelSpec, list_presets, load_model
-from autotune.space import enumerate_space, load_space
-from autotune.trial import DEFAULT_STABLE_CV
+from autotune.search.space import enumerate_space, load_space
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import list_presets, load_model
+from autotune.trials.trial import DEFAULT_STABLE_CV
 
 __all__ = ["STORAGE_EXAMPLE", "app", "main"]
 
@@ -452,7 +453,7 @@ def _pin_option(dim: Dimension) -> inspect.Parameter:
 def _with_dimension_options(command: Any, make: Any = _estimate_option,
                             searched_only: bool = False) -> Any:
     """The command with one option per layout dimension, generated from the dimension table
-    (autotune.layout.DIMENSIONS) by `make`: its flag and Megatron-LM's spelling of it
+    (autotune.layouts.layout.DIMENSIONS) by `make`: its flag and Megatron-LM's spelling of it
     (autotune.commands.aliases), help, type (an enum lists its choices) and default. dp
     follows from --gpus and gbs is the preset's unless --gbs says otherwise."""
     signature = inspect.signature(command, eval_str=True)

@@ -1,12 +1,12 @@
 """What a layout's dimensions are: their value types and the metadata each carries once.
 
-Every field of `autotune.layout.Layout` is declared with `dimension(...)`, which keeps its
+Every field of `autotune.layouts.layout.Layout` is declared with `dimension(...)`, which keeps its
 default, help text, enumeration level, label in `Layout.describe()` and command-line flag in
-the dataclass field's metadata. `autotune.layout.DIMENSIONS` collects them; the search space,
-`estimate`'s options, the JSON export, the best-trial rows and tools/ are derived from it instead
-of keeping lists of their own. Adding a dimension is one field here plus the domain knowledge
-(rule, Megatron-LM flag, worker config, memory, cost), and tests/test_dimension_contract.py fails
-until every consumer reads it.
+the dataclass field's metadata. `autotune.layouts.layout.DIMENSIONS` collects them; the search
+space, `estimate`'s options, the JSON export, the best-trial rows and tools/ are derived from it
+instead of keeping lists of their own. Adding a dimension is one field here plus the domain
+knowledge (rule, Megatron-LM flag, worker config, memory, cost), and
+tests/test_dimension_contract.py fails until every consumer reads it.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ LEVELS = 7
 """Enumeration levels: 0 tp, pp, cp (dp follows); 1 vpp and the first/last stage's layers; 2 ep;
 3 sequence parallel; 4 mbs; 5 recompute, offload, optimizer, overlap and implementation; 6
 precision (FP8, whose rules read the implementation and the recompute of level 5). A validity
-rule of level k reads only the fields of levels <= k (autotune.layout.RULES), so the enumerator
-rejects a partial layout before it expands the deeper levels."""
+rule of level k reads only the fields of levels <= k (autotune.layouts.layout.RULES), so the
+enumerator rejects a partial layout before it expands the deeper levels."""
 
 
 class Recompute(enum.StrEnum):
@@ -123,7 +123,7 @@ class Dimension:
     """One Layout field's metadata."""
 
     name: str = ""
-    """The Layout field (filled in by autotune.layout from the dataclass)."""
+    """The Layout field (filled in by autotune.layouts.layout from the dataclass)."""
     default: Any
     help: str
     level: int | None
@@ -155,7 +155,7 @@ class Dimension:
     def coerce(self, value: Any) -> Any:
         """A value of an enum dimension as its member (plain strings come from YAML, JSON
         and Optuna's storage); anything else unchanged. An unknown string stays as it is, so
-        that the validity rules name it (autotune.layout, rules recompute_kind and
+        that the validity rules name it (autotune.layouts.layout, rules recompute_kind and
         impl_known)."""
         kind = self.kind
         if issubclass(kind, enum.Enum) and not isinstance(value, kind):

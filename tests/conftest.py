@@ -16,12 +16,13 @@ import pytest
 from doubles.no_fsync import sqlite_without_fsync
 
 from autotune.dimensions import RecomputeModules
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import SEARCHED, Layout
+from autotune.layouts.layout import SEARCHED, Layout
 from autotune.levers.flags import Given
 from autotune.levers.fp8 import Fp8, Fp8Recipe
-from autotune.model import ModelSpec, load_model
-from autotune.space import SearchSpace, enumerate_space
+from autotune.search.space import SearchSpace, enumerate_space
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 
 
 def process_gone(pid: int) -> bool:

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from autotune.calibration import load_calibration, trial_model_ref
 from autotune.cli import main
-from autotune.layout import Layout
-from autotune.model import load_model
-from autotune.trial import TrialSpec
+from autotune.layouts.layout import Layout
+from autotune.predict.calibration import load_calibration, trial_model_ref
+from autotune.specs.presets import load_model
+from autotune.trials.trial import TrialSpec
 
 DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
 DATA = json.loads(DATA_PATH.read_text())
@@ -81,7 +81,7 @@ def test_a_fit_worse_than_the_defaults_is_not_written(
     # Whatever the fitter returns, the file never holds constants that predict the measured
     # trials worse than the defaults do.
     import autotune.commands.calibrate as calibrate
-    from autotune.cost import CostParams
+    from autotune.predict.cost import CostParams
 
     _write_trials(tmp_path)
     monkeypatch.setattr(calibrate, "fit_cost_params",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.calibration import fit_cost_params, fit_memory_params
-from autotune.cost import CostParams, estimate_cost
 from autotune.errors import ConfigError
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import Layout
-from autotune.memory import GIB, MemoryParams, estimate_memory
-from autotune.model import load_model
+from autotune.layouts.layout import Layout
+from autotune.predict.calibration import fit_cost_params, fit_memory_params
+from autotune.predict.cost import CostParams, estimate_cost
+from autotune.predict.memory import GIB, MemoryParams, estimate_memory
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.presets import load_model
 
 C1 = ClusterSpec(num_gpus=1, gpus_per_node=1, gpu=gpu_spec("h100-80gb"))
 C2 = ClusterSpec(num_gpus=2, gpus_per_node=2, gpu=gpu_spec("h100-80gb"))
@@ -75,7 +75,7 @@ HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
 def test_held_out_error_per_family_does_not_regress() -> None:
     from pathlib import Path
 
-    from autotune.calibration import cross_validate, load_trials
+    from autotune.predict.calibration import cross_validate, load_trials
 
     data = Path(__file__).parent / "data" / "measured_trials.json"
     cv = cross_validate(load_trials(data))

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.hardware import ClusterSpec
-from autotune.model import list_presets, load_model
-from autotune.space import enumerate_space, load_space
+from autotune.search.space import enumerate_space, load_space
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.presets import list_presets, load_model
 from tests.conftest import heavy_imports_of
 
 

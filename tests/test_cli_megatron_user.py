@@ -13,11 +13,11 @@ from autotune.cli import main
 from autotune.commands import search as search_command
 from autotune.commands.aliases import megatron_flags
 from autotune.commands.counts import count_trials
-from autotune.layout import Layout
-from autotune.megatron_args import known_flags
+from autotune.layouts.layout import Layout
+from autotune.megatron.megatron_args import known_flags
 from autotune.report.similar import similar_groups
 from autotune.search.records import Source, TrialRecord
-from autotune.trial import StopReason, TrialMetrics, TrialStatus
+from autotune.trials.trial import StopReason, TrialMetrics, TrialStatus
 
 SPACE = "pp: [1, 2]\nmbs: [1, 2, 4]\nimpl: [local, sdpa]\ndistributed_optimizer: [false, true]\n"
 

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cluster import load_cluster_file
-from autotune.cost import estimate_cost
 from autotune.errors import ConfigError
-from autotune.hardware import ClusterSpec
-from autotune.layout import Layout
-from autotune.model import load_model
-from autotune.trust import outside_range
+from autotune.layouts.layout import Layout
+from autotune.predict.cost import estimate_cost
+from autotune.predict.trust import outside_range
+from autotune.specs.cluster import load_cluster_file
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.presets import load_model
 
 CLUSTERS = Path(__file__).parent.parent / "search_spaces" / "clusters"
 
@@ -20,11 +20,13 @@ CLUSTERS = Path(__file__).parent.parent / "search_spaces" / "clusters"
 @pytest.mark.parametrize("name", ["dgx-h100", "pcie-a100", "dgx-b200"])
 def test_shipped_cluster_files_load(name: str) -> None:
     file = load_cluster_file(CLUSTERS / f"{name}.yaml")
-    assert file.gpus_per_node in (4, 8) and file.gpu.inter_node_bytes_per_s > 0
+    assert file.gpus_per_node in (4, 8) and file.inter_node_bytes_per_s > 0
 
 
 def test_dgx_h100_network_is_400_gbit_per_gpu_and_b200_is_never_measured() -> None:
-    assert load_cluster_file(CLUSTERS / "dgx-h100.yaml").gpu.inter_node_bytes_per_s == 50e9
+    assert load_cluster_file(CLUSTERS / "dgx-h100.yaml").inter_node_bytes_per_s == 50e9
+    assert ClusterSpec.make(8, None, str(CLUSTERS / "dgx-h100.yaml")).gpu.inter_node_bytes_per_s \
+        == 50e9
     cluster = ClusterSpec.make(8, None, str(CLUSTERS / "dgx-b200.yaml"))
     assert any("never measured" in n for n in outside_range(load_model("gpt2-xl"), cluster))
 
@@ -52,8 +54,6 @@ def test_the_cost_model_uses_the_files_network(tmp_path: Path) -> None:
      "positive finite"),
     ("gpu: h100-80gb\ngpus_per_node: 8\nnvlink_gb_per_s: 4\ninter_node_gbit_per_s: 4\nx: 1\n",
      "unknown key"),
-    ("gpu: tpu\ngpus_per_node: 8\nnvlink_gb_per_s: 450\ninter_node_gbit_per_s: 400\n",
-     "unknown GPU"),
     ("[1, 2]\n", "expected a mapping"),
     ("gpu: [\n", "malformed YAML"),
 ])
@@ -62,4 +62,13 @@ def test_bad_cluster_files_are_one_line_errors(tmp_path: Path, text: str, messag
     path.write_text(text)
     with pytest.raises(ConfigError, match=message) as info:
         load_cluster_file(path)
+    assert "\n" not in str(info.value)
+
+
+def test_a_cluster_files_gpu_must_be_in_the_table(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("gpu: tpu\ngpus_per_node: 8\nnvlink_gb_per_s: 450\n"
+                    "inter_node_gbit_per_s: 400\n")
+    with pytest.raises(ConfigError, match=r"cluster file .*bad.yaml: unknown GPU 'tpu'") as info:
+        ClusterSpec.make(8, None, str(path))
     assert "\n" not in str(info.value)

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from autotune.cost import CostParams, estimate_cost, gemm_efficiency, ring_allreduce_s
-from autotune.flops import model_flops_per_token
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import Layout, check
-from autotune.model import load_model
+from autotune.layouts.layout import Layout, check
+from autotune.predict.cost import CostParams, estimate_cost, ring_allreduce_s
+from autotune.specs.flops import gemm_efficiency, model_flops_per_token
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.presets import load_model
 
 
 def cluster(n: int, gpu: str = "h100-80gb", per_node: int = 8) -> ClusterSpec:
@@ -137,7 +137,7 @@ C8 = cluster(8)
        pp=st.sampled_from([2, 4]), vpp=st.sampled_from([1, 2]), mult=st.sampled_from([1, 2]))
 def test_more_microbatches_never_raise_bubble(model: object, tp: int, pp: int, vpp: int,
                                               mult: int) -> None:
-    from autotune.model import ModelSpec
+    from autotune.specs.model import ModelSpec
     assert isinstance(model, ModelSpec)
     dp = 8 // (tp * pp)
     assume(dp >= 1)

@@ -7,13 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.cost import estimate_cost
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import Layout
-from autotune.megatron_args import flag_names, megatron_lm_args
-from autotune.memory import estimate_memory
-from autotune.model import load_model, padded_vocab_size
-from autotune.space import enumerate_space, space_from_mapping
+from autotune.layouts.layout import Layout
+from autotune.megatron.megatron_args import flag_names, megatron_lm_args
+from autotune.predict.cost import estimate_cost
+from autotune.predict.memory import estimate_memory
+from autotune.search.space import enumerate_space, space_from_mapping
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.model import padded_vocab_size
+from autotune.specs.presets import load_model
 
 XL = load_model("gpt2-xl")
 H100 = ClusterSpec(num_gpus=1, gpus_per_node=1, gpu=gpu_spec("h100-80gb"))
@@ -71,7 +72,7 @@ def test_space_dimension_doubles_the_layouts_and_labels_them() -> None:
 
 def test_worker_config_follows_the_layout() -> None:
     pytest.importorskip("torch")
-    from autotune.trial import TrialSpec
+    from autotune.trials.trial import TrialSpec
     from autotune.worker.build import transformer_config_kwargs
 
     for on in (False, True):

@@ -11,20 +11,20 @@ import pytest
 from doubles.fake_backend import GIB, FakeBackend, small_cluster, small_model
 
 from autotune.errors import ConfigError
-from autotune.layout import Layout, check
-from autotune.levers.derive import (
+from autotune.layouts.layout import Layout, check
+from autotune.predict.memory import estimate_memory
+from autotune.search import SearchConfig, run_search
+from autotune.search.derive import (
     DERIVE,
     fewest_fitting,
     resolve,
     safe_limit_bytes,
     values_of,
 )
-from autotune.memory import estimate_memory
-from autotune.search import SearchConfig, run_search
 from autotune.search.ladder import LADDER_MARGIN, Ladder
-from autotune.search.layouts import LayoutMap
-from autotune.space import enumerate_space, space_from_mapping
-from autotune.trial import TrialStatus
+from autotune.search.layout_map import LayoutMap
+from autotune.search.space import enumerate_space, space_from_mapping
+from autotune.trials.trial import TrialStatus
 
 MODEL = small_model()  # gpt2-medium: 24 layers, gbs 64, seq 1024
 ONE_GPU = small_cluster(num_gpus=1, memory_gib=12.0)
@@ -153,7 +153,7 @@ def test_derived_count_is_no_parameter_but_part_of_the_key() -> None:
         limit_bytes=limit).recompute_num_layers
     rung = replace(full8, recompute_num_layers=full8.recompute_num_layers - 2)
     assert cfg_layouts.params(rung) == cfg_layouts.params(full8)
-    assert cfg_layouts.key(rung) != cfg_layouts.key(full8)
+    assert cfg_layouts.run_params(rung) != cfg_layouts.run_params(full8)
     assert cfg_layouts.layout({"mbs": 8, "recompute": "full"},
                               {"recompute_num_layers": rung.recompute_num_layers}) == rung
 

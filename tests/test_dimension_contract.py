@@ -1,11 +1,11 @@
 """The dimension contract: every layout dimension reaches every consumer that must see it.
 
-For every dimension of autotune.layout.DIMENSIONS that a space can search, two valid layouts
-that differ in it alone and are not the same run (autotune.identity) must differ in the
-Megatron-LM arguments that export writes, in the worker's megatron-core configuration, and in the
-memory or the cost model's prediction. A dimension that one of them ignores fails here, unless
-ALLOWED below says why that is right. Adding a dimension without teaching a consumer about it
-therefore fails a test instead of silently measuring the wrong thing.
+For every dimension of autotune.layouts.layout.DIMENSIONS that a space can search, two valid
+layouts that differ in it alone and are not the same run (autotune.megatron.identity) must differ
+in the Megatron-LM arguments that export writes, in the worker's megatron-core configuration, and
+in the memory or the cost model's prediction. A dimension that one of them ignores fails here,
+unless ALLOWED below says why that is right. Adding a dimension without teaching a consumer about
+it therefore fails a test instead of silently measuring the wrong thing.
 """
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ from typing import Any
 
 import pytest
 
-from autotune.cost import CostParams, estimate_cost
 from autotune.dimensions import Impl
-from autotune.hardware import ClusterSpec
-from autotune.identity import run_key
-from autotune.layout import DIMENSIONS, SEARCHED, Layout, check
+from autotune.layouts.layout import DIMENSIONS, SEARCHED, Layout, check
 from autotune.levers import LEVERS, cross_entropy, recompute
 from autotune.levers.base import CONFIG_PARTS, CostState, Lever, contract_problems
 from autotune.levers.flags import FlagRow, Given, RunOptions
-from autotune.megatron_args import exported_layout, megatron_lm_args
-from autotune.memory import estimate_memory
-from autotune.model import ModelSpec
-from autotune.worker.config import worker_config
+from autotune.megatron.core_config import core_config
+from autotune.megatron.identity import run_key
+from autotune.megatron.megatron_args import exported_layout, megatron_lm_args
+from autotune.predict.cost import CostParams, estimate_cost
+from autotune.predict.memory import estimate_memory
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
 from tests.conftest import all_dimensions_layouts
 
 CONSUMERS = ("megatron-lm", "worker", "model")
@@ -53,7 +53,7 @@ class Allowed:
 ALLOWED: tuple[Allowed, ...] = (
     Allowed("impl", "megatron-lm", lambda a, b: {a.impl, b.impl} == {Impl.SDPA, Impl.TE},
             "Megatron-LM has no sdpa implementation; export writes Transformer Engine's spec, "
-            "the nearest (autotune.scripts), and the worker keeps the two apart."),
+            "the nearest (autotune.report.scripts), and the worker keeps the two apart."),
 )
 NOT_SEARCHED = {"dp": "derived from the GPU count and tp x pp x cp",
                 "gbs": "the model's global batch size, not a search dimension"}
@@ -69,7 +69,7 @@ def _differs(consumer: str, model: ModelSpec, cluster: ClusterSpec, a: Layout,
     if consumer == "megatron-lm":
         return _exported_args(model, a) != _exported_args(model, b)
     if consumer == "worker":
-        return worker_config(model, a).signature() != worker_config(model, b).signature()
+        return core_config(model, a).signature() != core_config(model, b).signature()
     memory = estimate_memory(model, a, cluster) != estimate_memory(model, b, cluster)
     cost = (estimate_cost(model, a, cluster).step_time_s
             != estimate_cost(model, b, cluster).step_time_s)
@@ -152,7 +152,7 @@ def test_every_allowance_is_needed(rule: Allowed) -> None:
 
 
 # ---- the lever contract (autotune/levers/) ------------------------------------------------
-# Every registered lever declares its fields, rules, flag rows (read back), worker keys that
+# Every registered lever declares its fields, rules, flag rows (read back), core-config keys that
 # megatron-core 0.16.1's configuration classes have, and memory and cost terms, a saving in
 # memory never free in time; megatron-core accepts every layout its rules accept.
 # `lever_problems` reports what a lever breaks; a deliberately broken lever shows the check
@@ -262,13 +262,13 @@ def lever_problems(lever: Lever) -> list[str]:
                         "turns it")
     read_back: set[str] = set()
     for model, cluster, s in layouts:
-        for part, keys in lever.worker(model, s).items():
+        for part, keys in lever.core_config(model, s).items():
             if part not in known:
-                problems.append(f"lever {lever.name}: worker part {part} is none of "
+                problems.append(f"lever {lever.name}: core_config part {part} is none of "
                                 f"{', '.join(CONFIG_PARTS)}")
                 continue
             for key in sorted(set(keys) - known[part]):
-                problems.append(f"lever {lever.name}: worker key {key} is no field of "
+                problems.append(f"lever {lever.name}: core_config key {key} is no field of "
                                 f"megatron-core's {CONFIG_CLASSES[part][1]}")
         # What Megatron-LM runs reads back: impl sdpa is exported as te (exported_layout).
         exported = exported_layout(s)
@@ -323,8 +323,8 @@ def _noop_cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: Any, state: CostState
     ({"cost": None}, "no cost term"),
     ({"cost": _noop_cost}, "changes memory but not time"),
     ({"flag_rows": ()}, "no Megatron-LM flag row"),
-    ({"worker": lambda m, s: {"transformer": {"cross_entropy_fused_typo": True}}},
-     "worker key cross_entropy_fused_typo is no field"),
+    ({"core_config": lambda m, s: {"transformer": {"cross_entropy_fused_typo": True}}},
+     "core_config key cross_entropy_fused_typo is no field"),
 ])
 def test_a_broken_lever_is_reported(change: dict[str, Any], reported: str) -> None:
     broken = replace(cross_entropy.LEVER, **change)

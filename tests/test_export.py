@@ -15,16 +15,16 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.backends import SimulateBackend
 from autotune.cli import main
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import Layout
-from autotune.megatron_args import megatron_lm_args
-from autotune.model import load_model
+from autotune.layouts.layout import Layout
+from autotune.megatron.megatron_args import megatron_lm_args
 from autotune.report.load import load_study, resolve_study
 from autotune.search import SearchConfig, run_search
-from autotune.space import space_from_mapping
-from autotune.trial import TrialSpec
+from autotune.search.backends import SimulateBackend
+from autotune.search.space import space_from_mapping
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.presets import load_model
+from autotune.trials.trial import TrialSpec
 
 MODEL = load_model("gpt2")
 CLUSTER = ClusterSpec(num_gpus=2, gpus_per_node=2, gpu=gpu_spec("h100-80gb"))

@@ -1,9 +1,9 @@
 """Nothing a user typed executes in a script autotune writes (issue 14, item 1).
 
 Hostile values (newlines, `$(...)`, backticks, quotes, `;`, Unicode line separators) go through
-every export format, both straight into autotune.scripts (as a study or model name that an older
-version or a library caller could have stored) and end to end through the CLI. Each script must
-pass `bash -n`, run under fake launchers without running the payload, hand the hostile path to
+every export format, both straight into autotune.report.scripts (as a study or model name that an
+older version or a library caller could have stored) and end to end through the CLI. Each script
+must pass `bash -n`, run under fake launchers without running the payload, hand the hostile path to
 the launcher as one intact argument, and carry the payload only where bash reads no code: in
 comments, single-quoted words and the quoted here-document.
 """
@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.layout import Layout
-from autotune.model import load_model
-from autotune.scripts import megatron_lm_script, slurm_script, torchrun_script
-from autotune.trial import TrialSpec
+from autotune.layouts.layout import Layout
+from autotune.report.scripts import megatron_lm_script, slurm_script, torchrun_script
+from autotune.specs.presets import load_model
+from autotune.trials.trial import TrialSpec
 from tests.test_hardening_inputs import MODEL_YAML
 
 MARK = "PWNED"

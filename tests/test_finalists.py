@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from doubles.fake_backend import FakeBackend, small_cluster, small_model, small_space
 
-from autotune.layout import Layout
+from autotune.layouts.layout import Layout
 from autotune.search import SearchConfig, run_search
 from autotune.search.finalists import FINALISTS, plan, ranking_line
 from autotune.search.records import Figure, SearchResult, Source, TrialRecord
-from autotune.trial import ClockSummary, TrialMetrics, TrialSpec, TrialStatus
+from autotune.trials.trial import ClockSummary, TrialMetrics, TrialSpec, TrialStatus
 
 CLUSTER = small_cluster(memory_gib=40.0)
 MODEL = small_model()

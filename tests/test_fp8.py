@@ -1,5 +1,5 @@
-"""The FP8 lever (autotune/levers/fp8.py): rules, flags both ways, worker keys, memory and cost
-terms, and the warnings a user's command gets for FP8 flags autotune does not model."""
+"""The FP8 lever (autotune/levers/fp8.py): rules, flags both ways, core-config keys, memory and
+cost terms, and the warnings a user's command gets for FP8 flags autotune does not model."""
 
 from __future__ import annotations
 
@@ -9,11 +9,8 @@ from typing import Any
 
 import pytest
 
-from autotune.cost import CostParams, estimate_cost, gemm_size
 from autotune.errors import ConfigError
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.identity import run_key
-from autotune.layout import Layout, check
+from autotune.layouts.layout import Layout, check
 from autotune.levers.fp8 import (
     CAST_BYTES_PER_ELEMENT,
     Fp8,
@@ -22,13 +19,18 @@ from autotune.levers.fp8 import (
     recipes_on,
 )
 from autotune.levers.transformer_impl import attention_bytes
-from autotune.megatron_args import flag_names, megatron_lm_args, read_fields
-from autotune.megatron_command import read_megatron_command, unmodeled_warning
-from autotune.memory import GIB, estimate_memory, stage_linear_params
-from autotune.memory_activations import layer_activations
-from autotune.model import ModelSpec, load_model
-from autotune.scripts import megatron_lm_script
-from autotune.worker.config import worker_config
+from autotune.megatron.core_config import core_config
+from autotune.megatron.identity import run_key
+from autotune.megatron.megatron_args import flag_names, megatron_lm_args, read_fields
+from autotune.megatron.megatron_command import read_megatron_command, unmodeled_warning
+from autotune.predict.cost import CostParams, estimate_cost
+from autotune.predict.memory import GIB, estimate_memory, stage_linear_params
+from autotune.report.scripts import megatron_lm_script
+from autotune.specs.activations import layer_activations
+from autotune.specs.flops import gemm_size
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 from tests.conftest import given_of
 
 XL = load_model("gpt2-xl")
@@ -202,7 +204,7 @@ def test_the_flags_are_megatron_lms() -> None:
 ])
 def test_worker_keys(layout: Layout, transformer: dict[str, Any], ddp: dict[str, Any],
                      optimizer: dict[str, Any]) -> None:
-    config = worker_config(XL, layout)
+    config = core_config(XL, layout)
     assert {k: config.transformer[k] for k in transformer} == transformer
     assert {k: config.ddp[k] for k in ddp} == ddp
     assert {k: config.optimizer[k] for k in optimizer} == optimizer
@@ -268,7 +270,7 @@ def test_precision_aware_optimizer_keeps_an_fp32_master_without_delayed(
 
 
 def stage_params_for(model: ModelSpec, s: Layout) -> tuple[float, float]:
-    from autotune.memory import stage_params
+    from autotune.predict.memory import stage_params
 
     return stage_params(model, s, 0)
 
@@ -433,7 +435,7 @@ def test_without_transformer_engine_fp8_is_left_out(monkeypatch: pytest.MonkeyPa
                                                     capsys: pytest.CaptureFixture[str],
                                                     te: bool, kept: tuple[str, ...]) -> None:
     from autotune.commands import search
-    from autotune.space import load_space
+    from autotune.search.space import load_space
 
     monkeypatch.setattr(search, "te_available", lambda: te)
     space = search._runnable_precision(load_space(None), "worker")
@@ -445,7 +447,7 @@ def test_without_transformer_engine_fp8_is_left_out(monkeypatch: pytest.MonkeyPa
 
 
 def test_yaml_reads_a_bare_off_as_the_choice() -> None:
-    from autotune.space import space_from_mapping
+    from autotune.search.space import space_from_mapping
 
     # PyYAML (YAML 1.1) reads `fp8: [off, hybrid]` as [False, "hybrid"].
     space = space_from_mapping({"fp8": [False, "hybrid"]}, "test.yaml")
@@ -468,7 +470,7 @@ def test_the_report_shows_mfu_against_both_peaks() -> None:
 
 
 def test_measured_fp8_trials_fit_the_fp8_constants() -> None:
-    from autotune.calibration import fit_cost_params, lever_fit_fields
+    from autotune.predict.calibration import fit_cost_params, lever_fit_fields
 
     truth = replace(CostParams(), fp8_gemm_efficiency_max=0.6, fp8_gemm_half_size=1500.0)
     layouts = [replace(BF16, mbs=mbs, fp8=fp8) for mbs in (1, 4, 16) for fp8 in

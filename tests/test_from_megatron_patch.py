@@ -20,11 +20,15 @@ import pytest
 
 from autotune.cli import main
 from autotune.errors import ConfigError
-from autotune.layout import Layout
-from autotune.megatron_args import FLAG_TABLE, Part
-from autotune.megatron_command import layout_changes, megatron_layout, read_megatron_command
-from autotune.megatron_versions import V0_16, V0_19, MegatronVersion, spell_args
-from autotune.script_patch import patch_script, respellings
+from autotune.layouts.layout import Layout
+from autotune.megatron.megatron_args import FLAG_TABLE, Part
+from autotune.megatron.megatron_command import (
+    layout_changes,
+    megatron_layout,
+    read_megatron_command,
+)
+from autotune.megatron.megatron_versions import V0_16, V0_19, MegatronVersion, spell_args
+from autotune.megatron.script_patch import patch_script, respellings
 
 LAUNCH = ("torchrun --nproc-per-node 2 pretrain_gpt.py \\\n"
           "    --num-layers 4 --hidden-size 256 --num-attention-heads 8 \\\n"
@@ -171,7 +175,7 @@ def test_a_multi_node_script_keeps_its_defaults(tmp_path: Path) -> None:
     new = Layout(tp=4, dp=4, mbs=2, gbs=64, impl="te")
     text = patch_script(command, new, layout_changes(command, megatron_layout(command, 16), new))
     # The value the launch takes from $TP is replaced in the launch; TP=2 and the checkpoint
-    # folder named after it are the user's (autotune.script_patch).
+    # folder named after it are the user's (autotune.megatron.script_patch).
     assert text == MULTI_NODE.replace("--tensor-model-parallel-size $TP",
                                       "--tensor-model-parallel-size 4")
     tuned = tmp_path / "tuned.sh"
@@ -301,10 +305,11 @@ def test_hostile_scripts_are_one_line_exit_2(tmp_path: Path,
 @pytest.mark.parametrize("cap", ["PARSE_SECONDS", "READ_SECONDS"])
 def test_the_time_caps_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str], cap: str) -> None:
-    import autotune.launch_site
-    import autotune.shell_script
+    import autotune.megatron.launch_site
+    import autotune.megatron.shell_script
 
-    module = autotune.launch_site if cap == "PARSE_SECONDS" else autotune.shell_script
+    module = (autotune.megatron.launch_site if cap == "PARSE_SECONDS"
+              else autotune.megatron.shell_script)
     monkeypatch.setattr(module, cap, 0.0)
     path = tmp_path / "slow.sh"
     path.write_text("echo hi\n" * 20000 + ONE)

@@ -7,12 +7,12 @@ from dataclasses import replace
 import pytest
 from conftest import cluster
 
-from autotune.gate import MemoryGate, layout_key
-from autotune.hardware import ClusterSpec
-from autotune.layout import Layout
-from autotune.memory import estimate_memory
-from autotune.model import load_model
-from autotune.trial import TrialStatus
+from autotune.layouts.layout import Layout
+from autotune.predict.gate import MemoryGate, mbs_family
+from autotune.predict.memory import estimate_memory
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.presets import load_model
+from autotune.trials.trial import TrialStatus
 
 GPT2_XL = load_model("gpt2-xl")
 GPT2_MEDIUM = load_model("gpt2-medium")
@@ -52,7 +52,7 @@ def test_a_real_oom_prunes_larger_micro_batches_of_its_layout() -> None:
     gate = MemoryGate(GPT2_MEDIUM, cluster(8))
     failed = layout(mbs=4)
     gate.record_oom(failed, None)  # no prediction: only the micro-batch rule is learned
-    assert gate.oom_mbs == {layout_key(failed): 4}
+    assert gate.oom_mbs == {mbs_family(failed): 4}
     assert gate.learned_capacity_bytes is None
     for mbs, launch in ((1, True), (2, True), (4, False), (8, False)):
         decision = gate.decide(replace(failed, mbs=mbs))
@@ -63,9 +63,9 @@ def test_a_real_oom_prunes_larger_micro_batches_of_its_layout() -> None:
     # Another layout is untouched by the micro-batch rule.
     assert gate.decide(layout(mbs=8, pp=2, dp=4)).launch
     gate.record_oom(replace(failed, mbs=8), None)  # a larger OOM keeps the smallest
-    assert gate.oom_mbs == {layout_key(failed): 4}
+    assert gate.oom_mbs == {mbs_family(failed): 4}
     gate.record_oom(replace(failed, mbs=2), None)
-    assert gate.oom_mbs == {layout_key(failed): 2}
+    assert gate.oom_mbs == {mbs_family(failed): 2}
 
 
 def test_a_real_oom_lowers_the_capacity_to_its_prediction() -> None:
@@ -161,7 +161,7 @@ def test_a_fit_unblocks_larger_micro_batches_of_an_oom_it_contradicts() -> None:
     # An OOM without a prediction still teaches the micro-batch rule, but rules out nothing
     # predicted to need no more than the fit.
     gate.record_oom(NOISE["A"], None)
-    assert gate.oom_mbs == {layout_key(NOISE["A"]): 2}
+    assert gate.oom_mbs == {mbs_family(NOISE["A"]): 2}
     assert gate.decide(NOISE["B"]).launch and not gate.decide(NOISE["C"]).launch
 
 

@@ -12,17 +12,18 @@ import pytest
 
 from autotune.cli import main
 from autotune.errors import ConfigError
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.model import ModelSpec, load_model
 from autotune.report.load import StudyRef
 from autotune.report.markdown import launch_command
+from autotune.search.space import load_space
 from autotune.search.storage import (
     STUDY_NAME_MAX,
     check_study_name,
     default_study_name,
     storage_url,
 )
-from autotune.space import load_space
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 
 STUDY = "kept"
 MODEL_YAML = """name: tiny

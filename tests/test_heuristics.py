@@ -7,11 +7,11 @@ from collections.abc import Sequence
 import pytest
 from conftest import cluster
 
-from autotune.gate import MemoryGate, layout_key
-from autotune.heuristics import alpa_seeds, next_smaller_mbs
-from autotune.layout import Layout
-from autotune.model import load_model
-from autotune.space import enumerate_space, space_from_mapping
+from autotune.layouts.layout import Layout
+from autotune.predict.gate import MemoryGate, mbs_family
+from autotune.search.heuristics import alpa_seeds, next_smaller_mbs
+from autotune.search.space import enumerate_space, space_from_mapping
+from autotune.specs.presets import load_model
 
 SPACE = {"tp": [1, 2, 4], "pp": [1, 2, 4], "mbs": [1, 2, 4, 8],
          "sequence_parallel": [False, True], "distributed_optimizer": [False, True],
@@ -34,7 +34,7 @@ def test_seeds_prefer_dp_then_less_tp_then_less_pp_at_the_largest_fitting_mbs() 
     assert [(s.tp, s.pp, s.dp) for s in seeds] == [(1, 1, 8), (1, 2, 4), (2, 1, 4), (1, 4, 2),
                                                    (2, 2, 2), (4, 1, 2)]
     for s in seeds:
-        same_layout = [v for v in valid if layout_key(v) == layout_key(s)]
+        same_layout = [v for v in valid if mbs_family(v) == mbs_family(s)]
         assert s.mbs == max(v.mbs for v in same_layout if gate.decide(v).launch)
         # Megatron practice without tuning: no recompute, the distributed optimizer with
         # dp > 1, sequence parallel with tp > 1.
@@ -88,8 +88,8 @@ def test_next_smaller_mbs_bisects(candidates: Sequence[int], failed: int,
 
 def test_seeds_use_the_options_the_space_offers() -> None:
     """A space without overlap (single GPU) still gets its Alpa seed: the closest options."""
-    from autotune.model import load_model
-    from autotune.space import enumerate_space, space_from_mapping
+    from autotune.search.space import enumerate_space, space_from_mapping
+    from autotune.specs.presets import load_model
     from tests.conftest import cluster
 
     model, c = load_model("gpt2-xl"), cluster(1)

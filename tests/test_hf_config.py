@@ -9,9 +9,9 @@ import pytest
 
 from autotune.cli import main
 from autotune.errors import ConfigError
-from autotune.hf_config import read_hf_config
-from autotune.model import load_model
-from autotune.params import count_parameters
+from autotune.specs.hf_config import read_hf_config
+from autotune.specs.params import count_parameters
+from autotune.specs.presets import load_model
 
 HF = Path(__file__).parent / "data" / "hf"
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from autotune.cli import main
-from autotune.cost import CostParams
-from autotune.layout import Layout
-from autotune.memory import MemoryParams
-from autotune.model import load_model
-from autotune.trial import TrialSpec
+from autotune.layouts.layout import Layout
+from autotune.predict.cost import CostParams
+from autotune.predict.memory import MemoryParams
+from autotune.specs.presets import load_model
+from autotune.trials.trial import TrialSpec
 
 MODEL = {"name": "tiny", "num_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
          "vocab_size": 1000, "seq_length": 128, "global_batch_size": 8}

@@ -1,5 +1,5 @@
-"""A layout's identity (autotune.identity): layouts are the same run exactly when they give
-Megatron the same configuration, checked over every shipped space and preset."""
+"""A layout's identity (autotune.megatron.identity): layouts are the same run exactly when they
+give Megatron the same configuration, checked over every shipped space and preset."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from autotune.dimensions import Impl, Recompute
-from autotune.hardware import ClusterSpec
-from autotune.identity import SAME_RUN_RULES, configuration, representatives, run_key
-from autotune.layout import DATA_PARALLEL_OPTIONS, SEARCHED, Layout
-from autotune.model import ModelSpec, list_presets, load_model
-from autotune.space import SearchSpace, enumerate_space, load_space
+from autotune.layouts.layout import DATA_PARALLEL_OPTIONS, SEARCHED, Layout
+from autotune.megatron.identity import SAME_RUN_RULES, configuration, representatives, run_key
+from autotune.search.space import SearchSpace, enumerate_space, load_space
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import list_presets, load_model
 from tests.conftest import all_dimensions_layouts
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
@@ -34,7 +35,7 @@ IGNORED: dict[str, tuple[Callable[[Layout], bool], str]] = {
        for name in DATA_PARALLEL_OPTIONS},
 }
 """When a dimension makes no difference to the run, written from Megatron's documentation
-independently of autotune.identity: two layouts may share a key only by differing here."""
+independently of autotune.megatron.identity: two layouts may share a key only by differing here."""
 
 
 def _explained(a: Layout, b: Layout) -> bool:

@@ -1,4 +1,5 @@
-"""The search and `--dry-run` use the run key (autotune.identity): the same run never runs twice.
+"""The search and `--dry-run` use the run key (autotune.megatron.identity): the same run never runs
+twice.
 
 Issue 18's case: gpt2-xl at seq 16384 on one GPU, recompute none or full of 2, 8 or 48 layers.
 Megatron ignores recompute_num_layers without full recompute, so the six layouts are four runs.
@@ -14,11 +15,11 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.dimensions import Recompute
-from autotune.hardware import ClusterSpec
-from autotune.model import load_model
 from autotune.search import SearchConfig, run_search
-from autotune.space import load_space
-from autotune.trial import TrialStatus
+from autotune.search.space import load_space
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.presets import load_model
+from autotune.trials.trial import TrialStatus
 
 REPO = Path(__file__).resolve().parents[1]
 SPACE = REPO / "tools" / "spaces" / "xl-16k-recompute.yaml"

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import InvalidLayoutError
-from autotune.layout import Layout, check, validate
-from autotune.model import load_model
+from autotune.layouts.layout import Layout, check, validate
+from autotune.specs.presets import load_model
 from tests.conftest import cluster
 
 # model, gpus, layout fields, broken rule (None = valid), a fragment of the message

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from autotune.layout import Layout
+from autotune.layouts.layout import Layout
 from autotune.levers.fp8 import Fp8, Fp8Recipe
-from autotune.model import load_model
 from autotune.search.execution import TrialExecutor
 from autotune.search.loss_guard import LOSS_TOLERANCE, compare_losses, guarded, twin
 from autotune.search.records import SearchResult, Source, TrialRecord
 from autotune.search.store import _FAILED
-from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
+from autotune.specs.presets import load_model
+from autotune.trials.trial import TrialMetrics, TrialSpec, TrialStatus
 
 BF16 = (11.1467, 11.0574, 10.9425, 11.2242, 10.8217, 10.7586, 10.7028, 10.6507, 10.6035,
         10.5695, 10.5372)

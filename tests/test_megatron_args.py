@@ -8,11 +8,16 @@ from collections import Counter
 import pytest
 
 from autotune.errors import ConfigError, InvalidLayoutError
-from autotune.layout import Layout
+from autotune.layouts.layout import Layout
 from autotune.levers import LEVERS
-from autotune.megatron_args import FLAG_TABLE, flag_names, megatron_lm_args, training_script
-from autotune.model import ModelSpec, padded_vocab_size
-from autotune.protocol import distributed_timeout_minutes
+from autotune.megatron.megatron_args import (
+    FLAG_TABLE,
+    flag_names,
+    megatron_lm_args,
+    training_script,
+)
+from autotune.specs.model import ModelSpec, padded_vocab_size
+from autotune.trials.protocol import distributed_timeout_minutes
 
 GPT2 = ModelSpec(name="gpt2", num_layers=12, hidden_size=768, num_attention_heads=12,
                  vocab_size=50257, seq_length=1024, max_position_embeddings=1024,
@@ -266,7 +271,7 @@ def test_distributed_timeout_minutes_rounds_up(seconds: float, minutes: int) -> 
 
 
 def test_presets_without_dropout_say_so() -> None:
-    from autotune.model import load_model
+    from autotune.specs.presets import load_model
 
     llama = megatron_lm_args(load_model("llama3-8b"), Layout(tp=8, gbs=512))
     assert llama[llama.index("--attention-dropout") + 1] == "0.0"

@@ -19,22 +19,22 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.hardware import ClusterSpec
-from autotune.identity import run_key
-from autotune.layout import Layout, check, derive_dp
-from autotune.levers.derive import DERIVE, DIVISORS, divisor_values
-from autotune.megatron_args import FLAG_TABLE, Part, megatron_lm_args
-from autotune.megatron_command import (
+from autotune.layouts.layout import Layout, check, derive_dp
+from autotune.megatron.identity import run_key
+from autotune.megatron.megatron_args import FLAG_TABLE, Part, megatron_lm_args
+from autotune.megatron.megatron_command import (
     exported_layout,
     layout_changes,
     megatron_layout,
     read_megatron_command,
 )
-from autotune.model import list_presets, load_model
-from autotune.params import count_parameters
-from autotune.script_patch import patch_script
-from autotune.scripts import megatron_lm_script
-from autotune.space import load_space
+from autotune.megatron.script_patch import patch_script
+from autotune.report.scripts import megatron_lm_script
+from autotune.search.derive import DERIVE, DIVISORS, divisor_values
+from autotune.search.space import load_space
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.params import count_parameters
+from autotune.specs.presets import list_presets, load_model
 
 SEED = Path(__file__).parent / "data" / "megatron" / "seed-tutorial.sh"
 SAMPLE = 8
@@ -96,7 +96,7 @@ CASES = [(name, gpus, layout) for name in list_presets() for gpus in (8, 16)
 
 def test_the_round_trip_covers_every_searched_dimension() -> None:
     # A new dimension needs a case here (EXTRA) until the default space searches it.
-    from autotune.layout import SEARCHED
+    from autotune.layouts.layout import SEARCHED
 
     uncovered = [name for name, dim in SEARCHED.items()
                  if all(getattr(s, name) == dim.default for _, _, s in CASES)]
@@ -113,9 +113,10 @@ def test_round_trip_every_preset(tmp_path: Path, name: str, gpus: int, layout: L
     command = read_megatron_command(str(script))
     assert (command.gpus, command.nodes) == (gpus, nodes)
     back = megatron_layout(command, gpus)
-    expected = exported_layout(layout)  # impl sdpa exports as te (autotune.scripts)
+    expected = exported_layout(layout)  # impl sdpa exports as te (autotune.report.scripts)
     # The same layout, or one Megatron runs alike: recompute_method/num_layers mean nothing
-    # without full recompute, recompute_modules nothing without selective (autotune.identity).
+    # without full recompute, recompute_modules nothing without selective
+    # (autotune.megatron.identity).
     assert back == expected or run_key(model, back) == run_key(model, expected)
     # The same model as Megatron-LM sees it: the same flags, parameters, batch and sequence.
     assert megatron_lm_args(command.model, back) == megatron_lm_args(model, expected)

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from autotune.layout import Layout, check
-from autotune.worker.config import worker_config
+from autotune.layouts.layout import Layout, check
+from autotune.megatron.core_config import core_config
 from tests.conftest import cluster
 
 if os.environ.get("CI"):  # CI installs megatron-core on purpose: a skip there would hide a gap.
@@ -88,10 +88,10 @@ def optimizer_verdict(model_name: str, s: Layout) -> str | None:
     (its __post_init__ asserts the precision-aware optimizer's needs), else its error."""
     from megatron.core.optimizer import OptimizerConfig
 
-    from autotune.megatron_versions import config_kwargs, running
+    from autotune.megatron.megatron_versions import config_kwargs, running
     from autotune.worker.build import _resolved
 
-    kwargs = _resolved(worker_config(model_by_name(model_name), s).optimizer)
+    kwargs = _resolved(core_config(model_by_name(model_name), s).optimizer)
     try:
         OptimizerConfig(**config_kwargs("OptimizerConfig", kwargs, running()))
     except (AssertionError, RuntimeError, TypeError, ValueError) as exc:

@@ -1,4 +1,4 @@
-"""The version table (autotune.megatron_versions) held against each release's own names.
+"""The version table (autotune.megatron.megatron_versions) held against each release's own names.
 
 tests/data/megatron_versions/<version>.json holds, per supported release, the option strings of
 Megatron-LM's parser at the release's tag and the fields (with their defaults as written) of
@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.layout import Layout
-from autotune.megatron_args import known_flags, megatron_lm_args
-from autotune.megatron_versions import (
+from autotune.layouts.layout import Layout
+from autotune.megatron.core_config import core_config
+from autotune.megatron.megatron_args import known_flags, megatron_lm_args
+from autotune.megatron.megatron_versions import (
     DEFAULT,
     GET_BATCH_ON_THIS_CP_RANK,
     V0_16,
@@ -37,9 +38,8 @@ from autotune.megatron_versions import (
     running,
     spell_args,
 )
-from autotune.model import load_model
-from autotune.scripts import megatron_lm_script
-from autotune.worker.config import worker_config
+from autotune.report.scripts import megatron_lm_script
+from autotune.specs.presets import load_model
 
 DATA = Path(__file__).parent / "data" / "megatron_versions"
 ROOT = Path(__file__).parent.parent
@@ -189,7 +189,7 @@ def test_worker_config_fields_exist_in_every_release(row: MegatronVersion,
     model = load_model(model_name)
     for extra in LAYOUTS:
         layout = Layout(dp=1, gbs=model.global_batch_size, **extra)
-        wanted = worker_config(model, layout)
+        wanted = core_config(model, layout)
         for cls, kwargs in (("TransformerConfig", wanted.transformer),
                             ("DistributedDataParallelConfig", wanted.ddp),
                             ("OptimizerConfig", wanted.optimizer)):
@@ -233,7 +233,7 @@ def test_worker_patches_are_the_builds() -> None:
 def test_for_version(text: str, expected: str, warns: bool,
                      caplog: pytest.LogCaptureFixture) -> None:
     for_version.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="autotune.megatron_versions"):
+    with caplog.at_level(logging.WARNING, logger="autotune.megatron.megatron_versions"):
         assert for_version(text).version == expected
         assert for_version(text).version == expected
     assert len(caplog.records) == warns  # once per version, however often it is asked
@@ -251,7 +251,7 @@ def test_for_version_refuses(text: str) -> None:
 ])
 def test_running(monkeypatch: pytest.MonkeyPatch, requested: str | None,
                  installed: str | None, expected: str) -> None:
-    import autotune.megatron_versions as mv
+    import autotune.megatron.megatron_versions as mv
 
     monkeypatch.setattr(mv, "installed_version", lambda: installed)
     assert running(requested).version == expected

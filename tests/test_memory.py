@@ -11,15 +11,20 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import Layout, check
+from autotune.layouts.layout import Layout, check
 from autotune.levers import transformer_impl
 from autotune.levers.recompute import full_recompute_chunk, module_savings
 from autotune.levers.transformer_impl import attention_bytes
-from autotune.memory import GIB, MemoryParams, estimate_memory, stage_params
-from autotune.memory_activations import inflight_microbatches, layer_activations, layer_bytes
-from autotune.model import ModelSpec, list_presets, load_model
-from autotune.params import count_parameters
+from autotune.predict.memory import GIB, MemoryParams, estimate_memory, stage_params
+from autotune.specs.activations import (
+    inflight_microbatches,
+    layer_activations,
+    layer_bytes,
+)
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.model import ModelSpec
+from autotune.specs.params import count_parameters
+from autotune.specs.presets import list_presets, load_model
 
 
 def cluster(n: int, gpu: str = "h100-80gb", per_node: int = 8) -> ClusterSpec:
@@ -140,7 +145,8 @@ def test_model_states_gpt_1_7b(tp: int, dp: int, do: bool, weights: int, grads: 
 
 @pytest.mark.parametrize("name", list_presets())
 def test_stage_params_agree_with_parameter_counts(name: str) -> None:
-    # The sharded counts of the memory model, summed at tp = ep = pp = 1, are autotune.params'.
+    # The sharded counts of the memory model, summed at tp = ep = pp = 1, are
+    # autotune.specs.params'.
     model = load_model(name)
     dense, expert = stage_params(model, Layout(), 0)
     assert dense + expert == count_parameters(model)

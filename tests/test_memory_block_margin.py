@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from autotune.calibration import trial_model_ref
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import Layout
-from autotune.memory import GIB, estimate_memory
-from autotune.model import load_model
+from autotune.layouts.layout import Layout
+from autotune.predict.calibration import trial_model_ref
+from autotune.predict.memory import GIB, estimate_memory
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.presets import load_model
 
 DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
 TRIALS = {t["source"]: t for t in json.loads(DATA_PATH.read_text())["trials"]}

@@ -12,20 +12,21 @@ from typing import Any
 import pytest
 from conftest import cluster
 
-from autotune.cost import estimate_cost
 from autotune.dimensions import RECOMPUTE_MODULES, RecomputeModules
-from autotune.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND, MemoryGate
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.heuristics import alpa_seeds, predicted_speed
-from autotune.layout import Layout, check, stage_layers
+from autotune.layouts.layout import Layout, check, stage_layers
 from autotune.levers.activation_offload import offloaded_layers
 from autotune.levers.recompute import checkpoint_calls, module_savings
 from autotune.levers.transformer_impl import attention_bytes
-from autotune.memory import estimate_memory
-from autotune.memory_activations import layer_activations
-from autotune.model import ModelSpec, load_model
-from autotune.space import enumerate_space, space_from_mapping
-from autotune.worker.config import worker_config
+from autotune.megatron.core_config import core_config
+from autotune.predict.cost import estimate_cost
+from autotune.predict.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND, MemoryGate
+from autotune.predict.memory import estimate_memory
+from autotune.search.heuristics import alpa_seeds, predicted_speed
+from autotune.search.space import enumerate_space, space_from_mapping
+from autotune.specs.activations import layer_activations
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 
 GPT36 = load_model("gpt-3.6b")  # 30 layers
 XL = load_model("gpt2-xl")  # 48 layers
@@ -113,7 +114,7 @@ def test_module_sets_are_ordered_and_complete() -> None:
 ])
 def test_worker_config(fields: dict[str, Any], expected: dict[str, Any]) -> None:
     s = _layout(fields.get("pp", 1), **fields)
-    transformer = worker_config(GPT36, s).transformer
+    transformer = core_config(GPT36, s).transformer
     assert {k: transformer[k] for k in expected} == expected
 
 
@@ -225,7 +226,7 @@ def test_an_uneven_split_paces_the_pipeline_by_its_slowest_stage() -> None:
 
 
 def _measured_band() -> dict[str, float]:
-    from autotune.calibration import trial_model_ref
+    from autotune.predict.calibration import trial_model_ref
 
     path = Path(__file__).parent / "data" / "measured_trials.json"
     data = json.loads(path.read_text())

@@ -1,5 +1,5 @@
 """A predicted pick inside the memory band says so in the report and the export header
-(autotune.trust.memory_risk; issue 24 item 4, issue 28 item 3)."""
+(autotune.predict.trust.memory_risk; issue 24 item 4, issue 28 item 3)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.hardware import ClusterSpec
-from autotune.trust import memory_band, memory_risk
+from autotune.predict.trust import memory_band, memory_risk
+from autotune.specs.hardware import ClusterSpec
 
 H100 = ClusterSpec.make(1, gpu="h100-80gb")
 

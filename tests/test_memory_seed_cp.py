@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import Layout
-from autotune.memory import estimate_memory
-from autotune.model import load_model
+from autotune.layouts.layout import Layout
+from autotune.predict.memory import estimate_memory
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.presets import load_model
 
 # (row, seq, batch, cp, measured GB per GPU or None for OOM)
 SEED_CP_TABLE = [

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.layout import Layout
-from autotune.metrics import (
+from autotune.layouts.layout import Layout
+from autotune.specs.model import ModelSpec
+from autotune.trials.metrics import (
     classify_run,
     error_excerpt,
     innermost_frame,
@@ -18,9 +19,8 @@ from autotune.metrics import (
     parse_megatron_log,
     stack_summary,
 )
-from autotune.model import ModelSpec
-from autotune.runner import RunOutput
-from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
+from autotune.trials.runner import RunOutput
+from autotune.trials.trial import TrialMetrics, TrialSpec, TrialStatus
 
 OOM_TRACE = ("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
              "GPU 1 has a total capacity of 79.19 GiB of which 1.06 GiB is free.")

@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.model import list_presets, load_model, padded_vocab_size
-from autotune.params import count_parameters
+from autotune.specs.model import padded_vocab_size
+from autotune.specs.params import count_parameters
+from autotune.specs.presets import list_presets, load_model
 
 # name, layers, hidden, heads, groups, vocab, seq, params (billions, rounded as papers quote them)
 PRESETS = [

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from autotune.calibration import trial_model_ref
-from autotune.cost import estimate_cost
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import Layout
-from autotune.memory import estimate_memory
-from autotune.model import load_model
+from autotune.layouts.layout import Layout
+from autotune.predict.calibration import trial_model_ref
+from autotune.predict.cost import estimate_cost
+from autotune.predict.memory import estimate_memory
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.presets import load_model
 
 DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
 DATA = json.loads(DATA_PATH.read_text())

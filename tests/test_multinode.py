@@ -13,20 +13,21 @@ import pytest
 import autotune.commands.search as search_command
 from autotune.cli import main
 from autotune.errors import ConfigError, LaunchError
-from autotune.launchers import (
+from autotune.layouts.layout import Layout
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
+from autotune.trials.launchers import (
     OTHER_NODES_NAME,
     TORCHRUN,
     MultiNode,
     multinode_argv,
     split_srun_argv,
 )
-from autotune.layout import Layout
-from autotune.metrics import metrics_from_run
-from autotune.model import ModelSpec, load_model
-from autotune.ports import free_port
-from autotune.protocol import WORKER
-from autotune.runner import run_multinode_trial, slurm_first_node
-from autotune.trial import TrialSpec, TrialStatus
+from autotune.trials.metrics import metrics_from_run
+from autotune.trials.ports import free_port
+from autotune.trials.protocol import WORKER
+from autotune.trials.runner import run_multinode_trial, slurm_first_node
+from autotune.trials.trial import TrialSpec, TrialStatus
 from tests.conftest import cluster
 
 DOUBLES = Path(__file__).parent / "doubles"

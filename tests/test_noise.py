@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from autotune.layout import Layout
+from autotune.layouts.layout import Layout
 from autotune.search.records import Source, TrialRecord, read_record, record_attrs
 from autotune.search.stop_rule import PRUNE_MARGIN, error_band, prune_margin
-from autotune.trial import ClockSummary, Spread, TrialMetrics, TrialStatus
+from autotune.trials.trial import ClockSummary, Spread, TrialMetrics, TrialStatus
 from autotune.worker.clocks import ClockSampler, reason_names
 from autotune.worker.host import GcPauses, HostWatch, gc_held, steal_ticks
 

@@ -6,16 +6,16 @@ from dataclasses import fields, replace
 
 import pytest
 
-from autotune.cost import CostParams, estimate_cost
 from autotune.errors import ConfigError
-from autotune.hardware import ClusterSpec
-from autotune.heuristics import MEMORY_OPTIONS
-from autotune.layout import Layout, check
-from autotune.megatron_args import megatron_lm_args, read_fields
-from autotune.memory import estimate_memory, stage_params
-from autotune.model import load_model
-from autotune.space import enumerate_space, load_space
-from autotune.worker.config import worker_config
+from autotune.layouts.layout import Layout, check
+from autotune.megatron.core_config import core_config
+from autotune.megatron.megatron_args import megatron_lm_args, read_fields
+from autotune.predict.cost import CostParams, estimate_cost
+from autotune.predict.memory import estimate_memory, stage_params
+from autotune.search.heuristics import MEMORY_OPTIONS
+from autotune.search.space import enumerate_space, load_space
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.presets import load_model
 from tests.conftest import given_of
 
 MODEL = load_model("gpt2-xl")
@@ -92,10 +92,10 @@ def test_fraction_between_percents_is_refused() -> None:
 
 
 def test_worker_keys() -> None:
-    optimizer = worker_config(MODEL, _with(50)).optimizer
+    optimizer = core_config(MODEL, _with(50)).optimizer
     assert (optimizer["optimizer_cpu_offload"], optimizer["optimizer_offload_fraction"]) == \
         (True, 0.5)
-    assert worker_config(MODEL, PAO).optimizer["optimizer_cpu_offload"] is False
+    assert core_config(MODEL, PAO).optimizer["optimizer_cpu_offload"] is False
 
 
 def test_a_saving_the_seeds_may_spend() -> None:

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from autotune.backends import SimulateBackend
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.model import load_model
 from autotune.report.importance import Sample, importance_caption, sample_of, tokens_importances
 from autotune.report.pareto import pareto_front
 from autotune.search import SearchConfig, run_search
+from autotune.search.backends import SimulateBackend
+from autotune.search.space import space_from_mapping
 from autotune.search.storage import storage_url
-from autotune.space import space_from_mapping
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.presets import load_model
 
 pytest.importorskip("matplotlib")
 pytest.importorskip("plotly")

@@ -1,5 +1,6 @@
-"""The warm pool (autotune.pool) against process doubles: a fake torchrun and pool ranks that
-speak the pool protocol without torch (tests/doubles/pool_rank.py says what each trial does)."""
+"""The warm pool (autotune.trials.pool) against process doubles: a fake torchrun and pool ranks
+that speak the pool protocol without torch (tests/doubles/pool_rank.py says what each trial
+does)."""
 
 from __future__ import annotations
 
@@ -13,21 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from autotune.backends import POOL_DIR, WARM_OOM_DIR, Isolation, WorkerBackend
 from autotune.errors import ConfigError
-from autotune.layout import Layout
-from autotune.metrics import metrics_from_run
-from autotune.model import ModelSpec
-from autotune.pool import WarmPool
-from autotune.protocol import (
+from autotune.layouts.layout import Layout
+from autotune.search.backends import POOL_DIR, WARM_OOM_DIR, Isolation, WorkerBackend
+from autotune.specs.model import ModelSpec
+from autotune.trials.metrics import metrics_from_run
+from autotune.trials.pool import WarmPool
+from autotune.trials.protocol import (
     POOL_PARENT_ENV,
     STACKS_NAME,
     TRIAL_MARKER,
     PoolJob,
     write_pool_job,
 )
-from autotune.runner import TORCHRUN, RunOutput, TrialInterrupted
-from autotune.trial import StopReason, TrialSpec, TrialStatus
+from autotune.trials.runner import TORCHRUN, RunOutput, TrialInterrupted
+from autotune.trials.trial import StopReason, TrialSpec, TrialStatus
 from tests.conftest import process_gone
 
 DOUBLES = Path(__file__).parent / "doubles"
@@ -117,7 +118,7 @@ def test_a_hung_trial_times_out_with_its_stacks_and_the_pool_restarts(tmp_path: 
 
 def test_a_result_whose_release_hangs_stands_and_the_pool_restarts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("autotune.pool.RELEASE_S", 1.0)
+    monkeypatch.setattr("autotune.trials.pool.RELEASE_S", 1.0)
     with _pool(tmp_path) as pool:
         stuck = _run(pool, tmp_path, 0, RELEASE_HANGS, timeout_s=30)
         assert not stuck.timed_out and metrics_from_run(stuck).status is TrialStatus.OK

@@ -1,4 +1,4 @@
-"""Shared studies on a real PostgreSQL server: several workers, one killed mid-trial.
+"""Shared studies on a real PostgreSQL server: several searchers, one killed mid-trial.
 
 The server comes from `.ci/postgres.sh start`, which exports AUTOTUNE_TEST_POSTGRES_URL. Without
 it these tests are skipped, except in CI (CI=true), where a missing server is a failure.
@@ -23,18 +23,18 @@ from urllib.parse import urlsplit
 import optuna
 import pytest
 from doubles.fake_backend import small_model
-from doubles.shared_worker import CLUSTER, shared_space
+from doubles.shared_searcher import CLUSTER, shared_space
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.identity import representatives
-from autotune.layout import Layout
+from autotune.layouts.layout import Layout
+from autotune.megatron.identity import representatives
+from autotune.search.space import enumerate_space
 from autotune.search.storage import redact_url
-from autotune.space import enumerate_space
 
 REPO = Path(__file__).resolve().parents[1]
-WORKER = Path(__file__).resolve().parent / "doubles" / "shared_worker.py"
+SEARCHER = Path(__file__).resolve().parent / "doubles" / "shared_searcher.py"
 URL_ENV = "AUTOTUNE_TEST_POSTGRES_URL"
-# Heartbeats every second; a worker silent for 3 s is dead. Long enough that a live worker
+# Heartbeats every second; a searcher silent for 3 s is dead. Long enough that a live searcher
 # (beating from a thread) is never failed, short enough that the test waits little.
 HEARTBEAT_ENV = {"AUTOTUNE_HEARTBEAT_INTERVAL_S": "1", "AUTOTUNE_HEARTBEAT_GRACE_S": "3"}
 
@@ -64,8 +64,8 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **HEARTBEAT_ENV}
 
 
-def _worker(url: str, study: str, log: Path, tmp: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(WORKER), url, study, str(log),
+def _searcher(url: str, study: str, log: Path, tmp: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(SEARCHER), url, study, str(log),
                              "--results-dir", str(tmp / "results"), *extra],
                             cwd=REPO, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -78,7 +78,7 @@ def _wait_for(what: str, ready: object, procs: list[subprocess.Popen[str]],
         for p in procs:
             if p.poll() is not None:
                 out, err = p.communicate()
-                pytest.fail(f"a worker exited ({p.returncode}) before {what}:\n{out}\n"
+                pytest.fail(f"a searcher exited ({p.returncode}) before {what}:\n{out}\n"
                             f"{err[-3000:]}")
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
@@ -98,17 +98,17 @@ def test_workers_share_a_study_and_retry_the_killed_workers_trial(
         pg_url: str, study_name: str, tmp_path: Path) -> None:
     log, marker = tmp_path / "launches.txt", tmp_path / "blocked"
     layouts = {s.describe() for s in set(_runs().values())}
-    # Worker 0 creates the study; its second launch hangs until it is killed.
-    victim = _worker(pg_url, study_name, log, tmp_path, "--block-on", "2", "--marker",
+    # Searcher 0 creates the study; its second launch hangs until it is killed.
+    victim = _searcher(pg_url, study_name, log, tmp_path, "--block-on", "2", "--marker",
                      str(marker))
     procs = [victim]
     try:
         _wait_for("the study exists", lambda: study_name in optuna.get_all_study_names(
             pg_url), procs)
-        procs += [_worker(pg_url, study_name, log, tmp_path, "--resume") for _ in range(2)]
-        _wait_for("worker 0 blocks inside a trial", marker.exists, procs)
+        procs += [_searcher(pg_url, study_name, log, tmp_path, "--resume") for _ in range(2)]
+        _wait_for("searcher 0 blocks inside a trial", marker.exists, procs)
         # Let the others get going, so that they run beside the doomed trial.
-        _wait_for("the other workers launch", lambda: len(log.read_text().splitlines()) >= 4,
+        _wait_for("the other searchers launch", lambda: len(log.read_text().splitlines()) >= 4,
                   procs)
         study = optuna.load_study(study_name=study_name, storage=pg_url)
         killed = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -137,10 +137,10 @@ def test_workers_share_a_study_and_retry_the_killed_workers_trial(
     assert set(launches) == layouts
     assert {k: n for k, n in launches.items() if n > 1} == {marker.read_text(): 2}
     pids = {line.split(" ", 1)[0] for line in log.read_text().splitlines()}
-    assert len(pids) == 3, "every worker launched trials"
+    assert len(pids) == 3, "every searcher launched trials"
 
     # The study: every layout COMPLETE exactly once as a launched (non-duplicate) trial, the
-    # killed layout by another worker, after the kill.
+    # killed layout by another searcher, after the kill.
     done = [t for t in trials if t.state is TrialState.COMPLETE
             and t.user_attrs["record"].get("duplicate_of") is None]
     assert Counter(_layout(t) for t in done) == Counter(dict.fromkeys(layouts, 1))
@@ -233,8 +233,8 @@ def test_no_output_or_file_shows_the_storage_password(pg_url: str, study_name: s
 
 
 def test_a_layout_running_in_a_dead_worker_is_waited_for_then_retried(tmp_path: Path) -> None:
-    """A RUNNING trial of another (here: simulated, then silent) worker holds its layout until
-    its heartbeat goes stale; then this worker fails it and runs the layout itself."""
+    """A RUNNING trial of another (here: simulated, then silent) searcher holds its layout until
+    its heartbeat goes stale; then this searcher fails it and runs the layout itself."""
     from doubles.fake_backend import FakeBackend
 
     from autotune.search import SearchConfig
@@ -261,7 +261,7 @@ def test_a_layout_running_in_a_dead_worker_is_waited_for_then_retried(tmp_path: 
     study._storage.record_heartbeat(dead._trial_id)  # type: ignore[attr-defined]
 
     backend = FakeBackend(CLUSTER)
-    # The simulated worker holds the study as a live one would: a search alone on an SQLite
+    # The simulated searcher holds the study as a live one would: a search alone on an SQLite
     # study fails every RUNNING trial at once (storage.fail_orphans).
     other = lock_study("s", url)
     try:
@@ -275,7 +275,7 @@ def test_a_layout_running_in_a_dead_worker_is_waited_for_then_retried(tmp_path: 
     assert result.stop_reason == "every layout of the grid was tried"
     assert Counter(s.describe() for s in backend.calls) == Counter(
         s.describe() for s in set(_runs().values()))
-    assert backend.calls[-1] == _runs()[held], "the held layout waited for its worker"
+    assert backend.calls[-1] == _runs()[held], "the held layout waited for its searcher"
     trials = optuna.load_study(study_name="s", storage=url).get_trials(deepcopy=False)
     assert trials[dead.number].state is TrialState.FAIL
     assert not [t for t in trials if t.state is TrialState.RUNNING]

@@ -6,17 +6,17 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.cost import estimate_cost
 from autotune.errors import ConfigError
-from autotune.hardware import ClusterSpec
-from autotune.heuristics import MEMORY_OPTIONS
-from autotune.identity import representatives, run_key
-from autotune.layout import Layout, check
-from autotune.megatron_args import megatron_lm_args, read_fields
-from autotune.memory import estimate_memory
-from autotune.model import load_model
-from autotune.space import enumerate_space, load_space
-from autotune.worker.config import worker_config
+from autotune.layouts.layout import Layout, check
+from autotune.megatron.core_config import core_config
+from autotune.megatron.identity import representatives, run_key
+from autotune.megatron.megatron_args import megatron_lm_args, read_fields
+from autotune.predict.cost import estimate_cost
+from autotune.predict.memory import estimate_memory
+from autotune.search.heuristics import MEMORY_OPTIONS
+from autotune.search.space import enumerate_space, load_space
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.presets import load_model
 from tests.conftest import given_of
 
 MODEL = load_model("gpt2-xl")
@@ -70,14 +70,14 @@ def test_other_dtypes_are_refused() -> None:
 
 
 def test_worker_keys() -> None:
-    on, off = worker_config(MODEL, PAO).optimizer, worker_config(MODEL, BASE).optimizer
+    on, off = core_config(MODEL, PAO).optimizer, core_config(MODEL, BASE).optimizer
     assert (on["use_precision_aware_optimizer"], on["exp_avg_dtype"]) == (True, "bfloat16")
     assert (off["use_precision_aware_optimizer"], off["exp_avg_sq_dtype"]) == (False, "float32")
 
 
 def test_one_gpu_keeps_the_distributed_optimizer_it_needs() -> None:
     """One data-parallel rank makes the distributed optimizer the same run as none, except
-    where the precision-aware optimizer asserts it (autotune.identity's same-run rule)."""
+    where the precision-aware optimizer asserts it (autotune.megatron.identity's same-run rule)."""
     single = Layout(dp=1, gbs=8, impl="te", distributed_optimizer=True,
                     precision_aware_optimizer=True)
     plain = replace(single, precision_aware_optimizer=False)

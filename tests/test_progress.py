@@ -6,9 +6,9 @@ from pathlib import Path
 from doubles.fake_backend import FakeBackend, small_cluster, small_model
 from rich.console import Console
 
+from autotune.report.progress import LiveProgress, best_table
 from autotune.search import SearchConfig, run_search
-from autotune.search.progress import LiveProgress, best_table
-from autotune.space import space_from_mapping
+from autotune.search.space import space_from_mapping
 
 
 def test_live_progress_shows_each_trial_and_the_best(tmp_path: Path) -> None:

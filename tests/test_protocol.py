@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.metrics import classify_run, stack_summary
-from autotune.protocol import (
+from autotune.trials.metrics import classify_run, stack_summary
+from autotune.trials.protocol import (
     EXIT_CODES,
     FAILURE_GLOB,
     SPEC_NAME,
@@ -27,8 +27,8 @@ from autotune.protocol import (
     status_line,
     worker_args,
 )
-from autotune.runner import RunOutput
-from autotune.trial import TrialStatus
+from autotune.trials.runner import RunOutput
+from autotune.trials.trial import TrialStatus
 from autotune.worker.__main__ import parse_args
 
 RENDEZVOUS = ("[c10d] TCP client failed to connect/validate to host 127.0.0.1:53267 - "
@@ -124,7 +124,7 @@ def test_percentile_is_linear_interpolation(values: list[float]) -> None:
 
 
 def test_protocol_imports_neither_torch_nor_optuna() -> None:
-    code = ("import sys, autotune.protocol; "
+    code = ("import sys, autotune.trials.protocol; "
             "assert not {'torch', 'optuna'} & set(sys.modules), sorted(sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=False)

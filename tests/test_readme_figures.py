@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.hardware import ClusterSpec
-from autotune.model import load_model
-from autotune.space import enumerate_space, load_space
+from autotune.search.space import enumerate_space, load_space
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.presets import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

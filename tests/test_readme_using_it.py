@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune import hardware
 from autotune.cli import main
 from autotune.commands import search as search_command
+from autotune.specs import hardware
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

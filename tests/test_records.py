@@ -19,16 +19,16 @@ import pytest
 from doubles.fake_backend import FakeBackend, small_cluster, small_model
 from optuna.trial import TrialState
 
-from autotune.backends import SimulateBackend
 from autotune.cli import main
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import Layout
-from autotune.model import load_model
+from autotune.layouts.layout import Layout
 from autotune.report.load import load_study, read_records, resolve_study, trial_row
 from autotune.search import SearchConfig, run_search
+from autotune.search.backends import SimulateBackend
 from autotune.search.records import TrialRecord, read_record, record_attrs
-from autotune.space import load_space
-from autotune.trial import TrialMetrics, TrialStatus
+from autotune.search.space import load_space
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.presets import load_model
+from autotune.trials.trial import TrialMetrics, TrialStatus
 
 OLD = Path(__file__).resolve().parent / "data" / "old-studies"
 LAYOUT = Layout(tp=2, pp=1, dp=2, mbs=4, gbs=64, sequence_parallel=True,

@@ -12,17 +12,17 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune.backends import SimulateBackend
 from autotune.cli import main
 from autotune.errors import ConfigError
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.model import load_model
 from autotune.report.importance import tokens_importances
 from autotune.report.load import load_study, resolve_study
 from autotune.report.pareto import fold_ties, pareto_front, scaling_points
 from autotune.search import SearchConfig, run_search
-from autotune.space import space_from_mapping
-from autotune.trial import TrialMetrics, TrialSpec
+from autotune.search.backends import SimulateBackend
+from autotune.search.space import space_from_mapping
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.presets import load_model
+from autotune.trials.trial import TrialMetrics, TrialSpec
 
 pd = pytest.importorskip("pandas")
 pytest.importorskip("matplotlib")

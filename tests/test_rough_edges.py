@@ -15,18 +15,18 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from autotune.backends import SimulateBackend
 from autotune.cli import main
 from autotune.commands import search as search_command
-from autotune.cost import CostParams
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import Layout
-from autotune.memory import estimate_memory
-from autotune.model import list_presets, load_model
-from autotune.params import count_parameters
+from autotune.layouts.layout import Layout
+from autotune.predict.cost import CostParams
+from autotune.predict.memory import estimate_memory
+from autotune.report.progress import LiveProgress, best_table
 from autotune.search import SearchConfig, run_search
-from autotune.search.progress import LiveProgress, best_table
-from autotune.space import space_from_mapping
+from autotune.search.backends import SimulateBackend
+from autotune.search.space import space_from_mapping
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.params import count_parameters
+from autotune.specs.presets import list_presets, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TWIN_SPACE = "tp: [1]\npp: [1, 2]\nmbs: [1, 2, 4]\nimpl: [sdpa, te]\n"

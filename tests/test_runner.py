@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from autotune import ports
 from autotune.errors import ConfigError, LaunchError
-from autotune.launchers import TORCHRUN
-from autotune.layout import Layout
-from autotune.megatron_args import flag_names
-from autotune.metrics import metrics_from_run
-from autotune.model import ModelSpec
-from autotune.ports import free_port
-from autotune.protocol import NCCL_TIMEOUT_ENV
-from autotune.runner import (
+from autotune.layouts.layout import Layout
+from autotune.megatron.megatron_args import flag_names
+from autotune.specs.model import ModelSpec
+from autotune.trials import ports
+from autotune.trials.launchers import TORCHRUN
+from autotune.trials.metrics import metrics_from_run
+from autotune.trials.ports import free_port
+from autotune.trials.protocol import NCCL_TIMEOUT_ENV
+from autotune.trials.runner import (
     STACKS_WAIT_S,
     RunOutput,
     TrialInterrupted,
@@ -36,7 +36,7 @@ from autotune.runner import (
     torchrun_argv,
     trial_env,
 )
-from autotune.trial import TrialSpec, TrialStatus
+from autotune.trials.trial import TrialSpec, TrialStatus
 from tests.conftest import process_gone
 
 DOUBLES = Path(__file__).parent / "doubles"

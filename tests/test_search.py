@@ -26,17 +26,17 @@ from doubles.fake_backend import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.backends import SimulateBackend
 from autotune.errors import ConfigError
-from autotune.gate import MemoryGate, layout_key
-from autotune.identity import representatives
-from autotune.layout import Layout
-from autotune.memory import estimate_memory
+from autotune.layouts.layout import Layout
+from autotune.megatron.identity import representatives
+from autotune.predict.gate import MemoryGate, mbs_family
+from autotune.predict.memory import estimate_memory
 from autotune.search import SearchConfig, SearchResult, TrialRecord, run_search
+from autotune.search.backends import SimulateBackend
 from autotune.search.loop import Search
+from autotune.search.space import enumerate_space
 from autotune.search.storage import Heartbeat
-from autotune.space import enumerate_space
-from autotune.trial import TrialStatus
+from autotune.trials.trial import TrialStatus
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_SCRIPT = Path(__file__).resolve().parent / "doubles" / "fake_backend.py"
@@ -132,7 +132,7 @@ def test_real_oom_is_pruned_and_bisects_the_micro_batch_of_its_layout(tmp_path: 
     seed = Layout(tp=1, pp=1, dp=4, mbs=4, gbs=MODEL.global_batch_size,
                   distributed_optimizer=True, overlap_grad_reduce=True,
                   overlap_param_gather=True, impl="sdpa")
-    backend = FakeBackend(CLUSTER, oom=lambda s: layout_key(s) == layout_key(seed) and s.mbs >= 2)
+    backend = FakeBackend(CLUSTER, oom=lambda s: mbs_family(s) == mbs_family(seed) and s.mbs >= 2)
     result = run_search(config(tmp_path, backend, n_trials=12))
 
     # The first Alpa seed (largest dp, largest mbs predicted to fit) runs out of memory; the
@@ -143,9 +143,9 @@ def test_real_oom_is_pruned_and_bisects_the_micro_batch_of_its_layout(tmp_path: 
     # No micro-batch at or above one that ran out of memory is ever launched again.
     smallest_oom: dict[Layout, int] = {}
     for s in backend.calls:
-        assert s.mbs < smallest_oom.get(layout_key(s), 10**9)
-        if layout_key(s) == layout_key(seed) and s.mbs >= 2:
-            smallest_oom[layout_key(s)] = min(smallest_oom.get(layout_key(s), s.mbs), s.mbs)
+        assert s.mbs < smallest_oom.get(mbs_family(s), 10**9)
+        if mbs_family(s) == mbs_family(seed) and s.mbs >= 2:
+            smallest_oom[mbs_family(s)] = min(smallest_oom.get(mbs_family(s), s.mbs), s.mbs)
     # Launched OOMs: a sampler proposal of a failed layout is recorded as its duplicate.
     ooms = [t for t in stored(tmp_path) if t.user_attrs["record"]["status"] == "OOM"
             and t.user_attrs["record"].get("duplicate_of") is None]
@@ -160,10 +160,10 @@ def test_bisection_climbs_back_after_a_success_below_the_oom(tmp_path: Path) -> 
     seed = Layout(tp=1, pp=1, dp=4, mbs=16, gbs=MODEL.global_batch_size,
                   distributed_optimizer=True, overlap_grad_reduce=True,
                   overlap_param_gather=True, impl="sdpa")
-    backend = FakeBackend(cluster, oom=lambda s: layout_key(s) == layout_key(seed) and s.mbs >= 8)
+    backend = FakeBackend(cluster, oom=lambda s: mbs_family(s) == mbs_family(seed) and s.mbs >= 8)
     run_search(config(tmp_path, backend, cluster=cluster, n_trials=6))
     assert backend.calls[:3] == [seed, replace(seed, mbs=4), replace(seed, mbs=8)]
-    assert layout_key(seed) not in {layout_key(s) for s in backend.calls[3:]}
+    assert mbs_family(seed) not in {mbs_family(s) for s in backend.calls[3:]}
 
 
 def test_a_real_oom_teaches_the_gate_a_smaller_capacity(capacity_run: Run) -> None:
@@ -384,7 +384,7 @@ def test_simulate_study_is_written_once_at_the_end_and_resumes_without_duplicate
 
 def test_the_cost_model_is_refitted_to_measured_trials(tmp_path: Path) -> None:
     # The fake machine runs every layout at 2/3 of the speed the default model predicts.
-    from autotune.cost import CostParams, estimate_cost
+    from autotune.predict.cost import CostParams, estimate_cost
 
     def slower(s: Layout) -> float:
         return estimate_cost(MODEL, s, CLUSTER).tokens_per_s * 2 / 3
@@ -413,8 +413,8 @@ class _RendezvousFailsFirst:
         self.inner.close()
 
     def run(self, spec: Any, trial_dir: Path, timeout_s: float) -> Any:
-        from autotune.metrics import RENDEZVOUS_FAILED
-        from autotune.trial import TrialMetrics
+        from autotune.trials.metrics import RENDEZVOUS_FAILED
+        from autotune.trials.trial import TrialMetrics
 
         self.launches += 1
         trial_dir.mkdir(parents=True, exist_ok=True)

@@ -10,17 +10,17 @@ import pytest
 from doubles.fake_backend import FakeBackend, small_cluster, small_model, small_space
 from optuna.trial import TrialState
 
-from autotune.backends import SimulateBackend
-from autotune.identity import representatives
-from autotune.layout import Layout
+from autotune.layouts.layout import Layout
+from autotune.megatron.identity import representatives
 from autotune.search import SearchConfig
-from autotune.search.layouts import LayoutMap
+from autotune.search.backends import SimulateBackend
+from autotune.search.layout_map import LayoutMap
 from autotune.search.ledger import LayoutQueue, Ledger
 from autotune.search.records import SearchResult, Source, TrialRecord, stored_record
+from autotune.search.space import enumerate_space
 from autotune.search.storage import DIRECTIONS
 from autotune.search.store import PlanningStore, RealRunStore, StudyStore, open_store
-from autotune.space import enumerate_space
-from autotune.trial import TrialMetrics, TrialStatus
+from autotune.trials.trial import TrialMetrics, TrialStatus
 
 CLUSTER, MODEL, SPACE = small_cluster(), small_model(), small_space()
 GIB = 2**30
@@ -48,19 +48,19 @@ def test_parameters_and_layouts_map_both_ways(layouts: LayoutMap) -> None:
     for s in valid:
         # Every valid layout's parameters stand for the layout that runs for it.
         assert layouts.layout(layouts.params(s)) == runs[s]
-        assert layouts.key(s) == layouts.key(runs[s]) == layouts.params_key(
+        assert layouts.run_params(s) == layouts.run_params(runs[s]) == layouts.run_params_of(
             layouts.params(s))
         assert layouts.is_valid(s)
 
 
-def test_a_proposal_that_breaks_a_rule_keeps_its_own_key(layouts: LayoutMap) -> None:
+def test_a_proposal_that_breaks_a_rule_keeps_its_own_run_params(layouts: LayoutMap) -> None:
     bad = {"tp": 1, "pp": 1, "mbs": 1, "sequence_parallel": True,  # sp needs tp > 1
            "distributed_optimizer": False, "overlap_param_gather": False}
     assert layouts.layout(bad) is None
     proposal = layouts.proposal(bad)
     assert proposal.sequence_parallel and proposal.impl == "sdpa" and proposal.dp == 1
     assert not layouts.is_valid(proposal)
-    assert layouts.key(proposal) not in {layouts.key(s) for s in layouts.valid}
+    assert layouts.run_params(proposal) not in {layouts.run_params(s) for s in layouts.valid}
 
 
 def test_a_parameter_the_space_freed_later_reads_as_its_default() -> None:
@@ -133,7 +133,7 @@ def test_the_ledger_counts_launches_and_patience(layouts: LayoutMap) -> None:
     ledger.note(TrialRecord(number=2, layout=b, status=TrialStatus.OK, source="x",
                             duplicate_of=1))  # a duplicate is not a launch
     assert (ledger.launched, ledger.best_tokens, ledger.since_best) == (2, 500.0, 1)
-    assert ledger.tried(a) and ledger.tried(b) and ledger.seen[layouts.key(b)].number == 1
+    assert ledger.tried(a) and ledger.tried(b) and ledger.seen[layouts.run_params(b)].number == 1
     assert learned == [(0, False), (1, True), (2, True)] and seen == [0, 1, 2]
 
 

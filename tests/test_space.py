@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.layout import Layout, check
-from autotune.model import load_model
-from autotune.space import SearchSpace, enumerate_space, load_space, space_from_mapping
+from autotune.layouts.layout import Layout, check
+from autotune.search.space import SearchSpace, enumerate_space, load_space, space_from_mapping
+from autotune.specs.presets import load_model
 from tests.conftest import cluster
 
 SMALL = {"tp": [1, 2, 4], "pp": [1, 2, 4], "vpp": [1, 2], "mbs": [1, 4, 16],
@@ -83,9 +83,9 @@ def test_missing_dimensions_keep_defaults(tmp_path: Path) -> None:
 
 
 def test_enumerating_the_same_space_twice_gives_an_answer_of_its_own() -> None:
-    from autotune.hardware import ClusterSpec
-    from autotune.model import load_model
-    from autotune.space import enumerate_space, load_space
+    from autotune.search.space import enumerate_space, load_space
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.presets import load_model
 
     space, model, cluster = load_space(None), load_model("gpt2-xl"), ClusterSpec.make(8)
     first = enumerate_space(space, model, cluster)

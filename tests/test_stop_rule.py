@@ -19,16 +19,16 @@ from optuna.trial import TrialState
 from rich.console import Console
 
 import autotune.search as search_package
-from autotune.backends import SimulateBackend
 from autotune.cli import main
-from autotune.cost import estimate_cost
-from autotune.gate import MemoryGate
-from autotune.heuristics import alpa_seeds
-from autotune.layout import Layout
+from autotune.layouts.layout import Layout
+from autotune.predict.cost import estimate_cost
+from autotune.predict.gate import MemoryGate
+from autotune.report.progress import LiveProgress
 from autotune.search import SearchConfig, SearchResult, TrialRecord, run_search
-from autotune.search.layouts import LayoutMap
+from autotune.search.backends import SimulateBackend
+from autotune.search.heuristics import alpa_seeds
+from autotune.search.layout_map import LayoutMap
 from autotune.search.ledger import Ledger
-from autotune.search.progress import LiveProgress
 from autotune.search.records import Source
 from autotune.search.stop_rule import (
     DEFAULT_ERROR_BAND,
@@ -38,7 +38,7 @@ from autotune.search.stop_rule import (
     error_band,
 )
 from autotune.search.timesplit import time_split
-from autotune.trial import StopReason, TrialMetrics, TrialSpec, TrialStatus
+from autotune.trials.trial import StopReason, TrialMetrics, TrialSpec, TrialStatus
 
 CLUSTER = small_cluster()
 MODEL = small_model()

@@ -10,14 +10,14 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.backends import SimulateBackend
 from autotune.cli import main
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import Layout
-from autotune.model import load_model, search_spaces_dir
+from autotune.layouts.layout import Layout
 from autotune.search import SearchConfig, run_search
-from autotune.space import space_from_mapping
-from autotune.trial import TrialSpec
+from autotune.search.backends import SimulateBackend
+from autotune.search.space import space_from_mapping
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.presets import load_model, search_spaces_dir
+from autotune.trials.trial import TrialSpec
 
 CLUSTER = ClusterSpec(num_gpus=2, gpus_per_node=2, gpu=gpu_spec("h100-80gb"))
 SPACE = space_from_mapping({"tp": [1, 2], "mbs": [1, 2]}, "test")

@@ -85,7 +85,7 @@ def test_a_trial_left_running_is_failed_on_resume(root: Path, tmp_path: Path,
 
 @pytest.mark.parametrize(("everything", "grace_s", "failed"), [
     (True, 3600, True),     # an SQLite study this process holds: no one else can run it
-    (False, 3600, False),   # shared: a worker may be sampling it right now
+    (False, 3600, False),   # shared: a searcher may be sampling it right now
     (False, -1, True),      # shared, and older than the grace period without parameters
 ])
 def test_fail_orphans(everything: bool, grace_s: float, failed: bool) -> None:

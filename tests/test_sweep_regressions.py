@@ -43,7 +43,7 @@ def test_from_megatron_export_line_names_where_the_study_is(
     ("sp", "Sequence parallelism"),
 ])
 def test_legend_says_what_a_label_means(label: str, says: str) -> None:
-    from autotune.legend import legend_entries
+    from autotune.layouts.legend import legend_entries
 
     entry = next(e for e in legend_entries([label]) if e.shown == label)
     assert entry.meaning.startswith(says)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.layout import Layout
-from autotune.model import ModelSpec
-from autotune.trial import StopReason, TrialSpec
+from autotune.layouts.layout import Layout
+from autotune.specs.model import ModelSpec
+from autotune.trials.trial import StopReason, TrialSpec
 from autotune.worker.timing import SLOW_AFTER, STABLE_WINDOW, StepJudge, Timing, drifting
 
 

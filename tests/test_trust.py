@@ -1,4 +1,4 @@
-"""Bands and the measured range that simulated figures carry (autotune.trust)."""
+"""Bands and the measured range that simulated figures carry (autotune.predict.trust)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune.calibration import trial_model_ref
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.model import load_model
-from autotune.params import count_parameters
-from autotune.trust import MEASURED_RANGE, MeasuredRange, outside_range, trust_line
+from autotune.predict.calibration import trial_model_ref
+from autotune.predict.trust import MEASURED_RANGE, MeasuredRange, outside_range, trust_line
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.params import count_parameters
+from autotune.specs.presets import load_model
 
 DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
 DATA = json.loads(DATA_PATH.read_text())

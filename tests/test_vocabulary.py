@@ -15,9 +15,9 @@ import pytest
 from autotune import __version__
 from autotune.cli import STORAGE_EXAMPLE, main
 from autotune.commands.estimate import SEARCH_DIFFERS
-from autotune.layout import DIMENSIONS, Layout
-from autotune.legend import legend_entries, legend_lines, legend_text
-from autotune.model import search_spaces_dir
+from autotune.layouts.layout import DIMENSIONS, Layout
+from autotune.layouts.legend import legend_entries, legend_lines, legend_text
+from autotune.specs.presets import search_spaces_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,7 +95,7 @@ def test_estimate_output_names_the_defaults_it_used(capsys: pytest.CaptureFixtur
 
 
 def test_the_note_covers_options_the_search_space_varies() -> None:
-    from autotune.space import load_space
+    from autotune.search.space import load_space
 
     candidates = load_space(None).candidates
     for name in SEARCH_DIFFERS:

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune.layout import Layout
-from autotune.model import ModelSpec, load_model
-from autotune.protocol import distributed_timeout_minutes, percentile, started_ranks
-from autotune.trial import TrialSpec, TrialStatus
+from autotune.layouts.layout import Layout
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
+from autotune.trials.protocol import distributed_timeout_minutes, percentile, started_ranks
+from autotune.trials.trial import TrialSpec, TrialStatus
 from autotune.worker.__main__ import parse_args
 from autotune.worker.report import classify, error_line
 
@@ -212,14 +213,14 @@ def test_p90() -> None:
 def test_metrics_from_ranks_uses_model_flops() -> None:
     pytest.importorskip("torch")
     pytest.importorskip("megatron.core")
-    from autotune.flops import model_flops_per_token
-    from autotune.trial import TrialMetrics
+    from autotune.specs.flops import model_flops_per_token
+    from autotune.trials.trial import TrialMetrics
     from autotune.worker.run import metrics_from_ranks
 
     spec = _spec("gpt2-xl", dp=2, mbs=8, gbs=64)
     ranks = [{"rank": r, "loss": 10.5 if r == 1 else None, "peak_allocated_bytes": 10 + r,
               "peak_reserved_bytes": 20 + r, "device_used_bytes": None} for r in (1, 0)]
-    from autotune.trial import StopReason
+    from autotune.trials.trial import StopReason
     from autotune.worker.timing import Timing
     from autotune.worker.train import StepTimes
 

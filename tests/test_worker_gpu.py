@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.layout import Layout
-from autotune.model import ModelSpec
-from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
+from autotune.layouts.layout import Layout
+from autotune.specs.model import ModelSpec
+from autotune.trials.trial import TrialMetrics, TrialSpec, TrialStatus
 
 pytestmark = pytest.mark.gpu
 

@@ -51,7 +51,7 @@ export PYTHONPATH=/tmp/site:$PWD:$PWD/tools
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader
   python3 -c "import sys, torch, megatron.core as mc, optuna
-from autotune.protocol import te_available
+from autotune.trials.protocol import te_available
 te = __import__('transformer_engine').__version__ if te_available() else 'not installed'
 print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
       'megatron-core', mc.__version__, 'optuna', optuna.__version__, 'te', te)"
@@ -81,7 +81,7 @@ part_gap() {
   [[ -f .carry/megatron-lm/pretrain_gpt.py ]] || { echo "no .carry/megatron-lm"; return 1; }
   cp tools/run_pretrain_gpt.py .carry/megatron-lm/run_pretrain_gpt.py
   local impl=local
-  python3 -c "from autotune.protocol import te_available; exit(0 if te_available() else 1)" && impl=te
+  python3 -c "from autotune.trials.protocol import te_available; exit(0 if te_available() else 1)" && impl=te
   python3 tools/megatron_gap.py --steps "${GAP_STEPS:-35}" gpt2-xl "$gpu" "$raw/gap" \
       "$PWD/.carry/megatron-lm/run_pretrain_gpt.py" "${GAP_LAYOUT:-mbs=16,impl=$impl}" \
       > "$raw/gap.out" 2> "$raw/gap.err"

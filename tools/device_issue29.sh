@@ -12,7 +12,7 @@
 #   search/  optuna 5.0.0, alembic, sqlalchemy, greenlet, colorlog, mako (the machine has none)
 # Everything else (torch 2.11+cu130, triton, numpy, packaging, typer, rich, pyyaml, nvidia-ml-py)
 # is the machine's own. Each megatron-core goes into its own folder, chosen per step through
-# PYTHONPATH; autotune.megatron_versions reads the version from that folder's metadata.
+# PYTHONPATH; autotune.megatron.megatron_versions reads the version from that folder's metadata.
 #
 # Steps:
 #  1. the same 8 one-GPU layouts (tools/spaces/issue29-versions.yaml: gpt2-large, gbs 16, impl
@@ -52,7 +52,7 @@ use() { export PYTHONPATH=/tmp/mc$1:/tmp/site:$PWD; }
   for v in 016 019; do
     use $v
     python3 -c "import sys, torch, optuna, megatron.core as mc
-from autotune.megatron_versions import installed_version, running
+from autotune.megatron.megatron_versions import installed_version, running
 print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
       'megatron-core', mc.__version__, '(metadata', installed_version(), 'row',
       running().version + ')', 'optuna', optuna.__version__)" 2>&1 | grep -v Warning

@@ -16,16 +16,16 @@ import json
 import time
 from pathlib import Path
 
-from autotune.backends import trial_timeout_s
 from autotune.commands.estimate import layout_from_fields
-from autotune.cost import estimate_cost
-from autotune.hardware import ClusterSpec
-from autotune.layout import DIMENSIONS
-from autotune.memory import estimate_memory
-from autotune.metrics import metrics_from_run
-from autotune.model import load_model
-from autotune.runner import run_trial
-from autotune.trial import TrialSpec
+from autotune.layouts.layout import DIMENSIONS
+from autotune.predict.cost import estimate_cost
+from autotune.predict.memory import estimate_memory
+from autotune.search.backends import trial_timeout_s
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.presets import load_model
+from autotune.trials.metrics import metrics_from_run
+from autotune.trials.runner import run_trial
+from autotune.trials.trial import TrialSpec
 
 GIB = 2**30
 STEPS, WARMUP = 5, 2

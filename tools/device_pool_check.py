@@ -21,16 +21,17 @@ from pathlib import Path
 
 from device_layouts import layout_fields  # tools/ is on sys.path: run as a script
 
-from autotune.backends import trial_timeout_s
 from autotune.commands.estimate import layout_from_fields
-from autotune.cost import estimate_cost
-from autotune.hardware import ClusterSpec
-from autotune.layout import Layout
-from autotune.metrics import metrics_from_run
-from autotune.model import ModelSpec, load_model
-from autotune.pool import WarmPool
-from autotune.runner import run_trial
-from autotune.trial import TrialMetrics, TrialSpec
+from autotune.layouts.layout import Layout
+from autotune.predict.cost import estimate_cost
+from autotune.search.backends import trial_timeout_s
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
+from autotune.trials.metrics import metrics_from_run
+from autotune.trials.pool import WarmPool
+from autotune.trials.runner import run_trial
+from autotune.trials.trial import TrialMetrics, TrialSpec
 
 GIB = 2**30
 STEPS, WARMUP = 10, 3

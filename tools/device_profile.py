@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from autotune.trial import TrialSpec
+from autotune.trials.trial import TrialSpec
 from autotune.worker import build, train
 from autotune.worker.run import init_model_parallel, init_world, prepare_environment
 

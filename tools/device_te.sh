@@ -68,7 +68,7 @@ part_install() {
 print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
       'cudnn', torch.backends.cudnn.version(), 'te', te.__version__,
       'megatron-core', mc.__version__, 'optuna', optuna.__version__)"
-    python3 -c "from autotune.protocol import te_available; print('autotune te_available:', te_available())"
+    python3 -c "from autotune.trials.protocol import te_available; print('autotune te_available:', te_available())"
   } > "$f" 2>&1
   cat "$f"
 }
@@ -196,7 +196,7 @@ part_search() {
   # same layout measured by the worker with impl te, is the worker figure to set beside it.
   local twin
   twin=$(python3 -c "import json, sys
-from autotune.layout import DIMENSIONS
+from autotune.layouts.layout import DIMENSIONS
 w = json.load(open(sys.argv[1]))
 if w['impl'] == 'sdpa':
     print(','.join(f'{k}={w[k]}' for k in DIMENSIONS if k not in ('impl', 'dp')) + ',impl=te')

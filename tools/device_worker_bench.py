@@ -10,9 +10,9 @@ import json
 import sys
 from pathlib import Path
 
-from autotune.layout import Layout
-from autotune.model import load_model
-from autotune.trial import TrialSpec
+from autotune.layouts.layout import Layout
+from autotune.specs.presets import load_model
+from autotune.trials.trial import TrialSpec
 
 _GIB = 1024**3
 _H100_PEAK_BF16 = 989e12

@@ -1,5 +1,5 @@
 """Fit the cost and memory models' constants to tests/data/measured_trials.json, with
-leave-one-family-out cross-validation (autotune.calibration.cross_validate).
+leave-one-family-out cross-validation (autotune.predict.calibration.cross_validate).
 
     PYTHONPATH=. python tools/fit_constants.py [--data FILE] [--markdown]
 
@@ -7,7 +7,8 @@ A family is a model on a GPU type (gpt2-xl on H100, gpt2-large on H200, ...): tr
 family share the shape-dependent terms (GEMM sizes, vocabulary, attention) and the machine, so
 holding a whole family out asks what simulate is asked for a model or GPU it never saw. It prints
 the held-out step-time and memory errors per family and the constants fitted to all trials,
-which are the defaults of autotune.cost.CostParams and autotune.memory.MemoryParams.
+which are the defaults of autotune.predict.cost.CostParams and
+autotune.predict.memory.MemoryParams.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from autotune.calibration import (
+from autotune.predict.calibration import (
     COST_FIT_FIELDS,
     MEMORY_FIT_FIELDS,
     cross_validate,
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     trials = load_trials(args.data)
     cv = cross_validate(trials)
     # The levers' constants join the fit where a trial turns the lever (FP8, the optimizer's
-    # offload): autotune.calibration.lever_fit_fields.
+    # offload): autotune.predict.calibration.lever_fit_fields.
     cost_fields = (*COST_FIT_FIELDS, *lever_fit_fields([t[2] for t in trials]))
     if args.json:
         print(json.dumps({"families": [asdict(f) for f in cv.families],

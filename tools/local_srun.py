@@ -36,7 +36,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--gpus-per-node", type=int, default=0)
     parser.add_argument("--kill-on-bad-exit", default="0")
     # srun's options end at the first word that is not one (`--opt value`, `--opt=value`), as
-    # autotune.launchers.split_srun_argv reads them; repeated here because this script must
+    # autotune.trials.launchers.split_srun_argv reads them; repeated here because this script must
     # run on any python3, where autotune may not be importable.
     i = 0
     while i < len(argv) and argv[i].startswith("-"):

@@ -23,14 +23,14 @@ from pathlib import Path
 from device_layouts import layout_fields  # tools/ is on sys.path: run as a script
 
 from autotune.commands.estimate import layout_from_fields
-from autotune.hardware import ClusterSpec
-from autotune.launchers import LOG_NAME
-from autotune.metrics import metrics_from_run
-from autotune.model import load_model
-from autotune.protocol import parse_step_lines
-from autotune.runner import run_trial
-from autotune.scripts import megatron_lm_script
-from autotune.trial import TrialSpec
+from autotune.report.scripts import megatron_lm_script
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.presets import load_model
+from autotune.trials.launchers import LOG_NAME
+from autotune.trials.metrics import metrics_from_run
+from autotune.trials.protocol import parse_step_lines
+from autotune.trials.runner import run_trial
+from autotune.trials.trial import TrialSpec
 
 _ITERATION = re.compile(
     r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)")

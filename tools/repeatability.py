@@ -6,9 +6,9 @@ interleaved, with what the host and the GPU did during each trial's timed steps.
     LAYOUT = comma-separated Layout fields (tools/device_layouts.py), e.g. mbs=8,recompute=full
 
 One GPU by default, or --gpus N on one host (the layouts then name their tp, pp, cp, dp
-split). Each round is a warm pass (every layout in one warm pool, autotune.pool, as a search
-runs them) and a cold pass (every layout in a launch of its own, autotune.runner), the passes
-alternating which goes first (W C, C W, W C: never all of one kind, then the other), and the
+split). Each round is a warm pass (every layout in one warm pool, autotune.trials.pool, as a search
+runs them) and a cold pass (every layout in a launch of its own, autotune.trials.runner), the
+passes alternating which goes first (W C, C W, W C: never all of one kind, then the other), and the
 layouts in a rotated order each pass so that none always follows the same one. Trials run as a
 search runs them (adaptive timing at the default --stable-cv), or with --fixed: 2 warm-up and 8
 timed steps, so that every spread is over the same number of steps.
@@ -39,17 +39,18 @@ from typing import Any
 
 from device_layouts import layout_fields  # tools/ is on sys.path: run as a script
 
-from autotune.backends import trial_timeout_s
 from autotune.commands.estimate import layout_from_fields
-from autotune.cost import estimate_cost
-from autotune.hardware import ClusterSpec
-from autotune.layout import Layout
-from autotune.metrics import metrics_from_run
-from autotune.model import ModelSpec, load_model
-from autotune.pool import WarmPool
-from autotune.protocol import RESULT_NAME, te_available
-from autotune.runner import run_trial
-from autotune.trial import DEFAULT_STABLE_CV, TrialSpec
+from autotune.layouts.layout import Layout
+from autotune.predict.cost import estimate_cost
+from autotune.search.backends import trial_timeout_s
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
+from autotune.trials.metrics import metrics_from_run
+from autotune.trials.pool import WarmPool
+from autotune.trials.protocol import RESULT_NAME, te_available
+from autotune.trials.runner import run_trial
+from autotune.trials.trial import DEFAULT_STABLE_CV, TrialSpec
 
 FIXED_WARMUP, FIXED_STEPS = 2, 8
 

@@ -34,10 +34,11 @@ from megatron.core.transformer.transformer_block import get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import Layout, check
-from autotune.megatron_versions import config_kwargs, installed_version, running
-from autotune.model import ModelSpec, load_model
+from autotune.layouts.layout import Layout, check
+from autotune.megatron.megatron_versions import config_kwargs, installed_version, running
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 
 TINY_MOE = ModelSpec(name="tiny-moe", num_layers=8, hidden_size=256, num_attention_heads=8,
                      num_query_groups=4, vocab_size=1000, seq_length=512, global_batch_size=32,

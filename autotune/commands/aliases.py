@@ -22,9 +22,10 @@ from typing import Any
 
 from autotune.dimensions import Recompute
 from autotune.errors import AutotuneError
-from autotune.layout import DIMENSIONS, Layout
-from autotune.megatron_args import FLAG_TABLE, known_flags, megatron_lm_args
-from autotune.model import ModelSpec, load_model
+from autotune.layouts.layout import DIMENSIONS, Layout
+from autotune.megatron.megatron_args import FLAG_TABLE, known_flags, megatron_lm_args
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
 
 __all__ = ["MODEL_FIELDS", "field_for_name", "megatron_flag", "megatron_flags", "option_names"]
 

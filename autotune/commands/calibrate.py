@@ -11,20 +11,20 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from autotune.calibration import (
+from autotune.errors import ConfigError
+from autotune.layouts.layout import Layout
+from autotune.predict.calibration import (
     fit_cost_params,
     fit_memory_params,
     lever_fit_fields,
     save_calibration,
 )
-from autotune.cost import CostParams, estimate_cost
-from autotune.errors import ConfigError
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import Layout
-from autotune.memory import MemoryParams, estimate_memory
-from autotune.model import ModelSpec
-from autotune.protocol import RESULT_NAME, SPEC_NAME
-from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
+from autotune.predict.cost import CostParams, estimate_cost
+from autotune.predict.memory import MemoryParams, estimate_memory
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.model import ModelSpec
+from autotune.trials.protocol import RESULT_NAME, SPEC_NAME
+from autotune.trials.trial import TrialMetrics, TrialSpec, TrialStatus
 
 __all__ = ["Measured", "collect", "run_calibrate"]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.search.records import TrialRecord
-from autotune.trial import TrialStatus
+from autotune.trials.trial import TrialStatus
 
 __all__ = ["StudyCounts", "count_trials"]
 
@@ -24,7 +24,7 @@ _NOT_RUN_WORDS = {TrialStatus.PREDICTED_OOM: "predicted out of memory",
                   TrialStatus.PREDICTED_SLOW: "predicted slow",
                   TrialStatus.INVALID: "invalid",
                   TrialStatus.INTERRUPTED: "interrupted",
-                  TrialStatus.DUPLICATE: "running in another worker"}
+                  TrialStatus.DUPLICATE: "running in another searcher"}
 """How the summary names the statuses of trials that were never launched (or simulated)."""
 PRUNED_SLOW = "pruned slow"
 

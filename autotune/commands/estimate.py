@@ -7,17 +7,23 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from autotune.calibration import load_calibration
-from autotune.cost import estimate_cost
 from autotune.errors import ConfigError
-from autotune.hardware import ClusterSpec
 from autotune.inputs.documents import parse_json
 from autotune.inputs.files import read_text
 from autotune.inputs.untrusted import shown
-from autotune.layout import DIMENSIONS, Layout, derive_dp, validate
-from autotune.memory import estimate_memory
-from autotune.model import ModelSpec
-from autotune.trust import STEP_TIME_BAND, in_memory_band, memory_band, outside_range, trust_line
+from autotune.layouts.layout import DIMENSIONS, Layout, derive_dp, validate
+from autotune.predict.calibration import load_calibration
+from autotune.predict.cost import estimate_cost
+from autotune.predict.memory import estimate_memory
+from autotune.predict.trust import (
+    STEP_TIME_BAND,
+    in_memory_band,
+    memory_band,
+    outside_range,
+    trust_line,
+)
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
 
 __all__ = ["SEARCH_DIFFERS", "LayoutFile", "defaults_note", "layout_file", "layout_from_fields",
            "run_estimate"]
@@ -85,7 +91,7 @@ def layout_file(path: str, *, model_name: str | None, gpus: int | None, gpu: str
     if "gpus" in context and gpus is not None and context["gpus"] != gpus:
         raise ConfigError(f"layout file {path} is for {context['gpus']} GPUs; --gpus says {gpus}")
     if "model" in context and model_name is not None:
-        from autotune.model import load_model
+        from autotune.specs.presets import load_model
 
         name = load_model(model_name).name
         if context["model"] != name:
@@ -126,7 +132,7 @@ def defaults_note(names: Iterable[str] = SEARCH_DIFFERS) -> str | None:
     """A sentence on estimate's defaults for the options of SEARCH_DIFFERS among `names` (those
     left unset): what they are, what the search's default space tries instead, and the flags
     that estimate such a layout; None when every one of them was set."""
-    from autotune.space import load_space
+    from autotune.search.space import load_space
 
     chosen = [DIMENSIONS[n] for n in SEARCH_DIFFERS if n in set(names)]
     if not chosen:

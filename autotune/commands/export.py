@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.errors import ConfigError
-from autotune.megatron_args import SDPA_STANDS_IN, exported_layout, measured_as_exported
+from autotune.megatron.megatron_args import SDPA_STANDS_IN, exported_layout, measured_as_exported
 from autotune.outputs import write_text
-from autotune.trust import memory_risk, trust_line
+from autotune.predict.trust import memory_risk, trust_line
 
 if TYPE_CHECKING:  # optuna and the report's loader are imported when an export runs
-    from autotune.layout import Layout
-    from autotune.megatron_versions import MegatronVersion
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.megatron.megatron_versions import MegatronVersion
     from autotune.report.load import LoadedStudy, StudyRef
     from autotune.search.records import TrialRecord
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["DEFAULT_FORMAT", "output_path", "pick_record", "run_export"]
 
@@ -99,9 +99,9 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
     of the study's layout that differ from theirs edited on its launch command (the one on
     `line`, when given: --line N). Megatron-LM's flags are spelled for `megatron_version`
     (default: the installed megatron-core, else the release autotune is written against)."""
-    from autotune.megatron_versions import running
+    from autotune.megatron.megatron_versions import running
     from autotune.report.load import load_study, resolve_study
-    from autotune.scripts import (
+    from autotune.report.scripts import (
         FORMATS,
         check_megatron_lm,
         layout_json,
@@ -109,7 +109,7 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
         slurm_script,
         torchrun_script,
     )
-    from autotune.trial import TrialSpec
+    from autotune.trials.trial import TrialSpec
 
     if from_megatron is not None:
         if fmt not in (None, "megatron-lm"):
@@ -170,7 +170,7 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
             if risk:
                 title.append(f"Memory: {risk}.")
         if not measured_as_exported(layout) and cluster is not None:
-            from autotune.cost import estimate_cost
+            from autotune.predict.cost import estimate_cost
 
             te = estimate_cost(spec_model, exported_layout(layout), cluster).tokens_per_s
             title.append(f"That figure is sdpa's, standing in for te: with te, as this command "
@@ -215,14 +215,14 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
 
 def _user_command(path: str, model: ModelSpec, layout: Layout, study: str,
                   line: int | None, version: MegatronVersion | None = None) -> str:
-    """The user's file with `layout`'s changed flags edited in place (autotune.script_patch)
-    and, with `version` (--megatron-version), their other flags respelled for that release;
-    refused in one line when the study searched another model or GPU count than the command
-    runs. Nothing is added to it (no header): the file differs from theirs only in those
-    flags, which lines on stderr list."""
+    """The user's file with `layout`'s changed flags edited in place
+    (autotune.megatron.script_patch) and, with `version` (--megatron-version), their other flags
+    respelled for that release; refused in one line when the study searched another model or GPU
+    count than the command runs. Nothing is added to it (no header): the file differs from theirs
+    only in those flags, which lines on stderr list."""
     from autotune.commands.from_megatron import read_user_job
-    from autotune.megatron_command import layout_changes
-    from autotune.script_patch import patch_script, respellings
+    from autotune.megatron.megatron_command import layout_changes
+    from autotune.megatron.script_patch import patch_script, respellings
 
     job = read_user_job(path, gpus=layout.world_size, gpus_per_node=None, gpu=None, line=line)
     if replace(job.model, name=model.name) != model:

@@ -8,13 +8,10 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from autotune.cost import estimate_cost
 from autotune.errors import ConfigError, InvalidLayoutError
-from autotune.hardware import ClusterSpec
-from autotune.layout import SEARCHED, Impl, Layout, validate
-from autotune.levers.derive import DIVISORS
-from autotune.megatron_args import exported_layout, measured_as_exported
-from autotune.megatron_command import (
+from autotune.layouts.layout import SEARCHED, Impl, Layout, validate
+from autotune.megatron.megatron_args import exported_layout, measured_as_exported
+from autotune.megatron.megatron_command import (
     MegatronCommand,
     RowChange,
     layout_changes,
@@ -22,9 +19,12 @@ from autotune.megatron_command import (
     read_megatron_command,
     unmodeled_warning,
 )
-from autotune.memory import estimate_memory
-from autotune.model import ModelSpec
-from autotune.space import SearchSpace
+from autotune.predict.cost import estimate_cost
+from autotune.predict.memory import estimate_memory
+from autotune.search.derive import DIVISORS
+from autotune.search.space import SearchSpace
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
 
 if TYPE_CHECKING:
     from autotune.search.records import SearchResult, TrialRecord
@@ -91,7 +91,7 @@ def widen_space(space: SearchSpace, layout: Layout) -> SearchSpace:
                 candidates[name] = (value,)
         elif value not in listed and DIVISORS not in listed:
             # `divisors` already offers every value Megatron accepts, the user's among them
-            # (a listed value beside the marker would be taken for a list: autotune.space).
+            # (a listed value beside the marker would be taken for a list: autotune.search.space).
             candidates[name] = (*listed, value)
     return replace(space, candidates=candidates, source=f"{space.source} + your layout")
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autotune.hardware import ClusterSpec
-from autotune.identity import representatives
-from autotune.model import ModelSpec, list_presets, load_model
-from autotune.params import count_parameters
-from autotune.space import describe_limits
+from autotune.megatron.identity import representatives
+from autotune.search.space import describe_limits
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.params import count_parameters
+from autotune.specs.presets import list_presets, load_model
 
 __all__ = ["print_dry_run", "print_models"]
 

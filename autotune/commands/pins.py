@@ -15,8 +15,8 @@ from typing import Any
 
 from autotune.commands.aliases import field_for_name
 from autotune.errors import ConfigError
-from autotune.layout import DIMENSIONS, SEARCHED
-from autotune.space import SearchSpace
+from autotune.layouts.layout import DIMENSIONS, SEARCHED
+from autotune.search.space import SearchSpace
 
 __all__ = ["FIX_OPTION", "Pins", "describe_pins", "parse_pins", "pin_space"]
 

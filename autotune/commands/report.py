@@ -49,7 +49,7 @@ def _top_rows(loaded: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     run, or within noise in noise-level options only; autotune.report.similar)."""
     import functools
 
-    from autotune.identity import run_key
+    from autotune.megatron.identity import run_key
     from autotune.report.pareto import ties_text
     from autotune.report.similar import similar_groups
 
@@ -69,7 +69,7 @@ def run_report(*, study: str | None, results_dir: str, storage: str | None,
     from rich.console import Console
     from rich.table import Table
 
-    from autotune.memory import estimate_memory
+    from autotune.predict.memory import estimate_memory
     from autotune.report.importance import tokens_importances
     from autotune.report.load import load_study, peer_studies, resolve_study
     from autotune.report.markdown import (

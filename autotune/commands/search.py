@@ -12,20 +12,20 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from autotune.backends import Backend, BackendName, Isolation, make_backend
-from autotune.calibration import load_calibration
 from autotune.commands.counts import StudyCounts, count_trials
 from autotune.errors import AutotuneError, ConfigError, Interrupted
-from autotune.hardware import ClusterSpec, local_gpu_count
-from autotune.launchers import MultiNode
-from autotune.layout import DIMENSIONS, Impl, Layout
+from autotune.layouts.layout import DIMENSIONS, Impl, Layout
 from autotune.levers.fp8 import Fp8
-from autotune.megatron_args import exported_layout, measured_as_exported
-from autotune.model import ModelSpec
-from autotune.protocol import te_available
-from autotune.space import SearchSpace
-from autotune.trial import DEFAULT_STABLE_CV
-from autotune.trust import memory_band, outside_range, trust_line
+from autotune.megatron.megatron_args import exported_layout, measured_as_exported
+from autotune.predict.calibration import load_calibration
+from autotune.predict.trust import memory_band, outside_range, trust_line
+from autotune.search.backends import Backend, BackendName, Isolation, make_backend
+from autotune.search.space import SearchSpace
+from autotune.specs.hardware import ClusterSpec, local_gpu_count
+from autotune.specs.model import ModelSpec
+from autotune.trials.launchers import MultiNode
+from autotune.trials.protocol import te_available
+from autotune.trials.trial import DEFAULT_STABLE_CV
 
 if TYPE_CHECKING:  # the search (optuna) is imported when a search runs, not for --help
     from autotune.commands.from_megatron import Comparison
@@ -74,7 +74,7 @@ def space_path(name: str | None) -> str | None:
     """--space as a file to read: a file that exists as given, else a shipped space by name
     (`one-node` or `one-node.yaml`: search_spaces/one-node.yaml); an unknown name without a
     folder in it is refused with the shipped names. None is the default space."""
-    from autotune.model import search_spaces_dir
+    from autotune.specs.presets import search_spaces_dir
 
     if name is None or Path(name).exists() or "/" in name or "\\" in name:
         return name
@@ -169,11 +169,11 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     """Run the search and print its best layouts. `seeds` run first (a user's own layout,
     `--from-megatron`); `compare` says what they are against the best (after the table, or
     as the JSON object's "comparison")."""
-    from autotune.identity import run_key
+    from autotune.megatron.identity import run_key
+    from autotune.report.progress import LiveProgress, best_groups, best_table
     from autotune.search import SearchConfig
     from autotune.search.config import Sampler, StopRule
     from autotune.search.loop import Search
-    from autotune.search.progress import LiveProgress, best_groups, best_table
     from autotune.search.timesplit import time_split
 
     name = _choose_backend(backend, cluster, multi)
@@ -245,7 +245,7 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
         out.print(best_table(result, title=f"{model.name} on {cluster.num_gpus} x "
                              f"{cluster.gpu.name}: best layouts"
                              + (" (predicted)" if chosen.predicted else ""), run_key=identity))
-        if chosen.predicted:  # how far to trust the figures (autotune.trust, issue 28)
+        if chosen.predicted:  # how far to trust the figures (autotune.predict.trust, issue 28)
             out.print(trust_line(model, cluster))
             risky = _within_memory_band(result, cluster)
             if risky:
@@ -296,8 +296,8 @@ def _finished(search: Search) -> set[int]:
 def _smallest_peak(cfg: SearchConfig) -> tuple[float, str] | None:
     """The smallest predicted peak memory per GPU over the space's valid layouts, with its
     label: what the nearest layout lacks when none is predicted to fit."""
-    from autotune.memory import estimate_memory
-    from autotune.space import enumerate_space
+    from autotune.predict.memory import estimate_memory
+    from autotune.search.space import enumerate_space
 
     peaks = ((estimate_memory(cfg.model, s, cfg.cluster, cfg.memory_params).peak_bytes, s)
              for s in enumerate_space(cfg.space, cfg.model, cfg.cluster).valid)
@@ -309,7 +309,7 @@ def _why_nothing(result: SearchResult, cfg: SearchConfig) -> str:
     """One line for a study without a single successful layout: what stood in the way."""
     from collections import Counter
 
-    from autotune.trial import TrialStatus
+    from autotune.trials.trial import TrialStatus
 
     cluster = cfg.cluster
 
@@ -366,7 +366,7 @@ def _best_row(record: object, cluster: ClusterSpec, result: SearchResult,
 
 def _exported_prediction(layout: Layout, cfg: SearchConfig) -> float:
     """The model's tokens/s of the layout the export writes for `layout` (te for sdpa)."""
-    from autotune.cost import estimate_cost
+    from autotune.predict.cost import estimate_cost
 
     return estimate_cost(cfg.model, exported_layout(layout), cfg.cluster,
                          cfg.cost_params).tokens_per_s

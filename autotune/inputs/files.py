@@ -36,7 +36,8 @@ def read_bytes(path: Path | str, what: str, *, max_bytes: int = MAX_INPUT_BYTES)
     """The bytes of a file the user named, checked to be UTF-8 text, or ConfigError in one
     line: missing, a folder, not a regular file (a FIFO, /dev/zero: refused without reading, so
     nothing blocks or fills memory), larger than `max_bytes`, unreadable, or not UTF-8 text.
-    The one reader of every input file (a Megatron-LM script too: autotune.launch_site)."""
+    The one reader of every input file (a Megatron-LM script too:
+    autotune.megatron.launch_site)."""
     try:
         # O_NONBLOCK: opening a FIFO with no writer would block; fstat then refuses it unread.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))

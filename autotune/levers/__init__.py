@@ -3,19 +3,20 @@
 `LEVERS` lists them in the order the models apply their terms (autotune.levers.base explains
 what a lever declares): the pipeline split, recompute and activation offload, the optimizer,
 overlap, fusion and precision levers, and the transformer implementation. `LeverFields` joins
-their Layout fields and `LeverConstants` their cost constants: autotune.layout.Layout and
-autotune.cost.CostParams inherit them, so the fields are typed like the rest. A dataclass
+their Layout fields and `LeverConstants` their cost constants: autotune.layouts.layout.Layout and
+autotune.predict.cost.CostParams inherit them, so the fields are typed like the rest. A dataclass
 orders inherited fields by the reversed method resolution order, so both list their bases last
-lever first (autotune.layout places the pipeline split's fields among the core ones).
+lever first (autotune.layouts.layout places the pipeline split's fields among the core ones).
 
-The consumers read the registry instead of keeping lists of their own: autotune.layout (fields
-and rules), autotune.megatron_args (flag rows, at each lever's `flag_place`),
-autotune.worker.config (worker keys), autotune.memory and autotune.cost (the terms, in this
-order), autotune.heuristics (the seeds) and autotune.levers.derive (derivable counts).
+The consumers read the registry instead of keeping lists of their own: autotune.layouts.layout
+(fields and rules), autotune.megatron.megatron_args (flag rows, at each lever's `flag_place`),
+autotune.megatron.core_config (core-config keys), autotune.predict.memory and autotune.predict.cost
+(the terms, in this order), autotune.search.heuristics (the seeds) and autotune.search.derive
+(derivable counts).
 
 Adding a lever: its module, one line in each of the three lists below, its candidates in
 search_spaces/ and its tests (tests/test_dimension_contract.py checks it against the contract).
-autotune.levers.derive (values resolved from the memory model) sits beside the registry; it
+autotune.search.derive (values resolved from the memory model) sits in search/; it
 imports the models, so nothing here imports it.
 """
 
@@ -52,7 +53,7 @@ LEVERS: tuple[Lever, ...] = (
     transformer_impl.LEVER,
 )
 """In the order the models apply their terms, and the validity rules of one level run (the
-pipeline split's before the core's vpp rules, autotune.layout.RULES)."""
+pipeline split's before the core's vpp rules, autotune.layouts.layout.RULES)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +68,7 @@ class LeverFields(transformer_impl.Fields, fp8.Fields, optimizer_offload.Fields,
 
 @dataclass(frozen=True, kw_only=True)
 class LeverConstants(fp8.Constants, optimizer_offload.Constants):
-    """Every lever's cost constants (autotune.cost.CostParams inherits them)."""
+    """Every lever's cost constants (autotune.predict.cost.CostParams inherits them)."""
 
     __slots__ = ()
 

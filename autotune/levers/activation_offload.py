@@ -18,10 +18,10 @@ from autotune.levers.base import ActivationState, Derivable, Lever, Rule, Seed, 
 from autotune.levers.flags import Part, Place, value
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["LEVER", "Fields", "offloaded_layers"]
 
@@ -72,7 +72,7 @@ def _rule(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     # Transformer Engine's layer-level offload of activations (model_parallel_config.py
     # cpu_offloading*; transformer_block.py get_cpu_offload_context), as Megatron-LM sets it
     # from --cpu-offloading-num-layers: activations only, not weights.
@@ -123,7 +123,7 @@ LEVER = Lever(
     flag_rows=(value("--cpu-offloading-num-layers", "offload_layers", Part.LAYOUT, default=0,
                      omit_at=0),),
     flag_place=Place.MEMORY,
-    worker=_worker,
+    core_config=_core_config,
     memory=None,
     activations=_activations,
     cost=None,

@@ -1,4 +1,4 @@
-"""What a lever declares: its rules, flag rows, worker keys, memory and cost terms, seed role.
+"""What a lever declares: its rules, flag rows, core-config keys, memory and cost terms, seed role.
 
 A lever is one piece of Megatron knowledge that a layout may turn (the distributed optimizer,
 the overlap flags, the fused cross entropy, ...). Its module under autotune/levers/ holds all of
@@ -7,16 +7,16 @@ their own:
 
 - its Layout fields: a frozen kw_only dataclass mixin (`Fields`, `__slots__ = ()`) whose fields
   are declared with `dimensions.dimension(...)`; `autotune.levers.LeverFields` joins the mixins
-  and `autotune.layout.Layout` inherits it, so the fields are typed like any other;
-- `rules` (autotune.layout.RULES) and `requires` (a field that must hold a value whenever the
-  lever is on: a rule as data, which identity's same-run rule and the seeds respect);
-- `flag_rows` (autotune.megatron_args.FLAG_TABLE: the Megatron-LM flags, emitted and read back),
-  spliced in at its `flag_place` (beside the core rows of its subject);
-- `worker`: its keys for megatron-core's TransformerConfig, DistributedDataParallelConfig and
-  OptimizerConfig, and the GPT model's build (the layer spec) (autotune.worker.config);
+  and `autotune.layouts.layout.Layout` inherits it, so the fields are typed like any other;
+- `rules` (autotune.layouts.layout.RULES) and `requires` (a field that must hold a value whenever
+  the lever is on: a rule as data, which identity's same-run rule and the seeds respect);
+- `flag_rows` (autotune.megatron.megatron_args.FLAG_TABLE: the Megatron-LM flags, emitted and read
+  back), spliced in at its `flag_place` (beside the core rows of its subject);
+- `core_config`: its keys for megatron-core's TransformerConfig, DistributedDataParallelConfig and
+  OptimizerConfig, and the GPT model's build (the layer spec) (autotune.megatron.core_config);
 - `memory`: how it changes a rank's model states and the sizes its layers' activations are
-  counted in (`MemoryState`, autotune.memory), and `cost`: how it changes a step's terms
-  (`CostState`, autotune.cost). Each is a pure function of the layout applied in registry
+  counted in (`MemoryState`, autotune.predict.memory), and `cost`: how it changes a step's terms
+  (`CostState`, autotune.predict.cost). Each is a pure function of the layout applied in registry
   order, so a lever that reshapes the optimizer state (the distributed optimizer, lower
   precision) comes before one that moves it (CPU offload);
 - `activations`: what one pipeline chunk keeps of its layers' activations for a micro-batch
@@ -24,13 +24,14 @@ their own:
   micro-batch adds to its layers' time (`StageState`: recomputed forwards, checkpoints,
   offload copies). Both run after every lever's `memory` / `cost` term, once the layers'
   activations and times are known (they depend on the implementation and FP8's sizes);
-- `seed`: its part in Alpa's seeds (autotune.heuristics): the value Megatron practice starts
+- `seed`: its part in Alpa's seeds (autotune.search.heuristics): the value Megatron practice starts
   from, or a memory saving the seeds may spend on a larger micro-batch (and the `fallback`
   savings spent in order where no cost model ranks them);
 - `derivable`: counts that a space may mark `derive`, resolved from the memory model
-  (autotune.levers.derive);
-- `constants`: a dataclass mixin of its cost constants, joined into autotune.cost.CostParams
-  (through `autotune.levers.LeverConstants`) so that calibration can fit them.
+  (autotune.search.derive);
+- `constants`: a dataclass mixin of its cost constants, joined into
+  autotune.predict.cost.CostParams (through `autotune.levers.LeverConstants`) so that calibration
+  can fit them.
 
 tests/test_dimension_contract.py checks every registered lever against this contract
 (`contract_problems`) and against megatron-core's own configuration classes.
@@ -46,14 +47,14 @@ from typing import TYPE_CHECKING, Any
 from autotune.levers.flags import FlagRow, Given, Place
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams, LayerTimes
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.memory_activations import LayerActivations
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams, LayerTimes
+    from autotune.specs.activations import LayerActivations
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
-__all__ = ["CONFIG_PARTS", "ActivationState", "AttentionBytes", "CostState", "Derivable",
-           "Lever", "MemoryState", "Requires", "Rule", "Seed", "StageState", "Worker",
+__all__ = ["CONFIG_PARTS", "ActivationState", "AttentionBytes", "CoreConfigTerm", "CostState",
+           "Derivable", "Lever", "MemoryState", "Requires", "Rule", "Seed", "StageState",
            "contract_problems", "satisfy"]
 
 
@@ -98,13 +99,14 @@ class Requires:
 
 
 CONFIG_PARTS = ("transformer", "ddp", "optimizer", "model")
-"""The worker-config parts a lever may add keys to: megatron-core's TransformerConfig,
+"""The core-config parts a lever may add keys to: megatron-core's TransformerConfig,
 DistributedDataParallelConfig and OptimizerConfig keyword arguments, and the GPT model's build
-(`layer_spec`, which autotune.worker.build turns into a layer spec) (autotune.worker.config)."""
+(`layer_spec`, which autotune.worker.build turns into a layer spec)
+(autotune.megatron.core_config)."""
 
-Worker = Callable[["ModelSpec", "Layout"], dict[str, dict[str, Any]]]
+CoreConfigTerm = Callable[["ModelSpec", "Layout"], dict[str, dict[str, Any]]]
 """(model, layout) -> {part: {keyword: value}} for parts among CONFIG_PARTS. dtypes by name
-("bfloat16"), as the rest of the worker config: autotune.worker.build resolves every
+("bfloat16"), as the rest of the core config: autotune.worker.build resolves every
 `*_dtype` key."""
 
 
@@ -112,7 +114,7 @@ Worker = Callable[["ModelSpec", "Layout"], dict[str, dict[str, Any]]]
 class AttentionBytes:
     """What core attention keeps of one layer, per rank, by how its kernels run: set by the
     transformer implementation (autotune.levers.transformer_impl) and read by
-    autotune.memory_activations.layer_activations."""
+    autotune.specs.activations.layer_activations."""
 
     saved_per_score: float = 0.0
     """Bytes per attention score and head saved for backward (an unfused softmax's output,
@@ -129,7 +131,7 @@ class AttentionBytes:
 class MemoryState:
     """What one rank of one pipeline stage keeps per parameter and per logit, before the levers
     change it (megatron-core's defaults with every lever off) and after, in registry order.
-    autotune.memory turns it into the StageMemory terms."""
+    autotune.predict.memory turns it into the StageMemory terms."""
 
     optimizer_bytes_per_param: float
     """GPU bytes of optimizer state per parameter of the local shard: fp32 master weights and
@@ -144,7 +146,7 @@ class MemoryState:
     """Live bytes per logit (vocabulary entry x token) at the last stage's peak."""
     linear_weight_bytes: float = 2.0
     """GPU bytes per weight of the transformer layers' GEMMs: the bf16 parameter
-    (autotune.memory.PARAM_BYTES) and any copy a lever keeps of it (TE's FP8 copies)."""
+    (autotune.predict.memory.PARAM_BYTES) and any copy a lever keeps of it (TE's FP8 copies)."""
     linear_input_bytes: float = 2.0
     """Bytes per element of the inputs the layers' GEMMs save for backward (bf16; TE's FP8
     keeps them in 1 byte and its scales)."""
@@ -159,13 +161,14 @@ class MemoryState:
 class ActivationState:
     """What one model chunk of a pipeline stage keeps of its layers' activations for one
     micro-batch: every layer's stored in full (`layers` x `layer_bytes`) before the levers
-    change it, then as recompute and CPU offloading do, in registry order. autotune.memory
+    change it, then as recompute and CPU offloading do, in registry order. autotune.predict.memory
     multiplies it by the micro-batches in flight."""
 
     layers: int
     """Transformer layers of the chunk."""
     layer: LayerActivations
-    """Bytes per token one layer stores, by how they shard (autotune.memory_activations)."""
+    """Bytes per token one layer stores, by how they shard
+    (autotune.specs.activations)."""
     tokens: float
     """Local tokens of one micro-batch (mbs x seq / cp)."""
     seq: float
@@ -178,14 +181,14 @@ class ActivationState:
     """Transient bytes of one layer at a time: unfused attention's scores, a recomputed
     region being rebuilt."""
     block_margin: float = 1.0
-    """Largest blocks the stage needs free beside its peak (autotune.memory.BLOCK_MARGIN; none
-    under full recompute)."""
+    """Largest blocks the stage needs free beside its peak (autotune.predict.memory.BLOCK_MARGIN;
+    none under full recompute)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CostState:
     """The step's terms that levers change, before (every lever off) and after, in registry
-    order; autotune.cost computes the times from them."""
+    order; autotune.predict.cost computes the times from them."""
 
     cross_entropy_passes: int = 4
     """Passes over the fp32 logits in the vocab-parallel cross entropy (cross_entropy.py)."""
@@ -212,7 +215,7 @@ class CostState:
     """HBM bytes per GEMM weight of the stage that a lever's once-a-step pass moves (TE's FP8
     weight casts on a step's first micro-batch)."""
     linear_gather_bytes: float = 2.0
-    """Bytes per GEMM weight the distributed optimizer all-gathers (bf16, autotune.memory.
+    """Bytes per GEMM weight the distributed optimizer all-gathers (bf16, autotune.predict.memory.
     PARAM_BYTES; FP8 parameters: 1)."""
     stage_layers: tuple[int, ...] = ()
     """Transformer layers on each pipeline stage, first to last: an even split
@@ -236,14 +239,14 @@ class CostState:
 class StageState:
     """What one micro-batch of a pipeline stage of `layers` layers adds to its layers' forward
     and backward, before (nothing) and after the levers (recompute, CPU offloading), in
-    registry order; autotune.cost turns it into the stage's time."""
+    registry order; autotune.predict.cost turns it into the stage's time."""
 
     layers: int
     """Transformer layers of the stage."""
     chunk: int
     """Transformer layers of one of its model chunks."""
     layer: LayerTimes
-    """One layer's forward for one micro-batch, by term (autotune.cost)."""
+    """One layer's forward for one micro-batch, by term (autotune.predict.cost)."""
     mlp_forward_s: float
     """The MLP's (MoE layer's) GEMMs of `layer.gemm`."""
     activations: LayerActivations
@@ -278,7 +281,7 @@ StageTerm = Callable[["ModelSpec", "Layout", "ClusterSpec", "CostParams", StageS
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Derivable:
     """A count a space may mark `derive`: resolved from the memory model instead of listed
-    (autotune.levers.derive)."""
+    (autotune.search.derive)."""
 
     name: str
     applies: Callable[[Layout, ModelSpec], bool]
@@ -294,7 +297,7 @@ class Derivable:
 
 
 class Seed(enum.StrEnum):
-    """A lever's part in Alpa's seeds (autotune.heuristics)."""
+    """A lever's part in Alpa's seeds (autotune.search.heuristics)."""
 
     PRACTICE = "practice"
     """Seeds start from the value `Lever.practice` gives (Megatron practice without tuning)."""
@@ -313,8 +316,9 @@ class Lever:
     requires: tuple[Requires, ...] = ()
     flag_rows: tuple[FlagRow, ...]
     flag_place: Place = Place.OPTIONS
-    """Where its rows sit in autotune.megatron_args.FLAG_TABLE (and an exported command)."""
-    worker: Worker
+    """Where its rows sit in autotune.megatron.megatron_args.FLAG_TABLE (and an exported
+    command)."""
+    core_config: CoreConfigTerm
     memory: MemoryTerm | None
     activations: ActivationTerm | None = None
     no_memory: str = ""
@@ -329,15 +333,15 @@ class Lever:
     """With Seed.PRACTICE: (layout, best impl) -> the fields' values Megatron practice takes."""
     fallback: tuple[tuple[str, Any], ...] = ()
     """With Seed.MEMORY: (field, value) savings that a seed without the cost model to rank them
-    spends in this order when nothing fits without one (autotune.heuristics)."""
+    spends in this order when nothing fits without one (autotune.search.heuristics)."""
     derivable: tuple[Derivable, ...] = ()
-    """Its counts a space may mark `derive` (autotune.levers.derive)."""
+    """Its counts a space may mark `derive` (autotune.search.derive)."""
     constants: type | None = None
     """Its CostParams mixin, if it brings constants of its own."""
     unmodeled: tuple[tuple[str, str], ...] = ()
     """Megatron-LM flags of the lever's area that change speed, memory or the numbers in ways
     its terms leave out, each with what it changes: a user's command that passes one is
-    warned about (autotune.megatron_args.UNMODELED_FLAGS)."""
+    warned about (autotune.megatron.megatron_args.UNMODELED_FLAGS)."""
 
     @property
     def field_names(self) -> tuple[str, ...]:

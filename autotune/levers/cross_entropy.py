@@ -16,10 +16,10 @@ from autotune.levers.base import CostState, Lever, MemoryState, Seed
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["EXTRA_BYTES_PER_ELEMENT", "FUSED_PASSES", "LEVER", "Fields"]
 
@@ -52,7 +52,7 @@ def _read(g: Given) -> dict[str, Any]:
     return {"cross_entropy_fusion": g.has("--cross-entropy-loss-fusion")}
 
 
-def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     return {"transformer": {"cross_entropy_loss_fusion": s.cross_entropy_fusion,
                             "cross_entropy_fusion_impl": "native"}}
 
@@ -77,7 +77,7 @@ LEVER = Lever(
                        flags=(Flag("--cross-entropy-loss-fusion", takes_value=False),
                               Flag("--cross-entropy-fusion-impl")),
                        emit=_emit, read=_read),),
-    worker=_worker,
+    core_config=_core_config,
     memory=_memory,
     cost=_cost,
     seed=Seed.PRACTICE,

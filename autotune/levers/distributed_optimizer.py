@@ -19,10 +19,10 @@ from autotune.levers.base import CostState, Lever, MemoryState, Seed
 from autotune.levers.flags import Part, switch
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["LEVER", "Fields"]
 
@@ -34,7 +34,7 @@ class Fields:
         "Shard the optimizer state over the data-parallel ranks."))
 
 
-def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     # Megatron-LM's --use-distributed-optimizer sets both (arguments.py; training.py get_model
     # builds DistributedDataParallelConfig, get_megatron_optimizer reads OptimizerConfig's).
     return {"ddp": {"use_distributed_optimizer": s.distributed_optimizer},
@@ -54,7 +54,7 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     if not s.distributed_optimizer:
         return state
     # Reduce-scatter of the gradients and all-gather of the parameters instead of one
-    # all-reduce (autotune.cost._dp_exposed); Adam over the local shard only.
+    # all-reduce (autotune.predict.cost._dp_exposed); Adam over the local shard only.
     return replace(state, dp_sharded=True, dense_shard=s.dp * s.cp, expert_shard=s.expert_dp)
 
 
@@ -62,7 +62,7 @@ LEVER = Lever(
     name="distributed_optimizer",
     fields=Fields,
     flag_rows=(switch("--use-distributed-optimizer", "distributed_optimizer", Part.LAYOUT),),
-    worker=_worker,
+    core_config=_core_config,
     memory=_memory,
     cost=_cost,
     seed=Seed.PRACTICE,

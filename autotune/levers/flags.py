@@ -1,8 +1,8 @@
 """The types a Megatron-LM flag row is made of: one row per group of flags, read both ways.
 
 A row (`FlagRow`) says how a `ModelSpec` and a `Layout` emit its flags and how their values
-read back into model and layout fields. autotune.megatron_args assembles `FLAG_TABLE` from its
-own rows and the levers' (autotune.levers: each lever module declares its rows beside its
+read back into model and layout fields. autotune.megatron.megatron_args assembles `FLAG_TABLE` from
+its own rows and the levers' (autotune.levers: each lever module declares its rows beside its
 fields); this module sits below both, so that a lever can declare rows without importing the
 table. Pure: no I/O, no torch.
 """
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["Emit", "Flag", "FlagRow", "Given", "Part", "Place", "Read", "RunOptions", "switch",
            "value"]

@@ -36,12 +36,13 @@ from autotune.dimensions import Impl, dimension, flag_label
 from autotune.errors import ConfigError
 from autotune.levers.base import CostState, Lever, MemoryState, Requires, Rule, Seed
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
+from autotune.specs.flops import gemm_efficiency, gemm_size
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec, GpuSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec, GpuSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = [
     "AMAX_READ_BYTES_FP32",
@@ -240,7 +241,7 @@ args.UNMODELED_FLAGS)."""
 # ---- worker --------------------------------------------------------------------------------
 
 
-def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     on = _on(s)
     # TransformerConfig as Megatron-LM's core_transformer_config_from_args sets it (fp8 None
     # for bf16; fp8_param from --fp8-param-gather); the DDP and optimizer configs take the same
@@ -329,7 +330,7 @@ def _dims(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
 def _recipe_unused(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # Megatron reads fp8_recipe only with fp8 (fp8_utils.get_fp8_recipe is called for an FP8
     # run alone), and neither the export nor the worker passes it then: a layout that names
-    # another recipe without fp8 is the same run as the default's (autotune.identity gives
+    # another recipe without fp8 is the same run as the default's (autotune.megatron.identity gives
     # both one key). Offered once, so that the space holds no copies of a run.
     if not _on(s) and s.fp8_recipe != Fp8Recipe.DELAYED:
         return (f"fp8_recipe={s.fp8_recipe} means nothing with fp8=off: the same run as the "
@@ -396,8 +397,6 @@ def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
 def gemm_speedup(x: float, gpu: GpuSpec, p: CostParams) -> float:
     """How many times faster than bf16 a GEMM of size x (CostParams.gemm_half_size's x) runs
     in FP8: the FP8 peak at its own saturating efficiency over the bf16 peak at bf16's."""
-    from autotune.cost import gemm_efficiency
-
     assert gpu.peak_fp8_flops is not None
     fp8 = gpu.peak_fp8_flops * p.fp8_gemm_efficiency_max * x / (x + p.fp8_gemm_half_size)
     return fp8 / (gpu.peak_bf16_flops * gemm_efficiency(x, p))
@@ -430,8 +429,6 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     if s.fp8_param_gather:
         optimizer += OPTIMIZER_FP8_PARAM_BYTES + (
             AMAX_READ_BYTES_FP32 if s.fp8_recipe == Fp8Recipe.TENSORWISE else 0.0)
-    from autotune.cost import gemm_size
-
     cast = CAST_BYTES_PER_ELEMENT[s.fp8_recipe] * p.fp8_cast_scale
     # Once a step: the bf16 weights cast to their FP8 copies on the first micro-batch; with
     # FP8 parameters only the transpose is rebuilt after the all-gather (read 1, write 1 B),
@@ -474,7 +471,7 @@ LEVER = Lever(
                        flags=(Flag("--fp8-format"), Flag("--fp8-recipe"),
                               Flag("--fp8-param-gather", takes_value=False)),
                        emit=_emit, read=_read),),
-    worker=_worker,
+    core_config=_core_config,
     memory=_memory,
     cost=_cost,
     seed=Seed.PRACTICE,

@@ -24,10 +24,10 @@ from autotune.levers.base import CostState, Lever, MemoryState, Requires, Rule, 
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = [
     "CPU_STEP_BYTES_PER_PARAM",
@@ -94,7 +94,7 @@ def _read(g: Given) -> dict[str, Any]:
     return {"optimizer_offload_percent": percent}
 
 
-def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     return {"optimizer": {"optimizer_cpu_offload": s.optimizer_offload_percent > 0,
                           "optimizer_offload_fraction": _fraction(s)}}
 
@@ -147,7 +147,7 @@ LEVER = Lever(
                        flags=(Flag("--optimizer-cpu-offload", takes_value=False),
                               Flag("--optimizer-offload-fraction")),
                        emit=_emit, read=_read),),
-    worker=_worker,
+    core_config=_core_config,
     memory=_memory,
     cost=_cost,
     seed=Seed.MEMORY,

@@ -4,7 +4,7 @@ megatron-core's DistributedDataParallel reduces gradients bucket by bucket as th
 produces them (overlap_grad_reduce) and, with the distributed optimizer, all-gathers each
 bucket's updated parameters just before the next forward pass needs them
 (overlap_param_gather); distributed_data_parallel_config.py, param_and_grad_buffer.py. What the
-passes do not hide, and the last bucket, stay exposed (autotune.cost._dp_exposed).
+passes do not hide, and the last bucket, stay exposed (autotune.predict.cost._dp_exposed).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from autotune.levers.base import CostState, Lever, Requires, Seed
 from autotune.levers.flags import Part, switch
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["LEVER", "Fields"]
 
@@ -34,7 +34,7 @@ class Fields:
         "Overlap the distributed optimizer's parameter all-gather with the forward pass."))
 
 
-def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     return {"ddp": {
         "overlap_grad_reduce": s.overlap_grad_reduce,
         "overlap_param_gather": s.overlap_param_gather,
@@ -65,7 +65,7 @@ LEVER = Lever(
                        when=lambda s: s.overlap_param_gather, message=_opg_message),),
     flag_rows=(switch("--overlap-grad-reduce", "overlap_grad_reduce", Part.LAYOUT),
                switch("--overlap-param-gather", "overlap_param_gather", Part.LAYOUT)),
-    worker=_worker,
+    core_config=_core_config,
     memory=None,
     no_memory=("the buckets overlap communicates are the gradient and parameter buffers that "
                "exist either way (param_and_grad_buffer.py); the memory model prices no "

@@ -8,7 +8,8 @@ transformer_block.py get_num_layers_to_build); Megatron-LM spells them
 _add_distributed_args). Fewer layers on the first stage offset the embedding and the most
 micro-batches in flight, fewer on the last the output layer and the loss. A stage's weights,
 activations and time all scale with its layer count, so the lever's terms are the counts
-themselves (`stage_layers`), which autotune.memory and autotune.cost read stage by stage.
+themselves (`stage_layers`), which autotune.predict.memory and autotune.predict.cost read stage by
+stage.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from autotune.levers.base import CostState, Lever, MemoryState, Rule, Seed
 from autotune.levers.flags import Part, Place, value
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["LEVER", "Fields", "chunk_layers", "common_divisors", "even_layers", "stage_layers"]
 
@@ -51,7 +52,8 @@ class Fields:
 
 def even_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:
     """Transformer layers on each pipeline rank without the lever: num_layers / pp each
-    (get_num_layers_to_build). What autotune.memory and autotune.cost start from."""
+    (get_num_layers_to_build). What autotune.predict.memory and autotune.predict.cost start
+    from."""
     return (m.num_layers // s.pp,) * s.pp
 
 
@@ -112,7 +114,7 @@ def _pp_layers(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
-def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     # TransformerConfig's uneven split: None is an even split (Megatron-LM's default for
     # --decoder-first/last-pipeline-num-layers); get_num_layers_to_build reads both.
     return {"transformer": {"num_layers_in_first_pipeline_stage": s.first_stage_layers or None,
@@ -133,7 +135,7 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
 LEVER = Lever(
     name="pipeline_split",
     fields=Fields,
-    # Level 1, with vpp: vpp_layers (autotune.layout) divides the counts this rule allows.
+    # Level 1, with vpp: vpp_layers (autotune.layouts.layout) divides the counts this rule allows.
     rules=(Rule("pp_layers", 1, "pp must divide num_layers, or the first/last stages' own "
                 "counts leave an even split", _pp_layers),),
     # An uneven split (arguments.py _add_distributed_args, core_v0.16.1): absent, an even
@@ -144,7 +146,7 @@ LEVER = Lever(
                value("--decoder-last-pipeline-num-layers", "last_stage_layers", Part.LAYOUT,
                      default=0, omit_at=0)),
     flag_place=Place.PIPELINE,
-    worker=_worker,
+    core_config=_core_config,
     memory=_memory,
     cost=_cost,
     seed=Seed.MEMORY,

@@ -24,10 +24,10 @@ from autotune.levers.base import CostState, Lever, MemoryState, Requires, Rule, 
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["LEVER", "SAVED_BYTES_PER_PARAM", "SAVED_TRAFFIC_PER_PARAM", "Fields"]
 
@@ -37,8 +37,8 @@ moments (4 + 4 B) -> bf16 (2 + 2 B)."""
 SAVED_TRAFFIC_PER_PARAM = 10
 """HBM traffic of the Adam step per parameter: reading and writing master, m and v moves 12 B
 less each way (24 -> 12), and rebuilding the master from its remainder reads the bf16 parameter
-again (+2 B): 10 B less of autotune.cost.CostParams.optimizer_bytes_per_param's 32. A byte count,
-not a measurement."""
+again (+2 B): 10 B less of autotune.predict.cost.CostParams.optimizer_bytes_per_param's 32. A byte
+count, not a measurement."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +74,7 @@ def _read(g: Given) -> dict[str, Any]:
     return {"precision_aware_optimizer": True}
 
 
-def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     on = s.precision_aware_optimizer
     # OptimizerConfig's fields; every dtype stays fp32 unless the optimizer is on (its
     # __post_init__ asserts so).
@@ -125,7 +125,7 @@ LEVER = Lever(
                               Flag("--exp-avg-dtype"), Flag("--exp-avg-sq-dtype"),
                               Flag("--main-grads-dtype"), Flag("--main-params-dtype")),
                        emit=_emit, read=_read),),
-    worker=_worker,
+    core_config=_core_config,
     memory=_memory,
     cost=_cost,
     seed=Seed.MEMORY,

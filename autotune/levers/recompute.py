@@ -41,13 +41,13 @@ from autotune.levers.base import (
 )
 from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions
 from autotune.levers.pipeline_split import chunk_layers, common_divisors
-from autotune.memory_activations import LayerActivations, layer_bytes
+from autotune.specs.activations import LayerActivations, layer_bytes
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["LEVER", "Fields", "checkpoint_calls", "full_recompute_chunk", "module_savings",
            "module_workspace", "recomputed_share"]
@@ -194,7 +194,7 @@ def _read(g: Given) -> dict[str, Any]:
 # ---- worker --------------------------------------------------------------------------------
 
 
-def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     # TransformerConfig reads recompute_method and recompute_num_layers only with full
     # recompute (transformer_block.py, _checkpointed_forward), recompute_modules only with
     # selective (attention.py, transformer_layer.py, moe_layer.py); Megatron-LM leaves the
@@ -284,7 +284,7 @@ def _activations(m: ModelSpec, s: Layout, state: ActivationState) -> ActivationS
         stored, rebuild = full_recompute_chunk(state.layers, method=s.recompute_method,
                                                num_layers=s.recompute_num_layers,
                                                full=state.layer_bytes, layer_input=layer_input)
-        # autotune.memory.BLOCK_MARGIN: every measured full-recompute run had its largest
+        # autotune.predict.memory.BLOCK_MARGIN: every measured full-recompute run had its largest
         # block free at a peak the margin would have ruled out.
         return replace(state, stored_bytes=stored, workspace_bytes=state.workspace_bytes
                        + rebuild, block_margin=0.0)
@@ -393,7 +393,7 @@ LEVER = Lever(
                        reads=("recompute_method", "recompute_num_layers",
                               "recompute_modules")),),
     flag_place=Place.MEMORY,
-    worker=_worker,
+    core_config=_core_config,
     memory=None,
     activations=_activations,
     cost=None,

@@ -24,13 +24,14 @@ from autotune.dimensions import Impl, dimension, value_label
 from autotune.errors import InvalidLayoutError
 from autotune.levers.base import AttentionBytes, CostState, Lever, MemoryState, Rule, Seed
 from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions
-from autotune.memory_activations import dropout_rate
+from autotune.specs.activations import dropout_rate
+from autotune.specs.flops import gemm_efficiency
 
 if TYPE_CHECKING:
-    from autotune.cost import CostParams
-    from autotune.hardware import ClusterSpec
-    from autotune.layout import Layout
-    from autotune.model import ModelSpec
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import CostParams
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["LEVER", "LOCAL_SOFTMAX_SAVED_BYTES", "SDPA_STANDS_IN", "TRANSFORMER_IMPLS", "Fields",
            "attention_bytes", "exported_layout", "measured_as_exported"]
@@ -58,9 +59,10 @@ SDPA_STANDS_IN = ("impl sdpa (autotune's local spec with PyTorch SDPA attention)
 def exported_layout(layout: Layout) -> Layout:
     """The layout a Megatron-LM command runs for `layout`: impl sdpa, which Megatron-LM does not
     have, runs as Transformer Engine (Megatron-LM's default). The one place that decides it:
-    the export (autotune.scripts), a run's identity (autotune.identity), `--from-megatron`'s
-    flag changes (autotune.megatron_command) and what a search measures where TE is installed
-    (autotune.commands.search) all ask here (through autotune.megatron_args)."""
+    the export (autotune.report.scripts), a run's identity (autotune.megatron.identity),
+    `--from-megatron`'s flag changes (autotune.megatron.megatron_command) and what a search
+    measures where TE is installed (autotune.commands.search) all ask here (through
+    autotune.megatron.megatron_args)."""
     return replace(layout, impl=Impl.TE) if layout.impl == Impl.SDPA else layout
 
 
@@ -108,7 +110,7 @@ _TE_SPEC_ARGS: tuple[str, ...] = ("--no-gradient-accumulation-fusion",)
 covers the output layer, megatron-core's own ColumnParallelLinear, which needs apex's
 fused_weight_gradient_mlp_cuda even when TE builds the layers: without apex Megatron-LM stops at
 start-up (measured on an H100 with TE 2.11, results/benchmarks/2026-11-23-h100-te-build-and-
-runs.md). The worker accumulates without the fusion (autotune.worker.config), so the command
+runs.md). The worker accumulates without the fusion (autotune.megatron.core_config), so the command
 says the same; with apex installed, dropping the flag is the user's choice."""
 
 
@@ -135,7 +137,7 @@ def _read(g: Given) -> dict[str, Any]:
 # ---- worker --------------------------------------------------------------------------------
 
 
-def _worker(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
+def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     # The layer spec autotune.worker.build builds for the implementation; with experts, TE's
     # spec runs them as grouped GEMMs (TEGroupedMLP), the local spec as one MLP each.
     keys: dict[str, dict[str, Any]] = {"model": {"layer_spec": str(s.impl)}}
@@ -189,8 +191,6 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
           state: CostState) -> CostState:
     attention = attention_bytes(m, s.impl)
     if s.impl == "local":
-        from autotune.cost import gemm_efficiency
-
         # Unfused attention: two batched GEMMs with inner size head_dim, then s^2 memory
         # traffic; unfused bias, GeLU, dropout, residual adds and LayerNorm.
         return replace(state, attention=attention,
@@ -217,7 +217,7 @@ LEVER = Lever(
                                 for name in dict.fromkeys(_LOCAL_SPEC_ARGS + _TE_SPEC_ARGS))),
                        emit=_emit, read=_read),),
     flag_place=Place.IMPLEMENTATION,
-    worker=_worker,
+    core_config=_core_config,
     memory=_memory,
     cost=_cost,
     seed=Seed.PRACTICE,

@@ -21,11 +21,8 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.errors import AutotuneError, ConfigError
-from autotune.hardware import DEFAULT_GPU, ClusterSpec, GpuSpec, gpu_spec
-from autotune.layout import DIMENSIONS, Layout
+from autotune.layouts.layout import DIMENSIONS, Layout
 from autotune.levers.fp8 import Fp8
-from autotune.model import ModelSpec, load_model
-from autotune.protocol import SPEC_NAME
 from autotune.search.records import RECORD_ATTR, Figure, TrialRecord, stored_record
 from autotune.search.storage import (
     as_stored,
@@ -35,13 +32,17 @@ from autotune.search.storage import (
     storage_url,
 )
 from autotune.search.timesplit import overhead_s
-from autotune.trial import StopReason, TrialSpec
+from autotune.specs.hardware import DEFAULT_GPU, ClusterSpec, GpuSpec, gpu_spec
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
+from autotune.trials.protocol import SPEC_NAME
+from autotune.trials.trial import StopReason, TrialSpec
 
 __all__ = ["LAYOUT_FIELDS", "LoadedStudy", "StudyRef", "find_studies", "load_study",
            "read_records", "resolve_study", "trial_row"]
 
 LAYOUT_FIELDS: tuple[str, ...] = tuple(DIMENSIONS)
-"""Every layout field (autotune.layout.DIMENSIONS): a report row's layout columns."""
+"""Every layout field (autotune.layouts.layout.DIMENSIONS): a report row's layout columns."""
 _FIGURES = ("tokens_per_s", "tokens_per_s_per_gpu", "step_time_s", "step_time_p90_s",
             "tflops_per_gpu", "mfu", "mfu_fp8", "peak_memory_gib", "predicted_tokens_per_s",
             "predicted_peak_memory_gib", "tokens_error_pct", "memory_error_pct")

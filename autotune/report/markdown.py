@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.inputs.untrusted import for_markdown
+from autotune.predict.trust import memory_risk
 from autotune.report.load import LoadedStudy, StudyRef
 from autotune.search.storage import DEFAULT_RESULTS_DIR
-from autotune.trust import memory_risk
 
 __all__ = ["FP8_MFU", "MFU_NOTE", "PARETO_COLUMNS", "SCALING_COLUMNS", "TOP_COLUMNS", "Column",
            "cells", "markdown_table", "render_report", "with_fp8_mfu"]
@@ -134,14 +134,14 @@ def _winner(loaded: LoadedStudy, best: dict[str, Any],
            f"Launch it: {_code(launch_command(loaded.ref))} "
            "(or `--format slurm`, `torchrun`, `json`).", ""]
     if breakdown is not None:
-        out += ["Memory of the busiest GPU, predicted by autotune.memory (GiB):", "",
+        out += ["Memory of the busiest GPU, predicted by autotune.predict.memory (GiB):", "",
                 markdown_table([{k: f"{v:.2f}" for k, v in breakdown.items()}],
                                [Column(k, k) for k in breakdown]), ""]
     return out
 
 
 def _memory_risk(loaded: LoadedStudy, best: dict[str, Any]) -> list[str]:
-    """A predicted winner inside the memory band says so (autotune.trust.memory_risk)."""
+    """A predicted winner inside the memory band says so (autotune.predict.trust.memory_risk)."""
     gib = best.get("predicted_peak_memory_gib")
     if not best["predicted"] or loaded.cluster is None or gib is None:
         return []

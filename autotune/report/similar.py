@@ -4,7 +4,7 @@ noise-level options whose figures are within noise of each other.
 A plan of gpt2-xl on 8 GPUs filled its top ten with `tp1 pp1 dp8 mbs8` under five recompute
 variants, optimizer and attention choices, all within 1.5% of each other: one answer, ten rows.
 Rows are grouped when
-- Megatron runs them alike (autotune.identity.run_key: the same configuration), or
+- Megatron runs them alike (autotune.megatron.identity.run_key: the same configuration), or
 - they differ only in NOISE_DIMENSIONS (the options of recompute's enumeration level:
   recompute, offload, optimizer, overlap, implementation) and their tokens/s are within
   TOKENS_TOLERANCE and their peak memory within PEAK_TOLERANCE of the group's first row.
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
-from autotune.layout import DIMENSIONS, SEARCHED, Layout
-from autotune.trial import DEFAULT_STABLE_CV
+from autotune.layouts.layout import DIMENSIONS, SEARCHED, Layout
+from autotune.trials.trial import DEFAULT_STABLE_CV
 
 __all__ = ["NOISE_DIMENSIONS", "PEAK_TOLERANCE", "TOKENS_TOLERANCE", "similar_groups"]
 

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import optuna
 
-from autotune.backends import Backend
-from autotune.cost import CostParams
 from autotune.errors import ConfigError, parse_choice
-from autotune.hardware import ClusterSpec
-from autotune.layout import Layout
-from autotune.memory import MemoryParams
-from autotune.model import ModelSpec
+from autotune.layouts.layout import Layout
+from autotune.predict.cost import CostParams
+from autotune.predict.memory import MemoryParams
+from autotune.search.backends import Backend
 from autotune.search.finalists import FINALISTS
-from autotune.space import SearchSpace
-from autotune.trial import DEFAULT_STABLE_CV
+from autotune.search.space import SearchSpace
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.trials.trial import DEFAULT_STABLE_CV
 
 __all__ = ["GRID_LIMIT", "RANKED_DEFAULT", "Sampler", "SearchConfig", "StopRule", "make_sampler",
            "sampler_name"]

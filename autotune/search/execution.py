@@ -1,12 +1,12 @@
 """One trial, from the ask to the tell: gate, launch, and what its outcome teaches.
 
 A proposal that breaks a Megatron rule is told INVALID; one already tried repeats that outcome
-(a duplicate); one another worker is running yields to it (DUPLICATE); one predicted not to fit
+(a duplicate); one another searcher is running yields to it (DUPLICATE); one predicted not to fit
 is told PREDICTED_OOM; one the model rules out (autotune.search.stop_rule) is told
 PREDICTED_SLOW. Only the rest is launched, with a timeout from the predicted step time, the
 adaptive timing of SearchConfig.stable_cv and the stop rule's prune threshold, and launched once
 more when the launch never reached its rendezvous. A real OOM is pruned and teaches the gate
-(autotune.gate), and the micro-batch of its layout is bisected.
+(autotune.predict.gate), and the micro-batch of its layout is bisected.
 """
 
 from __future__ import annotations
@@ -17,23 +17,23 @@ from pathlib import Path
 
 import optuna
 
-from autotune.backends import trial_timeout_s
-from autotune.cost import CostEstimate, CostParams, estimate_cost
-from autotune.gate import MemoryGate, layout_key
-from autotune.heuristics import next_smaller_mbs
-from autotune.launchers import LOG_NAME
-from autotune.layout import Layout
-from autotune.levers.derive import DIVISORS, divisor_values
+from autotune.layouts.layout import Layout
+from autotune.predict.cost import CostEstimate, CostParams, estimate_cost
+from autotune.predict.gate import MemoryGate, mbs_family
+from autotune.search.backends import trial_timeout_s
 from autotune.search.config import SearchConfig
+from autotune.search.derive import DIVISORS, divisor_values
+from autotune.search.heuristics import next_smaller_mbs
 from autotune.search.ladder import Ladder
-from autotune.search.layouts import LayoutMap, ParamsKey
+from autotune.search.layout_map import FrozenParams, LayoutMap
 from autotune.search.ledger import LayoutQueue, Ledger
 from autotune.search.loss_guard import REFERENCE_STEPS, compare_losses, guarded, twin
 from autotune.search.records import SearchResult, Source, TrialRecord, stored_derived
 from autotune.search.refit import refit_cost_params
 from autotune.search.stop_rule import PRUNE_MARGIN, ModelStop, format_tokens
 from autotune.search.store import StudyStore
-from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
+from autotune.trials.launchers import LOG_NAME
+from autotune.trials.trial import TrialMetrics, TrialSpec, TrialStatus
 
 __all__ = ["Knowledge", "SearchParts", "TrialExecutor"]
 
@@ -53,7 +53,7 @@ class Knowledge:
         self.cost_params: CostParams | None = cfg.cost_params
         self.fitted_on = 0
         self.good_mbs: dict[Layout, int] = {}
-        """Per layout (gate.layout_key), the largest micro-batch that ran."""
+        """Per micro-batch family (gate.mbs_family), the largest micro-batch that ran."""
         self._tokens: dict[Layout, float] = {}
         """Predicted tokens/s per layout under the current cost constants (refit clears it)."""
         self.ladder = Ladder(cfg.model, cfg.cluster, cfg.space.derived, cfg.memory_params)
@@ -85,7 +85,7 @@ class Knowledge:
                 # NVML's device use against the prediction: the machine's bias (gate.py).
                 self.gate.record_peak(record.predicted_peak_bytes, measured)
                 self._fits.clear()
-            key = layout_key(record.layout)
+            key = mbs_family(record.layout)
             self.good_mbs[key] = max(self.good_mbs.get(key, 0), record.layout.mbs)
             if told:
                 self.refit()
@@ -137,7 +137,7 @@ class Knowledge:
         # `mbs: divisors`: every micro-batch that divides the layout's batch per rank.
         candidates = divisor_values("mbs", failed, self.cfg.model) if DIVISORS in listed \
             else listed
-        smaller = next_smaller_mbs(candidates, failed.mbs, self.good_mbs.get(layout_key(failed)))
+        smaller = next_smaller_mbs(candidates, failed.mbs, self.good_mbs.get(mbs_family(failed)))
         return None if smaller is None else replace(failed, mbs=smaller)
 
 
@@ -166,8 +166,8 @@ class TrialExecutor:
         """The FP8 loss guard's bf16 references run so far: losses and where they came from,
         per twin layout."""
 
-    def look(self, mine: int | None = None) -> dict[ParamsKey, int]:
-        """Note the trials other workers finished since the last look (so that their layouts
+    def look(self, mine: int | None = None) -> dict[FrozenParams, int]:
+        """Note the trials other searchers finished since the last look (so that their layouts
         count as tried and their OOMs teach the gate); return the layouts they are running,
         each with its smallest trial number (StudyStore.sync)."""
         finished, running = self.parts.store.sync(mine)
@@ -191,20 +191,20 @@ class TrialExecutor:
                 status=TrialStatus.INVALID, source=source, predicted=predicted,
                 reason="breaks a Megatron rule (autotune MODEL --dry-run lists them)"))
             return
-        # Re-read the shared storage right before deciding: another worker may have finished
+        # Re-read the shared storage right before deciding: another searcher may have finished
         # this layout, or be running it, since the queue was checked.
         running = self.look(mine=trial.number)
-        key = p.layouts.key(s)
-        previous = p.ledger.seen.get(key)
+        run = p.layouts.run_params(s)
+        previous = p.ledger.seen.get(run)
         if previous is not None:
             self.tell(trial, replace(previous, number=trial.number, source=source,
                                      duplicate_of=previous.number))
             return
-        other = running.get(key)
+        other = running.get(run)
         if other is not None and other < trial.number:
             # The older trial runs it (the newer one yields, so exactly one of two racing
-            # workers launches). No outcome to copy yet: told FAIL, which TPE ignores and
-            # dedupe does not count, and queued again in case the other worker dies.
+            # searchers launches). No outcome to copy yet: told FAIL, which TPE ignores and
+            # dedupe does not count, and queued again in case the other searcher dies.
             p.store.tell(trial, TrialRecord(
                 number=trial.number, layout=s, status=TrialStatus.DUPLICATE, source=source,
                 duplicate_of=other, reason=f"running in trial {other}", predicted=predicted))
@@ -257,8 +257,8 @@ class TrialExecutor:
         oom_mbs = self.parts.knowledge.gate.oom_mbs
         if metrics.status is TrialStatus.OOM:
             self.bisect(s)
-        elif record.tokens_per_s is not None and layout_key(s) in oom_mbs:
-            self.bisect(replace(s, mbs=oom_mbs[layout_key(s)]))
+        elif record.tokens_per_s is not None and mbs_family(s) in oom_mbs:
+            self.bisect(replace(s, mbs=oom_mbs[mbs_family(s)]))
         if metrics.status in (TrialStatus.OK, TrialStatus.OOM) and not record.pruned_slow:
             self.climb(s)
 

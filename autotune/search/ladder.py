@@ -1,6 +1,6 @@
 """The derived lever's ladder: move a resolved count by what the trials measure.
 
-A `derive` dimension (autotune.levers.derive) is first resolved to the fewest recomputed (or
+A `derive` dimension (autotune.search.derive) is first resolved to the fewest recomputed (or
 offloaded) layers the memory model expects to fit with the gate's error band as margin. The
 model is right to within a few percent, and a few percent of an 80 GB GPU is several layers of
 a long-sequence model: the fastest count is often below the first guess. So, per layout (all
@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autotune.hardware import ClusterSpec
-from autotune.layout import Layout, with_fields
-from autotune.levers.derive import DERIVABLE, resolve, safe_limit_bytes, values_of
-from autotune.memory import MemoryParams, estimate_memory
-from autotune.model import ModelSpec
-from autotune.trial import TrialStatus
+from autotune.layouts.layout import Layout, with_fields
+from autotune.predict.memory import MemoryParams, estimate_memory
+from autotune.search.derive import DERIVABLE, resolve, safe_limit_bytes, values_of
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.trials.trial import TrialStatus
 
 __all__ = ["LADDER_MARGIN", "Ladder", "Rungs"]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from autotune.layout import Layout
-from autotune.search.layouts import LayoutMap, ParamsKey
+from autotune.layouts.layout import Layout
+from autotune.search.layout_map import FrozenParams, LayoutMap
 from autotune.search.records import Observer, SearchResult, Source, TrialRecord
-from autotune.trial import TrialStatus
+from autotune.trials.trial import TrialStatus
 
 __all__ = ["LayoutQueue", "Learner", "Ledger"]
 
@@ -27,8 +27,8 @@ class Ledger:
         self.layouts = layouts
         self.learn = learn
         self.observer = observer
-        self.seen: dict[ParamsKey, TrialRecord] = {}
-        """The first record of each layout (LayoutMap.key) tried: a later proposal of it
+        self.seen: dict[FrozenParams, TrialRecord] = {}
+        """The first record of each layout (LayoutMap.run_params) tried: a later proposal of it
         repeats that outcome instead of running again."""
         self.launched = 0
         """Launched (or simulated) trials of the study, by any process (--trials counts them)."""
@@ -38,19 +38,19 @@ class Ledger:
 
     def note(self, record: TrialRecord, *, told: bool = True) -> None:
         """Note a record: one this process told (`told`), or one read back from storage (a
-        resume, or another worker's result)."""
+        resume, or another searcher's result)."""
         self.result.records.append(record)
         if record.duplicate_of is None and record.status is not TrialStatus.PREDICTED_SLOW:
             # A layout skipped as predicted slow stays untried: the model and its error band
             # change with each measurement, and the next proposal of it is decided again.
-            self.seen.setdefault(self.layouts.key(record.layout), record)
+            self.seen.setdefault(self.layouts.run_params(record.layout), record)
         # A trial pruned slow is measured below the best by construction: never the best.
         tokens = None if record.pruned_slow else record.tokens_per_s
         if record.launched and record.repeat_of is None:
             # A finalist's repeat (autotune.search.finalists) is not a new trial of the search.
             # --trials counts the study's launched trials, so a resumed study finishes the
             # budget it started with instead of launching it again; in a shared study it is a
-            # budget for all workers together.
+            # budget for all searchers together.
             self.launched += 1
         if record.repeat_of is not None:
             pass  # it measures a layout again: the best and --patience follow new layouts
@@ -66,7 +66,7 @@ class Ledger:
             self.observer(record, self.result)
 
     def tried(self, s: Layout) -> bool:
-        return self.layouts.key(s) in self.seen
+        return self.layouts.run_params(s) in self.seen
 
 
 class LayoutQueue:

@@ -3,9 +3,9 @@
 A search is assembled from one part per concern (docs/ARCHITECTURE.md, "A search, trial by
 trial"):
 - layouts.LayoutMap: the study's parameters <-> layouts (free and fixed dimensions, the one
-  layout of each run (autotune.identity), keys);
+  layout of each run (autotune.megatron.identity), keys);
 - store.StudyStore: the study's storage, in memory for a plan (PlanningStore) or in RDB storage
-  shared with other workers for real runs (RealRunStore);
+  shared with other searchers for real runs (RealRunStore);
 - execution: one trial (TrialExecutor: gate, launch, relaunch, bisection) and what trials teach
   (Knowledge: the memory gate, micro-batches that ran, refitted cost constants);
 - ledger: what this process noted (Ledger) and the queue of coming layouts (LayoutQueue);
@@ -15,8 +15,8 @@ trial"):
 
 Several processes may share one study (`--storage postgresql://...`, docs/SHARED_STUDIES.md).
 Each keeps its own queue (grid, ranked, Alpa seeds); the storage is the one truth: before each
-launch a worker re-reads it, skips layouts another worker finished or is running, and fails
-the trials of workers that died (heartbeats), whose layouts then become eligible again.
+launch a searcher re-reads it, skips layouts another searcher finished or is running, and fails
+the trials of searchers that died (heartbeats), whose layouts then become eligible again.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import optuna
 
 from autotune.search.config import Sampler, SearchConfig, StopRule, sampler_name
 from autotune.search.execution import Knowledge, SearchParts, TrialExecutor
-from autotune.search.layouts import LayoutMap
+from autotune.search.layout_map import LayoutMap
 from autotune.search.ledger import LayoutQueue, Ledger
 from autotune.search.records import Observer, SearchResult, TrialRecord
 from autotune.search.scheduling import Clock, Scheduler

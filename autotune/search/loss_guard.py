@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from autotune.layout import Layout
+from autotune.layouts.layout import Layout
 from autotune.levers.fp8 import Fp8, Fp8Recipe
 
 __all__ = ["LOSS_TOLERANCE", "MIN_STEPS", "REFERENCE_STEPS", "WINDOW", "LossVerdict",

@@ -18,13 +18,13 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.cost import CostParams
 from autotune.dimensions import plain
 from autotune.errors import ConfigError
 from autotune.inputs.bounds import FLOAT_MAX
 from autotune.inputs.untrusted import shown
-from autotune.layout import DIMENSIONS, Layout
-from autotune.trial import StopReason, TrialMetrics, TrialStatus
+from autotune.layouts.layout import DIMENSIONS, Layout
+from autotune.predict.cost import CostParams
+from autotune.trials.trial import StopReason, TrialMetrics, TrialStatus
 
 __all__ = ["DERIVED_ATTR", "LAUNCHED", "RECORD_ATTR", "Figure", "Observer", "SearchResult",
            "Source", "TrialRecord", "read_record", "record_attrs", "store_record",
@@ -35,7 +35,7 @@ class Source(enum.StrEnum):
     """Who proposed a trial's layout."""
 
     ALPA = "alpa"
-    """Alpa's heuristic seeds (autotune.heuristics)."""
+    """Alpa's heuristic seeds (autotune.search.heuristics)."""
     SAMPLER = "sampler"
     """Optuna's sampler (TPE)."""
     GRID = "grid"
@@ -65,7 +65,7 @@ RECORD_ATTR = "record"
 """The trial's user attribute that holds its record."""
 DERIVED_ATTR = "derived"
 """The user attribute of a queued trial that holds its derived values (the ladder's rung):
-its parameters name the choice, this the count (autotune.search.layouts)."""
+its parameters name the choice, this the count (autotune.search.layout_map)."""
 LAUNCHED = (TrialStatus.OK, TrialStatus.OOM, TrialStatus.TIMEOUT, TrialStatus.CRASH,
             TrialStatus.NCCL_ERROR, TrialStatus.DIVERGED)
 
@@ -84,7 +84,7 @@ class TrialRecord:
     predicted_tokens_per_s: float | None = None
     duplicate_of: int | None = None
     """The earlier trial of the same layout whose outcome this one repeats (or, DUPLICATE,
-    that another worker was running)."""
+    that another searcher was running)."""
     predicted: bool = False
     """True when the figures come from the analytical models (a planning study)."""
     repeat_of: int | None = None

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from autotune.calibration import fit_cost_params, lever_fit_fields
-from autotune.cost import CostParams
-from autotune.hardware import ClusterSpec
-from autotune.model import ModelSpec
+from autotune.predict.calibration import fit_cost_params, lever_fit_fields
+from autotune.predict.cost import CostParams
 from autotune.search.records import SearchResult
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
 
 __all__ = ["REFIT_FIELDS", "refit_cost_params"]
 

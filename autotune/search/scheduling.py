@@ -2,7 +2,7 @@
 
 The queue is seeded by the sampler: every layout (grid), the analytical model's best first
 (ranked), or Alpa's heuristic seeds before TPE proposes. Seeds already tried (a resume, another
-worker) are skipped when their turn comes; a layout another worker is running is deferred. The
+searcher) are skipped when their turn comes; a layout another searcher is running is deferred. The
 search stops at --trials, --time-budget or --patience, when no untried layout could beat the
 best measured (the model's stop rule, autotune.search.stop_rule), when the queue of a grid or
 ranking is empty, or when proposals keep launching nothing and every layout predicted to fit
@@ -15,14 +15,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from autotune.heuristics import alpa_seeds, predicted_speed
-from autotune.layout import Layout
-from autotune.protocol import te_available
+from autotune.layouts.layout import Layout
 from autotune.search.config import RANKED_DEFAULT, Sampler
 from autotune.search.execution import SearchParts, TrialExecutor
 from autotune.search.finalists import plan
+from autotune.search.heuristics import alpa_seeds, predicted_speed
 from autotune.search.records import SearchResult, Source
 from autotune.search.shared import SHARED_POLL_S
+from autotune.trials.protocol import te_available
 
 __all__ = ["Clock", "Scheduler"]
 
@@ -94,8 +94,8 @@ class Scheduler:
             queued, source = p.queue.pop()
             if p.ledger.tried(queued):
                 continue
-            if p.layouts.key(queued) in running:
-                # Another worker runs it now; keep it in case that worker dies (FAIL).
+            if p.layouts.run_params(queued) in running:
+                # Another searcher runs it now; keep it in case that searcher dies (FAIL).
                 deferred.append((queued, source))
                 continue
             took = (queued, source)

@@ -1,6 +1,6 @@
-"""Several workers on one study: what the others have finished, and what they are running.
+"""Several searchers on one study: what the others have finished, and what they are running.
 
-Each worker keeps its own queue; the storage is the one truth. Before each launch a worker
+Each searcher keeps its own queue; the storage is the one truth. Before each launch a searcher
 re-reads it (autotune.search.store, RealRunStore.sync) with `read_shared`.
 """
 
@@ -12,26 +12,26 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.search.layouts import ParamsKey, params_key
+from autotune.search.layout_map import FrozenParams, freeze_params
 
 __all__ = ["PARAMS_WAIT_S", "SHARED_POLL_S", "read_shared"]
 
 SHARED_POLL_S = 0.5
-"""A worker whose queued layouts are all running in other workers looks again this often."""
+"""A searcher whose queued layouts are all running in other searchers looks again this often."""
 PARAMS_WAIT_S = 2.0
 """How long to wait for an older RUNNING trial's parameters to appear (RealRunStore.sync)."""
 
 
 def read_shared(study: optuna.Study, free: dict[str, tuple[Any, ...]], mine: int | None,
                 known: set[int], paramless: set[int],
-                key_of: Callable[[dict[str, Any]], ParamsKey] = params_key,
-                ) -> tuple[dict[ParamsKey, int], list[FrozenTrial], list[int]]:
-    """One look at the study from the worker of trial `mine`: the layouts of the other RUNNING
-    trials (keyed by `key_of` their parameters), each with the smallest trial number running
+                run_params_of: Callable[[dict[str, Any]], FrozenParams] = freeze_params,
+                ) -> tuple[dict[FrozenParams, int], list[FrozenTrial], list[int]]:
+    """One look at the study from the searcher of trial `mine`: the layouts of the other RUNNING
+    trials (by `run_params_of` their parameters), each with the smallest trial number running
     it; the finished trials with a record not in `known`; and the older RUNNING trials still
     without parameters, less `paramless`."""
     states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-    running: dict[ParamsKey, int] = {}
+    running: dict[FrozenParams, int] = {}
     finished: list[FrozenTrial] = []
     waiting: list[int] = []
     for t in study.get_trials(deepcopy=False, states=states):
@@ -45,8 +45,8 @@ def read_shared(study: optuna.Study, free: dict[str, tuple[Any, ...]], mine: int
                 if mine is not None and t.number < mine and t.number not in paramless:
                     waiting.append(t.number)
                 continue
-            key = key_of({d: params[d] for d in free})
-            running[key] = min(running.get(key, t.number), t.number)
+            run = run_params_of({d: params[d] for d in free})
+            running[run] = min(running.get(run, t.number), t.number)
         elif t.number not in known and t.user_attrs.get("record"):
             finished.append(t)
     return running, finished, waiting

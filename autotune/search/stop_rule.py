@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from autotune.layout import Layout
+from autotune.layouts.layout import Layout
 from autotune.search.records import TrialRecord
 
 __all__ = ["DEFAULT_ERROR_BAND", "ERROR_WINDOW", "MIN_ERROR_BAND", "NOISE_MARGIN",

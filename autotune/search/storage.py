@@ -21,10 +21,10 @@ import optuna
 from optuna.study import StudyDirection
 
 from autotune.errors import ConfigError, StorageError
-from autotune.hardware import ClusterSpec
 from autotune.inputs.untrusted import for_terminal
-from autotune.model import ModelSpec
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +52,13 @@ __all__ = [
 
 DIRECTIONS: tuple[StudyDirection, ...] = (StudyDirection.MAXIMIZE, StudyDirection.MINIMIZE)
 """Objectives: tokens/s (whole job) and peak memory per GPU in GiB."""
-# Environment overrides exist for tests of shared studies: their worker subprocesses cannot be
-# monkeypatched, and a killed worker's trial should go stale in seconds, not a minute.
+# Environment overrides exist for tests of shared studies: their searcher subprocesses cannot be
+# monkeypatched, and a killed searcher's trial should go stale in seconds, not a minute.
 HEARTBEAT_INTERVAL_S = int(os.environ.get("AUTOTUNE_HEARTBEAT_INTERVAL_S", "10"))
 """Seconds between heartbeats of a running trial (RDB storage)."""
 HEARTBEAT_GRACE_S = int(os.environ.get("AUTOTUNE_HEARTBEAT_GRACE_S", "60"))
 """A running trial without a heartbeat for this long is failed by the next open (resume) or,
-in a shared study, by any other worker before its next trial (search.store)."""
+in a shared study, by any other searcher before its next trial (search.store)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -230,7 +230,7 @@ def open_storage(url: str, heartbeat: Heartbeat | None = None) -> optuna.storage
     kwargs: dict[str, object] = {}
     if heartbeat is not None:
         # A trial whose process dies stops beating; after the grace period it is marked FAIL
-        # by the next worker or resume (optuna.storages.fail_stale_trials).
+        # by the next searcher or resume (optuna.storages.fail_stale_trials).
         kwargs = {"heartbeat_interval": heartbeat.interval_s, "grace_period": heartbeat.grace_s}
     try:
         with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
@@ -304,7 +304,7 @@ def fail_orphans(study: optuna.Study, *, everything: bool, grace_s: float) -> li
     RUNNING trial that fail_stale never sees: Optuna fails only trials that have beaten.
     With `everything` (an SQLite study this process alone holds: autotune.search.lock) every
     RUNNING trial is such a one; in a shared study, one still without parameters that started
-    more than `grace_s` ago (a live worker's sampler sets them within seconds)."""
+    more than `grace_s` ago (a live searcher's sampler sets them within seconds)."""
     from optuna.trial import TrialState
 
     now = datetime.datetime.now()

@@ -3,8 +3,8 @@
 Two kinds behind one interface, `StudyStore`:
 - `RealRunStore`: real trials, in Optuna's RDB storage (SQLite under results/<study>/ by
   default, or a shared server) as they happen. Running trials beat, so that the trial of a
-  killed process is failed (by a resume, or by any other worker before its next trial), and
-  several workers can share the study: before each launch a worker re-reads it (`sync`), skips
+  killed process is failed (by a resume, or by any other searcher before its next trial), and
+  several searchers can share the study: before each launch a searcher re-reads it (`sync`), skips
   the layouts others finished or are running, and learns from their results.
 - `PlanningStore`: predictions cost microseconds, and a storage round trip per trial would
   dominate. The study runs in memory, holding the stored study's finished trials, and its new
@@ -29,11 +29,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.dimensions import plain
-from autotune.layout import Layout
+from autotune.layouts.layout import Layout
 from autotune.search.bulk import add_finished_trials
 from autotune.search.config import Sampler, SearchConfig, make_sampler
 from autotune.search.interrupts import deferred_interrupts
-from autotune.search.layouts import LayoutMap, ParamsKey
+from autotune.search.layout_map import FrozenParams, LayoutMap
 from autotune.search.lock import StudyLock, lock_study
 from autotune.search.records import (
     DERIVED_ATTR,
@@ -56,7 +56,7 @@ from autotune.search.storage import (
     storage_url,
 )
 from autotune.search.study_space import keep_space
-from autotune.trial import TrialStatus
+from autotune.trials.trial import TrialStatus
 
 __all__ = ["PlanningStore", "RealRunStore", "StudyStore", "open_store"]
 
@@ -126,9 +126,9 @@ class StudyStore(ABC):
                 yield record
 
     @abstractmethod
-    def sync(self, mine: int | None = None) -> tuple[list[TrialRecord], dict[ParamsKey, int]]:
-        """What other workers did since the last look: the records they finished, and the
-        layouts (by LayoutMap.key) they are running, each with its smallest trial number."""
+    def sync(self, mine: int | None = None) -> tuple[list[TrialRecord], dict[FrozenParams, int]]:
+        """What other searchers did since the last look: the records they finished, and the
+        layouts (by LayoutMap.run_params) they are running, each with its smallest trial number."""
 
     @abstractmethod
     def before_ask(self) -> None:
@@ -214,7 +214,7 @@ class RealRunStore(StudyStore):
                  capacity_bytes: float) -> None:
         super().__init__(study, layouts, name=name, url=url, capacity_bytes=capacity_bytes)
         self.paramless: set[int] = set()
-        """RUNNING trials waited on once without parameters appearing (their worker died)."""
+        """RUNNING trials waited on once without parameters appearing (their searcher died)."""
 
     @classmethod
     def open(cls, cfg: SearchConfig, layouts: LayoutMap, sampler: Sampler,
@@ -233,23 +233,23 @@ class RealRunStore(StudyStore):
         return store
 
     def before_ask(self) -> None:
-        # A dead worker's trial stops beating: failing it here (every worker, before each
+        # A dead searcher's trial stops beating: failing it here (every searcher, before each
         # ask) frees its layout for a retry by whoever is still alive.
         fail_stale(self.study)
 
-    def sync(self, mine: int | None = None) -> tuple[list[TrialRecord], dict[ParamsKey, int]]:
-        """See StudyStore.sync; `mine` is the trial this worker is about to run.
+    def sync(self, mine: int | None = None) -> tuple[list[TrialRecord], dict[FrozenParams, int]]:
+        """See StudyStore.sync; `mine` is the trial this searcher is about to run.
 
         A trial's number is fixed when it is created, its parameters a moment later (after
         the sampler ran); an older RUNNING trial still without them is waited for (briefly,
-        and once), else two workers that asked for one layout at once could both launch it.
+        and once), else two searchers that asked for one layout at once could both launch it.
         """
         deadline = time.monotonic() + PARAMS_WAIT_S
         records: list[TrialRecord] = []
         while True:
             running, finished, waiting = read_shared(
                 self.study, self.layouts.free, mine, self.known, self.paramless,
-                key_of=self.layouts.params_key)
+                run_params_of=self.layouts.run_params_of)
             if time.monotonic() >= deadline:
                 self.paramless.update(waiting)
             records += [r for r in map(self._read, finished) if r is not None]
@@ -297,7 +297,7 @@ class PlanningStore(StudyStore):
         store.lock = lock
         return store
 
-    def sync(self, mine: int | None = None) -> tuple[list[TrialRecord], dict[ParamsKey, int]]:
+    def sync(self, mine: int | None = None) -> tuple[list[TrialRecord], dict[FrozenParams, int]]:
         return [], {}  # an in-memory study: no other process can see it
 
     def before_ask(self) -> None:

@@ -7,7 +7,7 @@ reused with another space (`--study NAME --space other.yaml`) would end, minutes
 other layouts. The space's candidates per dimension (those that appear in a valid layout) are
 stored with the study; a run whose candidates differ for a dimension both have is refused in
 one line before any trial. A dimension the stored space did not have may be added (its old
-trials ran at Layout's default, autotune.search.layouts).
+trials ran at Layout's default, autotune.search.layout_map).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autotune.search.records import TrialRecord
-from autotune.trial import TrialStatus
+from autotune.trials.trial import TrialStatus
 
 __all__ = ["TimeSplit", "overhead_s", "time_split"]
 

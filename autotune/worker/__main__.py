@@ -2,8 +2,8 @@
 runs one trial; `python -m autotune.worker --serve DIR` serves trial after trial as a rank of a
 warm pool (autotune.worker.serve).
 
-Exit codes: 0 OK, 2 bad arguments, else autotune.protocol.EXIT_CODES (3 OOM, 4 CRASH or
-NCCL_ERROR). Files, log lines and environment variables are autotune.protocol's too.
+Exit codes: 0 OK, 2 bad arguments, else autotune.trials.protocol.EXIT_CODES (3 OOM, 4 CRASH or
+NCCL_ERROR). Files, log lines and environment variables are autotune.trials.protocol's too.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import NoReturn, TextIO
 _STARTED = time.perf_counter()
 
 # Imported after _STARTED on purpose: the start-up phase counts autotune's own imports.
-from autotune.protocol import STACKS_NAME, STACKS_SIGNAL, started_line  # noqa: E402
+from autotune.trials.protocol import STACKS_NAME, STACKS_SIGNAL, started_line  # noqa: E402
 
 __all__ = ["main", "parse_args"]
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.serve is not None:
         _serve(args.serve, rank)
     try:
-        from autotune.trial import TrialSpec
+        from autotune.trials.trial import TrialSpec
         from autotune.worker.run import prepare_environment, run_rank
 
         spec = TrialSpec.from_json(args.spec.read_text())

@@ -19,7 +19,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from autotune.protocol import SDPA_BACKEND_ENV
+from autotune.trials.protocol import SDPA_BACKEND_ENV
 
 __all__ = ["SdpaAttention", "configure_sdpa_backends"]
 

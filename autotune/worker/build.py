@@ -1,7 +1,7 @@
 """Model, DDP wrapper and optimizer of one trial, built with megatron-core from the TrialSpec.
 
-What to build (every configuration value) comes from autotune.worker.config.worker_config; this
-module turns it into megatron-core objects on the GPU.
+What to build (every configuration value) comes from autotune.megatron.core_config.core_config;
+this module turns it into megatron-core objects on the GPU.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from autotune.megatron_versions import config_kwargs, installed_version, running
-from autotune.protocol import te_available
-from autotune.trial import TrialSpec
-from autotune.worker.config import worker_config
+from autotune.megatron.core_config import core_config
+from autotune.megatron.megatron_versions import config_kwargs, installed_version, running
+from autotune.trials.protocol import te_available
+from autotune.trials.trial import TrialSpec
 
 __all__ = ["PATCHES", "build_model", "build_optimizer", "transformer_config",
            "transformer_config_kwargs"]
@@ -30,27 +30,27 @@ _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu}
 
 
 def _resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """worker_config's names of dtypes and activations as the torch objects they name."""
+    """core_config's names of dtypes and activations as the torch objects they name."""
     out = dict(kwargs)
     for key, value in kwargs.items():
         # Every dtype by name: the core's params_dtype and pipeline_dtype, and a lever's
-        # (autotune.levers.base.Worker), e.g. the precision-aware optimizer's moments.
+        # (autotune.levers.base.CoreConfigTerm), e.g. the precision-aware optimizer's moments.
         if key.endswith("_dtype") and isinstance(value, str):
             out[key] = _DTYPES[value]
     if "activation_func" in out:
         out["activation_func"] = _ACTIVATIONS[out["activation_func"]]
     if out.get("recompute_modules") is not None:
-        # A tuple in worker_config (hashable, for the run key); TransformerConfig's is a list.
+        # A tuple in core_config (hashable, for the run key); TransformerConfig's is a list.
         out["recompute_modules"] = list(out["recompute_modules"])
     return out
 
 
 def transformer_config_kwargs(spec: TrialSpec) -> dict[str, Any]:
     """TransformerConfig keyword arguments for the trial (pure: no CUDA needed), from
-    autotune.worker.config, the one mapping of a layout to megatron-core's configuration, in
-    the installed megatron-core's field names (autotune.megatron_versions)."""
+    autotune.megatron.core_config, the one mapping of a layout to megatron-core's configuration, in
+    the installed megatron-core's field names (autotune.megatron.megatron_versions)."""
     return config_kwargs("TransformerConfig",
-                         _resolved(worker_config(spec.model, spec.layout).transformer),
+                         _resolved(core_config(spec.model, spec.layout).transformer),
                          running())
 
 
@@ -119,7 +119,7 @@ def build_model(spec: TrialSpec, config: Any) -> list[Any]:
     from megatron.core.transformer.module import Float16Module
 
     m, s = spec.model, spec.layout
-    wanted = worker_config(m, s)
+    wanted = core_config(m, s)
     _patch_megatron_core()
     vpp = s.vpp if s.vpp > 1 else None
     chunks = []
@@ -161,8 +161,8 @@ def _fill_te_general_gemm() -> None:
 
 
 PATCHES: dict[str, Callable[[], None]] = {"moe_te_general_gemm_unbound": _fill_te_general_gemm}
-"""The holes autotune fills, by the names autotune.megatron_versions gives the releases that
-have them (MegatronVersion.worker_patches)."""
+"""The holes autotune fills, by the names autotune.megatron.megatron_versions gives the releases
+that have them (MegatronVersion.worker_patches)."""
 
 
 def _patch_megatron_core() -> None:
@@ -179,7 +179,7 @@ def build_optimizer(spec: TrialSpec, model: list[Any]) -> Any:
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     config = OptimizerConfig(**config_kwargs(
-        "OptimizerConfig", _resolved(worker_config(spec.model, spec.layout).optimizer),
+        "OptimizerConfig", _resolved(core_config(spec.model, spec.layout).optimizer),
         running()))
     optimizer = get_megatron_optimizer(config, model, use_gloo_process_groups=False)
     fused = _use_fused_torch_adam(optimizer)

@@ -7,11 +7,12 @@ memory clocks, power, temperature, utilization and the clock event reasons (NVML
 nvmlDeviceGetCurrentClocksEventReasons, called ThrottleReasons before CUDA 12.2's NVML). The
 trial keeps the samples of its timed steps only (`ClockSampler.summary(since=...)`).
 
-This is the worker's one module that imports pynvml (autotune.hardware is the orchestrator's):
-the clocks, and the device memory a rank's result reports (`nvml_device_used_bytes`).
-Without pynvml or an NVIDIA driver the sampler samples nothing and the trial's clocks are None:
-CPU tests and machines without NVML run as before. One NVML query costs tens of microseconds of a
-thread that sleeps in between, so sampling takes nothing measurable from the host.
+This is the worker's one module that imports pynvml (autotune.specs.hardware is the
+orchestrator's): the clocks, and the device memory a rank's result reports
+(`nvml_device_used_bytes`). Without pynvml or an NVIDIA driver the sampler samples nothing and the
+trial's clocks are None: CPU tests and machines without NVML run as before. One NVML query costs
+tens of microseconds of a thread that sleeps in between, so sampling takes nothing measurable from
+the host.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from autotune.trial import THROTTLE_REASONS, ClockSummary, Spread
+from autotune.trials.trial import THROTTLE_REASONS, ClockSummary, Spread
 
 __all__ = ["CLOCK_SAMPLE_S", "ClockSample", "ClockSampler", "device_handle", "load_nvml",
            "nvml_device_used_bytes", "reason_names"]

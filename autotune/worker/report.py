@@ -16,8 +16,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from autotune.protocol import ABORT_WAIT_ENV, EXIT_CODES, failure_name, status_line
-from autotune.trial import TrialStatus
+from autotune.trials.protocol import ABORT_WAIT_ENV, EXIT_CODES, failure_name, status_line
+from autotune.trials.trial import TrialStatus
 
 __all__ = ["classify", "error_line", "exit_with_failure", "record_failure", "write_json"]
 

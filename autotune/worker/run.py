@@ -9,8 +9,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.flops import model_flops_per_token
-from autotune.protocol import (
+from autotune.specs.flops import model_flops_per_token
+from autotune.trials.protocol import (
     DEFAULT_NCCL_TIMEOUT_S,
     NCCL_EAGER_INIT_ENV,
     NCCL_TIMEOUT_ENV,
@@ -21,7 +21,7 @@ from autotune.protocol import (
     status_line,
     te_available,
 )
-from autotune.trial import ClockSummary, RankResult, TrialMetrics, TrialSpec, TrialStatus
+from autotune.trials.trial import ClockSummary, RankResult, TrialMetrics, TrialSpec, TrialStatus
 
 if TYPE_CHECKING:
     from autotune.worker.train import StepTimes

@@ -1,8 +1,8 @@
 """A warm pool rank: `python -m autotune.worker --serve DIR` serves trial after trial.
 
 The process starts once (torchrun, Python, torch and megatron-core imports, the default NCCL
-group) and then, for each job the orchestrator writes (autotune.protocol's pool section), sets
-up Megatron's parallel state for the trial's layout, builds, runs and reports exactly as a
+group) and then, for each job the orchestrator writes (autotune.trials.protocol's pool section),
+sets up Megatron's parallel state for the trial's layout, builds, runs and reports exactly as a
 one-trial worker does (autotune.worker.run.run_trial), and releases everything the trial made:
 the model and optimizer (their last references die with run_trial's frames), Megatron's
 parallel state and the process groups it created (destroy_model_parallel only forgets them;
@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from autotune.protocol import (
+from autotune.trials.protocol import (
     POOL_LEFT_OVER_BYTES,
     POOL_PARENT_ENV,
     POOL_POLL_S,
@@ -40,7 +40,7 @@ from autotune.protocol import (
     trial_line,
     write_pool_done,
 )
-from autotune.trial import TrialSpec, TrialStatus
+from autotune.trials.trial import TrialSpec, TrialStatus
 
 __all__ = ["serve", "trial_groups"]
 

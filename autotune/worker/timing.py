@@ -27,7 +27,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from autotune.trial import StopReason, TrialSpec
+from autotune.trials.trial import StopReason, TrialSpec
 
 __all__ = ["SLOW_AFTER", "STABLE_WINDOW", "TREND_T", "StepJudge", "Timing", "drifting"]
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from autotune.model import padded_vocab_size
-from autotune.protocol import step_line
-from autotune.trial import ClockSummary, TrialSpec
+from autotune.megatron.core_config import CHECK_FOR_NAN
+from autotune.specs.model import padded_vocab_size
+from autotune.trials.protocol import step_line
+from autotune.trials.trial import ClockSummary, TrialSpec
 from autotune.worker.clocks import ClockSampler
-from autotune.worker.config import CHECK_FOR_NAN
 from autotune.worker.host import HostWatch, gc_held
 from autotune.worker.timing import StepJudge, Timing
 
@@ -60,7 +60,7 @@ def make_batches(spec: TrialSpec, device: torch.device) -> list[dict[str, torch.
     from megatron.core import parallel_state
     from megatron.core.utils import get_batch_on_this_cp_rank
 
-    from autotune.megatron_versions import GET_BATCH_ON_THIS_CP_RANK, call_kwargs, running
+    from autotune.megatron.megatron_versions import GET_BATCH_ON_THIS_CP_RANK, call_kwargs, running
 
     m, s = spec.model, spec.layout
     cp_kwargs = call_kwargs(GET_BATCH_ON_THIS_CP_RANK, running())
@@ -95,7 +95,7 @@ def _loss_func(loss_mask: torch.Tensor,
     reported = torch.stack([loss.detach(), num_tokens.detach().float()])
     if CHECK_FOR_NAN:
         # pretrain_gpt.py's loss_func, as Megatron-LM runs by default: two checks, each a wait
-        # for the GPU (autotune.worker.config.CHECK_FOR_NAN says why the worker keeps them).
+        # for the GPU (autotune.megatron.core_config.CHECK_FOR_NAN says why the worker keeps them).
         from megatron.core.rerun_state_machine import get_rerun_state_machine
 
         checks = get_rerun_state_machine()

@@ -16,12 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from autotune.hardware import ClusterSpec, gpu_spec
-from autotune.layout import Layout
-from autotune.memory import estimate_memory
-from autotune.model import ModelSpec, load_model
-from autotune.space import SearchSpace, space_from_mapping
-from autotune.trial import TrialMetrics, TrialSpec, TrialStatus
+from autotune.layouts.layout import Layout
+from autotune.predict.memory import estimate_memory
+from autotune.search.space import SearchSpace, space_from_mapping
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import load_model
+from autotune.trials.trial import TrialMetrics, TrialSpec, TrialStatus
 
 GIB = 2**30
 

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from autotune.launchers import split_srun_argv
+from autotune.trials.launchers import split_srun_argv
 
 argv = sys.argv[1:]
 if log := os.environ.get("FAKE_SRUN_LOG"):

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from autotune.protocol import STACKS_NAME, STACKS_SIGNAL, STARTED_MARKER
+from autotune.trials.protocol import STACKS_NAME, STACKS_SIGNAL, STARTED_MARKER
 
 
 def wait_for_a_collective_that_never_completes() -> None:

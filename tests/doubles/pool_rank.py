@@ -1,6 +1,6 @@
 """Test double of a warm pool rank (`python -m autotune.worker --serve DIR`): serves the jobs
-the pool writes, through autotune.protocol's pool functions, without torch. What each trial does
-is read from its layout's micro-batch size:
+the pool writes, through autotune.trials.protocol's pool functions, without torch. What each trial
+does is read from its layout's micro-batch size:
 
 | mbs | the trial                                                              |
 |-----|------------------------------------------------------------------------|
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from autotune.protocol import (
+from autotune.trials.protocol import (
     POOL_POLL_S,
     POOL_STOP_NAME,
     RESULT_NAME,
@@ -39,7 +39,7 @@ from autotune.protocol import (
     trial_line,
     write_pool_done,
 )
-from autotune.trial import StopReason, TrialMetrics, TrialSpec, TrialStatus
+from autotune.trials.trial import StopReason, TrialMetrics, TrialSpec, TrialStatus
 
 pool_dir = Path(sys.argv[sys.argv.index("--serve") + 1])
 rank = int(os.environ.get("RANK", "0"))

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for `dou
 from doubles.fake_backend import GIB, FakeBackend, small_cluster, small_model
 
 from autotune.search.loop import SearchConfig, _Search, run_search
-from autotune.space import load_space
+from autotune.search.space import load_space
 
 STUDY = "old-measured"
 HERE = Path(__file__).resolve().parent

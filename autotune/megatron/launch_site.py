@@ -1,0 +1,205 @@
+"""Where a user's script launches pretrain_gpt.py, found with a real shell parser; nothing runs.
+
+`read_script` reads the file with bounded work (a regular file, at most MAX_SCRIPT_BYTES, UTF-8),
+`parse_script` parses it with tree-sitter's bash grammar (the parser editors use for bash; it
+reads here-documents, arrays, `[[ ]]`, `case`, arithmetic, functions) within PARSE_SECONDS and
+MAX_NESTING, and `find_launch` picks the one command that launches the training script. A launch
+the shell might not run as written (in an if/case branch, a loop, a function body, after `||`,
+in here-document text) or several launches are refused in one line naming the candidate lines,
+unless the user names the line (`--line N`): autotune then edits only that command, so the
+context it runs in (`cd`, `source`, exports, defaults) stays the user's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import tree_sitter_bash
+from tree_sitter import Language, Node, Parser
+
+from autotune.errors import ConfigError
+from autotune.inputs.files import read_bytes
+from autotune.megatron.megatron_args import TRAINING_SCRIPT
+
+__all__ = ["MAX_NESTING", "MAX_SCRIPT_BYTES", "NOT_RUN", "PARSE_SECONDS", "Candidate",
+           "Script", "context_of", "find_launch", "parse_script", "read_script", "walk"]
+
+MAX_SCRIPT_BYTES = 256 * 1024
+"""A launch script is a few kilobytes; tree-sitter takes about 1.5 s per MiB of bash."""
+MAX_NESTING = 200
+"""Syntax nodes inside one another (`${A:-${A:-...}}`, `$( $( ... ) )`): real scripts nest a
+handful deep."""
+PARSE_SECONDS = 5.0
+"""The most the parser may take on one file (it takes milliseconds on a launch script)."""
+
+NOT_RUN = frozenset({"echo", "printf", "cat", "grep", "tee", "sed", "awk", "ls", "test", "["})
+"""Commands that mention pretrain_gpt.py without running it (a log line, a listing)."""
+
+_LANGUAGE = Language(tree_sitter_bash.language())
+
+# Constructs whose commands the shell may not run, or runs a number of times autotune cannot
+# know: a launch inside one is refused unless --line names it.
+_CONDITIONAL = {
+    "if_statement": "inside an if",
+    "case_statement": "inside a case",
+    "function_definition": "inside a function",
+    "for_statement": "inside a loop",
+    "c_style_for_statement": "inside a loop",
+    "while_statement": "inside a loop",
+    "command_substitution": "inside a $(...)",
+    "process_substitution": "inside a <(...)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A script's bytes (what an edit patches), its text, and its syntax tree."""
+
+    source: str
+    data: bytes
+    root: Node
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8")
+
+    def raw(self, node: Node) -> str:
+        return self.data[node.start_byte:node.end_byte].decode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A place that may launch the training script: its lines (1-based), why the shell may not
+    run it as written (None: it runs whenever the script gets there) and its command node (None
+    for here-document text)."""
+
+    line: int
+    end_line: int
+    where: str | None
+    node: Node | None
+
+    def describe(self) -> str:
+        return f"line {self.line}" + (f" ({self.where})" if self.where else "")
+
+
+def read_script(path: str, what: str = "Megatron-LM command file") -> bytes:
+    """The bytes of a regular file of at most MAX_SCRIPT_BYTES, UTF-8; anything else is one line
+    (autotune.inputs.files, the one reader of input files: a FIFO is refused, not waited on)."""
+    return read_bytes(path, what, max_bytes=MAX_SCRIPT_BYTES)
+
+
+def walk(node: Node) -> Iterator[tuple[Node, int]]:
+    """Every node under `node` with its depth, in document order, without recursion (a deeply
+    nested file must not exhaust Python's stack)."""
+    stack = [(node, 0)]
+    while stack:
+        current, depth = stack.pop()
+        yield current, depth
+        stack.extend((child, depth + 1) for child in reversed(current.children))
+
+
+def parse_script(data: bytes, source: str) -> Script:
+    """The script's syntax tree, or one line: too slow to parse, too deeply nested, or bash
+    the grammar does not read (refused rather than guessed at)."""
+    deadline = time.monotonic() + PARSE_SECONDS
+    parser = Parser(_LANGUAGE)
+    try:
+        tree = parser.parse(lambda offset, _point: data[offset:offset + 65536],
+                            progress_callback=lambda _offset, _error: time.monotonic() > deadline)
+    except ValueError:  # the progress callback cancelled it
+        raise ConfigError(f"{source}: parsing took longer than {PARSE_SECONDS:g} s; a launch "
+                          "script parses in milliseconds") from None
+    root = tree.root_node
+    for node, depth in walk(root):
+        if depth > MAX_NESTING:
+            raise ConfigError(f"{source}: line {node.start_point[0] + 1}: the script nests "
+                              f"deeper than {MAX_NESTING} levels")
+        if root.has_error and (node.is_error or node.is_missing):
+            raise ConfigError(f"{source}: line {node.start_point[0] + 1}: bash syntax autotune's "
+                              "parser (tree-sitter-bash) does not read")
+    return Script(source=source, data=data, root=root)
+
+
+def context_of(node: Node) -> str | None:
+    """Why the shell may not run `node` whenever the script reaches it (the outermost reason),
+    or None."""
+    reason = None
+    child, parent = node, node.parent
+    while parent is not None:
+        why = _CONDITIONAL.get(parent.type)
+        if parent.type == "list":
+            # `a || b`: b runs only when a fails; `cd DIR && torchrun ...` is the normal path.
+            ops = [c for c in parent.children if c.start_byte < child.start_byte
+                   and c.type in ("||", "&&")]
+            if ops and ops[-1].type == "||":
+                why = "after ||"
+        if why is not None:
+            reason = why
+        child, parent = parent, parent.parent
+    return reason
+
+
+def _mentions_script(script: Script, node: Node) -> bool:
+    return script.raw(node).strip("'\"").endswith(TRAINING_SCRIPT)
+
+
+def _command_name(script: Script, command: Node) -> str | None:
+    name = command.child_by_field_name("name")
+    return None if name is None else script.raw(name)
+
+
+def _candidates(script: Script, evaluated_lines: set[int]) -> list[Candidate]:
+    found: dict[int, Candidate] = {}  # by the command node's start byte
+    commands_at: dict[int, list[Node]] = {}
+    for node, _ in walk(script.root):
+        line = node.start_point[0] + 1
+        if node.type == "heredoc_body" and TRAINING_SCRIPT in script.raw(node):
+            found[node.start_byte] = Candidate(line, node.end_point[0] + 1,
+                                               "in here-document text", None)
+        if node.type != "command" or _command_name(script, node) in NOT_RUN:
+            continue
+        commands_at.setdefault(line, []).append(node)
+        if any(_mentions_script(script, c) for c in node.children
+               if not c.type.endswith("redirect")):
+            found[node.start_byte] = Candidate(line, node.end_point[0] + 1, context_of(node),
+                                               node)
+    # A launch the evaluator found by expanding (`eval $cmd`, `$CMD`): the command that starts
+    # on its line (the last one there: `cd DIR && eval $cmd`).
+    for line in evaluated_lines:
+        nodes = commands_at.get(line, [])
+        if nodes and not any(n.start_byte in found for n in nodes):
+            node = nodes[-1]
+            found[node.start_byte] = Candidate(line, node.end_point[0] + 1, context_of(node),
+                                               node)
+    return sorted(found.values(), key=lambda c: (c.line, c.end_line))
+
+
+def find_launch(script: Script, evaluated_lines: set[int], line: int | None) -> Candidate | None:
+    """The command that launches the training script (None: there is none). `evaluated_lines`
+    are the lines where the evaluator (autotune.megatron.shell_script) found a launch once
+    variables were expanded; `line` is the user's `--line N`."""
+    candidates = _candidates(script, evaluated_lines)
+    listed = ", ".join(c.describe() for c in candidates)
+    if line is not None:
+        chosen = [c for c in candidates if c.line <= line <= c.end_line]
+        if not chosen:
+            raise ConfigError(f"{script.source}: --line {line} holds no {TRAINING_SCRIPT} launch"
+                              + (f" (candidates: {listed})" if candidates else ""))
+        if len(chosen) > 1:
+            raise ConfigError(f"{script.source}: line {line} holds several {TRAINING_SCRIPT} "
+                              f"launches ({listed}); put them on lines of their own")
+        if chosen[0].node is None:
+            raise ConfigError(f"{script.source}: line {line} is here-document text, which the "
+                              "script writes or feeds to a command; autotune edits a command "
+                              "the script runs itself")
+        return chosen[0]
+    if not candidates:
+        return None
+    if len(candidates) == 1 and candidates[0].where is None:
+        return candidates[0]
+    what = "several places may launch" if len(candidates) > 1 else \
+        "the shell may not run the launch of"
+    raise ConfigError(f"{script.source}: {what} {TRAINING_SCRIPT} ({listed}); name the one "
+                      "that runs with --line N")

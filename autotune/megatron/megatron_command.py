@@ -1,0 +1,348 @@
+"""A user's own Megatron-LM command, read: its model, layout and GPUs, and every other flag kept.
+
+`read_megatron_command(path)` finds the `pretrain_gpt.py` launch of a shell script with a real
+shell parser (autotune.megatron.launch_site: one launch the shell runs as written, or the line
+`--line N` names), reads its words with autotune.megatron.shell_script (variables, arrays and eval
+expanded, here-document text left out; nothing in it is run) and the model and parallel flags with
+the flag table `autotune export` writes (autotune.megatron.megatron_args.FLAG_TABLE).
+`layout_changes` says which rows of the table a better layout changes;
+autotune.megatron.script_patch edits exactly those flags in the user's file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError
+from autotune.layouts.layout import DIMENSIONS, Layout, derive_dp
+from autotune.megatron.launch_site import (
+    NOT_RUN,
+    Candidate,
+    Script,
+    find_launch,
+    parse_script,
+    read_script,
+    walk,
+)
+from autotune.megatron.megatron_args import (
+    FLAG_TABLE,
+    TRAINING_SCRIPT,
+    UNMODELED_DEFAULTS,
+    UNMODELED_FLAGS,
+    Given,
+    Part,
+    exported_layout,
+    known_flags,
+    read_fields,
+    row_args,
+)
+from autotune.megatron.shell_script import Command, Ref, Word, read_commands
+from autotune.specs.model import MODEL_NAME_MAX, ModelSpec
+
+__all__ = ["ArgGroup", "MegatronCommand", "RowChange", "exported_layout", "layout_changes",
+           "megatron_layout", "read_megatron_command", "unmodeled_warning"]
+
+_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+_PYTHON = re.compile(r"(.*/)?python[0-9.]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class ArgGroup:
+    """One flag of the command with the words that follow it (its values), as written; `flag`
+    is None for words before any flag."""
+
+    flag: str | None
+    words: tuple[Word, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MegatronCommand:
+    """What autotune read from a user's pretrain_gpt.py command."""
+
+    source: str
+    """The file, for messages."""
+    line: int
+    env: tuple[tuple[str, Word], ...]
+    """`NAME=value` prefixes of the command."""
+    exported: tuple[tuple[str, Word], ...]
+    """Variables the script exported before the command (CUDA_DEVICE_MAX_CONNECTIONS, ...)."""
+    launcher: tuple[Word, ...]
+    """torchrun and its options, or python: the words before the training script."""
+    script: Word
+    groups: tuple[ArgGroup, ...]
+    model: ModelSpec
+    layout_fields: dict[str, Any]
+    """Layout fields the flags give (every one but dp, which follows from the GPUs)."""
+    gpus_per_node: int | None
+    nodes: int | None
+    gpus_unknown: str | None
+    """Why the launcher does not tell the GPU count (None when it does)."""
+    parsed: Script
+    """The file as read and parsed: what autotune.megatron.script_patch edits."""
+    site: Candidate
+    """The launch command in it."""
+
+    @property
+    def gpus(self) -> int | None:
+        if self.gpus_per_node is None or self.nodes is None:
+            return None
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def unmodeled(self) -> tuple[str, ...]:
+        """The command's flags that change its speed or memory in ways autotune does not
+        model (megatron_args.UNMODELED_FLAGS), each once, in the command's order."""
+        def default(group: ArgGroup) -> bool:
+            given = [w.text for w in group.words[1:]]
+            return given == [UNMODELED_DEFAULTS.get(group.flag or "")]
+
+        return tuple(dict.fromkeys(g.flag for g in self.groups if g.flag is not None
+                                   and g.flag in UNMODELED_FLAGS and not default(g)))
+
+
+def unmodeled_warning(command: MegatronCommand) -> str | None:
+    """One line naming the command's flags autotune does not model, with what each changes;
+    None when it has none."""
+    flags = command.unmodeled
+    if not flags:
+        return None
+    named = "; ".join(f"{flag} ({UNMODELED_FLAGS[flag]})" for flag in flags)
+    return (f"{command.source}: autotune does not model {named}: its predictions and trials "
+            "run without them, your command with them")
+
+
+def _is_script(word: Word) -> bool:
+    text = word.shown()
+    return text.endswith(TRAINING_SCRIPT) and not text.startswith("-")
+
+
+def _launches(commands: list[Command]) -> list[Command]:
+    return [c for c in commands if any(_is_script(w) for w in c.words)
+            and (c.words[0].text or "") not in NOT_RUN]
+
+
+def _find(parsed: Script, line: int | None) -> tuple[Command, Candidate]:
+    """The launch the shell runs (or the one `line` names), as the evaluator expands it."""
+    source = parsed.source
+    commands = read_commands(_without_heredoc_text(parsed), source)
+    launches = _launches(commands)
+    site = find_launch(parsed, {c.line for c in launches}, line)
+    if site is None:
+        raise ConfigError(f"{source} holds no {TRAINING_SCRIPT} command (autotune reads a "
+                          f"`torchrun ... {TRAINING_SCRIPT} --flags` or `python "
+                          f"{TRAINING_SCRIPT} --flags` line)")
+    found = [c for c in launches if c.line == site.line]
+    if len(found) != 1:
+        why = "several launches" if found else "no launch autotune can expand"
+        raise ConfigError(f"{source}: line {site.line} holds {why} of {TRAINING_SCRIPT}")
+    command = found[0]
+    if command.words[0].text == "eval":
+        refs = [r for w in command.words for r in w.refs]
+        raise ConfigError(f"{source}: line {command.line}: the {TRAINING_SCRIPT} command is "
+                          f"built by eval of text autotune cannot expand ({refs[0].reason})")
+    return command, site
+
+
+def _without_heredoc_text(parsed: Script) -> str:
+    """The script with its here-documents' text and end markers blanked (newlines kept, so the
+    lines stay): to the shell they are data for a command, never commands of the script."""
+    data = bytearray(parsed.data)
+    for node, _ in walk(parsed.root):
+        if node.type in ("heredoc_body", "heredoc_end"):
+            for k in range(node.start_byte, node.end_byte):
+                if data[k] != 0x0A:
+                    data[k] = 0x20
+    return data.decode("utf-8")
+
+
+def _launcher_gpus(launcher: tuple[Word, ...], source: str) -> tuple[int | None, int | None,
+                                                                       str | None]:
+    """(GPUs per node, nodes, why unknown) from torchrun's options, or one process for python."""
+    texts = [w.text for w in launcher]
+    at = next((k for k, t in enumerate(texts) if t is not None and (
+        t.rsplit("/", 1)[-1] == "torchrun" or t in _LAUNCHERS)), None)
+    if at is None:
+        first = texts[0] if texts else None
+        if not launcher or (first is not None and _PYTHON.match(first)):
+            return 1, 1, None  # one process: pretrain_gpt.py on one GPU
+        shown = launcher[0].shown()
+        return None, None, f"the command is launched by {shown}, not torchrun"
+    options: dict[str, Word] = {}
+    rest = launcher[at + 1:]
+    for k, word in enumerate(rest):
+        text = word.text or ""
+        name, eq, value = text.partition("=")
+        name = name.replace("_", "-")
+        if name in ("--nproc-per-node", "--nnodes"):
+            if eq:
+                options[name] = Word.of(value)
+            elif k + 1 < len(rest):
+                options[name] = rest[k + 1]
+    values: list[int | None] = []
+    for option, default in (("--nproc-per-node", 1), ("--nnodes", 1)):
+        given = options.get(option)
+        if given is None:
+            values.append(default)
+            continue
+        count = given.text
+        if count is None or not count.isdigit() or int(count) < 1:
+            why = given.refs[0].reason if given.refs else \
+                f"{option} {given.shown()} is not a count"
+            return None, None, why
+        values.append(int(count))
+    return values[0], values[1], None
+
+
+def _group(args: tuple[Word, ...], source: str) -> tuple[tuple[ArgGroup, ...], Given]:
+    """The arguments grouped by flag, and the known flags' values for the table to read."""
+    known = known_flags()
+    groups: list[ArgGroup] = []
+    values: dict[str, str | None] = {}
+    unresolved: dict[str, Ref] = {}
+    k = 0
+    while k < len(args):
+        word = args[k]
+        text = word.text
+        if text is not None and text.startswith("--"):
+            name, eq, value = text.partition("=")
+            flag = known.get(name)
+            if flag is not None and flag.takes_value and not eq:
+                end = k + 2
+                if flag.many:
+                    while end < len(args) and not (args[end].text or "").startswith("--"):
+                        end += 1
+                taken = args[k + 1:end]
+                if not taken or (taken[0].text or "").startswith("--"):
+                    raise ConfigError(f"{source}: {name} has no value")
+                groups.append(ArgGroup(name, (word, *taken)))
+                refs = [r for w in taken for r in w.refs]
+                if refs:
+                    unresolved[name] = refs[0]
+                else:
+                    values[name] = " ".join(w.text or "" for w in taken)
+                k = end
+                continue
+            if flag is not None:
+                if not flag.takes_value and eq:
+                    raise ConfigError(f"{source}: {name} takes no value, got {text!r}")
+                values[name] = value if eq else None
+                groups.append(ArgGroup(name, (word,)))
+                k += 1
+                continue
+            # A flag autotune does not know: kept with the words that follow it.
+            j = k + 1
+            while j < len(args) and not (args[j].text or "").startswith("--"):
+                j += 1
+            groups.append(ArgGroup(name, args[k:j]))
+            k = j
+            continue
+        # An unknown word after a flag autotune knows (whose values are all taken) or before
+        # any flag may hold flags; after an unknown flag it is taken for that flag's value.
+        if text is None and (not groups or groups[-1].flag is None
+                             or groups[-1].flag in known):
+            raise ConfigError(f"{source}: {word.shown()} stands where flags go "
+                              f"({word.refs[0].reason}); autotune cannot tell which flags it "
+                              "holds: set it in the script before the command")
+        if groups and groups[-1].flag is not None:
+            groups[-1] = ArgGroup(groups[-1].flag, (*groups[-1].words, word))
+        else:
+            groups.append(ArgGroup(None, (word,)))
+        k += 1
+    return tuple(groups), _GivenWithRefs(values, unresolved, source)
+
+
+class _GivenWithRefs(Given):
+    """Given, refusing a flag autotune reads whose value the script does not set."""
+
+    def __init__(self, values: dict[str, str | None], unresolved: dict[str, Ref],
+                 source: str) -> None:
+        super().__init__({**values, **{n: "" for n in unresolved}}, source)
+        self.unresolved = unresolved
+
+    def text(self, name: str, default: str | None = None) -> str | None:
+        ref = self.unresolved.get(name)
+        if ref is not None:
+            raise ConfigError(f"{self.source}: {name} {ref.text}: {ref.reason.split(': ', 1)[-1]}"
+                              "; autotune needs its value")
+        return super().text(name, default)
+
+    def integer(self, name: str, default: int | None = None) -> int | None:
+        self.text(name)
+        return super().integer(name, default)
+
+    def number(self, name: str, default: float) -> float:
+        self.text(name)
+        return super().number(name, default)
+
+
+def _model_name(path: Path) -> str:
+    """A model name from the file's name: its stem, letters, digits, '.', '_', '-' only (the
+    name titles reports and makes the default study name)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).strip("-.")[:MODEL_NAME_MAX]
+    return name or "megatron-command"
+
+
+def read_megatron_command(path: str, line: int | None = None) -> MegatronCommand:
+    """The pretrain_gpt.py command of the file at `path` (the one on `line`, when given), read
+    (never run)."""
+    file = Path(path)
+    if line is not None and line < 1:
+        raise ConfigError(f"--line must be a positive line number, got {line}")
+    parsed = parse_script(read_script(path), path)
+    command, site = _find(parsed, line)
+    at = next(k for k, w in enumerate(command.words) if _is_script(w))
+    launcher, script = command.words[:at], command.words[at]
+    if script.text is None:
+        # The script's path may come from the environment ($MEGATRON_LM/pretrain_gpt.py):
+        # autotune never runs it, and the export carries it as "${NAME}".
+        pass
+    groups, given = _group(command.words[at + 1:], path)
+    read = read_fields(given)
+    names = {f.name for f in fields(ModelSpec)}
+    model = ModelSpec(name=_model_name(file), **{k: v for k, v in read.items() if k in names})
+    layout_fields = {k: v for k, v in read.items() if k in DIMENSIONS}
+    per_node, nodes, why = _launcher_gpus(launcher, path)
+    return MegatronCommand(source=path, line=command.line, env=command.env,
+                           exported=command.exported, launcher=launcher, script=script,
+                           groups=groups, model=model, layout_fields=layout_fields,
+                           gpus_per_node=per_node, nodes=nodes, gpus_unknown=why,
+                           parsed=parsed, site=site)
+
+
+def megatron_layout(command: MegatronCommand, gpus: int) -> Layout:
+    """The command's layout on `gpus` GPUs (dp follows from them), not yet validated."""
+    values = command.layout_fields
+    dp = derive_dp(gpus, tp=values.get("tp", 1), pp=values.get("pp", 1), cp=values.get("cp", 1))
+    return Layout(dp=dp, **values)
+
+
+@dataclass(frozen=True, slots=True)
+class RowChange:
+    """One row of the flag table whose arguments differ between two layouts."""
+
+    row: str
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+
+    def describe(self) -> str:
+        before = " ".join(self.before) or "(none)"
+        after = " ".join(self.after) or "(removed)"
+        return f"{before} -> {after}"
+
+
+def layout_changes(command: MegatronCommand, old: Layout, new: Layout) -> list[RowChange]:
+    """The rows of the flag table whose arguments differ between `old` (the command's layout)
+    and `new`, as Megatron-LM runs them (impl sdpa as te)."""
+    model = command.model
+    old, new = exported_layout(old), exported_layout(new)
+    changes: list[RowChange] = []
+    for row in FLAG_TABLE:
+        if row.part != Part.LAYOUT:
+            continue
+        before, after = row_args(row, model, old), row_args(row, model, new)
+        if before != after:
+            changes.append(RowChange(row.name, tuple(before), tuple(after)))
+    return changes

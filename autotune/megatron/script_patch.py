@@ -1,0 +1,525 @@
+"""A user's launch script with only the changed flag values edited in place; every other byte kept.
+
+`patch_script` takes the script as read by autotune.megatron.megatron_command (its syntax tree and
+launch command) and the rows of the flag table a better layout changes, and edits the file's bytes:
+- a flag written in the launch command, or in an array the command expands (`"${ARGS[@]}"`,
+  `ARGS=( ... )` set once, unconditionally, before the launch, plus `ARGS+=( ... )`), or in a
+  string it expands (`$PARALLEL`, `eval $cmd`) set the same way: its value word is replaced
+  where it stands. A value the command takes from a variable (`--tensor-model-parallel-size
+  $TP`) is replaced by the number in the command itself, not in `TP=...`: the variable may name
+  a checkpoint folder or feed other arithmetic, which the new layout must not change;
+- a flag the new layout adds goes onto the launch command, after its last argument;
+- a flag it drops is taken out (with the space or line continuation before it).
+A flag the user's command gets from somewhere autotune does not follow (a variable set in an
+`if`, the environment, a `$(...)`) is refused in one line: an edit there could change more
+than the flag, and leaving it would run the old layout.
+
+With a megatron-core release named (`export --megatron-version X`), the user's other flags are
+respelled for it where they stand (autotune.megatron.megatron_versions: a renamed flag takes the
+release's name, one it removed goes with its value, one it lacks is refused): `respellings`
+says which, `patch_script` edits them with the layout's flags.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shlex
+from dataclasses import dataclass
+
+from tree_sitter import Node
+
+from autotune.errors import ConfigError
+from autotune.layouts.layout import Layout
+from autotune.megatron.launch_site import Script, context_of, walk
+from autotune.megatron.megatron_args import FLAG_TABLE, TRAINING_SCRIPT, Flag, row_args
+from autotune.megatron.megatron_command import MegatronCommand, RowChange, exported_layout
+from autotune.megatron.megatron_versions import MegatronVersion, spell_args
+
+__all__ = ["Respelling", "Token", "launch_tokens", "patch_script", "respellings"]
+
+_MAX_FOLLOW = 16
+"""Variables followed inside one another (`ARGS=( "${MODEL[@]}" ... )`)."""
+_PLAIN = re.compile(r"[A-Za-z0-9_.,:+=/@%-]+")
+"""Text that means the same bare, in double quotes or in single quotes."""
+_REDIRECTS = {"file_redirect", "heredoc_redirect", "herestring_redirect"}
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One word of the launch command as bash splits it, with where it stands in the file."""
+
+    text: str | None
+    """Its literal text (None where part of it is an expansion autotune does not follow)."""
+    head: str
+    """The literal text it starts with (`--tp=` of `--tp=$TP`)."""
+    start: int
+    end: int
+    """Its bytes in the file."""
+    quoting: str
+    """The quoting it stands in: "" (a word of a command or array), '"' or "'" (inside such
+    a string, where only plain text can replace it)."""
+
+
+# ---- words as bash splits them -------------------------------------------------------------
+
+
+def _literal(script: Script, node: Node) -> str | None:
+    """A word node's text when it holds no expansion (quotes and backslashes removed)."""
+    kind = node.type
+    raw = script.raw(node)
+    if kind in ("word", "number"):
+        return None if "$" in raw or "`" in raw else re.sub(r"\\(.)", r"\1", raw, flags=re.S)
+    if kind == "raw_string":
+        return raw[1:-1]
+    if kind == "string":
+        inner = [c for c in node.children if c.type not in ('"',)]
+        if all(c.type == "string_content" for c in inner):
+            return re.sub(r'\\([$`"\\])', r"\1", raw[1:-1]).replace("\\\n", "")
+        return None
+    if kind == "concatenation":
+        parts = [_literal(script, c) for c in node.children]
+        return None if any(p is None for p in parts) else "".join(p or "" for p in parts)
+    return None
+
+
+def _head(script: Script, node: Node) -> str:
+    if node.type == "concatenation" and node.children:
+        return _head(script, node.children[0])
+    return _literal(script, node) or ""
+
+
+class _Follower:
+    """Turns the launch command's word nodes into tokens, following the variables it expands
+    where their value is known without running anything."""
+
+    def __init__(self, script: Script, launch: Node) -> None:
+        self.script = script
+        self.launch = launch
+        self.assignments: dict[str, list[Node]] = {}
+        for node, _ in walk(script.root):
+            if node.type == "variable_assignment":
+                name = node.child_by_field_name("name")
+                if name is not None:
+                    self.assignments.setdefault(script.raw(name), []).append(node)
+        self.following: list[str] = []
+
+    def word(self, node: Node) -> list[Token]:
+        """The tokens of one word of the command or of an array."""
+        name, array = self._reference(node)
+        if name is not None:
+            followed = self.follow(name, array=array)
+            if followed is not None:
+                return followed
+        text = _literal(self.script, node)
+        return [Token(text, _head(self.script, node), node.start_byte, node.end_byte, "")]
+
+    @staticmethod
+    def _variable(node: Node) -> tuple[str | None, bool]:
+        """(NAME, whether all of an array) for `$NAME`, `${NAME}`, `${NAME[@]}`."""
+        if node.type == "simple_expansion":
+            names = [c for c in node.children if c.type == "variable_name"]
+            return (names[0].text.decode() if names and names[0].text else None), False
+        if node.type == "expansion":
+            inner = [c for c in node.children if c.type not in ("${", "}")]
+            if len(inner) == 1 and inner[0].type == "variable_name" and inner[0].text:
+                return inner[0].text.decode(), False
+            if len(inner) == 1 and inner[0].type == "subscript":
+                parts = inner[0].children
+                if len(parts) == 4 and parts[0].type == "variable_name" and \
+                        parts[2].text in (b"@", b"*") and parts[0].text:
+                    return parts[0].text.decode(), True
+        return None, False
+
+    def _reference(self, node: Node) -> tuple[str | None, bool]:
+        """A word that is a whole variable bash splits into words: `$NAME` (a string split at
+        spaces) or `${NAME[@]}` / `"${NAME[@]}"` (an array's elements)."""
+        if node.type == "string":
+            inner = [c for c in node.children if c.type != '"']
+            if len(inner) == 1:
+                name, array = self._variable(inner[0])
+                return (name, True) if array else (None, False)
+            return None, False
+        return self._variable(node)
+
+    def follow(self, name: str, *, array: bool) -> list[Token] | None:
+        """The tokens of variable `name`'s value, or None where it is not known for sure: set
+        more than once (bar `+=` of arrays), inside a block, after the launch, or nested too
+        deep."""
+        assigned = self.assignments.get(name, [])
+        if not assigned or name in self.following or len(self.following) >= _MAX_FOLLOW:
+            return None
+        for node in assigned:
+            if context_of(node) is not None or node.start_byte > self.launch.start_byte:
+                return None
+            decl = node.parent
+            if decl is not None and decl.type == "declaration_command" and \
+                    decl.children and decl.children[0].type == "local":
+                return None
+        given = [a.child_by_field_name("value") for a in assigned]
+        values = [v for v in given if v is not None]
+        appends = [b"+=" in (a.text or b"").split(b"(")[0] for a in assigned]
+        if len(values) < len(given) or appends[0]:
+            return None
+        is_array = [v.type == "array" for v in values]
+        if len(assigned) > 1 and not all(is_array):
+            return None
+        if not array and not is_array[0] and \
+                not re.search(r"(^|\s)--", self.script.raw(values[0]).strip("'\"")):
+            # A string that holds no flag (`TP=2`): a value, replaced where the launch
+            # uses it, not in the assignment other commands may read.
+            return None
+        if not all(appends[1:]) or is_array[0] != array:
+            return None  # `$ARRAY` is its first element, `"${STRING[@]}"` one word
+        self.following.append(name)
+        try:
+            out: list[Token] = []
+            for value in values:
+                if value.type == "array":
+                    for element in value.named_children:
+                        if element.type == "comment":
+                            continue
+                        out += self.word(element)
+                else:
+                    split = self.split(value)
+                    if split is None:
+                        return None
+                    out += split
+            return out
+        finally:
+            self.following.pop()
+
+    def split(self, value: Node) -> list[Token] | None:
+        """A string variable's value split at spaces, as bash splits an unquoted `$NAME` (and
+        eval reads it again); None where quotes or escapes inside it would make eval read it
+        otherwise."""
+        raw = self.script.raw(value)
+        if value.type in ("word", "number"):
+            text = _literal(self.script, value)
+            return None if text is None or text != raw else \
+                [Token(text, text, value.start_byte, value.end_byte, "")]
+        if value.type == "raw_string":
+            return self._split_text(raw[1:-1], value.start_byte + 1, "'")
+        if value.type != "string":
+            return None
+        tokens: list[Token] = []
+        pieces: list[tuple[int, int, str | None]] = []  # one word being built
+
+        def flush() -> None:
+            if pieces:
+                texts = [p[2] for p in pieces]
+                text = None if any(t is None for t in texts) else "".join(t or "" for t in texts)
+                head = ""
+                for t in texts:
+                    if t is None:
+                        break
+                    head += t
+                tokens.append(Token(text, head, pieces[0][0], pieces[-1][1], '"'))
+                pieces.clear()
+
+        for child in value.children:
+            if child.type == '"':
+                continue
+            if child.type == "string_content":
+                content = self.script.raw(child)
+                if re.search(r"[\\'\"`]", content):
+                    return None
+                offset = child.start_byte
+                for m in re.finditer(r"[^ \t\n]+|[ \t\n]+", content):
+                    if m.group(0)[0] in " \t\n":
+                        flush()
+                        continue
+                    start = offset + len(content[:m.start()].encode())
+                    pieces.append((start, start + len(m.group(0).encode()), m.group(0)))
+            else:
+                name, array = self._variable(child)
+                alone = not pieces and _ends_word(value, child, self.script)
+                followed = self.follow(name, array=array) if name is not None and alone \
+                    else None
+                if followed is not None:
+                    tokens.extend(followed)
+                else:
+                    pieces.append((child.start_byte, child.end_byte, None))
+        flush()
+        return tokens
+
+    def _split_text(self, text: str, offset: int, quoting: str) -> list[Token]:
+        out = []
+        for m in re.finditer(r"[^ \t\n]+", text):
+            start = offset + len(text[:m.start()].encode())
+            out.append(Token(m.group(0), m.group(0), start, start + len(m.group(0).encode()),
+                             quoting))
+        return out
+
+
+def _ends_word(string: Node, child: Node, script: Script) -> bool:
+    """Whether `child` (an expansion inside a string) is followed by a space or the string's
+    end, so that it is a word of its own once split."""
+    nxt = child.next_sibling
+    if nxt is None or nxt.type == '"':
+        return True
+    return nxt.type == "string_content" and script.raw(nxt)[:1] in (" ", "\t", "\n")
+
+
+def launch_tokens(command: MegatronCommand) -> list[Token]:
+    """The launch command's words after the training script, as bash splits them, each with
+    its place in the file (the launcher's options when the script is not found among them)."""
+    script, launch = command.parsed, command.site.node
+    assert launch is not None
+    follower = _Follower(script, launch)
+    tokens: list[Token] = []
+    for child in launch.children:
+        if child.type in _REDIRECTS or child.type in ("variable_assignment", "comment"):
+            continue
+        nodes = child.children if child.type == "command_name" else [child]
+        for node in nodes:
+            tokens += follower.word(node)
+    at = next((k for k, t in enumerate(tokens) if script.data[t.start:t.end].decode()
+               .strip("'\"").endswith(TRAINING_SCRIPT)), None)
+    return tokens if at is None else tokens[at + 1:]
+
+
+# ---- edits ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Edit:
+    start: int
+    end: int
+    text: str
+
+
+def _occurrences(tokens: list[Token], flag: Flag) -> list[tuple[int, list[int]]]:
+    """(the flag's token, its value tokens) for each place the command gives `flag`; an inline
+    `--flag=value` has no value tokens."""
+    out = []
+    for k, token in enumerate(tokens):
+        if token.text == flag.name:
+            values: list[int] = []
+            if flag.takes_value:
+                j = k + 1
+                while j < len(tokens) and not tokens[j].head.startswith("--") and (
+                        flag.many or not values):
+                    values.append(j)
+                    j += 1
+            out.append((k, values))
+        elif token.head.startswith(flag.name + "="):
+            out.append((k, []))
+    return out
+
+
+def _shown(value: str, token: Token, source: str, name: str) -> str:
+    if token.quoting == "" and not _PLAIN.fullmatch(value):
+        return shlex.quote(value)
+    if not _PLAIN.fullmatch(value):
+        raise ConfigError(f"{source}: {name} {value!r} would go inside a quoted string of "
+                          "the script; change it by hand")
+    return value
+
+
+def _removal(data: bytes, tokens: list[Token], first: int, last: int) -> _Edit:
+    """Take out tokens[first..last] with the blank (or line continuation) before them, unless
+    a comment stands there; then the blank after them."""
+    start, end = tokens[first].start, tokens[last].end
+    before = tokens[first - 1].end if first > 0 and tokens[first - 1].end <= start else None
+    if before is not None and b"#" not in data[before:start] and \
+            data[before:start].strip(b" \t\\\n") == b"":
+        return _Edit(before, end, "")
+    line_start = data.rfind(b"\n", 0, start) + 1
+    line_end = data.find(b"\n", end)
+    line_end = len(data) if line_end < 0 else line_end
+    if not data[line_start:start].strip() and not data[end:line_end].strip():
+        return _Edit(line_start, min(line_end + 1, len(data)), "")  # a line of its own
+    m = re.match(rb"[ \t]*(\\\n[ \t]*)?", data[end:])
+    return _Edit(start, end + (m.end() if m else 0), "")
+
+
+def _insertion(script: Script, launch: Node, rows: list[list[str]]) -> _Edit:
+    """New flags onto the launch command, in the command's own layout: where it spans lines,
+    each row's flags on a continued line of their own before its last line (which stays as
+    the user wrote it); else after its last argument."""
+    words = [c for c in launch.children
+             if c.type not in _REDIRECTS and c.type not in ("variable_assignment", "comment")]
+    last = words[-1]
+    texts = [" ".join(shlex.quote(a) for a in args) for args in rows]
+    if launch.start_point[0] == last.start_point[0]:
+        return _Edit(last.end_byte, last.end_byte, " " + " ".join(texts))
+    first = next(w for w in words if w.start_point[0] == last.start_point[0])
+    line_start = script.data.rfind(b"\n", 0, first.start_byte) + 1
+    indent = script.data[line_start:first.start_byte]
+    if first is words[0] or indent.strip(b" \t"):
+        return _Edit(last.end_byte, last.end_byte, "".join(f" \\\n    {t}" for t in texts))
+    pad = indent.decode()
+    return _Edit(first.start_byte, first.start_byte,
+                 "".join(f"{t} \\\n{pad}" for t in texts))
+
+
+def _current_values(command: MegatronCommand) -> dict[str, str]:
+    """Each flag's value as the evaluator read it (the last occurrence, as argparse takes it)."""
+    out: dict[str, str] = {}
+    for group in command.groups:
+        if group.flag is None:
+            continue
+        _name, eq, inline = (group.words[0].text or "").partition("=")
+        words = group.words[1:]
+        out[group.flag] = inline if eq else " ".join(w.text or "\0" for w in words)
+    return out
+
+
+def _parse_args(args: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    current = ""
+    for arg in args:
+        if arg.startswith("--"):
+            out[arg] = []
+            current = arg
+        else:
+            out[current].append(arg)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Respelling:
+    """A flag of the user's command spelled otherwise for a megatron-core release."""
+
+    old: str
+    new: str | None
+    """None: the release removed it (a no-op there), and it goes with its value."""
+    token: int
+    """Its place among launch_tokens(command)."""
+
+    def describe(self) -> str:
+        return f"{self.old} -> {self.new}" if self.new else f"{self.old} (removed)"
+
+
+def _flag_name(token: Token) -> str | None:
+    """The flag a token gives (`--name` of `--name` or `--name=value`), or None."""
+    text = token.text if token.text is not None else token.head
+    if not text.startswith("--") or (token.text is None and "=" not in text):
+        return None  # a value, or a flag whose name is partly an expansion
+    return text.partition("=")[0]
+
+
+def respellings(command: MegatronCommand, version: MegatronVersion) -> list[Respelling]:
+    """The flags of the launch command that `version` spells otherwise, in order; a flag the
+    release lacks (or that merged several of the command's release) is refused in one line
+    (ConfigError), as is one that needs respelling in a variable autotune does not follow."""
+    tokens = launch_tokens(command)
+    out: list[Respelling] = []
+    seen: set[str] = set()
+    for k, token in enumerate(tokens):
+        name = _flag_name(token)
+        if name is None:
+            continue
+        seen.add(name)
+        spelled = spell_args([name], version)
+        if spelled != [name]:
+            out.append(Respelling(name, spelled[0] if spelled else None, k))
+    hidden = {g.flag for g in command.groups if g.flag is not None} - seen
+    for name in sorted(hidden):
+        if spell_args([name], version) != [name]:
+            raise ConfigError(f"{command.source}: line {command.line}: {name} comes from a "
+                              "variable autotune does not follow; megatron-core "
+                              f"{version.version} spells it {_spelled(name, version)}: change "
+                              "it by hand")
+    return out
+
+
+def _spelled(name: str, version: MegatronVersion) -> str:
+    spelled = spell_args([name], version)
+    return spelled[0] if spelled else "nothing (removed)"
+
+
+def _respelling_edits(command: MegatronCommand, tokens: list[Token],
+                      found: list[Respelling]) -> list[_Edit]:
+    data, source = command.parsed.data, command.source
+    edits = []
+    for r in found:
+        token = tokens[r.token]
+        if r.new is None:
+            # Its value goes too, where it has one as a word of its own (spell_args' rule).
+            last = r.token
+            if token.text is not None and "=" not in token.text and r.token + 1 < len(tokens) \
+                    and _flag_name(tokens[r.token + 1]) is None \
+                    and not tokens[r.token + 1].head.startswith("--"):
+                last = r.token + 1
+            edits.append(_removal(data, tokens, r.token, last))
+        elif data[token.start:token.end].startswith(r.old.encode()):
+            # The name as written, bare: only it changes (`--old=$VALUE` keeps its value).
+            edits.append(_Edit(token.start, token.start + len(r.old.encode()), r.new))
+        elif token.text is not None:
+            shown = _shown(r.new + token.text[len(r.old):], token, source, r.old)
+            edits.append(_Edit(token.start, token.end, shown))
+        else:
+            raise ConfigError(f"{source}: line {command.line}: {r.old} is written in a way "
+                              f"autotune cannot respell; write {r.new} for it by hand")
+    return edits
+
+
+def patch_script(command: MegatronCommand, new_layout: Layout,
+                 changes: list[RowChange], megatron_version: MegatronVersion | None = None
+                 ) -> str:
+    """The user's file with the flags of `changes`
+    (autotune.megatron.megatron_command.layout_changes from the command's layout to `new_layout`)
+    edited on its launch command (module docstring) and, with `megatron_version`, its other flags
+    spelled for that release (`respellings`); every other byte as it was."""
+    script, launch, source = command.parsed, command.site.node, command.source
+    assert launch is not None
+    tokens = launch_tokens(command)
+    present = {g.flag for g in command.groups if g.flag is not None}
+    current = _current_values(command)
+    new = exported_layout(new_layout)
+    rows = {row.name: row for row in FLAG_TABLE}
+    edits: list[_Edit] = []
+    added: list[list[str]] = []  # per row
+    for change in changes:
+        row = rows[change.row]
+        wanted = _parse_args(row_args(row, command.model, new))
+        added.append([])
+        for flag in row.flags:
+            places = _occurrences(tokens, flag)
+            if flag.name in present and not places:
+                raise ConfigError(
+                    f"{source}: line {command.line}: {flag.name} comes from a variable autotune "
+                    "does not follow (set in a block, more than once, by the environment or a "
+                    "command); write it in the launch command or an array set once, or change "
+                    f"it by hand: {change.describe()}")
+            if flag.name not in wanted:
+                for k, values in places:
+                    edits.append(_removal(script.data, tokens, k, values[-1] if values else k))
+                continue
+            value = " ".join(wanted[flag.name])
+            if not places:
+                added[-1] += [flag.name, *wanted[flag.name]]
+                continue
+            if not flag.takes_value or current.get(flag.name) == value:
+                continue
+            for k, values in places:
+                token = tokens[k]
+                if not values:  # --flag=value in one word
+                    edits.append(_Edit(token.start, token.end,
+                                       _shown(f"{flag.name}={value}", token, source,
+                                              flag.name)))
+                    continue
+                first, last = tokens[values[0]], tokens[values[-1]]
+                shown = " ".join(_shown(v, first, source, flag.name)
+                                 for v in wanted[flag.name])
+                edits.append(_Edit(first.start, last.end, shown))
+    if megatron_version is not None:
+        edits += _respelling_edits(command, tokens, respellings(command, megatron_version))
+        added = [spell_args(a, megatron_version) for a in added]
+    if any(added):
+        edits.append(_insertion(script, launch, [a for a in added if a]))
+    return _apply(script, edits)
+
+
+def _apply(script: Script, edits: list[_Edit]) -> str:
+    data = script.data
+    ordered = sorted(edits, key=lambda e: (e.start, e.end))
+    for a, b in itertools.pairwise(ordered):
+        if b.start < a.end:
+            raise ConfigError(f"{script.source}: two flag edits overlap at byte {b.start}; "
+                              "change the flags by hand")
+    for edit in reversed(ordered):
+        data = data[:edit.start] + edit.text.encode() + data[edit.end:]
+    return data.decode("utf-8")

@@ -1,0 +1,560 @@
+"""A shell script read, never run: its simple commands as words, with the variables it assigns.
+
+autotune reads a user's Megatron-LM launch script (autotune.megatron.megatron_command) without
+executing any of it: this module lexes bash's quoting (single and double quotes, backslashes, line
+continuations, comments), follows simple assignments in order (`NAME=value`, `export`,
+`declare`, arrays `NAME=( ... )` and `NAME+=( ... )`, `eval` of a string it could expand) and
+expands `$NAME`, `${NAME}`, `${NAME:-default}` and `${NAME[@]}` with bash's word splitting.
+What it cannot know without running something (`$(...)`, backticks, arithmetic, a variable set
+only inside an if/for/case block or a function, one the environment provides) stays a `Ref`
+in the word, with the reason, so that the caller can refuse it where it matters and carry it
+(as `"${NAME}"`) where it does not.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.errors import ConfigError
+
+__all__ = ["Command", "Ref", "Word", "read_commands"]
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
+_OPERATORS = ";&|<>()\n"
+_REDIRECT = re.compile(r"\d*(>>|>&|<&|&>>|&>|>|<<<|<<|<)(?!\()((?<=&)(?:\d+|-))?")
+_BLOCK_OPEN = {"if", "for", "while", "until", "case", "select", "function"}
+_BLOCK_CLOSE = {"fi", "done", "esac", "}"}
+_BLOCK_MIDDLE = {"then", "do", "else", "elif", "{", "!", "time"}
+_DECLARE = {"export", "declare", "typeset", "local", "readonly"}
+
+MAX_EXPANDED_CHARS = 4 * 2**20
+"""Characters all expansions of one script may produce: a launch command is a few KiB, and a
+variable doubled again and again (`A=$A$A`) reaches this in about 22 steps instead of 6 GB."""
+_WORD_COST = 64
+"""What one word counts for against MAX_EXPANDED_CHARS: an array of empty words doubled again
+and again costs Python objects, not characters."""
+MAX_DEFAULT_DEPTH = 50
+"""`${A:-${B:-...}}` inside one another: each level is a Python frame or three."""
+READ_SECONDS = 5.0
+"""The most the evaluator may take on one script (it takes milliseconds on a launch script)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A part of a word the static reading cannot resolve: `text` as the script wrote it,
+    `name` the variable (None for a command substitution or arithmetic), `reason` why."""
+
+    text: str
+    name: str | None
+    reason: str
+
+    @property
+    def plain(self) -> bool:
+        """A variable the environment may provide, safe to carry as "${NAME}"."""
+        return self.name is not None and _NAME.fullmatch(self.name) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Word:
+    """One word after expansion: literal text and unresolved references, in order."""
+
+    parts: tuple[str | Ref, ...]
+
+    @property
+    def text(self) -> str | None:
+        """The word's text when every part resolved, else None."""
+        if any(isinstance(p, Ref) for p in self.parts):
+            return None
+        return "".join(p for p in self.parts if isinstance(p, str))
+
+    @property
+    def refs(self) -> tuple[Ref, ...]:
+        return tuple(p for p in self.parts if isinstance(p, Ref))
+
+    def shown(self) -> str:
+        """The word as the script wrote its unresolved parts (for messages)."""
+        return "".join(p if isinstance(p, str) else p.text for p in self.parts)
+
+    @classmethod
+    def of(cls, text: str) -> Word:
+        return cls((text,))
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A simple command: its words, the `NAME=value` prefixes it runs with, the variables the
+    script had exported by then, and the line it starts on."""
+
+    words: tuple[Word, ...]
+    env: tuple[tuple[str, Word], ...]
+    exported: tuple[tuple[str, Word], ...]
+    line: int
+
+
+# ---- lexing --------------------------------------------------------------------------------
+# A raw word is a list of segments: ("lit", text, quoted) | ("var", spec, quoted)
+# | ("sub", text) for $(...), `...` and $((...)) | ("array", [raw words]).
+
+
+_Seg = tuple[Any, ...]
+
+
+@dataclass(slots=True)
+class _Statement:
+    words: list[list[_Seg]] = field(default_factory=list)
+    line: int = 1
+
+
+class _Lexer:
+    def __init__(self, text: str, source: str) -> None:
+        self.s = text
+        self.i = 0
+        self.source = source
+        # Offsets of the newlines: a statement's line by bisection, not by counting from the
+        # start (quadratic in a file of many short statements).
+        self.newlines = [k for k, c in enumerate(text) if c == "\n"]
+
+    def line_at(self, offset: int) -> int:
+        return bisect.bisect_left(self.newlines, offset) + 1
+
+    def error(self, what: str) -> ConfigError:
+        line = self.line_at(self.i)
+        return ConfigError(f"{self.source}: line {line}: {what}")
+
+    def peek(self, k: int = 0) -> str:
+        j = self.i + k
+        return self.s[j] if j < len(self.s) else ""
+
+    def statements(self) -> list[_Statement]:
+        out: list[_Statement] = []
+        current = _Statement(line=1)
+        skip_target = False
+        while self.i < len(self.s):
+            c = self.peek()
+            if c in " \t\r":
+                self.i += 1
+            elif c == "\\" and self.peek(1) == "\n":
+                self.i += 2
+            elif c == "#":
+                while self.i < len(self.s) and self.peek() != "\n":
+                    self.i += 1
+            elif (redirect := _REDIRECT.match(self.s, self.i)) is not None:
+                # `> log`, `2>&1`, `<<EOF`: not arguments of the command; the file after the
+                # operator is skipped too unless the operator holds it (`2>&1`).
+                self.i = redirect.end()
+                skip_target = not redirect.group(2)
+            elif c in _OPERATORS:
+                self.i += 1
+                if current.words:
+                    out.append(current)
+                current = _Statement(line=self.line_at(self.i))
+            else:
+                if not current.words:
+                    current.line = self.line_at(self.i)
+                word = self.word()
+                if skip_target:  # a redirection's file: not an argument of the command
+                    skip_target = False
+                else:
+                    current.words.append(word)
+        if current.words:
+            out.append(current)
+        return out
+
+    def word(self) -> list[_Seg]:
+        segs: list[_Seg] = []
+        start = self.i
+        while self.i < len(self.s):
+            c = self.peek()
+            if c in " \t\r" or c in _OPERATORS:
+                if c == "(" and segs and self._assignment_prefix(start):
+                    self.i += 1
+                    segs.append(("array", self._array()))
+                    continue
+                break
+            if c == "\\":
+                nxt = self.peek(1)
+                self.i += 2
+                if nxt != "\n":
+                    segs.append(("lit", nxt, True))
+            elif c == "'":
+                end = self.s.find("'", self.i + 1)
+                if end < 0:
+                    raise self.error("a single quote is not closed")
+                segs.append(("lit", self.s[self.i + 1:end], True))
+                self.i = end + 1
+            elif c == '"':
+                self.i += 1
+                segs += self._double_quoted()
+            elif c == "$":
+                segs.append(self._dollar(quoted=False))
+            elif c == "`":
+                end = self.s.find("`", self.i + 1)
+                if end < 0:
+                    raise self.error("a backtick is not closed")
+                segs.append(("sub", self.s[self.i:end + 1]))
+                self.i = end + 1
+            else:
+                segs.append(("lit", c, False))
+                self.i += 1
+        return segs
+
+    def _assignment_prefix(self, start: int) -> bool:
+        return _ASSIGN.fullmatch(self.s[start:self.i]) is not None
+
+    def _array(self) -> list[list[_Seg]]:
+        words: list[list[_Seg]] = []
+        while True:
+            if self.i >= len(self.s):
+                raise self.error("an array ( ... ) is not closed")
+            c = self.peek()
+            if c in " \t\r\n":
+                self.i += 1
+            elif c == "\\" and self.peek(1) == "\n":
+                self.i += 2
+            elif c == "#":
+                while self.i < len(self.s) and self.peek() != "\n":
+                    self.i += 1
+            elif c == ")":
+                self.i += 1
+                return words
+            else:
+                words.append(self.word())
+
+    def _double_quoted(self) -> list[_Seg]:
+        segs: list[_Seg] = [("lit", "", True)]  # "" is a word even when empty
+        while True:
+            if self.i >= len(self.s):
+                raise self.error("a double quote is not closed")
+            c = self.peek()
+            if c == '"':
+                self.i += 1
+                return segs
+            if c == "\\" and self.peek(1) in '$`"\\\n':
+                if self.peek(1) != "\n":
+                    segs.append(("lit", self.peek(1), True))
+                self.i += 2
+            elif c == "$":
+                segs.append(self._dollar(quoted=True))
+            elif c == "`":
+                end = self.s.find("`", self.i + 1)
+                if end < 0:
+                    raise self.error("a backtick is not closed")
+                segs.append(("sub", self.s[self.i:end + 1]))
+                self.i = end + 1
+            else:
+                segs.append(("lit", c, True))
+                self.i += 1
+
+    def _balanced(self, open_: str, close: str) -> int:
+        """The index just past the bracket closing the one at self.i."""
+        depth, j = 0, self.i
+        while j < len(self.s):
+            if self.s[j] == open_:
+                depth += 1
+            elif self.s[j] == close:
+                depth -= 1
+                if depth == 0:
+                    return j + 1
+            j += 1
+        raise self.error(f"a {open_} is not closed")
+
+    def _dollar(self, *, quoted: bool) -> _Seg:
+        nxt = self.peek(1)
+        if nxt == "(":
+            self.i += 1
+            end = self._balanced("(", ")")
+            text = "$" + self.s[self.i:end]
+            self.i = end
+            return ("sub", text)
+        if nxt == "{":
+            self.i += 1
+            end = self._balanced("{", "}")
+            spec = self.s[self.i + 1:end - 1]
+            self.i = end
+            return ("var", spec, quoted)
+        m = _NAME.match(self.s, self.i + 1)
+        if m:
+            self.i = m.end()
+            return ("var", m.group(0), quoted)
+        if nxt and (nxt.isdigit() or nxt in "@*#?$!-"):
+            self.i += 2
+            return ("var", nxt, quoted)
+        self.i += 1
+        return ("lit", "$", quoted)
+
+
+# ---- expansion -----------------------------------------------------------------------------
+
+_Value = Word | list[Word] | Ref
+"""A variable's value: a scalar word, an array, or why it is unknown."""
+
+
+class _Reader:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.vars: dict[str, _Value] = {}
+        self.exported: dict[str, Word] = {}
+        self.depth = 0
+        self.commands: list[Command] = []
+        self.evals = 0
+        self.produced = 0  # characters all expansions produced so far (MAX_EXPANDED_CHARS)
+        self.nesting = 0  # defaults being expanded inside one another (MAX_DEFAULT_DEPTH)
+        self.deadline = time.monotonic() + READ_SECONDS
+
+    def check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise ConfigError(f"{self.source}: reading the script took longer than "
+                              f"{READ_SECONDS:g} s; a launch script reads in milliseconds")
+
+    def lookup(self, spec: str, original: str) -> _Value | None:
+        """The value `${spec}` expands to (None: unset and no default)."""
+        m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*|\d+|[@*#?$!-])(\[([@*]|\d+)\])?"
+                         r"(?:(:?)([-=?+])(.*))?", spec, re.S)
+        if m is None:
+            return Ref(original, None, f"{original}: a form of expansion autotune does not "
+                                       "evaluate")
+        name, index, colon, op, word = m.group(1), m.group(3), m.group(4), m.group(5), m.group(6)
+        if name in ("@", "*", "#", "?", "$", "!", "-"):
+            return Ref(original, None, f"{original} is only known when the script runs")
+        value = self.vars.get(name)
+        if isinstance(value, list) and index is not None and index not in ("@", "*"):
+            value = value[int(index)] if int(index) < len(value) else None
+        elif isinstance(value, list) and index is None:
+            value = value[0] if value else None
+        unset = value is None or (colon == ":" and isinstance(value, Word)
+                                  and value.text == "")
+        if op is None:
+            if value is None:
+                reason = ("the script runs without arguments" if name.isdigit()
+                          else "not set in the script (the environment may provide it)")
+                return Ref(original, name, f"{original}: {reason}")
+            return value
+        if op in "-=":
+            if not unset:
+                return value
+            default = self.nested(word) if word else Word.of("")
+            if op == "=" and not name.isdigit():
+                self.vars[name] = default
+            return default
+        if op == "+":
+            return Word.of("") if unset else self.nested(word)
+        return value if not unset else Ref(original, name, f"{original}: not set in the script")
+
+    def nested(self, word: str) -> Word:
+        """The word of a `${NAME:-word}`, expanded: bounded, so that thousands of defaults
+        inside one another are one line rather than a RecursionError."""
+        self.nesting += 1
+        try:
+            if self.nesting > MAX_DEFAULT_DEPTH:
+                raise ConfigError(f"{self.source}: ${{...:-...}} nested deeper than "
+                                  f"{MAX_DEFAULT_DEPTH} levels")
+            return self.expand_scalar(_Lexer(word, self.source).word())
+        finally:
+            self.nesting -= 1
+
+    def expand(self, raw: list[_Seg], *, split: bool = True) -> list[Word]:
+        """A raw word as the words it becomes (splitting unquoted expansions, arrays)."""
+        words = self._expand(raw, split=split)
+        self.produced += _WORD_COST * len(words) + sum(
+            len(p) if isinstance(p, str) else len(p.text) for w in words for p in w.parts)
+        if self.produced > MAX_EXPANDED_CHARS:
+            raise ConfigError(f"{self.source}: its variables expand to more than "
+                              f"{MAX_EXPANDED_CHARS // 2**20} MiB of text (a variable doubled "
+                              "again and again?); a launch command is a few KiB")
+        self.check_time()
+        return words
+
+    def _expand(self, raw: list[_Seg], *, split: bool) -> list[Word]:
+        fields: list[list[str | Ref]] = [[]]
+        keep = False  # a quoted or literal part keeps even an empty word
+
+        def add(parts: tuple[str | Ref, ...], quoted: bool) -> None:
+            for part in parts:
+                if isinstance(part, Ref) or quoted or not split:
+                    fields[-1].append(part)
+                    continue
+                pieces = re.split(r"[ \t\n]+", part)
+                for k, piece in enumerate(pieces):
+                    if k:
+                        fields.append([])
+                    if piece:
+                        fields[-1].append(piece)
+
+        for seg in raw:
+            kind = seg[0]
+            if kind == "lit":
+                fields[-1].append(seg[1])
+                keep = True
+            elif kind == "sub":
+                what = "arithmetic" if seg[1].startswith("$((") else "command substitution"
+                fields[-1].append(Ref(seg[1], None, f"{seg[1]}: {what}, which autotune never "
+                                                    "runs"))
+                keep = True
+            elif kind == "array":
+                raise ConfigError(f"{self.source}: an array ( ... ) where a word belongs")
+            else:
+                _, spec, quoted = seg
+                original = "${" + spec + "}" if not _NAME.fullmatch(spec) else "$" + spec
+                value = self.lookup(spec, original)
+                keep = keep or quoted
+                if isinstance(value, Ref):
+                    fields[-1].append(value)
+                elif isinstance(value, Word):
+                    add(value.parts, quoted)
+                elif value is not None:
+                    all_of = re.search(r"\[[@*]\]", spec) is not None
+                    items = value if all_of else value[:1]
+                    for k, item in enumerate(items):
+                        if k and split:
+                            fields.append([])
+                        elif k:
+                            fields[-1].append(" ")
+                        add(item.parts, quoted)
+        words = [Word(_joined(f)) for f in fields]
+        return [w for w in words if w.parts or keep] if split else words[:1]
+
+    def expand_scalar(self, raw: list[_Seg]) -> Word:
+        words = self.expand(raw, split=False)
+        return words[0] if words else Word.of("")
+
+    # ---- statements ----
+
+    def run(self, statements: list[_Statement]) -> None:
+        for st in statements:
+            self.statement(st)
+
+    def statement(self, st: _Statement) -> None:
+        self.check_time()
+        words = list(st.words)
+        head = _literal(words[0]) if words else None
+        while head in _BLOCK_MIDDLE or head in _BLOCK_CLOSE or head in _BLOCK_OPEN or (
+                head is not None and head.endswith("()")):
+            if head in _BLOCK_CLOSE:
+                self.depth = max(0, self.depth - 1)
+            elif head in _BLOCK_OPEN or (head is not None and head.endswith("()")):
+                self.depth += 1
+                if head in ("if", "while", "until", "case", "for", "select"):
+                    return  # the condition or list of a block: nothing autotune follows
+            words = words[1:]
+            head = _literal(words[0]) if words else None
+        assignments: list[tuple[str, str, list[_Seg]]] = []
+        while words:
+            m = _leading_assignment(words[0])
+            if m is None:
+                break
+            assignments.append(m)
+            words = words[1:]
+        if not words:
+            for name, op, raw in assignments:
+                self.assign(name, op, raw, export=False)
+            return
+        command = _literal(words[0])
+        if command in _DECLARE:
+            for raw in words[1:]:
+                literal = _literal(raw)
+                if literal is not None and literal.startswith("-"):  # declare -x, export -n
+                    continue
+                m = _leading_assignment(raw)
+                value = self.vars.get(literal) if literal is not None else None
+                if m is not None:
+                    self.assign(*m, export=command == "export")
+                elif command == "export" and literal is not None and isinstance(value, Word):
+                    self.exported[literal] = value
+            return
+        if command == "unset":
+            for raw in words[1:]:
+                gone = _literal(raw)
+                if gone is not None:
+                    self.vars.pop(gone, None)
+                    self.exported.pop(gone, None)
+            return
+        env = tuple((name, self.expand_scalar(raw)) for name, op, raw in assignments
+                    if raw and raw[0][0] != "array")
+        expanded = [w for raw in words for w in self.expand(raw)]
+        if command == "eval":
+            self.eval(expanded[1:], st.line)
+            return
+        self.commands.append(Command(tuple(expanded), env, tuple(self.exported.items()),
+                                     st.line))
+
+    def assign(self, name: str, op: str, raw: list[_Seg], *, export: bool) -> None:
+        if self.depth:
+            self.vars[name] = Ref("$" + name, name, f"${name} is set inside an if/for/case "
+                                                   "block or a function, whose conditions "
+                                                   "autotune does not run")
+            return
+        if raw and raw[0][0] == "array":
+            items = [w for element in raw[0][1] for w in self.expand(element)]
+            old = self.vars.get(name)
+            if op == "+" and isinstance(old, list):
+                items = old + items
+            self.vars[name] = items
+            return
+        value = self.expand_scalar(raw)
+        old = self.vars.get(name)
+        if op == "+" and isinstance(old, Word):
+            value = Word(old.parts + value.parts)
+        self.vars[name] = value
+        if export or name in self.exported:
+            self.exported[name] = value
+
+    def eval(self, words: list[Word], line: int) -> None:
+        unresolved = [r for w in words for r in w.refs if not r.plain]
+        if unresolved:
+            # Its text would be lexed again: an unknown part could be anything. A variable of
+            # the environment stays a variable: "${NAME}" in the text lexed again.
+            self.commands.append(Command((Word.of("eval"), *words), (),
+                                         tuple(self.exported.items()), line))
+            return
+        self.evals += 1
+        if self.evals > 100:
+            raise ConfigError(f"{self.source}: too many nested evals")
+        text = " ".join("".join(p if isinstance(p, str) else f'"${{{p.name}}}"'
+                                for p in w.parts) for w in words)
+        for st in _Lexer(text, self.source).statements():
+            st.line = line
+            self.statement(st)
+
+
+def _joined(parts: list[str | Ref]) -> tuple[str | Ref, ...]:
+    """Parts with adjacent text joined: `--data-path=`, Ref, `/x` rather than one per char."""
+    out: list[str | Ref] = []
+    for part in parts:
+        if isinstance(part, str) and out and isinstance(out[-1], str):
+            out[-1] += part
+        elif part != "":
+            out.append(part)
+    return tuple(out)
+
+
+def _literal(raw: list[_Seg]) -> str | None:
+    """A raw word's text when it is unquoted literal text only (a keyword, a name)."""
+    if all(seg[0] == "lit" and not seg[2] for seg in raw):
+        return "".join(seg[1] for seg in raw)
+    return None
+
+
+def _leading_assignment(raw: list[_Seg]) -> tuple[str, str, list[_Seg]] | None:
+    """(name, '+' or '', the value's segments) when the word is `NAME=...` / `NAME+=...`."""
+    prefix = ""
+    for k, seg in enumerate(raw):
+        if seg[0] != "lit" or seg[2]:
+            break
+        prefix += seg[1]
+        m = _ASSIGN.fullmatch(prefix)
+        if m:
+            return m.group(1), m.group(2), raw[k + 1:]
+    return None
+
+
+def read_commands(text: str, source: str) -> list[Command]:
+    """The simple commands of a script, in order, with their words expanded as far as the
+    script's own assignments allow; nothing in it is run."""
+    reader = _Reader(source)
+    reader.run(_Lexer(text, source).statements())
+    return reader.commands

@@ -1,0 +1,291 @@
+"""Fit the analytical models' constants to measured trials, and keep them as JSON.
+
+`fit_cost_params` minimizes the mean squared error of log step time (a relative error, so a 50 ms
+and a 30 s trial weigh alike) over a few `CostParams` fields; `fit_memory_params` does the same for
+peak device memory and the `MemoryParams` overheads. A small ridge term pulls each constant
+towards its default, so a field that the samples say nothing about (TE constants fitted on local
+runs only) stays put and the problem stays well posed with fewer samples than constants.
+The optimizer is scipy.optimize.least_squares (trust-region reflective, bounded) over the
+log-ratio residuals log(predicted / measured) in log-parameter space, deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError
+from autotune.inputs.bounds import FLOAT_MAX
+from autotune.inputs.documents import parse_json
+from autotune.inputs.files import read_text
+from autotune.layouts.layout import Layout
+from autotune.outputs import write_text
+from autotune.predict.cost import CostParams, estimate_cost
+from autotune.predict.memory import MemoryParams, estimate_memory
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+
+__all__ = [
+    "COST_FIT_FIELDS",
+    "MEMORY_FIT_FIELDS",
+    "Sample",
+    "fit_cost_params",
+    "fit_memory_params",
+    "lever_fit_fields",
+    "load_calibration",
+    "save_calibration",
+]
+
+Sample = tuple[ModelSpec, Layout, ClusterSpec, float]
+"""(model, layout, cluster, measured value): step time in seconds or peak bytes."""
+
+COST_FIT_FIELDS: tuple[str, ...] = ("gemm_efficiency_max", "elementwise_bytes_local",
+                                    "elementwise_bytes_te", "step_overhead_s")
+MEMORY_FIT_FIELDS: tuple[str, ...] = ("cuda_context_bytes", "nccl_bytes_per_group",
+                                      "fragmentation")
+
+
+def lever_fit_fields(layouts: Sequence[Layout]) -> tuple[str, ...]:
+    """The cost constants of every lever (autotune.levers: Lever.constants) that one of
+    `layouts` turns on: what measured trials of it can fit (FP8's GEMM efficiency and casts, the
+    offloaded optimizer's host bandwidth). A lever no sample turns keeps its first-principles
+    values."""
+    from autotune.layouts.layout import DIMENSIONS
+    from autotune.levers import LEVERS
+
+    names: list[str] = []
+    for lever in LEVERS:
+        if lever.constants is None:
+            continue
+        if any(getattr(s, n) != DIMENSIONS[n].default for s in layouts
+               for n in lever.field_names):
+            names += [f.name for f in fields(lever.constants)]
+    return tuple(names)
+_UPPER: dict[str, float] = {"gemm_efficiency_max": 1.0, "flash_attention_efficiency": 1.0,
+                            "hbm_efficiency": 1.0, "comm_efficiency": 1.0}
+_RIDGE = 1e-6
+_FLOOR = 1e-12  # fitted constants are positive; zero defaults start from this floor
+
+
+def _fit(default: Any, names: Sequence[str], samples: Sequence[Sample],
+         predict: Callable[[Any, ModelSpec, Layout, ClusterSpec], float]) -> Any:
+    if not samples:
+        raise ConfigError("calibration needs at least one measured sample")
+    for *_, measured in samples:
+        if not measured > 0:
+            raise ConfigError(f"measured values must be positive, got {measured!r}")
+    known = {f.name for f in fields(default)}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"unknown {type(default).__name__} field(s): {', '.join(unknown)}")
+    import numpy as np  # scipy's dependency; imported where the fit runs
+    from scipy.optimize import least_squares
+
+    log0 = np.array([math.log(max(float(getattr(default, n)), _FLOOR)) for n in names])
+    log_measured = np.array([math.log(m) for *_, m in samples])
+    upper = np.array([math.log(_UPPER[n]) if n in _UPPER else np.inf for n in names])
+    log0 = np.minimum(log0, upper - 1e-9)
+    ridge = math.sqrt(_RIDGE * len(samples))
+
+    def make(x: Any) -> Any:
+        return replace(default, **{n: float(math.exp(v)) for n, v in zip(names, x,
+                                                                           strict=True)})
+
+    def residuals(x: Any) -> Any:
+        params = make(x)
+        predicted = np.array([math.log(predict(params, model, layout, cluster))
+                              for model, layout, cluster, _ in samples])
+        # log-ratio residuals, plus a small ridge pull towards the defaults (see above)
+        return np.concatenate([predicted - log_measured, ridge * (x - log0)])
+
+    result = least_squares(residuals, log0, bounds=(np.full(len(names), -np.inf), upper),
+                           method="trf", x_scale=1.0, diff_step=1e-4, xtol=1e-10,
+                           ftol=1e-12)
+    return make(result.x)
+
+
+def fit_cost_params(samples: Sequence[Sample], *, names: Sequence[str] | None = None,
+                    start: CostParams | None = None) -> CostParams:
+    """CostParams whose predicted step times best match the measured ones (seconds). `names`:
+    the constants fitted; by default COST_FIT_FIELDS and the constants of the levers the
+    samples turn on (lever_fit_fields)."""
+    if names is None:
+        names = (*COST_FIT_FIELDS, *lever_fit_fields([s for _, s, _, _ in samples]))
+    def predict(p: CostParams, m: ModelSpec, s: Layout, c: ClusterSpec) -> float:
+        return estimate_cost(m, s, c, p).step_time_s
+
+    result: CostParams = _fit(start or CostParams(), names, samples, predict)
+    return result
+
+
+def fit_memory_params(samples: Sequence[Sample], *, names: Sequence[str] = MEMORY_FIT_FIELDS,
+                      start: MemoryParams | None = None) -> MemoryParams:
+    """MemoryParams whose predicted peaks best match measured peak device bytes.
+
+    Measured peaks should be what `MemoryEstimate.peak_bytes` predicts: device memory in use
+    (NVML, context and NCCL included) on the busiest rank, not torch's max_allocated.
+    """
+    def predict(p: MemoryParams, m: ModelSpec, s: Layout, c: ClusterSpec) -> float:
+        return estimate_memory(m, s, c, p).peak_bytes
+
+    result: MemoryParams = _fit(start or MemoryParams(), names, samples, predict)
+    return result
+
+
+def save_calibration(path: Path | str, cost: CostParams, memory: MemoryParams, *,
+                     samples: int, source: str) -> None:
+    """Both models' constants in one file, as `autotune calibrate` writes it."""
+    data = {"version": 1, "samples": samples, "source": source,
+            "cost": {"type": "CostParams", "values": asdict(cost)},
+            "memory": {"type": "MemoryParams", "values": asdict(memory)}}
+    write_text(Path(path), json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _constants(cls: type[Any], data: Any, part: str, source: str) -> Any:
+    """`cls` (CostParams or MemoryParams) from the file's `part`: each value a finite number
+    (autotune.inputs.schema), at most 1 where it is an efficiency (_UPPER), positive where its
+    default is (a zero GEMM efficiency divides by zero; a negative fragmentation made a
+    model that does not fit "fit"), never negative."""
+    from autotune.inputs.schema import check
+
+    section = data.get(part) if isinstance(data, dict) else None
+    values = section.get("values") if isinstance(section, dict) else None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: not a calibration file from `autotune calibrate` (no "
+                          f"{part}.values)")
+    checked = check(cls, values, source, what=part, prefix=f"{part}.")
+    defaults = cls()
+    for name, value in checked.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            raise ConfigError(f"{source}: {part}.{name} must be a number, got {value!r}")
+        low = 0.0 if not getattr(defaults, name) else math.ulp(0.0)
+        high = _UPPER.get(name, FLOAT_MAX)
+        if not low <= value <= high:
+            rule = "positive" if low else "at least 0"
+            raise ConfigError(f"{source}: {part}.{name} must be {rule} and at most {high:g}, "
+                              f"got {value!r}")
+    return cls(**checked)
+
+
+def load_calibration(path: Path | str) -> tuple[CostParams, MemoryParams]:
+    """The (cost, memory) constants of a file written by save_calibration, every value checked
+    (one line naming the file and the constant otherwise)."""
+    source = f"calibration file {path}"
+    data = parse_json(read_text(Path(path), "calibration file"), source)
+    return (_constants(CostParams, data, "cost", source),
+            _constants(MemoryParams, data, "memory", source))
+
+
+# --- Leave-one-family-out cross-validation over measured trials (issue 28) ---
+
+Trial = tuple[str, ModelSpec, Layout, ClusterSpec, float, float]
+"""(family, model, layout, cluster, step time s, NVML device memory bytes) of one OK trial."""
+
+
+def family_of(model_name: str, gpu_name: str) -> str:
+    """A model on a GPU type: the unit the cross-validation holds out (tools/fit_constants.py)."""
+    return f"{model_name}/{gpu_name}"
+
+
+def trial_model_ref(model: str, data_path: Path | str) -> str:
+    """A measured trial's model as load_model takes it: a preset name as is, a path (a model
+    YAML or a Hugging Face config.json, relative to the repository root that holds
+    tests/data/measured_trials.json) made absolute."""
+    if "/" not in model and not model.endswith((".yaml", ".yml", ".json")):
+        return model
+    path = Path(model)
+    if path.is_absolute():
+        return model
+    return str(Path(data_path).resolve().parent.parent.parent / path)
+
+
+def load_trials(path: Path | str) -> list[Trial]:
+    """The OK trials of a measured_trials.json (tests/data), as fit samples with families.
+
+    A trial's family is its `family` field (one model shape given by two files is one family)
+    or else its model, on its GPU type."""
+    from autotune.specs.hardware import gpu_spec
+    from autotune.specs.presets import load_model
+
+    data = json.loads(read_text(Path(path), "measured trials"))
+    trials: list[Trial] = []
+    for t in data["trials"]:
+        if t["status"] != "OK":
+            continue
+        layout = Layout(**t["strategy"])
+        model = load_model(trial_model_ref(t["model"], path)).with_overrides(
+            global_batch_size=layout.gbs, seq_length=t.get("seq_length"))
+        cluster = ClusterSpec(num_gpus=t["gpus"], gpus_per_node=t["gpus"],
+                              gpu=gpu_spec(t["gpu"]))
+        trials.append((family_of(t.get("family", t["model"]), t["gpu"]), model, layout,
+                       cluster, float(t["step_time_s"]), float(t["device_used_bytes"])))
+    return trials
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FamilyError:
+    """Relative errors on one family's trials: held out of the fit, and in sample."""
+
+    family: str
+    trials: int
+    step_median: float
+    step_worst: float
+    memory_median: float
+    memory_worst: float
+    step_in_sample: float
+    memory_in_sample: float
+    step_shipped: float
+    """Median error with the shipped defaults (CostParams(), MemoryParams())."""
+    memory_shipped: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrossValidation:
+    families: tuple[FamilyError, ...]
+    cost: CostParams
+    """Fitted to every trial: the shipped defaults."""
+    memory: MemoryParams
+
+
+def _rel_errors(trials: Sequence[Trial], cost: CostParams,
+                memory: MemoryParams) -> tuple[list[float], list[float]]:
+    step = [abs(estimate_cost(m, s, c, cost).step_time_s / t - 1) for _, m, s, c, t, _ in trials]
+    mem = [abs(estimate_memory(m, s, c, memory).peak_bytes / u - 1)
+           for _, m, s, c, _, u in trials]
+    return step, mem
+
+
+def cross_validate(trials: Sequence[Trial], *, start_cost: CostParams | None = None,
+                   start_memory: MemoryParams | None = None) -> CrossValidation:
+    """Fit on all families but one, measure the one held out; then fit on all of them."""
+    import statistics
+
+    def fit(ts: Sequence[Trial]) -> tuple[CostParams, MemoryParams]:
+        cost = fit_cost_params([(m, s, c, t) for _, m, s, c, t, _ in ts],
+                               start=start_cost or CostParams())
+        memory = fit_memory_params([(m, s, c, u) for _, m, s, c, _, u in ts],
+                                   start=start_memory or MemoryParams())
+        return cost, memory
+
+    all_cost, all_memory = fit(trials)
+    rows = []
+    for family in sorted({t[0] for t in trials}):
+        held = [t for t in trials if t[0] == family]
+        cost, memory = fit([t for t in trials if t[0] != family])
+        step, mem = _rel_errors(held, cost, memory)
+        step_in, mem_in = _rel_errors(held, all_cost, all_memory)
+        step_sh, mem_sh = _rel_errors(held, CostParams(), MemoryParams())
+        rows.append(FamilyError(family=family, trials=len(held),
+                                step_median=statistics.median(step), step_worst=max(step),
+                                memory_median=statistics.median(mem), memory_worst=max(mem),
+                                step_in_sample=statistics.median(step_in),
+                                memory_in_sample=statistics.median(mem_in),
+                                step_shipped=statistics.median(step_sh),
+                                memory_shipped=statistics.median(mem_sh)))
+    return CrossValidation(families=tuple(rows), cost=all_cost, memory=all_memory)

@@ -1,0 +1,462 @@
+"""Analytical step time of a Megatron layout: compute, communication, pipeline bubble, optimizer.
+
+The shape follows Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
+Clusters Using Megatron-LM"): every pipeline stage runs m micro-batches of forward + backward,
+the pipeline adds a bubble of (p - 1)/v micro-batch times (Section 2.2), tensor-parallel
+all-reduces sit on the critical path (Section 3.2; megatron-core's local spec does not overlap
+them), and the data-parallel gradient reduction follows the last backward. The efficiency
+constants are empirical and live in `CostParams`; `autotune.predict.calibration` fits them to
+measured trials. Pure arithmetic, no torch.
+
+Default calibration (see `CostParams`): gpt2-xl on one H100 80GB, local spec, no TE, mbs 4,
+gbs 64 was measured at ~13.6k tokens/s (~14% MFU) and the model predicts 13.6k tokens/s (14.1%);
+gpt2-large with TE on 2x H200, dp 2, mbs 32, gbs 64 was measured at ~437 ms per step and the
+model predicts 437 ms. Two points fix two constants (the elementwise factors); everything else
+is a datasheet number or a first-principles byte count, so treat other regimes as unvalidated
+until `autotune.predict.calibration` has seen trials from them.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from autotune.layouts.layout import Layout
+from autotune.levers import LEVERS, LeverConstants
+from autotune.levers.base import CostState, StageState
+from autotune.levers.pipeline_split import even_layers
+from autotune.predict.memory import MAIN_GRAD_BYTES, PARAM_BYTES, stage_linear_params, stage_params
+from autotune.specs.activations import layer_activations, layer_bytes
+from autotune.specs.flops import (
+    forward_flops_per_token,
+    gemm_efficiency,
+    gemm_size,
+    hardware_flops_per_token,
+    mlp_forward_flops_per_token,
+    model_flops_per_token,
+)
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec, padded_vocab_size
+
+__all__ = ["CostEstimate", "CostParams", "LayerTimes", "estimate_cost", "gemm_efficiency",
+           "gemm_size"]
+
+_BUCKET_PARAMS = 40_000_000
+"""megatron/core/distributed/distributed_data_parallel_config.py: bucket_size defaults to
+max(40M, 1M x dp) parameters; the last bucket's reduction cannot hide behind backward."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostParams(LeverConstants):
+    """Empirical efficiency constants (fractions of datasheet peaks, bytes moved per element).
+
+    A lever's own constants are declared in its module and inherited (LeverConstants), so
+    calibration fits them like these.
+
+    Defaults: gemm_half_size, the attention, HBM and communication efficiencies are
+    datasheet-style guesses; gemm_efficiency_max, the two elementwise factors and step_overhead_s
+    are fitted by tools/fit_constants.py (scipy least squares on log step time) to the 113 OK
+    trials of tests/data/measured_trials.json (5 families: gpt2-xl, gpt2-large, gpt-3.6b on
+    H100 and H200), with leave-one-family-out cross-validation in
+    results/benchmarks/2026-11-25-cpu-constants-fit.md (kept when 30 H100 trials of Llama
+    shapes made it 143 trials and 8 families: the refit did not lower held-out error across
+    them, same report); layer_launch_s was fitted earlier
+    (results/benchmarks/2026-11-21-h100-h200x2-model-accuracy.md).
+    """
+
+    gemm_efficiency_max: float = 0.852
+    """Fraction of peak bf16 FLOP/s that large GEMMs reach."""
+    gemm_half_size: float = 256.0
+    """eff = gemm_efficiency_max * x / (x + gemm_half_size), x the GEMM's smaller dimension per
+    GPU (min of mbs * seq / cp and hidden / tp): an empirical saturating fit, not a law."""
+    flash_attention_efficiency: float = 0.45
+    """Fraction of peak that fused attention (SDPA flash, TE/cuDNN) reaches on the counted
+    (non-causal, 4 s h per token) core-attention FLOPs; causal kernels skip half the work."""
+    local_attention_bytes_per_score: float = 82.0
+    """HBM bytes per attention score and head, forward + backward, of megatron-core's unfused
+    attention without the fused softmax kernel: bf16 scores, fp32 upcast, masked_fill, fp32
+    softmax, downcast, dropout + mask, and their backward (each a separate kernel)."""
+    elementwise_bytes_local: float = 6.86
+    """HBM bytes moved (forward + backward) per byte of stored activation outside core attention,
+    local spec: unfused bias, GeLU, dropout, residual adds and LayerNorm. Fitted to gpt2-xl."""
+    elementwise_bytes_te: float = 2.15
+    """Same with Transformer Engine's fused LayerNorm-Linear, bias-GeLU and bias-dropout-add
+    (also used for impl sdpa, whose non-attention kernels are the local ones but it keeps the
+    SDPA fused attention). Fitted to gpt2-large on H200."""
+    hbm_efficiency: float = 0.8
+    """Fraction of datasheet HBM bandwidth that streaming kernels reach."""
+    hbm_bytes_per_s: float | None = None
+    """HBM bandwidth; None takes the GPU's (autotune.specs.hardware.GpuSpec.hbm_bytes_per_s)."""
+    comm_efficiency: float = 0.8
+    """NCCL bus bandwidth as a fraction of the link bandwidth in the GPU table."""
+    collective_latency_s: float = 20e-6
+    """Fixed cost per collective (launch + ring latency)."""
+    optimizer_bytes_per_param: float = 32.0
+    """Adam step HBM traffic per local-shard parameter: read grad, master, m, v (16 B), write
+    master, m, v, bf16 param (14 B), plus the gradient-norm read (2 B)."""
+    step_overhead_s: float = 0.0339
+    layer_launch_s: float = 0.00162
+    """Host time to launch one layer's kernels for one micro-batch (forward + backward) that
+    the GPU does not hide: eager megatron-core issues ~100 small kernels per layer. Fitted to
+    measurements (autotune calibrate); it is what makes small micro-batches slow."""
+    """Per-step fixed cost: data loading, loss all-reduce, Python, zeroing grad buffers."""
+    te_layer_launch_s: float = 0.00035
+    """What Transformer Engine's modules add to layer_launch_s per layer and micro-batch. The
+    worker measured impl te 2-8% slower than impl sdpa on the same layouts, the same kernels
+    of attention and GEMMs, with identical memory: the median over six pairs (gpt2-xl and
+    gpt2-large, one H100 and two H200, tp 1 and 2, TE 2.11) is 0.35 ms per layer and micro-batch,
+    range 0.08-0.85 ms (results/benchmarks/2026-11-23-h100-te-build-and-runs.md)."""
+    cp_ring_step_host_s: float = 0.0036
+    """Host time of one step of Transformer Engine's context-parallel ring per layer and
+    micro-batch, forward and backward together (transformer_engine/pytorch/attention:
+    AttnFuncWithCPAndKVP2P issues each of its cp steps' kernels and p2p exchange from Python).
+    When a stage's n x cp of them take longer than its GPU work, the GPU waits. Measured with
+    TE 2.11 on two H200 (gpt2-xl, cp 2, mbs 1, results/benchmarks/2026-11-23-h100-te-build-and-
+    runs.md): 1.470 and 1.461 s per step at seq 4096 and 8192, the same host-bound time for
+    twice the tokens; GPU-bound at 16384 (1.980 s)."""
+    checkpoint_call_s: float = 0.0
+    """Fixed cost of one activation checkpoint per micro-batch, besides the FLOPs it reruns:
+    megatron-core's CheckpointFunction (tensor_parallel/random.py) saves and restores the CPU,
+    CUDA and model-parallel-tracker RNG states and runs the recomputed forward and its
+    backward as a nested, re-entrant autograd.backward call, whose kernels the host issues
+    while the GPU waits on them. Zero by default: the measured trials do not support a
+    constant per call (results/benchmarks/2026-11-23-recompute-overhead-analysis.md); `autotune
+    calibrate` may fit it to a machine's own trials."""
+    pcie_efficiency: float = 0.8
+    """Fraction of the host link's datasheet bandwidth that pinned-memory copies reach."""
+
+
+DEFAULT_COST_PARAMS = CostParams()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostEstimate:
+    """Predicted time of one training step, by term, and the throughput it implies."""
+
+    compute_s: float
+    """Forward + backward (+ recompute) kernels of the slowest stage, all micro-batches."""
+    tp_comm_s: float
+    cp_comm_s: float
+    """Exposed part of the context-parallel K/V ring (the rest hides behind attention)."""
+    ep_comm_s: float
+    pp_comm_s: float
+    dp_comm_s: float
+    """Exposed part of the gradient reduction and parameter all-gather."""
+    bubble_s: float
+    optimizer_s: float
+    overhead_s: float
+    launch_s: float
+    """Host launch time of every layer and micro-batch not hidden behind GPU work."""
+    offload_s: float = 0.0
+    """Exposed CPU-offload copies: what the host link does not hide behind the layers."""
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    """Model FLOPs (no recompute) per GPU per second, in TFLOP/s."""
+    mfu: float
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Bubble over ideal pipeline time: (p - 1)/(v m) (Narayanan et al. 2021, Section 2.2)."""
+        busy = self.step_time_s - self.bubble_s - self.dp_comm_s - self.optimizer_s \
+            - self.overhead_s
+        return self.bubble_s / busy if busy > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Flops:
+    layer_mats: float
+    layer_core: float
+    layer_mlp: float
+    """The MLP's (MoE layer's) part of layer_mats."""
+    logits: float
+    model_per_token: float
+
+
+@functools.lru_cache(maxsize=1024)
+def _flops(model: ModelSpec) -> _Flops:
+    """Per-token forward FLOPs split into GEMMs / core attention / logits, from
+    autotune.specs.flops."""
+    base = model_flops_per_token(model)
+    core = (hardware_flops_per_token(model, "selective") - base) / model.num_layers
+    mats = (hardware_flops_per_token(model, "full") - base) / model.num_layers - core
+    logits = forward_flops_per_token(model) - model.num_layers * (mats + core)
+    return _Flops(layer_mats=mats, layer_core=core, layer_mlp=mlp_forward_flops_per_token(model),
+                  logits=logits, model_per_token=base)
+
+
+def ring_allreduce_s(nbytes: float, n: int, bytes_per_s: float, params: CostParams) -> float:
+    """Ring all-reduce: 2 (n - 1)/n of the buffer crosses each link (Patarasuk & Yuan 2009);
+    reduce-scatter + all-gather move the same volume."""
+    if n <= 1:
+        return 0.0
+    return params.collective_latency_s + 2 * (n - 1) / n * nbytes / (
+        bytes_per_s * params.comm_efficiency)
+
+
+def _one_way_s(nbytes: float, n: int, bytes_per_s: float, params: CostParams) -> float:
+    """All-gather, reduce-scatter or all-to-all: (n - 1)/n of the buffer per link."""
+    if n <= 1:
+        return 0.0
+    return params.collective_latency_s + (n - 1) / n * nbytes / (
+        bytes_per_s * params.comm_efficiency)
+
+
+def _link(cluster: ClusterSpec, span: int) -> float:
+    """Bandwidth of a group whose ranks span `span` consecutive global ranks.
+
+    Megatron orders ranks tp-cp-ep-dp-pp (tp innermost; parallel_state.RankGenerator), so a
+    group of stride st and size n covers st * n ranks and leaves the node when that exceeds
+    gpus_per_node; a ring is then as fast as its inter-node hops.
+    """
+    gpu = cluster.gpu
+    if span > cluster.gpus_per_node:
+        return gpu.inter_node_bytes_per_s
+    return gpu.intra_node_bytes_per_s
+
+
+def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
+                  params: CostParams | None = None) -> CostEstimate:
+    """Predicted step time and throughput of `layout` for `model` on `cluster`."""
+    prm = params or DEFAULT_COST_PARAMS
+    s = layout
+    fl = _flops(model)
+    gpu = cluster.gpu
+    hbm = (prm.hbm_bytes_per_s or gpu.hbm_bytes_per_s) * prm.hbm_efficiency
+    peak = gpu.peak_bf16_flops
+    h, t, m = model.hidden_size, s.tp, s.num_microbatches
+    seq = model.seq_length / s.cp
+    tokens = s.mbs * seq  # local tokens of one micro-batch
+    tsp = t if s.sequence_parallel else 1
+    # The terms the levers change, each lever in registry order (autotune.levers).
+    state = CostState(optimizer_bytes_per_param=prm.optimizer_bytes_per_param,
+                      linear_gather_bytes=PARAM_BYTES, stage_layers=even_layers(s, model))
+    for term in _COST_TERMS:
+        state = term(model, s, cluster, prm, state)
+
+    # --- one layer, one micro-batch, one forward pass (backward = 2 forwards) ---
+    eff = gemm_efficiency(gemm_size(model, s), prm)
+    # A lever may run the layers' GEMMs faster than bf16 (FP8: autotune.levers.fp8); the
+    # output layer's below stays at bf16's rate.
+    gemm_fwd = tokens * fl.layer_mats / t / (peak * eff) / state.layer_gemm_speedup
+    mlp_fwd = tokens * fl.layer_mlp / t / (peak * eff) / state.layer_gemm_speedup
+    core_flops = tokens * fl.layer_core / t
+    acts = layer_activations(model, t, state.attention)
+    stored_per_token = acts.replicated / tsp + acts.split
+    # Core attention at its kernel's efficiency, and an unfused one's s^2 memory traffic
+    # (the implementation's: autotune.levers.transformer_impl).
+    core_fwd = core_flops / (peak * state.attention_efficiency)
+    if state.attention_bytes_per_score:
+        core_fwd += (tokens * seq * model.num_attention_heads / t
+                     * state.attention_bytes_per_score / 3 / hbm)
+    elementwise = state.elementwise_bytes
+    # Element-wise kernels move `elementwise` bytes (forward + backward) per stored byte; a
+    # lever's own passes (FP8's casts) add their bytes, forward + backward as well.
+    elem_fwd = tokens * stored_per_token * elementwise / 3 / hbm \
+        + tokens * state.layer_pass_bytes_per_token / 3 / hbm
+    # Tensor parallel: 2 all-reduces of s b h bf16 per layer forward, 2 backward (Korthikanti
+    # et al. 2022, Section 4.2.2; SP swaps each for all-gather + reduce-scatter of the same
+    # volume); megatron-core's local spec does not overlap them.
+    act_bytes = tokens * h * 2
+    tp_fwd = 2 * ring_allreduce_s(act_bytes, t, gpu.intra_node_bytes_per_s, prm)
+    # Context parallel: TE's ring passes K and V of the local chunk cp - 1 times per pass of
+    # attention, overlapped with it (Liu et al. 2023, Ring Attention): exposed max(0, .).
+    cp_fwd = 0.0
+    if s.cp > 1:
+        kv_bytes = tokens * 2 * model.head_dim * max(1, model.query_groups // t) * 2
+        bw = _link(cluster, t * s.cp) * prm.comm_efficiency
+        cp_fwd = max(0.0, (s.cp - 1) * kv_bytes / bw - core_fwd)
+    # Expert parallel: token dispatch + combine all-to-all per pass.
+    ep_fwd = 0.0
+    if model.is_moe and s.ep > 1:
+        a2a_bytes = tokens / tsp * model.moe_topk * h * 2
+        ep_fwd = 2 * _one_way_s(a2a_bytes, s.ep, _link(cluster, t * s.ep), prm)
+    layer = LayerTimes(gemm=gemm_fwd, core=core_fwd, elem=elem_fwd, tp=tp_fwd, cp=cp_fwd,
+                       ep=ep_fwd)
+
+    # The last stage adds the output layer (2 h V per token forward) and the vocab-parallel
+    # cross entropy over fp32 logits (cross_entropy.py: ~4 passes over 4-byte elements; the
+    # fused kernels fewer, autotune.levers.cross_entropy).
+    vocab_rank = padded_vocab_size(model, t) / t
+    ce_passes = state.cross_entropy_passes
+    logits_s = (tokens * fl.logits * 3 / t / (peak * eff)
+                + tokens * vocab_rank * 4 * ce_passes / hbm)
+    # Pipeline: send + receive of s b h bf16 per chunk boundary, forward and backward (1/t of
+    # it with SP or Megatron's scatter-gather; Narayanan et al. 2021, Section 4.1).
+    pp_mb = 0.0
+    if s.pp > 1:
+        bw = _link(cluster, cluster.num_gpus) * prm.comm_efficiency
+        pp_mb = 2 * s.vpp * (prm.collective_latency_s + act_bytes / t / bw)
+    full_bytes = layer_bytes(acts, tokens=tokens, seq=seq, tp=t,
+                             sequence_parallel=s.sequence_parallel)
+
+    # --- each pipeline stage, one micro-batch: its layers (an uneven split gives the first or
+    # last stage its own count) and, on the last, the logits.
+    counts = state.stage_layers
+    times: dict[tuple[int, bool], _StageTime] = {}
+    stages: dict[int, StageState] = {}  # what the levers add depends on the layers alone
+    for i, n in enumerate(counts):
+        key = (n, i == s.pp - 1)
+        if key in times:
+            continue
+        stage = stages.get(n)
+        if stage is None:
+            stage = StageState(layers=n, chunk=n // s.vpp, layer=layer, mlp_forward_s=mlp_fwd,
+                               activations=acts, tokens=tokens, layer_bytes=full_bytes,
+                               hbm_bytes_per_s=hbm, elementwise_bytes=elementwise)
+            for stage_term in _STAGE_TERMS:
+                stage = stage_term(model, s, cluster, prm, stage)
+            stages[n] = stage
+        times[key] = _stage_time(s, prm, state, stage, logits_s=logits_s if key[1] else 0.0,
+                                 pp_s=pp_mb)
+    per_stage = [times[(n, i == s.pp - 1)] for i, n in enumerate(counts)]
+    pace = max(per_stage, key=lambda st: st.total)
+    compute_mb, tp_mb, cp_mb, ep_mb = pace.compute, pace.tp, pace.cp, pace.ep
+    launch_mb, mb_s = pace.launch, pace.total
+    # Stages run in lock-step at the pace of the slowest (the last one, with the logits, unless
+    # an uneven split moved layers off it): m slots of it, plus Narayanan et al. 2021's bubble
+    # of (p - 1)/v slots (Section 2.2.2). An uneven split pays or gains through that slot.
+    bubble_s = (s.pp - 1) / s.vpp * mb_s
+
+    dp_s = _dp_exposed(model, s, cluster, prm, state, bwd_window_s=mb_s * 2 / 3,
+                       fwd_window_s=mb_s / 3)
+    # Adam over the local shard is memory-bound (megatron/core/optimizer: one fused pass); a
+    # lever may move part of it off the GPU (optimizer_host_s_per_param).
+    dense, expert = _largest_stage(model, s, counts)
+    shard = dense / state.dense_shard + expert / state.expert_shard
+    optimizer_s = shard * state.optimizer_bytes_per_param / hbm \
+        + shard * state.optimizer_host_s_per_param
+    # A lever's once-a-step pass over the stage's GEMM weights (FP8's weight casts), with the
+    # optimizer's time: both run outside the pipeline's micro-batches.
+    if state.linear_weight_pass_bytes:
+        optimizer_s += _busiest_linear(model, s, counts) * state.linear_weight_pass_bytes / hbm
+    step = m * mb_s + bubble_s + dp_s + optimizer_s + prm.step_overhead_s
+    tokens_per_s = s.gbs * model.seq_length / step
+    world = s.world_size
+    tflops = fl.model_per_token * tokens_per_s / world / 1e12
+    return CostEstimate(compute_s=m * compute_mb, tp_comm_s=m * tp_mb, cp_comm_s=m * cp_mb,
+                        ep_comm_s=m * ep_mb, pp_comm_s=m * pp_mb, dp_comm_s=dp_s,
+                        offload_s=m * pace.offload,
+                        bubble_s=bubble_s, optimizer_s=optimizer_s,
+                        overhead_s=prm.step_overhead_s, launch_s=m * launch_mb,
+                        step_time_s=step,
+                        tokens_per_s=tokens_per_s, tflops_per_gpu=tflops,
+                        mfu=tflops * 1e12 / peak)
+
+
+_COST_TERMS = tuple(lever.cost for lever in LEVERS if lever.cost is not None)
+_STAGE_TERMS = tuple(lever.stage_cost for lever in LEVERS if lever.stage_cost is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTimes:
+    """One layer, one micro-batch, one forward pass: its terms in seconds."""
+
+    gemm: float
+    core: float
+    elem: float
+    tp: float
+    cp: float
+    ep: float
+
+
+@dataclass(frozen=True, slots=True)
+class _StageTime:
+    """One pipeline stage, one micro-batch (forward + backward + recompute), by term."""
+
+    compute: float
+    tp: float
+    cp: float
+    ep: float
+    pp: float
+    launch: float
+    offload: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tp + self.cp + self.ep + self.pp + self.launch + self.offload
+
+
+def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState, *,
+                logits_s: float, pp_s: float) -> _StageTime:
+    """Time of one stage of `stage.layers` layers for one micro-batch: forward (1) + backward
+    (2) of every layer, plus what the levers add (StageState: the forwards recompute reruns,
+    its checkpoints, offload's exposed copies)."""
+    n, layer = stage.layers, stage.layer
+    full = stage.recomputed_forwards
+    compute = n * (3 + full) * (layer.gemm + layer.core + layer.elem)
+    # 2 collectives per pass forward (layer.tp, layer.ep), 2 in backward, 2 per recompute.
+    tp = n * (2 + full) * layer.tp
+    cp = n * (3 + full + stage.attention_reruns) * layer.cp
+    ep = n * (2 + full) * layer.ep
+    per_layer = prm.layer_launch_s + state.layer_launch_extra_s
+    launch = n * per_layer * (1 + 0.5 * full)  # recompute relaunches the forward
+    compute += n * stage.rerun_s
+    launch += s.vpp * stage.checkpoints * prm.checkpoint_call_s
+    offload = stage.offload_s
+    if s.cp > 1:
+        # The ring's host time hides behind the stage's GPU work only up to that work's length
+        # (offload's copies wait on the host link, not on that work: priced on top).
+        busy = compute + logits_s + tp + cp + ep + pp_s + launch
+        cp += max(0.0, n * s.cp * prm.cp_ring_step_host_s - busy)
+    return _StageTime(compute=compute + logits_s, tp=tp, cp=cp, ep=ep, pp=pp_s, launch=launch,
+                      offload=offload)
+
+
+def _busiest_linear(model: ModelSpec, s: Layout, counts: tuple[int, ...]) -> float:
+    """GEMM weights of the stage with the most (autotune.predict.memory.stage_linear_params), of
+    the stages' layer `counts`."""
+    return max(stage_linear_params(model, s, i, counts[i]) for i in {0, s.pp - 1})
+
+
+def _largest_stage(model: ModelSpec, s: Layout, counts: tuple[int, ...]) -> tuple[float, float]:
+    """(dense, expert) parameters of the stage with the most: first (embedding) or last, of
+    the stages' layer `counts`."""
+    first = stage_params(model, s, 0, counts[0])
+    if s.pp == 1:
+        return first
+    last = stage_params(model, s, s.pp - 1, counts[-1])
+    return first if sum(first) >= sum(last) else last
+
+
+def _dp_exposed(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostParams,
+                state: CostState, *, bwd_window_s: float, fwd_window_s: float) -> float:
+    """Exposed gradient reduction (+ parameter all-gather with the distributed optimizer).
+
+    Dense gradients reduce over the dp x cp group (stride tp), expert gradients over the
+    expert-data-parallel group; megatron-core reduces the grad buffer in its own dtype
+    (MAIN_GRAD_BYTES). With overlap_grad_reduce, buckets reduce during the last micro-batch's
+    backward: exposed = max(0, comm - backward) + the last bucket (Megatron DDP docs).
+    """
+    dense, expert = _largest_stage(model, s, state.stage_layers)
+    # The GEMM weights' share of the gathered parameters (FP8 parameters gather in 1 byte).
+    linear_share = 0.0 if state.linear_gather_bytes == PARAM_BYTES else \
+        _busiest_linear(model, s, state.stage_layers) / max(1.0, dense + expert)
+    groups = [(dense, s.dp * s.cp, s.tp * s.cp * s.dp)]
+    if expert:
+        groups.append((expert, s.expert_dp, cluster.num_gpus // s.pp))
+    grad_s = gather_s = tail_s = 0.0
+    for n_params, n, span in groups:
+        if n <= 1:
+            continue
+        bw = _link(cluster, span)
+        bucket = min(n_params, max(_BUCKET_PARAMS, 1_000_000 * n))
+        if state.dp_sharded:
+            grad_s += _one_way_s(n_params * MAIN_GRAD_BYTES, n, bw, prm)
+            gather_s += _one_way_s(n_params * PARAM_BYTES + linear_share * n_params
+                                   * (state.linear_gather_bytes - PARAM_BYTES), n, bw, prm)
+            tail_s += _one_way_s(bucket * MAIN_GRAD_BYTES, n, bw, prm)
+        else:
+            grad_s += ring_allreduce_s(n_params * MAIN_GRAD_BYTES, n, bw, prm)
+            tail_s += ring_allreduce_s(bucket * MAIN_GRAD_BYTES, n, bw, prm)
+    if state.overlap_grad_reduce:
+        grad_s = max(0.0, grad_s - bwd_window_s) + tail_s
+    if state.overlap_param_gather:
+        gather_s = max(0.0, gather_s - fwd_window_s) + tail_s * PARAM_BYTES / MAIN_GRAD_BYTES
+    embed_s = 0.0
+    if s.pp > 1 and model.tied_embeddings:
+        # Tied word embeddings: first and last stage all-reduce the embedding gradient
+        # (megatron/core/distributed/finalize_model_grads.py), not overlapped.
+        nbytes = padded_vocab_size(model, s.tp) * model.hidden_size / s.tp * MAIN_GRAD_BYTES
+        embed_s = ring_allreduce_s(nbytes, 2, _link(cluster, cluster.num_gpus), prm)
+    return grad_s + gather_s + embed_s

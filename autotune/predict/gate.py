@@ -1,0 +1,252 @@
+"""The memory gate: which layouts are never launched, and what real OOMs teach.
+
+A layout is launched only when the memory model predicts it fits. A real OOM teaches two
+things (both remembered for the rest of the study): every larger micro-batch of the same layout
+runs out of memory too, and so does every layout the model predicts to need at least as much
+memory as the one that failed — the model underestimated, so its prediction for the failed
+layout becomes the effective capacity.
+
+Measured fits bound what an OOM teaches: an OOM predicted at or below the largest prediction
+that measured OK contradicts that fit (the model's prediction is the only scale the gate
+compares layouts on), so it is noise for the gate — a warm worker's leftovers still holding
+memory, seen on an H100: trial 0 (76.09 GiB predicted) fit, trial 18 (76.01 GiB) ran out of
+memory in the warm pool and fit in a fresh process. The trial keeps its OOM status, but it
+teaches neither rule (a fit measured later sets an earlier OOM aside too): the learned capacity
+stays above every prediction that fit, and no OOM rules out a layout predicted to need no more
+than one that fit.
+
+Measured fits also teach the model's bias on this machine: NVML's device memory in use against
+the prediction. The worst under-prediction widens the error band (which layouts run as a risk,
+after the safe ones); once MIN_BIAS_FITS fits agree on a bias, a risky layout whose prediction,
+corrected by the median bias, is over the device memory is not launched. On 2 x H200
+(results/benchmarks/2026-11-27-h200x2-pool-and-llama3-8b.md) seven fits of llama3-8b all
+measured 0.8-2.6% above their predictions (median 1.7%), then a layout predicted at 98.9% of
+the device ran out of memory, 42 s lost.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from autotune.layouts.layout import Layout, check, with_fields
+from autotune.predict.memory import MemoryEstimate, MemoryParams, estimate_memory
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.trials.trial import TrialStatus
+
+__all__ = ["DEFAULT_ERROR_BAND", "MEMORY_ERROR_BAND", "MIN_BIAS_FITS", "GateDecision",
+           "MemoryGate", "mbs_family"]
+
+MEMORY_ERROR_BAND: dict[str, float] = {
+    # The memory model's worst under-prediction of NVML's device memory in use, as a fraction,
+    # over the OK trials of tests/data/measured_trials.json (143 OK trials, megatron-core 0.16.1,
+    # with and without TE 2.11): h100-80gb 5.7% (80 trials, worst s7-xl32k-grid/3: gpt2-xl at
+    # seq 32768, full recompute of 40 layers (block), 63.6 GiB used, 60.0 predicted; 5.0% before
+    # the 2026-11-25 trials), h200 6.7% (63 trials, worst s2-l4-search/1).
+    # tests/test_memory_options.py recomputes them from the data.
+    "h100-80gb": 0.057,
+    "h200": 0.067,
+}
+DEFAULT_ERROR_BAND = max(MEMORY_ERROR_BAND.values())
+"""For a GPU without measured trials: the widest band measured anywhere."""
+MIN_BIAS_FITS = 3
+"""Measured fits before their median bias corrects risky predictions: one trial's peak can be a
+warm worker's leftovers (see above); three that agree are the machine's."""
+
+
+def mbs_family(layout: Layout) -> Layout:
+    """The layout's micro-batch family: the layout at mbs 1, which the layouts that differ from
+    it only in micro-batch share."""
+    return with_fields(layout, mbs=1)  # the layout itself when its mbs is 1 already
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GateDecision:
+    """`status` None means launch; otherwise the status to record instead, with the reason."""
+
+    status: TrialStatus | None
+    reason: str
+    memory: MemoryEstimate | None
+    constraint: float
+    """Optuna constraint value: predicted peak over the usable capacity, in GiB (> 0 means
+    infeasible)."""
+    risky: bool = False
+    """Predicted to fit, but within the model's measured error band of the capacity: launched,
+    after the layouts predicted to fit with a margin (heuristics.alpa_seeds orders seeds so)."""
+
+    @property
+    def launch(self) -> bool:
+        return self.status is None
+
+
+@dataclass(slots=True)
+class MemoryGate:
+    """Decides per layout, and learns from real OOMs."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    ooms: list[tuple[Layout, float | None]] = field(default_factory=list)
+    """Every real OOM, with its predicted peak (None: unknown), contradicted ones included: a
+    fit measured later can set one aside, so what they teach is recomputed from all of them."""
+    oom_mbs: dict[Layout, int] = field(default_factory=dict)
+    """Per micro-batch family (mbs_family), the smallest micro-batch that ran out of memory (OOMs
+    that a fit contradicts left out)."""
+    learned_capacity_bytes: float | None = None
+    """The smallest predicted peak among real OOMs above the largest fit (largest_fit_bytes)."""
+    largest_fit_bytes: float | None = None
+    """The largest predicted peak among the trials that measured OK (record_fit)."""
+    largest_fit_trial: str = ""
+    """Which trial that was, for the reasons (e.g. "trial 0")."""
+    params: MemoryParams | None = None
+    """Fitted memory constants (autotune calibrate); None for the defaults."""
+    observed_under: float = 0.0
+    """The worst under-prediction of a measured peak this study has seen (record_peak)."""
+    biases: list[float] = field(default_factory=list)
+    """Every measured fit's peak over its prediction, minus one (record_peak)."""
+
+    def error_band(self) -> float:
+        """The fraction of capacity within which a prediction is a risk: the GPU's measured
+        band (MEMORY_ERROR_BAND), widened by what this study's own trials showed."""
+        base = MEMORY_ERROR_BAND.get(self.cluster.gpu.name, DEFAULT_ERROR_BAND)
+        return max(base, self.observed_under)
+
+    def record_peak(self, predicted_bytes: float, measured_bytes: float) -> None:
+        """Learn from a measured trial: a peak above its prediction widens the band, and every
+        peak joins the bias (typical_bias)."""
+        if predicted_bytes <= 0 or measured_bytes <= 0:
+            return
+        bias = measured_bytes / predicted_bytes - 1
+        self.biases.append(bias)
+        self.observed_under = max(self.observed_under, bias)
+
+    def typical_bias(self) -> float | None:
+        """The median measured bias once MIN_BIAS_FITS fits were measured, else None."""
+        if len(self.biases) < MIN_BIAS_FITS:
+            return None
+        return statistics.median(self.biases)
+
+    def capacity_bytes(self) -> float:
+        capacity = float(self.cluster.gpu.memory_bytes)
+        if self.learned_capacity_bytes is not None:
+            capacity = min(capacity, self.learned_capacity_bytes)
+        return capacity
+
+    def decide(self, layout: Layout, evidence_bytes: float | None = None) -> GateDecision:
+        """Launch, or the status to record instead. `evidence_bytes`: the layout's peak
+        extrapolated from a measured trial of the same layout with another count of a derived
+        lever (autotune.search.ladder); where given it is judged against the device memory
+        instead of the model's prediction, which it corrects."""
+        violations = check(layout, self.model, self.cluster)
+        if violations:
+            return GateDecision(status=TrialStatus.INVALID, reason=violations[0].message,
+                                memory=None, constraint=1.0)
+        memory = estimate_memory(self.model, layout, self.cluster, self.params)
+        if evidence_bytes is not None:
+            return self._decide_measured(memory, evidence_bytes)
+        capacity = self.capacity_bytes()
+        constraint = (memory.peak_bytes - capacity) / 2**30
+        smallest_oom = self.oom_mbs.get(mbs_family(layout))
+        # Never when a layout predicted to need as much fit (an OOM without a prediction).
+        if smallest_oom is not None and layout.mbs >= smallest_oom \
+                and not self._fit_at_least(memory.peak_bytes):
+            return GateDecision(
+                status=TrialStatus.PREDICTED_OOM, memory=memory, constraint=max(constraint, 0.1),
+                reason=f"mbs={layout.mbs} >= mbs={smallest_oom}, which ran out of memory "
+                       "with this layout")
+        learned = capacity < self.cluster.gpu.memory_bytes
+        # A layout predicted to need at least as much as one that really ran out of memory
+        # runs out too (same prediction, e.g. options the model does not price, included).
+        if memory.peak_bytes > capacity or (learned and memory.peak_bytes >= capacity):
+            why = (f"predicted {memory.peak_bytes / 2**30:.1f} GiB on the peak stage, over the "
+                   f"{'learned ' if learned else ''}capacity of {capacity / 2**30:.1f} GiB")
+            return GateDecision(status=TrialStatus.PREDICTED_OOM, reason=why, memory=memory,
+                                constraint=max(constraint, 0.1))
+        band = self.error_band()
+        gib = memory.peak_bytes / 2**30
+        if not memory.fits:
+            # No free block for the largest allocation (memory.BLOCK_MARGIN, which no longer
+            # applies under full recompute: issue 24's Llama-3.2-3B at sequence 8192 ran with
+            # its 3.9 GiB logits block at 79.0 GiB of an H100 measured). Every measured OOM
+            # agrees with the rule as it stands, but why full recompute differs is not known:
+            # a risk, run after the safe layouts (its OOM, if it comes, teaches the gate).
+            return GateDecision(
+                status=None, memory=memory, constraint=constraint, risky=True,
+                reason=f"predicted {gib:.1f} GiB; {memory.explain()}: run as a risk")
+        if memory.peak_bytes > capacity * (1 - band):
+            bias = self.typical_bias()
+            device = float(self.cluster.gpu.memory_bytes)
+            if bias is not None and memory.peak_bytes * (1 + bias) > device:
+                expected = memory.peak_bytes * (1 + bias)
+                return GateDecision(
+                    status=TrialStatus.PREDICTED_OOM, memory=memory,
+                    constraint=max((expected - device) / 2**30, 0.1),
+                    reason=f"predicted {gib:.1f} GiB; this study's {len(self.biases)} measured "
+                           f"fits used a median {bias:+.1%} of their predictions: "
+                           f"{expected / 2**30:.1f} GiB expected, over the "
+                           f"{device / 2**30:.1f} GiB of the {self.cluster.gpu.name}")
+            return GateDecision(
+                status=None, memory=memory, constraint=constraint, risky=True,
+                reason=f"predicted {gib:.1f} GiB, within the memory model's error band "
+                       f"({band:.1%} on the {self.cluster.gpu.name}) of the "
+                       f"{capacity / 2**30:.1f} GiB capacity: run as a risk")
+        return GateDecision(status=None, memory=memory, constraint=constraint,
+                            reason=f"predicted to fit: {gib:.1f} GiB, "
+                                   f"{(capacity - memory.peak_bytes) / 2**30:.1f} GiB under "
+                                   f"the capacity, outside the {band:.1%} error band")
+
+    def _decide_measured(self, memory: MemoryEstimate, evidence_bytes: float) -> GateDecision:
+        device = float(self.cluster.gpu.memory_bytes)
+        gib = evidence_bytes / 2**30
+        constraint = (evidence_bytes - device) / 2**30
+        if evidence_bytes > device:
+            return GateDecision(
+                status=TrialStatus.PREDICTED_OOM, memory=memory, constraint=max(constraint, 0.1),
+                reason=f"{gib:.1f} GiB extrapolated from a measured trial of this layout, over "
+                       f"the {device / 2**30:.1f} GiB of the {self.cluster.gpu.name}")
+        return GateDecision(
+            status=None, memory=memory, constraint=constraint, risky=True,
+            reason=f"{gib:.1f} GiB extrapolated from a measured trial of this layout "
+                   f"(predicted {memory.peak_bytes / 2**30:.1f} GiB): run as a risk")
+
+    def _fit_at_least(self, predicted_bytes: float) -> bool:
+        return self.largest_fit_bytes is not None and predicted_bytes <= self.largest_fit_bytes
+
+    def _relearn(self) -> None:
+        """oom_mbs and learned_capacity_bytes from the OOMs that no fit contradicts."""
+        self.oom_mbs, peaks = {}, []
+        for failed, peak in self.ooms:
+            if peak is not None and self._fit_at_least(peak):
+                continue
+            family = mbs_family(failed)
+            self.oom_mbs[family] = min(self.oom_mbs.get(family, failed.mbs), failed.mbs)
+            if peak is not None:
+                peaks.append(peak)
+        self.learned_capacity_bytes = min(peaks) if peaks else None
+
+    def contradicted(self, predicted_peak_bytes: float | None) -> str:
+        """Why an OOM predicted at `predicted_peak_bytes` does not tighten the gate: it is at or
+        below a prediction that measured OK. Empty when it does tighten it."""
+        if predicted_peak_bytes is None or not self._fit_at_least(predicted_peak_bytes):
+            return ""
+        assert self.largest_fit_bytes is not None
+        return (f"OOM at {predicted_peak_bytes / 2**30:.2f} GiB predicted is at or below "
+                f"{self.largest_fit_trial}'s {self.largest_fit_bytes / 2**30:.2f} GiB that fit: "
+                "not used to tighten the gate")
+
+    def record_oom(self, layout: Layout, predicted_peak_bytes: float | None) -> str:
+        """Remember a real OOM of `layout`; return contradicted()'s note (empty when the OOM
+        teaches the gate)."""
+        self.ooms.append((layout, predicted_peak_bytes))
+        self._relearn()
+        return self.contradicted(predicted_peak_bytes)
+
+    def record_fit(self, predicted_peak_bytes: float | None, trial: str) -> bool:
+        """Remember a trial that measured OK (`trial` names it in reasons): a fit above the
+        largest so far sets aside the OOMs predicted at or below it. Return whether decisions
+        may have changed (a new largest fit while some OOM is known)."""
+        if predicted_peak_bytes is None or self._fit_at_least(predicted_peak_bytes):
+            return False
+        self.largest_fit_bytes, self.largest_fit_trial = predicted_peak_bytes, trial
+        self._relearn()
+        return bool(self.ooms)

@@ -1,0 +1,100 @@
+"""How far to trust a prediction: the models' held-out error bands and the measured range.
+
+Every simulated figure carries a band: step time ± STEP_TIME_BAND (the worst held-out median
+error of a family with three or more trials in the leave-one-family-out cross-validation,
+tools/fit_constants.py, results/benchmarks/2026-11-25-cpu-constants-fit.md) and memory ± the
+gate's measured band for the GPU (gate.MEMORY_ERROR_BAND). A prediction for a model, GPU
+count, node count, GPU type or MoE outside what tests/data/measured_trials.json ever ran says
+so (MEASURED_RANGE; a test recomputes it from the data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.predict.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND
+from autotune.predict.memory import MemoryEstimate
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.params import count_parameters
+
+__all__ = ["MEASURED_RANGE", "STEP_TIME_BAND", "MeasuredRange", "in_memory_band", "memory_band",
+           "memory_risk", "outside_range", "trust_line"]
+
+STEP_TIME_BAND = 0.065
+"""Held-out median step-time error of the worst family with at least three measured trials:
+llama-3b on H100, 6.5% (leave-one-family-out, results/benchmarks/2026-11-25-cpu-constants-fit.md;
+6.4% with the 2026-11-27 trials, 2026-11-27-cpu-constants-cv.md). A family of one or two trials
+measures one layout, not the family: wide-8k (a two-layer slice of hidden 8192, two trials) is
+missed by 16.3% held out, and a model of that shape should expect as
+much until more of it is measured (results/benchmarks/2026-11-25-h100-model-shapes.md)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredRange:
+    """What the measured trials span (tests/data/measured_trials.json)."""
+
+    max_params: int
+    max_gpus: int
+    max_nodes: int
+    gpus: tuple[str, ...]
+    moe: bool
+
+
+MEASURED_RANGE = MeasuredRange(max_params=8_030_261_248, max_gpus=4, max_nodes=1,
+                               gpus=("h100-80gb", "h200"), moe=False)
+"""llama3-8b the largest model, 4 GPUs of one node, H100 and H200, no MoE (test_trust.py)."""
+
+
+def memory_band(cluster: ClusterSpec) -> float:
+    return MEMORY_ERROR_BAND.get(cluster.gpu.name, DEFAULT_ERROR_BAND)
+
+
+def outside_range(model: ModelSpec, cluster: ClusterSpec,
+                  measured: MeasuredRange = MEASURED_RANGE) -> list[str]:
+    """Why a prediction lies outside what was ever measured (empty: inside)."""
+    notes = []
+    params = count_parameters(model)
+    if params > measured.max_params:
+        notes.append(f"{params / 1e9:.1f}B parameters (measured up to "
+                     f"{measured.max_params / 1e9:.1f}B)")
+    if cluster.num_gpus > measured.max_gpus:
+        notes.append(f"{cluster.num_gpus} GPUs (measured up to {measured.max_gpus})")
+    if cluster.num_nodes > measured.max_nodes:
+        notes.append(f"{cluster.num_nodes} nodes (measured on {measured.max_nodes})")
+    if cluster.gpu.name not in measured.gpus:
+        notes.append(f"{cluster.gpu.name} never measured"
+                     + ("" if cluster.gpu.measured else " (datasheet only)"))
+    if model.is_moe and not measured.moe:
+        notes.append("MoE never measured")
+    return notes
+
+
+def trust_line(model: ModelSpec, cluster: ClusterSpec) -> str:
+    """One line for tables, reports and export headers: the bands, and the range note."""
+    line = (f"prediction bands (held-out error): step time ±{STEP_TIME_BAND:.1%}, "
+            f"memory ±{memory_band(cluster):.1%}")
+    notes = outside_range(model, cluster)
+    if notes:
+        line += "; OUTSIDE the measured range: " + ", ".join(notes)
+    return line
+
+
+def in_memory_band(memory: MemoryEstimate, cluster: ClusterSpec) -> bool:
+    """Predicted to fit, but within the memory band of the capacity: a risky pick."""
+    return memory.fits and memory.peak_bytes > memory.capacity_bytes * (1 - memory_band(cluster))
+
+
+def memory_risk(predicted_peak_bytes: float | None, cluster: ClusterSpec) -> str:
+    """The warning a predicted pick carries in the report and the export header when it is
+    predicted within the memory band of the GPU (in_memory_band's test on a record's figure);
+    empty otherwise. A measured pick ran and needs none."""
+    if not predicted_peak_bytes:
+        return ""
+    capacity = cluster.gpu.memory_bytes
+    band = memory_band(cluster)
+    if not capacity * (1 - band) < predicted_peak_bytes <= capacity:
+        return ""
+    return (f"predicted at {predicted_peak_bytes / 2**30:.1f} GiB of the "
+            f"{capacity / 2**30:.1f} GiB of the {cluster.gpu.name}, inside the memory model's "
+            f"±{band:.1%} band: it may not fit; measure it before a long run")

@@ -1,0 +1,249 @@
+"""Where a trial's numbers come from: the analytical models, the built-in megatron-core worker,
+or Megatron-LM's pretrain_gpt.py. Each backend turns a TrialSpec into TrialMetrics."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from autotune.errors import ConfigError, parse_choice
+from autotune.predict.cost import CostParams, estimate_cost
+from autotune.predict.memory import MemoryParams, estimate_memory
+from autotune.specs.hardware import ClusterSpec
+from autotune.trials.launchers import TORCHRUN, MultiNode
+from autotune.trials.protocol import WORKER
+from autotune.trials.trial import TrialMetrics, TrialSpec, TrialStatus
+
+if TYPE_CHECKING:
+    from autotune.trials.pool import WarmPool
+
+__all__ = ["POOL_DIR", "WARM_OOM_DIR", "Backend", "BackendName", "Isolation", "MegatronLMBackend",
+           "SimulateBackend", "WorkerBackend", "make_backend", "trial_timeout_s"]
+
+
+class BackendName(enum.StrEnum):
+    """Where trials run: auto (worker with GPUs, else simulate), simulate (the analytical
+    models), worker (autotune's megatron-core worker) or megatron-lm (pretrain_gpt.py)."""
+
+    AUTO = "auto"
+    SIMULATE = "simulate"
+    WORKER = "worker"
+    MEGATRON_LM = "megatron-lm"
+
+    @classmethod
+    def parse(cls, name: str) -> BackendName:
+        return parse_choice(cls, name, "backend")
+
+
+class Isolation(enum.StrEnum):
+    """How real trials share processes: warm (one pool of worker ranks for the whole search,
+    autotune.trials.pool; started again cold after anything that leaves it in doubt) or cold (a
+    launch of its own for every trial)."""
+
+    WARM = "warm"
+    COLD = "cold"
+
+    @classmethod
+    def parse(cls, name: str) -> Isolation:
+        return parse_choice(cls, name, "isolation")
+
+
+POOL_DIR = "pool"
+"""The warm pool's folder, beside the study's trials folder."""
+
+WARM_OOM_DIR = "warm-oom"
+"""Inside a trial's folder: what its out-of-memory run in the warm pool left (log, failure
+files), kept when the trial runs again in a fresh process."""
+
+LAUNCH_OVERHEAD_S = 60.0
+"""Launch, rendezvous, model build and CUDA/NCCL initialisation before the first step; the
+per-trial timeout adds this to the predicted time of the steps."""
+
+
+class Backend(Protocol):
+    """Runs one trial."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def predicted(self) -> bool:
+        """True when the numbers are predictions, not measurements."""
+        ...
+
+    def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics: ...
+
+    def close(self) -> None:
+        """Release what the backend keeps between trials (a warm pool's processes)."""
+        ...
+
+
+def trial_timeout_s(predicted_step_s: float, spec: TrialSpec, factor: float = 4.0) -> float:
+    """Launch overhead plus `factor` times the predicted time of every step of the trial."""
+    steps = spec.warmup_steps + spec.train_steps
+    return LAUNCH_OVERHEAD_S + factor * steps * max(predicted_step_s, 0.05)
+
+
+@dataclass(frozen=True, slots=True)
+class SimulateBackend:
+    """Numbers from the analytical memory and throughput models: nothing is launched."""
+
+    cluster: ClusterSpec
+    cost_params: CostParams | None = None
+    memory_params: MemoryParams | None = None
+    name: str = BackendName.SIMULATE
+    predicted: bool = True
+
+    def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
+        memory = estimate_memory(spec.model, spec.layout, self.cluster, self.memory_params)
+        # The peak against the capacity, as the gate launches: a layout the block rule alone
+        # rules out (memory.BLOCK_MARGIN) is a risk the gate runs, so a plan ranks it too.
+        if memory.peak_bytes > memory.capacity_bytes:
+            return TrialMetrics(status=TrialStatus.PREDICTED_OOM, predicted=True,
+                                peak_allocated_bytes=int(memory.peak_bytes),
+                                error=memory.explain())
+        cost = estimate_cost(spec.model, spec.layout, self.cluster, self.cost_params)
+        return TrialMetrics(status=TrialStatus.OK, predicted=True,
+                            step_time_s=cost.step_time_s, step_time_p90_s=cost.step_time_s,
+                            tokens_per_s=cost.tokens_per_s, tflops_per_gpu=cost.tflops_per_gpu,
+                            mfu=cost.mfu, peak_allocated_bytes=int(memory.peak_bytes),
+                            peak_reserved_bytes=int(memory.peak_bytes), loss_finite=True)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerBackend:
+    """Real training steps: autotune's megatron-core worker under torchrun, on this node or,
+    with `multi`, over several nodes (srun or a torchrun rendezvous). On one node, trials run
+    in a warm pool unless `isolation` is cold; over several nodes each trial is its own
+    launch."""
+
+    multi: MultiNode | None = None
+    isolation: Isolation = Isolation.WARM
+    name: str = BackendName.WORKER
+    predicted: bool = False
+    pools: dict[tuple[Path, int], WarmPool] = field(default_factory=dict, compare=False,
+                                                     repr=False)
+    """The warm pools started, by folder and ranks (one per search in practice)."""
+    launcher: tuple[str, ...] = TORCHRUN
+    """torchrun's command; tests put a double here."""
+    worker: tuple[str, ...] = WORKER
+    """The worker's command for cold trials."""
+    pool_worker: tuple[str, ...] | None = None
+    """The command a pool's ranks run (None: the same as `worker`; the pool adds --serve)."""
+
+    def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
+        from autotune.trials.metrics import metrics_from_run
+        from autotune.trials.runner import run_multinode_trial
+
+        if self.multi is not None:
+            return metrics_from_run(run_multinode_trial(spec, trial_dir, self.multi,
+                                                        timeout_s=timeout_s))
+        if self.isolation is Isolation.COLD:
+            return self._run_cold(spec, trial_dir, timeout_s)
+        pool = self.pool(trial_dir, spec.layout.world_size)
+        metrics = metrics_from_run(pool.run(spec, trial_dir, timeout_s))
+        if metrics.status is TrialStatus.OOM:
+            return self._confirm_oom_cold(spec, Path(trial_dir), timeout_s, pool)
+        return metrics
+
+    def run_fresh(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
+        """Run a trial in a fresh process even where trials run warm (a finalist's cold
+        repeat, autotune.search.finalists): the pools are stopped first, so that they hold no
+        GPU memory, and start again on the next trial. Backends without this method start
+        every trial fresh."""
+        if self.multi is None:
+            self.close()
+        return self.run(spec, trial_dir, timeout_s) if self.multi is not None \
+            else self._run_cold(spec, trial_dir, timeout_s)
+
+    def _run_cold(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
+        from autotune.trials.metrics import metrics_from_run
+        from autotune.trials.runner import run_trial
+
+        return metrics_from_run(run_trial(spec, trial_dir, timeout_s=timeout_s,
+                                          launcher=self.launcher, worker=self.worker))
+
+    def _confirm_oom_cold(self, spec: TrialSpec, trial_dir: Path, timeout_s: float,
+                          pool: WarmPool) -> TrialMetrics:
+        """Run a trial that ran out of memory in the warm pool again, alone in a fresh process.
+
+        A warm rank keeps what earlier trials left behind (allocator segments, library
+        workspaces, loaded kernels), so its OOM may be the pool's and not the layout's; an OOM
+        teaches the memory gate, which then skips layouts. Seen on an H100 with Transformer
+        Engine: gpt2-xl mbs 16 with selective recompute ran out of memory in the pool in two
+        searches and fit in a fresh process at 76.8 GiB of 79.2 (results/benchmarks/
+        2026-11-23-h100-te-build-and-runs.md). The pool is stopped first so that it holds no
+        memory, and starts again on the next trial."""
+        from autotune.trials.protocol import SPEC_NAME
+
+        aside = trial_dir / WARM_OOM_DIR
+        aside.mkdir(exist_ok=True)
+        for path in trial_dir.iterdir():
+            if path.is_file() and path.name != SPEC_NAME:
+                path.replace(aside / path.name)
+        pool.close()
+        return self._run_cold(spec, trial_dir, timeout_s)
+
+    def pool(self, trial_dir: Path, nproc: int) -> WarmPool:
+        """The pool for trials in `trial_dir`'s study (results/<study>/pool), started on its
+        first trial."""
+        from autotune.trials.pool import WarmPool
+
+        key = (Path(trial_dir).resolve().parent.parent / POOL_DIR, nproc)
+        if key not in self.pools:
+            self.pools[key] = WarmPool(*key, launcher=self.launcher,
+                                       worker=self.pool_worker or self.worker)
+        return self.pools[key]
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+
+
+@dataclass(frozen=True, slots=True)
+class MegatronLMBackend:
+    """Real training steps of Megatron-LM's own pretrain_gpt.py (a checkout at `path`, or the
+    .py script `path` names)."""
+
+    path: Path
+    name: str = BackendName.MEGATRON_LM
+    predicted: bool = False
+
+    def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
+        from autotune.trials.metrics import metrics_from_megatron_log
+        from autotune.trials.runner import run_megatron_lm_trial
+
+        output = run_megatron_lm_trial(self.path, spec, trial_dir, timeout_s=timeout_s)
+        return metrics_from_megatron_log(output, spec)
+
+    def close(self) -> None:
+        pass
+
+
+def make_backend(name: BackendName | str, cluster: ClusterSpec, megatron_lm: str | None = None,
+                 cost_params: CostParams | None = None,
+                 memory_params: MemoryParams | None = None,
+                 multi: MultiNode | None = None,
+                 isolation: Isolation | str = Isolation.WARM) -> Backend:
+    """The backend called `name` (simulate, worker, megatron-lm)."""
+    name = BackendName.parse(name)
+    if name == BackendName.SIMULATE:
+        return SimulateBackend(cluster, cost_params, memory_params)
+    if name == BackendName.WORKER:
+        return WorkerBackend(multi, Isolation.parse(isolation))
+    if name == BackendName.MEGATRON_LM:
+        if megatron_lm is None:
+            raise ConfigError("--backend megatron-lm needs --megatron-lm PATH (a Megatron-LM "
+                              "checkout)")
+        from autotune.megatron.megatron_args import training_script
+
+        if not Path(training_script(megatron_lm)).is_file():
+            raise ConfigError(f"--megatron-lm {megatron_lm}: no {training_script(megatron_lm)} "
+                              "(give a Megatron-LM checkout or the .py script to launch)")
+        return MegatronLMBackend(Path(megatron_lm))
+    raise ConfigError("--backend auto is resolved (commands.search) before a backend is made")

@@ -1,0 +1,270 @@
+"""Search spaces: candidate lists per dimension (YAML), and the enumeration of valid layouts."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.dimensions import LEVELS
+from autotune.errors import ConfigError
+from autotune.inputs.documents import parse_yaml
+from autotune.inputs.files import MAX_YAML_BYTES, read_text
+from autotune.inputs.untrusted import shown
+from autotune.layouts.layout import RULES, SEARCHED, Layout, derive_dp, with_fields
+from autotune.predict.memory import MemoryParams
+from autotune.search.derive import (
+    DERIVABLE,
+    DERIVE,
+    DIVISORS,
+    ENUMERABLE,
+    divisor_values,
+    resolve,
+    safe_limit_bytes,
+)
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.presets import search_spaces_dir
+
+__all__ = ["DIMENSIONS", "SearchSpace", "SpaceSummary", "enumerate_space", "load_space"]
+
+DIMENSIONS = SEARCHED
+"""The dimensions a space file may list, with their levels (autotune.layouts.layout.DIMENSIONS)."""
+MAX_CANDIDATES = 64
+"""Candidates one dimension may list: the default space's longest list has 8; the product of
+a few lists of thousands would take the enumeration days."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchSpace:
+    """Candidates per dimension. A dimension missing from the file keeps Layout's default."""
+
+    candidates: dict[str, tuple[Any, ...]]
+    source: str = "default"
+
+    def size(self) -> int:
+        """Combinations of the listed candidates (`divisors` and `derive` count as one)."""
+        return math.prod(len(v) for v in self.candidates.values())
+
+    @property
+    def derived(self) -> tuple[str, ...]:
+        """The dimensions whose candidates include `derive` (autotune.search.derive)."""
+        return tuple(d for d, v in self.candidates.items() if DERIVE in v)
+
+    def literal(self, dim: str) -> tuple[Any, ...]:
+        """`dim`'s listed values, without the markers."""
+        return tuple(v for v in self.candidates.get(dim, ()) if v not in (DERIVE, DIVISORS))
+
+    def at_level(self, level: int) -> dict[str, tuple[Any, ...]]:
+        return {k: v for k, v in self.candidates.items() if DIMENSIONS[k].level == level}
+
+
+def _check_value(dim: str, value: Any, source: str) -> Any:
+    choices = DIMENSIONS[dim].choices
+    if isinstance(value, bool) and choices is not None and ("on" if value else "off") in choices:
+        # YAML 1.1 (PyYAML) reads a bare `off` or `on` as a boolean: `fp8: [off]` means the
+        # choice spelled so.
+        value = "on" if value else "off"
+    if value in (DERIVE, DIVISORS):
+        allowed = DERIVABLE if value == DERIVE else ENUMERABLE
+        if dim not in allowed:
+            raise ConfigError(f"{source}: {dim} cannot be `{value}`; only "
+                              f"{', '.join(allowed)} can")
+        return value
+    problem = DIMENSIONS[dim].check(value)
+    if problem is not None:
+        raise ConfigError(f"{source}: {dim} candidates must be {problem}, got {shown(value)}")
+    return DIMENSIONS[dim].coerce(value)
+
+
+def space_from_mapping(data: Any, source: str) -> SearchSpace:
+    """A SearchSpace from parsed YAML, with every problem reported as a ConfigError."""
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"{source}: expected a mapping of dimension: [candidates]")
+    unknown = sorted(set(data) - set(DIMENSIONS))
+    if unknown:
+        raise ConfigError(f"{source}: unknown dimension(s) {', '.join(map(str, unknown))}; "
+                          f"known: {', '.join(DIMENSIONS)}")
+    candidates: dict[str, tuple[Any, ...]] = {}
+    for dim in DIMENSIONS:
+        if dim not in data:
+            continue
+        values = data[dim]
+        if not isinstance(values, list):
+            values = [values]
+        if not values:
+            raise ConfigError(f"{source}: {dim} needs at least one candidate")
+        if len(values) > MAX_CANDIDATES:
+            raise ConfigError(f"{source}: {dim} lists {len(values)} candidates; at most "
+                              f"{MAX_CANDIDATES}")
+        checked = tuple(_check_value(dim, v, source) for v in values)
+        if len(set(checked)) != len(checked):
+            raise ConfigError(f"{source}: {dim} lists a candidate twice")
+        candidates[dim] = checked
+    return SearchSpace(candidates=candidates, source=source)
+
+
+def load_space(path: str | None = None) -> SearchSpace:
+    """The space in `path`, or search_spaces/default.yaml."""
+    if path is None:
+        text = search_spaces_dir().joinpath("default.yaml").read_text()
+        source = "default.yaml"
+    else:
+        file = Path(path)
+        text = read_text(file, "search space file", max_bytes=MAX_YAML_BYTES)
+        source = str(file)
+    data = parse_yaml(text, source)
+    return space_from_mapping(data, source)
+
+
+@dataclass(slots=True)
+class RejectGroup:
+    """Layouts rejected by one rule: how many, and a few of the messages."""
+
+    count: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, count: int, message: str) -> None:
+        self.count += count
+        if message not in self.examples and len(self.examples) < 3:
+            self.examples.append(message)
+
+
+@dataclass(slots=True)
+class SpaceSummary:
+    """The result of enumerating a space for one model and cluster."""
+
+    total: int
+    valid: list[Layout]
+    rejected: dict[str, RejectGroup]
+    via_derive: dict[Layout, tuple[str, ...]] = field(default_factory=dict)
+    """The valid layouts whose value of some dimension was resolved from `derive`, with
+    those dimensions (a layout may also come from a listed value: then it is in both)."""
+
+    def valid_values(self, dim: str) -> list[Any]:
+        """The candidates of `dim` that appear in at least one valid layout."""
+        seen = {getattr(s, dim) for s in self.valid}
+        return sorted(seen, key=lambda v: (str(type(v)), v))
+
+
+def _product(options: dict[str, tuple[Any, ...]]) -> Iterator[dict[str, Any]]:
+    names = list(options)
+    for values in itertools.product(*(options[n] for n in names)):
+        yield dict(zip(names, values, strict=True))
+
+
+_LAST: list[tuple[tuple[SearchSpace, ModelSpec, ClusterSpec, MemoryParams | None],
+                 SpaceSummary]] = []
+"""The last enumeration and what it was of: the CLI checks a space before a search and the
+search enumerates the same space again, which for thousands of GPUs took seconds each."""
+
+
+def enumerate_space(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
+                    params: MemoryParams | None = None) -> SpaceSummary:
+    """Every combination of the space, split into valid layouts and rejections by rule
+    (`_enumerate`); the same question twice in a row is answered from the first answer.
+    `params`: the memory constants that resolve `derive` (the defaults when None)."""
+    key = (space, model, cluster, params)
+    if not _LAST or _LAST[0][0] != key:
+        _LAST[:] = [(key, _enumerate(space, model, cluster, params))]
+    summary = _LAST[0][1]
+    # A copy of the lists: a caller may change its summary, never the remembered one.
+    return SpaceSummary(total=summary.total, valid=list(summary.valid),
+                        rejected=dict(summary.rejected), via_derive=dict(summary.via_derive))
+
+
+def _choices(options: dict[str, tuple[Any, ...]], partial: Layout,
+             model: ModelSpec) -> Iterator[dict[str, Any]]:
+    """One level's combinations; a `divisors` dimension takes the values Megatron accepts
+    with the level's other choices (vpp: the stage layers the uneven split leaves)."""
+    listed = {d: v for d, v in options.items() if v != (DIVISORS,)}
+    enumerated = [d for d, v in options.items() if v == (DIVISORS,)]
+    for choice in _product(listed):
+        if not enumerated:
+            yield choice
+            continue
+        with_choice = with_fields(partial, **choice)
+        values = {d: divisor_values(d, with_choice, model) or (1,) for d in enumerated}
+        for extra in _product(values):
+            yield {**choice, **extra}
+
+
+def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
+               params: MemoryParams | None = None) -> SpaceSummary:
+    """Rules are checked level by level, so a layout rejected at level k is counted once for
+    all combinations of the deeper dimensions instead of being expanded. A `derive` choice is
+    resolved (autotune.search.derive.resolve) before the rules of its level read it."""
+    levels = [space.at_level(level) for level in range(LEVELS)]
+    deeper = [math.prod(len(v) for lv in levels[k + 1:] for v in lv.values())
+              for k in range(LEVELS)]
+    rejected: dict[str, RejectGroup] = {}
+    valid: list[Layout] = []
+    via_derive: dict[Layout, tuple[str, ...]] = {}
+    base = Layout(gbs=model.global_batch_size)
+    rules_at = [[rule for rule in RULES if rule.level == level] for level in range(LEVELS)]
+    limit = safe_limit_bytes(cluster)
+
+    def expand(level: int, partial: Layout) -> None:
+        for choice in _choices(levels[level], partial, model):
+            derived = tuple(d for d, v in choice.items() if v == DERIVE)
+            if derived:
+                # A placeholder the resolver replaces: the lever's default.
+                choice = {**choice, **{d: DERIVABLE[d].off for d in derived}}
+            layout = with_fields(partial, **choice)
+            if derived:
+                layout = resolve(layout, derived, model, cluster, limit_bytes=limit,
+                                 params=params)
+            if level == 0:
+                layout = with_fields(layout, dp=derive_dp(
+                    cluster.num_gpus, tp=layout.tp, pp=layout.pp, cp=layout.cp))
+            # Candidates are positive (checked on load), so only this level's rules remain.
+            broken = next(((rule.name, message) for rule in rules_at[level]
+                           if (message := rule.check(layout, model, cluster)) is not None),
+                          None)
+            if broken is not None:
+                rejected.setdefault(broken[0], RejectGroup()).add(deeper[level], broken[1])
+            elif level + 1 < LEVELS:
+                expand(level + 1, layout)
+            else:
+                valid.append(layout)
+                if derived:
+                    via_derive[layout] = derived
+
+    expand(0, base)
+    # A `divisors` dimension has as many values as the layout it completes allows: counted
+    # where the enumeration reached it, as one where a rule rejected the layout before.
+    total = len(valid) + sum(group.count for group in rejected.values())
+    return SpaceSummary(total=total, valid=valid, rejected=rejected, via_derive=via_derive)
+
+
+def describe_limits(summary: SpaceSummary, space: SearchSpace, model: ModelSpec,
+                    cluster: ClusterSpec) -> list[str]:
+    """Sentences about dimensions the model or cluster restricts (`tp is limited to 1 ...`)."""
+    notes: list[str] = []
+    for dim in ("tp", "pp", "cp", "ep", "vpp"):
+        offered = space.candidates.get(dim, ())
+        allowed = summary.valid_values(dim)
+        if len(offered) > 1 and len(allowed) < len(offered) and summary.valid:
+            notes.append(_limit_sentence(dim, allowed, model, cluster))
+    return notes
+
+
+def _limit_sentence(dim: str, allowed: Sequence[Any], model: ModelSpec,
+                    cluster: ClusterSpec) -> str:
+    values = ", ".join(str(v) for v in allowed)
+    head = f"{dim} is limited to {values}"
+    if dim == "tp":
+        return (f"{head}: tp must divide num_attention_heads={model.num_attention_heads}"
+                f" (and num_query_groups={model.query_groups}) and fit in a node of "
+                f"{cluster.gpus_per_node} GPUs")
+    if dim == "pp":
+        return f"{head}: pp must divide num_layers={model.num_layers} and the GPU count"
+    if dim == "cp":
+        return f"{head}: cp needs Transformer Engine attention and seq_length divisible by 2*cp"
+    if dim == "ep":
+        return (f"{head}: {model.name} has no experts" if not model.is_moe
+                else f"{head}: ep must divide num_experts={model.num_experts} and the GPUs")
+    return f"{head}: vpp must divide the layers per pipeline stage and needs pp >= 2"

@@ -1,0 +1,112 @@
+"""FLOPs per token of a training step: one formula shared by the cost model and the worker's MFU.
+
+Source: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
+Using Megatron-LM", Section 5.1 / Appendix, eq. (3): with full recompute an iteration costs
+96 B s l h^2 (1 + s/(6h) + V/(16 l h)) FLOPs; without recompute the factor is 72 and V/(12 l h)
+(forward + backward = 3 forward passes). We count each matrix multiply explicitly so that GQA,
+SwiGLU, a non-4h FFN and top-k MoE routing are covered; for a GPT with ffn = 4h, MHA, dense MLP
+this reduces exactly to the paper's expression (tests check it).
+Attention scores are counted in full (s^2, no causal halving), as the paper and Megatron's
+`num_floating_point_operations` do.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from autotune.specs.model import ModelSpec
+
+__all__ = ["GemmFit", "GemmSplit", "forward_flops_per_token", "gemm_efficiency", "gemm_size",
+           "hardware_flops_per_token", "mlp_forward_flops_per_token", "model_flops_per_token"]
+
+
+def mlp_forward_flops_per_token(model: ModelSpec) -> float:
+    """The MLP's (or the MoE layer's: top-k experts and the router) share of one layer's
+    forward matrix-multiply FLOPs, per token: what `mlp` or `moe` recompute runs again."""
+    h = model.hidden_size
+    mlp_mats = 3 if model.gated_linear_unit else 2
+    if model.is_moe:
+        assert model.num_experts is not None
+        return float(model.moe_topk * 2 * mlp_mats * h * model.expert_ffn_size
+                     + 2 * h * model.num_experts)  # router
+    return float(2 * mlp_mats * h * model.ffn_size)
+
+
+def _layer_forward_flops_per_token(model: ModelSpec) -> tuple[float, float]:
+    """(matrix-multiply FLOPs, core-attention FLOPs) of one layer's forward pass, per token."""
+    h = model.hidden_size
+    kv = model.query_groups * model.head_dim
+    qkv = 2 * h * (h + 2 * kv)
+    proj = 2 * h * h
+    mlp = mlp_forward_flops_per_token(model)
+    # QK^T and scores x V: 2 * s * h each per token (Narayanan et al. 2021, 4 B s^2 h per layer).
+    core = 4 * model.seq_length * h
+    return float(qkv + proj + mlp), float(core)
+
+
+def forward_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token: all layers plus the output logits (2 h V)."""
+    mats, core = _layer_forward_flops_per_token(model)
+    logits = 2 * model.hidden_size * model.vocab_size
+    return model.num_layers * (mats + core) + logits
+
+
+def model_flops_per_token(model: ModelSpec) -> float:
+    """Training FLOPs per token without recompute (forward + backward = 3 forwards).
+
+    This is the numerator of MFU (PaLM, Chowdhery et al. 2022, Appendix B): recomputation is
+    work the hardware does, not work the model needs.
+    """
+    return 3 * forward_flops_per_token(model)
+
+
+def hardware_flops_per_token(model: ModelSpec, recompute: str = "none") -> float:
+    """FLOPs the GPUs execute per token, recomputation included.
+
+    Full recompute repeats every layer's forward (eq. 3's 96 instead of 72); selective
+    recompute repeats only core attention (Korthikanti et al. 2022, Section 5).
+    """
+    mats, core = _layer_forward_flops_per_token(model)
+    extra = 0.0
+    if recompute == "full":
+        extra = model.num_layers * (mats + core)
+    elif recompute == "selective":
+        extra = model.num_layers * core
+    return model_flops_per_token(model) + extra
+
+
+# ---- how fast a GEMM runs -----------------------------------------------------------------------
+# The cost model's time for the layers' matrix multiplies and the fp8 lever's speed-up over bf16
+# both read these; they sit here, below the levers and the models, so that neither imports the
+# other for them.
+
+
+class GemmSplit(Protocol):
+    """What gemm_size reads of a layout (autotune.layouts.layout.Layout)."""
+
+    @property
+    def mbs(self) -> int: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def cp(self) -> int: ...
+
+
+class GemmFit(Protocol):
+    """The saturating fit's constants (autotune.predict.cost.CostParams)."""
+
+    @property
+    def gemm_efficiency_max(self) -> float: ...
+    @property
+    def gemm_half_size(self) -> float: ...
+
+
+def gemm_size(model: ModelSpec, layout: GemmSplit) -> float:
+    """The x of gemm_efficiency for the layers' GEMMs: the smaller of the local tokens of a
+    micro-batch (mbs * seq / cp) and the hidden size per tensor-parallel rank."""
+    return min(layout.mbs * (model.seq_length / layout.cp), model.hidden_size / layout.tp)
+
+
+def gemm_efficiency(x: float, params: GemmFit) -> float:
+    """Saturating fit eff_max * x / (x + x_half) (empirical, see CostParams.gemm_half_size)."""
+    return params.gemm_efficiency_max * x / (x + params.gemm_half_size)

@@ -1,0 +1,186 @@
+"""GPUs and clusters: a table of GPU types and the `ClusterSpec` a search runs against (from CLI
+values or a cluster file, autotune.specs.cluster).
+
+pynvml is imported here only when asked to detect the local GPU; the worker imports it too
+(autotune.worker.report, a rank's device memory as NVML sees it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from autotune.errors import ConfigError
+from autotune.specs.cluster import is_cluster_file, load_cluster_file
+
+__all__ = ["GPUS", "ClusterSpec", "GpuSpec", "detect_gpu", "gpu_spec", "local_gpu_count"]
+
+_GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
+    """One GPU type. Peak rates are the vendor's dense (no sparsity) datasheet numbers."""
+
+    name: str
+    memory_bytes: int
+    """Memory a process can allocate (what nvidia-smi reports as total)."""
+    peak_bf16_flops: float
+    intra_node_bytes_per_s: float
+    """NVLink bandwidth per GPU, one direction."""
+    inter_node_bytes_per_s: float
+    """Network bandwidth per GPU (one NIC per GPU), one direction."""
+    nvml_patterns: tuple[str, ...]
+    """Substrings of the NVML device name that identify this GPU, more specific first."""
+    allocatable_bytes: int | None = None
+    """What CUDA lets a process allocate (cudaMemGetInfo's total, torch's "total capacity" in an
+    OOM message), below nvidia-smi's total by what the driver keeps; None: memory_bytes."""
+    hbm_bytes_per_s: float = 2.0e12
+    """HBM bandwidth, datasheet."""
+    pcie_bytes_per_s: float = 32e9
+    """Host link per direction, datasheet (CPU offloading moves activations over it)."""
+    measured: bool = True
+    """False for a GPU known only from its datasheet: no trial ever ran on it."""
+    compute_capability: tuple[int, int]
+    """CUDA compute capability (sm_XY): what decides which of Transformer Engine's FP8 recipes
+    run on it (autotune.levers.fp8.RECIPE_MIN_CAPABILITY)."""
+    peak_fp8_flops: float | None = None
+    """Dense FP8 tensor-core peak, datasheet; None where the tensor cores have no FP8 (before
+    sm_89)."""
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.allocatable_bytes if self.allocatable_bytes is not None else self.memory_bytes
+
+
+# Sources: NVIDIA H100 / H200 / A100 / B200 datasheets (dense BF16 tensor-core peak; NVLink 5 =
+# 1.8 TB/s, NVLink 4 = 900 GB/s and NVLink 3 = 600 GB/s bidirectional per GPU; one 400 Gb/s
+# (H100/H200/B200) or 200 Gb/s (A100) InfiniBand NIC per GPU as in DGX B200 / H100 / A100; HBM:
+# H100 SXM 3.35 TB/s, H200 4.8 TB/s, A100 80GB 2.0 TB/s, A100 40GB 1.555 TB/s, B200 8 TB/s; host
+# link: PCIe Gen5 x16 (64 GB/s) on H100 SXM, H200 and B200, Gen4 x16 (32 GB/s) on A100). Memory
+# is what nvidia-smi shows as total; the H100's allocatable 79.19 GiB is torch's "total capacity"
+# in its OOM messages on the H100s these trials ran on (tests/doubles/oom.py quotes one).
+# A cluster file (autotune.specs.cluster) may override the links of any of them.
+# Dense FP8 peaks (datasheets, half the "with sparsity" figures): H100 SXM and H200 3,958
+# TFLOP/s sparse = 1,979 dense, twice their dense BF16; B200 9 PFLOP/s sparse = 4.5 dense. A100
+# (sm_80) has no FP8 tensor cores. Compute capabilities: CUDA C++ Programming Guide, "Compute
+# Capabilities" (Hopper 9.0, Ampere A100 8.0, Blackwell B200 10.0).
+GPUS: dict[str, GpuSpec] = {
+    "h200": GpuSpec(name="h200", memory_bytes=143771 * 1024**2, peak_bf16_flops=989e12,
+                    intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9,
+                    nvml_patterns=("H200",), hbm_bytes_per_s=4.8e12, pcie_bytes_per_s=64e9,
+                    compute_capability=(9, 0), peak_fp8_flops=1979e12),
+    "h100-80gb": GpuSpec(name="h100-80gb", memory_bytes=81559 * 1024**2,
+                         peak_bf16_flops=989e12, intra_node_bytes_per_s=450e9,
+                         inter_node_bytes_per_s=50e9, nvml_patterns=("H100",),
+                         allocatable_bytes=int(79.19 * _GIB), hbm_bytes_per_s=3.35e12,
+                         pcie_bytes_per_s=64e9, compute_capability=(9, 0),
+                         peak_fp8_flops=1979e12),
+    "a100-80gb": GpuSpec(name="a100-80gb", memory_bytes=81920 * 1024**2,
+                         peak_bf16_flops=312e12, intra_node_bytes_per_s=300e9,
+                         inter_node_bytes_per_s=25e9, nvml_patterns=("A100-SXM4-80GB",
+                                                                     "A100 80GB"),
+                         hbm_bytes_per_s=2.0e12, compute_capability=(8, 0)),
+    "a100-40gb": GpuSpec(name="a100-40gb", memory_bytes=40960 * 1024**2,
+                         peak_bf16_flops=312e12, intra_node_bytes_per_s=300e9,
+                         inter_node_bytes_per_s=25e9, nvml_patterns=("A100",),
+                         hbm_bytes_per_s=1.555e12, compute_capability=(8, 0)),
+    # Datasheet only (DGX B200: 8 x B200 with 1,440 GB HBM3e, 72 PFLOP/s dense FP8 training =
+    # 2.25 PFLOP/s dense BF16 per GPU): never measured, so the models' constants are not known
+    # to hold on it; predictions say so.
+    "b200": GpuSpec(name="b200", memory_bytes=180 * 10**9, peak_bf16_flops=2.25e15,
+                    intra_node_bytes_per_s=900e9, inter_node_bytes_per_s=50e9,
+                    nvml_patterns=("B200",), hbm_bytes_per_s=8.0e12, pcie_bytes_per_s=64e9,
+                    measured=False, compute_capability=(10, 0), peak_fp8_flops=4.5e15),
+}
+
+DEFAULT_GPU = "h100-80gb"
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    """The table entry for `name` (`h100-80gb`, `h200`, ...)."""
+    try:
+        return GPUS[name]
+    except KeyError:
+        raise ConfigError(f"unknown GPU {name!r}; choose one of {', '.join(GPUS)}") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """The GPUs a job runs on: how many, how many share a node, and what type they are."""
+
+    num_gpus: int
+    gpus_per_node: int
+    gpu: GpuSpec
+    host_memory_bytes: float | None = None
+    """Host (CPU) memory per node, from a cluster file's host_memory_gib; None: not known, and
+    what the levers keep there (an offloaded optimizer) is not checked against it."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_gpus", "gpus_per_node"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, "
+                                  f"got {value!r}")
+        if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
+            raise ConfigError(f"--gpus={self.num_gpus} must be a multiple of "
+                              f"--gpus-per-node={self.gpus_per_node} across several nodes")
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_gpus // self.gpus_per_node)
+
+    @classmethod
+    def make(cls, num_gpus: int, gpus_per_node: int | None = None,
+             gpu: str | None = None) -> ClusterSpec:
+        """A cluster from CLI values: 8 GPUs per node by default, the local GPU type if known;
+        `gpu` may be a cluster file (`--cluster FILE`, autotune.specs.cluster)."""
+        if gpu is not None and is_cluster_file(gpu):  # --cluster FILE
+            file = load_cluster_file(gpu)
+            try:
+                table = gpu_spec(file.gpu)
+            except ConfigError as exc:
+                raise ConfigError(f"cluster file {gpu}: {exc}") from None
+            spec = replace(table, intra_node_bytes_per_s=file.intra_node_bytes_per_s,
+                           inter_node_bytes_per_s=file.inter_node_bytes_per_s)
+            per_node = gpus_per_node if gpus_per_node is not None else min(file.gpus_per_node,
+                                                                           num_gpus)
+            return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=spec,
+                       host_memory_bytes=file.host_memory_bytes)
+        per_node = gpus_per_node if gpus_per_node is not None else min(8, num_gpus)
+        name = gpu or detect_gpu() or DEFAULT_GPU
+        return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=gpu_spec(name))
+
+
+def _nvml_names() -> list[str]:
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver or no GPU: NVML raises its own error types
+        return []
+    try:
+        names = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index))
+            names.append(name.decode() if isinstance(name, bytes) else str(name))
+        return names
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def local_gpu_count() -> int:
+    """CUDA GPUs visible on this machine through NVML (0 without a driver)."""
+    return len(_nvml_names())
+
+
+def detect_gpu() -> str | None:
+    """The table name of the first local GPU, or None when there is none or it is unknown."""
+    names = _nvml_names()
+    if not names:
+        return None
+    for spec in GPUS.values():  # ordered more specific first
+        if any(pattern in names[0] for pattern in spec.nvml_patterns):
+            return spec.name
+    return None

@@ -1,0 +1,245 @@
+"""A Hugging Face `config.json` as a ModelSpec: GPT-2, Llama, Mistral, Mixtral, Qwen2, Qwen3.
+
+Read from a file (or a folder holding config.json), never from the network. Every field the
+analytical models and the Megatron-LM export use is mapped from the config's own keys, with
+transformers' defaults where a key may be absent (transformers' configuration_<model>.py of
+each architecture). What autotune's models cannot represent is refused in one line rather than
+approximated silently: an unknown architecture, sliding-window attention that is in use, shared
+experts, a head dimension other than hidden/heads. Fields that do not change memory or step
+time (RoPE scaling, Qwen's QKV bias, Qwen3's QK norm) are noted, not refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError
+from autotune.inputs.documents import parse_json
+from autotune.inputs.files import read_text
+from autotune.inputs.untrusted import for_terminal, shown
+from autotune.specs.model import MODEL_NAME_MAX, ModelSpec, model_from_mapping
+
+__all__ = ["CONFIG_NAME", "HfModel", "is_hf_config", "load_hf_config", "read_hf_config"]
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+
+SEQ_LENGTH_MAX = 8192
+"""The sequence a config's model is tuned for: its max_position_embeddings, at most this (the
+llama3 presets' 8192, NeMo's Llama 3 recipe); --seq-len overrides it."""
+
+GLOBAL_BATCH = {"gpt2": 64}
+"""Global batch in sequences, which config.json does not say: the presets' of the same
+family (gpt2*.yaml 64; llama3 and mixtral 512, DEFAULT_GLOBAL_BATCH); --global-batch-size
+overrides it."""
+DEFAULT_GLOBAL_BATCH = 512
+
+_LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+SUPPORTED = ("gpt2", *_LLAMA_LIKE)
+"""config.json `model_type`s autotune maps."""
+
+
+@dataclass(frozen=True, slots=True)
+class HfModel:
+    """A config's ModelSpec, with what the mapping noted (printed when it is loaded)."""
+
+    spec: ModelSpec
+    notes: tuple[str, ...]
+
+
+def is_hf_config(name_or_path: str) -> bool:
+    """True for a .json file or a folder holding config.json: what load_model hands here."""
+    path = Path(name_or_path)
+    return name_or_path.endswith(".json") or (path.is_dir() and (path / CONFIG_NAME).is_file())
+
+
+def _config_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    return path / CONFIG_NAME if path.is_dir() else path
+
+
+def _name(path: Path, data: dict[str, Any]) -> str:
+    # _name_or_path names the checkpoint (meta-llama/Meta-Llama-3-8B); else the folder's name.
+    raw = data.get("_name_or_path") or (path.parent.name if path.name == CONFIG_NAME
+                                        else path.stem)
+    name = str(raw).rstrip("/").rsplit("/", 1)[-1]
+    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in name).strip("-.")
+    return name[:MODEL_NAME_MAX] or "hf-model"
+
+
+class _Config:
+    """The config's keys with one-line errors naming the file."""
+
+    def __init__(self, data: dict[str, Any], source: str) -> None:
+        self.data = data
+        self.source = source
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.data.get(key)
+        return default if value is None else value
+
+    def count(self, key: str, default: int | None = None) -> int:
+        value = self.get(key, default)
+        if value is None:
+            raise ConfigError(f"{self.source}: no {key!r}, which autotune needs")
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{self.source}: {key} must be a positive integer, got "
+                              f"{shown(value)}")
+        return value
+
+    def optional_count(self, key: str) -> int | None:
+        return None if self.get(key) is None else self.count(key)
+
+    def flag(self, key: str, default: bool) -> bool:
+        # JSON's true/false only: the string "false" is truthy to Python.
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.source}: {key} must be true or false, got "
+                              f"{shown(value)}")
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        value = self.get(key, default)
+        if not isinstance(value, int | float) or isinstance(value, bool) \
+                or not math.isfinite(value):
+            raise ConfigError(f"{self.source}: {key} must be a finite number, got "
+                              f"{shown(value)}")
+        return float(value)
+
+    def text(self, key: str, default: str) -> str:
+        value = self.get(key, default)
+        if not isinstance(value, str):
+            raise ConfigError(f"{self.source}: {key} must be a string, got {shown(value)}")
+        return value
+
+    def refuse(self, what: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {what}")
+
+
+def _gpt2(c: _Config) -> tuple[dict[str, Any], list[str]]:
+    # transformers GPT2Config: n_inner None means 4 * n_embd; gelu_new is the tanh-approximated
+    # GELU, which Megatron's default MLP (bias_gelu) computes; LayerNorm with biases; tied
+    # embeddings.
+    act = c.text("activation_function", "gelu_new")
+    if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+        raise c.refuse(f"GPT-2 activation_function {shown(act)} has no Megatron-LM equivalent "
+                       "autotune models (gelu)")
+    positions = c.count("n_positions", 1024)
+    hidden = c.count("n_embd")
+    return {
+        "num_layers": c.count("n_layer"), "hidden_size": hidden,
+        "num_attention_heads": c.count("n_head"), "ffn_hidden_size": c.optional_count("n_inner"),
+        "vocab_size": c.count("vocab_size"), "seq_length": min(positions, SEQ_LENGTH_MAX),
+        "max_position_embeddings": positions, "activation": "gelu",
+        "normalization": "LayerNorm", "add_bias_linear": True,
+        "tied_embeddings": c.flag("tie_word_embeddings", True),
+        "position_embedding": "learned_absolute",
+        "hidden_dropout": c.number("resid_pdrop", 0.1),
+        "attention_dropout": c.number("attn_pdrop", 0.1),
+    }, []
+
+
+def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
+    notes: list[str] = []
+    hidden, heads = c.count("hidden_size"), c.count("num_attention_heads")
+    head_dim = c.optional_count("head_dim")
+    if head_dim is not None and head_dim * heads != hidden:
+        # Megatron's --kv-channels; autotune's models take the head dimension as h / heads.
+        raise c.refuse(f"head_dim {head_dim} x {heads} heads != hidden_size {hidden}: a head "
+                       "dimension of its own (Megatron --kv-channels) is not in autotune's "
+                       "models")
+    if c.text("hidden_act", "silu") != "silu":
+        raise c.refuse(f"hidden_act {shown(c.get('hidden_act'))}: autotune maps the SwiGLU "
+                       "(silu-gated) MLP of these models only")
+    positions = c.count("max_position_embeddings", 2048)
+    seq = min(positions, SEQ_LENGTH_MAX)
+    window = c.optional_count("sliding_window")
+    in_use = c.flag("use_sliding_window", kind in ("mistral", "mixtral"))
+    if window is not None and in_use and window < seq:
+        raise c.refuse(f"sliding-window attention (sliding_window {window} < the {seq}-token "
+                       "sequence) is in use; autotune's models and export have full causal "
+                       "attention only")
+    if c.get("rope_scaling"):
+        scaling = c.get("rope_scaling")
+        kind_of = scaling.get("rope_type") or scaling.get("type") if isinstance(
+            scaling, dict) else scaling
+        shown_kind = for_terminal(str(kind_of))[:40]
+        notes.append(f"rope_scaling ({shown_kind}) changes positions, not memory or step time: "
+                     "not part of the model autotune tunes, nor of the exported flags")
+    if kind in ("qwen2", "qwen2_moe"):
+        notes.append("Qwen2's QKV bias (Megatron --add-qkv-bias) is left out: 2 x "
+                     "(hidden + 2 x kv) parameters per layer, well under 0.1%")
+    if kind in ("qwen3", "qwen3_moe"):
+        notes.append("Qwen3's QK norm (Megatron --qk-layernorm) is left out: 2 x head_dim "
+                     "parameters per layer")
+    if c.flag("attention_bias", False) or c.flag("mlp_bias", False):
+        raise c.refuse("attention_bias / mlp_bias on some layers only: autotune's models have "
+                       "biases on every linear layer or none")
+    values: dict[str, Any] = {
+        "num_layers": c.count("num_hidden_layers"), "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_query_groups": c.count("num_key_value_heads", heads),
+        "ffn_hidden_size": c.count("intermediate_size"), "vocab_size": c.count("vocab_size"),
+        "seq_length": seq, "max_position_embeddings": positions,
+        "gated_linear_unit": True, "activation": "swiglu", "normalization": "RMSNorm",
+        "add_bias_linear": False, "tied_embeddings": c.flag("tie_word_embeddings", False),
+        "position_embedding": "rope", "rotary_base": _integral(c, "rope_theta", 10000),
+        "hidden_dropout": 0.0, "attention_dropout": c.number("attention_dropout", 0.0),
+    }
+    experts = c.optional_count("num_local_experts" if kind == "mixtral" else "num_experts")
+    if kind in ("mixtral", "qwen2_moe", "qwen3_moe") and experts:
+        if c.optional_count("shared_expert_intermediate_size"):
+            raise c.refuse("shared experts (shared_expert_intermediate_size) are not in "
+                           "autotune's models")
+        if c.get("mlp_only_layers") or c.count("decoder_sparse_step", 1) != 1:
+            raise c.refuse("dense layers among the MoE layers (mlp_only_layers, "
+                           "decoder_sparse_step) are not in autotune's models")
+        values.update(num_experts=experts, moe_topk=c.count("num_experts_per_tok", 2))
+        if kind != "mixtral":
+            values["moe_ffn_hidden_size"] = c.count("moe_intermediate_size")
+    return values, notes
+
+
+def _integral(c: _Config, key: str, default: int) -> int:
+    """A whole number that configs write either way (rope_theta: 10000 or 500000.0)."""
+    value = c.number(key, default)
+    if not value.is_integer() or value <= 0:
+        raise ConfigError(f"{c.source}: {key} must be a positive whole number, got "
+                          f"{shown(c.get(key))}")
+    return int(value)
+
+
+def read_hf_config(name_or_path: str) -> HfModel:
+    """The ModelSpec of a config.json (or a folder holding one), with the mapping's notes."""
+    path = _config_path(name_or_path)
+    source = str(path)
+    data = parse_json(read_text(path, "config file"), source)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a JSON object (a Hugging Face config.json)")
+    c = _Config(data, source)
+    kind = data.get("model_type")
+    if not isinstance(kind, str) or kind not in SUPPORTED:
+        archs = data.get("architectures")
+        arch = for_terminal(", ".join(map(str, archs))[:80]) if isinstance(archs, list) \
+            and archs else "no architectures"
+        raise ConfigError(f"{source}: model_type {shown(kind)} ({arch}) is not an architecture "
+                          f"autotune maps (it reads {', '.join(SUPPORTED)})")
+    values, notes = _gpt2(c) if kind == "gpt2" else _llama_like(c, kind)
+    values["global_batch_size"] = GLOBAL_BATCH.get(kind, DEFAULT_GLOBAL_BATCH)
+    spec = model_from_mapping({"name": _name(path, data), **values}, source)
+    return HfModel(spec, tuple(notes))
+
+
+def load_hf_config(name_or_path: str) -> ModelSpec:
+    """read_hf_config's ModelSpec; its notes go to the log (stderr on the command line)."""
+    model = read_hf_config(name_or_path)
+    for note in model.notes:
+        log.info("autotune: %s: %s", model.spec.name, note)
+    return model.spec

@@ -1,0 +1,155 @@
+"""ModelSpec: the shape of a decoder-only transformer in Megatron's terms, and its checks.
+
+Read from a preset, a model YAML file or a Hugging Face config.json by autotune.specs.presets
+(`load_model`); from a study's records by `model_from_mapping`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from autotune.errors import ConfigError
+from autotune.inputs.bounds import Count, Fraction
+
+__all__ = ["MODEL_NAME_MAX", "ModelSpec", "model_from_mapping", "padded_vocab_size"]
+
+MODEL_NAME_MAX = 100
+"""Characters of a model's `name:`; it titles reports and exported scripts."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """The shape of a decoder-only transformer, in Megatron's terms."""
+
+    name: str
+    num_layers: Count
+    hidden_size: Count
+    num_attention_heads: Count
+    num_query_groups: Count | None = None
+    """GQA groups (Megatron `--num-query-groups`); None means multi-head attention."""
+    ffn_hidden_size: Count | None = None
+    """MLP width; None means 4 * hidden_size, as Megatron defaults."""
+    vocab_size: Count
+    seq_length: Count
+    max_position_embeddings: Count | None = None
+    global_batch_size: Count
+    """The preset's global batch in sequences; `--global-batch-size` overrides it."""
+    num_experts: Count | None = None
+    moe_topk: Count = 2
+    moe_ffn_hidden_size: Count | None = None
+    """Expert MLP width; None means ffn_hidden_size."""
+    gated_linear_unit: bool = False
+    """SwiGLU-style MLP: three h x f matrices instead of two."""
+    activation: str = "gelu"
+    normalization: str = "LayerNorm"
+    add_bias_linear: bool = True
+    tied_embeddings: bool = True
+    position_embedding: str = "learned_absolute"
+    rotary_base: Count = 10000
+    hidden_dropout: Fraction = 0.1
+    """Megatron's default (--hidden-dropout); GPT-2 trains with it, Llama and Mixtral with 0."""
+    attention_dropout: Fraction = 0.1
+    make_vocab_size_divisible_by: Count = 128
+
+    def __post_init__(self) -> None:
+        # The name reaches report titles, script comments and the default study name: one
+        # printable line (no newline or other control character), of a sensible length.
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigError(f"model name must be a non-empty string, got {self.name!r}")
+        if not self.name.isprintable() or len(self.name) > MODEL_NAME_MAX:
+            shown = self.name if len(self.name) <= 40 else self.name[:40] + "..."
+            raise ConfigError(f"model name {shown!r} must be one line of at most "
+                              f"{MODEL_NAME_MAX} printable characters")
+        # Files are checked field by field before they get here (autotune.inputs.schema);
+        # these rules hold for every ModelSpec, whatever built it.
+        for name in _COUNTS:
+            value = getattr(self, name)
+            if value is None and name not in _REQUIRED:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"model {self.name}: {name} must be a positive integer, "
+                                  f"got {value!r}")
+        for name in ("hidden_dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0 <= value <= 1:
+                raise ConfigError(f"model {self.name}: {name} must be between 0 and 1, "
+                                  f"got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"model {self.name}: hidden_size={self.hidden_size} must be "
+                              f"divisible by num_attention_heads={self.num_attention_heads}")
+        if self.num_attention_heads % self.query_groups:
+            raise ConfigError(f"model {self.name}: num_query_groups={self.query_groups} must "
+                              f"divide num_attention_heads={self.num_attention_heads}")
+        for name, allowed in (("normalization", ("LayerNorm", "RMSNorm")),
+                              ("activation", ("gelu", "swiglu", "silu", "squared_relu"))):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"model {self.name}: {name} must be one of "
+                                  f"{', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.position_embedding not in ("learned_absolute", "rope", "none"):
+            raise ConfigError(f"model {self.name}: position_embedding must be learned_absolute, "
+                              f"rope or none, got {self.position_embedding!r}")
+        if self.num_experts is not None and not 1 <= self.moe_topk <= self.num_experts:
+            raise ConfigError(f"model {self.name}: moe_topk={self.moe_topk} must be between 1 "
+                              f"and num_experts={self.num_experts}")
+
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def expert_ffn_size(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.num_experts and self.num_experts > 1)
+
+    @property
+    def max_positions(self) -> int:
+        return self.max_position_embeddings or self.seq_length
+
+    def with_overrides(self, *, seq_length: int | None = None,
+                       global_batch_size: int | None = None) -> ModelSpec:
+        """The same model with a different sequence length or global batch (CLI overrides)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        if seq_length is not None:
+            values["seq_length"] = seq_length
+            values["max_position_embeddings"] = max(seq_length, self.max_positions)
+        if global_batch_size is not None:
+            values["global_batch_size"] = global_batch_size
+        return ModelSpec(**values)
+
+
+def padded_vocab_size(model: ModelSpec, tp: int = 1) -> int:
+    """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by * tp.
+
+    Source: Megatron-LM megatron/training/tokenizer/tokenizer.py, `_vocab_size_with_padding`.
+    """
+    multiple = model.make_vocab_size_divisible_by * tp
+    return -(-model.vocab_size // multiple) * multiple
+
+
+_REQUIRED = ("name", "num_layers", "hidden_size", "num_attention_heads", "vocab_size",
+             "seq_length", "global_batch_size")
+_COUNTS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+           "ffn_hidden_size", "vocab_size", "seq_length", "max_position_embeddings",
+           "global_batch_size", "num_experts", "moe_topk", "moe_ffn_hidden_size", "rotary_base",
+           "make_vocab_size_divisible_by")
+"""The fields that are counts (positive integers; None for the optional ones: a default)."""
+
+
+def model_from_mapping(data: Any, source: str) -> ModelSpec:
+    """A ModelSpec from a mapping read from a file or a study (`source` names it): every field
+    checked (autotune.inputs.schema), then the model's own rules."""
+    from autotune.inputs.schema import build  # pydantic: imported when a model is read
+
+    return build(ModelSpec, data, source, what="model")

@@ -1,0 +1,68 @@
+"""Parameter counts of a ModelSpec, for listings and the memory model.
+
+Counts follow megatron-core's GPTModel: QKV and projection (with biases when add_bias_linear),
+the MLP (two or, gated, three matrices), two norms per layer, the final norm, word embeddings
+padded as Megatron pads them, learned position embeddings, and an untied output layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from autotune.specs.model import ModelSpec, padded_vocab_size
+
+__all__ = ["ParameterCounts", "count_parameters", "parameter_counts"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParameterCounts:
+    """Parameters by where they live; `dense_per_layer` excludes the experts."""
+
+    num_layers: int
+    embedding: int
+    """Word embeddings (padded vocabulary at tp=1) plus learned positions."""
+    output: int
+    """The output layer when untied, else 0."""
+    dense_per_layer: int
+    expert_per_layer: int
+    """All experts of one layer (0 for dense models)."""
+    final_norm: int
+
+    @property
+    def total(self) -> int:
+        per_layer = self.dense_per_layer + self.expert_per_layer
+        return self.embedding + self.output + self.final_norm + per_layer * self.num_layers
+
+
+@lru_cache(maxsize=256)
+def parameter_counts(model: ModelSpec) -> ParameterCounts:
+    """Parameter counts of `model` at tp = 1."""
+    h = model.hidden_size
+    bias = model.add_bias_linear
+    kv = model.query_groups * model.head_dim
+    norm = 2 * h if model.normalization == "LayerNorm" else h  # LayerNorm has a bias
+    attention = h * (h + 2 * kv) + h * h + ((h + 2 * kv) + h if bias else 0)
+    up_width = 2 if model.gated_linear_unit else 1  # gated: gate and up projections fused
+
+    def mlp(ffn: int) -> int:
+        biases = ffn * up_width + h if bias else 0
+        return h * ffn * up_width + ffn * h + biases
+
+    if model.is_moe:
+        assert model.num_experts is not None
+        dense = attention + 2 * norm + h * model.num_experts  # router
+        experts = model.num_experts * mlp(model.expert_ffn_size)
+    else:
+        dense = attention + 2 * norm + mlp(model.ffn_size)
+        experts = 0
+    vocab = padded_vocab_size(model)
+    positions = model.max_positions * h if model.position_embedding == "learned_absolute" else 0
+    return ParameterCounts(num_layers=model.num_layers, embedding=vocab * h + positions,
+                           output=0 if model.tied_embeddings else vocab * h,
+                           dense_per_layer=dense, expert_per_layer=experts, final_norm=norm)
+
+
+def count_parameters(model: ModelSpec) -> int:
+    """All parameters of the model (tp = 1, padded vocabulary)."""
+    return parameter_counts(model).total

@@ -1,0 +1,60 @@
+"""Model presets, a `ModelSpec` per YAML file in search_spaces/models/, and `load_model`: a
+model by name or path, whatever form the user has it in (a preset, a model YAML file, a Hugging
+Face config.json through autotune.specs.hf_config)."""
+
+from __future__ import annotations
+
+import difflib
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError
+from autotune.inputs.documents import parse_yaml
+from autotune.inputs.files import MAX_YAML_BYTES, read_text
+from autotune.specs.hf_config import is_hf_config, load_hf_config
+from autotune.specs.model import ModelSpec, model_from_mapping
+
+__all__ = ["list_presets", "load_model", "search_spaces_dir"]
+
+
+def search_spaces_dir() -> Traversable:
+    """The presets and search spaces: shipped as autotune.search_spaces when installed, read
+    from the repository's search_spaces/ when autotune runs from a checkout on PYTHONPATH
+    (as on GPU nodes without an install)."""
+    try:
+        return resources.files("autotune.search_spaces")
+    except ModuleNotFoundError:  # the checkout: search_spaces/ beside the package
+        return Path(str(resources.files("autotune"))).parent / "search_spaces"
+
+
+def _preset_files() -> dict[str, Any]:
+    root = search_spaces_dir().joinpath("models")
+    return {p.name.removesuffix(".yaml"): p for p in root.iterdir() if p.name.endswith(".yaml")}
+
+
+def list_presets() -> list[str]:
+    """Names of the built-in presets, sorted."""
+    return sorted(_preset_files())
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset by name (`gpt2-xl`), a model YAML file by path, or a Hugging Face config.json
+    (or a folder holding one: autotune.specs.hf_config)."""
+    if is_hf_config(name_or_path):
+        return load_hf_config(name_or_path)
+    looks_like_path = name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path
+    if looks_like_path:
+        path = Path(name_or_path)
+        data = parse_yaml(read_text(path, "model file", max_bytes=MAX_YAML_BYTES), str(path))
+        if isinstance(data, dict):
+            data.setdefault("name", path.stem)
+        return model_from_mapping(data, str(path))
+    presets = _preset_files()
+    if name_or_path not in presets:
+        close = difflib.get_close_matches(name_or_path, list(presets), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see `autotune models`"
+        raise ConfigError(f"unknown model {name_or_path!r}{hint}")
+    source = f"preset {name_or_path}"
+    return model_from_mapping(parse_yaml(presets[name_or_path].read_text(), source), source)
