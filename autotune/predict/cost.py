@@ -393,6 +393,11 @@ def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState,
     launch = n * per_layer * (1 + 0.5 * full)  # recompute relaunches the forward
     compute += n * stage.rerun_s
     launch += s.vpp * stage.checkpoints * prm.checkpoint_call_s
+    if state.layer_host_floor_s:
+        # A host-bound path (TE's FP8): the GPU waits for the host where its own work per
+        # layer is shorter than the host's; the wait is host time, with the launches.
+        floor = n * state.layer_host_floor_s * (1 + 0.5 * full)
+        launch += max(0.0, floor - (compute + tp + cp + ep + launch))
     offload = stage.offload_s
     if s.cp > 1:
         # The ring's host time hides behind the stage's GPU work only up to that work's length
