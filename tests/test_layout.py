@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import InvalidLayoutError
-from autotune.layouts.layout import Layout, check, validate
+from autotune.layouts.layout import DIMENSIONS, RULES, Layout, check, validate
 from autotune.specs.presets import load_model
 from tests.conftest import cluster
 
@@ -88,3 +88,22 @@ def test_num_microbatches(fields: dict[str, int], expected: int) -> None:
 ])
 def test_describe_names_every_non_default(fields: dict[str, object], label: str) -> None:
     assert Layout(**fields).describe() == label  # type: ignore[arg-type]
+
+
+def test_field_order_is_the_labels_and_the_studies() -> None:
+    """A Layout's fields keep their order whether a field is the core's or a lever's: labels
+    (describe) and a study's parameters follow it, so the pipeline split stays between vpp and
+    mbs and the implementation last (autotune.layouts.layout.Layout's bases)."""
+    names = list(DIMENSIONS)
+    assert names[:11] == ["tp", "pp", "dp", "cp", "ep", "vpp", "first_stage_layers",
+                          "last_stage_layers", "mbs", "gbs", "sequence_parallel"]
+    assert names[11:16] == ["recompute", "recompute_method", "recompute_num_layers",
+                            "recompute_modules", "offload_layers"]
+    assert names[-1] == "impl"
+
+
+def test_levers_rules_run_first_within_a_level() -> None:
+    """pp_layers (the pipeline split's) decides the stage counts vpp_layers reads."""
+    names = [rule.name for rule in RULES]
+    assert names.index("pp_layers") < names.index("vpp_pp") < names.index("vpp_layers")
+    assert [rule.level for rule in RULES] == sorted(rule.level for rule in RULES)
