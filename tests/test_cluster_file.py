@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.cli import main
 from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout
 from autotune.predict.cost import estimate_cost
@@ -72,3 +73,28 @@ def test_a_cluster_files_gpu_must_be_in_the_table(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"cluster file .*bad.yaml: unknown GPU 'tpu'") as info:
         ClusterSpec.make(8, None, str(path))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("per_node", "used"), [
+    (None, 4),   # the file's nodes
+    (2, 2),      # part of each node: a job may use fewer
+    (4, 4),
+    (8, None),   # more than a node holds: refused in one line
+])
+def test_gpus_per_node_cannot_exceed_the_files_nodes(per_node: int | None,
+                                                    used: int | None) -> None:
+    path = str(CLUSTERS / "pcie-a100.yaml")
+    if used is None:
+        with pytest.raises(ConfigError, match="more than the 4 GPUs per node of cluster file"):
+            ClusterSpec.make(8, gpus_per_node=per_node, gpu=path)
+    else:
+        assert ClusterSpec.make(8, gpus_per_node=per_node, gpu=path).gpus_per_node == used
+
+
+def test_the_cli_refuses_more_gpus_per_node_than_the_file_in_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(CLUSTERS / "pcie-a100.yaml")
+    assert main(["estimate", "gpt2-xl", "--gpus", "8", "--gpus-per-node", "8",
+                 "--cluster", path]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "more than the 4 GPUs per node" in err[0], err

@@ -142,6 +142,11 @@ class ClusterSpec:
                 raise ConfigError(f"cluster file {gpu}: {exc}") from None
             spec = replace(table, intra_node_bytes_per_s=file.intra_node_bytes_per_s,
                            inter_node_bytes_per_s=file.inter_node_bytes_per_s)
+            if gpus_per_node is not None and gpus_per_node > file.gpus_per_node:
+                # A node cannot hold more GPUs than the file says it has; fewer is a job using
+                # part of each node.
+                raise ConfigError(f"--gpus-per-node {gpus_per_node} is more than the "
+                                  f"{file.gpus_per_node} GPUs per node of cluster file {gpu}")
             per_node = gpus_per_node if gpus_per_node is not None else min(file.gpus_per_node,
                                                                            num_gpus)
             return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=spec,
