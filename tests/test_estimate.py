@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
+from autotune.specs.hardware import gpu_spec
 
 ESTIMATE = ["estimate", "gpt2-xl", "--gpus", "8", "--pp", "2", "--mbs", "4"]
 
@@ -155,3 +156,29 @@ def test_step_terms_add_up_to_the_step(capsys: pytest.CaptureFixture[str]) -> No
     step = float(re.match(r"step ([\d.]+) ms", line).group(1))  # type: ignore[union-attr]
     terms = [float(v) for v in re.findall(r" ([\d.]+)(?=,| ms$)", line.split(":", 1)[1])]
     assert sum(terms) == pytest.approx(step, abs=0.1 * len(terms))
+
+
+@pytest.mark.parametrize(("extra", "fp8_share"), [
+    ([], None),  # bf16: MFU against the bf16 peak alone
+    (["--fp8", "hybrid"], True),
+])
+def test_fp8_mfu_is_also_given_against_the_fp8_peak(capsys: pytest.CaptureFixture[str],
+                                                    extra: list[str],
+                                                    fp8_share: bool | None) -> None:
+    # gpt-1t at mbs 64 on one H100 (memory aside): FP8's large GEMMs run faster than the bf16
+    # peak, so MFU against it passes 100%; its share of the FP8 peak says how close it runs.
+    args = ["estimate", "gpt-1t", "--gpus", "1", "--gpu", "h100-80gb", "--impl", "te",
+            "--mbs", "64", *extra]
+    code, out, _ = run(capsys, *args)
+    assert code == 0
+    assert ("of the FP8 peak" in out) == bool(fp8_share)
+    code, out, _ = run(capsys, *args, "--json")
+    data = json.loads(out)
+    if fp8_share:
+        gpu = gpu_spec("h100-80gb")
+        assert data["mfu"] > 1 > data["mfu_fp8"]
+        assert gpu.peak_fp8_flops is not None
+        assert data["mfu_fp8"] == pytest.approx(
+            data["mfu"] * gpu.peak_bf16_flops / gpu.peak_fp8_flops)
+    else:
+        assert data["mfu_fp8"] is None and data["mfu"] < 1
