@@ -206,3 +206,19 @@ def test_the_bias_leaves_layouts_outside_the_band_alone() -> None:
         gate.record_peak(peak, peak * 1.04)  # 4% more than predicted, 20% free: still fits
     decision = gate.decide(s)
     assert decision.launch and not decision.risky
+
+
+@pytest.mark.parametrize(("biases", "changed"), [
+    # (earlier fits' biases, the new one): does the gate say its decisions may have moved?
+    (((), -0.02), False),            # under the band, fewer than MIN_BIAS_FITS: nothing moves
+    (((), 0.10), True),              # over the H100's 5.7% band: the band widens
+    (((-0.01, -0.02), -0.03), True),  # the third fit: a typical bias exists now
+    (((0.01, 0.02, 0.03), 0.02), False),  # the median stays 2%, the band stays
+])
+def test_record_peak_says_when_decisions_may_move(biases: tuple[tuple[float, ...], float],
+                                                  changed: bool) -> None:
+    earlier, new = biases
+    gate = MemoryGate(GPT2_XL, cluster(8))
+    for bias in earlier:
+        gate.record_peak(100.0, 100.0 * (1 + bias))
+    assert gate.record_peak(100.0, 100.0 * (1 + new)) is changed

@@ -165,6 +165,10 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
                                   else (None, None))
     memory = estimate_memory(model, layout, cluster, memory_params)
     cost = estimate_cost(model, layout, cluster, cost_params)
+    # MFU stays against the bf16 peak (comparable across precisions), so FP8's large GEMMs can
+    # take it over 100%: the FP8 peak's share says how close to its own limit it runs.
+    mfu_fp8 = cluster.gpu.fp8_peak_share(cost.tflops_per_gpu * 1e12) \
+        if layout.fp8 != "off" else None
     names = [n for n in memory.breakdown_gib() if n not in ("total", "saved")]
     note = defaults_note(defaulted)
     if as_json:
@@ -185,8 +189,7 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
                            for st in memory.stages],
             "step_time_s": cost.step_time_s, "tokens_per_s": cost.tokens_per_s,
             "tflops_per_gpu": cost.tflops_per_gpu, "mfu": cost.mfu,
-            "mfu_fp8": (cost.tflops_per_gpu * 1e12 / cluster.gpu.peak_fp8_flops
-                        if layout.fp8 != "off" and cluster.gpu.peak_fp8_flops else None),
+            "mfu_fp8": mfu_fp8,
             "time_breakdown_s": {field: getattr(cost, field) for _, field in _TIME_TERMS},
             "predicted": True, "defaults_note": note,
             # the models' held-out error bands and what lies outside the measured range
@@ -220,11 +223,7 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
           f"(±{STEP_TIME_BAND * cost.step_time_s * 1e3:.1f}): "
           + ", ".join(f"{label} {getattr(cost, field) * 1e3:.1f}" for label, field in _TIME_TERMS)
           + " ms")
-    fp8_peak = cluster.gpu.peak_fp8_flops if layout.fp8 != "off" else None
-    # MFU stays against the bf16 peak (comparable across precisions), so FP8's large GEMMs can
-    # take it over 100%: the FP8 peak's share is what says how close to its own limit it runs.
-    against_fp8 = (f" of the bf16 peak, {cost.tflops_per_gpu * 1e12 / fp8_peak:.1%} of the FP8 "
-                   "peak") if fp8_peak else ""
+    against_fp8 = f" of the bf16 peak, {mfu_fp8:.1%} of the FP8 peak" if mfu_fp8 else ""
     print(f"{cost.tokens_per_s:,.0f} tokens/s, {cost.tflops_per_gpu:.0f} TFLOP/s per GPU, "
           f"MFU {cost.mfu:.1%}{against_fp8}")
     print(f"({trust_line(model, cluster)})")

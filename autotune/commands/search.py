@@ -18,7 +18,7 @@ from autotune.layouts.layout import DIMENSIONS, Impl, Layout
 from autotune.levers.fp8 import Fp8
 from autotune.megatron.megatron_args import exported_layout, measured_as_exported
 from autotune.predict.calibration import load_calibration
-from autotune.predict.trust import memory_band, outside_range, trust_line
+from autotune.predict.trust import memory_band, outside_range, trust_line, within_memory_band
 from autotune.search.backends import Backend, BackendName, Isolation, make_backend
 from autotune.search.space import SearchSpace
 from autotune.specs.hardware import ClusterSpec, local_gpu_count
@@ -270,9 +270,8 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
 def _within_memory_band(result: Any, cluster: ClusterSpec) -> list[int]:
     """Trial numbers of the ten best whose predicted peak lies within the memory model's error
     band of the capacity (the gate's `risky`): picks that may run out of memory."""
-    limit = cluster.gpu.memory_bytes * (1 - memory_band(cluster))
     return [r.number for r in result.best(10)
-            if r.metrics is not None and (r.metrics.peak_bytes or 0) > limit]
+            if r.metrics is not None and within_memory_band(r.metrics.peak_bytes or 0, cluster)]
 
 
 def _summary(counts: StudyCounts, verb: str, valid: int, predicted: bool) -> str:

@@ -100,10 +100,13 @@ class MemoryGate:
     """Which trial that was, for the reasons (e.g. "trial 0")."""
     params: MemoryParams | None = None
     """Fitted memory constants (autotune calibrate); None for the defaults."""
-    observed_under: float = 0.0
-    """The worst under-prediction of a measured peak this study has seen (record_peak)."""
     biases: list[float] = field(default_factory=list)
     """Every measured fit's peak over its prediction, minus one (record_peak)."""
+
+    @property
+    def observed_under(self) -> float:
+        """The worst under-prediction of a measured peak this study has seen (0: none)."""
+        return max([0.0, *self.biases])
 
     def error_band(self) -> float:
         """The fraction of capacity within which a prediction is a risk: the GPU's measured
@@ -111,14 +114,15 @@ class MemoryGate:
         base = MEMORY_ERROR_BAND.get(self.cluster.gpu.name, DEFAULT_ERROR_BAND)
         return max(base, self.observed_under)
 
-    def record_peak(self, predicted_bytes: float, measured_bytes: float) -> None:
+    def record_peak(self, predicted_bytes: float, measured_bytes: float) -> bool:
         """Learn from a measured trial: a peak above its prediction widens the band, and every
-        peak joins the bias (typical_bias)."""
+        peak joins the bias (typical_bias). Return whether decisions may have changed (the band
+        or the typical bias moved)."""
         if predicted_bytes <= 0 or measured_bytes <= 0:
-            return
-        bias = measured_bytes / predicted_bytes - 1
-        self.biases.append(bias)
-        self.observed_under = max(self.observed_under, bias)
+            return False
+        before = (self.error_band(), self.typical_bias())
+        self.biases.append(measured_bytes / predicted_bytes - 1)
+        return (self.error_band(), self.typical_bias()) != before
 
     def typical_bias(self) -> float | None:
         """The median measured bias once MIN_BIAS_FITS fits were measured, else None."""

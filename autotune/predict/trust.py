@@ -19,7 +19,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.params import count_parameters
 
 __all__ = ["MEASURED_RANGE", "STEP_TIME_BAND", "MeasuredRange", "in_memory_band", "memory_band",
-           "memory_risk", "outside_range", "trust_line"]
+           "memory_risk", "outside_range", "trust_line", "within_memory_band"]
 
 STEP_TIME_BAND = 0.065
 """Held-out median step-time error of the worst family with at least three measured trials:
@@ -80,21 +80,24 @@ def trust_line(model: ModelSpec, cluster: ClusterSpec) -> str:
     return line
 
 
+def within_memory_band(peak_bytes: float, cluster: ClusterSpec) -> bool:
+    """A predicted peak under the GPU's memory but within the memory band below it."""
+    capacity = cluster.gpu.memory_bytes
+    return capacity * (1 - memory_band(cluster)) < peak_bytes <= capacity
+
+
 def in_memory_band(memory: MemoryEstimate, cluster: ClusterSpec) -> bool:
     """Predicted to fit, but within the memory band of the capacity: a risky pick."""
-    return memory.fits and memory.peak_bytes > memory.capacity_bytes * (1 - memory_band(cluster))
+    return memory.fits and within_memory_band(memory.peak_bytes, cluster)
 
 
 def memory_risk(predicted_peak_bytes: float | None, cluster: ClusterSpec) -> str:
     """The warning a predicted pick carries in the report and the export header when it is
     predicted within the memory band of the GPU (in_memory_band's test on a record's figure);
     empty otherwise. A measured pick ran and needs none."""
-    if not predicted_peak_bytes:
-        return ""
-    capacity = cluster.gpu.memory_bytes
-    band = memory_band(cluster)
-    if not capacity * (1 - band) < predicted_peak_bytes <= capacity:
+    if not predicted_peak_bytes or not within_memory_band(predicted_peak_bytes, cluster):
         return ""
     return (f"predicted at {predicted_peak_bytes / 2**30:.1f} GiB of the "
-            f"{capacity / 2**30:.1f} GiB of the {cluster.gpu.name}, inside the memory model's "
-            f"±{band:.1%} band: it may not fit; measure it before a long run")
+            f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB of the {cluster.gpu.name}, inside the "
+            f"memory model's ±{memory_band(cluster):.1%} band: it may not fit; measure it before "
+            "a long run")

@@ -360,7 +360,7 @@ def _fp8_mfu(rows: list[dict[str, Any]], gpu: GpuSpec) -> None:
         return
     for r in rows:
         if r.get("fp8", Fp8.OFF) != Fp8.OFF and r.get("tflops_per_gpu") is not None:
-            r["mfu_fp8"] = r["tflops_per_gpu"] * 1e12 / gpu.peak_fp8_flops
+            r["mfu_fp8"] = gpu.fp8_peak_share(r["tflops_per_gpu"] * 1e12)
 
 
 def load_study(ref: StudyRef, model_arg: str | None = None) -> LoadedStudy:

@@ -80,10 +80,10 @@ class Knowledge:
             if self.gate.record_fit(record.predicted_peak_bytes, f"trial {record.number}"):
                 self._fits.clear()
             measured = record.metrics.device_used_bytes if record.metrics is not None else None
+            # NVML's device use against the prediction: the machine's bias (gate.py).
             if (not record.predicted and record.duplicate_of is None and measured
-                    and record.predicted_peak_bytes):
-                # NVML's device use against the prediction: the machine's bias (gate.py).
-                self.gate.record_peak(record.predicted_peak_bytes, measured)
+                    and record.predicted_peak_bytes
+                    and self.gate.record_peak(record.predicted_peak_bytes, measured)):
                 self._fits.clear()
             key = mbs_family(record.layout)
             self.good_mbs[key] = max(self.good_mbs.get(key, 0), record.layout.mbs)

@@ -51,6 +51,11 @@ class GpuSpec:
     def usable_bytes(self) -> int:
         return self.allocatable_bytes if self.allocatable_bytes is not None else self.memory_bytes
 
+    def fp8_peak_share(self, flops_per_s: float) -> float | None:
+        """`flops_per_s` as a share of the dense FP8 peak (an FP8 layout's MFU against its own
+        limit; MFU itself stays against the bf16 peak); None without FP8 tensor cores."""
+        return None if self.peak_fp8_flops is None else flops_per_s / self.peak_fp8_flops
+
 
 # Sources: NVIDIA H100 / H200 / A100 / B200 datasheets (dense BF16 tensor-core peak; NVLink 5 =
 # 1.8 TB/s, NVLink 4 = 900 GB/s and NVLink 3 = 600 GB/s bidirectional per GPU; one 400 Gb/s
