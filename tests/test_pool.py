@@ -222,3 +222,34 @@ def test_a_trials_groups_are_destroyed_in_the_order_they_were_made() -> None:
     world, *made = [Group() for _ in range(6)]
     assert trial_groups([world], [world, *made]) == made
     assert trial_groups([world, *made], [world, *made]) == []
+
+
+class _FakeManager:
+    resets = 0
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.resets += 1
+
+
+@pytest.mark.parametrize(("module", "expected"), [
+    ("transformer_engine.pytorch.quantization", True),  # TE >= 2.8
+    ("transformer_engine.pytorch.fp8", True),  # older TE: the same manager there
+    (None, False),  # a pool without TE: nothing imported, nothing to reset
+])
+def test_a_released_trial_leaves_no_fp8_state_to_the_next(
+        monkeypatch: pytest.MonkeyPatch, module: str | None, expected: bool) -> None:
+    from types import ModuleType
+
+    from autotune.worker import serve
+
+    for name in serve._TE_FP8_STATE_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    _FakeManager.resets = 0
+    if module is not None:
+        fake = ModuleType(module)
+        fake.FP8GlobalStateManager = _FakeManager  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, module, fake)
+    assert serve.reset_fp8_state() is expected
+    assert _FakeManager.resets == int(expected)
+    assert "transformer_engine" not in sys.modules or module is not None

@@ -151,6 +151,33 @@ def trial_groups(before: list[Any], now: list[Any]) -> list[Any]:
     return [g for g in now if id(g) not in known]
 
 
+# Where Transformer Engine keeps its FP8 state: quantization.py since TE 2.9, fp8.py before
+# (from 2.9 on a deprecated alias of the same class).
+_TE_FP8_STATE_MODULES = (
+    "transformer_engine.pytorch.quantization",
+    "transformer_engine.pytorch.fp8",
+)
+
+
+def reset_fp8_state() -> bool:
+    """Forget Transformer Engine's process-wide FP8 state (True when there was a TE to reset).
+
+    TE keeps, per process, the amax buffers of every FP8 module it saw and the group it reduces
+    them over (FP8GlobalStateManager). A trial's modules and groups die with it; TE's buffers do
+    not: the next FP8 trial's autocast reduces the dead trial's amaxes over a destroyed group.
+    Seen on 2 x H200: every tensorwise trial after a delayed one in the pool crashed with
+    "Process group ... is not initialized in the world group map", and its buffers held the
+    dead model's tensors. A cold launch starts with a fresh manager; reset() gives the next
+    trial the same. TE is only looked up, never imported: a pool without it has nothing to
+    reset."""
+    for name in _TE_FP8_STATE_MODULES:
+        manager = getattr(sys.modules.get(name), "FP8GlobalStateManager", None)
+        if manager is not None:
+            manager.reset()
+            return True
+    return False
+
+
 def _release(before: list[Any]) -> int:
     """Free what the trial made (the module's list); the bytes still allocated after."""
     import gc
@@ -160,6 +187,7 @@ def _release(before: list[Any]) -> int:
     from megatron.core import parallel_state
 
     parallel_state.destroy_model_parallel()
+    reset_fp8_state()
     for group in trial_groups(before, _process_groups()):
         with contextlib.suppress(Exception):  # already gone, or aborted: nothing left to free
             dist.destroy_process_group(group)
