@@ -20,6 +20,7 @@ from doubles.fake_backend import FakeBackend, small_cluster, small_model
 from optuna.trial import TrialState
 
 from autotune.cli import main
+from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout
 from autotune.report.load import load_study, read_records, resolve_study, trial_row
 from autotune.search import SearchConfig, run_search
@@ -72,6 +73,30 @@ def test_the_stored_form_reads_back_as_the_same_record() -> None:
                         source="grid", predicted=True)):
         attrs = json.loads(json.dumps(record_attrs(record)))  # as the storage keeps it
         assert read_record(record.number, attrs) == record
+
+
+@pytest.mark.parametrize(("status", "value", "reads"), [
+    # A layout that broke a rule before its derived value was resolved is stored with the
+    # space's placeholder (seen: export of a TE search on H200 failed on such a record).
+    (TrialStatus.INVALID, "derive", True),
+    (TrialStatus.INVALID, "divisors", True),
+    # Where the layout was resolved, a placeholder is not something autotune writes.
+    (TrialStatus.OK, "derive", False),
+    (TrialStatus.PREDICTED_OOM, "derive", False),
+    (TrialStatus.INVALID, "twelve", False),
+])
+def test_an_unresolved_placeholder_reads_back_only_in_an_invalid_record(
+        status: TrialStatus, value: str, reads: bool) -> None:
+    attrs = json.loads(json.dumps(record_attrs(TrialRecord(
+        number=1, layout=LAYOUT, status=status, source="sampler"))))
+    attrs["layout"]["recompute_num_layers"] = value
+    if reads:
+        record = read_record(1, attrs)
+        assert record is not None and record.status is status
+        assert record.layout.recompute_num_layers == value
+    else:
+        with pytest.raises(ConfigError, match="recompute_num_layers"):
+            read_record(1, attrs)
 
 
 def test_the_reader_takes_what_earlier_versions_wrote() -> None:

@@ -24,6 +24,7 @@ from autotune.inputs.bounds import FLOAT_MAX
 from autotune.inputs.untrusted import shown
 from autotune.layouts.layout import DIMENSIONS, Layout
 from autotune.predict.cost import CostParams
+from autotune.search.derive import DERIVE, DIVISORS
 from autotune.trials.trial import StopReason, TrialMetrics, TrialStatus
 
 __all__ = ["DERIVED_ATTR", "LAUNCHED", "RECORD_ATTR", "Figure", "Observer", "SearchResult",
@@ -246,12 +247,19 @@ def store_record(trial: optuna.Trial, record: TrialRecord) -> None:
     trial.set_user_attr(RECORD_ATTR, record_attrs(record))
 
 
+PLACEHOLDERS = (DERIVE, DIVISORS)
+"""What a space offers in place of values; an INVALID record may hold one unresolved."""
+
+
 def _tampered(number: int, what: str) -> ConfigError:
     return ConfigError(f"the study's record of trial {number} is not one autotune wrote: "
                        f"{what} (was study.db edited?)")
 
 
-def _stored_layout(number: int, value: object) -> Layout | None:
+def _stored_layout(number: int, value: object, *, unresolved_ok: bool = False) -> Layout | None:
+    """The stored layout. `unresolved_ok`: a space's placeholder (`derive`, `divisors`) may
+    stand for a value, as autotune stores it for a layout that broke a rule before the value
+    was resolved from the model (an INVALID record)."""
     if value is None:
         return None  # a DUPLICATE or INTERRUPTED record of a version before typed records
     if not isinstance(value, Mapping):
@@ -261,6 +269,8 @@ def _stored_layout(number: int, value: object) -> Layout | None:
     # where the layout is used.
     for key in DIMENSIONS:
         if key in value:
+            if unresolved_ok and value[key] in PLACEHOLDERS:
+                continue
             problem = DIMENSIONS[key].check(value[key])
             if problem is not None:
                 raise _tampered(number, f"layout.{key} must be {problem}, got "
@@ -302,7 +312,8 @@ def read_record(number: int, attrs: object,
         status = TrialStatus(str(attrs.get("status")))
     except ValueError:
         return None
-    stored = _stored_layout(number, attrs.get("layout"))
+    stored = _stored_layout(number, attrs.get("layout"),
+                            unresolved_ok=status is TrialStatus.INVALID)
     layout = layout or stored
     if layout is None:
         return None
