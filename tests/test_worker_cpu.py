@@ -401,3 +401,38 @@ def test_bias_in_gemm_leaves_megatron_communication_to_megatron(flags: dict[str,
     result = bias_in_gemm(lambda **kw: calls.append(kw) or torch.zeros(1))(**kwargs)
     assert calls == [kwargs]
     assert result.tolist() == [0.0]
+
+
+@pytest.mark.parametrize(("cp", "sp_tp"), [(1, 1), (2, 1), (4, 2)])
+def test_the_schedule_gets_the_whole_sequence_and_shapes_its_own_share(
+        cp: int, sp_tp: int) -> None:
+    """Megatron-LM passes args.seq_length to forward_backward; megatron-core divides it by the
+    CP (and, with sequence parallelism, TP) size for the pipeline's tensors. The worker must
+    pass the same, or a pipeline with cp > 1 sends seq / cp**2 tokens per micro-batch."""
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from types import SimpleNamespace
+
+    from megatron.core.pipeline_parallel.schedules import get_tensor_shapes
+
+    from autotune.worker.train import _step
+
+    m = ModelSpec(name="t", num_layers=2, hidden_size=64, num_attention_heads=4,
+                  vocab_size=1000, seq_length=1024, global_batch_size=8)
+    spec = TrialSpec(model=m, layout=Layout(mbs=2, gbs=8, cp=cp, dp=1))
+    seen: dict[str, object] = {}
+
+    class Chunk:
+        def zero_grad_buffer(self) -> None:
+            pass
+
+    optimizer = SimpleNamespace(zero_grad=lambda: None, step=lambda: None)
+    _step(spec, [Chunk()], optimizer, [iter(())], lambda **kw: seen.update(kw) or [])
+    assert seen["seq_length"] == seen["decoder_seq_length"] == m.seq_length
+
+    config = SimpleNamespace(sequence_parallel=sp_tp > 1, hidden_size=m.hidden_size)
+    shapes = get_tensor_shapes(seq_length=seen["seq_length"], micro_batch_size=2,
+                               decoder_seq_length=seen["decoder_seq_length"], config=config,
+                               tp_group=SimpleNamespace(size=lambda: sp_tp),
+                               cp_group=SimpleNamespace(size=lambda: cp))
+    assert shapes == [(m.seq_length // cp // sp_tp, 2, m.hidden_size)]

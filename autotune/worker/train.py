@@ -142,9 +142,13 @@ def _step(spec: TrialSpec, model: list[Any], optimizer: Any, iterators: list[Any
         data_iterator=iterators if len(model) > 1 else iterators[0],
         model=model if len(model) > 1 else model[0],
         num_microbatches=s.num_microbatches,
-        seq_length=m.seq_length // s.cp,
+        # The whole sequence, as Megatron-LM's training.py passes it: the schedule divides it
+        # by the CP size itself for the pipeline's send/receive shapes (get_tensor_shapes, every
+        # megatron-core from 0.14 to 0.19). Passing seq / cp divided twice: on 4 x H200, pp 2
+        # with cp 2 crashed in the last stage's cross entropy (logits of half the labels).
+        seq_length=m.seq_length,
         micro_batch_size=s.mbs,
-        decoder_seq_length=m.seq_length // s.cp,
+        decoder_seq_length=m.seq_length,
         forward_only=False,
     )
     optimizer.step()
