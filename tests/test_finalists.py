@@ -41,9 +41,10 @@ def test_the_plan_runs_the_best_three_in_fresh_orders_the_leader_once_fresh() ->
     result = _result(_record(0, 2, 100.0), _record(1, 4, 120.0), _record(2, 8, 110.0),
                      _record(3, 16, 90.0))
     order = [(r.of.number, r.fresh) for r in plan(result, finalists=3, runs=3)]
-    # Round 1: the last first; round 2 rotated by one; the leader's (#1) last repeat fresh, so
-    # that no warm repeat follows the fresh process (it would start the pool again).
-    assert order == [(0, False), (2, False), (1, False), (2, False), (1, True), (0, False)]
+    # Round 1: the last first; round 2 rotated by one; the leader's (#1) last repeat fresh and
+    # last of all, so that no warm repeat follows the fresh process (it would start the pool
+    # again).
+    assert order == [(0, False), (2, False), (1, False), (2, False), (0, False), (1, True)]
 
 
 @pytest.mark.parametrize(("done", "left"), [
@@ -62,6 +63,8 @@ def test_a_resume_runs_only_the_repeats_still_missing(done: tuple[tuple[str, boo
     # The leader's fresh run is not asked for again once one is on record.
     fresh_before = any(of == "1" and not warm for of, warm in done)
     assert sum(r.fresh for r in repeats) == (0 if fresh_before or not left else 1)
+    # Nothing runs after the fresh process.
+    assert all(not r.fresh for r in repeats[:-1])
 
 
 def test_the_ranking_is_decided_on_the_repeated_figures_throttled_runs_left_out() -> None:
