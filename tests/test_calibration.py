@@ -54,21 +54,23 @@ def test_fit_rejects_bad_samples() -> None:
 
 
 # Leave-one-family-out over tests/data/measured_trials.json (tools/fit_constants.py;
-# results/benchmarks/2026-11-27-cpu-constants-cv.md), measured 2026-11-27 with the 151 OK
+# results/benchmarks/2026-11-27-cpu-constants-cv-s10.md), measured 2026-11-27 with the 164 OK
 # trials: (held-out step-time median, memory median, memory worst) per family, each bound about
-# one point above today's figure. wide-8k (hidden 8192) is the model's known miss: 16.3%, over
-# the issue's 10% target (20.1% before llama3-8b's trials joined the data); llama-3b 6.4% and
-# llama-1b 5.7% are over 5%.
+# one point above today's figure. Over the issue's 10% target: llama-1b on H200 (14.4%, the
+# attention term at seq 16384-32768) and wide-8k (hidden 8192: 12.1% on H100, 12.8% on H200);
+# llama-1b on H200's memory (5.7% median, 10.7% worst, seq 16384) is over its 5%.
 HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
-    "gpt-3.6b/h100-80gb": (0.04, 0.045, 0.05),        # 3.2%, 3.5%, 4.3%
-    "gpt2-large/h100-80gb": (0.02, 0.025, 0.055),     # 0.8%, 1.7%, 4.8%
-    "gpt2-large/h200": (0.05, 0.04, 0.058),           # 3.9%, 2.8%, 4.8%
-    "gpt2-xl/h100-80gb": (0.035, 0.025, 0.07),        # 2.3%, 1.5%, 6.4%
-    "gpt2-xl/h200": (0.06, 0.03, 0.059),              # 5.1%, 1.9%, 4.9%
-    "llama-1b/h100-80gb": (0.067, 0.04, 0.04),        # 5.7%, 3.2%, 3.2%
-    "llama-3b/h100-80gb": (0.074, 0.03, 0.05),        # 6.4%, 2.1%, 4.0%
-    "llama3-8b/h200": (0.028, 0.02, 0.029),           # 1.8%, 1.1%, 1.9%
-    "wide-8k/h100-80gb": (0.173, 0.02, 0.025),        # 16.3%, 1.2%, 1.6%
+    "gpt-3.6b/h100-80gb": (0.049, 0.049, 0.057),      # 3.9%, 3.9%, 4.7%
+    "gpt2-large/h100-80gb": (0.017, 0.022, 0.053),    # 0.7%, 1.2%, 4.3%
+    "gpt2-large/h200": (0.056, 0.04, 0.055),          # 4.6%, 3.0%, 4.5%
+    "gpt2-xl/h100-80gb": (0.032, 0.03, 0.083),        # 2.2%, 2.0%, 7.3%
+    "gpt2-xl/h200": (0.068, 0.028, 0.057),            # 5.8%, 1.8%, 4.7%
+    "llama-1b/h100-80gb": (0.062, 0.038, 0.038),      # 5.2%, 2.8%, 2.8%
+    "llama-1b/h200": (0.154, 0.067, 0.117),           # 14.4%, 5.7%, 10.7%
+    "llama-3b/h100-80gb": (0.079, 0.035, 0.046),      # 6.9%, 2.5%, 3.6%
+    "llama3-8b/h200": (0.018, 0.018, 0.027),          # 0.8%, 0.8%, 1.7%
+    "wide-8k/h100-80gb": (0.131, 0.022, 0.03),        # 12.1%, 1.2%, 2.0%
+    "wide-8k/h200": (0.138, 0.021, 0.05),             # 12.8%, 1.1%, 4.0%
 }
 
 
