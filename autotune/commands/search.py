@@ -18,7 +18,13 @@ from autotune.layouts.layout import DIMENSIONS, Impl, Layout
 from autotune.levers.fp8 import Fp8
 from autotune.megatron.megatron_args import exported_layout, measured_as_exported
 from autotune.predict.calibration import load_calibration
-from autotune.predict.trust import memory_band, outside_range, trust_line, within_memory_band
+from autotune.predict.trust import (
+    STEP_TIME_BAND,
+    memory_band,
+    outside_range,
+    trust_line,
+    within_memory_band,
+)
 from autotune.search.backends import Backend, BackendName, Isolation, make_backend
 from autotune.search.space import SearchSpace
 from autotune.specs.hardware import ClusterSpec, local_gpu_count
@@ -257,7 +263,10 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                 out.print(f"within the memory band ({memory_band(cluster):.1%}) of the "
                           f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB capacity, may run out "
                           f"of memory: trial{'s' if len(risky) > 1 else ''} "
-                          + ", ".join(str(n) for n in risky))
+                          + ", ".join(str(n) for n in risky)
+                          + f" (ranked below roomier layouts predicted up to "
+                          f"{STEP_TIME_BAND:.1%} slower: within the step-time band the model "
+                          "cannot tell them apart)")
         out.print(f"{summary}; stopped: {result.stop_reason}")
         for line in _verdict_lines(result, cfg):
             out.print(line)
