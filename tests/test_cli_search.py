@@ -204,11 +204,14 @@ def test_time_budget_must_be_positive(capsys: pytest.CaptureFixture[str], tmp_pa
     assert not any(tmp_path.iterdir())  # nothing recorded
 
 
+@pytest.mark.parametrize("output", [(), ("--json",)], ids=["text", "json"])
 def test_a_plan_where_nothing_fits_says_so(capsys: pytest.CaptureFixture[str],
-                                           tmp_path: Path) -> None:
-    code, _, err = run(capsys, "gpt-1t", "--gpus", "1", "--backend", "simulate",
-                       "--results-dir", str(tmp_path))
-    assert code == 1
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("autotune: error: no layout is predicted to fit: the smallest peak")
-    assert "GiB per GPU" in last and "against 79.6 GiB on h100-80gb" in last
+                                           tmp_path: Path, output: tuple[str, ...]) -> None:
+    # A model too large for the GPUs is the input's problem, as a GPU count no layout can
+    # use: one line and exit 2 (autotune.errors.ConfigError), no empty table or JSON.
+    code, out, err = run(capsys, "gpt-1t", "--gpus", "1", "--backend", "simulate",
+                         "--results-dir", str(tmp_path), *output)
+    assert code == 2 and out == ""
+    one_line_error(err, "no layout is predicted to fit: the smallest peak")
+    assert err.startswith("autotune: error: no layout is predicted to fit: the smallest peak")
+    assert "GiB per GPU" in err and "against 79.6 GiB on h100-80gb" in err

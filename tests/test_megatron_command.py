@@ -23,6 +23,7 @@ from autotune.layouts.layout import Layout, check, derive_dp
 from autotune.megatron.identity import run_key
 from autotune.megatron.megatron_args import FLAG_TABLE, Part, megatron_lm_args
 from autotune.megatron.megatron_command import (
+    RowChange,
     exported_layout,
     layout_changes,
     megatron_layout,
@@ -245,8 +246,35 @@ def test_only_the_changed_flags_change() -> None:
     changes = layout_changes(command, old, Layout(mbs=5, gbs=15, impl="te",
                                                   recompute="selective"))
     assert [c.row for c in changes] == ["batch", "recompute"]
-    assert changes[0].describe() == ("--micro-batch-size 15 --global-batch-size 15 -> "
-                                     "--micro-batch-size 5 --global-batch-size 15")
+    assert changes[0].describe() == "--micro-batch-size 15 -> 5"
+
+
+@pytest.mark.parametrize(("before", "after", "shown"), [
+    # a row's flag that keeps its value is not a change
+    (("--micro-batch-size", "1", "--global-batch-size", "256"),
+     ("--micro-batch-size", "8", "--global-batch-size", "256"), "--micro-batch-size 1 -> 8"),
+    (("--micro-batch-size", "1", "--global-batch-size", "256"),
+     ("--micro-batch-size", "2", "--global-batch-size", "512"),
+     "--micro-batch-size 1 -> 2; --global-batch-size 256 -> 512"),
+    # flags the new layout adds, and those it drops
+    ((), ("--use-distributed-optimizer",), "(none) -> --use-distributed-optimizer"),
+    (("--recompute-granularity", "selective"), (),
+     "--recompute-granularity selective -> (removed)"),
+    (("--recompute-granularity", "selective"),
+     ("--recompute-granularity", "full", "--recompute-method", "block",
+      "--recompute-num-layers", "2"),
+     "--recompute-granularity selective -> full; (none) -> --recompute-method block "
+     "--recompute-num-layers 2"),
+    (("--transformer-impl", "local", "--no-masked-softmax-fusion", "--no-persist-layer-norm",
+      "--no-gradient-accumulation-fusion"),
+     ("--transformer-impl", "transformer_engine", "--no-gradient-accumulation-fusion"),
+     "--transformer-impl local -> transformer_engine; --no-masked-softmax-fusion "
+     "--no-persist-layer-norm -> (removed)"),
+])
+def test_a_change_shows_only_the_flags_that_change(before: tuple[str, ...],
+                                                   after: tuple[str, ...], shown: str) -> None:
+    assert RowChange("row", before, after).describe() == shown
+    assert "256 -> 256" not in shown
 
 
 FAKE_TORCHRUN = """#!/bin/sh
@@ -348,6 +376,9 @@ def test_search_starts_from_the_users_layout(tmp_path: Path,
     assert "yours (" in captured.err and "predicted" in captured.err
     assert "yours: tp1 pp1 dp1 mbs15 te: PREDICTED_OOM" in captured.out
     assert "best found: " in captured.out and "flags that change: " in captured.out
+    changes = next(line for line in captured.out.splitlines()
+                   if line.startswith("flags that change: "))
+    assert not re.search(r"--[\w-]+ (\S+) -> \1(;|$)", changes), changes  # no 15 -> 15
     from autotune.report.load import load_study, resolve_study
 
     loaded = load_study(resolve_study("seed", results, None))

@@ -14,6 +14,7 @@ from pathlib import Path
 from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout
 from autotune.predict.calibration import (
+    COST_FIT_FIELDS,
     fit_cost_params,
     fit_memory_params,
     lever_fit_fields,
@@ -28,8 +29,9 @@ from autotune.trials.trial import TrialMetrics, TrialSpec, TrialStatus
 
 __all__ = ["Measured", "collect", "run_calibrate"]
 
-COST_FIELDS = ("gemm_efficiency_max", "elementwise_bytes_local", "elementwise_bytes_te",
-               "step_overhead_s", "layer_launch_s")
+COST_FIELDS = (*COST_FIT_FIELDS, "layer_launch_s")
+"""COST_FIT_FIELDS and the host time per layer (CostParams.layer_launch_s), a property of the
+machine the trials ran on."""
 
 Measured = tuple[ModelSpec, Layout, ClusterSpec, float, int]
 """(model, layout, cluster, median step time s, NVML device memory in use, bytes)."""

@@ -18,7 +18,13 @@ from autotune.layouts.layout import DIMENSIONS, Impl, Layout
 from autotune.levers.fp8 import Fp8
 from autotune.megatron.megatron_args import exported_layout, measured_as_exported
 from autotune.predict.calibration import load_calibration
-from autotune.predict.trust import memory_band, outside_range, trust_line, within_memory_band
+from autotune.predict.trust import (
+    STEP_TIME_BAND,
+    memory_band,
+    outside_range,
+    trust_line,
+    within_memory_band,
+)
 from autotune.search.backends import Backend, BackendName, Isolation, make_backend
 from autotune.search.space import SearchSpace
 from autotune.specs.hardware import ClusterSpec, local_gpu_count
@@ -208,6 +214,11 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
             result = search.run(progress)
     # Trials of the stored study read back (a planning run shown again, a --resume) are not
     # trials this run simulated or launched.
+    nothing = None if result.interrupted or result.best(1) else _why_nothing(result, cfg)
+    if isinstance(nothing, ConfigError):
+        # The model does not fit these GPUs: bad input like a GPU count no layout can use,
+        # one line and exit 2, without an empty table.
+        raise nothing
     counts = count_trials(result.records, stored)
     split = time_split(result.records)
     verb = "simulated" if chosen.predicted else "launched"
@@ -252,7 +263,10 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                 out.print(f"within the memory band ({memory_band(cluster):.1%}) of the "
                           f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB capacity, may run out "
                           f"of memory: trial{'s' if len(risky) > 1 else ''} "
-                          + ", ".join(str(n) for n in risky))
+                          + ", ".join(str(n) for n in risky)
+                          + f" (ranked below roomier layouts predicted up to "
+                          f"{STEP_TIME_BAND:.1%} slower: within the step-time band the model "
+                          "cannot tell them apart)")
         out.print(f"{summary}; stopped: {result.stop_reason}")
         for line in _verdict_lines(result, cfg):
             out.print(line)
@@ -263,8 +277,8 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
             out.print(line, soft_wrap=True)
     if result.interrupted:
         raise Interrupted(f"study {result.study_name} is consistent; --resume continues it")
-    if not result.best(1):
-        raise AutotuneError(_why_nothing(result, cfg))
+    if nothing is not None:
+        raise nothing
 
 
 def _within_memory_band(result: Any, cluster: ClusterSpec) -> list[int]:
@@ -304,8 +318,11 @@ def _smallest_peak(cfg: SearchConfig) -> tuple[float, str] | None:
     return None if least is None else (least[0], least[1].describe())
 
 
-def _why_nothing(result: SearchResult, cfg: SearchConfig) -> str:
-    """One line for a study without a single successful layout: what stood in the way."""
+def _why_nothing(result: SearchResult, cfg: SearchConfig) -> AutotuneError:
+    """The error of a study without a single successful layout, in one line saying what stood
+    in the way: ConfigError (exit 2) when no layout is predicted to fit, the input's problem
+    (the model is too large for the GPUs and the space); AutotuneError (exit 1) when launched
+    trials failed or nothing was tried."""
     from collections import Counter
 
     from autotune.trials.trial import TrialStatus
@@ -316,8 +333,8 @@ def _why_nothing(result: SearchResult, cfg: SearchConfig) -> str:
     if launched:
         counts = Counter(r.status.value for r in launched)
         statuses = ", ".join(f"{n} {status}" for status, n in counts.most_common())
-        return (f"none of the {len(launched)} launched trials completed ({statuses}); their "
-                f"logs are under the study's trials/ folder")
+        return AutotuneError(f"none of the {len(launched)} launched trials completed "
+                             f"({statuses}); their logs are under the study's trials/ folder")
     oom = [(r.predicted_peak_bytes, r.label) for r in result.records
            if r.status is TrialStatus.PREDICTED_OOM and r.predicted_peak_bytes]
     # The ranked and grid samplers skip what is predicted not to fit without a trial: then
@@ -325,12 +342,12 @@ def _why_nothing(result: SearchResult, cfg: SearchConfig) -> str:
     smallest = min(oom, default=None) if oom else _smallest_peak(cfg)
     if smallest is not None and smallest[0] > cluster.gpu.memory_bytes:
         peak, label = smallest
-        return (f"no layout is predicted to fit: the smallest peak is "
-                f"{peak / 2**30:,.1f} GiB per GPU "
-                f"({label}) against {cluster.gpu.memory_bytes / 2**30:.1f} "
-                f"GiB on {cluster.gpu.name}; use more GPUs, or a space with more recompute, "
-                "pipeline stages or the distributed optimizer")
-    return f"no layout was tried ({result.stop_reason})"
+        return ConfigError(f"no layout is predicted to fit: the smallest peak is "
+                           f"{peak / 2**30:,.1f} GiB per GPU ({label}) against "
+                           f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB on {cluster.gpu.name}; "
+                           "use more GPUs, or a space with more recompute, pipeline stages or "
+                           "the distributed optimizer")
+    return AutotuneError(f"no layout was tried ({result.stop_reason})")
 
 
 def _best_row(record: object, cluster: ClusterSpec, result: SearchResult,

@@ -38,7 +38,7 @@ from autotune.levers import (
 )
 from autotune.levers.base import Lever, Requires, Rule
 
-__all__ = ["LEVERS", "LeverConstants", "LeverFields", "requirements", "rules"]
+__all__ = ["LEVERS", "LeverConstants", "LeverFields", "calibrated", "requirements", "rules"]
 
 LEVERS: tuple[Lever, ...] = (
     pipeline_split.LEVER,
@@ -67,7 +67,7 @@ class LeverFields(transformer_impl.Fields, fp8.Fields, optimizer_offload.Fields,
 
 
 @dataclass(frozen=True, kw_only=True)
-class LeverConstants(fp8.Constants, optimizer_offload.Constants):
+class LeverConstants(transformer_impl.Constants, fp8.Constants, optimizer_offload.Constants):
     """Every lever's cost constants (autotune.predict.cost.CostParams inherits them)."""
 
     __slots__ = ()
@@ -80,3 +80,8 @@ def rules() -> tuple[Rule, ...]:
 
 def requirements() -> tuple[Requires, ...]:
     return tuple(r for lever in LEVERS for r in lever.requires)
+
+
+def calibrated() -> tuple[str, ...]:
+    """The levers' constants that every calibration fits (Lever.calibrated), in LEVERS order."""
+    return tuple(name for lever in LEVERS for name in lever.calibrated)

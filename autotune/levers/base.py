@@ -31,7 +31,7 @@ their own:
   (autotune.search.derive);
 - `constants`: a dataclass mixin of its cost constants, joined into
   autotune.predict.cost.CostParams (through `autotune.levers.LeverConstants`) so that calibration
-  can fit them.
+  can fit them (where a layout turns the lever, or always: `calibrated`).
 
 tests/test_dimension_contract.py checks every registered lever against this contract
 (`contract_problems`) and against megatron-core's own configuration classes.
@@ -341,7 +341,14 @@ class Lever:
     derivable: tuple[Derivable, ...] = ()
     """Its counts a space may mark `derive` (autotune.search.derive)."""
     constants: type | None = None
-    """Its CostParams mixin, if it brings constants of its own."""
+    """Its CostParams mixin, if it brings constants of its own. Calibration fits them where a
+    measured layout turns one of the lever's fields from its default
+    (autotune.predict.calibration.lever_fit_fields), unless `calibrated` says otherwise."""
+    calibrated: tuple[str, ...] = ()
+    """Its constants that every calibration fits whatever the layouts (`autotune calibrate`,
+    tools/fit_constants.py), for a lever that every layout runs one way or another (the
+    implementation: no layout turns it). A lever that names them is left out of
+    lever_fit_fields, so a search's refit, which fits few constants, leaves them."""
     unmodeled: tuple[tuple[str, str], ...] = ()
     """Megatron-LM flags of the lever's area that change speed, memory or the numbers in ways
     its terms leave out, each with what it changes: a user's command that passes one is
@@ -388,6 +395,10 @@ def contract_problems(lever: Lever) -> list[str]:
     for name, _ in lever.fallback:
         if name not in names:
             problems.append(f"lever {lever.name}: its seed fallback sets {name}, not its field")
+    known = {f.name for f in fields(lever.constants)} if lever.constants is not None else set()
+    for name in lever.calibrated:
+        if name not in known:
+            problems.append(f"lever {lever.name}: calibrated {name} is not one of its constants")
     for derivable in lever.derivable:
         if derivable.name not in names:
             problems.append(f"lever {lever.name}: derivable {derivable.name} is not its field")

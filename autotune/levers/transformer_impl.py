@@ -33,8 +33,9 @@ if TYPE_CHECKING:
     from autotune.specs.hardware import ClusterSpec
     from autotune.specs.model import ModelSpec
 
-__all__ = ["LEVER", "LOCAL_SOFTMAX_SAVED_BYTES", "SDPA_STANDS_IN", "TRANSFORMER_IMPLS", "Fields",
-           "attention_bytes", "exported_layout", "measured_as_exported"]
+__all__ = ["CALIBRATED", "LEVER", "LOCAL_SOFTMAX_SAVED_BYTES", "SDPA_STANDS_IN",
+           "TRANSFORMER_IMPLS", "Constants", "Fields", "attention_bytes", "exported_layout",
+           "measured_as_exported"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +43,43 @@ class Fields:
     __slots__ = ()
     impl: Impl = dimension(Impl.LOCAL, level=5, label=value_label(), help=(
         "Transformer implementation: local, sdpa or te."))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Constants:
+    """The implementation's cost constants: its attention kernels' efficiency and traffic, its
+    element-wise fusions, TE's host time. autotune.predict.cost.CostParams inherits them
+    (autotune.levers.LeverConstants); every calibration fits the element-wise factors
+    (`CALIBRATED`)."""
+
+    __slots__ = ()
+    flash_attention_efficiency: float = 0.45
+    """Fraction of peak that fused attention (SDPA flash, TE/cuDNN) reaches on the counted
+    (non-causal, 4 s h per token) core-attention FLOPs; causal kernels skip half the work."""
+    local_attention_bytes_per_score: float = 82.0
+    """HBM bytes per attention score and head, forward + backward, of megatron-core's unfused
+    attention without the fused softmax kernel: bf16 scores, fp32 upcast, masked_fill, fp32
+    softmax, downcast, dropout + mask, and their backward (each a separate kernel)."""
+    elementwise_bytes_local: float = 6.86
+    """HBM bytes moved (forward + backward) per byte of stored activation outside core attention,
+    local spec: unfused bias, GeLU, dropout, residual adds and LayerNorm. Fitted to gpt2-xl."""
+    elementwise_bytes_te: float = 2.15
+    """Same with Transformer Engine's fused LayerNorm-Linear, bias-GeLU and bias-dropout-add
+    (also used for impl sdpa, whose non-attention kernels are the local ones but it keeps the
+    SDPA fused attention). Fitted to gpt2-large on H200."""
+    te_layer_launch_s: float = 0.00035
+    """What Transformer Engine's modules add to CostParams.layer_launch_s per layer and
+    micro-batch. The worker measured impl te 2-8% slower than impl sdpa on the same layouts, the
+    same kernels of attention and GEMMs, with identical memory: the median over six pairs
+    (gpt2-xl and gpt2-large, one H100 and two H200, tp 1 and 2, TE 2.11) is 0.35 ms per layer and
+    micro-batch, range 0.08-0.85 ms (results/benchmarks/2026-11-23-h100-te-build-and-runs.md)."""
+
+
+CALIBRATED = ("elementwise_bytes_local", "elementwise_bytes_te")
+"""The constants every calibration fits (Lever.calibrated), whatever the trials: each trial runs
+one implementation, so each measures one of the factors (a search's refit leaves them: it fits
+few constants). The others are measured or first-principles values that the trials' step times
+do not pin down."""
 
 
 # ---- what Megatron-LM runs -----------------------------------------------------------------
@@ -198,8 +236,8 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
                        attention_bytes_per_score=p.local_attention_bytes_per_score,
                        elementwise_bytes=p.elementwise_bytes_local)
     # Fused attention (SDPA's flash backend, TE/cuDNN); sdpa keeps the local spec's other
-    # kernels but is priced with TE's element-wise factor (CostParams.elementwise_bytes_te),
-    # and TE's modules add host time per layer (CostParams.te_layer_launch_s).
+    # kernels but is priced with TE's element-wise factor (Constants.elementwise_bytes_te),
+    # and TE's modules add host time per layer (Constants.te_layer_launch_s).
     return replace(state, attention=attention,
                    attention_efficiency=p.flash_attention_efficiency,
                    elementwise_bytes=p.elementwise_bytes_te,
@@ -220,6 +258,8 @@ LEVER = Lever(
     core_config=_core_config,
     memory=_memory,
     cost=_cost,
+    constants=Constants,
+    calibrated=CALIBRATED,
     seed=Seed.PRACTICE,
     # Megatron practice: the fastest implementation installed (the seeds are told which).
     practice=lambda s, impl: {"impl": impl},

@@ -42,8 +42,8 @@ from autotune.megatron.megatron_args import (
 from autotune.megatron.shell_script import Command, Ref, Word, read_commands
 from autotune.specs.model import MODEL_NAME_MAX, ModelSpec
 
-__all__ = ["ArgGroup", "MegatronCommand", "RowChange", "exported_layout", "layout_changes",
-           "megatron_layout", "read_megatron_command", "unmodeled_warning"]
+__all__ = ["ArgGroup", "MegatronCommand", "RowChange", "exported_layout", "flag_values",
+           "layout_changes", "megatron_layout", "read_megatron_command", "unmodeled_warning"]
 
 _LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 _PYTHON = re.compile(r"(.*/)?python[0-9.]*$")
@@ -328,9 +328,32 @@ class RowChange:
     after: tuple[str, ...]
 
     def describe(self) -> str:
-        before = " ".join(self.before) or "(none)"
-        after = " ".join(self.after) or "(removed)"
-        return f"{before} -> {after}"
+        """The flags whose value changes (`--micro-batch-size 4 -> 8`), then those added and
+        removed; a flag of the row that keeps its value is left out: a row groups flags (the
+        batch's two sizes), and `--global-batch-size 256 -> 256` reads as a change."""
+        before, after = flag_values(self.before), flag_values(self.after)
+        changed = [f"{' '.join([flag, *before[flag]])} -> {' '.join(values) or '(no value)'}"
+                   for flag, values in after.items()
+                   if flag in before and before[flag] != values]
+        added = [" ".join([flag, *values]) for flag, values in after.items() if flag not in before]
+        removed = [" ".join([flag, *values]) for flag, values in before.items()
+                   if flag not in after]
+        parts = [*changed, *([f"(none) -> {' '.join(added)}"] if added else []),
+                 *([f"{' '.join(removed)} -> (removed)"] if removed else [])]
+        return "; ".join(parts)
+
+
+def flag_values(args: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
+    """Each flag of a row's arguments with the values that follow it, in order."""
+    out: dict[str, list[str]] = {}
+    current = ""
+    for arg in args:
+        if arg.startswith("--"):
+            out[arg] = []
+            current = arg
+        else:
+            out[current].append(arg)
+    return out
 
 
 def layout_changes(command: MegatronCommand, old: Layout, new: Layout) -> list[RowChange]:

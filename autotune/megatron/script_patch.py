@@ -33,7 +33,12 @@ from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout
 from autotune.megatron.launch_site import Script, context_of, walk
 from autotune.megatron.megatron_args import FLAG_TABLE, TRAINING_SCRIPT, Flag, row_args
-from autotune.megatron.megatron_command import MegatronCommand, RowChange, exported_layout
+from autotune.megatron.megatron_command import (
+    MegatronCommand,
+    RowChange,
+    exported_layout,
+    flag_values,
+)
 from autotune.megatron.megatron_versions import MegatronVersion, spell_args
 
 __all__ = ["Respelling", "Token", "launch_tokens", "patch_script", "respellings"]
@@ -366,18 +371,6 @@ def _current_values(command: MegatronCommand) -> dict[str, str]:
     return out
 
 
-def _parse_args(args: list[str]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    current = ""
-    for arg in args:
-        if arg.startswith("--"):
-            out[arg] = []
-            current = arg
-        else:
-            out[current].append(arg)
-    return out
-
-
 @dataclass(frozen=True, slots=True)
 class Respelling:
     """A flag of the user's command spelled otherwise for a megatron-core release."""
@@ -474,7 +467,7 @@ def patch_script(command: MegatronCommand, new_layout: Layout,
     added: list[list[str]] = []  # per row
     for change in changes:
         row = rows[change.row]
-        wanted = _parse_args(row_args(row, command.model, new))
+        wanted = flag_values(row_args(row, command.model, new))
         added.append([])
         for flag in row.flags:
             places = _occurrences(tokens, flag)

@@ -23,6 +23,7 @@ from autotune.inputs.bounds import FLOAT_MAX
 from autotune.inputs.documents import parse_json
 from autotune.inputs.files import read_text
 from autotune.layouts.layout import Layout
+from autotune.levers import calibrated
 from autotune.outputs import write_text
 from autotune.predict.cost import CostParams, estimate_cost
 from autotune.predict.memory import MemoryParams, estimate_memory
@@ -43,8 +44,10 @@ __all__ = [
 Sample = tuple[ModelSpec, Layout, ClusterSpec, float]
 """(model, layout, cluster, measured value): step time in seconds or peak bytes."""
 
-COST_FIT_FIELDS: tuple[str, ...] = ("gemm_efficiency_max", "elementwise_bytes_local",
-                                    "elementwise_bytes_te", "step_overhead_s")
+COST_FIT_FIELDS: tuple[str, ...] = ("gemm_efficiency_max", *calibrated(), "step_overhead_s")
+"""The constants a calibration fits besides those of the levers the trials turn: the GEMM
+efficiency, the levers' always-fitted ones (the implementation's element-wise factors,
+autotune.levers.transformer_impl.CALIBRATED) and the fixed cost per step."""
 MEMORY_FIT_FIELDS: tuple[str, ...] = ("cuda_context_bytes", "nccl_bytes_per_group",
                                       "fragmentation")
 
@@ -53,13 +56,14 @@ def lever_fit_fields(layouts: Sequence[Layout]) -> tuple[str, ...]:
     """The cost constants of every lever (autotune.levers: Lever.constants) that one of
     `layouts` turns on: what measured trials of it can fit (FP8's GEMM efficiency and casts, the
     offloaded optimizer's host bandwidth). A lever no sample turns keeps its first-principles
-    values."""
+    values; one whose constants every calibration fits (Lever.calibrated: the implementation)
+    is in COST_FIT_FIELDS instead."""
     from autotune.layouts.layout import DIMENSIONS
     from autotune.levers import LEVERS
 
     names: list[str] = []
     for lever in LEVERS:
-        if lever.constants is None:
+        if lever.constants is None or lever.calibrated:
             continue
         if any(getattr(s, n) != DIMENSIONS[n].default for s in layouts
                for n in lever.field_names):

@@ -11,9 +11,10 @@ measured trials. Pure arithmetic, no torch.
 Default calibration (see `CostParams`): gpt2-xl on one H100 80GB, local spec, no TE, mbs 4,
 gbs 64 was measured at ~13.6k tokens/s (~14% MFU) and the model predicts 13.6k tokens/s (14.1%);
 gpt2-large with TE on 2x H200, dp 2, mbs 32, gbs 64 was measured at ~437 ms per step and the
-model predicts 437 ms. Two points fix two constants (the elementwise factors); everything else
-is a datasheet number or a first-principles byte count, so treat other regimes as unvalidated
-until `autotune.predict.calibration` has seen trials from them.
+model predicts 437 ms. Two points fix two constants (the implementation's elementwise factors,
+autotune.levers.transformer_impl); everything else is a datasheet number or a first-principles
+byte count, so treat other regimes as unvalidated until `autotune.predict.calibration` has seen
+trials from them.
 """
 
 from __future__ import annotations
@@ -51,13 +52,14 @@ class CostParams(LeverConstants):
     """Empirical efficiency constants (fractions of datasheet peaks, bytes moved per element).
 
     A lever's own constants are declared in its module and inherited (LeverConstants), so
-    calibration fits them like these.
+    calibration fits them like these: the transformer implementation's (attention kernels,
+    element-wise fusions, TE's host time) are in autotune.levers.transformer_impl.Constants.
 
     Defaults: gemm_half_size, the attention, HBM and communication efficiencies are
-    datasheet-style guesses; gemm_efficiency_max, the two elementwise factors and step_overhead_s
-    are fitted by tools/fit_constants.py (scipy least squares on log step time) to the 113 OK
-    trials of tests/data/measured_trials.json (5 families: gpt2-xl, gpt2-large, gpt-3.6b on
-    H100 and H200), with leave-one-family-out cross-validation in
+    datasheet-style guesses; gemm_efficiency_max, the implementation's two elementwise factors
+    and step_overhead_s are fitted by tools/fit_constants.py (scipy least squares on log step
+    time) to the 113 OK trials of tests/data/measured_trials.json (5 families: gpt2-xl,
+    gpt2-large, gpt-3.6b on H100 and H200), with leave-one-family-out cross-validation in
     results/benchmarks/2026-11-25-cpu-constants-fit.md (kept when 30 H100 trials of Llama
     shapes made it 143 trials and 8 families: the refit did not lower held-out error across
     them, same report); layer_launch_s was fitted earlier
@@ -69,20 +71,6 @@ class CostParams(LeverConstants):
     gemm_half_size: float = 256.0
     """eff = gemm_efficiency_max * x / (x + gemm_half_size), x the GEMM's smaller dimension per
     GPU (min of mbs * seq / cp and hidden / tp): an empirical saturating fit, not a law."""
-    flash_attention_efficiency: float = 0.45
-    """Fraction of peak that fused attention (SDPA flash, TE/cuDNN) reaches on the counted
-    (non-causal, 4 s h per token) core-attention FLOPs; causal kernels skip half the work."""
-    local_attention_bytes_per_score: float = 82.0
-    """HBM bytes per attention score and head, forward + backward, of megatron-core's unfused
-    attention without the fused softmax kernel: bf16 scores, fp32 upcast, masked_fill, fp32
-    softmax, downcast, dropout + mask, and their backward (each a separate kernel)."""
-    elementwise_bytes_local: float = 6.86
-    """HBM bytes moved (forward + backward) per byte of stored activation outside core attention,
-    local spec: unfused bias, GeLU, dropout, residual adds and LayerNorm. Fitted to gpt2-xl."""
-    elementwise_bytes_te: float = 2.15
-    """Same with Transformer Engine's fused LayerNorm-Linear, bias-GeLU and bias-dropout-add
-    (also used for impl sdpa, whose non-attention kernels are the local ones but it keeps the
-    SDPA fused attention). Fitted to gpt2-large on H200."""
     hbm_efficiency: float = 0.8
     """Fraction of datasheet HBM bandwidth that streaming kernels reach."""
     hbm_bytes_per_s: float | None = None
@@ -100,12 +88,6 @@ class CostParams(LeverConstants):
     the GPU does not hide: eager megatron-core issues ~100 small kernels per layer. Fitted to
     measurements (autotune calibrate); it is what makes small micro-batches slow."""
     """Per-step fixed cost: data loading, loss all-reduce, Python, zeroing grad buffers."""
-    te_layer_launch_s: float = 0.00035
-    """What Transformer Engine's modules add to layer_launch_s per layer and micro-batch. The
-    worker measured impl te 2-8% slower than impl sdpa on the same layouts, the same kernels
-    of attention and GEMMs, with identical memory: the median over six pairs (gpt2-xl and
-    gpt2-large, one H100 and two H200, tp 1 and 2, TE 2.11) is 0.35 ms per layer and micro-batch,
-    range 0.08-0.85 ms (results/benchmarks/2026-11-23-h100-te-build-and-runs.md)."""
     cp_ring_step_host_s: float = 0.0036
     """Host time of one step of Transformer Engine's context-parallel ring per layer and
     micro-batch, forward and backward together (transformer_engine/pytorch/attention:

@@ -19,7 +19,8 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.params import count_parameters
 
 __all__ = ["MEASURED_RANGE", "STEP_TIME_BAND", "MeasuredRange", "in_memory_band", "memory_band",
-           "memory_risk", "outside_range", "trust_line", "within_memory_band"]
+           "memory_band_depth", "memory_risk", "outside_range", "predicted_rank", "trust_line",
+           "within_memory_band"]
 
 STEP_TIME_BAND = 0.144
 """Held-out median step-time error of the worst family with at least three measured trials:
@@ -85,6 +86,31 @@ def within_memory_band(peak_bytes: float, cluster: ClusterSpec) -> bool:
     """A predicted peak under the GPU's memory but within the memory band below it."""
     capacity = cluster.gpu.memory_bytes
     return capacity * (1 - memory_band(cluster)) < peak_bytes <= capacity
+
+
+def memory_band_depth(peak_bytes: float, cluster: ClusterSpec) -> float:
+    """How far into the memory band below the capacity a predicted peak lies: 0 outside it
+    (within_memory_band), rising to 1 at the capacity."""
+    if not within_memory_band(peak_bytes, cluster):
+        return 0.0
+    capacity = cluster.gpu.memory_bytes
+    low = capacity * (1 - memory_band(cluster))
+    return (peak_bytes - low) / (capacity - low)
+
+
+def predicted_rank(tokens_per_s: float, peak_bytes: float | None, cluster: ClusterSpec) -> float:
+    """The figure a predicted (simulated) layout is ranked by: its predicted tokens/s, less up to
+    STEP_TIME_BAND the deeper its predicted peak lies in the memory band (memory_band_depth).
+    Two predictions within STEP_TIME_BAND of each other are the same to the cost model, and
+    the memory model's own band says the one near the capacity may not fit: within the step
+    time band, the margin wins (a layout at 99.99% of the memory ranks after one 0.003% slower
+    with 4% to spare), while one faster by more than the band keeps its place. Proportional
+    to the depth rather than all or nothing, so a peak just inside the band edge is not ranked
+    a whole band below one just outside it. Measured figures are ranked as measured: a layout
+    that ran has shown whether it fits."""
+    if not peak_bytes:
+        return tokens_per_s
+    return tokens_per_s / (1 + STEP_TIME_BAND * memory_band_depth(peak_bytes, cluster))
 
 
 def in_memory_band(memory: MemoryEstimate, cluster: ClusterSpec) -> bool:

@@ -52,7 +52,7 @@ class Search:
         with storage_errors(cfg.storage or str(cfg.results_dir)):
             self.store = open_store(cfg, self.layouts, sampler, beat=heartbeat)
         self.result = SearchResult(study_name=self.store.name, storage=redact_url(self.store.url),
-                                   valid_layouts=len(self.layouts.valid))
+                                   valid_layouts=len(self.layouts.valid), cluster=cfg.cluster)
         self.knowledge = Knowledge(cfg, self.result, refits=self.store.measured)
         ledger = Ledger(self.result, self.layouts, learn=self.knowledge.learn, observer=observer)
         self.ledger = ledger

@@ -24,7 +24,9 @@ from autotune.inputs.bounds import FLOAT_MAX
 from autotune.inputs.untrusted import shown
 from autotune.layouts.layout import DIMENSIONS, Layout
 from autotune.predict.cost import CostParams
+from autotune.predict.trust import predicted_rank
 from autotune.search.derive import DERIVE, DIVISORS
+from autotune.specs.hardware import ClusterSpec
 from autotune.trials.trial import StopReason, TrialMetrics, TrialStatus
 
 __all__ = ["DERIVED_ATTR", "LAUNCHED", "RECORD_ATTR", "Figure", "Observer", "SearchResult",
@@ -179,9 +181,21 @@ class SearchResult:
     cost_params: CostParams | None = None
     """The cost constants at the end: refitted to the measured trials once there are enough."""
     fitted_on: int = 0
+    cluster: ClusterSpec | None = None
+    """The GPUs searched: a predicted figure near their memory ranks lower (`rank_tokens`)."""
+
+    def rank_tokens(self, record: TrialRecord, tokens: float) -> float:
+        """What `record`'s figure `tokens` ranks by: measured, the figure; predicted, the
+        figure less what the memory model's risk costs it within the cost model's resolution
+        (autotune.predict.trust.predicted_rank)."""
+        if not record.predicted or self.cluster is None:
+            return tokens
+        return predicted_rank(tokens, record.peak_bytes or record.predicted_peak_bytes,
+                              self.cluster)
 
     def best(self, k: int = 5) -> list[TrialRecord]:
-        """The k best rankable trials by their figure (their repeats' too, `figure`)."""
+        """The k best rankable trials by their figure (their repeats' too, `figure`); a
+        predicted one by `rank_tokens`."""
         ok = [r for r in self.records if r.rankable]
         # The repeats of all trials in one pass: a plan of thousands of trials asked each
         # record's own (a pass each) on every progress line.
@@ -192,7 +206,7 @@ class SearchResult:
 
         def tokens(record: TrialRecord) -> float:
             figure = Figure.of([record, *repeats.get(record.number, ())])
-            return figure.tokens_per_s if figure is not None else 0.0
+            return self.rank_tokens(record, figure.tokens_per_s if figure is not None else 0.0)
 
         return sorted(ok, key=lambda r: -tokens(r))[:k]
 
