@@ -34,9 +34,9 @@ CASES = [
     # the sweep's case: 99.99% of the memory against 0.003% slower with 4% to spare
     ((100_000.0, 0.9999), (99_997.0, 0.96), True, 1),
     # slower by less than the step-time band, outside the memory band
-    ((100_000.0, 0.9999), (95_000.0, 0.90), True, 1),
+    ((100_000.0, 0.9999), (100_000.0 / (1 + STEP_TIME_BAND / 2), 0.90), True, 1),
     # faster by more than the band: the model can tell, the faster keeps its place
-    ((100_000.0, 0.9999), (92_000.0, 0.90), True, 0),
+    ((100_000.0, 0.9999), (100_000.0 / (1 + 1.5 * STEP_TIME_BAND), 0.90), True, 0),
     # both outside the memory band: the faster
     ((100_000.0, 0.93), (99_997.0, 0.50), True, 0),
     # measured: the figures rank as measured, memory is what ran
