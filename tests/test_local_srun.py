@@ -94,7 +94,10 @@ def test_runs_on_a_python_without_autotune() -> None:
     # (-S: no site-packages, so autotune cannot be imported).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-S", str(SRUN), "--nodes", "2", sys.executable,
-                           "-c", "print('task')"], capture_output=True, text=True, timeout=30,
+                           # One write each: a pipe keeps a write under PIPE_BUF whole, where
+                           # print's text and newline may interleave with the other task's.
+                           "-c", "import os; os.write(1, b'task\\n')"], capture_output=True,
+                          text=True, timeout=30,
                           env={**env, "CUDA_VISIBLE_DEVICES": ""}, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["task", "task"]
