@@ -222,3 +222,19 @@ def test_record_peak_says_when_decisions_may_move(biases: tuple[tuple[float, ...
     for bias in earlier:
         gate.record_peak(100.0, 100.0 * (1 + bias))
     assert gate.record_peak(100.0, 100.0 * (1 + new)) is changed
+
+
+@pytest.mark.parametrize(("preset", "gpus"), [("gpt2-xl", 8), ("mixtral-8x7b", 8)])
+def test_a_checked_layout_is_decided_as_an_unchecked_one(preset: str, gpus: int) -> None:
+    """The search tells the gate which layouts the enumeration checked (LayoutMap.checked), and
+    the gate skips their rules (issue 24): each passes every rule, so the decision is the same."""
+    from autotune.layouts.layout import check
+    from autotune.search.space import enumerate_space, load_space
+
+    model = load_model(preset)
+    on = ClusterSpec.make(gpus, gpu="h100-80gb", gpus_per_node=8)
+    valid = enumerate_space(load_space(), model, on).valid
+    gate = MemoryGate(model, on)
+    for s in valid[::5]:
+        assert check(s, model, on) == []
+        assert gate.decide(s, checked=True) == gate.decide(s)

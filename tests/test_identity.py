@@ -4,7 +4,7 @@ give Megatron the same configuration, checked over every shipped space and prese
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,61 @@ def test_a_dimension_outside_the_key_must_be_explained(preset: str) -> None:
     command receives would put two different layouts under one key, and fail."""
     model, _, valid = all_dimensions_layouts(preset, 8)
     assert _check_layouts(model, valid) > 1000
+
+
+def _configured_key(model: ModelSpec, s: Layout) -> Hashable:
+    """The definition run_key is held to: what Megatron receives (the worker's core config and
+    the exported Megatron-LM arguments), after the hand rules."""
+    for rule in SAME_RUN_RULES:
+        if rule.applies(s):
+            s = rule.normalise(s)
+    return configuration(model, s)
+
+
+def _groups(layouts: Sequence[Layout],
+            key: Callable[[Layout], Hashable]) -> set[frozenset[Layout]]:
+    found: dict[Hashable, set[Layout]] = {}
+    for s in layouts:
+        found.setdefault(key(s), set()).add(s)
+    return {frozenset(g) for g in found.values()}
+
+
+def _assert_grouped_as_configured(model: ModelSpec, layouts: Sequence[Layout]) -> None:
+    by_key = _groups(layouts, lambda s: run_key(model, s))
+    by_configuration = _groups(layouts, lambda s: _configured_key(model, s))
+    split = [g for g in by_configuration if g not in by_key]
+    assert not split, f"{len(split)} runs keyed apart, e.g. {[s.describe() for s in split[0]]}"
+    assert by_key == by_configuration
+
+
+@pytest.mark.parametrize("preset", ["gpt2", "mixtral-8x7b"])
+def test_the_run_key_groups_as_the_configuration_every_dimension(preset: str) -> None:
+    """run_key is built from the fields (issue 24: planning speed); every layout where each
+    searched dimension varies must group as Megatron's configuration groups it."""
+    model, _, valid = all_dimensions_layouts(preset, 8)
+    _assert_grouped_as_configured(model, valid)
+
+
+def _structures_sample(layouts: Sequence[Layout], budget: int) -> list[Layout]:
+    """Every layout of a deterministic sample of the sizes (tp, pp, cp, ep, vpp, mbs): the
+    layouts that differ only in their levers, the ones a key could group wrong, stay together."""
+    by_sizes: dict[tuple[int, ...], list[Layout]] = {}
+    for s in layouts:
+        by_sizes.setdefault((s.tp, s.pp, s.cp, s.ep, s.vpp, s.mbs), []).append(s)
+    step = len(layouts) // budget + 1  # groups spread over the enumeration, about `budget`
+    return [s for members in list(by_sizes.values())[::step] for s in members]
+
+
+@pytest.mark.parametrize(("preset", "gpus"), [
+    ("gpt2-xl", 8), ("llama3-8b", 16), ("llama3-8b", 64), ("mixtral-8x7b", 64),
+    ("gpt-1t", 3072)])
+def test_the_run_key_groups_as_the_configuration_default_space(preset: str, gpus: int) -> None:
+    model = load_model(preset)
+    cluster = ClusterSpec.make(gpus, gpu="h100-80gb", gpus_per_node=8)
+    valid = enumerate_space(load_space(), model, cluster).valid
+    sample = _structures_sample(valid, 6000)
+    assert len(sample) > 1000
+    _assert_grouped_as_configured(model, sample)
 
 
 @pytest.mark.parametrize(("a", "b", "same"), [

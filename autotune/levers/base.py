@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CONFIG_PARTS", "ActivationState", "AttentionBytes", "CoreConfigTerm", "CostState",
            "Derivable", "Lever", "MemoryState", "Requires", "Rule", "Seed", "StageState",
-           "contract_problems", "satisfy"]
+           "Unread", "contract_problems", "satisfy"]
 
 
 Check = Callable[["Layout", "ModelSpec", "ClusterSpec"], "str | None"]
@@ -96,6 +96,20 @@ class Requires:
             unmet = self.unmet(s)
             return self.message(s, unmet[0]) if unmet else None
         return Rule(self.name, self.level, self.summary, check)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unread:
+    """A field of which Megatron receives nothing (no Megatron-LM flag, no core-config key)
+    while `when` holds: layouts that differ only there are one run. autotune.megatron.identity
+    builds the run key from the fields with these set to their defaults, instead of building
+    each layout's whole configuration; tests/test_identity.py holds that key to the
+    configuration's grouping."""
+
+    name: str
+    when: Callable[[Layout], bool]
+    reason: str
+    """Where Megatron leaves it unread (cited)."""
 
 
 CONFIG_PARTS = ("transformer", "ddp", "optimizer", "model")
@@ -340,6 +354,8 @@ class Lever:
     spends in this order when nothing fits without one (autotune.search.heuristics)."""
     derivable: tuple[Derivable, ...] = ()
     """Its counts a space may mark `derive` (autotune.search.derive)."""
+    unread: tuple[Unread, ...] = ()
+    """Its fields that Megatron does not read in some layouts (the run key leaves them out)."""
     constants: type | None = None
     """Its CostParams mixin, if it brings constants of its own. Calibration fits them where a
     measured layout turns one of the lever's fields from its default
@@ -402,6 +418,9 @@ def contract_problems(lever: Lever) -> list[str]:
     for derivable in lever.derivable:
         if derivable.name not in names:
             problems.append(f"lever {lever.name}: derivable {derivable.name} is not its field")
+    for unread in lever.unread:
+        if unread.name not in names:
+            problems.append(f"lever {lever.name}: unread {unread.name} is not its field")
     for name in names:
         dim = next(f for f in fields(lever.fields) if f.name == name).metadata.get("dimension")
         if dim is None:

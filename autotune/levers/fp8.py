@@ -34,7 +34,15 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import Impl, dimension, flag_label
 from autotune.errors import ConfigError
-from autotune.levers.base import CostState, Lever, MemoryState, Requires, Rule, Seed
+from autotune.levers.base import (
+    CostState,
+    Lever,
+    MemoryState,
+    Requires,
+    Rule,
+    Seed,
+    Unread,
+)
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
 from autotune.specs.flops import gemm_efficiency, gemm_size
 
@@ -495,4 +503,8 @@ LEVER = Lever(
                               "fp8_param_gather": False},
     constants=Constants,
     unmodeled=UNMODELED_FLAGS,
+    # _emit writes no --fp8-recipe without --fp8-format and _core_config keeps the default
+    # recipe: without FP8, Megatron-LM reads none of it (rule fp8_recipe_unused).
+    unread=(Unread(name="fp8_recipe", when=lambda s: not _on(s),
+                   reason="Megatron-LM reads --fp8-recipe only with --fp8-format"),),
 )

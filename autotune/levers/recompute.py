@@ -38,6 +38,7 @@ from autotune.levers.base import (
     Rule,
     Seed,
     StageState,
+    Unread,
 )
 from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions
 from autotune.levers.pipeline_split import chunk_layers, common_divisors
@@ -409,4 +410,14 @@ LEVER = Lever(
                          applies=lambda s, m: s.recompute == Recompute.FULL,
                          values=_derived_values,
                          monotone=lambda s: s.recompute_method != "uniform", off=1),),
+    # What _emit and _core_config leave out: TransformerConfig reads recompute_method and
+    # recompute_num_layers only with full recompute (transformer_block.py,
+    # _checkpointed_forward), recompute_modules only with selective (attention.py,
+    # transformer_layer.py, moe_layer.py).
+    unread=(Unread(name="recompute_method", when=lambda s: s.recompute != Recompute.FULL,
+                   reason="megatron-core reads it only with full recompute"),
+            Unread(name="recompute_num_layers", when=lambda s: s.recompute != Recompute.FULL,
+                   reason="megatron-core reads it only with full recompute"),
+            Unread(name="recompute_modules", when=lambda s: s.recompute != Recompute.SELECTIVE,
+                   reason="megatron-core reads it only with selective recompute")),
 )

@@ -8,16 +8,30 @@ The search, the grid, `--dry-run`'s count of distinct runs and the duplicate rec
 
 A hand rule remains only where the configuration differs but the run provably does not
 (SAME_RUN_RULES, each with its reason).
+
+`configuration` is the definition; `run_key` gives the same grouping from the layout's fields
+(issue 24: building the configuration of each of 142,562 layouts took half of a gpt-1t plan).
+Every field is something Megatron receives, except where a lever declares it unread
+(`Lever.unread`: recompute's method and layer count without full recompute, ...), so the key
+is the layout with those set to their defaults. tests/test_identity.py holds the two to the
+same grouping over every shipped space and many presets and GPU counts.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.layouts.layout import DATA_PARALLEL_OPTIONS, DIMENSIONS, Layout, with_fields
-from autotune.levers import requirements
+from autotune.layouts.layout import (
+    DATA_PARALLEL_OPTIONS,
+    DIMENSIONS,
+    LAYOUT_DEFAULTS,
+    Layout,
+    with_fields,
+)
+from autotune.levers import LEVERS, requirements
 from autotune.levers.base import satisfy
 from autotune.megatron.core_config import core_config
 from autotune.megatron.megatron_args import exported_layout, megatron_lm_args
@@ -61,16 +75,36 @@ def configuration(model: ModelSpec, layout: Layout) -> tuple[Any, ...]:
     return core_config(model, layout).signature(), tuple(args)
 
 
+_FIELDS = operator.attrgetter(*DIMENSIONS)
+"""Every field of a layout, in field order, as a tuple."""
+_UNREAD = tuple((list(DIMENSIONS).index(u.name), u.when, LAYOUT_DEFAULTS[u.name])
+                for lever in LEVERS for u in lever.unread)
+"""(position among the fields, when Megatron leaves it unread, the value the key puts there)."""
+
+
 def run_key(model: ModelSpec, layout: Layout) -> tuple[Any, ...]:
-    """Equal for two valid layouts exactly when they are the same run."""
+    """Equal for two valid layouts of `model` exactly when they are the same run: the grouping
+    of `configuration` (after the hand rules), from the fields Megatron reads."""
     for rule in SAME_RUN_RULES:
         if rule.applies(layout):
             layout = rule.normalise(layout)
-    return configuration(model, layout)
+    values = _FIELDS(layout)
+    unread = [(i, default) for i, when, default in _UNREAD if when(layout)]
+    if not unread:
+        return values
+    key = list(values)
+    for i, default in unread:
+        key[i] = default
+    return tuple(key)
+
+
+_DEFAULTS = tuple(LAYOUT_DEFAULTS.values())
 
 
 def _non_defaults(s: Layout) -> int:
-    return sum(getattr(s, name) != dim.default for name, dim in DIMENSIONS.items())
+    # map over two tuples: called for every member of a run of several layouts (2.5 million
+    # field comparisons in a gpt-1t plan), a generator of getattr calls took seconds.
+    return sum(map(operator.ne, _FIELDS(s), _DEFAULTS))
 
 
 def representatives(model: ModelSpec, layouts: Iterable[Layout]) -> dict[Layout, Layout]:

@@ -136,12 +136,16 @@ class MemoryGate:
             capacity = min(capacity, self.learned_capacity_bytes)
         return capacity
 
-    def decide(self, layout: Layout, evidence_bytes: float | None = None) -> GateDecision:
+    def decide(self, layout: Layout, evidence_bytes: float | None = None, *,
+               checked: bool = False) -> GateDecision:
         """Launch, or the status to record instead. `evidence_bytes`: the layout's peak
         extrapolated from a measured trial of the same layout with another count of a derived
         lever (autotune.search.ladder); where given it is judged against the device memory
-        instead of the model's prediction, which it corrects."""
-        violations = check(layout, self.model, self.cluster)
+        instead of the model's prediction, which it corrects. `checked`: the layout is known to
+        pass every rule (the space's enumeration checked it), so they are not run again: a plan
+        of gpt-1t on 3072 GPUs decides 95k layouts, and the rules were a third of the gate's
+        time there (issue 24)."""
+        violations = () if checked else check(layout, self.model, self.cluster)
         if violations:
             return GateDecision(status=TrialStatus.INVALID, reason=violations[0].message,
                                 memory=None, constraint=1.0)
@@ -150,7 +154,8 @@ class MemoryGate:
             return self._decide_measured(memory, evidence_bytes)
         capacity = self.capacity_bytes()
         constraint = (memory.peak_bytes - capacity) / 2**30
-        smallest_oom = self.oom_mbs.get(mbs_family(layout))
+        # No OOM learned (every layout of a plan): no family to build (a Layout copy each).
+        smallest_oom = self.oom_mbs.get(mbs_family(layout)) if self.oom_mbs else None
         # Never when a layout predicted to need as much fit (an OOM without a prediction).
         if smallest_oom is not None and layout.mbs >= smallest_oom \
                 and not self._fit_at_least(memory.peak_bytes):

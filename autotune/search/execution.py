@@ -12,6 +12,7 @@ more when the launch never reached its rendezvous. A real OOM is pruned and teac
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -44,8 +45,12 @@ class Knowledge:
     """What the trials taught: the memory gate (real OOMs), the largest micro-batch that ran
     per layout, and the cost constants refitted to measured step times."""
 
-    def __init__(self, cfg: SearchConfig, result: SearchResult, *, refits: bool) -> None:
+    def __init__(self, cfg: SearchConfig, result: SearchResult, *, refits: bool,
+                 checked: Collection[Layout] = frozenset()) -> None:
+        """`checked`: layouts known to pass every rule (LayoutMap.checked), which the gate does
+        not check again."""
         self.cfg = cfg
+        self.checked = checked
         self.result = result
         self.refits = refits
         """Whether the figures are measurements to refit to (a plan's are the model's own)."""
@@ -118,7 +123,7 @@ class Knowledge:
     def fits(self, s: Layout) -> bool:
         found = self._fits.get(s)
         if found is None:
-            found = self._fits[s] = self.gate.decide(s).launch
+            found = self._fits[s] = self.gate.decide(s, checked=s in self.checked).launch
         return found
 
     def ranked_tokens(self, layouts: list[Layout]) -> list[tuple[Layout, float]]:

@@ -79,6 +79,11 @@ class LayoutMap:
                     self.by_params.setdefault(freeze_params({**params, dim: DERIVE}), runs[s])
         self.valid = list(dict.fromkeys(self.by_params.values()))
         """One layout of each set of valid layouts that are the same run."""
+        enumerated = set(valid)
+        self.checked = frozenset(s for s in self.valid if s in enumerated)
+        """The layouts of `valid` that the enumeration checked against every rule (not one that
+        the hand rules of autotune.megatron.identity changed): the gate need not check them
+        again."""
 
     @classmethod
     def of(cls, cfg: SearchConfig) -> LayoutMap:

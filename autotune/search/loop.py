@@ -53,7 +53,8 @@ class Search:
             self.store = open_store(cfg, self.layouts, sampler, beat=heartbeat)
         self.result = SearchResult(study_name=self.store.name, storage=redact_url(self.store.url),
                                    valid_layouts=len(self.layouts.valid), cluster=cfg.cluster)
-        self.knowledge = Knowledge(cfg, self.result, refits=self.store.measured)
+        self.knowledge = Knowledge(cfg, self.result, refits=self.store.measured,
+                                   checked=self.layouts.checked)
         ledger = Ledger(self.result, self.layouts, learn=self.knowledge.learn, observer=observer)
         self.ledger = ledger
         knowledge, valid = self.knowledge, self.layouts.valid
