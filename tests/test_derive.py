@@ -166,6 +166,28 @@ def test_a_listed_value_and_derive_are_both_parameters() -> None:
     assert 0 in offloads and len(offloads) == 2
 
 
+@pytest.mark.parametrize("deeper", [
+    {},  # the derived level is the last one the space uses
+    {"fp8": ["off", "hybrid"]},  # a deeper level follows (FP8, level 6; offload is level 5)
+    {"fp8": ["off"], "fp8_recipe": ["delayed"]},
+])
+def test_a_derived_value_stays_reachable_when_a_deeper_level_follows(
+        deeper: dict[str, Any]) -> None:
+    # The enumerator once recorded only the last level's derived dimensions: with FP8 in the
+    # space, offload's `derive` vanished from the parameters and its layouts were unreachable.
+    space = space_from_mapping({"mbs": [8], "offload_layers": [0, "derive"], "impl": ["te"],
+                                **deeper}, "t")
+    summary = enumerate_space(space, MODEL, ONE_GPU)
+    offloaded = [s for s in summary.valid if s.offload_layers > 0]
+    assert offloaded and all("offload_layers" in summary.via_derive[s] for s in offloaded)
+    layouts = LayoutMap.of(SearchConfig(model=MODEL, cluster=ONE_GPU, space=space,
+                                        backend=FakeBackend(ONE_GPU)))
+    assert DERIVE in layouts.free["offload_layers"]
+    reached = layouts.layout({**{d: v[0] for d, v in layouts.free.items()},
+                              "offload_layers": DERIVE})
+    assert reached is not None and reached.offload_layers == offloaded[0].offload_layers
+
+
 # -- the ladder -------------------------------------------------------------------------------
 
 

@@ -207,7 +207,9 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     rules_at = [[rule for rule in RULES if rule.level == level] for level in range(LEVELS)]
     limit = safe_limit_bytes(cluster)
 
-    def expand(level: int, partial: Layout) -> None:
+    def expand(level: int, partial: Layout, earlier: tuple[str, ...]) -> None:
+        """`earlier`: the dimensions a shallower level resolved from `derive` for `partial`,
+        carried down so that the valid layout records every one (not only the last level's)."""
         for choice in _choices(levels[level], partial, model):
             derived = tuple(d for d, v in choice.items() if v == DERIVE)
             if derived:
@@ -227,13 +229,13 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
             if broken is not None:
                 rejected.setdefault(broken[0], RejectGroup()).add(deeper[level], broken[1])
             elif level + 1 < LEVELS:
-                expand(level + 1, layout)
+                expand(level + 1, layout, earlier + derived)
             else:
                 valid.append(layout)
-                if derived:
-                    via_derive[layout] = derived
+                if earlier + derived:
+                    via_derive[layout] = earlier + derived
 
-    expand(0, base)
+    expand(0, base, ())
     # A `divisors` dimension has as many values as the layout it completes allows: counted
     # where the enumeration reached it, as one where a rule rejected the layout before.
     total = len(valid) + sum(group.count for group in rejected.values())
