@@ -83,6 +83,36 @@ def test_offload_derives_zero_where_the_layout_fits_without_it() -> None:
     assert tight.offload_layers > 0 and not check(tight, MODEL, ONE_GPU)
 
 
+@pytest.mark.parametrize(("preset", "gpus"), [
+    ("gpt2-xl", 1), ("gpt2-xl", 8), ("llama3-8b", 16), ("llama3-70b", 64), ("gpt-1t", 3072),
+    ("mixtral-8x7b", 64)])
+def test_uniform_groups_scan_stops_where_the_full_scan_would_pick(preset: str,
+                                                                  gpus: int) -> None:
+    # least_memory stops at the first rise of a convex peak: it must pick what pricing every
+    # divisor picks, on every uniform layout the default space enumerates.
+    from autotune.search.derive import least_memory, values_of
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.presets import load_model
+
+    model, cluster = load_model(preset), ClusterSpec.make(gpus, gpu="h100-80gb")
+    space = space_from_mapping({
+        "tp": [1, 2, 8], "pp": [1, 2, 3, 4, 8, 16], "vpp": [1, 2, 4], "mbs": [1, 2, 8],
+        "sequence_parallel": [False, True], "recompute": ["full"],
+        "recompute_method": ["uniform"], "recompute_num_layers": "derive",
+        "distributed_optimizer": [False, True], "impl": ["sdpa"]}, "uniform")
+    uniform = enumerate_space(space, model, cluster).valid
+    assert uniform
+    for s in uniform[:: max(1, len(uniform) // 200)]:
+        values = values_of("recompute_num_layers", s, model)
+        assert list(values) == sorted(values)
+
+        def peak(v: int, s: Layout = s) -> float:
+            return estimate_memory(model, replace(s, recompute_num_layers=v),
+                                   cluster).peak_bytes
+
+        assert least_memory(values, peak) == min(values, key=lambda v: (peak(v), v))
+
+
 @pytest.mark.parametrize(("peaks", "limit", "expected"), [
     ([9, 7, 5, 3], 6, 3), ([9, 7, 5, 3], 100, 1), ([9, 7, 5, 3], 1, 4), ([9, 7, 5, 3], 7, 2),
     ([5], 5, 1), ([5], 4, 1),

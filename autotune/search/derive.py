@@ -41,7 +41,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 
 __all__ = ["DERIVABLE", "DERIVE", "DIVISORS", "ENUMERABLE", "Derivable", "divisor_values",
-           "fewest_fitting", "resolve", "safe_limit_bytes", "values_of"]
+           "fewest_fitting", "least_memory", "resolve", "safe_limit_bytes", "values_of"]
 
 DERIVE = "derive"
 """The space-file marker of a dimension whose value the memory model resolves."""
@@ -114,6 +114,29 @@ def fewest_fitting(values: Sequence[int], peak_of: Callable[[int], float],
     return values[lo]
 
 
+def least_memory(values: Sequence[int], peak_of: Callable[[int], float]) -> int:
+    """The first of `values` (ascending) of least peak, scanned until the peak rises.
+
+    The one non-monotone derived value is uniform recompute's group size n: a chunk of L
+    layers stores ceil(L / n) group inputs and rebuilds one group of n layers
+    (levers/recompute.full_recompute_chunk; megatron-core transformer_block.py
+    _checkpointed_forward), so a stage's peak is a x L / n + b x n + c over the divisors n of
+    L that uniform allows: convex in n, as is the largest of the stages' peaks. Its values
+    fall to the least and rise after it, and the scan stops at the first rise instead of
+    pricing every divisor (a quarter of the estimates of a gpt-1t plan on 3072 GPUs).
+    tests/test_derive.py holds it to the full scan's answer."""
+    best, best_peak = values[0], peak_of(values[0])
+    last = best_peak
+    for value in values[1:]:
+        current = peak_of(value)
+        if current < best_peak:
+            best, best_peak = value, current
+        elif current > last:
+            break
+        last = current
+    return best
+
+
 def resolve(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSpec, *,
             limit_bytes: float, params: MemoryParams | None = None,
             floor: Mapping[str, int] | None = None) -> Layout:
@@ -138,6 +161,6 @@ def resolve(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSp
         if lever.monotone(s):
             value = fewest_fitting(values, peak, limit_bytes)
         else:
-            value = min(values, key=lambda v: (peak(v), v))
+            value = least_memory(values, peak)
         s = with_fields(s, **{dim: value})
     return s
