@@ -29,7 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout
 from autotune.megatron.identity import representatives
-from autotune.predict.gate import MemoryGate, mbs_family
+from autotune.predict.gate import DEFAULT_ERROR_BAND, MemoryGate, mbs_family
 from autotune.predict.memory import estimate_memory
 from autotune.search import SearchConfig, SearchResult, TrialRecord, run_search
 from autotune.search.backends import SimulateBackend
@@ -132,8 +132,12 @@ def test_real_oom_is_pruned_and_bisects_the_micro_batch_of_its_layout(tmp_path: 
     seed = Layout(tp=1, pp=1, dp=4, mbs=4, gbs=MODEL.global_batch_size,
                   distributed_optimizer=True, overlap_grad_reduce=True,
                   overlap_param_gather=True, impl="sdpa")
-    backend = FakeBackend(CLUSTER, oom=lambda s: mbs_family(s) == mbs_family(seed) and s.mbs >= 2)
-    result = run_search(config(tmp_path, backend, n_trials=12))
+    # Memory for mbs 4 to be the largest predicted to fit within the gate's band (the band of
+    # a GPU without measured trials, the widest measured: it moves as trials are added).
+    cluster = small_cluster(memory_gib=estimate_memory(MODEL, seed, CLUSTER).peak_bytes
+                            / GIB / (1 - DEFAULT_ERROR_BAND) * 1.01)
+    backend = FakeBackend(cluster, oom=lambda s: mbs_family(s) == mbs_family(seed) and s.mbs >= 2)
+    result = run_search(config(tmp_path, backend, n_trials=12, cluster=cluster))
 
     # The first Alpa seed (largest dp, largest mbs predicted to fit) runs out of memory; the
     # bisection retries mbs 2 (the middle of 1, 2), which fails too, then mbs 1, which runs.
