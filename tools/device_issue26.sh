@@ -26,8 +26,8 @@ fi
 export PYTHONPATH=/tmp/site:$PWD
 echo "installed at $(elapsed)"
 python3 -c "import sys, torch, megatron.core as mc, transformer_engine as te, optuna
-import transformer_engine.pytorch as tep
-ok, why = tep.fp8.check_fp8_support()
+from transformer_engine.pytorch.quantization import check_fp8_support  # TE >= 2.9
+ok, why = check_fp8_support()
 print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
       'megatron-core', mc.__version__, 'te', te.__version__, 'optuna', optuna.__version__,
       'fp8 support', ok, why)" 2>&1 | grep -v -i warn | tee "$out/versions.txt"

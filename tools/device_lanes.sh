@@ -74,8 +74,9 @@ trap 'kill $smi 2>/dev/null' EXIT
      cat ./*.part-* > /tmp/te-whl/"$(basename ./*.sha256 .sha256)"; else cp ./*.whl /tmp/te-whl/; fi)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
       --target /tmp/site /tmp/te-whl/*.whl >> "$root/te-build.log" 2>&1 || exit 1
-  python3 -c "import transformer_engine.pytorch as tep, transformer_engine as te
-ok, why = tep.fp8.check_fp8_support(); print('te', te.__version__, 'fp8', ok, why)" \
+  python3 -c "import transformer_engine as te  # check_fp8_support: quantization.py since TE 2.9
+from transformer_engine.pytorch.quantization import check_fp8_support
+ok, why = check_fp8_support(); print('te', te.__version__, 'fp8', ok, why)" \
       2>&1 | grep -v -i warn >> "$root/versions.txt"
   touch /tmp/te.ready
 ) &
