@@ -23,8 +23,13 @@ from optuna.trial import FrozenTrial
 from autotune.errors import AutotuneError, ConfigError
 from autotune.layouts.layout import DIMENSIONS, Layout
 from autotune.levers.fp8 import Fp8
-from autotune.predict.trust import predicted_rank
-from autotune.search.records import RECORD_ATTR, Figure, TrialRecord, stored_record
+from autotune.search.records import (
+    RECORD_ATTR,
+    Figure,
+    TrialRecord,
+    rank_tokens,
+    stored_record,
+)
 from autotune.search.storage import (
     as_stored,
     check_study_name,
@@ -110,19 +115,15 @@ class LoadedStudy:
                 and r["stop_reason"] != StopReason.SLOW and r.get("repeat_of") is None]
         # A finalist's figure is over its runs (autotune.search.finalists); its repeats are
         # not rows of their own here. A predicted figure ranks as the search ranked it
-        # (SearchResult.rank_tokens), so that export picks the search's winner.
+        # (records.rank_tokens), so that export picks the search's winner.
         return sorted(done, key=lambda r: (-self.rank_tokens(r), r["peak_memory_gib"]
                                            or float("inf"), r["trial"]))
 
     def rank_tokens(self, row: dict[str, Any]) -> float:
-        """What a row's tokens/s ranks by: measured, its figure; predicted, the figure less
-        what the memory model's risk costs it (autotune.predict.trust.predicted_rank)."""
+        """What a row's tokens/s ranks by: records.rank_tokens of its record's figure."""
         tokens = self.figure_tokens(row["trial"], row["tokens_per_s"])
         record = self.records.get(row["trial"])
-        if not row["predicted"] or self.cluster is None or record is None:
-            return tokens
-        return predicted_rank(tokens, record.peak_bytes or record.predicted_peak_bytes,
-                              self.cluster)
+        return tokens if record is None else rank_tokens(record, tokens, self.cluster)
 
     def figure(self, number: int) -> Figure | None:
         """Trial `number`'s figure over its runs (its repeats' too: records.Figure)."""

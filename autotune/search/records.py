@@ -30,7 +30,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.trials.trial import StopReason, TrialMetrics, TrialStatus
 
 __all__ = ["DERIVED_ATTR", "LAUNCHED", "RECORD_ATTR", "Figure", "Observer", "SearchResult",
-           "Source", "TrialRecord", "read_record", "record_attrs", "store_record",
+           "Source", "TrialRecord", "rank_tokens", "read_record", "record_attrs", "store_record",
            "stored_derived", "stored_record"]
 
 
@@ -184,15 +184,6 @@ class SearchResult:
     cluster: ClusterSpec | None = None
     """The GPUs searched: a predicted figure near their memory ranks lower (`rank_tokens`)."""
 
-    def rank_tokens(self, record: TrialRecord, tokens: float) -> float:
-        """What `record`'s figure `tokens` ranks by: measured, the figure; predicted, the
-        figure less what the memory model's risk costs it within the cost model's resolution
-        (autotune.predict.trust.predicted_rank)."""
-        if not record.predicted or self.cluster is None:
-            return tokens
-        return predicted_rank(tokens, record.peak_bytes or record.predicted_peak_bytes,
-                              self.cluster)
-
     def best(self, k: int = 5) -> list[TrialRecord]:
         """The k best rankable trials by their figure (their repeats' too, `figure`); a
         predicted one by `rank_tokens`."""
@@ -206,7 +197,8 @@ class SearchResult:
 
         def tokens(record: TrialRecord) -> float:
             figure = Figure.of([record, *repeats.get(record.number, ())])
-            return self.rank_tokens(record, figure.tokens_per_s if figure is not None else 0.0)
+            return rank_tokens(record, figure.tokens_per_s if figure is not None else 0.0,
+                               self.cluster)
 
         return sorted(ok, key=lambda r: -tokens(r))[:k]
 
@@ -233,6 +225,15 @@ class SearchResult:
 
 
 Observer = Callable[[TrialRecord, SearchResult], None]
+
+
+def rank_tokens(record: TrialRecord, tokens: float, cluster: ClusterSpec | None) -> float:
+    """What `record`'s figure `tokens` ranks by, in the search's ranking and the report's alike:
+    measured, the figure; predicted, the figure less what the memory model's risk costs it
+    within the cost model's resolution (autotune.predict.trust.predicted_rank)."""
+    if not record.predicted or cluster is None:
+        return tokens
+    return predicted_rank(tokens, record.peak_bytes or record.predicted_peak_bytes, cluster)
 
 
 def record_attrs(record: TrialRecord) -> dict[str, Any]:
