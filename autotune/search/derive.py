@@ -123,7 +123,8 @@ def least_memory(values: Sequence[int], peak_of: Callable[[int], float]) -> int:
     _checkpointed_forward), so a stage's peak is a x L / n + b x n + c over the divisors n of
     L that uniform allows: convex in n, as is the largest of the stages' peaks. Its values
     fall to the least and rise after it, and the scan stops at the first rise instead of
-    pricing every divisor (a quarter of the estimates of a gpt-1t plan on 3072 GPUs).
+    pricing every divisor (a gpt-1t plan on 3072 GPUs: 172,316 memory estimates, 194,424
+    before).
     tests/test_derive.py holds it to the full scan's answer."""
     best, best_peak = values[0], peak_of(values[0])
     last = best_peak

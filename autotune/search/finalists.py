@@ -56,10 +56,9 @@ def plan(result: SearchResult, *, finalists: int = FINALISTS, runs: int = RUNS) 
         for r in backwards[shift:] + backwards[:shift]:
             if missing[r.number] > k:
                 order.append(Repeat(r, False))
-    # The leader's fresh process is its last repeat: a fresh run stops the warm pool, and a
-    # warm repeat after it would start the pool again (on an H100, 28 s each time).
-    # It also goes last of all: a warm repeat of another finalist after it would start the
-    # pool again too (seen on one H200: 29 s for gpt2-xl at seq 32k).
+    # The leader's fresh process is its last repeat and the last of all: a fresh run stops the
+    # warm pool, and any warm repeat after it, the leader's or another finalist's, would start
+    # the pool again (28 s each time on an H100; 29 s on an H200 for gpt2-xl at seq 32k).
     last = next((i for i in range(len(order) - 1, -1, -1) if order[i].of is leader), None)
     if last is not None and not fresh_done:
         del order[last]
