@@ -42,14 +42,14 @@ grid=(--gpus 1 --sampler grid --stop-rule none --stable-cv 0 --warmup-steps 3)
 llama=tests/data/hf/llama-3.2-3b.json
 export STUDY_TIMEOUT_S
 if [[ $parts == *" xl "* ]]; then
-  STUDY_TIMEOUT_S=220 bash tools/device_search.sh fp8-xl -- gpt2-xl "${grid[@]}" --steps 8 \
+  STUDY_TIMEOUT_S=${XL_TIMEOUT_S:-220} bash tools/device_search.sh fp8-xl -- gpt2-xl "${grid[@]}" --steps 8 \
       --space tools/spaces/fp8-gpt2xl.yaml > /dev/null
   echo "xl done at $(elapsed)"; tail -2 /tmp/r/fp8-xl.err
 fi
 if [[ $parts == *" llama "* ]]; then
-  STUDY_TIMEOUT_S=80 bash tools/device_search.sh fp8-llama-base -- "$llama" "${grid[@]}" \
+  STUDY_TIMEOUT_S=${LLAMA_BASE_TIMEOUT_S:-80} bash tools/device_search.sh fp8-llama-base -- "$llama" "${grid[@]}" \
       --steps 6 --seq-len 4096 --gbs 8 --space tools/spaces/fp8-llama3b-base.yaml > /dev/null
-  STUDY_TIMEOUT_S=200 bash tools/device_search.sh fp8-llama -- "$llama" "${grid[@]}" \
+  STUDY_TIMEOUT_S=${LLAMA_TIMEOUT_S:-200} bash tools/device_search.sh fp8-llama -- "$llama" "${grid[@]}" \
       --steps 6 --seq-len 4096 --gbs 8 --space tools/spaces/fp8-llama3b.yaml > /dev/null
   echo "llama done at $(elapsed)"; tail -2 /tmp/r/fp8-llama.err
 fi

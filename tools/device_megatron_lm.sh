@@ -8,8 +8,11 @@
 #   PARTS="1 2" (default) picks the parts to run.
 #
 # Carry .whl (megatron-core), .whl-search (optuna, typer, pydantic...) and .carry/megatron-lm:
-# Megatron-LM's training code at tag core_v0.16.1 (pretrain_gpt.py, megatron/training,
-# megatron/legacy; not part of this repository) and its extra wheels (six, regex, pyyaml).
+# Megatron-LM's training code at tag core_v0.16.1, not part of this repository:
+#   git --git-dir MIRROR archive core_v0.16.1 pretrain_gpt.py gpt_builders.py model_provider.py \
+#       megatron/training megatron/legacy megatron/post_training megatron/rl | tar x -C .carry/megatron-lm
+# (training.py imports megatron.rl at its top: without it every run stops at the import), and
+# its extra wheels (six, regex, pyyaml) in .carry/megatron-lm/wheels.
 # tools/run_pretrain_gpt.py, copied beside pretrain_gpt.py, skips the two build steps
 # pretrain_gpt.py takes from a source checkout (make of the dataset helpers, which the
 # megatron-core wheel ships prebuilt; nvcc -V, with no CUDA toolkit on the machine) and then
