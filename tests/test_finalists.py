@@ -13,7 +13,7 @@ from doubles.fake_backend import FakeBackend, small_cluster, small_model, small_
 
 from autotune.layouts.layout import Layout
 from autotune.search import SearchConfig, run_search
-from autotune.search.finalists import FINALISTS, plan, ranking_line
+from autotune.search.finalists import FINALISTS, plan, ranking_line, settled
 from autotune.search.records import Figure, SearchResult, Source, TrialRecord
 from autotune.trials.trial import ClockSummary, TrialMetrics, TrialSpec, TrialStatus
 
@@ -126,7 +126,8 @@ def _config(tmp_path: Path, backend: Any, **overrides: Any) -> SearchConfig:
 
 def test_a_search_measures_its_finalists_again_and_resume_does_not_redo_them(
         tmp_path: Path) -> None:
-    backend = FreshBackend(CLUSTER)
+    # A close call (0.4% apart), so that no round is skipped (finalists.settled).
+    backend = FreshBackend(CLUSTER, tokens=lambda s: 1000.0 + s.mbs)
     result = run_search(_config(tmp_path, backend))
     first = [r for r in result.records if r.repeat_of is None and r.launched]
     repeats = [r for r in result.records if r.repeat_of is not None]
@@ -138,7 +139,7 @@ def test_a_search_measures_its_finalists_again_and_resume_does_not_redo_them(
     assert len(backend.calls) == len(first) + len(repeats)
     assert ranking_line(result) is not None
     # Resumed: every finalist has its runs, nothing runs again.
-    again = FreshBackend(CLUSTER)
+    again = FreshBackend(CLUSTER, tokens=lambda s: 1000.0 + s.mbs)
     resumed = run_search(_config(tmp_path, again, resume=True))
     kept = [r for r in resumed.records if r.repeat_of is not None]
     assert again.calls == [] and len(kept) == len(repeats)
@@ -170,3 +171,37 @@ def test_a_grid_measures_every_layout_once_and_repeats_none(tmp_path: Path) -> N
     result = run_search(_config(tmp_path, backend, sampler="grid"))
     assert not [r for r in result.records if r.repeat_of is not None]
     assert len(backend.calls) == len({c for c in backend.calls})
+
+
+@pytest.mark.parametrize(("leader", "runner_up", "expected"), [
+    ((120.0, 120.0), (100.0, 100.0), True),     # 20% apart, each repeating: decided
+    ((120.0,), (100.0, 100.0), False),          # the leader measured once
+    ((103.0, 103.0), (100.0, 100.0), False),    # 3%: under twice the floored error (3.5%)
+    ((104.0, 104.0), (100.0, 100.0), True),     # 4%: over it
+    ((130.0, 100.0), (100.0, 101.0), False),    # the leader's own runs disagree
+])
+def test_settled_when_the_gap_is_twice_its_floored_error(
+        leader: tuple[float, ...], runner_up: tuple[float, ...], expected: bool) -> None:
+    records = [_record(0, 4, leader[0]), _record(1, 2, runner_up[0])]
+    records += [_record(10 + i, 4, v, repeat_of=0) for i, v in enumerate(leader[1:])]
+    records += [_record(20 + i, 2, v, repeat_of=1) for i, v in enumerate(runner_up[1:])]
+    assert settled(_result(*records)) is expected
+
+
+def test_a_lone_layout_is_settled() -> None:
+    assert settled(_result(_record(0, 4, 100.0)))
+
+
+@pytest.mark.parametrize(("tokens", "repeats"), [
+    (lambda s: 1000.0 * s.mbs, 3),     # decided after one round: then the leader's fresh run
+    (lambda s: 1000.0 + s.mbs, 4),     # 0.4% apart: every repeat runs
+])
+def test_a_settled_call_skips_the_last_round_but_not_the_fresh_run(
+        tmp_path: Path, tokens: Any, repeats: int) -> None:
+    backend = FreshBackend(CLUSTER, tokens=tokens)
+    result = run_search(_config(tmp_path, backend))
+    top = result.best(FINALISTS)
+    assert sum(1 for r in result.records if r.repeat_of is not None) == repeats
+    assert backend.fresh == [top[0].layout]
+    # The fresh run is the last launch of the search.
+    assert backend.calls[-1] == top[0].layout

@@ -9,6 +9,13 @@ warmth is part of nothing a user runs). The search then decides on the repeated 
 (SearchResult.figure: the mean of the runs not measured while the GPU throttled), and
 `ranking_line` says how sure that is: "A beats B by 3.1% ± 0.4% over 3 runs each".
 
+The repeats stop early once the call is settled (`settled`): when, after each finalist's second
+run, the leader is ahead by more than NOISE_MARGIN times the error of the gap, a third round
+cannot reverse it and is not run; the leader's fresh run still is. GPU-bound finalists are
+usually settled after one round (an H100 search of a 3B model at seq 8192 had its two 5.3%
+apart, each repeating within 0.4%: results/benchmarks/2026-11-27-h100-session11.md), host-bound
+ones, which move between runs, get their three.
+
 Each repeat is a trial of its own in the study (TrialRecord.repeat_of, Source.FINALIST), so
 records keep every run and a resumed search runs only the repeats still missing (`plan`).
 """
@@ -18,9 +25,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autotune.search.records import SearchResult, TrialRecord
+from autotune.search.records import Figure, SearchResult, TrialRecord
 
-__all__ = ["FINALISTS", "RUNS", "Repeat", "plan", "ranking_line"]
+__all__ = ["FINALISTS", "RUNS", "RUN_SPREAD_FLOOR", "Repeat", "plan", "ranking_line", "settled"]
 
 FINALISTS = 2
 """Layouts measured again: the best and the one behind it, the close call that crowns a layout.
@@ -28,6 +35,13 @@ Three cost an H100 search of gpt2-xl 247 s against 96-151 s before (6 repeats an
 restarts; results/benchmarks/2026-11-25-h100-measurements.md)."""
 RUNS = 3
 """Runs per finalist, the first measurement included: with three, one outlier shows."""
+RUN_SPREAD_FLOOR = 0.017
+"""The least relative spread between runs of one layout that a figure's error assumes: two runs
+that happen to agree closely say little about a third. The widest spread seen between three
+warm runs of a GPU-bound finalist on one H100 (gpt2-xl mbs 16: 1.7%,
+results/benchmarks/2026-11-25-h100-measurements.md)."""
+NOISE_MARGIN = 2.0
+"""A gap counts as decided when it is this many times its error (about 95% for a normal error)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,25 +85,63 @@ def _launched(records: list[TrialRecord]) -> list[TrialRecord]:
     return [r for r in records if r.launched]
 
 
-def ranking_line(result: SearchResult) -> str | None:
-    """How sure the top of the ranking is: `A beats B by 3.1% ± 0.4% over 3 runs each`, with
-    `within the noise` when the gap is under twice its error; None with fewer than two
-    layouts, or when neither was measured more than once."""
+@dataclass(frozen=True, slots=True)
+class _Gap:
+    """The leader's lead over the runner-up on their repeated figures."""
+
+    top: tuple[TrialRecord, TrialRecord]
+    figures: tuple[Figure, Figure]
+    gap: float
+    error: float
+
+    @property
+    def decided(self) -> bool:
+        return self.gap >= NOISE_MARGIN * self.error
+
+
+def _floored(figure: Figure) -> float:
+    return max(figure.error, RUN_SPREAD_FLOOR / math.sqrt(len(figure.runs)))
+
+
+def _gap(result: SearchResult) -> _Gap | None:
     top = result.best(2)
     if len(top) < 2:
         return None
     a, b = (result.figure(r) for r in top)
-    if a is None or b is None or (len(a.runs) < 2 and len(b.runs) < 2):
+    if a is None or b is None:
         return None
     gap = a.tokens_per_s / b.tokens_per_s - 1
-    error = math.hypot(a.error, b.error) * (1 + gap)
+    return _Gap((top[0], top[1]), (a, b), gap, math.hypot(_floored(a), _floored(b)) * (1 + gap))
+
+
+def settled(result: SearchResult) -> bool:
+    """The top two's order can no longer change by more repeats: each has two runs or more and
+    the gap is NOISE_MARGIN times its error (each figure's error at least RUN_SPREAD_FLOOR over
+    its runs); also when there is no second layout to beat."""
+    g = _gap(result)
+    if g is None:
+        return len(result.best(2)) < 2
+    return min(len(f.runs) for f in g.figures) >= 2 and g.decided
+
+
+def ranking_line(result: SearchResult) -> str | None:
+    """How sure the top of the ranking is: `A beats B by 3.1% ± 0.4% over 3 runs each`, with
+    `within the noise` when the gap is under twice its error; None with fewer than two
+    layouts, or when neither was measured more than once."""
+    g = _gap(result)
+    if g is None:
+        return None
+    a, b = g.figures
+    if len(a.runs) < 2 and len(b.runs) < 2:
+        return None
+    top = g.top
     runs = (f"{len(a.runs)} runs each" if len(a.runs) == len(b.runs)
             else f"{len(a.runs)} and {len(b.runs)} runs")
     line = (f"{top[0].label} (#{top[0].number}) beats {top[1].label} (#{top[1].number}) by "
-            f"{gap:.1%} ± {error:.1%} over {runs}")
-    if gap < 2 * error:
+            f"{g.gap:.1%} ± {g.error:.1%} over {runs}")
+    if not g.decided:
         line += ": within the noise, either may be the faster"
-    throttled = [r for r, f in ((top[0], a), (top[1], b)) if f.throttled]
+    throttled = [r for r, f in zip(top, g.figures, strict=True) if f.throttled]
     if throttled:
         line += "; measured while the GPU throttled: " + ", ".join(
             f"#{r.number}" for r in throttled)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from autotune.layouts.layout import Layout
 from autotune.search.config import RANKED_DEFAULT, Sampler
 from autotune.search.execution import SearchParts, TrialExecutor
-from autotune.search.finalists import plan
+from autotune.search.finalists import plan, settled
 from autotune.search.heuristics import alpa_seeds, predicted_speed
 from autotune.search.records import SearchResult, Source
 from autotune.search.shared import SHARED_POLL_S
@@ -136,8 +136,12 @@ class Scheduler:
         # Not for a grid: its point is every layout measured once, as the stop rule stays off.
         if p.cfg.backend.predicted or not p.cfg.finalists or self.sampler == Sampler.GRID:
             return
+        # In the planned order; once the call is settled, the warm repeats left are dropped and
+        # the leader's fresh run (the last of the plan) is not (finalists.settled).
         for repeat in plan(p.ledger.result, finalists=p.cfg.finalists,
                            runs=p.cfg.finalist_runs):
+            if not repeat.fresh and settled(p.ledger.result):
+                continue
             with p.store.next_trial((repeat.of.layout, Source.FINALIST)) as trial:
                 self.executor.remeasure(trial, repeat.of, fresh=repeat.fresh)
 
