@@ -12,13 +12,15 @@ from autotune.predict.trust import memory_band, memory_risk
 from autotune.specs.hardware import ClusterSpec
 
 H100 = ClusterSpec.make(1, gpu="h100-80gb")
+EDGE = 1 - memory_band(H100)
+"""Where the H100's memory band starts, as a share of its memory."""
 
 
 @pytest.mark.parametrize(("fraction", "warned"), [
     (None, False),  # no prediction on record
     (0.50, False),
-    (0.94, False),  # under the 5.7% band of the H100
-    (0.95, True),
+    (EDGE - 0.01, False),  # under the H100's band
+    (EDGE + 0.01, True),
     (0.999, True),
     (1.0, True),
     (1.01, False),  # over the capacity: the gate's verdict, not a risk
