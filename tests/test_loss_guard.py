@@ -205,3 +205,30 @@ def test_losses_travel_in_result_json() -> None:
     # A result.json of a worker before the losses were recorded reads as none.
     old = {k: v for k, v in metrics.to_dict().items() if k != "losses"}
     assert TrialMetrics.from_dict(old).losses == ()
+
+
+@pytest.mark.parametrize(("measured", "reused"), [
+    (twin(FP8), True),
+    (replace(twin(FP8), recompute="selective"), True),     # recompute: the same numbers
+    (replace(twin(FP8), recompute="full", recompute_method="block", recompute_num_layers=3), True),
+    (replace(twin(FP8), overlap_grad_reduce=True), True),
+    (replace(twin(FP8), mbs=8), False),                                      # other micro-batches
+    (replace(twin(FP8), impl="sdpa"), False),                                # other kernels
+    (FP8, False),                                                            # FP8 itself
+])
+def test_a_bf16_trial_that_trains_alike_is_the_twin(tmp_path: Path, measured: Layout,
+                                                    reused: bool) -> None:
+    backend = _Backend(BF16)
+    executor = _executor(backend, [_measured(1, measured, BF16)], tmp_path)
+    judged = executor.guard(_measured(2, FP8, BF16), tmp_path / "2")
+    assert judged.status is TrialStatus.OK
+    assert ("twin: trial 1" in judged.reason) is reused
+    assert len(backend.ran) == (0 if reused else 1)
+
+
+def test_the_exact_twin_is_preferred_to_one_that_trains_alike(tmp_path: Path) -> None:
+    alike = _measured(1, replace(twin(FP8), recompute="selective"), _scaled(BF16, {1: 1.01}))
+    exact = _measured(2, twin(FP8), BF16)
+    executor = _executor(_Backend(BF16), [alike, exact], tmp_path)
+    judged = executor.guard(_measured(3, FP8, BF16), tmp_path / "3")
+    assert "twin: trial 2" in judged.reason

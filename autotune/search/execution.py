@@ -28,7 +28,13 @@ from autotune.search.heuristics import next_smaller_mbs
 from autotune.search.ladder import Ladder
 from autotune.search.layout_map import FrozenParams, LayoutMap
 from autotune.search.ledger import LayoutQueue, Ledger
-from autotune.search.loss_guard import REFERENCE_STEPS, compare_losses, guarded, twin
+from autotune.search.loss_guard import (
+    REFERENCE_STEPS,
+    compare_losses,
+    guarded,
+    same_arithmetic,
+    twin,
+)
 from autotune.search.records import SearchResult, Source, TrialRecord, stored_derived
 from autotune.search.refit import refit_cost_params
 from autotune.search.stop_rule import PRUNE_MARGIN, ModelStop, format_tokens
@@ -296,8 +302,10 @@ class TrialExecutor:
         known = self._references.get(bf16)
         if known is not None:
             return known
-        for r in self.parts.ledger.result.records:
-            if r.layout == bf16 and r.metrics is not None and r.metrics.losses:
+        # The twin itself first, else a bf16 trial that trains alike (loss_guard.SAME_ARITHMETIC).
+        records = self.parts.ledger.result.records
+        for r in sorted(records, key=lambda r: r.layout != bf16):
+            if same_arithmetic(r.layout, bf16) and r.metrics is not None and r.metrics.losses:
                 return r.metrics.losses, f"twin: trial {r.number}"
         cfg = self.parts.cfg
         spec = replace(self.spec(bf16, slow_below=None), warmup_steps=0, stable_cv=0.0,

@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from autotune.layouts.layout import Layout
 from autotune.levers.fp8 import Fp8, Fp8Recipe
 
-__all__ = ["LOSS_TOLERANCE", "MIN_STEPS", "REFERENCE_STEPS", "WINDOW", "LossVerdict",
-           "compare_losses", "guarded", "twin"]
+__all__ = ["LOSS_TOLERANCE", "MIN_STEPS", "REFERENCE_STEPS", "SAME_ARITHMETIC", "WINDOW",
+           "LossVerdict", "compare_losses", "guarded", "same_arithmetic", "twin"]
 
 LOSS_TOLERANCE = 0.10
 """Largest gap between the FP8 trial's loss and its twin's over the last WINDOW steps, as a
@@ -85,6 +85,24 @@ def twin(s: Layout) -> Layout:
     """`s` in bf16: FP8 off, its recipe and parameter gather at their defaults (what the export
     and the worker give Megatron without FP8)."""
     return replace(s, fp8=Fp8.OFF, fp8_recipe=Fp8Recipe.DELAYED, fp8_param_gather=False)
+
+
+SAME_ARITHMETIC: tuple[str, ...] = (
+    "recompute", "recompute_method", "recompute_num_layers", "recompute_modules",
+    "offload_layers", "overlap_grad_reduce", "overlap_param_gather")
+"""Layout fields that leave a step's losses as they are: recomputation runs the same forward
+again with the RNG states it saved (megatron-core's tensor_parallel.checkpoint and
+CheckpointWithoutOutput), activation offload moves tensors and back, overlap reorders when
+gradients and parameters travel, not what they sum to. Two layouts that differ only here train
+alike up to the kernels' own rounding, far inside LOSS_TOLERANCE: a measured bf16 trial of one
+is the other's twin, and a search that measured the bf16 layout without recompute needs no
+reference run for its FP8 layout with it."""
+
+
+def same_arithmetic(a: Layout, b: Layout) -> bool:
+    """Whether `a` and `b` differ in SAME_ARITHMETIC fields alone."""
+    neutral = {name: getattr(a, name) for name in SAME_ARITHMETIC}
+    return replace(b, **neutral) == a
 
 
 def compare_losses(fp8: Sequence[float | None], bf16: Sequence[float | None],
