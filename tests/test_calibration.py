@@ -54,23 +54,28 @@ def test_fit_rejects_bad_samples() -> None:
 
 
 # Leave-one-family-out over tests/data/measured_trials.json (tools/fit_constants.py;
-# results/benchmarks/2026-11-27-cpu-constants-cv-s10.md), measured 2026-11-27 with the 164 OK
-# trials: (held-out step-time median, memory median, memory worst) per family, each bound about
-# one point above today's figure. Over the issue's 10% target: llama-1b on H200 (14.4%, the
-# attention term at seq 16384-32768) and wide-8k (hidden 8192: 12.1% on H100, 12.8% on H200);
-# llama-1b on H200's memory (5.7% median, 10.7% worst, seq 16384) is over its 5%.
+# results/benchmarks/2026-11-27-cpu-constants-cv-s10.md), measured 2026-11-27 with the 187 OK
+# trials (164 before the FP8 trials of 2026-11-25 and 2026-11-27 joined): (held-out step-time
+# median, memory median, memory worst) per family, each bound about one point above today's
+# figure. Over the issue's 10% target: llama-1b on H200 (14.9%, the attention term at seq
+# 16384-32768) and wide-8k (hidden 8192: 11.8% on H100, 13.9% on H200; 12.1% and 12.8% before
+# the FP8 trials, which move the constants every family shares); llama-1b on H200's memory
+# (5.4% median, 10.4% worst, seq 16384) is over its 5%.
 HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
-    "gpt-3.6b/h100-80gb": (0.049, 0.049, 0.057),      # 3.9%, 3.9%, 4.7%
-    "gpt2-large/h100-80gb": (0.017, 0.022, 0.053),    # 0.7%, 1.2%, 4.3%
-    "gpt2-large/h200": (0.056, 0.04, 0.055),          # 4.6%, 3.0%, 4.5%
-    "gpt2-xl/h100-80gb": (0.032, 0.03, 0.083),        # 2.2%, 2.0%, 7.3%
-    "gpt2-xl/h200": (0.068, 0.028, 0.057),            # 5.8%, 1.8%, 4.7%
-    "llama-1b/h100-80gb": (0.062, 0.038, 0.038),      # 5.2%, 2.8%, 2.8%
-    "llama-1b/h200": (0.154, 0.067, 0.117),           # 14.4%, 5.7%, 10.7%
-    "llama-3b/h100-80gb": (0.079, 0.035, 0.046),      # 6.9%, 2.5%, 3.6%
-    "llama3-8b/h200": (0.018, 0.018, 0.027),          # 0.8%, 0.8%, 1.7%
-    "wide-8k/h100-80gb": (0.131, 0.022, 0.03),        # 12.1%, 1.2%, 2.0%
-    "wide-8k/h200": (0.138, 0.021, 0.05),             # 12.8%, 1.1%, 4.0%
+    "gpt-3.6b/h100-80gb": (0.054, 0.051, 0.059),      # 4.4%, 4.1%, 4.9%
+    "gpt2-large/h100-80gb": (0.021, 0.022, 0.053),    # 1.1%, 0.9%, 3.9%
+    "gpt2-large/h200": (0.056, 0.041, 0.055),         # 4.5%, 3.1%, 4.4%
+    "gpt2-xl/h100-80gb": (0.036, 0.03, 0.083),        # 2.6%, 2.0%, 7.3%
+    "gpt2-xl/h200": (0.068, 0.028, 0.057),            # 5.7%, 1.8%, 4.5%
+    "llama-1b/h100-80gb": (0.062, 0.038, 0.038),      # 4.7%, 2.4%, 2.4%
+    "llama-1b/h200": (0.159, 0.067, 0.117),           # 14.9%, 5.4%, 10.4%
+    # llama-3b/h100's memory worst: 10.0% since the FP8 trials of 2026-11-25 joined the data
+    # (s8-fp8-l3b/mbs2-pao-*: the allocator's reserve with the precision-aware optimizer, the
+    # miss results/benchmarks/2026-11-25-h100-fp8.md reported); 3.6% before.
+    "llama-3b/h100-80gb": (0.077, 0.042, 0.11),       # 6.7%, 3.2%, 10.0%
+    "llama3-8b/h200": (0.021, 0.018, 0.027),          # 1.1%, 0.6%, 1.6%
+    "wide-8k/h100-80gb": (0.131, 0.022, 0.033),       # 11.8%, 1.2%, 2.3%
+    "wide-8k/h200": (0.149, 0.024, 0.05),             # 13.9%, 1.4%, 3.7%
 }
 
 
