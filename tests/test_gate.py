@@ -8,11 +8,13 @@ import pytest
 from conftest import cluster
 
 from autotune.layouts.layout import Layout
-from autotune.predict.gate import MemoryGate, mbs_family
+from autotune.predict.gate import MEMORY_ERROR_BAND, MemoryGate, mbs_family
 from autotune.predict.memory import estimate_memory
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.presets import load_model
 from autotune.trials.trial import TrialStatus
+
+H100_BAND = MEMORY_ERROR_BAND["h100-80gb"]
 
 GPT2_XL = load_model("gpt2-xl")
 GPT2_MEDIUM = load_model("gpt2-medium")
@@ -211,7 +213,7 @@ def test_the_bias_leaves_layouts_outside_the_band_alone() -> None:
 @pytest.mark.parametrize(("biases", "changed"), [
     # (earlier fits' biases, the new one): does the gate say its decisions may have moved?
     (((), -0.02), False),            # under the band, fewer than MIN_BIAS_FITS: nothing moves
-    (((), 0.10), True),              # over the H100's 5.7% band: the band widens
+    (((), H100_BAND + 0.03), True),  # over the H100's band: the band widens
     (((-0.01, -0.02), -0.03), True),  # the third fit: a typical bias exists now
     (((0.01, 0.02, 0.03), 0.02), False),  # the median stays 2%, the band stays
 ])

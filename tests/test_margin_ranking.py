@@ -71,7 +71,7 @@ def test_search_and_export_pick_the_layout_with_room(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str],
                                                      command: str) -> None:
     # llama3-8b on 8 H100: vpp 2 is predicted 0.04% faster than vpp 4 at 95% of the memory
-    # (inside the memory band), vpp 4 at 91%.
+    # (inside the memory band), vpp 4 at 91% (less deep in it).
     space = tmp_path / "space.yaml"
     space.write_text("tp: [1]\npp: [2]\nvpp: [2, 4]\nmbs: [1]\nrecompute: [none]\n"
                      "distributed_optimizer: [true]\noverlap_grad_reduce: [true]\n"
@@ -82,7 +82,8 @@ def test_search_and_export_pick_the_layout_with_room(tmp_path: Path,
                  "--json", *args]) == 0
     out = json.loads(capsys.readouterr().out)
     fast = max(out["best"], key=lambda row: row["tokens_per_s"])
-    assert fast["vpp"] == 2 and out["within_memory_band"] == [fast["trial"]]
+    # vpp 2 lies deeper in the memory band than vpp 4 (which may lie in it too, by the band).
+    assert fast["vpp"] == 2 and fast["trial"] in out["within_memory_band"]
     if command == "search":
         assert out["best"][0]["vpp"] == 4
         return

@@ -41,15 +41,16 @@ __all__ = ["DEFAULT_ERROR_BAND", "MEMORY_ERROR_BAND", "MIN_BIAS_FITS", "GateDeci
 MEMORY_ERROR_BAND: dict[str, float] = {
     # The memory model's worst under-prediction of NVML's device memory in use, as a fraction,
     # over the OK trials of tests/data/measured_trials.json (megatron-core 0.16.1, with and
-    # without TE 2.11): h100-80gb 7.8% (worst s11-fp8-xl/5: gpt2-xl mbs 16 with FP8 delayed
-    # scaling, 76.4 GiB used, 70.4 predicted, 5.3 GiB of it the allocator's reserve over its
-    # allocated peak; 5.7% before the 2026-11-27 FP8 trials, worst s7-xl32k-grid/3; 5.0% before
-    # the 2026-11-25 trials), h200 11.2% (worst s10-long/l1b-16384/1: llama-1b at seq 16384, mbs 1,
+    # without TE 2.11): h100-80gb 11.2% (worst s8-fp8-l3b/mbs2-pao-delayed: Llama-3.2-3B at mbs 2
+    # with FP8 delayed scaling and the precision-aware optimizer, 76.2 GiB used, 67.7 predicted,
+    # 7.4 GiB of it the allocator's reserve over its allocated peak; 5.7% before the FP8 trials
+    # joined the data, worst s7-xl32k-grid/3; 5.0% before the 2026-11-25 trials), h200 11.2%
+    # (worst s10-long/l1b-16384/1: llama-1b at seq 16384, mbs 1,
     # 62.7 GiB used, 55.7 predicted, 6.9 GiB of it the allocator's reserve over its allocated
     # peak; 6.7% before the 2026-11-27 long-sequence trials, worst s2-l4-search/1). A band, not
     # a fit: the long-sequence miss is issue 28's to fix, and the band narrows with it.
     # tests/test_memory_options.py recomputes them from the data.
-    "h100-80gb": 0.078,
+    "h100-80gb": 0.112,
     "h200": 0.112,
 }
 DEFAULT_ERROR_BAND = max(MEMORY_ERROR_BAND.values())
