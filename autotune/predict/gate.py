@@ -41,15 +41,15 @@ __all__ = ["DEFAULT_ERROR_BAND", "MEMORY_ERROR_BAND", "MIN_BIAS_FITS", "GateDeci
 MEMORY_ERROR_BAND: dict[str, float] = {
     # The memory model's worst under-prediction of NVML's device memory in use, as a fraction,
     # over the OK trials of tests/data/measured_trials.json (megatron-core 0.16.1, with and
-    # without TE 2.11): h100-80gb 11.2% (worst s8-fp8-l3b/mbs2-pao-delayed: Llama-3.2-3B at mbs 2
-    # with FP8 delayed scaling and the precision-aware optimizer, 76.2 GiB used, 67.7 predicted,
-    # 7.4 GiB of it the allocator's reserve over its allocated peak; 5.7% before the FP8 trials
-    # joined the data, worst s7-xl32k-grid/3; 5.0% before the 2026-11-25 trials), h200 11.2%
-    # (worst s10-long/l1b-16384/1: llama-1b at seq 16384, mbs 1,
-    # 62.7 GiB used, 55.7 predicted, 6.9 GiB of it the allocator's reserve over its allocated
-    # peak; 6.7% before the 2026-11-27 long-sequence trials, worst s2-l4-search/1). A band, not
-    # a fit: the long-sequence miss is issue 28's to fix, and the band narrows with it.
-    # tests/test_memory_options.py recomputes them from the data.
+    # without TE 2.11). A band, not a fit; tests/test_memory_options.py recomputes it from the
+    # data. Both GPUs' worst is the caching allocator's reserve over its allocated peak, which
+    # the model misses (issue 28's to fix; the bands narrow with it):
+    # - h100-80gb 11.2%: s8-fp8-l3b/mbs2-pao-delayed, Llama-3.2-3B at mbs 2 with FP8 delayed
+    #   scaling and the precision-aware optimizer, 76.2 GiB used, 67.7 predicted, 7.4 GiB of it
+    #   reserve. 5.7% before the FP8 trials joined (s7-xl32k-grid/3), 5.0% before 2026-11-25.
+    # - h200 11.2%: s10-long/l1b-16384/1, llama-1b at seq 16384, mbs 1, 62.7 GiB used, 55.7
+    #   predicted, 6.9 GiB of it reserve. 6.7% before the 2026-11-27 long-sequence trials
+    #   (s2-l4-search/1).
     "h100-80gb": 0.112,
     "h200": 0.112,
 }

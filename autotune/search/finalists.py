@@ -13,7 +13,7 @@ The repeats stop early once the call is settled (`settled`): when, after each fi
 run, the leader is ahead by more than NOISE_MARGIN times the error of the gap, a third round
 cannot reverse it and is not run; the leader's fresh run still is. GPU-bound finalists are
 usually settled after one round (an H100 search of a 3B model at seq 8192 had its two 5.3%
-apart, each repeating within 0.4%: results/benchmarks/2026-11-27-h100-session11.md), host-bound
+apart, each repeating within 0.8%: results/benchmarks/2026-11-27-h100-session11.md), host-bound
 ones, which move between runs, get their three.
 
 Each repeat is a trial of its own in the study (TrialRecord.repeat_of, Source.FINALIST), so
@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from autotune.search.records import Figure, SearchResult, TrialRecord
+from autotune.search.stop_rule import NOISE_MARGIN
 
 __all__ = ["FINALISTS", "RUNS", "RUN_SPREAD_FLOOR", "Repeat", "plan", "ranking_line", "settled"]
 
@@ -37,11 +38,10 @@ RUNS = 3
 """Runs per finalist, the first measurement included: with three, one outlier shows."""
 RUN_SPREAD_FLOOR = 0.017
 """The least relative spread between runs of one layout that a figure's error assumes: two runs
-that happen to agree closely say little about a third. The widest spread seen between three
-warm runs of a GPU-bound finalist on one H100 (gpt2-xl mbs 16: 1.7%,
-results/benchmarks/2026-11-25-h100-measurements.md)."""
-NOISE_MARGIN = 2.0
-"""A gap counts as decided when it is this many times its error (about 95% for a normal error)."""
+that happen to agree closely say little about a third. The widest spread seen between the three
+runs of a GPU-bound finalist on one H100 (gpt2-xl mbs 16: 1.7%, the third after a pool restart,
+results/benchmarks/2026-11-25-h100-measurements.md); the runs of this session's finalists
+spread by 0.1-0.8% (2026-11-27-h100-session11.md), so the floor errs towards a third round."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +96,8 @@ class _Gap:
 
     @property
     def decided(self) -> bool:
+        """The gap is NOISE_MARGIN times its error: a measurement is trusted that far (the stop
+        rule's margin too)."""
         return self.gap >= NOISE_MARGIN * self.error
 
 
