@@ -16,7 +16,7 @@ if [[ ! -d /tmp/site/optuna ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl .whl-search/*.whl || exit 1
 fi
-export PYTHONPATH=/tmp/site:$PWD
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}  # keep a caller's path (a lane's TE)
 out=${OUT:-/tmp/out}
 r=${RESULTS:-/tmp/r}
 mkdir -p "$r" "$out"
