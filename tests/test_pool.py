@@ -16,7 +16,7 @@ import pytest
 
 from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout
-from autotune.search.backends import POOL_DIR, WARM_OOM_DIR, Isolation, WorkerBackend
+from autotune.search.backends import POOL_DIR, WARM_FAILURE_DIR, Isolation, WorkerBackend
 from autotune.specs.model import ModelSpec
 from autotune.trials.metrics import metrics_from_run
 from autotune.trials.pool import WarmPool
@@ -180,22 +180,27 @@ def test_the_worker_backend_keeps_one_pool_per_study_and_closes_it(tmp_path: Pat
     assert not pool.running
 
 
-@pytest.mark.parametrize(("cold_worker", "status"), [("ok.py", TrialStatus.OK),
-                                                   ("oom.py", TrialStatus.OOM)])
-def test_an_oom_in_the_pool_is_confirmed_in_a_fresh_process(
-        tmp_path: Path, cold_worker: str, status: TrialStatus) -> None:
-    """The pool's leftovers can cause an OOM: the trial runs again alone, with the pool stopped,
-    and the fresh run's outcome is the trial's; the warm run's files are kept aside."""
+@pytest.mark.parametrize(("warm", "cold_worker", "status"), [
+    (OOM, "ok.py", TrialStatus.OK),
+    (OOM, "oom.py", TrialStatus.OOM),
+    (CRASH, "ok.py", TrialStatus.OK),
+    (CRASH, "crash.py", TrialStatus.CRASH),
+])
+def test_a_failure_in_the_pool_is_confirmed_in_a_fresh_process(
+        tmp_path: Path, warm: int, cold_worker: str, status: TrialStatus) -> None:
+    """The pool's leftovers can cause an OOM or a crash: the trial runs again alone, with the
+    pool stopped, and the fresh run's outcome is the trial's; the warm run's files are kept
+    aside."""
     backend = WorkerBackend(isolation=Isolation.WARM, launcher=FAKE_TORCHRUN,
                             worker=(str(DOUBLES / cold_worker),), pool_worker=RANK)
     trials = tmp_path / "study" / "trials"
     try:
         first = backend.run(_spec(OK, dp=1), trials / "0", 20)
         pool = backend.pool(trials / "0", 1)
-        again = backend.run(_spec(OOM, dp=1), trials / "1", 20)
+        again = backend.run(_spec(warm, dp=1), trials / "1", 20)
         assert first.warm is True and not pool.running
         assert again.status is status and again.warm is not True
-        kept = trials / "1" / WARM_OOM_DIR
+        kept = trials / "1" / WARM_FAILURE_DIR
         assert (kept / "log.txt").exists() and list(kept.glob("failure-rank*.json"))
         assert (trials / "1" / "trial.json").exists()
         after = backend.run(_spec(OK, dp=1), trials / "2", 20)

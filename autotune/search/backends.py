@@ -19,8 +19,9 @@ from autotune.trials.trial import TrialMetrics, TrialSpec, TrialStatus
 if TYPE_CHECKING:
     from autotune.trials.pool import WarmPool
 
-__all__ = ["POOL_DIR", "WARM_OOM_DIR", "Backend", "BackendName", "Isolation", "MegatronLMBackend",
-           "SimulateBackend", "WorkerBackend", "make_backend", "trial_timeout_s"]
+__all__ = ["CONFIRMED_COLD", "POOL_DIR", "WARM_FAILURE_DIR", "Backend", "BackendName", "Isolation",
+           "MegatronLMBackend", "SimulateBackend", "WorkerBackend", "make_backend",
+           "trial_timeout_s"]
 
 
 class BackendName(enum.StrEnum):
@@ -53,9 +54,14 @@ class Isolation(enum.StrEnum):
 POOL_DIR = "pool"
 """The warm pool's folder, beside the study's trials folder."""
 
-WARM_OOM_DIR = "warm-oom"
-"""Inside a trial's folder: what its out-of-memory run in the warm pool left (log, failure
-files), kept when the trial runs again in a fresh process."""
+WARM_FAILURE_DIR = "warm-failure"
+"""Inside a trial's folder: what its failed run in the warm pool left (log, failure files),
+kept when the trial runs again in a fresh process."""
+
+CONFIRMED_COLD = frozenset({TrialStatus.OOM, TrialStatus.CRASH, TrialStatus.NCCL_ERROR})
+"""Warm outcomes a fresh process confirms before they count: the pool's leftovers can cause
+them (WorkerBackend._confirm_cold). A timeout or a hang is not retried: it already cost its
+whole limit, and the pool restarts after one anyway."""
 
 LAUNCH_OVERHEAD_S = 60.0
 """Launch, rendezvous, model build and CUDA/NCCL initialisation before the first step; the
@@ -147,8 +153,8 @@ class WorkerBackend:
             return self._run_cold(spec, trial_dir, timeout_s)
         pool = self.pool(trial_dir, spec.layout.world_size)
         metrics = metrics_from_run(pool.run(spec, trial_dir, timeout_s))
-        if metrics.status is TrialStatus.OOM:
-            return self._confirm_oom_cold(spec, Path(trial_dir), timeout_s, pool)
+        if metrics.status in CONFIRMED_COLD:
+            return self._confirm_cold(spec, Path(trial_dir), timeout_s, pool)
         return metrics
 
     def run_fresh(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
@@ -168,20 +174,25 @@ class WorkerBackend:
         return metrics_from_run(run_trial(spec, trial_dir, timeout_s=timeout_s,
                                           launcher=self.launcher, worker=self.worker))
 
-    def _confirm_oom_cold(self, spec: TrialSpec, trial_dir: Path, timeout_s: float,
-                          pool: WarmPool) -> TrialMetrics:
-        """Run a trial that ran out of memory in the warm pool again, alone in a fresh process.
+    def _confirm_cold(self, spec: TrialSpec, trial_dir: Path, timeout_s: float,
+                      pool: WarmPool) -> TrialMetrics:
+        """Run a trial that ran out of memory or crashed in the warm pool again, alone in a
+        fresh process (CONFIRMED_COLD).
 
         A warm rank keeps what earlier trials left behind (allocator segments, library
-        workspaces, loaded kernels), so its OOM may be the pool's and not the layout's; an OOM
-        teaches the memory gate, which then skips layouts. Seen on an H100 with Transformer
-        Engine: gpt2-xl mbs 16 with selective recompute ran out of memory in the pool in two
-        searches and fit in a fresh process at 76.8 GiB of 79.2 (results/benchmarks/
-        2026-11-23-h100-te-build-and-runs.md). The pool is stopped first so that it holds no
-        memory, and starts again on the next trial."""
+        workspaces, loaded libraries and kernels), so its failure may be the pool's and not the
+        layout's; an OOM teaches the memory gate, which then skips layouts, and a crash drops the
+        layout from the search. Seen on an H100 with Transformer Engine: gpt2-xl mbs 16 with
+        selective recompute ran out of memory in the pool in two searches and fit in a fresh
+        process at 76.8 GiB of 79.2 (results/benchmarks/2026-11-23-h100-te-build-and-runs.md).
+        Seen on 2 x H200 twice (2026-11-27, lanes and issue 30's repeat): a cp 2 layout with
+        TE's fused attention crashed in the pool after sdpa trials with cuDNN's
+        CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED and ran in every fresh process. The pool is
+        stopped first so that it holds no memory, and starts again on the next trial; the warm
+        run's files are kept aside (WARM_FAILURE_DIR)."""
         from autotune.trials.protocol import SPEC_NAME
 
-        aside = trial_dir / WARM_OOM_DIR
+        aside = trial_dir / WARM_FAILURE_DIR
         aside.mkdir(exist_ok=True)
         for path in trial_dir.iterdir():
             if path.is_file() and path.name != SPEC_NAME:
