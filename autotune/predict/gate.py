@@ -43,7 +43,11 @@ MEMORY_ERROR_BAND: dict[str, float] = {
     # over the OK trials of tests/data/measured_trials.json (megatron-core 0.16.1, with and
     # without TE 2.11). A band, not a fit; tests/test_memory_options.py recomputes it from the
     # data. Both GPUs' worst is the caching allocator's reserve over its allocated peak, which
-    # the model misses (issue 28's to fix; the bands narrow with it):
+    # no term of the layout predicts: it repeats for a layout but follows the order of the
+    # step's allocations (one 6.14 GiB logits block left 0.46 to 7.54 GiB across recompute
+    # counts), and every term of the logits block that narrows the bands over-predicts others
+    # and puts layouts that ran over the usable memory
+    # (results/benchmarks/2026-11-27-cpu-memory-reserve.md, which says what might narrow them):
     # - h100-80gb 11.2%: s8-fp8-l3b/mbs2-pao-delayed, Llama-3.2-3B at mbs 2 with FP8 delayed
     #   scaling and the precision-aware optimizer, 76.2 GiB used, 67.7 predicted, 7.4 GiB of it
     #   reserve. 5.7% before the FP8 trials joined (s7-xl32k-grid/3), 5.0% before 2026-11-25.

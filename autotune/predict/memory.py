@@ -87,7 +87,18 @@ class MemoryParams:
     """NCCL channel buffers per communicator a rank uses (NCCL_BUFFSIZE 4 MiB x channels x
     peers, plus proxy state); fitted as above."""
     fragmentation: float = 0.039
-    """PyTorch caching-allocator reserve beyond the peak allocated bytes, as a fraction."""
+    """PyTorch caching-allocator reserve beyond the peak allocated bytes, as a fraction: a fitted
+    average, not a term of the layout. The allocator serves a request from the smallest cached
+    block that fits and splits it; blocks of different cudaMalloc segments never merge
+    (c10/cuda/CUDACachingAllocator.cpp, its opening comment and Note [Expandable Segments]). So
+    what it keeps above the peak follows the order and sizes of every allocation of a step,
+    e.g. optimizer state made or widened inside the step (TE FusedAdam's, under the
+    precision-aware optimizer) splitting the segments the freed activations left. Measured
+    (max reserved - max allocated): 0.1 to 3 fp32 logits blocks, the same on an H100 and an
+    H200 for one layout, but not monotonic in any size this model knows; a term of the logits
+    block that narrows the gate's band over-predicts other layouts and puts some that ran over
+    the usable memory (results/benchmarks/2026-11-27-cpu-memory-reserve.md). The worker runs
+    the allocator's default segments (it sets no PYTORCH_CUDA_ALLOC_CONF)."""
 
 
 DEFAULT_MEMORY_PARAMS = MemoryParams()
