@@ -145,6 +145,13 @@ def test_gc_pauses_count_each_pass() -> None:
     assert pauses.count == 1 and pauses.longest_s >= 0
 
 
+def test_gc_pauses_split_at_the_first_timed_step() -> None:
+    pauses = GcPauses(passes=[(1.0, 0.02), (2.0, 0.01), (5.0, 0.004)])
+    assert pauses.since(0.0) == (3, pytest.approx(0.034))
+    assert pauses.since(2.0) == (2, pytest.approx(0.014))
+    assert pauses.since(6.0) == (0, 0)
+
+
 @pytest.mark.parametrize(("line", "ticks"), [
     ("cpu  10 0 20 300 4 0 1 7 0 0", 7),
     ("cpu  10 0 20", None),

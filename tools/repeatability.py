@@ -16,7 +16,8 @@ timed steps, so that every spread is over the same number of steps.
 Per trial (trials.jsonl): tokens/s, the timed steps, their spread (step_time_cv), the host's CPU
 seconds against wall seconds over the timed steps (this rank's process, all threads), the
 machine's steal seconds (/proc/stat), the process's threads, the garbage collector's passes and
-their seconds (gc.callbacks; none expected: the worker holds it off), and from NVML the SM
+their seconds over the timed steps (gc.callbacks; none expected: the worker holds it off;
+gc_pauses_all_steps counts the warm-up's too), and from NVML the SM
 clock, power, temperature, utilization (1 - utilization: the GPU's idle share, a cheap stand-in
 for the gaps between kernels, which would need a profiler) and clock event reasons.
 
@@ -77,6 +78,7 @@ def _row(kind: str, round_: int, s: Layout, trial_dir: Path, wall_s: float,
         "wall_s": wall_s, "cpu_s": host.get("cpu_s"), "host_wall_s": host.get("wall_s"),
         "steal_s": host.get("steal_s"), "threads": host.get("threads"),
         "gc_pauses": host.get("gc_pauses"), "gc_pause_s": host.get("gc_pause_s"),
+        "gc_pauses_all_steps": host.get("gc_pauses_all_steps"),
         "step_times_s": host.get("step_times_s"),
         "sm_mhz": clocks.sm_mhz.median if clocks and clocks.sm_mhz else None,
         "sm_mhz_min": clocks.sm_mhz.min if clocks and clocks.sm_mhz else None,

@@ -36,6 +36,11 @@ class GcPauses:
     count: int = 0
     total_s: float = 0.0
     longest_s: float = 0.0
+    passes: list[tuple[float, float]] = field(default_factory=list)
+    """Each pass's start (time.perf_counter) and seconds: which steps it fell in. Passes in the
+    warm-up (first steps: lazy initialisation, compiles) leave the trial's figure alone; only
+    the timed steps' ones are noise in it. 2 x H200, 2026-11-27: 0-6 passes per trial with the
+    collector off, not known in which steps before this split."""
     _began: float | None = None
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
@@ -46,7 +51,13 @@ class GcPauses:
             self.count += 1
             self.total_s += pause
             self.longest_s = max(self.longest_s, pause)
+            self.passes.append((self._began, pause))
             self._began = None
+
+    def since(self, start: float) -> tuple[int, float]:
+        """The passes that began at or after `start` (a perf_counter time): count, seconds."""
+        mine = [s for began, s in self.passes if began >= start]
+        return len(mine), sum(mine)
 
 
 @contextmanager

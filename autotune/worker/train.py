@@ -41,7 +41,8 @@ class StepTimes:
     """This rank's GPU during the timed steps (autotune.worker.clocks); None without NVML."""
     host: dict[str, Any] | None = None
     """This rank's host during the timed steps (autotune.worker.host.HostWatch.over), with
-    the garbage collector's passes (gc_pauses, gc_pause_s: none while it is held off)."""
+    the garbage collector's passes over the timed steps (gc_pauses, gc_pause_s: none while it
+    is held off) and over all steps, warm-up included (gc_pauses_all_steps)."""
 
     @property
     def times_s(self) -> tuple[float, ...]:
@@ -198,11 +199,13 @@ def train(spec: TrialSpec, model: list[Any], optimizer: Any, config: Any) -> Ste
         host.mark()
     first_timed = len(starts) - len(timing.timed_s)
     clocks = sampler.summary(since=starts[first_timed])
+    timed_passes, timed_pause_s = pauses.since(starts[first_timed])
     return StepTimes(timing=timing, loss=_mean_loss(losses),
                      step_losses=tuple(step_losses) if losses else (),
                      clocks=clocks if clocks.samples else None,
-                     host={**host.over(first_timed), "gc_pauses": pauses.count,
-                           "gc_pause_s": pauses.total_s})
+                     host={**host.over(first_timed), "gc_pauses": timed_passes,
+                           "gc_pause_s": timed_pause_s,
+                           "gc_pauses_all_steps": pauses.count})
 
 
 def _mean_loss(losses: list[dict[str, Any]]) -> float | None:
