@@ -219,7 +219,8 @@ def test_metrics_from_ranks_uses_model_flops() -> None:
 
     spec = _spec("gpt2-xl", dp=2, mbs=8, gbs=64)
     ranks = [{"rank": r, "loss": 10.5 if r == 1 else None, "peak_allocated_bytes": 10 + r,
-              "peak_reserved_bytes": 20 + r, "device_used_bytes": None} for r in (1, 0)]
+              "peak_reserved_bytes": 20 + r, "device_used_bytes": None,
+              "outside_torch_at_start_bytes": 30 + r} for r in (1, 0)]
     from autotune.trials.trial import StopReason
     from autotune.worker.timing import Timing
     from autotune.worker.train import StepTimes
@@ -238,6 +239,7 @@ def test_metrics_from_ranks_uses_model_flops() -> None:
     assert metrics.peak_allocated_bytes == 11 and metrics.loss_finite is True
     assert [r.rank for r in metrics.ranks] == [0, 1]
     assert metrics.device_used_bytes is None
+    assert data["outside_torch_at_start_bytes"] == 31  # the most any rank held
 
 
 # --- SDPA core attention ------------------------------------------------------------------

@@ -166,6 +166,9 @@ def metrics_from_ranks(spec: TrialSpec, steps: StepTimes, ranks: list[dict[str, 
     )
     data = metrics.to_dict()
     data["step_times_s"] = list(times_s)
+    outside = [r["outside_torch_at_start_bytes"] for r in ranks
+               if r.get("outside_torch_at_start_bytes") is not None]
+    data["outside_torch_at_start_bytes"] = max(outside) if outside else None
     data["warmup_step_times_s"] = list(steps.timing.warmup_s)
     data["loss"] = sum(losses) / len(losses) if losses else None
     data["worker_phases_s"] = phases_s
@@ -236,6 +239,14 @@ def run_trial(spec: TrialSpec, out_dir: Path, local_rank: int, phases: dict[str,
 
     t0 = time.perf_counter()
     _check_impl(spec)
+    # What the process holds outside torch's allocator before this trial (CUDA context, NCCL,
+    # loaded kernels; NVML's figure less torch's reserve): in a warm pool it grew from 3.5 to
+    # 7.0-7.6 GiB over a 4-GPU search and stood at 3.4 GiB in a fresh process
+    # (results/benchmarks/2026-11-27-h200x4-issue30-s12.md), so a warm trial's device-used
+    # figure carries what earlier trials left. On record, per rank, to tell the two apart.
+    used_at_start = nvml_device_used_bytes(local_rank)
+    outside_at_start = None if used_at_start is None else \
+        used_at_start - int(torch.cuda.memory_reserved())
     init_model_parallel(spec, phases)
     rank = dist.get_rank()
     if spec.layout.impl == "sdpa":
@@ -254,6 +265,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, local_rank: int, phases: dict[str,
             "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
             "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
             "device_used_bytes": nvml_device_used_bytes(local_rank),
+            "outside_torch_at_start_bytes": outside_at_start,
             "clocks": None if steps.clocks is None else steps.clocks.to_dict(),
             "host": steps.host}
     gathered: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
