@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout, check
 from autotune.levers.fp8 import (
     CAST_BYTES_PER_ELEMENT,
+    MEASURED_FIT,
     Constants,
     Fp8,
     Fp8Recipe,
@@ -629,3 +631,28 @@ def test_measured_fp8_trials_rank_against_bf16_as_measured(model: ModelSpec,
         # FP8 wins where it won, and loses where it lost.
         assert (predicted[recipe] > predicted["off"]) == (tokens > measured["off"]), recipe
 
+
+# Every FP8 trial of tests/data/measured_trials.json (17: gpt2-xl mbs 8/16 and Llama-3.2-3B mbs
+# 1/2 on one H100, 2026-11-25 and -27, TE 2.11), by tools/fp8_errors.py
+# (results/benchmarks/2026-11-27-cpu-fp8-cost.md): the shipped constants' step-time error
+# (median, worst), and held out: the host floors (MEASURED_FIT) fitted to the other family's
+# FP8 trials, everything else as shipped. Each bound about one point above today's figure
+# (6.9%, 12.4%; 7.4%, 18.8%). Over the issue's 10%: the same layout measured on both days is
+# up to 23% apart (gpt2-xl mbs 8 blockwise), so no model comes within 10.4% of both runs.
+FP8_STEP_ERROR = (0.08, 0.135)
+FP8_STEP_ERROR_HELD_OUT = (0.085, 0.2)
+
+
+def test_fp8_step_time_error_does_not_regress() -> None:
+    from autotune.predict.calibration import held_out_step_errors, load_trials
+
+    trials = [t for t in load_trials(Path(__file__).parent / "data" / "measured_trials.json")
+              if t[2].fp8 != Fp8.OFF]
+    assert len(trials) >= 17 and len({t[0] for t in trials}) >= 2
+    shipped = [abs(estimate_cost(m, s, c).step_time_s / step - 1)
+               for _, m, s, c, step, _ in trials]
+    held = [abs(e) for e in held_out_step_errors(trials, MEASURED_FIT)]
+    assert median(shipped) <= FP8_STEP_ERROR[0], shipped
+    assert max(shipped) <= FP8_STEP_ERROR[1], shipped
+    assert median(held) <= FP8_STEP_ERROR_HELD_OUT[0], held
+    assert max(held) <= FP8_STEP_ERROR_HELD_OUT[1], held
