@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{statistics.median(r['error'] for r in group):+.1%} | "
                 f"{statistics.median(r['held_out'] for r in group):+.1%} |"
             )
-    print("\n| layout measured more than once | runs s | spread | best any model can do |")
+    print("\n| layout measured more than once | runs: step s | spread | best any model can do |")
     print("|---|---|---|---|")
     floor = 0.0
     repeats: dict[Any, list[dict[str, Any]]] = defaultdict(list)
@@ -116,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         times = sorted(r["measured"] for r in group)
         best = (times[-1] - times[0]) / (times[-1] + times[0])
         floor = max(floor, best)
+        runs = ", ".join(f"{r['source']}: {r['measured']:.3f}" for r in group)
         print(
-            f"| {', '.join(r['source'] for r in group)} | "
-            f"{', '.join(f'{t:.3f}' for t in times)} | {times[-1] / times[0] - 1:.1%} | "
-            f"±{best:.1%} |"
+            f"| {group[0]['family']} {group[0]['recipe']} mbs {group[0]['mbs']} | {runs} | "
+            f"{times[-1] / times[0] - 1:.1%} | ±{best:.1%} |"
         )
     print(
         f"\nNo model predicts every FP8 trial within {floor:.1%}: the widest pair of runs of "
