@@ -71,8 +71,9 @@ HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
     "llama-1b/h200": (0.164, 0.067, 0.117),           # 15.4%, 5.4%, 10.5%
     # llama-3b/h100's memory worst: 10.0% since the FP8 trials of 2026-11-25 joined the data
     # (s8-fp8-l3b/mbs2-pao-*: the allocator's reserve with the precision-aware optimizer, the
-    # miss results/benchmarks/2026-11-25-h100-fp8.md reported); 3.6% before.
-    "llama-3b/h100-80gb": (0.077, 0.042, 0.11),       # 6.7%, 3.2%, 10.0%
+    # miss results/benchmarks/2026-11-25-h100-fp8.md reported); 3.6% before. Its step median
+    # 7.0% since FP8's casts are priced by recipe (2026-11-27-cpu-fp8-cost.md; 6.7% before).
+    "llama-3b/h100-80gb": (0.077, 0.042, 0.11),       # 7.0%, 3.2%, 10.0%
     "llama2-13b/h200": (0.056, 0.027, 0.049),         # 4.6%, 1.7%, 3.9%
     "llama3-8b/h200": (0.031, 0.02, 0.03),            # 2.1%, 1.0%, 2.0%
     "wide-8k/h100-80gb": (0.115, 0.022, 0.033),       # 10.5%, 1.2%, 2.3%

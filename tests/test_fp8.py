@@ -3,18 +3,24 @@ cost terms, and the warnings a user's command gets for FP8 flags autotune does n
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import pytest
 
+from autotune.dimensions import Impl, Recompute
 from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout, check
 from autotune.levers.fp8 import (
     CAST_BYTES_PER_ELEMENT,
+    MEASURED_FIT,
+    Constants,
     Fp8,
     Fp8Recipe,
+    cast_elements,
+    gemm_dims,
     gemm_speedup,
     recipes_on,
 )
@@ -40,6 +46,13 @@ H100x8 = ClusterSpec.make(8, gpu="h100-80gb")
 BF16 = Layout(mbs=16, gbs=64, impl="te")
 FP8 = replace(BF16, fp8=Fp8.HYBRID)
 DP8 = Layout(dp=8, mbs=4, gbs=64, impl="te", distributed_optimizer=True)
+LLAMA_3B_4K = replace(load_model("tests/data/hf/llama-3.2-3b.json"), seq_length=4096)
+PAO = dict(distributed_optimizer=True, precision_aware_optimizer=True)
+XL8 = Layout(mbs=8, gbs=64, impl=Impl.TE)
+"""Host-bound under FP8: measured GPU busy 35-41% (results/benchmarks/2026-11-25-h100-fp8.md)."""
+L3B2 = Layout(mbs=2, gbs=8, impl=Impl.TE, distributed_optimizer=True,
+              precision_aware_optimizer=True)
+"""GPU-bound under FP8 (97% busy): FP8 12-21% faster, measured."""
 
 
 def _cluster(gpu: str, gpus: int = 1) -> ClusterSpec:
@@ -312,13 +325,110 @@ def test_fp8_pays_only_for_large_gemms_and_a_busy_gpu(model: ModelSpec, layout: 
     assert (fp8 < bf16) == faster, (gemm_size(model, layout), bf16, fp8)
 
 
-def test_current_scaling_pays_an_amax_pass() -> None:
-    """tensorwise reads each tensor once more before casting it (CAST_BYTES_PER_ELEMENT)."""
-    assert CAST_BYTES_PER_ELEMENT[Fp8Recipe.TENSORWISE] > CAST_BYTES_PER_ELEMENT[
-        Fp8Recipe.DELAYED]
-    delayed = estimate_cost(XL, FP8, H100).compute_s
-    tensorwise = estimate_cost(XL, replace(FP8, fp8_recipe=Fp8Recipe.TENSORWISE), H100)
-    assert tensorwise.compute_s > delayed
+@pytest.mark.parametrize("model", [XL, LLAMA, load_model("mixtral-8x7b")])
+@pytest.mark.parametrize("layout", [FP8, replace(FP8, tp=2, sequence_parallel=True)])
+def test_every_gemm_input_and_output_gradient_is_cast_once(model: ModelSpec,
+                                                           layout: Layout) -> None:
+    """cast_elements splits the elements TE quantizes per token into those its norm kernel
+    writes (the QKV input; a dense MLP's fc1 input) and the rest; together, each GEMM's input
+    and output gradient once."""
+    norm, plain = cast_elements(model, layout)
+    sp = layout.tp if layout.sequence_parallel else 1
+    k = model.moe_topk if model.is_moe else 1
+    (_, h, qkv), (_, heads, _), (_, _, fc1), (_, f, _) = gemm_dims(model, layout)
+    assert h == model.hidden_size
+    assert norm == pytest.approx(h / sp * (1 if model.is_moe else 2))
+    assert norm + plain == pytest.approx(h / sp + heads + k * (h / sp + f)
+                                         + qkv + h / sp + k * (fc1 + h / sp))
+
+
+TP2SP = Layout(tp=2, mbs=4, gbs=64, impl=Impl.TE, sequence_parallel=True)
+H200 = ClusterSpec.make(1, gpu="h200")
+H100x2 = ClusterSpec.make(2, gpu="h100-80gb")
+
+
+def _with(layout: Layout, recipe: str) -> Layout:
+    return replace(layout, fp8=Fp8.HYBRID, fp8_recipe=Fp8Recipe(recipe))
+
+
+def _compute(layout: Layout, recipe: str, cluster: ClusterSpec = H100) -> float:
+    """The step's GPU work (layers and logits): where the recipes' casts show."""
+    return estimate_cost(XL, _with(layout, recipe), cluster).compute_s
+
+
+@pytest.mark.parametrize(("lesser", "greater"), [
+    # FP8 gains less at small GEMMs, and nothing below x = 427 (H100 and H200: the same peaks).
+    pytest.param(lambda: gemm_speedup(512, gpu_spec("h100-80gb"), CostParams()),
+                 lambda: gemm_speedup(4096, gpu_spec("h100-80gb"), CostParams()),
+                 id="gemm-gain-grows-with-the-gemm"),
+    pytest.param(lambda: gemm_speedup(256, gpu_spec("h200"), CostParams()), lambda: 1.0,
+                 id="small-gemm-slower-in-fp8"),
+    # The casts by recipe at one shape (CAST_BYTES_PER_ELEMENT): delayed's norm kernel writes
+    # FP8 itself; block scaling quantizes the norm's bf16 output in a kernel of its own (and
+    # writes scales); current scaling reads every other tensor once more for its amax.
+    pytest.param(lambda: CAST_BYTES_PER_ELEMENT[Fp8Recipe.DELAYED].norm,
+                 lambda: CAST_BYTES_PER_ELEMENT[Fp8Recipe.DELAYED].plain,
+                 id="delayed-normalized-input-cheaper-than-plain"),
+    pytest.param(lambda: _compute(BF16, "delayed"), lambda: _compute(BF16, "blockwise"),
+                 id="blockwise-casts-cost-more-than-delayed"),
+    pytest.param(lambda: _compute(BF16, "blockwise"), lambda: _compute(BF16, "tensorwise"),
+                 id="tensorwise-casts-cost-more-than-blockwise"),
+    # H200's faster HBM (4.8 against 3.35 TB/s) makes the same extra casts cheaper.
+    pytest.param(lambda: _compute(BF16, "tensorwise", H200) - _compute(BF16, "delayed", H200),
+                 lambda: _compute(BF16, "tensorwise") - _compute(BF16, "delayed"),
+                 id="casts-cheaper-on-h200"),
+    # TE's host time: block scaling computes its scales from the tensor, like current scaling
+    # (fp8_current_layer_host_s); at gpt2-xl mbs 8 the layers wait on the host.
+    pytest.param(lambda: estimate_cost(XL, _with(XL8, "delayed"), H100).launch_s,
+                 lambda: estimate_cost(XL, _with(XL8, "blockwise"), H100).launch_s,
+                 id="blockwise-host-floor-above-delayed"),
+    pytest.param(lambda: estimate_cost(XL, XL8, H100).step_time_s,
+                 lambda: estimate_cost(XL, _with(XL8, "delayed"), H100).step_time_s,
+                 id="fp8-loses-where-host-bound"),
+    pytest.param(lambda: estimate_cost(LLAMA_3B_4K, _with(L3B2, "delayed"), H100).step_time_s,
+                 lambda: estimate_cost(LLAMA_3B_4K, L3B2, H100).step_time_s,
+                 id="fp8-wins-where-gpu-bound"),
+    # Current scaling agrees on each sequence-parallel tensor's amax across the TP group.
+    pytest.param(lambda: estimate_cost(XL, _with(TP2SP, "delayed"), H100x2).tp_comm_s,
+                 lambda: estimate_cost(XL, _with(TP2SP, "tensorwise"), H100x2).tp_comm_s,
+                 id="tensorwise-sp-amax-all-reduces"),
+])
+def test_fp8_cost_behaviour(lesser: Any, greater: Any) -> None:
+    assert lesser() < greater()
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    # The GEMM crossover is the peaks' ratio's, which H100 and H200 share.
+    pytest.param(lambda: gemm_speedup(427, gpu_spec("h100-80gb"), CostParams()),
+                 lambda: gemm_speedup(427, gpu_spec("h200"), CostParams()),
+                 id="same-gemm-rate-on-h100-and-h200"),
+    # Without sequence parallelism no amax is reduced across ranks (with_amax_reduction).
+    pytest.param(lambda: estimate_cost(XL, _with(replace(TP2SP, sequence_parallel=False),
+                                                 "tensorwise"), H100x2).tp_comm_s,
+                 lambda: estimate_cost(XL, _with(replace(TP2SP, sequence_parallel=False),
+                                                 "delayed"), H100x2).tp_comm_s,
+                 id="no-amax-all-reduce-without-sp"),
+    # bf16 reads none of FP8's constants.
+    pytest.param(lambda: estimate_cost(XL, XL8, H100),
+                 lambda: estimate_cost(XL, XL8, H100, replace(CostParams(), **{
+                     f.name: 2 * getattr(CostParams(), f.name) for f in fields(Constants)})),
+                 id="bf16-unchanged-by-fp8-constants"),
+])
+def test_fp8_cost_invariants(a: Any, b: Any) -> None:
+    assert a() == b()
+
+
+def test_tensorwise_amax_all_reduces_are_latency() -> None:
+    """Two a pass (the column-parallel inputs forward, the row-parallel output gradients
+    backward), each one collective's latency: forward, backward, and again in a recomputed
+    forward."""
+    p = CostParams()
+    for recompute, passes in ((Recompute.NONE, 2), (Recompute.FULL, 3)):
+        s = replace(TP2SP, recompute=recompute)
+        extra = (estimate_cost(XL, _with(s, "tensorwise"), H100x2).tp_comm_s
+                 - estimate_cost(XL, _with(s, "delayed"), H100x2).tp_comm_s)
+        assert extra == pytest.approx(
+            2 * passes * XL.num_layers * s.num_microbatches * p.collective_latency_s)
 
 
 def test_the_cast_constant_is_priced() -> None:
@@ -495,8 +605,6 @@ def test_measured_fp8_trials_fit_the_fp8_constants() -> None:
     assert fitted.fp8_layer_host_s == pytest.approx(0.012, rel=0.05)
 
 
-LLAMA_3B_4K = replace(load_model("tests/data/hf/llama-3.2-3b.json"), seq_length=4096)
-PAO = dict(distributed_optimizer=True, precision_aware_optimizer=True)
 
 
 @pytest.mark.parametrize(("model", "fields", "measured"), [
@@ -522,3 +630,29 @@ def test_measured_fp8_trials_rank_against_bf16_as_measured(model: ModelSpec,
             assert predicted[recipe] == pytest.approx(tokens, rel=0.16), recipe
         # FP8 wins where it won, and loses where it lost.
         assert (predicted[recipe] > predicted["off"]) == (tokens > measured["off"]), recipe
+
+
+# Every FP8 trial of tests/data/measured_trials.json (17: gpt2-xl mbs 8/16 and Llama-3.2-3B mbs
+# 1/2 on one H100, 2026-11-25 and -27, TE 2.11), by tools/fp8_errors.py
+# (results/benchmarks/2026-11-27-cpu-fp8-cost.md): the shipped constants' step-time error
+# (median, worst), and held out: the host floors (MEASURED_FIT) fitted to the other family's
+# FP8 trials, everything else as shipped. Each bound about one point above today's figure
+# (6.9%, 12.4%; 7.4%, 18.8%). Over the issue's 10%: the same layout measured on both days is
+# up to 23% apart (gpt2-xl mbs 8 blockwise), so no model comes within 10.4% of both runs.
+FP8_STEP_ERROR = (0.08, 0.135)
+FP8_STEP_ERROR_HELD_OUT = (0.085, 0.2)
+
+
+def test_fp8_step_time_error_does_not_regress() -> None:
+    from autotune.predict.calibration import held_out_step_errors, load_trials
+
+    trials = [t for t in load_trials(Path(__file__).parent / "data" / "measured_trials.json")
+              if t[2].fp8 != Fp8.OFF]
+    assert len(trials) >= 17 and len({t[0] for t in trials}) >= 2
+    shipped = [abs(estimate_cost(m, s, c).step_time_s / step - 1)
+               for _, m, s, c, step, _ in trials]
+    held = [abs(e) for e in held_out_step_errors(trials, MEASURED_FIT)]
+    assert median(shipped) <= FP8_STEP_ERROR[0], shipped
+    assert max(shipped) <= FP8_STEP_ERROR[1], shipped
+    assert median(held) <= FP8_STEP_ERROR_HELD_OUT[0], held
+    assert max(held) <= FP8_STEP_ERROR_HELD_OUT[1], held

@@ -247,6 +247,10 @@ class CostState:
     stored activation (the implementation's fusions)."""
     layer_launch_extra_s: float = 0.0
     """Host time per layer and micro-batch beyond CostParams.layer_launch_s (TE's modules)."""
+    layer_tp_extra_s: float = 0.0
+    """Seconds per pass (forward, backward, recomputed forward) of one layer that a lever adds
+    to the tensor-parallel collectives on its critical path (current scaling's amax
+    all-reduces)."""
     layer_host_floor_s: float = 0.0
     """Host seconds per layer and micro-batch (forward and backward) that a path spends issuing
     its work (TE's FP8 quantizers): the layers take at least this long, however short their

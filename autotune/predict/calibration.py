@@ -36,6 +36,7 @@ __all__ = [
     "Sample",
     "fit_cost_params",
     "fit_memory_params",
+    "held_out_step_errors",
     "lever_fit_fields",
     "load_calibration",
     "save_calibration",
@@ -293,3 +294,21 @@ def cross_validate(trials: Sequence[Trial], *, start_cost: CostParams | None = N
                                 step_shipped=statistics.median(step_sh),
                                 memory_shipped=statistics.median(mem_sh)))
     return CrossValidation(families=tuple(rows), cost=all_cost, memory=all_memory)
+
+
+def held_out_step_errors(trials: Sequence[Trial], names: Sequence[str], *,
+                         start: CostParams | None = None) -> list[float]:
+    """Leave-one-family-out for a few cost constants: each trial's step-time error (predicted /
+    measured - 1, in the order of `trials`) with `names` fitted to the trials of the other
+    families and every other constant held at `start` (the shipped defaults), so that a
+    lever's constants are judged on models they were not fitted to, with nothing else moving
+    (the FP8 trials: tests/test_fp8.py). Needs two families at least."""
+    start = start or CostParams()
+    errors: dict[int, float] = {}
+    for family in sorted({t[0] for t in trials}):
+        rest = [(m, s, c, step) for f, m, s, c, step, _ in trials if f != family]
+        fitted = fit_cost_params(rest, names=names, start=start)
+        for i, (f, m, s, c, step, _) in enumerate(trials):
+            if f == family:
+                errors[i] = estimate_cost(m, s, c, fitted).step_time_s / step - 1
+    return [errors[i] for i in range(len(trials))]
