@@ -54,30 +54,32 @@ def test_fit_rejects_bad_samples() -> None:
 
 
 # Leave-one-family-out over tests/data/measured_trials.json (tools/fit_constants.py;
-# results/benchmarks/2026-11-27-cpu-constants-cv-s10.md), measured 2026-11-27 with the 200 OK
-# trials (187 before llama2-13b's of session 12, 164 before the FP8 trials of 2026-11-25 and
-# 2026-11-27): (held-out step-time median, memory median, memory worst) per family, each bound
-# about one point above today's figure. Over the issue's 10% target: llama-1b on H200 (15.4%, the
-# attention term at seq 16384-32768) and wide-8k on H100 (hidden 8192: 10.5%; 11.8% before
-# llama2-13b's trials, 13.9% on H200, now 9.7%: the 13B model's GEMMs pin the shared GEMM
+# results/benchmarks/2026-11-27-cpu-constants-cv-s10.md), measured 2026-11-27 with the 212 OK
+# trials (187 before session 12's llama2-13b and 2-GPU FP8 trials, 164 before the FP8 trials of
+# 2026-11-25 and 2026-11-27): (held-out step-time median, memory median, memory worst) per
+# family, each bound about one point above today's figure. Over the issue's 10% target: llama-1b
+# on H200 (15.1%, the
+# attention term at seq 16384-32768) and wide-8k on H100 (hidden 8192: 10.7%; 11.8% before
+# session 12's trials, 13.9% on H200, now 9.5%: the 13B model's GEMMs pin the shared GEMM
 # efficiency); llama-1b on H200's memory (5.4% median, 10.5% worst, seq 16384) is over its 5%.
 HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
     "gpt-3.6b/h100-80gb": (0.054, 0.051, 0.059),      # 4.4%, 4.1%, 4.9%
     "gpt2-large/h100-80gb": (0.021, 0.022, 0.053),    # 1.1%, 0.9%, 3.9%
-    "gpt2-large/h200": (0.056, 0.045, 0.069),         # 4.2%, 3.5%, 5.9%
+    "gpt2-large/h200": (0.06, 0.046, 0.077),          # 5.0%, 3.6%, 6.7%
     "gpt2-xl/h100-80gb": (0.036, 0.03, 0.083),        # 2.6%, 2.0%, 7.3%
-    "gpt2-xl/h200": (0.068, 0.028, 0.057),            # 5.7%, 1.8%, 4.5%
+    "gpt2-xl/h200": (0.072, 0.028, 0.057),            # 6.2%, 1.8%, 4.7%
     "llama-1b/h100-80gb": (0.062, 0.038, 0.038),      # 4.7%, 2.4%, 2.4%
-    "llama-1b/h200": (0.164, 0.067, 0.117),           # 15.4%, 5.4%, 10.5%
+    "llama-1b/h200": (0.164, 0.067, 0.117),           # 15.1%, 5.4%, 10.5%
     # llama-3b/h100's memory worst: 10.0% since the FP8 trials of 2026-11-25 joined the data
     # (s8-fp8-l3b/mbs2-pao-*: the allocator's reserve with the precision-aware optimizer, the
     # miss results/benchmarks/2026-11-25-h100-fp8.md reported); 3.6% before. Its step median
     # 7.0% since FP8's casts are priced by recipe (2026-11-27-cpu-fp8-cost.md; 6.7% before).
-    "llama-3b/h100-80gb": (0.077, 0.042, 0.11),       # 7.0%, 3.2%, 10.0%
-    "llama2-13b/h200": (0.056, 0.027, 0.049),         # 4.6%, 1.7%, 3.9%
+    "llama-3b/h100-80gb": (0.088, 0.042, 0.112),      # 7.8%, 3.0%, 10.2%
+    "llama-3b/h200": (0.074, 0.027, 0.059),           # 6.4%, 1.7%, 4.9%
+    "llama2-13b/h200": (0.062, 0.027, 0.049),         # 5.2%, 1.7%, 3.9%
     "llama3-8b/h200": (0.031, 0.02, 0.03),            # 2.1%, 1.0%, 2.0%
-    "wide-8k/h100-80gb": (0.115, 0.022, 0.033),       # 10.5%, 1.2%, 2.3%
-    "wide-8k/h200": (0.107, 0.024, 0.05),             # 9.7%, 1.4%, 3.8%
+    "wide-8k/h100-80gb": (0.117, 0.022, 0.034),       # 10.7%, 1.2%, 2.4%
+    "wide-8k/h200": (0.107, 0.024, 0.05),             # 9.5%, 1.4%, 3.8%
 }
 
 

@@ -632,23 +632,35 @@ def test_measured_fp8_trials_rank_against_bf16_as_measured(model: ModelSpec,
         assert (predicted[recipe] > predicted["off"]) == (tokens > measured["off"]), recipe
 
 
-# Every FP8 trial of tests/data/measured_trials.json (17: gpt2-xl mbs 8/16 and Llama-3.2-3B mbs
-# 1/2 on one H100, 2026-11-25 and -27, TE 2.11), by tools/fp8_errors.py
+# Every FP8 trial of tests/data/measured_trials.json but the known miss below (24: gpt2-xl mbs
+# 8/16 and Llama-3.2-3B mbs 1/2 on one H100, 2026-11-25 and -27; Llama-3.2-3B mbs 2 at dp 2 and
+# tp 2 on two H200, 2026-11-27; TE 2.11), by tools/fp8_errors.py
 # (results/benchmarks/2026-11-27-cpu-fp8-cost.md): the shipped constants' step-time error
-# (median, worst), and held out: the host floors (MEASURED_FIT) fitted to the other family's
+# (median, worst), and held out: the host floors (MEASURED_FIT) fitted to the other families'
 # FP8 trials, everything else as shipped. Each bound about one point above today's figure
-# (6.9%, 12.4%; 7.4%, 18.8%). Over the issue's 10%: the same layout measured on both days is
-# up to 23% apart (gpt2-xl mbs 8 blockwise), so no model comes within 10.4% of both runs.
-FP8_STEP_ERROR = (0.08, 0.135)
-FP8_STEP_ERROR_HELD_OUT = (0.085, 0.2)
+# (7.0%, 14.3%; 7.4%, 20.8%; 6.9%, 12.4%; 7.4%, 18.8% over the 17 H100 trials before). Over
+# the issue's 10%: the same layout measured on two days is up to 23% apart (gpt2-xl mbs 8
+# blockwise), so no model comes within 10.4% of both runs.
+FP8_STEP_ERROR = (0.08, 0.153)
+FP8_STEP_ERROR_HELD_OUT = (0.085, 0.218)
+
+
+def _known_miss(s: Layout) -> bool:
+    """Current (tensorwise) and block scaling under sequence parallelism: measured 15.4-15.8 ms
+    per layer and micro-batch on 2 x H200 against 9.4-9.9 without sequence parallelism and 10.0
+    for delayed scaling with it (GPU busy 51%), predicted 37-38% short
+    (results/benchmarks/2026-11-27-h200x4-issue30-s12.md). The host cost of these recipes'
+    sequence-parallel path is not modelled yet (issue 26): held apart, not bounded."""
+    return s.sequence_parallel and s.fp8_recipe in (Fp8Recipe.TENSORWISE, Fp8Recipe.BLOCKWISE)
 
 
 def test_fp8_step_time_error_does_not_regress() -> None:
     from autotune.predict.calibration import held_out_step_errors, load_trials
 
-    trials = [t for t in load_trials(Path(__file__).parent / "data" / "measured_trials.json")
-              if t[2].fp8 != Fp8.OFF]
-    assert len(trials) >= 17 and len({t[0] for t in trials}) >= 2
+    every = [t for t in load_trials(Path(__file__).parent / "data" / "measured_trials.json")
+             if t[2].fp8 != Fp8.OFF]
+    trials = [t for t in every if not _known_miss(t[2])]
+    assert len(trials) >= 24 and len({t[0] for t in trials}) >= 3
     shipped = [abs(estimate_cost(m, s, c).step_time_s / step - 1)
                for _, m, s, c, step, _ in trials]
     held = [abs(e) for e in held_out_step_errors(trials, MEASURED_FIT)]
@@ -656,3 +668,8 @@ def test_fp8_step_time_error_does_not_regress() -> None:
     assert max(shipped) <= FP8_STEP_ERROR[1], shipped
     assert median(held) <= FP8_STEP_ERROR_HELD_OUT[0], held
     assert max(held) <= FP8_STEP_ERROR_HELD_OUT[1], held
+    # The known miss stays a miss of the same sign (optimistic) until it is modelled: when a
+    # term prices it, this line goes and the two trials join the bounded set.
+    missed = [estimate_cost(m, s, c).step_time_s / step - 1
+              for _, m, s, c, step, _ in every if _known_miss(s)]
+    assert len(missed) == 2 and all(e < -0.3 for e in missed), missed
