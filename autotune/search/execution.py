@@ -29,6 +29,7 @@ from autotune.search.ladder import Ladder
 from autotune.search.layout_map import FrozenParams, LayoutMap
 from autotune.search.ledger import LayoutQueue, Ledger
 from autotune.search.loss_guard import (
+    GUARD_STEPS,
     REFERENCE_STEPS,
     compare_losses,
     guarded,
@@ -328,7 +329,9 @@ class TrialExecutor:
                          warmup_steps=cfg.warmup_steps, seed=cfg.seed,
                          gpu_peak_bf16_flops=cfg.cluster.gpu.peak_bf16_flops,
                          gpu_name=cfg.cluster.gpu.name, stable_cv=cfg.stable_cv,
-                         slow_below_tokens_per_s=slow_below)
+                         slow_below_tokens_per_s=slow_below,
+                         # The loss guard judges the end of a guarded trial's loss series.
+                         min_steps=GUARD_STEPS if guarded(s) else 0)
 
     def remeasure(self, trial: optuna.Trial, original: TrialRecord, *, fresh: bool) -> None:
         """Measure `original`'s layout again as trial `trial` (a finalist's repeat,

@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from autotune.layouts.layout import Layout
 from autotune.levers.fp8 import Fp8, Fp8Recipe
 
-__all__ = ["LOSS_TOLERANCE", "MIN_STEPS", "REFERENCE_STEPS", "SAME_ARITHMETIC", "WINDOW",
-           "LossVerdict", "compare_losses", "guarded", "same_arithmetic", "twin"]
+__all__ = ["GUARD_STEPS", "LOSS_TOLERANCE", "MIN_STEPS", "REFERENCE_STEPS", "SAME_ARITHMETIC",
+           "WINDOW", "LossVerdict", "compare_losses", "guarded", "same_arithmetic", "twin"]
 
 LOSS_TOLERANCE = 0.10
 """Largest gap between the FP8 trial's loss and its twin's over the last WINDOW steps, as a
@@ -45,6 +45,14 @@ MIN_STEPS = 3
 
 REFERENCE_STEPS = 10
 """Steps of the short bf16 reference run the search launches when the twin has not run."""
+
+GUARD_STEPS = 6
+"""The fewest steps a guarded trial runs before its timing may call it stable
+(TrialSpec.min_steps): the last WINDOW steps judged must lie past delayed scaling's first
+steps, which lag bf16 by up to 34.5% of the first loss at step 2 (2026-11-25-h100-fp8.md). Six
+is the fewest a stable trial ran before the timing's early window (one warm-up step and a
+window of five), the series the tolerance was set against; the early window would end a
+trial of long, steady steps after four, judging steps 2-4."""
 
 
 @dataclass(frozen=True, slots=True)

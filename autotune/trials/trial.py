@@ -83,6 +83,11 @@ class TrialSpec:
     (their relative standard error, autotune.worker.timing); 0: fixed step counts."""
     slow_below_tokens_per_s: float | None = None
     """Stop timing, pruned slow, once the measured steps show the trial cannot reach this."""
+    min_steps: int = 0
+    """The fewest steps, warm-up included, before the step time may be called stable
+    (autotune.worker.timing): what reads the trial's losses may need a longer series than its
+    timing (autotune.search.loss_guard.GUARD_STEPS). A trial pruned slow stops at its own
+    count."""
     seed: int = 1234
     gpu_peak_bf16_flops: float = 989e12
     """Peak of the GPU the trial runs on, for MFU."""
@@ -96,7 +101,8 @@ class TrialSpec:
                            "train_steps": self.train_steps, "warmup_steps": self.warmup_steps,
                            "seed": self.seed, "gpu_peak_bf16_flops": self.gpu_peak_bf16_flops,
                            "gpu_name": self.gpu_name, "stable_cv": self.stable_cv,
-                           "slow_below_tokens_per_s": self.slow_below_tokens_per_s},
+                           "slow_below_tokens_per_s": self.slow_below_tokens_per_s,
+                           "min_steps": self.min_steps},
                           indent=2)
 
     @classmethod
@@ -132,7 +138,10 @@ class TrialSpec:
                        gpu_name=gpu_name,
                        stable_cv=_real(data.get("stable_cv", 0.0), "stable_cv", source, low=0),
                        slow_below_tokens_per_s=None if slow is None else _real(
-                           slow, "slow_below_tokens_per_s", source, low=0))
+                           slow, "slow_below_tokens_per_s", source, low=0),
+                       # Written since the timing's early window; older specs have none.
+                       min_steps=(_whole(data, "min_steps", source, low=0)
+                                  if "min_steps" in data else 0))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"malformed trial spec {source}: {exc}") from exc
 
