@@ -143,7 +143,7 @@ def test_ctrl_c_stops_the_pool_and_is_reraised(tmp_path: Path) -> None:
 
 
 def test_idle_ranks_leave_when_the_orchestrator_is_gone(tmp_path: Path) -> None:
-    from autotune.worker.serve import _next_job
+    from autotune.worker.serve import next_job
 
     (tmp_path / "pool").mkdir()
     dead = os.fork()
@@ -153,11 +153,11 @@ def test_idle_ranks_leave_when_the_orchestrator_is_gone(tmp_path: Path) -> None:
     os.environ[POOL_PARENT_ENV] = f"{os.uname().nodename}:{dead}"
     try:
         start = time.monotonic()
-        assert _next_job(tmp_path / "pool", 0) is None
+        assert next_job(tmp_path / "pool", 0) is None
         assert time.monotonic() - start < 3
         os.environ[POOL_PARENT_ENV] = f"{os.uname().nodename}:{os.getpid()}"
         write_pool_job(tmp_path / "pool", PoolJob(0, tmp_path / "t.json", tmp_path))
-        job = _next_job(tmp_path / "pool", 0)
+        job = next_job(tmp_path / "pool", 0)
         assert job == PoolJob(0, tmp_path / "t.json", tmp_path)
     finally:
         del os.environ[POOL_PARENT_ENV]

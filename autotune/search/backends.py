@@ -4,11 +4,12 @@ or Megatron-LM's pretrain_gpt.py. Each backend turns a TrialSpec into TrialMetri
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from autotune.errors import ConfigError, parse_choice
+from autotune.errors import ConfigError, LaunchError, parse_choice
 from autotune.predict.cost import CostParams, estimate_cost
 from autotune.predict.memory import MemoryParams, estimate_memory
 from autotune.specs.hardware import ClusterSpec
@@ -18,10 +19,11 @@ from autotune.trials.trial import TrialMetrics, TrialSpec, TrialStatus
 
 if TYPE_CHECKING:
     from autotune.trials.pool import WarmPool
+    from autotune.trials.standby import Standby
 
-__all__ = ["CONFIRMED_COLD", "POOL_DIR", "WARM_FAILURE_DIR", "Backend", "BackendName", "Isolation",
-           "MegatronLMBackend", "SimulateBackend", "WorkerBackend", "make_backend",
-           "trial_timeout_s"]
+__all__ = ["CONFIRMED_COLD", "POOL_DIR", "STANDBY_DIR", "WARM_FAILURE_DIR", "Backend",
+           "BackendName", "Isolation", "MegatronLMBackend", "SimulateBackend", "WorkerBackend",
+           "make_backend", "trial_timeout_s"]
 
 
 class BackendName(enum.StrEnum):
@@ -51,6 +53,8 @@ class Isolation(enum.StrEnum):
         return parse_choice(cls, name, "isolation")
 
 
+log = logging.getLogger(__name__)
+
 POOL_DIR = "pool"
 """The warm pool's folder, beside the study's trials folder."""
 
@@ -62,6 +66,9 @@ CONFIRMED_COLD = frozenset({TrialStatus.OOM, TrialStatus.CRASH, TrialStatus.NCCL
 """Warm outcomes a fresh process confirms before they count: the pool's leftovers can cause
 them (WorkerBackend._confirm_cold). A timeout or a hang is not retried: it already cost its
 whole limit, and the pool restarts after one anyway."""
+
+STANDBY_DIR = "standby"
+"""The standby launch's folder (autotune.trials.standby), beside the study's trials folder."""
 
 LAUNCH_OVERHEAD_S = 60.0
 """Launch, rendezvous, model build and CUDA/NCCL initialisation before the first step; the
@@ -141,6 +148,11 @@ class WorkerBackend:
     """The worker's command for cold trials."""
     pool_worker: tuple[str, ...] | None = None
     """The command a pool's ranks run (None: the same as `worker`; the pool adds --serve)."""
+    standbys: dict[tuple[Path, int], Standby] = field(default_factory=dict, compare=False,
+                                                      repr=False)
+    """Standby launches started for a fresh run to come, by folder and ranks."""
+    standby_worker: tuple[str, ...] | None = None
+    """The command a standby's ranks run (None: `worker`; the standby adds --standby)."""
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
         from autotune.trials.metrics import metrics_from_run
@@ -160,12 +172,51 @@ class WorkerBackend:
     def run_fresh(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
         """Run a trial in a fresh process even where trials run warm (a finalist's cold
         repeat, autotune.search.finalists): the pools are stopped first, so that they hold no
-        GPU memory, and start again on the next trial. Backends without this method start
-        every trial fresh."""
-        if self.multi is None:
-            self.close()
-        return self.run(spec, trial_dir, timeout_s) if self.multi is not None \
-            else self._run_cold(spec, trial_dir, timeout_s)
+        GPU memory, and start again on the next trial. The process is the standby started for
+        it (`stand_by`) where there is one that can run it, else a launch of its own. Backends
+        without this method start every trial fresh."""
+        if self.multi is not None:
+            return self.run(spec, trial_dir, timeout_s)
+        for pool in self.pools.values():
+            pool.close()
+        from autotune.trials.metrics import metrics_from_run
+
+        standby = self.standbys.pop(self._standby_key(Path(trial_dir).parent,
+                                                      spec.layout.world_size), None)
+        if standby is not None:
+            try:
+                output = standby.run(spec, trial_dir, timeout_s)
+            finally:
+                standby.close()
+            if output is not None:
+                return metrics_from_run(output)
+        return self._run_cold(spec, trial_dir, timeout_s)
+
+    def stand_by(self, trials_dir: Path, nproc: int) -> None:
+        """Start now the fresh process that a later `run_fresh` of `nproc` ranks in the study
+        of `trials_dir` will run in (autotune.trials.standby): its launch and imports overlap
+        the search instead of adding to that run. Nothing over several nodes or with cold
+        isolation, whose trials are each a launch of their own."""
+        if self.multi is not None or self.isolation is Isolation.COLD:
+            return
+        from autotune.trials.standby import Standby
+
+        key = self._standby_key(Path(trials_dir), nproc)
+        if key in self.standbys:
+            return
+        standby = Standby(*key, launcher=self.launcher, worker=self.standby_worker or self.worker)
+        try:
+            standby.start()
+        except (LaunchError, OSError) as exc:
+            # Only time is at stake: the fresh run then launches as it always did, and a
+            # launcher that cannot start fails the first trial with the same message.
+            log.warning("no standby for the fresh run: %s", exc)
+            return
+        self.standbys[key] = standby
+
+    @staticmethod
+    def _standby_key(trials_dir: Path, nproc: int) -> tuple[Path, int]:
+        return trials_dir.resolve().parent / STANDBY_DIR, nproc
 
     def _run_cold(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
         from autotune.trials.metrics import metrics_from_run
@@ -214,6 +265,9 @@ class WorkerBackend:
     def close(self) -> None:
         for pool in self.pools.values():
             pool.close()
+        for standby in self.standbys.values():
+            standby.close()
+        self.standbys.clear()
 
 
 @dataclass(frozen=True, slots=True)

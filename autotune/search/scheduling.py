@@ -129,12 +129,28 @@ class Scheduler:
         budget = self.parts.cfg.time_budget_s
         return budget is not None and self.clock() - start >= budget
 
+    def remeasures(self) -> bool:
+        """Whether the search ends by measuring its finalists again: real runs only (a plan's
+        figures are the model's own), and not for a grid, whose point is every layout measured
+        once, as the stop rule stays off."""
+        cfg = self.parts.cfg
+        return (not cfg.backend.predicted and cfg.finalists > 0 and cfg.finalist_runs >= 2
+                and self.sampler != Sampler.GRID)
+
+    def stand_by(self) -> None:
+        """Have the backend start now the fresh process the finalists' last repeat will run in
+        (WorkerBackend.stand_by): it makes its imports while the pool starts, when nothing is
+        timed, and waits without touching a GPU; unused (a resumed study whose fresh run is on
+        record, a spent --time-budget, Ctrl-C) it is stopped with the backend."""
+        stand_by = getattr(self.parts.cfg.backend, "stand_by", None)
+        if stand_by is not None and self.remeasures():
+            stand_by(self.executor.trial_root, self.parts.cfg.cluster.num_gpus)
+
     def remeasure_finalists(self) -> None:
-        """Measure the best layouts again (autotune.search.finalists) before the search stops:
-        real runs only (a plan's figures are the model's own)."""
+        """Measure the best layouts again (autotune.search.finalists) before the search
+        stops."""
         p = self.parts
-        # Not for a grid: its point is every layout measured once, as the stop rule stays off.
-        if p.cfg.backend.predicted or not p.cfg.finalists or self.sampler == Sampler.GRID:
+        if not self.remeasures():
             return
         # In the planned order; once the call is settled, the warm repeats left are dropped and
         # the leader's fresh run (the last of the plan) is not (finalists.settled).
@@ -157,6 +173,7 @@ class Scheduler:
         start = self.clock()
         result = p.ledger.result
         try:
+            self.stand_by()
             for record in p.store.stored_records():
                 p.ledger.note(record, told=False)
             p.knowledge.refit()

@@ -15,7 +15,8 @@ that timed out (the pool is stopped as a timed-out cold trial is, its ranks' sta
 ranks that say they cannot serve on (memory they could not free), or ranks that do not release a
 trial within RELEASE_S of writing its result (the result stands: it is whole).
 
-This module and autotune.trials.runner are the only ones that start processes.
+This module, autotune.trials.runner and autotune.trials.standby are the only ones that start
+processes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Finding and stopping a trial's process tree, for autotune.trials.runner.
+"""Finding and stopping a trial's process tree, for autotune.trials.runner (and the pool and
+the standby, which start processes the same way).
 
-The runner is still the only module that starts processes; this one is part of its job: it
-follows the tree the runner started, signals it (SIGTERM, SIGKILL) and reaps it. It starts none.
+This module is part of their job: it follows the tree they started, signals it (SIGTERM,
+SIGKILL) and reaps it. It starts none.
 
 torchrun starts each worker with `start_new_session=True` (torch/distributed/elastic/
 multiprocessing/subprocess_handler), so the workers are not in torchrun's process group: killing

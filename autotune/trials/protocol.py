@@ -43,6 +43,8 @@ __all__ = [
     "SPEC_NAME",
     "STACKS_NAME",
     "STACKS_SIGNAL",
+    "STANDBY_POLL_S",
+    "STANDBY_READY_PREFIX",
     "STARTED_MARKER",
     "STATUS_MARKER",
     "STEP_MARKER",
@@ -60,6 +62,8 @@ __all__ = [
     "read_pool_job",
     "result_line",
     "serve_args",
+    "standby_args",
+    "standby_ready_name",
     "started_line",
     "started_ranks",
     "status_line",
@@ -85,6 +89,11 @@ def worker_args(trial_dir: Path | str) -> list[str]:
 def serve_args(pool_dir: Path | str) -> list[str]:
     """The worker's own arguments to serve trials as a warm pool rank (see the pool section)."""
     return ["--serve", str(pool_dir)]
+
+
+def standby_args(standby_dir: Path | str) -> list[str]:
+    """The worker's own arguments to stand by for one cold trial (see the standby section)."""
+    return ["--standby", str(standby_dir)]
 
 
 # --- Files in a trial's folder ----------------------------------------------------------------
@@ -265,6 +274,26 @@ def read_pool_done(pool_dir: Path, seq: int) -> PoolDone | None:
     except (KeyError, ValueError):
         status = TrialStatus.CRASH
     return PoolDone(seq, status, bool(data.get("serving", False)))
+
+
+# --- A standby launch ------------------------------------------------------------------------
+# `python -m autotune.worker --standby DIR` under one torchrun, started before the one cold trial
+# it runs (a finalist's fresh run, autotune.trials.standby). Each rank makes the imports a cold
+# launch makes before its first CUDA call, writes DIR/ready-rank<r> only while CUDA is still
+# untouched, and waits for DIR/job-0.json (write_pool_job), the stop file (POOL_STOP_NAME) or
+# the orchestrator's end (POOL_PARENT_ENV), looking every STANDBY_POLL_S. Handed the job, it
+# runs the trial exactly as `--spec --out-dir` does, then exits with that launch's exit code.
+
+STANDBY_READY_PREFIX = "ready-rank"
+STANDBY_POLL_S = 0.5
+"""How often a waiting standby rank looks for its job. It waits while other trials are timed on
+the same host, so it wakes twice a second, not fifty times (issue 25: host time the timed steps
+share); the hand-over is then at most this late, against the 12-18 s of imports it saved."""
+
+
+def standby_ready_name(rank: int) -> str:
+    """The file a standby rank writes once its imports are done and CUDA is untouched."""
+    return f"{STANDBY_READY_PREFIX}{rank}"
 
 
 # --- Exit codes -------------------------------------------------------------------------------

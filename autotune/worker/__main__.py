@@ -1,6 +1,8 @@
 """`python -m autotune.worker --spec trial.json --out-dir DIR`, one process per GPU (torchrun),
 runs one trial; `python -m autotune.worker --serve DIR` serves trial after trial as a rank of a
-warm pool (autotune.worker.serve).
+warm pool (autotune.worker.serve); `python -m autotune.worker --standby DIR` makes a cold
+launch's imports ahead of time and runs the one trial it is then handed, cold
+(autotune.worker.standby).
 
 Exit codes: 0 OK, 2 bad arguments, else autotune.trials.protocol.EXIT_CODES (3 OOM, 4 CRASH or
 NCCL_ERROR). Files, log lines and environment variables are autotune.trials.protocol's too.
@@ -38,11 +40,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="where result.json and failure-rank<r>.json go")
     parser.add_argument("--serve", type=Path, metavar="POOL_DIR",
                         help="serve the trials written to POOL_DIR (a warm pool) instead")
+    parser.add_argument("--standby", type=Path, metavar="STANDBY_DIR",
+                        help="import, then run the one trial written to STANDBY_DIR, cold")
     args = parser.parse_args(argv)
-    if (args.serve is None) == (args.spec is None or args.out_dir is None):
-        parser.error("give --spec and --out-dir (one trial), or --serve POOL_DIR")
-    if args.serve is not None and (args.spec is not None or args.out_dir is not None):
-        parser.error("--serve takes no --spec or --out-dir")
+    folders = [f"--{name}" for name in ("serve", "standby") if getattr(args, name) is not None]
+    if len(folders) > 1:
+        parser.error("give one of --serve and --standby")
+    if not folders and (args.spec is None or args.out_dir is None):
+        parser.error("give --spec and --out-dir (one trial), --serve POOL_DIR or "
+                     "--standby STANDBY_DIR")
+    if folders and (args.spec is not None or args.out_dir is not None):
+        parser.error(f"{folders[0]} takes no --spec or --out-dir")
     return args
 
 
@@ -53,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     # failed) from a trial that started and then failed, and to find the ranks' pids when it
     # asks a timed-out trial for its stacks: the pid is given only once the handler is in
     # place, since STACKS_SIGNAL would otherwise kill the rank.
-    where = args.serve if args.serve is not None else args.out_dir
+    where = args.serve or args.standby or args.out_dir
     line = (started_line(rank, pid=os.getpid(), host=socket.gethostname())
             if _register_stack_dump(where, rank) else started_line(rank))
     print(line, file=sys.stderr, flush=True)
@@ -62,6 +70,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.serve is not None:
         _serve(args.serve, rank)
+    if args.standby is not None:
+        _stand_by(args.standby, rank)
     try:
         from autotune.trials.trial import TrialSpec
         from autotune.worker.run import prepare_environment, run_rank
@@ -89,6 +99,32 @@ def _serve(pool_dir: Path, rank: int) -> NoReturn:
         serve(pool_dir, rank, _STARTED)
     except BaseException as exc:
         exit_with_failure(rank, exc, pool_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _stand_by(standby_dir: Path, rank: int) -> NoReturn:
+    """Stand by, then run the trial handed over as a one-trial worker does (never returns). A
+    failure before the hand-over (CUDA touched by the imports) is written to the standby's
+    folder, and the standby ends: the orchestrator then launches the trial cold."""
+    from autotune.worker.report import exit_with_failure
+
+    out_dir = standby_dir
+    try:
+        from autotune.worker.standby import stand_by
+
+        job, phases = stand_by(standby_dir, rank, _STARTED)
+        if job is not None:
+            from autotune.trials.trial import TrialSpec
+            from autotune.worker.run import prepare_environment, run_rank
+
+            out_dir = job.out_dir
+            spec = TrialSpec.from_json(job.spec.read_text())
+            prepare_environment(spec)
+            run_rank(spec, job.out_dir, phases=phases)
+    except BaseException as exc:  # every failure becomes a status; SystemExit included
+        exit_with_failure(rank, exc, out_dir)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

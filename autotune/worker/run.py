@@ -207,15 +207,19 @@ def _finite(x: float) -> bool:
     return x == x and abs(x) != float("inf")
 
 
-def run_rank(spec: TrialSpec, out_dir: Path, started: float | None = None) -> None:
+def run_rank(spec: TrialSpec, out_dir: Path, started: float | None = None, *,
+             phases: dict[str, float] | None = None) -> None:
     """Run this rank's part of one trial in a process of its own (a cold launch); rank 0
     writes <out_dir>/result.json. Raises on failure.
 
-    `started` is the perf_counter() at the worker's entry, to report the start-up cost.
+    `started` is the perf_counter() at the worker's entry, to report the start-up cost;
+    `phases`, what came before (a standby's imports and wait, autotune.worker.standby).
     """
     t0 = time.perf_counter()
     _check_impl(spec)
-    phases: dict[str, float] = {"startup_s": t0 - started} if started is not None else {}
+    phases = dict(phases or {})
+    if started is not None:
+        phases["startup_s"] = t0 - started
     local_rank = init_world(phases)
     run_trial(spec, out_dir, local_rank, phases, warm=False)
 

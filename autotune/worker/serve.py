@@ -42,7 +42,7 @@ from autotune.trials.protocol import (
 )
 from autotune.trials.trial import TrialSpec, TrialStatus
 
-__all__ = ["serve", "trial_groups"]
+__all__ = ["next_job", "serve", "trial_groups"]
 
 _PARENT_CHECK_S = 1.0
 
@@ -56,7 +56,7 @@ def serve(pool_dir: Path, rank: int, started: float) -> None:
     phases: dict[str, float] = {"startup_s": time.perf_counter() - started}
     local_rank = init_world(phases)
     seq = 0
-    while (job := _next_job(pool_dir, seq)) is not None:
+    while (job := next_job(pool_dir, seq)) is not None:
         print(trial_line(seq, rank), file=sys.stderr, flush=True)
         status, serving = _serve_one(job, rank, local_rank, phases)
         if rank == 0:
@@ -67,7 +67,9 @@ def serve(pool_dir: Path, rank: int, started: float) -> None:
         seq += 1
 
 
-def _next_job(pool_dir: Path, seq: int) -> PoolJob | None:
+def next_job(pool_dir: Path, seq: int, poll_s: float = POOL_POLL_S) -> PoolJob | None:
+    """Job `seq` of `pool_dir` once it is written, looking every `poll_s`; None once the stop
+    file appears or the orchestrator is gone (a standby waits here too)."""
     parent = _parent()
     next_check = time.monotonic() + _PARENT_CHECK_S
     while True:
@@ -80,7 +82,7 @@ def _next_job(pool_dir: Path, seq: int) -> PoolJob | None:
             if parent is not None and not _alive(parent):
                 return None
             next_check = time.monotonic() + _PARENT_CHECK_S
-        time.sleep(POOL_POLL_S)
+        time.sleep(poll_s)
 
 
 def _parent() -> int | None:
