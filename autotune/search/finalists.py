@@ -4,10 +4,12 @@ One short measurement of a host-bound layout is a coin toss: issue 25 saw one mi
 layout move by 23% between two cold runs on one H100. So before a search stops (for any reason
 but Ctrl-C or a spent --time-budget) its best FINALISTS layouts are measured again until each
 has RUNS runs, in a fresh order each round (the last first, so that no layout is always measured
-right after itself) and the leader's first repeat in a fresh process (`fresh`: the pool's
-warmth is part of nothing a user runs). The search then decides on the repeated figures
-(SearchResult.figure: the mean of the runs not measured while the GPU throttled), and
-`ranking_line` says how sure that is: "A beats B by 3.1% ± 0.4% over 3 runs each".
+right after itself) and the leader's last repeat in a fresh process, the last run of all
+(`fresh`: the pool's warmth is part of nothing a user runs; the process was started with the
+search and waits with its imports made, autotune.trials.standby). The search then decides on
+the repeated figures (SearchResult.figure: the mean of the runs not measured while the GPU
+throttled), and `ranking_line` says how sure that is: "A beats B by 3.1% ± 0.4% over 3 runs
+each".
 
 The repeats stop early once the call is settled (`settled`): when, after each finalist's second
 run, the leader is ahead by more than NOISE_MARGIN times the error of the gap, a third round
@@ -15,6 +17,15 @@ cannot reverse it and is not run; the leader's fresh run still is. GPU-bound fin
 usually settled after one round (an H100 search of a 3B model at seq 8192 had its two 5.3%
 apart, each repeating within 0.8%: results/benchmarks/2026-11-27-h100-session11.md), host-bound
 ones, which move between runs, get their three.
+
+A warm repeat is not skipped because its layout's runs already agree more closely than
+RUN_SPREAD_FLOOR: the floor is there because two runs that agree say little about a third.
+Nor because on its own it could not reverse the order: the leader's fresh run is still to come,
+and the two together can. Session 11's xl-32k search (one H100) had its finalists 1.7% apart
+after a round (9,620 against 9,459 tokens/s), under the 3.5% that settles; the runner-up's third
+run two floors high (+3.4%) and the leader's fresh run two floors low put the runner-up ahead
+(9,566 against 9,511), so its third run was rightly measured. What shortens the finalists of
+long steps is the timing's early window (autotune.worker.timing), not fewer runs.
 
 Each repeat is a trial of its own in the study (TrialRecord.repeat_of, Source.FINALIST), so
 records keep every run and a resumed search runs only the repeats still missing (`plan`).
