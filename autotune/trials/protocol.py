@@ -288,7 +288,7 @@ STANDBY_READY_PREFIX = "ready-rank"
 STANDBY_POLL_S = 0.5
 """How often a waiting standby rank looks for its job. It waits while other trials are timed on
 the same host, so it wakes twice a second, not fifty times (issue 25: host time the timed steps
-share); the hand-over is then at most this late, against the 12-18 s of imports it saved."""
+share); the hand-over is then at most this late, against the 22 s of launch it saved."""
 
 
 def standby_ready_name(rank: int) -> str:

@@ -2,9 +2,11 @@
 
 A warm-pool search measures its leader once more in a fresh process before it stops
 (autotune.search.finalists): the pool is stopped, and a cold launch pays again for torchrun,
-Python and the torch and megatron-core imports, 12-18 s of the 42-45 s such a run took on one
-H100 or H200 for gpt2-xl at seq 32k (results/benchmarks/2026-11-27-h100-session11.md,
-2026-11-27-h200x4-lanes). A Standby starts that launch when the search starts, while the pool
+Python and the torch and megatron-core imports. For gpt2-xl at seq 32k on one H100, 22 s of its
+51.3 s passed between the pool's stop and the fresh process's first CUDA context (17.3 s of
+them its own start-up and imports: results/benchmarks/2026-11-27-h100-issue24-baseline.md;
+11.8 s of imports on one H200, 2026-11-27-h200x4-lanes). A Standby starts that launch when the
+search starts, while the pool
 starts too and nothing is timed: its ranks (`python -m autotune.worker --standby DIR`,
 autotune.worker.standby) make those imports, say they are ready, and wait, touching no GPU. The
 fresh run then hands it the trial (`run`), which it runs as `--spec --out-dir` would and exits:

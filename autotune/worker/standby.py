@@ -2,9 +2,10 @@
 of its trial, then waits for the one trial it runs as a cold launch.
 
 Why: a warm-pool search ends with its leader measured in a fresh process (autotune.search.
-finalists), and a fresh launch spends its first 12-18 s on torchrun, Python and the torch and
-megatron-core imports before its first CUDA call (import_s of the fresh runs on one H200 and
-H100, results/benchmarks/2026-11-27-h200x4-lanes and 2026-11-27-h100-session11.md). A standby
+finalists), and a fresh launch spends its first 22 s on torchrun, Python and the torch and
+megatron-core imports before its first CUDA call (gpt2-xl at seq 32k on one H100: the pool's
+stop to the fresh process's first context, import_s 16.65 s of it,
+results/benchmarks/2026-11-27-h100-issue24-baseline.md). A standby
 started with the search makes those imports while the pool starts (nothing is timed then) and
 waits, so the fresh run pays only for what touches the GPU.
 

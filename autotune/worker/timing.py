@@ -149,7 +149,7 @@ class StepJudge:
                 # Fewer steps than a window so far: a shorter one may answer (tested at most
                 # window - MIN_WINDOW times a trial), never once a full window could: a start
                 # that did not settle at once is judged by the full window's rule alone.
-                early = early_window(after_first[-(window - 1):], self.stable_cv)
+                early = early_window(after_first, self.stable_cv)
                 if early:
                     return self._split(early, StopReason.STABLE)
         if n >= max(self.most_steps, 2):
