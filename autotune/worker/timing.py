@@ -33,6 +33,7 @@ benchmarks take them: `warmup_steps` untimed, then `train_steps` timed. Otherwis
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -56,8 +57,8 @@ degrees of freedom (a window of 5) noise alone passes it in about 14% of steady 
 window then times one step more, which costs less than stopping on a drift."""
 
 MIN_WINDOW = 3
-"""The fewest timed steps an early window holds: with two, neither a spread nor a trend can be
-judged (a line fits two points exactly), and the median of two is moved by either."""
+"""The fewest timed steps an early window holds: with two, no trend can be judged (a line fits
+two points exactly), and the median of two is moved by either."""
 EARLY_WINDOW_S = 5.0
 """The least time an early window's steps span. Short steps repeat the host's own rhythms
 (Python, the launch queue, clocks settling after warm-up) that several consecutive steps can
@@ -201,6 +202,7 @@ def early_window(times: list[float], stable_cv: float) -> int:
     return 0
 
 
+@functools.cache  # asked between steps, with the same few arguments every time
 def chi2_quantile(p: float, dof: int) -> float:
     """The x with P(X <= x) = p for X chi-square with `dof` degrees of freedom (bisection on the
     regularized lower incomplete gamma function, by its power series: Abramowitz & Stegun
