@@ -1,0 +1,192 @@
+"""What one megatron-core transformer layer keeps for backward, counted, against the memory model.
+
+    PYTHONPATH=. python tools/saved_tensors.py [--model NAME] [--heads-divisor K] [--seq S]
+        [--mbs B] [--impl sdpa] [--json]
+
+Builds one layer as autotune's worker does (autotune.worker.build: the layout's layer spec,
+megatron-core 0.16.1's TransformerConfig from autotune.megatron.core_config) on CPU torch, runs
+its forward under torch.autograd.graph.saved_tensors_hooks and adds up the storages of every
+tensor saved for backward, parameters left out: a saved view counts its whole storage, which is
+what it keeps alive. The model is the preset with its heads, query groups, hidden and FFN sizes
+divided by K (head_dim, the GQA ratio and the FFN ratio kept), dropout off (CPU dropout saves a
+bf16 mask where CUDA's native_dropout saves a 1-byte one; the paper's masks are not in
+question here). It prints the bytes per token beside autotune.specs.activations.layer_bytes.
+
+What CPU does not run as CUDA does is replaced by what the CUDA kernel saves:
+- RMSNorm: torch's CPU rms_norm is a composite that saves fp32 copies; on CUDA, torch 2.11
+  dispatches to `_fused_rms_norm`, whose backward node (FusedRmsNormBackward0,
+  torch/csrc/autograd/generated/Functions.h) saves the input, the weight and the fp32 rstd.
+- SDPA: CPU's flash kernel saves query, key, value, output and log-sum-exp, as CUDA's flash
+  kernel does.
+Local core attention (its global memory buffer) and Transformer Engine need CUDA: sdpa only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any
+
+__all__ = ["Count", "count_layer", "scaled_model"]
+
+# torch.compile (megatron-core's jit_fuser) adds minutes on CPU and changes nothing saved: the
+# fused functions are autograd.Functions that save their inputs explicitly.
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """Bytes one layer keeps for backward for one micro-batch, counted and modelled."""
+
+    model: str
+    seq: int
+    mbs: int
+    counted: float
+    modelled: float
+
+    @property
+    def per_token(self) -> tuple[float, float]:
+        tokens = self.seq * self.mbs
+        return self.counted / tokens, self.modelled / tokens
+
+
+def scaled_model(name: str, divisor: int) -> Any:
+    """The preset with heads, query groups, hidden and FFN sizes divided by `divisor`; no
+    dropout."""
+    from autotune.specs.presets import load_model
+
+    m = load_model(name)
+    if m.num_attention_heads % divisor or m.query_groups % divisor:
+        raise SystemExit(f"--heads-divisor {divisor} must divide {m.name}'s "
+                         f"{m.num_attention_heads} heads and {m.query_groups} query groups")
+    return replace(m, name=f"{m.name}/{divisor}", hidden_size=m.hidden_size // divisor,
+                   num_attention_heads=m.num_attention_heads // divisor,
+                   num_query_groups=m.query_groups // divisor,
+                   ffn_hidden_size=m.ffn_size // divisor, hidden_dropout=0.0,
+                   attention_dropout=0.0)
+
+
+def _world() -> None:
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+
+
+def _cuda_rms_norm() -> Any:
+    """torch.nn.RMSNorm saving what CUDA's fused kernel saves (input, weight, fp32 rstd)."""
+    import torch
+
+    class FusedRmsNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor,
+                    eps: float) -> torch.Tensor:
+            rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+            ctx.save_for_backward(x, weight, rstd)
+            return (x.float() * rstd).type_as(x) * weight
+
+        @staticmethod
+        def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+            raise NotImplementedError("forward only: it counts what backward would keep")
+
+    class Norm(torch.nn.RMSNorm):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = FusedRmsNorm.apply(  # type: ignore[no-untyped-call]
+                x, self.weight, self.eps or 1e-5)
+            return out
+
+    return Norm
+
+
+def count_layer(model: Any, *, impl: str = "sdpa", seq: int = 256, mbs: int = 1) -> Count:
+    """Build one layer of `model` as the worker does and count what its forward saves."""
+    import torch
+    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from autotune.dimensions import Impl
+    from autotune.layouts.layout import Layout
+    from autotune.levers.transformer_impl import attention_bytes
+    from autotune.specs.activations import layer_activations, layer_bytes
+    from autotune.trials.trial import TrialSpec
+    from autotune.worker import build
+
+    _world()
+    m = model.with_overrides(seq_length=seq)
+    spec = TrialSpec(model=m, layout=Layout(mbs=mbs, gbs=mbs, impl=Impl(impl)))
+    kwargs = build.transformer_config_kwargs(spec)
+    kwargs.update(num_layers=1, use_cpu_initialization=True)
+    config = TransformerConfig(**kwargs)
+    rms_norm = torch.nn.RMSNorm
+    torch.nn.RMSNorm = _cuda_rms_norm()  # type: ignore[misc]
+    try:
+        layer_spec = build._layer_spec(spec, config, None).layer_specs[0]
+        layer = build_module(layer_spec, config=config, layer_number=1).to(torch.bfloat16)
+    finally:
+        torch.nn.RMSNorm = rms_norm  # type: ignore[misc]
+    rope = None
+    if m.position_embedding == "rope":
+        # megatron-core's RotaryEmbedding output [s, 1, 1, head_dim] (fp32), built here because
+        # its forward moves inv_freq to the current CUDA device.
+        inv = 1.0 / (m.rotary_base ** (torch.arange(0, m.head_dim, 2).float() / m.head_dim))
+        freqs = torch.outer(torch.arange(seq, dtype=torch.float32), inv)
+        rope = torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
+    x = torch.randn(seq, mbs, m.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, attention_mask=None, rotary_pos_emb=rope)
+    acts = layer_activations(m, 1, attention_bytes(m, impl))
+    modelled = layer_bytes(acts, tokens=seq * mbs, seq=seq, tp=1, sequence_parallel=False)
+    return Count(model=m.name, seq=seq, mbs=mbs, counted=float(sum(storages.values())),
+                 modelled=modelled)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", action="append", help="preset (repeatable); default: "
+                        "llama2-13b/8, llama3-8b/8, gpt2-xl/5")
+    parser.add_argument("--heads-divisor", type=int, action="append")
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--mbs", type=int, action="append")
+    parser.add_argument("--impl", default="sdpa", choices=("sdpa",))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    names = args.model or ["llama2-13b", "llama3-8b", "gpt2-xl"]
+    divisors = args.heads_divisor or ([8, 8, 5] if not args.model else [1] * len(names))
+    if len(divisors) != len(names):
+        parser.error("give one --heads-divisor per --model")
+    warnings.filterwarnings("ignore")
+    rows = [count_layer(scaled_model(n, k), impl=args.impl, seq=args.seq, mbs=b)
+            for n, k in zip(names, divisors, strict=True) for b in (args.mbs or [1, 2])]
+    if args.json:
+        print(json.dumps([{"model": r.model, "seq": r.seq, "mbs": r.mbs, "counted": r.counted,
+                           "modelled": r.modelled} for r in rows]))
+        return 0
+    print("| model | seq | mbs | counted B/token | modelled B/token | modelled / counted |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        counted, modelled = r.per_token
+        print(f"| {r.model} | {r.seq} | {r.mbs} | {counted:.0f} | {modelled:.0f} | "
+              f"{modelled / counted:.4f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
