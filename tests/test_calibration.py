@@ -61,25 +61,40 @@ def test_fit_rejects_bad_samples() -> None:
 # on H200 (15.1%, the
 # attention term at seq 16384-32768) and wide-8k on H100 (hidden 8192: 10.7%; 11.8% before
 # session 12's trials, 13.9% on H200, now 9.5%: the 13B model's GEMMs pin the shared GEMM
-# efficiency); llama-1b on H200's memory (5.4% median, 10.5% worst, seq 16384) is over its 5%.
+# efficiency). No family's held-out memory median is over its 5% now (llama-1b on H200's was
+# 5.4% before the term below).
+# The memory figures moved on 2026-11-27 when the query, key and value a RoPE layer keeps joined
+# the activations (autotune.specs.activations.qkv_extra; results/benchmarks/2026-11-27-cpu-
+# activation-slope.md; before -> after, median / worst): the RoPE families' allocated peaks moved
+# toward the measured ones (llama3-8b's median 3.4% low -> 0.4%, llama2-13b's 1.2% -> +0.3%),
+# and the overheads fitted to device memory moved with them (fragmentation
+# 4.5% -> 3.6%, CUDA context 2.9 -> 3.1 GiB): better for llama-1b (H100 2.3/2.3 -> 2.2/2.2, H200
+# 5.4/10.5 -> 4.3/8.0), gpt-3.6b (3.9/4.7 -> 3.4/4.1), llama-3b on H100's median (3.0 -> 2.7)
+# and wide-8k on H200's worst (3.8 -> 2.8); worse where the overheads, no longer offset by
+# missing activations, predict more than the allocator reserves (llama2-13b 1.7/3.9 -> 3.1/3.9,
+# llama3-8b 1.0/1.9 -> 1.2/2.5, wide-8k on H100 1.2/2.4 -> 1.7/3.1) and for GPT families held
+# out of a fit whose fragmentation fell (gpt2-large on H200 3.6/6.7 -> 3.1/9.0, gpt2-xl on H200
+# 1.8/4.7 -> 2.5/5.2, gpt2-xl on H100 2.1/7.4 -> 2.2/7.5, gpt2-large on H100 0.9/3.6 ->
+# 1.1/3.6). Step time did not move.
 HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
-    "gpt-3.6b/h100-80gb": (0.054, 0.051, 0.059),      # 4.4%, 4.1%, 4.9%
-    "gpt2-large/h100-80gb": (0.021, 0.022, 0.053),    # 1.1%, 0.9%, 3.9%
-    "gpt2-large/h200": (0.06, 0.046, 0.077),          # 5.0%, 3.6%, 6.7%
-    "gpt2-xl/h100-80gb": (0.036, 0.03, 0.083),        # 2.6%, 2.0%, 7.3%
-    "gpt2-xl/h200": (0.072, 0.028, 0.057),            # 6.2%, 1.8%, 4.7%
-    "llama-1b/h100-80gb": (0.062, 0.038, 0.038),      # 4.7%, 2.4%, 2.4%
-    "llama-1b/h200": (0.164, 0.067, 0.117),           # 15.1%, 5.4%, 10.5%
-    # llama-3b/h100's memory worst: 10.0% since the FP8 trials of 2026-11-25 joined the data
+    "gpt-3.6b/h100-80gb": (0.054, 0.044, 0.052),      # 4.9%, 3.4%, 4.1%
+    "gpt2-large/h100-80gb": (0.021, 0.022, 0.047),    # 1.4%, 1.1%, 3.6%
+    "gpt2-large/h200": (0.06, 0.041, 0.101),          # 5.0%, 3.1%, 9.0%
+    "gpt2-xl/h100-80gb": (0.036, 0.032, 0.086),       # 2.3%, 2.2%, 7.5%
+    "gpt2-xl/h200": (0.072, 0.035, 0.063),            # 6.2%, 2.5%, 5.2%
+    "llama-1b/h100-80gb": (0.062, 0.032, 0.032),      # 4.3%, 2.2%, 2.2%
+    "llama-1b/h200": (0.164, 0.053, 0.091),           # 15.1%, 4.3%, 8.0%
+    # llama-3b/h100's memory worst: 10.0% since the FP8 trials of 2026-11-25 joined the data (10.4%
+    # since qkv_extra)
     # (s8-fp8-l3b/mbs2-pao-*: the allocator's reserve with the precision-aware optimizer, the
     # miss results/benchmarks/2026-11-25-h100-fp8.md reported); 3.6% before. Its step median
     # 7.0% since FP8's casts are priced by recipe (2026-11-27-cpu-fp8-cost.md; 6.7% before).
-    "llama-3b/h100-80gb": (0.088, 0.042, 0.112),      # 7.8%, 3.0%, 10.2%
-    "llama-3b/h200": (0.074, 0.027, 0.059),           # 6.4%, 1.7%, 4.9%
-    "llama2-13b/h200": (0.062, 0.027, 0.049),         # 5.2%, 1.7%, 3.9%
-    "llama3-8b/h200": (0.031, 0.02, 0.03),            # 2.1%, 1.0%, 2.0%
-    "wide-8k/h100-80gb": (0.117, 0.022, 0.034),       # 10.7%, 1.2%, 2.4%
-    "wide-8k/h200": (0.107, 0.024, 0.05),             # 9.5%, 1.4%, 3.8%
+    "llama-3b/h100-80gb": (0.088, 0.037, 0.115),      # 7.8%, 2.7%, 10.4%
+    "llama-3b/h200": (0.074, 0.028, 0.06),            # 6.4%, 1.7%, 4.9%
+    "llama2-13b/h200": (0.062, 0.041, 0.049),         # 5.2%, 3.1%, 3.9%
+    "llama3-8b/h200": (0.031, 0.023, 0.035),          # 1.6%, 1.2%, 2.5%
+    "wide-8k/h100-80gb": (0.117, 0.027, 0.041),       # 10.7%, 1.7%, 3.1%
+    "wide-8k/h200": (0.107, 0.032, 0.039),            # 9.5%, 2.2%, 2.8%
 }
 
 

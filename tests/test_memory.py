@@ -243,7 +243,12 @@ def test_recompute_never_raises_activations(layout: tuple[ModelSpec, Layout]) ->
         return max(x.activations_bytes for x in est.stages)
 
     none, selective = acts(recompute="none"), acts(recompute="selective")
-    assert selective <= none
+    # A checkpointed core attention keeps its inputs (tensor_parallel.checkpoint): with RoPE the
+    # value's view of the QKV GEMM output beside the new query and key (activations.qkv_extra).
+    # A fused kernel (sdpa, te) frees no s^2 scores in exchange, so there core_attn recompute
+    # may store more than none (te with RoPE; test_activation_slope.py holds the figures).
+    if s.impl == "local" or model.position_embedding != "rope":
+        assert selective <= none
     assert acts(recompute="full", recompute_method="uniform") <= selective
     assert acts(recompute="full", recompute_method="block") <= none
 

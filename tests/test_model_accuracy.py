@@ -18,7 +18,7 @@ import pytest
 from autotune.layouts.layout import Layout
 from autotune.predict.calibration import trial_model_ref
 from autotune.predict.cost import estimate_cost
-from autotune.predict.memory import estimate_memory
+from autotune.predict.memory import GIB, estimate_memory
 from autotune.specs.hardware import ClusterSpec, gpu_spec
 from autotune.specs.presets import load_model
 
@@ -63,10 +63,12 @@ def test_memory_error_on_measured_trials() -> None:
             predicted = estimate_memory(*_inputs(t)).peak_bytes
             errors.append((predicted - t["device_used_bytes"]) / t["device_used_bytes"])
     assert statistics.median(abs(e) for e in errors) <= 0.05
-    # Worst: llama-1b at seq 16384, mbs 1, no recompute on an H200 (s10-long/l1b-16384/1), 11.2%
-    # under: 52.8 GiB allocated (55.7 predicted peak) but 59.7 GiB reserved, 62.7 used; the
-    # caching allocator's reserve at that sequence is what the model misses
-    # (results/benchmarks/2026-11-27-cpu-constants-cv-s10.md). Was 10% before those trials.
+    # Worst: Llama-3.2-3B at mbs 2 with FP8 and the precision-aware optimizer on an H100
+    # (s8-fp8-l3b/mbs2-pao-delayed), 11.1% under: 7.4 GiB of its 76.2 used is the caching
+    # allocator's reserve (autotune.predict.gate.MEMORY_ERROR_BAND). llama-1b at seq 16384 on an
+    # H200 (s10-long/l1b-16384/1) was the worst at 11.2% until GQA's repeated key and value joined
+    # the activations (autotune.specs.activations.qkv_extra): 8.5% now. Was 10% before those
+    # trials (results/benchmarks/2026-11-27-cpu-constants-cv-s10.md).
     assert max(abs(e) for e in errors) <= 0.12
 
 
@@ -78,14 +80,39 @@ def test_every_measured_oom_is_predicted_not_to_fit(trial: dict[str, Any]) -> No
     assert not estimate_memory(*_inputs(trial)).fits
 
 
-def test_trials_that_fit_are_predicted_to_fit_but_three() -> None:
-    # The largest-block margin is conservative: one measured fit (gpt2-xl seq 16384 mbs 1 on an
-    # H100, 77.2 GiB used) is predicted 0.4 GiB short of room for its 3.07 GiB block. gpt2-xl
-    # at seq 32768 with full recompute of 28 layers (block) ran twice at 77.6 GiB used; its peak
-    # is predicted at 79.5 GiB, over the H100's 79.19 allocatable (a peak miss, no margin).
-    wrong = [t["source"] for t in TRIALS
-             if t["status"] == "OK" and not estimate_memory(*_inputs(t)).fits]
-    assert wrong == ["s4-xl16k-grid/0", "s7-xl32k-search2/2", "s7-xl32k-grid/0"]
+# Measured fits predicted not to fit, each within 3% of the usable memory: (source, GiB used,
+# GiB predicted, why). All conservative; none predicted to fit ran out of memory.
+KNOWN_MISFITS = [
+    # The largest-block margin: 0.4 GiB short of room for the 3.07 GiB block.
+    ("s4-xl16k-grid/0", 77.2, 76.5, "gpt2-xl seq 16384 mbs 1: its peak fits, the margin not"),
+    # Full recompute at pp 1 counts the layer being rebuilt on top of the logits: the model's
+    # allocated bytes are 0.7-1.3 GiB high for them (results/benchmarks/2026-11-27-cpu-
+    # activation-slope.md, "What is left"); H100 allocatable 79.19 GiB, H200 140.4.
+    ("s7-l3b8k-search/2", 79.0, 80.2, "Llama-3.2-3B seq 8192 block/10"),
+    ("s7-l3b8k-grid/0", 79.0, 80.2, "Llama-3.2-3B seq 8192 block/10"),
+    ("s7-xl32k-search2/2", 77.6, 79.5, "gpt2-xl seq 32768 block/28"),
+    ("s7-xl32k-grid/0", 77.6, 79.5, "gpt2-xl seq 32768 block/28"),
+    ("s9-l8b2-hand/0", 139.3, 140.5, "llama3-8b seq 8192 block/2, 0.1 GiB over"),
+    # llama2-13b pp 2 at 98-99.8% of an H200: allocated bytes within 0.8 GiB, but the overheads
+    # (3.9% of 132 GiB allocated, the CUDA context and two NCCL groups: 9.4 GiB) are 3 GiB over
+    # the 6.2-6.6 measured beside the allocator's peak. s12-l13b2-grid/13 was predicted over
+    # before the query, key and value a RoPE layer keeps joined the activations too.
+    ("s12-l13b2-grid/12", 138.8, 142.3, "llama2-13b block/4"),
+    ("s12-l13b2-grid/13", 140.1, 143.7, "llama2-13b block/3"),
+    ("s12-l13b2-grid/17", 138.2, 141.8, "llama2-13b mbs 2 block/13"),
+    ("s12-l13b2-grid/21", 138.0, 141.3, "llama2-13b vpp 2 block/4"),
+]
+
+
+def test_trials_that_fit_are_predicted_to_fit_but_known_misfits() -> None:
+    wrong = {t["source"]: t for t in TRIALS
+             if t["status"] == "OK" and not estimate_memory(*_inputs(t)).fits}
+    assert sorted(wrong) == sorted(source for source, *_ in KNOWN_MISFITS)
+    for source, used, predicted, why in KNOWN_MISFITS:
+        memory = estimate_memory(*_inputs(wrong[source]))
+        assert wrong[source]["device_used_bytes"] / GIB == pytest.approx(used, abs=0.05), why
+        assert memory.peak_bytes / GIB == pytest.approx(predicted, abs=0.05), why
+        assert used / (memory.limit_bytes / GIB) > 0.97, why
 
 
 def test_throughput_ranks_like_the_measurements() -> None:

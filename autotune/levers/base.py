@@ -139,6 +139,12 @@ class AttentionBytes:
     saved_per_head: float = 0.0
     """Bytes per token and head saved for backward besides the scores (a fused kernel's fp32
     log-sum-exp)."""
+    qkv_as_given: bool = False
+    """Whether the kernel's backward keeps query, key and value as megatron-core hands them
+    over: views of the QKV GEMM's output where its split leaves them, each key/value group
+    repeated for its heads first with GQA (the local DotProductAttention and autotune's
+    SdpaAttention). False: Transformer Engine's, which copies them into a layout of its own
+    unless they already are one (autotune.specs.activations.qkv_extra)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -214,11 +214,17 @@ def _attention_bytes(impl: str, dropout: bool) -> AttentionBytes:
         # is freed and the bf16 probs (2) live until dropout: max(2 + 4, 2 + 2) = 6.
         # (Counting the fp32 output here too put full recompute of the local spec ~3 GiB high
         # at gpt2-xl mbs 32, where one layer's s^2 terms dominate: s3-xl-search/2.)
+        # Its GEMMs save query, key and value as given (baddbmm, bmm; dot_product_attention.py
+        # repeats each key/value group for its heads first).
         return AttentionBytes(saved_per_score=LOCAL_SOFTMAX_SAVED_BYTES + mask + 2,
-                              workspace_per_score=2 + 4)
+                              workspace_per_score=2 + 4, qkv_as_given=True)
     # Flash attention (SDPA flash backend, TE/cuDNN fused attention) keeps Q, K, V, the output
-    # and the fp32 log-sum-exp per head; dropout is regenerated from the RNG state.
-    return AttentionBytes(saved_per_head=4)
+    # and the fp32 log-sum-exp per head; dropout is regenerated from the RNG state. SDPA saves
+    # its inputs as autotune.worker.attention.SdpaAttention passes them (strided views, key and
+    # value repeated with GQA); Transformer Engine 2.11 copies them unless they fit one of its
+    # layouts (attention/dot_product_attention/utils.py, get_qkv_layout: "force q,k,v to be
+    # contiguous").
+    return AttentionBytes(saved_per_head=4, qkv_as_given=impl == "sdpa")
 
 
 def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:

@@ -11,7 +11,10 @@ Models", Section 4. Per layer and micro-batch, in bytes (bf16 activations, 1-byt
     full recompute          keeps the layer input, 2 s b h (/t with SP)  (Section 4.3)
 We count the same tensors one by one (Section 4.1) so that GQA, gated / non-4h MLPs, top-k MoE,
 context parallelism and flash attention are covered; for an MHA GPT with a 4h GeLU MLP and
-Megatron's fused softmax this reproduces the paper's equations exactly (tests check it).
+Megatron's fused softmax this reproduces the paper's equations exactly (tests check it). Beyond
+the paper, what megatron-core 0.16.1 keeps of a RoPE model's query, key and value (`qkv_extra`:
+the QKV GEMM's output behind the value's view, GQA's repeated key and value) and RoPE's cos and
+sin tables (`rope_table_bytes`).
 What the levers change lives in their modules: the 5 a s^2 b attention term by implementation
 (autotune.levers.transformer_impl), the bytes of saved GEMM inputs (autotune.levers.fp8),
 selective and full recompute (eq. 4, Section 4.3: autotune.levers.recompute) and CPU offload
@@ -36,6 +39,8 @@ __all__ = [
     "inflight_microbatches",
     "layer_activations",
     "layer_bytes",
+    "qkv_extra",
+    "rope_table_bytes",
 ]
 
 DEFAULT_DROPOUT = 0.1
@@ -74,6 +79,13 @@ class LayerActivations:
     recompute frees along with the experts' internals (moe_layer.py checkpoints the layer)."""
     moe_split: float = 0.0
     """Split bytes per token of the experts' internals (fc1 output, activation output)."""
+    qkv_extra: float = 0.0
+    """Split bytes per token kept of the query, key and value beyond Q, K and V once each
+    (`qkv_extra`): memory, not traffic, so not among `split` (the cost model's element-wise
+    bytes read it)."""
+    per_position: float = 0.0
+    """Bytes per position of the local sequence, whatever the micro-batch size: RoPE's cos and
+    sin tables (`rope_table_bytes`)."""
 
 
 def dropout_rate(model: ModelSpec, name: str) -> float:
@@ -132,12 +144,86 @@ def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
     # layer runs, and what a fused kernel saves instead: the implementation's.
     per_key = a_rank * attention.saved_per_score
     transient = a_rank * attention.workspace_per_score
-    recomputable = attention.saved_per_head * a_rank
-    return LayerActivations(replicated=replicated, split=split + recomputable, per_key=per_key,
+    lse = attention.saved_per_head * a_rank
+    # What the layer keeps of Q, K and V beyond the count above, and what a checkpointed core
+    # attention (selective recompute of core_attn) keeps instead: what that recompute frees.
+    extra = qkv_extra(model, t, attention)
+    recomputable = lse + extra - qkv_extra(model, t, attention, checkpointed=True)
+    return LayerActivations(replicated=replicated, split=split + lse, per_key=per_key,
                             transient_per_key=transient, attn_recomputable=recomputable,
                             dropout_mask=hidden_mask, norm_outputs=e * h + e * h,
                             mlp_internal=mlp_internal, moe_act_output=moe_act,
-                            moe_replicated=moe_replicated, moe_split=moe_split)
+                            moe_replicated=moe_replicated, moe_split=moe_split,
+                            qkv_extra=extra, per_position=rope_table_bytes(model))
+
+
+def qkv_extra(model: ModelSpec, tp: int, attention: AttentionBytes, *,
+              checkpointed: bool = False) -> float:
+    """Bytes per token that one rank keeps of a layer's query, key and value for backward beyond
+    Q, K and V once each (Section 4.1's 2h, 2 kv and 2 kv per token; kv = head_dim x the rank's
+    key/value groups).
+
+    megatron-core 0.16.1 (attention.py, get_query_key_value_tensors) computes all three with one
+    GEMM and splits its output [s, b, (h + 2 kv)/t] into views (torch.split; the query's reshape
+    to heads copies it with GQA). RoPE replaces the query and the key by new tensors
+    (models/common/embeddings/rope_utils.py, _apply_rotary_pos_emb_bshd ends in torch.cat; the
+    worker leaves TransformerConfig.apply_rope_fusion off), the value stays a view, and a saved
+    view keeps the whole GEMM output alive. So a kernel that keeps its inputs as given
+    (`AttentionBytes.qkv_as_given`: local, sdpa) keeps, for an MHA RoPE model, RoPE's query and
+    key and the GEMM output: 2h + 2 kv more than counted (Llama 2 13B: 4h); with GQA the key
+    and value repeated for every head (dot_product_attention.py, SdpaAttention:
+    repeat_interleave; 2h each, the GEMM output freed): 4h - 4 kv more. Transformer Engine
+    keeps Q, K and V once (its own layout or a copy into one: get_qkv_layout). A checkpointed
+    core attention (`checkpointed`: tensor_parallel.checkpoint saves its inputs) keeps RoPE's
+    query and key and the value's view, whatever the implementation. Without RoPE a GPT's
+    query, key and value are views of the GEMM output, which is what Section 4.1 counts.
+
+    Counted: tools/saved_tensors.py adds up what one megatron-core layer saves on CPU (the
+    worker's sdpa spec); the model is within 0.1% of it with this term, 13-15% short without.
+    Measured (tests/data/measured_trials.json, the block-recompute series of sdpa Llama models;
+    results/benchmarks/2026-11-27-cpu-activation-slope.md): the peak allocated per layer not
+    recomputed was 14% over the model without this term for llama2-13b (MHA) and 10-11% over
+    for llama3-8b and Llama-3.2-3B (GQA); with it and the RoPE tables each is within 0.5%.
+    """
+    d = model.head_dim
+    heads, groups = model.num_attention_heads / tp, max(1, model.query_groups // tp)
+    q = 2 * heads * d  # bf16 query, or a key or value repeated per head
+    kv = 2.0 * groups * d
+    output: float
+    if model.query_groups < tp:
+        # Each rank gathers the whole GEMM output and slices its groups out of it (attention.py,
+        # all_gather_last_dim_from_tensor_parallel_region): the views hold all of it.
+        output = 2 * (model.num_attention_heads + 2 * model.query_groups) * d
+    else:
+        output = q + 2 * kv
+    rope = model.position_embedding == "rope"
+    new_query = rope or model.query_groups != model.num_attention_heads
+    if attention.qkv_as_given and not checkpointed and heads > groups:
+        # GQA: a new query (the reshape), the key and value repeated per head; no view is kept.
+        kept = 3 * q
+    elif attention.qkv_as_given or checkpointed:
+        # The query and key as RoPE (or the reshape) left them, and the value's view.
+        kept = (q if new_query else 0.0) + (kv if rope else 0.0) + output
+    else:
+        return 0.0
+    return kept - (q + 2 * kv)
+
+
+ROPE_TABLE_BYTES = 2
+"""bf16: _apply_rotary_pos_emb_bshd casts cos and sin to the query's dtype."""
+
+
+def rope_table_bytes(model: ModelSpec) -> float:
+    """Bytes per position of the local sequence that a RoPE layer keeps whatever the micro-batch
+    size: cos and sin of the positions ([s, 1, 1, head_dim], rope_utils.py,
+    _apply_rotary_pos_emb_bshd), made once for the query and once for the key, each saved by
+    the product it enters (`t * cos_`, `_rotate_half(t) * sin_`). 4 x 2 x 128 = 1 KiB per
+    position at head_dim 128: a twentieth of what llama2-13b keeps per token beyond the paper's
+    count at mbs 1 (`qkv_extra`), and measured with it (results/benchmarks/2026-11-27-cpu-
+    activation-slope.md)."""
+    if model.position_embedding != "rope":
+        return 0.0
+    return 4 * ROPE_TABLE_BYTES * model.head_dim
 
 
 def layer_bytes(acts: LayerActivations, *, tokens: float, seq: float, tp: int,
@@ -146,9 +232,9 @@ def layer_bytes(acts: LayerActivations, *, tokens: float, seq: float, tp: int,
     less `freed` bytes per token that a selective recompute does not store
     (autotune.levers.recompute.module_savings; 0: every activation stored)."""
     replicated = acts.replicated / tp if sequence_parallel else acts.replicated
-    stored = replicated + acts.split + seq * acts.per_key
+    stored = replicated + acts.split + acts.qkv_extra + seq * acts.per_key
     stored -= freed
-    return tokens * stored
+    return tokens * stored + seq * acts.per_position
 
 
 def inflight_microbatches(*, pp: int, vpp: int, stage: int, num_microbatches: int) -> float:
