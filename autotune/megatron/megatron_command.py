@@ -32,6 +32,7 @@ from autotune.megatron.megatron_args import (
     TRAINING_SCRIPT,
     UNMODELED_DEFAULTS,
     UNMODELED_FLAGS,
+    UNREPRESENTED_FLAGS,
     Given,
     Part,
     exported_layout,
@@ -278,6 +279,30 @@ class _GivenWithRefs(Given):
         return super().number(name, default)
 
 
+def _refuse_unrepresented(groups: tuple[ArgGroup, ...], model: ModelSpec, source: str) -> None:
+    """One line for the first flag of the command that gives the model a shape autotune's
+    models do not have (megatron_args.UNREPRESENTED_FLAGS): predicting the model without it
+    would be a figure for another model."""
+    for group in groups:
+        unrepresented = UNREPRESENTED_FLAGS.get(group.flag or "")
+        if unrepresented is None:
+            continue
+        # An unknown flag's group is its words as written: `--kv-channels=128` or its values.
+        first = group.words[0].text or ""
+        words = ([first.partition("=")[2]] if "=" in first else []) + \
+            [w.text for w in group.words[1:]]
+        shown = " ".join(w.shown() for w in group.words)
+        if any(w is None for w in words):
+            raise ConfigError(f"{source}: {shown}: autotune cannot tell this value, and "
+                              f"{group.flag} may give the model {unrepresented.what}, which "
+                              "autotune's models do not have: set it in the script before the "
+                              "command")
+        if not unrepresented.ours([w for w in words if w is not None], model):
+            raise ConfigError(f"{source}: {shown} gives the model {unrepresented.what}, which "
+                              "autotune's models do not have (its memory and step time would "
+                              "be another model's)")
+
+
 def _model_name(path: Path) -> str:
     """A model name from the file's name: its stem, letters, digits, '.', '_', '-' only (the
     name titles reports and makes the default study name)."""
@@ -303,6 +328,7 @@ def read_megatron_command(path: str, line: int | None = None) -> MegatronCommand
     read = read_fields(given)
     names = {f.name for f in fields(ModelSpec)}
     model = ModelSpec(name=_model_name(file), **{k: v for k, v in read.items() if k in names})
+    _refuse_unrepresented(groups, model, path)
     layout_fields = {k: v for k, v in read.items() if k in DIMENSIONS}
     per_node, nodes, why = _launcher_gpus(launcher, path)
     return MegatronCommand(source=path, line=command.line, env=command.env,

@@ -1,0 +1,94 @@
+"""Cases no issue named, found by trying autotune as a new Megatron user on a CPU machine would:
+GPU counts, models and inputs beyond the presets' (simulate, estimate, export, report). Each
+table holds the inputs of one defect and the answer autotune owes them."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.errors import ConfigError
+from autotune.megatron.megatron_args import UNREPRESENTED_FLAGS
+from autotune.megatron.megatron_command import read_megatron_command
+
+DATA = Path(__file__).parent / "data"
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- a Megatron-LM command whose model autotune's models do not have -----------------------------
+
+COMMAND = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 24 --hidden-size 2048 "
+           "--num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 "
+           "--micro-batch-size 1 --global-batch-size 64 --bf16 "
+           "--tokenizer-type NullTokenizer --vocab-size 32000")
+MOE = " --num-experts 8 --moe-router-topk 2"
+
+
+@pytest.mark.parametrize(("extra", "refused"), [
+    # A head dimension of its own: 2048 / 32 heads is 64.
+    (" --kv-channels 128", "--kv-channels 128 gives the model a head dimension"),
+    (" --kv-channels=128", "--kv-channels=128 gives the model a head dimension"),
+    (" --kv-channels $KV", r"--kv-channels \$KV: autotune cannot tell this value"),
+    (" --kv-channels 64", None),
+    (" --window-size 1024,0", "sliding-window attention"),
+    (" --window-size -1,0", None),
+    (" --window-size 4096,0", None),
+    (" --window-size 1024,0 --window-attn-skip-freq 2", "sliding-window attention"),
+    (" --multi-latent-attention --q-lora-rank 1536", "multi-latent attention"),
+    (MOE + " --moe-shared-expert-intermediate-size 4096", "shared experts"),
+    (MOE + " --moe-shared-expert-intermediate-size 0", None),
+    (MOE + " --moe-layer-freq '([0]*3+[1]*21)'", "dense layers among the MoE layers"),
+    (MOE + " --moe-layer-freq 1", None),
+    (" --mtp-num-layers 1", "multi-token prediction layers"),
+    (" --mtp-num-layers 0", None),
+    (" --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*12|t*12L'",
+     "a pipeline layout of its own"),
+    (" --heterogeneous-layers-config-path layers.json", "layers of different shapes"),
+    (" --experimental-attention-variant gated_delta_net", "an attention variant of its own"),
+])
+def test_a_shape_autotune_does_not_model_is_refused(tmp_path: Path, extra: str,
+                                                    refused: str | None) -> None:
+    """These flags were kept and passed on in silence: a --kv-channels 128 model was predicted
+    as one with 64-wide heads, MLA as plain attention, shared experts left out."""
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + extra + "\n")
+    if refused is None:
+        read_megatron_command(str(script))
+        return
+    with pytest.raises(ConfigError, match=refused):
+        read_megatron_command(str(script))
+
+
+def test_the_refusal_is_one_line_exit_2(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --kv-channels 128\n")
+    results = tmp_path / "results"
+    code, out, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                         "--results-dir", str(results))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("autotune: error: "), err
+    assert not results.exists()
+
+
+@pytest.mark.parametrize("version", ["0.16.1", "0.19.2"])
+def test_the_refused_flags_are_megatron_lms(version: str) -> None:
+    """Spelled as the supported releases' argparse declares them (tests/data/megatron_versions),
+    so that a user's command cannot pass one autotune's table misspells."""
+    flags = set(json.loads((DATA / "megatron_versions" / f"{version}.json").read_text())["flags"])
+    assert set(UNREPRESENTED_FLAGS) <= flags
+
+
+def test_refusals_name_their_flag() -> None:
+    for flag, unrepresented in UNREPRESENTED_FLAGS.items():
+        assert re.fullmatch(r"--[a-z0-9-]+", flag)
+        assert unrepresented.what and "\n" not in unrepresented.what
