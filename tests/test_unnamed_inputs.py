@@ -12,8 +12,8 @@ import pytest
 
 from autotune.cli import main
 from autotune.errors import ConfigError
-from autotune.megatron.megatron_args import UNREPRESENTED_FLAGS
-from autotune.megatron.megatron_command import read_megatron_command
+from autotune.megatron.megatron_args import UNMODELED_FLAGS, UNREPRESENTED_FLAGS
+from autotune.megatron.megatron_command import read_megatron_command, unmodeled_warning
 
 DATA = Path(__file__).parent / "data"
 
@@ -80,12 +80,48 @@ def test_the_refusal_is_one_line_exit_2(tmp_path: Path,
     assert not results.exists()
 
 
+@pytest.mark.parametrize(("extra", "named"), [
+    (MOE + " --tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1",
+     ["--expert-tensor-parallel-size"]),
+    # megatron-core's default is the tensor-parallel size: what autotune runs.
+    (MOE + " --tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 2",
+     []),
+    (MOE + " --tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size=2",
+     []),
+    (MOE + " --moe-grouped-gemm --moe-expert-capacity-factor 1.0 "
+     "--moe-pad-expert-input-to-capacity --moe-layer-recompute",
+     ["--moe-grouped-gemm", "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
+      "--moe-layer-recompute"]),
+    (" --use-flash-attn --qk-layernorm --add-qkv-bias --fp32-residual-connection",
+     ["--use-flash-attn", "--qk-layernorm", "--add-qkv-bias", "--fp32-residual-connection"]),
+    (" --pipeline-model-parallel-size 2 --account-for-embedding-in-pipeline-split "
+     "--account-for-loss-in-pipeline-split",
+     ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]),
+    (" --context-parallel-size 2 --cp-comm-type a2a", ["--cp-comm-type"]),
+    (" --context-parallel-size 2 --cp-comm-type p2p", []),           # Megatron-LM's default
+    (" --attention-backend=auto", []),                               # its default, with =
+    (" --attention-backend=flash", ["--attention-backend"]),
+])
+def test_flags_that_change_speed_or_memory_are_named(tmp_path: Path, extra: str,
+                                                     named: list[str]) -> None:
+    """These were passed on without a word: the prediction ran without them, the user's command
+    with them (expert weights unsharded over tp, FlashAttention, an fp32 residual, ...)."""
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + extra + "\n")
+    command = read_megatron_command(str(script))
+    assert list(command.unmodeled) == named
+    warning = unmodeled_warning(command)
+    assert (warning is None) == (not named)
+    assert warning is None or ("\n" not in warning and all(f in warning for f in named))
+
+
 @pytest.mark.parametrize("version", ["0.16.1", "0.19.2"])
-def test_the_refused_flags_are_megatron_lms(version: str) -> None:
+def test_the_refused_and_named_flags_are_megatron_lms(version: str) -> None:
     """Spelled as the supported releases' argparse declares them (tests/data/megatron_versions),
-    so that a user's command cannot pass one autotune's table misspells."""
+    so that a user's command cannot pass one autotune's tables misspell."""
     flags = set(json.loads((DATA / "megatron_versions" / f"{version}.json").read_text())["flags"])
     assert set(UNREPRESENTED_FLAGS) <= flags
+    assert set(UNMODELED_FLAGS) <= flags
 
 
 def test_refusals_name_their_flag() -> None:

@@ -367,11 +367,25 @@ _UNMODELED: tuple[tuple[str, str], ...] = (
     ("--fine-grained-activation-offloading", "activations offloaded per module"),
     ("--use-nccl-ub", "NCCL user buffers"),
     ("--symmetric-ar-type", "symmetric-memory all-reduces"),
+    ("--expert-tensor-parallel-size",
+     "the experts' weights split over other ranks than tensor parallelism's"),
+    ("--moe-grouped-gemm", "the experts' GEMMs grouped into one kernel"),
+    ("--moe-expert-capacity-factor", "tokens dropped or padded at an expert's capacity"),
+    ("--moe-pad-expert-input-to-capacity", "every expert's input padded to its capacity"),
+    ("--moe-layer-recompute", "the MoE layers recomputed in the backward pass"),
+    ("--use-flash-attn", "FlashAttention as core attention"),
+    ("--cp-comm-type", "context-parallel communication other than p2p"),
+    ("--hierarchical-context-parallel-sizes", "context-parallel communication in levels"),
+    ("--account-for-embedding-in-pipeline-split", "the embedding counted as a pipeline layer"),
+    ("--account-for-loss-in-pipeline-split", "the loss counted as a pipeline layer"),
+    ("--fp32-residual-connection", "the residual stream kept in fp32"),
+    ("--qk-layernorm", "a layer norm on queries and keys"),
+    ("--add-qkv-bias", "a bias on the QKV projection"),
 )
 """Megatron-LM core_v0.16.1 flags outside the levers that change speed or memory and that
 autotune does not model, each with what it changes."""
 
-UNMODELED_DEFAULTS: dict[str, str] = {"--attention-backend": "auto"}
+UNMODELED_DEFAULTS: dict[str, str] = {"--attention-backend": "auto", "--cp-comm-type": "p2p"}
 """Values of UNMODELED_FLAGS that are Megatron-LM's default (arguments.py), which autotune
 runs too: a command that spells one out is not warned about."""
 

@@ -58,6 +58,14 @@ class ArgGroup:
     flag: str | None
     words: tuple[Word, ...]
 
+    @property
+    def values(self) -> list[str | None]:
+        """The flag's values as written, `--flag=value`'s too (an unknown flag's group keeps
+        its first word whole); None for a word autotune cannot tell."""
+        first = (self.words[0].text or "") if self.flag is not None else ""
+        return ([first.partition("=")[2]] if "=" in first else []) + \
+            [w.text for w in self.words[1:]]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MegatronCommand:
@@ -97,7 +105,10 @@ class MegatronCommand:
         """The command's flags that change its speed or memory in ways autotune does not
         model (megatron_args.UNMODELED_FLAGS), each once, in the command's order."""
         def default(group: ArgGroup) -> bool:
-            given = [w.text for w in group.words[1:]]
+            given = group.values
+            if group.flag == "--expert-tensor-parallel-size":
+                # megatron-core's default is the tensor-parallel size, which autotune runs.
+                return given == [str(self.layout_fields.get("tp", 1))]
             return given == [UNMODELED_DEFAULTS.get(group.flag or "")]
 
         return tuple(dict.fromkeys(g.flag for g in self.groups if g.flag is not None
@@ -287,10 +298,7 @@ def _refuse_unrepresented(groups: tuple[ArgGroup, ...], model: ModelSpec, source
         unrepresented = UNREPRESENTED_FLAGS.get(group.flag or "")
         if unrepresented is None:
             continue
-        # An unknown flag's group is its words as written: `--kv-channels=128` or its values.
-        first = group.words[0].text or ""
-        words = ([first.partition("=")[2]] if "=" in first else []) + \
-            [w.text for w in group.words[1:]]
+        words = group.values
         shown = " ".join(w.shown() for w in group.words)
         if any(w is None for w in words):
             raise ConfigError(f"{source}: {shown}: autotune cannot tell this value, and "
