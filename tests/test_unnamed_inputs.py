@@ -128,3 +128,39 @@ def test_refusals_name_their_flag() -> None:
     for flag, unrepresented in UNREPRESENTED_FLAGS.items():
         assert re.fullmatch(r"--[a-z0-9-]+", flag)
         assert unrepresented.what and "\n" not in unrepresented.what
+
+
+# -- a GPU count that the default node size does not divide -------------------------------------
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["gpt2", "--gpus", "12", "--dry-run"],
+     "--gpus 12 does not fill nodes of 8 GPUs (the default --gpus-per-node): give "
+     "--gpus-per-node 6, 4, 3, 2 or 1"),
+    (["estimate", "gpt2", "--gpus", "12"], "give --gpus-per-node 6, 4, 3, 2 or 1"),
+    (["gpt2", "--gpus", "13", "--dry-run"], "give --gpus-per-node 1, the GPUs that share"),
+    (["gpt2", "--gpus", "20", "--cluster", "dgx-h100.yaml", "--dry-run"],
+     "--gpus 20 does not fill nodes of 8 GPUs of cluster file"),
+    # Typed by the user: ClusterSpec's own message names it as typed.
+    (["gpt2", "--gpus", "12", "--gpus-per-node", "8", "--dry-run"],
+     "--gpus=12 must be a multiple of --gpus-per-node=8"),
+])
+def test_a_default_node_size_that_does_not_divide_says_so(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, args: list[str],
+        message: str) -> None:
+    """`--gpus 12` used to end with "--gpus=12 must be a multiple of --gpus-per-node=8": an
+    option the user never typed, and no word of what to type."""
+    monkeypatch.chdir(Path(__file__).parents[1] / "search_spaces" / "clusters")
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize(("gpus", "per_node"), [(12, 4), (12, 6), (24, 8), (7, None),
+                                                (1000, None), (3072, None)])
+def test_counts_that_fill_their_nodes_still_plan(capsys: pytest.CaptureFixture[str],
+                                                 gpus: int, per_node: int | None) -> None:
+    extra = ["--gpus-per-node", str(per_node)] if per_node else []
+    code, _, err = run(capsys, "estimate", "gpt2", "--gpus", str(gpus), *extra, "--gbs",
+                       str(gpus * 2))
+    assert code == 0, err
