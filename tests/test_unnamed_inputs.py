@@ -164,3 +164,35 @@ def test_counts_that_fill_their_nodes_still_plan(capsys: pytest.CaptureFixture[s
     code, _, err = run(capsys, "estimate", "gpt2", "--gpus", str(gpus), *extra, "--gbs",
                        str(gpus * 2))
     assert code == 0, err
+
+
+# -- options a real search hands its trials ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--warmup-steps", "-1"], "--warmup-steps must be 0 or more, got -1"),
+    (["--trial-timeout", "0"], "--trial-timeout must be a positive number of seconds, got 0"),
+    (["--trial-timeout", "-5"], "got -5"),
+    (["--trial-timeout", "nan"], "got nan"),
+    (["--trial-timeout", "inf"], "got inf"),
+])
+def test_trial_options_out_of_range_are_one_line(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path, extra: list[str],
+                                                 message: str) -> None:
+    """Accepted before: a negative warm-up reached the worker's trial.json reader, which refuses
+    it (every trial of a real search would crash); a timeout of 0 meant the default in silence,
+    a negative one timed every trial out."""
+    results = tmp_path / "results"
+    code, out, err = run(capsys, "gpt2", "--gpus", "1", "--backend", "simulate",
+                         "--results-dir", str(results), *extra)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
+    assert not results.exists()
+
+
+@pytest.mark.parametrize("extra", [["--warmup-steps", "0"], ["--trial-timeout", "30"]])
+def test_trial_options_in_range_still_run(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                          extra: list[str]) -> None:
+    code, _, err = run(capsys, "gpt2", "--gpus", "1", "--backend", "simulate", "--space",
+                       "single-gpu", "--trials", "2", "--results-dir", str(tmp_path), *extra)
+    assert code == 0, err
