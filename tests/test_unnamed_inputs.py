@@ -196,3 +196,38 @@ def test_trial_options_in_range_still_run(capsys: pytest.CaptureFixture[str], tm
     code, _, err = run(capsys, "gpt2", "--gpus", "1", "--backend", "simulate", "--space",
                        "single-gpu", "--trials", "2", "--results-dir", str(tmp_path), *extra)
     assert code == 0, err
+
+
+# -- a plan where no layout fits leaves nothing behind -----------------------------------------
+
+
+def test_a_plan_that_fits_nowhere_leaves_no_study(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    """`autotune gpt-145b --gpus 1` wrote a study of ruled-out trials: the newest under
+    --results-dir, so a following `autotune export` refused ("no COMPLETE trial") instead of
+    exporting the plan made before it."""
+    results = str(tmp_path / "results")
+    plan = ["--backend", "simulate", "--results-dir", results]
+    code, _, err = run(capsys, "gpt2", "--gpus", "1", "--space", "single-gpu", "--trials", "3",
+                       *plan)
+    assert code == 0, err
+    before = sorted(p.name for p in Path(results).iterdir())
+    for args in (["gpt-145b", "--gpus", "1"], ["gpt-145b", "--gpus", "1", "--json"],
+                 ["gpt3-175b", "--gpus", "2", "--sampler", "grid"]):
+        code, out, err = run(capsys, *args, *plan)
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert "no layout is predicted to fit" in err
+        assert sorted(p.name for p in Path(results).iterdir()) == before
+    code, out, err = run(capsys, "export", "--results-dir", results, "--format", "json")
+    assert code == 0 and "gpt2-1gpu" in err, err
+
+
+def test_a_study_folder_holding_more_is_kept(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path) -> None:
+    folder = tmp_path / "results" / "mine"
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("mine\n")
+    code, _, err = run(capsys, "gpt-145b", "--gpus", "1", "--backend", "simulate", "--study",
+                       "mine", "--results-dir", str(tmp_path / "results"))
+    assert code == 2 and "no layout is predicted to fit" in err
+    assert (folder / "notes.txt").read_text() == "mine\n" and (folder / "study.db").exists()
