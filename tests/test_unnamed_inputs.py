@@ -231,3 +231,43 @@ def test_a_study_folder_holding_more_is_kept(capsys: pytest.CaptureFixture[str],
                        "mine", "--results-dir", str(tmp_path / "results"))
     assert code == 2 and "no layout is predicted to fit" in err
     assert (folder / "notes.txt").read_text() == "mine\n" and (folder / "study.db").exists()
+
+
+# -- export: a refusal is its one line ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def planned_on_four(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    results = tmp_path_factory.mktemp("plans")
+    assert main(["gpt2", "--gpus", "4", "--backend", "simulate", "--space", "four-gpu",
+                 "--trials", "3", "--results-dir", str(results)]) == 0
+    return results
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--nodes", "3"], "--nodes 3 must be a positive divisor of the layout's 4 GPUs"),
+    (["--nodes", "8"], "--nodes 8 must be a positive divisor"),
+    (["--nodes", "2", "--format", "torchrun"], "--format torchrun runs autotune's worker on one"),
+    (["-o", "{root}/no/such/folder/x.sh"], "does not exist"),
+])
+def test_export_refusals_are_one_line(capsys: pytest.CaptureFixture[str], planned_on_four: Path,
+                                      extra: list[str], message: str) -> None:
+    """The "exporting trial N ..." line came before them: two lines for one refusal."""
+    capsys.readouterr()
+    extra = [a.format(root=planned_on_four) for a in extra]
+    code, out, err = run(capsys, "export", "--results-dir", str(planned_on_four), *extra)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("autotune: error: ") and message in err, err
+
+
+def test_export_still_says_what_it_exports(capsys: pytest.CaptureFixture[str],
+                                           planned_on_four: Path, tmp_path: Path) -> None:
+    capsys.readouterr()
+    code, out, err = run(capsys, "export", "--results-dir", str(planned_on_four), "--nodes", "2")
+    assert code == 0 and "pretrain_gpt.py" in out and "exporting trial" in err
+    target = tmp_path / "run.sh"
+    code, out, err = run(capsys, "export", "--results-dir", str(planned_on_four), "-o",
+                         str(target))
+    assert code == 0 and out == "" and target.exists()
+    assert err.splitlines()[0].startswith("autotune: exporting trial")
+    assert err.splitlines()[-1] == f"autotune: wrote {target}"
