@@ -271,3 +271,30 @@ def test_export_still_says_what_it_exports(capsys: pytest.CaptureFixture[str],
     assert code == 0 and out == "" and target.exists()
     assert err.splitlines()[0].startswith("autotune: exporting trial")
     assert err.splitlines()[-1] == f"autotune: wrote {target}"
+
+
+# -- the smallest peak is the space's, not the tried layouts' ------------------------------------
+
+
+def test_the_smallest_peak_is_the_spaces_not_the_users(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """With --from-megatron the user's own layout is the one trial told PREDICTED_OOM, and the
+    error named its peak as the smallest (414.6 GiB for a 175B model at tp 8 without recompute)
+    although the space held a layout of 384.6 GiB (full recompute, distributed optimizer)."""
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 96 --hidden-size 12288 "
+        "--num-attention-heads 96 --seq-length 2048 --max-position-embeddings 2048 "
+        "--micro-batch-size 1 --global-batch-size 1536 --bf16 --vocab-size 50000 "
+        "--tokenizer-type NullTokenizer --tensor-model-parallel-size 8\n")
+    code, out, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                         "--results-dir", str(tmp_path / "results"))
+    assert code == 2 and out == ""
+    def gib(pattern: str) -> float:
+        found = re.search(pattern + r" ([\d,.]+) GiB", err)
+        assert found, err
+        return float(found.group(1).replace(",", ""))
+
+    yours, smallest = gib("tokens/s, peak"), gib("the smallest peak is")
+    assert smallest < yours * 0.95, err
+    assert "rc=full" in err.splitlines()[-1]

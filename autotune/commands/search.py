@@ -375,9 +375,12 @@ def _why_nothing(result: SearchResult, cfg: SearchConfig) -> AutotuneError:
                              f"({statuses}); their logs are under the study's trials/ folder")
     oom = [(r.predicted_peak_bytes, r.label) for r in result.records
            if r.status is TrialStatus.PREDICTED_OOM and r.predicted_peak_bytes]
-    # The ranked and grid samplers skip what is predicted not to fit without a trial: then
-    # the space itself says how far the nearest layout is.
-    smallest = min(oom, default=None) if oom else _smallest_peak(cfg)
+    # The records hold only the layouts tried: the ranked and grid samplers skip what is
+    # predicted not to fit without a trial, and what was told PREDICTED_OOM may be only the
+    # seeds (a --from-megatron user's own layout, Alpa's) or TPE's proposals. The space itself
+    # says how far the nearest layout is; the records' peaks join it (a derived count
+    # they were judged with may lie below the space's).
+    smallest = min([*oom, *filter(None, [_smallest_peak(cfg)])], default=None)
     if smallest is not None and smallest[0] > cluster.gpu.memory_bytes:
         peak, label = smallest
         return ConfigError(f"no layout is predicted to fit: the smallest peak is "
