@@ -298,3 +298,29 @@ def test_the_smallest_peak_is_the_spaces_not_the_users(tmp_path: Path,
     yours, smallest = gib("tokens/s, peak"), gib("the smallest peak is")
     assert smallest < yours * 0.95, err
     assert "rc=full" in err.splitlines()[-1]
+
+
+@pytest.mark.parametrize(("extra", "args", "message"), [
+    ("", ["--gpus", "16"], "runs on 8 GPUs (torchrun --nproc-per-node 8 x --nnodes 1); --gpus "
+     "says 16"),
+    (" --tensor-model-parallel-size 3", [], "tp=3 x pp=1 x cp=1 = 3 must divide the 8 GPUs"),
+    (" --micro-batch-size 3", [], "mbs=3 x dp=8 = 24 must divide global_batch_size=64"),
+])
+def test_a_refused_command_with_unmodeled_flags_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: str, args: list[str],
+        message: str) -> None:
+    """The warning naming --tp-comm-overlap came before the refusal: two lines for bad input."""
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --tp-comm-overlap" + extra + "\n")
+    code, out, err = run(capsys, "--from-megatron", str(script), *args, "--backend", "simulate",
+                         "--dry-run")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_a_usable_command_still_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --tp-comm-overlap\n")
+    code, _, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                       "--dry-run")
+    assert code == 0 and "autotune does not model --tp-comm-overlap" in err.splitlines()[0]
