@@ -324,3 +324,32 @@ def test_a_usable_command_still_warns(tmp_path: Path, capsys: pytest.CaptureFixt
     code, _, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
                        "--dry-run")
     assert code == 0 and "autotune does not model --tp-comm-overlap" in err.splitlines()[0]
+
+
+# -- a launch script with Windows line endings -----------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    (COMMAND + "\r\n", 1),
+    # A continuation: bash runs `torchrun ... pretrain_gpt.py --num-layers 24 $'\r'` alone.
+    (COMMAND.replace(" --hidden-size", " \\\r\n  --hidden-size") + "\r\n", 1),
+    ("#!/bin/bash\nset -e\r\n" + COMMAND + "\n", 2),
+])
+def test_windows_line_endings_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        text: str, line: int) -> None:
+    """Read before as if the carriage returns were spaces: a command bash never runs (its last
+    word `--bf16\\r`, or split at a `\\` + CR) was searched, or refused as having "no
+    --hidden-size"."""
+    script = tmp_path / "train.sh"
+    script.write_bytes(text.encode())
+    code, out, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                         "--dry-run")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"line {line} ends in a carriage return (Windows line endings)" in err
+    assert "dos2unix" in err
+
+
+def test_a_carriage_return_inside_a_line_is_left_to_bash(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_bytes((COMMAND + " --wandb-exp-name 'a\rb'\n").encode())
+    read_megatron_command(str(script))
