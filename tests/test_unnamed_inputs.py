@@ -353,3 +353,42 @@ def test_a_carriage_return_inside_a_line_is_left_to_bash(tmp_path: Path) -> None
     script = tmp_path / "train.sh"
     script.write_bytes((COMMAND + " --wandb-exp-name 'a\rb'\n").encode())
     read_megatron_command(str(script))
+
+
+# -- recompute flags read as Megatron-LM runs them ------------------------------------------------
+
+
+@pytest.mark.parametrize(("extra", "read"), [
+    # validate_args: --recompute-activations sets selective over any --recompute-granularity.
+    (" --recompute-activations --recompute-granularity full --recompute-method uniform",
+     "selective"),
+    (" --recompute-granularity full --recompute-activations --recompute-method block",
+     "selective"),
+    (" --recompute-activations", "selective"),
+    (" --recompute-granularity selective --recompute-method block", "selective"),
+    (" --recompute-granularity full --recompute-method block --recompute-num-layers 3", "full"),
+    (" --recompute-num-layers 3", "none"),       # read only with full (or refused: selective)
+    ("", "none"),
+])
+def test_recompute_is_read_as_megatron_lm_runs_it(tmp_path: Path, extra: str, read: str) -> None:
+    """`--recompute-activations --recompute-granularity full ...` was read as full recompute;
+    Megatron-LM runs it selective (and fails with --recompute-num-layers)."""
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + extra + "\n")
+    assert read_megatron_command(str(script)).layout_fields["recompute"] == read
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (" --recompute-activations --recompute-granularity full --recompute-method uniform "
+     "--recompute-num-layers 1",
+     "megatron-core refuses --recompute-num-layers with selective recompute "
+     "(--recompute-activations makes it selective over --recompute-granularity full)"),
+    (" --recompute-granularity selective --recompute-num-layers 2",
+     "megatron-core refuses --recompute-num-layers with selective recompute: the command"),
+])
+def test_recompute_megatron_core_refuses_is_refused(tmp_path: Path, extra: str,
+                                                    message: str) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + extra + "\n")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        read_megatron_command(str(script))
