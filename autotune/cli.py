@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -328,6 +329,14 @@ def _search(
     if time_budget is not None and not time_budget > 0:  # `not >`: NaN too
         raise ConfigError(f"--time-budget must be a positive number of seconds, got "
                           f"{time_budget:g}")
+    # Checked here, not by the first trial: a negative warm-up reaches the worker's trial.json
+    # reader (which refuses it: every trial would crash), and a timeout of 0 or less or NaN
+    # would time every trial out at once (0 silently meant the default).
+    if warmup_steps < 0:
+        raise ConfigError(f"--warmup-steps must be 0 or more, got {warmup_steps}")
+    if trial_timeout is not None and not (math.isfinite(trial_timeout) and trial_timeout > 0):
+        raise ConfigError(f"--trial-timeout must be a positive number of seconds, got "
+                          f"{trial_timeout:g}")
     from autotune.commands.search import run_search_command
 
     _check_places(study, results_dir, storage)

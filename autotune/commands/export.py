@@ -142,8 +142,10 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
     # A finalist's figure is over its runs (autotune.search.finalists).
     tokens = loaded.figure_tokens(record.number, record.tokens_per_s or 0.0)
     chosen = "the best COMPLETE trial" if trial is None else "--trial"
-    print(f"autotune: exporting trial {record.number} ({chosen}) of study {ref.name}: "
-          f"{record.label}, as --format {fmt}", file=sys.stderr)
+    # What export says on stderr, printed once the text is made: a refusal on the way (--nodes
+    # that do not divide the GPUs, another model's command) is then its one line alone.
+    notes = [f"autotune: exporting trial {record.number} ({chosen}) of study {ref.name}: "
+             f"{record.label}, as --format {fmt}"]
     spec_model, cluster = loaded.model, loaded.cluster
     if fmt == "json":
         text = layout_json(layout, model=spec_model.name if spec_model else None,
@@ -179,11 +181,12 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
         if from_megatron is not None:
             # The user's file is theirs byte for byte unless a release is named: then their
             # other flags are respelled for it too.
-            text = _user_command(from_megatron, spec_model, layout, ref.name, line,
-                                 version if megatron_version is not None else None)
+            text, said_of_it = _user_command(from_megatron, spec_model, layout, ref.name, line,
+                                             version if megatron_version is not None else None)
+            notes += said_of_it
             if not measured_as_exported(layout):  # the user's file takes no header: say it here
                 said = title[-1] if cluster is not None else ""
-                print(f"autotune: {SDPA_STANDS_IN} {said}".rstrip(), file=sys.stderr)
+                notes.append(f"autotune: {SDPA_STANDS_IN} {said}".rstrip())
         elif fmt == "megatron-lm":
             text = megatron_lm_script(spec_model, layout, title=title,
                                       nodes=nodes or default_nodes, megatron_lm=megatron_lm,
@@ -202,6 +205,7 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
                 spec = replace(spec, gpu_peak_bf16_flops=cluster.gpu.peak_bf16_flops)
             text = torchrun_script(spec, title=title)
     if path is None:
+        print("\n".join(notes), file=sys.stderr)
         sys.stdout.write(text)
     else:
         try:
@@ -209,17 +213,18 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
             write_text(path, text, executable=fmt != "json")
         except OSError as exc:
             raise ConfigError(f"-o {output}: cannot write it ({exc.strerror or exc})") from None
-        print(f"autotune: wrote {path}", file=sys.stderr)
+        print("\n".join([*notes, f"autotune: wrote {path}"]), file=sys.stderr)
     return text
 
 
 def _user_command(path: str, model: ModelSpec, layout: Layout, study: str,
-                  line: int | None, version: MegatronVersion | None = None) -> str:
+                  line: int | None, version: MegatronVersion | None = None
+                  ) -> tuple[str, list[str]]:
     """The user's file with `layout`'s changed flags edited in place
     (autotune.megatron.script_patch) and, with `version` (--megatron-version), their other flags
     respelled for that release; refused in one line when the study searched another model or GPU
     count than the command runs. Nothing is added to it (no header): the file differs from theirs
-    only in those flags, which lines on stderr list."""
+    only in those flags, which the lines returned with it list (for stderr)."""
     from autotune.commands.from_megatron import read_user_job
     from autotune.megatron.megatron_command import layout_changes
     from autotune.megatron.script_patch import patch_script, respellings
@@ -230,11 +235,10 @@ def _user_command(path: str, model: ModelSpec, layout: Layout, study: str,
                           "command (its flags give another shape, sequence or batch)")
     changes = layout_changes(job.command, job.layout, layout)
     described = "; ".join(c.describe() for c in changes) or "none, the layout is yours"
-    print(f"autotune: {path}, line {job.command.line}: flags that change: {described}",
-          file=sys.stderr)
+    notes = [f"autotune: {path}, line {job.command.line}: flags that change: {described}"]
     if version is not None:
         respelled = "; ".join(r.describe() for r in respellings(job.command, version)) or \
             "none, they are its spelling already"
-        print(f"autotune: {path}, line {job.command.line}: flags respelled for megatron-core "
-              f"{version.version}: {respelled}", file=sys.stderr)
-    return patch_script(job.command, layout, changes, version)
+        notes.append(f"autotune: {path}, line {job.command.line}: flags respelled for "
+                     f"megatron-core {version.version}: {respelled}")
+    return patch_script(job.command, layout, changes, version), notes

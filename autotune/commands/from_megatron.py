@@ -53,9 +53,6 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
     launcher's, or --gpus where it cannot tell), its layout checked against Megatron's rules
     there."""
     command = read_megatron_command(path, line)
-    warning = unmodeled_warning(command)
-    if warning is not None:
-        print(f"autotune: warning: {warning}", file=sys.stderr)
     world = command.gpus
     if world is None and gpus is None:
         raise ConfigError(f"{path}: cannot tell how many GPUs the command runs on "
@@ -75,6 +72,10 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
     except InvalidLayoutError as exc:
         raise InvalidLayoutError(f"{path}: the command's layout {layout.describe()} on {num} "
                                  f"GPUs: {exc}") from None
+    # Warned once the command is known to be usable: a refusal above is its one line alone.
+    warning = unmodeled_warning(command)
+    if warning is not None:
+        print(f"autotune: warning: {warning}", file=sys.stderr)
     return UserJob(command, command.model, cluster, layout, line)
 
 

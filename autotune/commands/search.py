@@ -218,6 +218,8 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     if isinstance(nothing, ConfigError):
         # The model does not fit these GPUs: bad input like a GPU count no layout can use,
         # one line and exit 2, without an empty table.
+        if chosen.predicted and not stored:
+            _discard_new_plan(cfg, result.study_name)
         raise nothing
     counts = count_trials(result.records, stored)
     split = time_split(result.records)
@@ -281,6 +283,42 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
         raise nothing
 
 
+_PLAN_FILES = ("study.db", "study.lock", "study.db-journal", "study.db-wal", "study.db-shm")
+"""What a plan's default SQLite storage leaves in its study folder."""
+
+
+def _discard_new_plan(cfg: Any, name: str) -> None:
+    """Take away the study folder this plan created, when no layout is predicted to fit: bad
+    input leaves nothing behind, as a GPU count no layout can use does. Left standing, the
+    folder of ruled-out trials became the newest study under --results-dir, the one `autotune
+    export` and `report` pick without --study ("no COMPLETE trial"), hiding the user's last
+    real plan. Only the default SQLite storage, only a folder holding nothing but the plan's
+    own files (a study with trials from before this run is never discarded: the caller
+    checks that this run found it empty)."""
+    from autotune.search.lock import lock_study
+    from autotune.search.storage import storage_url
+
+    if cfg.storage:
+        return
+    folder = Path(cfg.results_dir) / name
+    try:
+        # Under the study's lock again: no other search can have opened it in between.
+        lock = lock_study(name, storage_url(Path(cfg.results_dir), name, None))
+    except ConfigError:
+        return  # another process holds it now: it is that process's study
+    try:
+        if {p.name for p in folder.iterdir()} - set(_PLAN_FILES):
+            return
+        for file in _PLAN_FILES:
+            (folder / file).unlink(missing_ok=True)
+        folder.rmdir()
+    except OSError:
+        return  # a folder we cannot tidy keeps what it holds; the error line still stands
+    finally:
+        if lock is not None:
+            lock.release()
+
+
 def _within_memory_band(result: Any, cluster: ClusterSpec) -> list[int]:
     """Trial numbers of the ten best whose predicted peak lies within the memory model's error
     band of the capacity (the gate's `risky`): picks that may run out of memory."""
@@ -337,9 +375,12 @@ def _why_nothing(result: SearchResult, cfg: SearchConfig) -> AutotuneError:
                              f"({statuses}); their logs are under the study's trials/ folder")
     oom = [(r.predicted_peak_bytes, r.label) for r in result.records
            if r.status is TrialStatus.PREDICTED_OOM and r.predicted_peak_bytes]
-    # The ranked and grid samplers skip what is predicted not to fit without a trial: then
-    # the space itself says how far the nearest layout is.
-    smallest = min(oom, default=None) if oom else _smallest_peak(cfg)
+    # The records hold only the layouts tried: the ranked and grid samplers skip what is
+    # predicted not to fit without a trial, and what was told PREDICTED_OOM may be only the
+    # seeds (a --from-megatron user's own layout, Alpa's) or TPE's proposals. The space itself
+    # says how far the nearest layout is; the records' peaks join it (a derived count
+    # they were judged with may lie below the space's).
+    smallest = min([*oom, *filter(None, [_smallest_peak(cfg)])], default=None)
     if smallest is not None and smallest[0] > cluster.gpu.memory_bytes:
         peak, label = smallest
         return ConfigError(f"no layout is predicted to fit: the smallest peak is "

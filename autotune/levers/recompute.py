@@ -169,10 +169,21 @@ def _emit(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
 
 
 def _read(g: Given) -> dict[str, Any]:
-    # --recompute-activations is the older spelling of --recompute-granularity selective.
-    default = "selective" if g.has("--recompute-activations") else "none"
-    granularity = g.choice("--recompute-granularity", ("full", "selective"), default) \
-        if g.has("--recompute-granularity") else default
+    # --recompute-activations is the older spelling of --recompute-granularity selective, and
+    # it wins: Megatron-LM's validate_args sets the granularity to selective whenever it is
+    # given, over a --recompute-granularity full beside it (core_v0.16.1 arguments.py).
+    granularity = g.choice("--recompute-granularity", ("full", "selective"), "none") \
+        if g.has("--recompute-granularity") else "none"
+    if g.has("--recompute-activations"):
+        granularity = "selective"
+    if granularity == "selective" and g.has("--recompute-num-layers"):
+        # TransformerConfig.__post_init__: "When using recompute_granularity: selective
+        # recompute_num_layers must be None" (a ValueError at the model's build).
+        clobbered = (" (--recompute-activations makes it selective over --recompute-"
+                     "granularity full)" if g.text("--recompute-granularity") == "full" else "")
+        raise ConfigError(f"{g.source}: megatron-core refuses --recompute-num-layers with "
+                          f"selective recompute{clobbered}: the command does not run as "
+                          "written")
     if granularity == "selective":
         # nargs +: the modules may come as one space-separated value; autotune writes a set
         # as `a+b` in its own order (dimensions.RecomputeModules).

@@ -12,6 +12,7 @@ context it runs in (`cd`, `source`, exports, defaults) stays the user's.
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -103,6 +104,16 @@ def walk(node: Node) -> Iterator[tuple[Node, int]]:
 def parse_script(data: bytes, source: str) -> Script:
     """The script's syntax tree, or one line: too slow to parse, too deeply nested, or bash
     the grammar does not read (refused rather than guessed at)."""
+    crlf = data.find(b"\r\n")
+    if crlf >= 0:
+        # bash keeps the carriage return in the line's last word (`--bf16\r`, which Megatron-LM's
+        # argparse refuses) and does not join a `\` continuation followed by one, so the command
+        # would run split at that line; tree-sitter-bash reads it as white space and would read
+        # another command than bash runs.
+        line = data.count(b"\n", 0, crlf) + 1
+        raise ConfigError(f"{source}: line {line} ends in a carriage return (Windows line "
+                          "endings): bash does not run this script as written; convert it "
+                          f"(dos2unix {shlex.quote(source)}) and run autotune again")
     deadline = time.monotonic() + PARSE_SECONDS
     parser = Parser(_LANGUAGE)
     try:

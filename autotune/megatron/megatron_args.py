@@ -18,7 +18,8 @@ Megatron-LM runs for impl sdpa (`exported_layout`) is the implementation lever's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import ConfigError
@@ -45,9 +46,8 @@ from autotune.megatron.megatron_versions import MegatronVersion, running, spell_
 from autotune.specs.model import ModelSpec
 
 __all__ = ["FLAG_TABLE", "GPT2_BPE_VOCAB", "SDPA_STANDS_IN", "TRAINING_SCRIPT",
-           "TRANSFORMER_IMPLS", "UNMODELED_DEFAULTS", "UNMODELED_FLAGS", "Flag", "FlagRow",
-           "Given", "Part",
-           "RunOptions",
+           "TRANSFORMER_IMPLS", "UNMODELED_DEFAULTS", "UNMODELED_FLAGS", "UNREPRESENTED_FLAGS",
+           "Flag", "FlagRow", "Given", "Part", "RunOptions", "Unrepresented",
            "exported_layout", "flag_names", "known_flags", "measured_as_exported",
            "megatron_lm_args", "read_fields", "row_args", "training_script"]
 
@@ -367,11 +367,25 @@ _UNMODELED: tuple[tuple[str, str], ...] = (
     ("--fine-grained-activation-offloading", "activations offloaded per module"),
     ("--use-nccl-ub", "NCCL user buffers"),
     ("--symmetric-ar-type", "symmetric-memory all-reduces"),
+    ("--expert-tensor-parallel-size",
+     "the experts' weights split over other ranks than tensor parallelism's"),
+    ("--moe-grouped-gemm", "the experts' GEMMs grouped into one kernel"),
+    ("--moe-expert-capacity-factor", "tokens dropped or padded at an expert's capacity"),
+    ("--moe-pad-expert-input-to-capacity", "every expert's input padded to its capacity"),
+    ("--moe-layer-recompute", "the MoE layers recomputed in the backward pass"),
+    ("--use-flash-attn", "FlashAttention as core attention"),
+    ("--cp-comm-type", "context-parallel communication other than p2p"),
+    ("--hierarchical-context-parallel-sizes", "context-parallel communication in levels"),
+    ("--account-for-embedding-in-pipeline-split", "the embedding counted as a pipeline layer"),
+    ("--account-for-loss-in-pipeline-split", "the loss counted as a pipeline layer"),
+    ("--fp32-residual-connection", "the residual stream kept in fp32"),
+    ("--qk-layernorm", "a layer norm on queries and keys"),
+    ("--add-qkv-bias", "a bias on the QKV projection"),
 )
 """Megatron-LM core_v0.16.1 flags outside the levers that change speed or memory and that
 autotune does not model, each with what it changes."""
 
-UNMODELED_DEFAULTS: dict[str, str] = {"--attention-backend": "auto"}
+UNMODELED_DEFAULTS: dict[str, str] = {"--attention-backend": "auto", "--cp-comm-type": "p2p"}
 """Values of UNMODELED_FLAGS that are Megatron-LM's default (arguments.py), which autotune
 runs too: a command that spells one out is not warned about."""
 
@@ -381,6 +395,73 @@ UNMODELED_FLAGS: dict[str, str] = dict(
 (the levers' own, autotune.levers.base.Lever.unmodeled, among them), with what it changes: a
 user's command that passes one is warned about in one line
 (autotune.megatron.megatron_command.unmodeled_warning), never followed in silence."""
+
+
+OursTest = Callable[[list[str], ModelSpec], bool]
+
+
+def _never(values: list[str], model: ModelSpec) -> bool:
+    return False
+
+
+def _one_value(test: Callable[[str, ModelSpec], bool]) -> OursTest:
+    def ours(values: list[str], model: ModelSpec) -> bool:
+        return len(values) == 1 and test(values[0], model)
+    return ours
+
+
+def _integer(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _full_window(text: str, model: ModelSpec) -> bool:
+    # Megatron-LM's --window-size "LEFT,RIGHT" (TransformerConfig.window_size): LEFT -1 is an
+    # unbounded window, and one at least the sequence long attends to every earlier token.
+    left = _integer(text.strip("()[] ").split(",")[0])
+    return left is not None and (left < 0 or left >= model.seq_length)
+
+
+@dataclass(frozen=True, slots=True)
+class Unrepresented:
+    """A Megatron-LM flag that gives the model a shape (or the pipeline a placement) autotune's
+    models do not have: a user's command that passes it is refused in one line rather than
+    predicted as another model, unless its value is the one autotune's model has (`ours`)."""
+
+    what: str
+    ours: OursTest = _never
+
+
+UNREPRESENTED_FLAGS: dict[str, Unrepresented] = {
+    # hf_config refuses the same shapes in a config.json (head_dim, sliding_window, shared
+    # experts, mlp_only_layers): a Megatron-LM command must not get further with them.
+    "--kv-channels": Unrepresented(
+        "a head dimension other than hidden_size / num_attention_heads",
+        _one_value(lambda v, m: _integer(v) == m.head_dim)),
+    "--window-size": Unrepresented("sliding-window attention", _one_value(_full_window)),
+    "--window-attn-skip-freq": Unrepresented("sliding-window attention on some layers"),
+    "--multi-latent-attention": Unrepresented("multi-latent attention (MLA)"),
+    "--experimental-attention-variant": Unrepresented("an attention variant of its own"),
+    "--moe-shared-expert-intermediate-size": Unrepresented(
+        "shared experts", _one_value(lambda v, m: _integer(v) == 0)),
+    "--moe-layer-freq": Unrepresented(
+        "dense layers among the MoE layers", _one_value(lambda v, m: v == "1")),
+    "--moe-latent-size": Unrepresented("MoE experts in a latent space"),
+    "--mtp-num-layers": Unrepresented(
+        "multi-token prediction layers", _one_value(lambda v, m: _integer(v) == 0)),
+    "--heterogeneous-layers-config-path": Unrepresented("layers of different shapes"),
+    "--heterogeneous-layers-config-encoded-json": Unrepresented("layers of different shapes"),
+    "--pipeline-model-parallel-layout": Unrepresented(
+        "a pipeline layout of its own (autotune splits the layers evenly, or by "
+        "--decoder-first/last-pipeline-num-layers)"),
+}
+"""Megatron-LM core_v0.16.1 flags (declared by 0.19 too) whose model autotune's analytical
+models, worker and export do not have, each with what it gives the model and the values that
+are autotune's own (a head dimension of hidden / heads, every layer MoE, ...). A flag autotune
+does not know is otherwise kept and passed on untouched; one of these would be followed in
+silence by a prediction for another model."""
 
 
 def known_flags() -> dict[str, Flag]:

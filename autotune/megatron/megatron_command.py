@@ -32,6 +32,7 @@ from autotune.megatron.megatron_args import (
     TRAINING_SCRIPT,
     UNMODELED_DEFAULTS,
     UNMODELED_FLAGS,
+    UNREPRESENTED_FLAGS,
     Given,
     Part,
     exported_layout,
@@ -56,6 +57,14 @@ class ArgGroup:
 
     flag: str | None
     words: tuple[Word, ...]
+
+    @property
+    def values(self) -> list[str | None]:
+        """The flag's values as written, `--flag=value`'s too (an unknown flag's group keeps
+        its first word whole); None for a word autotune cannot tell."""
+        first = (self.words[0].text or "") if self.flag is not None else ""
+        return ([first.partition("=")[2]] if "=" in first else []) + \
+            [w.text for w in self.words[1:]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,7 +105,10 @@ class MegatronCommand:
         """The command's flags that change its speed or memory in ways autotune does not
         model (megatron_args.UNMODELED_FLAGS), each once, in the command's order."""
         def default(group: ArgGroup) -> bool:
-            given = [w.text for w in group.words[1:]]
+            given = group.values
+            if group.flag == "--expert-tensor-parallel-size":
+                # megatron-core's default is the tensor-parallel size, which autotune runs.
+                return given == [str(self.layout_fields.get("tp", 1))]
             return given == [UNMODELED_DEFAULTS.get(group.flag or "")]
 
         return tuple(dict.fromkeys(g.flag for g in self.groups if g.flag is not None
@@ -278,6 +290,27 @@ class _GivenWithRefs(Given):
         return super().number(name, default)
 
 
+def _refuse_unrepresented(groups: tuple[ArgGroup, ...], model: ModelSpec, source: str) -> None:
+    """One line for the first flag of the command that gives the model a shape autotune's
+    models do not have (megatron_args.UNREPRESENTED_FLAGS): predicting the model without it
+    would be a figure for another model."""
+    for group in groups:
+        unrepresented = UNREPRESENTED_FLAGS.get(group.flag or "")
+        if unrepresented is None:
+            continue
+        words = group.values
+        shown = " ".join(w.shown() for w in group.words)
+        if any(w is None for w in words):
+            raise ConfigError(f"{source}: {shown}: autotune cannot tell this value, and "
+                              f"{group.flag} may give the model {unrepresented.what}, which "
+                              "autotune's models do not have: set it in the script before the "
+                              "command")
+        if not unrepresented.ours([w for w in words if w is not None], model):
+            raise ConfigError(f"{source}: {shown} gives the model {unrepresented.what}, which "
+                              "autotune's models do not have (its memory and step time would "
+                              "be another model's)")
+
+
 def _model_name(path: Path) -> str:
     """A model name from the file's name: its stem, letters, digits, '.', '_', '-' only (the
     name titles reports and makes the default study name)."""
@@ -303,6 +336,7 @@ def read_megatron_command(path: str, line: int | None = None) -> MegatronCommand
     read = read_fields(given)
     names = {f.name for f in fields(ModelSpec)}
     model = ModelSpec(name=_model_name(file), **{k: v for k, v in read.items() if k in names})
+    _refuse_unrepresented(groups, model, path)
     layout_fields = {k: v for k, v in read.items() if k in DIMENSIONS}
     per_node, nodes, why = _launcher_gpus(launcher, path)
     return MegatronCommand(source=path, line=command.line, env=command.env,

@@ -154,11 +154,27 @@ class ClusterSpec:
                                   f"{file.gpus_per_node} GPUs per node of cluster file {gpu}")
             per_node = gpus_per_node if gpus_per_node is not None else min(file.gpus_per_node,
                                                                            num_gpus)
+            if gpus_per_node is None:
+                _check_default_per_node(num_gpus, per_node, f"of cluster file {gpu}")
             return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=spec,
                        host_memory_bytes=file.host_memory_bytes)
         per_node = gpus_per_node if gpus_per_node is not None else min(8, num_gpus)
+        if gpus_per_node is None:
+            _check_default_per_node(num_gpus, per_node, "(the default --gpus-per-node)")
         name = gpu or detect_gpu() or DEFAULT_GPU
         return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=gpu_spec(name))
+
+
+def _check_default_per_node(num_gpus: int, per_node: int, whence: str) -> None:
+    """A GPU count the default node size does not divide (12 GPUs, 8 a node) is one line that
+    says where the 8 came from and which --gpus-per-node would do: ClusterSpec's own message
+    names an option the user never typed."""
+    if num_gpus <= per_node or num_gpus % per_node == 0 or num_gpus <= 0 or per_node <= 0:
+        return
+    fits = [str(n) for n in range(per_node - 1, 0, -1) if num_gpus % n == 0]
+    choices = fits[0] if len(fits) == 1 else f"{', '.join(fits[:-1])} or {fits[-1]}"
+    raise ConfigError(f"--gpus {num_gpus} does not fill nodes of {per_node} GPUs {whence}: "
+                      f"give --gpus-per-node {choices}, the GPUs that share a node")
 
 
 def _nvml_names() -> list[str]:

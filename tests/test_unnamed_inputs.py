@@ -1,0 +1,394 @@
+"""Cases no issue named, found by trying autotune as a new Megatron user on a CPU machine would:
+GPU counts, models and inputs beyond the presets' (simulate, estimate, export, report). Each
+table holds the inputs of one defect and the answer autotune owes them."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.errors import ConfigError
+from autotune.megatron.megatron_args import UNMODELED_FLAGS, UNREPRESENTED_FLAGS
+from autotune.megatron.megatron_command import read_megatron_command, unmodeled_warning
+
+DATA = Path(__file__).parent / "data"
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- a Megatron-LM command whose model autotune's models do not have -----------------------------
+
+COMMAND = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 24 --hidden-size 2048 "
+           "--num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 "
+           "--micro-batch-size 1 --global-batch-size 64 --bf16 "
+           "--tokenizer-type NullTokenizer --vocab-size 32000")
+MOE = " --num-experts 8 --moe-router-topk 2"
+
+
+@pytest.mark.parametrize(("extra", "refused"), [
+    # A head dimension of its own: 2048 / 32 heads is 64.
+    (" --kv-channels 128", "--kv-channels 128 gives the model a head dimension"),
+    (" --kv-channels=128", "--kv-channels=128 gives the model a head dimension"),
+    (" --kv-channels $KV", r"--kv-channels \$KV: autotune cannot tell this value"),
+    (" --kv-channels 64", None),
+    (" --window-size 1024,0", "sliding-window attention"),
+    (" --window-size -1,0", None),
+    (" --window-size 4096,0", None),
+    (" --window-size 1024,0 --window-attn-skip-freq 2", "sliding-window attention"),
+    (" --multi-latent-attention --q-lora-rank 1536", "multi-latent attention"),
+    (MOE + " --moe-shared-expert-intermediate-size 4096", "shared experts"),
+    (MOE + " --moe-shared-expert-intermediate-size 0", None),
+    (MOE + " --moe-layer-freq '([0]*3+[1]*21)'", "dense layers among the MoE layers"),
+    (MOE + " --moe-layer-freq 1", None),
+    (" --mtp-num-layers 1", "multi-token prediction layers"),
+    (" --mtp-num-layers 0", None),
+    (" --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*12|t*12L'",
+     "a pipeline layout of its own"),
+    (" --heterogeneous-layers-config-path layers.json", "layers of different shapes"),
+    (" --experimental-attention-variant gated_delta_net", "an attention variant of its own"),
+])
+def test_a_shape_autotune_does_not_model_is_refused(tmp_path: Path, extra: str,
+                                                    refused: str | None) -> None:
+    """These flags were kept and passed on in silence: a --kv-channels 128 model was predicted
+    as one with 64-wide heads, MLA as plain attention, shared experts left out."""
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + extra + "\n")
+    if refused is None:
+        read_megatron_command(str(script))
+        return
+    with pytest.raises(ConfigError, match=refused):
+        read_megatron_command(str(script))
+
+
+def test_the_refusal_is_one_line_exit_2(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --kv-channels 128\n")
+    results = tmp_path / "results"
+    code, out, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                         "--results-dir", str(results))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("autotune: error: "), err
+    assert not results.exists()
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    (MOE + " --tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1",
+     ["--expert-tensor-parallel-size"]),
+    # megatron-core's default is the tensor-parallel size: what autotune runs.
+    (MOE + " --tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 2",
+     []),
+    (MOE + " --tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size=2",
+     []),
+    (MOE + " --moe-grouped-gemm --moe-expert-capacity-factor 1.0 "
+     "--moe-pad-expert-input-to-capacity --moe-layer-recompute",
+     ["--moe-grouped-gemm", "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
+      "--moe-layer-recompute"]),
+    (" --use-flash-attn --qk-layernorm --add-qkv-bias --fp32-residual-connection",
+     ["--use-flash-attn", "--qk-layernorm", "--add-qkv-bias", "--fp32-residual-connection"]),
+    (" --pipeline-model-parallel-size 2 --account-for-embedding-in-pipeline-split "
+     "--account-for-loss-in-pipeline-split",
+     ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]),
+    (" --context-parallel-size 2 --cp-comm-type a2a", ["--cp-comm-type"]),
+    (" --context-parallel-size 2 --cp-comm-type p2p", []),           # Megatron-LM's default
+    (" --attention-backend=auto", []),                               # its default, with =
+    (" --attention-backend=flash", ["--attention-backend"]),
+])
+def test_flags_that_change_speed_or_memory_are_named(tmp_path: Path, extra: str,
+                                                     named: list[str]) -> None:
+    """These were passed on without a word: the prediction ran without them, the user's command
+    with them (expert weights unsharded over tp, FlashAttention, an fp32 residual, ...)."""
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + extra + "\n")
+    command = read_megatron_command(str(script))
+    assert list(command.unmodeled) == named
+    warning = unmodeled_warning(command)
+    assert (warning is None) == (not named)
+    assert warning is None or ("\n" not in warning and all(f in warning for f in named))
+
+
+@pytest.mark.parametrize("version", ["0.16.1", "0.19.2"])
+def test_the_refused_and_named_flags_are_megatron_lms(version: str) -> None:
+    """Spelled as the supported releases' argparse declares them (tests/data/megatron_versions),
+    so that a user's command cannot pass one autotune's tables misspell."""
+    flags = set(json.loads((DATA / "megatron_versions" / f"{version}.json").read_text())["flags"])
+    assert set(UNREPRESENTED_FLAGS) <= flags
+    assert set(UNMODELED_FLAGS) <= flags
+
+
+def test_refusals_name_their_flag() -> None:
+    for flag, unrepresented in UNREPRESENTED_FLAGS.items():
+        assert re.fullmatch(r"--[a-z0-9-]+", flag)
+        assert unrepresented.what and "\n" not in unrepresented.what
+
+
+# -- a GPU count that the default node size does not divide -------------------------------------
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["gpt2", "--gpus", "12", "--dry-run"],
+     "--gpus 12 does not fill nodes of 8 GPUs (the default --gpus-per-node): give "
+     "--gpus-per-node 6, 4, 3, 2 or 1"),
+    (["estimate", "gpt2", "--gpus", "12"], "give --gpus-per-node 6, 4, 3, 2 or 1"),
+    (["gpt2", "--gpus", "13", "--dry-run"], "give --gpus-per-node 1, the GPUs that share"),
+    (["gpt2", "--gpus", "20", "--cluster", "dgx-h100.yaml", "--dry-run"],
+     "--gpus 20 does not fill nodes of 8 GPUs of cluster file"),
+    # Typed by the user: ClusterSpec's own message names it as typed.
+    (["gpt2", "--gpus", "12", "--gpus-per-node", "8", "--dry-run"],
+     "--gpus=12 must be a multiple of --gpus-per-node=8"),
+])
+def test_a_default_node_size_that_does_not_divide_says_so(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, args: list[str],
+        message: str) -> None:
+    """`--gpus 12` used to end with "--gpus=12 must be a multiple of --gpus-per-node=8": an
+    option the user never typed, and no word of what to type."""
+    monkeypatch.chdir(Path(__file__).parents[1] / "search_spaces" / "clusters")
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize(("gpus", "per_node"), [(12, 4), (12, 6), (24, 8), (7, None),
+                                                (1000, None), (3072, None)])
+def test_counts_that_fill_their_nodes_still_plan(capsys: pytest.CaptureFixture[str],
+                                                 gpus: int, per_node: int | None) -> None:
+    extra = ["--gpus-per-node", str(per_node)] if per_node else []
+    code, _, err = run(capsys, "estimate", "gpt2", "--gpus", str(gpus), *extra, "--gbs",
+                       str(gpus * 2))
+    assert code == 0, err
+
+
+# -- options a real search hands its trials ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--warmup-steps", "-1"], "--warmup-steps must be 0 or more, got -1"),
+    (["--trial-timeout", "0"], "--trial-timeout must be a positive number of seconds, got 0"),
+    (["--trial-timeout", "-5"], "got -5"),
+    (["--trial-timeout", "nan"], "got nan"),
+    (["--trial-timeout", "inf"], "got inf"),
+])
+def test_trial_options_out_of_range_are_one_line(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path, extra: list[str],
+                                                 message: str) -> None:
+    """Accepted before: a negative warm-up reached the worker's trial.json reader, which refuses
+    it (every trial of a real search would crash); a timeout of 0 meant the default in silence,
+    a negative one timed every trial out."""
+    results = tmp_path / "results"
+    code, out, err = run(capsys, "gpt2", "--gpus", "1", "--backend", "simulate",
+                         "--results-dir", str(results), *extra)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
+    assert not results.exists()
+
+
+@pytest.mark.parametrize("extra", [["--warmup-steps", "0"], ["--trial-timeout", "30"]])
+def test_trial_options_in_range_still_run(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                          extra: list[str]) -> None:
+    code, _, err = run(capsys, "gpt2", "--gpus", "1", "--backend", "simulate", "--space",
+                       "single-gpu", "--trials", "2", "--results-dir", str(tmp_path), *extra)
+    assert code == 0, err
+
+
+# -- a plan where no layout fits leaves nothing behind -----------------------------------------
+
+
+def test_a_plan_that_fits_nowhere_leaves_no_study(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    """`autotune gpt-145b --gpus 1` wrote a study of ruled-out trials: the newest under
+    --results-dir, so a following `autotune export` refused ("no COMPLETE trial") instead of
+    exporting the plan made before it."""
+    results = str(tmp_path / "results")
+    plan = ["--backend", "simulate", "--results-dir", results]
+    code, _, err = run(capsys, "gpt2", "--gpus", "1", "--space", "single-gpu", "--trials", "3",
+                       *plan)
+    assert code == 0, err
+    before = sorted(p.name for p in Path(results).iterdir())
+    for args in (["gpt-145b", "--gpus", "1"], ["gpt-145b", "--gpus", "1", "--json"],
+                 ["gpt3-175b", "--gpus", "2", "--sampler", "grid"]):
+        code, out, err = run(capsys, *args, *plan)
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert "no layout is predicted to fit" in err
+        assert sorted(p.name for p in Path(results).iterdir()) == before
+    code, out, err = run(capsys, "export", "--results-dir", results, "--format", "json")
+    assert code == 0 and "gpt2-1gpu" in err, err
+
+
+def test_a_study_folder_holding_more_is_kept(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path) -> None:
+    folder = tmp_path / "results" / "mine"
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("mine\n")
+    code, _, err = run(capsys, "gpt-145b", "--gpus", "1", "--backend", "simulate", "--study",
+                       "mine", "--results-dir", str(tmp_path / "results"))
+    assert code == 2 and "no layout is predicted to fit" in err
+    assert (folder / "notes.txt").read_text() == "mine\n" and (folder / "study.db").exists()
+
+
+# -- export: a refusal is its one line ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def planned_on_four(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    results = tmp_path_factory.mktemp("plans")
+    assert main(["gpt2", "--gpus", "4", "--backend", "simulate", "--space", "four-gpu",
+                 "--trials", "3", "--results-dir", str(results)]) == 0
+    return results
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--nodes", "3"], "--nodes 3 must be a positive divisor of the layout's 4 GPUs"),
+    (["--nodes", "8"], "--nodes 8 must be a positive divisor"),
+    (["--nodes", "2", "--format", "torchrun"], "--format torchrun runs autotune's worker on one"),
+    (["-o", "{root}/no/such/folder/x.sh"], "does not exist"),
+])
+def test_export_refusals_are_one_line(capsys: pytest.CaptureFixture[str], planned_on_four: Path,
+                                      extra: list[str], message: str) -> None:
+    """The "exporting trial N ..." line came before them: two lines for one refusal."""
+    capsys.readouterr()
+    extra = [a.format(root=planned_on_four) for a in extra]
+    code, out, err = run(capsys, "export", "--results-dir", str(planned_on_four), *extra)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("autotune: error: ") and message in err, err
+
+
+def test_export_still_says_what_it_exports(capsys: pytest.CaptureFixture[str],
+                                           planned_on_four: Path, tmp_path: Path) -> None:
+    capsys.readouterr()
+    code, out, err = run(capsys, "export", "--results-dir", str(planned_on_four), "--nodes", "2")
+    assert code == 0 and "pretrain_gpt.py" in out and "exporting trial" in err
+    target = tmp_path / "run.sh"
+    code, out, err = run(capsys, "export", "--results-dir", str(planned_on_four), "-o",
+                         str(target))
+    assert code == 0 and out == "" and target.exists()
+    assert err.splitlines()[0].startswith("autotune: exporting trial")
+    assert err.splitlines()[-1] == f"autotune: wrote {target}"
+
+
+# -- the smallest peak is the space's, not the tried layouts' ------------------------------------
+
+
+def test_the_smallest_peak_is_the_spaces_not_the_users(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """With --from-megatron the user's own layout is the one trial told PREDICTED_OOM, and the
+    error named its peak as the smallest (414.6 GiB for a 175B model at tp 8 without recompute)
+    although the space held a layout of 384.6 GiB (full recompute, distributed optimizer)."""
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 96 --hidden-size 12288 "
+        "--num-attention-heads 96 --seq-length 2048 --max-position-embeddings 2048 "
+        "--micro-batch-size 1 --global-batch-size 1536 --bf16 --vocab-size 50000 "
+        "--tokenizer-type NullTokenizer --tensor-model-parallel-size 8\n")
+    code, out, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                         "--results-dir", str(tmp_path / "results"))
+    assert code == 2 and out == ""
+    def gib(pattern: str) -> float:
+        found = re.search(pattern + r" ([\d,.]+) GiB", err)
+        assert found, err
+        return float(found.group(1).replace(",", ""))
+
+    yours, smallest = gib("tokens/s, peak"), gib("the smallest peak is")
+    assert smallest < yours * 0.95, err
+    assert "rc=full" in err.splitlines()[-1]
+
+
+@pytest.mark.parametrize(("extra", "args", "message"), [
+    ("", ["--gpus", "16"], "runs on 8 GPUs (torchrun --nproc-per-node 8 x --nnodes 1); --gpus "
+     "says 16"),
+    (" --tensor-model-parallel-size 3", [], "tp=3 x pp=1 x cp=1 = 3 must divide the 8 GPUs"),
+    (" --micro-batch-size 3", [], "mbs=3 x dp=8 = 24 must divide global_batch_size=64"),
+])
+def test_a_refused_command_with_unmodeled_flags_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: str, args: list[str],
+        message: str) -> None:
+    """The warning naming --tp-comm-overlap came before the refusal: two lines for bad input."""
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --tp-comm-overlap" + extra + "\n")
+    code, out, err = run(capsys, "--from-megatron", str(script), *args, "--backend", "simulate",
+                         "--dry-run")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_a_usable_command_still_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --tp-comm-overlap\n")
+    code, _, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                       "--dry-run")
+    assert code == 0 and "autotune does not model --tp-comm-overlap" in err.splitlines()[0]
+
+
+# -- a launch script with Windows line endings -----------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    (COMMAND + "\r\n", 1),
+    # A continuation: bash runs `torchrun ... pretrain_gpt.py --num-layers 24 $'\r'` alone.
+    (COMMAND.replace(" --hidden-size", " \\\r\n  --hidden-size") + "\r\n", 1),
+    ("#!/bin/bash\nset -e\r\n" + COMMAND + "\n", 2),
+])
+def test_windows_line_endings_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        text: str, line: int) -> None:
+    """Read before as if the carriage returns were spaces: a command bash never runs (its last
+    word `--bf16\\r`, or split at a `\\` + CR) was searched, or refused as having "no
+    --hidden-size"."""
+    script = tmp_path / "train.sh"
+    script.write_bytes(text.encode())
+    code, out, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                         "--dry-run")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"line {line} ends in a carriage return (Windows line endings)" in err
+    assert "dos2unix" in err
+
+
+def test_a_carriage_return_inside_a_line_is_left_to_bash(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_bytes((COMMAND + " --wandb-exp-name 'a\rb'\n").encode())
+    read_megatron_command(str(script))
+
+
+# -- recompute flags read as Megatron-LM runs them ------------------------------------------------
+
+
+@pytest.mark.parametrize(("extra", "read"), [
+    # validate_args: --recompute-activations sets selective over any --recompute-granularity.
+    (" --recompute-activations --recompute-granularity full --recompute-method uniform",
+     "selective"),
+    (" --recompute-granularity full --recompute-activations --recompute-method block",
+     "selective"),
+    (" --recompute-activations", "selective"),
+    (" --recompute-granularity selective --recompute-method block", "selective"),
+    (" --recompute-granularity full --recompute-method block --recompute-num-layers 3", "full"),
+    (" --recompute-num-layers 3", "none"),       # read only with full (or refused: selective)
+    ("", "none"),
+])
+def test_recompute_is_read_as_megatron_lm_runs_it(tmp_path: Path, extra: str, read: str) -> None:
+    """`--recompute-activations --recompute-granularity full ...` was read as full recompute;
+    Megatron-LM runs it selective (and fails with --recompute-num-layers)."""
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + extra + "\n")
+    assert read_megatron_command(str(script)).layout_fields["recompute"] == read
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (" --recompute-activations --recompute-granularity full --recompute-method uniform "
+     "--recompute-num-layers 1",
+     "megatron-core refuses --recompute-num-layers with selective recompute "
+     "(--recompute-activations makes it selective over --recompute-granularity full)"),
+    (" --recompute-granularity selective --recompute-num-layers 2",
+     "megatron-core refuses --recompute-num-layers with selective recompute: the command"),
+])
+def test_recompute_megatron_core_refuses_is_refused(tmp_path: Path, extra: str,
+                                                    message: str) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + extra + "\n")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        read_megatron_command(str(script))
