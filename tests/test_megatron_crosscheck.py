@@ -29,6 +29,7 @@ else:
 import torch.distributed as dist
 from megatron.core import parallel_state
 
+import tools.rules_crosscheck as crosscheck
 from tools.rules_crosscheck import (
     TABLE,
     layout_for,
@@ -74,6 +75,46 @@ def test_random_layouts_never_accepted_when_megatron_rejects(seed: int) -> None:
             disagreements.append(f"{name} on {gpus}: {s.describe()} -> {verdict}")
     assert rejected > 30  # the sample must exercise megatron-core's checks
     assert not disagreements, "\n".join(disagreements)
+
+
+# megatron-core 0.19.2's TransformerConfig.__post_init__ without Transformer Engine: its
+# utils.get_te_version reads a missing TE as 0.0.0, so these fail where 0.16.1 raised a TypeError.
+TE_VERSION_REJECTIONS = [
+    "ValueError: Only transformer-engine>=1.7.0 supports MoE FP8 training, but your version is "
+    "0.0.0.",
+    "ValueError: moe_act and layernorm recompute for fp8 needs transformer-engine>=2.6.0dev0, "
+    "but your version is 0.0.0.",
+    "ValueError: rotary_interleaved does not work with apply_rope_fusion for TE < 2.3.0. "
+    "Please install TE >= 2.3.0",
+    "AssertionError: TE version >= 2.3.0 is required for "
+    "overlap_dispatch_backward_with_experts_wgrad",
+]
+
+
+@pytest.mark.parametrize("message", TE_VERSION_REJECTIONS)
+@pytest.mark.parametrize("installed", [False, True])
+def test_a_missing_te_is_no_verdict_on_the_layout(message: str, installed: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without TE, a rejection for TE's version judges the machine, not the layout: no verdict,
+    in 0.19 as in 0.16.1 (TypeError). With TE installed the rejection stands."""
+    kind, _, text = message.partition(": ")
+    error = {"ValueError": ValueError, "AssertionError": AssertionError}[kind]
+
+    def rejects(*args: Any, **kwargs: Any) -> None:
+        raise error(text)
+
+    monkeypatch.setattr(crosscheck, "te_available", lambda: installed)
+    monkeypatch.setattr(crosscheck, "TransformerConfig", rejects)
+    model = model_by_name("tiny-moe")
+    verdict = megatron_verdict(model, layout_for(model, 8, ep=4, impl="te", fp8="hybrid"), 8)
+    assert verdict == (message if installed else None)
+
+
+def test_a_missing_te_leaves_other_rejections_standing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(crosscheck, "te_available", lambda: False)
+    model = model_by_name("gpt2-xl")
+    verdict = megatron_verdict(model, layout_for(model, 8, tp=2), 8)  # 25 heads over 2 ranks
+    assert verdict is not None and not crosscheck._asks_missing_te(verdict)
 
 
 OPTIMIZER_CASES = [

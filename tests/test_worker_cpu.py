@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from autotune.layouts.layout import Layout
+from autotune.megatron.core_config import core_config
 from autotune.specs.model import ModelSpec
 from autotune.specs.presets import load_model
 from autotune.trials.protocol import distributed_timeout_minutes, percentile, started_ranks
@@ -432,7 +433,11 @@ def test_the_schedule_gets_the_whole_sequence_and_shapes_its_own_share(
     _step(spec, [Chunk()], optimizer, [iter(())], lambda **kw: seen.update(kw) or [])
     assert seen["seq_length"] == seen["decoder_seq_length"] == m.seq_length
 
-    config = SimpleNamespace(sequence_parallel=sp_tp > 1, hidden_size=m.hidden_size)
+    # megatron-core 0.19 reads variable_seq_lengths first (shapes sent with each tensor when
+    # set); the worker's configuration fixes it off, as Megatron-LM does for GPT.
+    config = SimpleNamespace(sequence_parallel=sp_tp > 1, hidden_size=m.hidden_size,
+                             variable_seq_lengths=core_config(m, spec.layout).transformer[
+                                 "variable_seq_lengths"])
     shapes = get_tensor_shapes(seq_length=seen["seq_length"], micro_batch_size=2,
                                decoder_seq_length=seen["decoder_seq_length"], config=config,
                                tp_group=SimpleNamespace(size=lambda: sp_tp),

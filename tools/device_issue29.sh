@@ -1,112 +1,302 @@
 #!/usr/bin/env bash
-# Issue 29 on one H100 (about 7 minutes; the timeouts bound it under 9): autotune's worker on
-# megatron-core 0.19.x against 0.16.1 in one call, a default search on 0.19.x, and the rules
-# cross-check on 0.19.x.
+# Issue 29 on one H100, in one call: megatron-core 0.19.2 against 0.16.1 where the noise is low
+# (GPU-bound layouts) and, interleaved and repeated, where it is not (host-bound layouts); impl
+# te and one FP8 (delayed scaling) layout on Transformer Engine 2.11; tests/test_worker_gpu.py's
+# tiny MoE trial and OOM under 0.19.2; the rules cross-check under 0.19.2; a default search
+# under 0.19.2 with TE. The whole call ends within 540 s (every part bounded, below).
 #
-#   tools/device_issue29.sh            (run with carry [".whl"]; WHL=DIR for another folder)
+# The call (the device tool, from the main checkout, with the wheels in its git-ignored folders):
+#   run(command="bash tools/device_issue29.sh", kind="nvidia-h100-x1", timeout_s=600,
+#       carry=[".whl", ".whl29", ".whl-search", ".whl-te"])
 #
-# .whl/ (git-ignored) holds, downloaded with `pip download --no-deps --python-version 3.12
-# --only-binary=:all: --platform manylinux_2_28_x86_64 ...`:
-#   mcore016/megatron_core-0.16.1-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl
-#   mcore019/megatron_core-0.19.2-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl
-#   search/  optuna 5.0.0, alembic, sqlalchemy, greenlet, colorlog, mako (the machine has none)
-# Everything else (torch 2.11+cu130, triton, numpy, packaging, typer, rich, pyyaml, nvidia-ml-py)
-# is the machine's own. Each megatron-core goes into its own folder, chosen per step through
-# PYTHONPATH; autotune.megatron.megatron_versions reads the version from that folder's metadata.
+# Carried (about 44 MiB of wheels, plus the repository; the limit is 64 MiB):
+#   .whl/         megatron_core-0.16.1-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl
+#   .whl29/       megatron_core-0.19.2-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl
+#                 (`pip download --no-deps --only-binary=:all: --python-version 3.12
+#                 --implementation cp --platform manylinux_2_28_x86_64 ... megatron-core==0.19.2`;
+#                 it needs torch>=2.6, numpy and packaging>=24.2, which the machine has)
+#   .whl-search/  optuna 5.0.0 and its needs, pydantic, tree-sitter (the machine has none)
+#   .whl-te/      transformer_engine-2.11.0-cp312-cp312-linux_x86_64.whl (built for sm_90,
+#                 tools/te_build.sh). Optional: without it the te layouts are left out and the
+#                 search runs without TE. 0.19.2 declares TE without bounds (its te extra:
+#                 transformer-engine[core_cu13,pytorch]); its code asks for TE >= 2.12-2.14
+#                 only for features autotune does not turn on, so 2.11 is inside its range.
+# Each megatron-core goes into its own --target folder (/tmp/mc016, /tmp/mc019), TE into
+# /tmp/te, the rest into /tmp/site; each step picks its release through PYTHONPATH (autotune
+# reads the version from that folder's metadata).
 #
-# Steps:
-#  1. the same 8 one-GPU layouts (tools/spaces/issue29-versions.yaml: gpt2-large, gbs 16, impl
-#     local/sdpa, mbs 2/4, recompute none/selective) as a grid through the CLI (warm pool, fixed
-#     2 warm-up + 6 timed steps, no stop rule), under 0.16.1, then under 0.19.x;
-#  2. the rules cross-check (tools/rules_crosscheck.py, CPU) under 0.19.x, in the background
-#     of steps 3 and 4;
-#  3. tests/test_worker_gpu.py's tiny MoE trial and OOM under 0.19.x (MoE without TE, OOM path);
-#  4. `autotune gpt2-large --gpus 1` with the default space and search under 0.19.x (80 s
-#     budget);
-#  5. prints the versions, the joined table (tools/versions_table.py: tokens/s within 3%?), the
-#     cross-check's summary and the search's trials. $OUT gets summary.md, results.tgz (the
-#     studies and logs) and the cross-check's report (rules-crosscheck-<version>.json/.md).
+# Parts, in order, with the time each was estimated to take on an H100 (from results/
+# benchmarks/2026-11-25-h100-megatron-core-0.19.md: 480 s for two grids of 8 gpt2-large trials
+# at gbs 16, a search with an 80 s budget and a 90 s test step; a warm pool's start 28-34 s, a
+# warm trial 3.4-6.8 s beyond its steps; gpt2-large at gbs 64, mbs 16 sdpa 75.8k tokens/s and
+# te 71.6k in 2026-11-23-h100-te-build-and-runs.md):
+#   setup  ~15 s   wheels installed (pip, no index), versions, nvidia-smi logging every second.
+#   tests  <=240 s tests/test_worker_gpu.py under 0.19.2 without TE (as on 2026-11-25, when 90 s
+#                  killed them with no output): the OOM test (~35 s), then the tiny MoE trial
+#                  (~60 s if it runs; the rest of the 240 s if it hangs: 15 s before the limit
+#                  its worker's Python stacks are asked for, autotune.worker's STACKS_SIGNAL),
+#                  -v. Expected ~100 s.
+#          in the background meanwhile (CPU, ~90 s): TE imported under each release with its
+#                  TE extension, the TE layer spec and TE's FP8 check (~15 s each; the
+#                  comparison and the search take TE only where this passed, so that a TE that
+#                  breaks a release cannot take the other layouts with it), then the rules
+#                  cross-check under 0.19.2 with TE and without it (tools/rules_crosscheck.py,
+#                  ~15-25 s each).
+#   versions       until 440 s from the start (~325 s when the tests take ~100 s, ~185 s when
+#                  they take all 240): tools/versions_interleaved.py, two warm pools side by
+#                  side (0.16.1 and 0.19.2), both started at once with a throwaway trial
+#                  (~50 s); then pairs of trials, one per release back to back, the order
+#                  A B / B A alternating (never all of one release, then the other), 2 warm-up
+#                  + 8 timed steps each (trial times at gbs 64: ~12-18 s, at gbs 16: ~10-17 s):
+#                  round 1: mbs16 sdpa (gbs 64, ~24 s a pair), mbs2 local (gbs 16, ~34 s),
+#                           mbs16 te (gbs 64, ~26 s), mbs4 local (gbs 16, ~20 s), mbs16
+#                           fp8=hybrid te (delayed scaling, gbs 64, ~36 s), mbs2 rc=selective
+#                           sdpa (gbs 16, ~30 s), mbs4 rc=selective local (gbs 16, ~24 s)
+#                           -> ~194 s
+#                  round 2: the four gbs-16 layouts again (~108 s: its last pair may not fit
+#                           when the tests take 100 s); more rounds while time is left
+#                           (--fill). A pair that would end past the deadline is not started;
+#                           the part is killed at the deadline + 60 s whatever happens.
+#                  The gbs-16 ones are 2026-11-25's four that missed 3% (mbs2 local +11.7%,
+#                  mbs2 rc=selective sdpa -4.2%, mbs4 local -3.5%, mbs4 rc=selective local
+#                  -5.0%): two of them host-bound, two GPU-bound then (busy 0.88-0.97).
+#   search <=90 s  `autotune gpt2-large --gpus 1 --time-budget 50` under 0.19.2 with TE (the
+#                  default space: impl te among the candidates); skipped when less than 60 s
+#                  are left.
+#   pack   ~5 s    $OUT: summary.md, versions.jsonl (every trial), clocks.csv,
+#                  rules-crosscheck-0.19.2.md/.json, worker-gpu.log, raw.tgz (logs, the
+#                  search's study, the test folders, the cross-check without TE): 7 files.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}
-work=/tmp/i29
-mkdir -p "$out" "$work"
+tmp=${TMP_ROOT:-/tmp}      # where everything is installed and written (another for a dry run)
+raw=$tmp/i29
+mkdir -p "$out" "$raw"
 start=$(date +%s)
-elapsed() { echo "$(( $(date +%s) - start ))s"; }
+END_S=${END_S:-540}          # the whole call, packing included
+PACK_S=10
+SEARCH_S=90
+TESTS_S=240
+elapsed() { echo $(( $(date +%s) - start )); }
+left() { echo $(( END_S - PACK_S - $(elapsed) )); }
+note() { echo "[$(elapsed) s] $*" | tee -a "$raw/timeline.txt"; }
 
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
+    --format=csv -l 1 > "$out/clocks.csv" 2>&1 &
+smi=$!
+trap 'kill $smi 2>/dev/null' EXIT
+
+# --- setup -------------------------------------------------------------------------------
 install() {  # TARGET WHEEL...
   local target=$1; shift
   [[ -d $target ]] || python3 -m pip install -q --no-index --no-deps --no-compile \
-      --no-cache-dir --target "$target" "$@" || exit 1
+      --no-cache-dir --target "$target" "$@" >> "$raw/install.log" 2>&1
 }
-whl=${WHL:-.whl}
-install /tmp/site "$whl"/search/*.whl
-install /tmp/mc016 "$whl"/mcore016/*.whl
-install /tmp/mc019 "$whl"/mcore019/*.whl
-use() { export PYTHONPATH=/tmp/mc$1:/tmp/site:$PWD; }
-
+install "$tmp/site" .whl-search/*.whl || { note "install of .whl-search failed"; exit 1; }
+install "$tmp/mc016" .whl/megatron_core-0.16.1-*.whl || { note "install of 0.16.1 failed"; exit 1; }
+install "$tmp/mc019" .whl29/megatron_core-0.19.2-*.whl || { note "install of 0.19.2 failed"; exit 1; }
+te=""
+if ls .whl-te/transformer_engine-*.whl > /dev/null 2>&1; then
+  if install "$tmp/te" .whl-te/transformer_engine-*.whl; then te=$tmp/te; else note "TE install failed"; fi
+fi
+base=$tmp/site:$PWD:$PWD/tools
+with() {  # RELEASE(016|019) TE(te|-): the PYTHONPATH of that release, with or without TE
+  local path=$tmp/mc$1
+  [[ $2 == te && -n $te ]] && path=$path:$te
+  echo "$path:$base"
+}
+gpu=$(case $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) in
+        *H200*) echo h200 ;; *) echo h100-80gb ;; esac)
 {
-  echo "# Issue 29: megatron-core 0.16.1 and 0.19.x on one GPU"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  for v in 016 019; do
-    use $v
-    python3 -c "import sys, torch, optuna, megatron.core as mc
-from autotune.megatron.megatron_versions import installed_version, running
-print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
-      'megatron-core', mc.__version__, '(metadata', installed_version(), 'row',
-      running().version + ')', 'optuna', optuna.__version__)" 2>&1 | grep -v Warning
+  echo "# Issue 29: megatron-core 0.19.2 against 0.16.1 on one GPU"
+  echo
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit \
+      --format=csv,noheader
+  echo "cores $(nproc); gpu=$gpu; code $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  PYTHONPATH=$tmp/mc016:$tmp/mc019:${te:+$te:}$base python3 -c "
+import importlib.metadata as md, sys
+def v(name, path=None):
+    found = [d.version for d in md.distributions(**({'path': [path]} if path else {}))
+             if (d.metadata['Name'] or '').lower().replace('_', '-') == name]
+    return found[0] if found else 'absent'
+print('python', sys.version.split()[0], '| torch', v('torch'), '| optuna', v('optuna'),
+      '| megatron-core', v('megatron-core', '$tmp/mc016'), 'and', v('megatron-core', '$tmp/mc019'),
+      '| transformer-engine', v('transformer-engine', '$te') if '$te' else 'not carried')"
+  echo "setup done at $(elapsed) s"
+} 2>&1 | tee "$raw/summary-head.md"
+
+# This script's own workers (and their torchrun), by pid: those whose command line names
+# autotune.worker and a folder of this call under $raw (DIR: one part's folder).
+workers() {  # [DIR]
+  local proc cmd
+  for proc in /proc/[0-9]*; do
+    cmd=$(tr '\0' ' ' 2> /dev/null < "$proc/cmdline") || continue
+    [[ $cmd == *autotune.worker* && $cmd == *"${1:-$raw}"* ]] && echo "${proc#/proc/}"
   done
-  echo "installed in $(elapsed)"
-} | tee "$work/summary.md"
-
-grid() {  # VERSION
-  use "$1"
-  echo "=== grid under megatron-core $1 ($(elapsed))"
-  timeout 140 python3 -m autotune.cli gpt2-large --gpus 1 --gbs 16 \
-      --space tools/spaces/issue29-versions.yaml --sampler grid --stop-rule none \
-      --stable-cv 0 --steps 6 --warmup-steps 2 --results-dir "$work/grid-$1" \
-      > "$work/grid-$1.out" 2> "$work/grid-$1.err"
-  echo "grid $1 rc=$? at $(elapsed)"
-  tail -3 "$work/grid-$1.err"
 }
-grid 016
-grid 019
+reap() {  # a part that ended leaves none running (a worker holds the GPU's memory)
+  local pid
+  for pid in $(workers); do note "ending leftover worker $pid"; kill -KILL "$pid" 2> /dev/null; done
+}
 
-use 019
-OMP_NUM_THREADS=2 python3 tools/rules_crosscheck.py --out "$out" > "$work/rules.log" 2>&1 &
-rules=$!
+# --- background (CPU): TE with each release, rules cross-check ---------------------------
+(
+  if [[ -n $te ]]; then  # first: the comparison takes TE only where this passed
+    for r in 016 019; do
+      PYTHONPATH=$(with $r te) timeout 90 python3 -W ignore -c "
+import importlib.metadata as md
+import transformer_engine as te
+from transformer_engine.pytorch.quantization import check_fp8_support
+import megatron.core.extensions.transformer_engine as mte
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+from megatron.core.utils import get_te_version
+get_gpt_layer_with_transformer_engine_spec()
+ok, why = check_fp8_support()
+print('megatron-core', md.version('megatron-core'), '| TE', te.__version__, '| megatron sees',
+      get_te_version(), '| TE extension', 'imports' if mte.HAVE_TE else 'HAVE_TE False',
+      '| TE layer spec builds | FP8', ok, why or '')" > "$raw/te-$r.txt" 2>&1
+      echo "rc=$?" >> "$raw/te-$r.txt"
+    done
+  fi
+  for mode in te plain; do  # with TE (its version checks answered) and without, as 2026-11-25
+    [[ $mode == te && -z $te ]] && continue
+    OMP_NUM_THREADS=2 PYTHONPATH=$(with 019 $mode) timeout 150 \
+        python3 tools/rules_crosscheck.py --out "$raw/rules-$mode" > "$raw/rules-$mode.log" 2>&1
+    echo "rules cross-check ($mode) rc=$? at $(elapsed) s" >> "$raw/rules-$mode.log"
+  done
+) &
+background=$!
 
-echo "=== tiny MoE trial and OOM under megatron-core 0.19 ($(elapsed))"
-timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_worker_gpu.py -k "moe or oom" \
-    > "$work/worker-gpu-019.log" 2>&1
-echo "worker GPU tests rc=$? at $(elapsed)"
-tail -2 "$work/worker-gpu-019.log"
+# --- tests: the OOM test, then the tiny MoE trial, under 0.19.2 without TE ----------------
+tests_start=$(date +%s)
+tests_left() { echo $(( TESTS_S - ($(date +%s) - tests_start) )); }
+pytest_part() {  # NAME -k EXPR, within the tests' time left; stacks 15 s before the limit
+  local name=$1 expr=$2 limit pid dumped=0
+  limit=$(tests_left)
+  (( limit > 20 )) || { note "test $name: no time left"; return; }
+  note "test $name: up to $limit s"
+  PYTHONPATH=$(with 019 -) timeout -k 5 "$limit" python3 -m pytest -v -p no:cacheprovider \
+      --basetemp "$raw/pytest-$name" --durations=0 tests/test_worker_gpu.py -k "$expr" \
+      > "$raw/test-$name.log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2> /dev/null; do
+    sleep 1
+    if (( dumped == 0 && $(tests_left) <= 15 )); then
+      dumped=1
+      for w in $(workers "$raw/pytest-$name"); do
+        [[ $(tr '\0' ' ' 2> /dev/null < "/proc/$w/cmdline") == *"-m autotune.worker --spec"* ]] \
+            || continue
+        note "test $name: asking worker $w for its stacks"; kill -USR1 "$w"
+      done
+    fi
+  done
+  wait "$pid"
+  note "test $name rc=$? (124: stopped at its limit)"
+  reap
+}
+pytest_part oom "oom"
+pytest_part moe "moe"
+{ cat "$raw/test-oom.log" "$raw/test-moe.log"
+  for f in "$raw"/pytest-*/*/stacks-rank*.txt; do [[ -s $f ]] && { echo "== $f"; cat "$f"; }; done
+} > "$out/worker-gpu.log" 2>&1
 
-echo "=== default search under megatron-core 0.19 ($(elapsed))"
-timeout 140 python3 -m autotune.cli gpt2-large --gpus 1 --time-budget 80 \
-    --results-dir "$work/search-019" > "$work/search-019.out" 2> "$work/search-019.err"
-echo "search rc=$? at $(elapsed)"
-tail -4 "$work/search-019.err"
-wait "$rules"
-rules_rc=$?
+timeout 60 tail --pid="$background" -f /dev/null
+kill -0 "$background" 2> /dev/null && note "background still running: left to finish alone"
+note "background done"
+# TE where it imported with both releases (and built their TE spec); else none, so that a TE
+# that breaks one release does not take the comparison's other layouts with it.
+te_run=$te
+for r in 016 019; do
+  [[ -z $te ]] && break
+  if ! grep -q "^rc=0" "$raw/te-$r.txt" 2> /dev/null \
+      || ! grep -q "TE extension imports" "$raw/te-$r.txt"; then
+    te_run=""; note "TE failed its check with $r (te-$r.txt): the comparison runs without TE"
+  fi
+done
+te_search=$te
+grep -q "TE extension imports" "$raw/te-019.txt" 2> /dev/null || te_search=""
 
+# --- versions: the interleaved comparison ------------------------------------------------
+deadline=$(( $(left) - SEARCH_S ))
+note "versions: deadline in $deadline s"
+if (( deadline > 90 )); then
+  PYTHONPATH=${te_run:+$te_run:}$base timeout -k 10 $(( deadline + 60 )) \
+      python3 tools/versions_interleaved.py gpt2-large "$gpu" "$raw/versions" \
+      --version 0.16.1="$tmp/mc016" --version 0.19.2="$tmp/mc019" --rounds 2 --fill \
+      --deadline-s "$deadline" \
+      --once gbs=64,mbs=16,impl=sdpa gbs=64,mbs=16,impl=te \
+             gbs=64,mbs=16,impl=te,fp8=hybrid,fp8_recipe=delayed \
+      --repeat gbs=16,mbs=2,impl=local gbs=16,mbs=4,impl=local \
+               gbs=16,mbs=2,recompute=selective,impl=sdpa \
+               gbs=16,mbs=4,recompute=selective,impl=local \
+      > "$raw/versions.out" 2> "$raw/versions.err"
+  note "versions rc=$?"
+  reap
+else
+  note "versions: not run, too little time left"
+fi
+cp "$raw/versions/trials.jsonl" "$out/versions.jsonl" 2> /dev/null
+
+# --- search: the default space under 0.19.2 with TE --------------------------------------
+limit=$(left)
+if (( limit > 60 )); then
+  budget=$(( limit - 40 < 50 ? limit - 40 : 50 ))
+  note "search: budget $budget s, limit $limit s"
+  PYTHONPATH=$tmp/mc019:${te_search:+$te_search:}$base timeout -k 10 "$limit" \
+      python3 -m autotune.cli gpt2-large --gpus 1 \
+      --time-budget "$budget" --results-dir "$raw/search-019" \
+      > "$raw/search-019.out" 2> "$raw/search-019.err"
+  note "search rc=$?"
+  reap
+else
+  note "search: not run, $limit s left"
+fi
+
+# --- summary and packing -----------------------------------------------------------------
+kill $smi 2> /dev/null
+rules_dir=$raw/rules-te
+[[ -f $raw/rules-te/rules-crosscheck-0.19.2.md ]] || rules_dir=$raw/rules-plain
+cp "$rules_dir"/rules-crosscheck-*.md "$rules_dir"/rules-crosscheck-*.json "$out/" 2> /dev/null
 {
+  cat "$raw/summary-head.md"
   echo
-  echo "## Same layouts, 0.16.1 against 0.19.x (gpt2-large, gbs 16, 6 timed steps, warm pool)"
-  python3 tools/versions_table.py 0.16.1 "$work/grid-016" 0.19.x "$work/grid-019"
-  echo "versions table rc=$?"
+  echo "## Transformer Engine with each release"
+  cat "$raw"/te-*.txt 2> /dev/null || echo "not carried"
   echo
-  echo "## Worker GPU tests under 0.19.x: $(tail -1 "$work/worker-gpu-019.log")"
+  echo "## Same layouts, 0.16.1 against 0.19.2 (interleaved pairs, 2 warm-up + 8 timed steps)"
   echo
-  echo "## Rules cross-check under 0.19.x (rc=$rules_rc)"
-  grep -E "^Result|DISAGREES" "$out"/rules-crosscheck-*.md 2>/dev/null || tail -5 "$work/rules.log"
+  if [[ -s $raw/versions/trials.jsonl ]]; then
+    PYTHONPATH=$base python3 tools/versions_table.py "$raw/versions/trials.jsonl"
+    echo "versions table rc=$? (1: a layout DIFFERS or ended otherwise)"
+  else
+    echo "no trials"
+  fi
   echo
-  echo "## Default search under 0.19.x"
-  tail -3 "$work/search-019.err"
-  python3 tools/study_table.py "$work/search-019" 6
+  cat "$raw/versions/notes.txt" 2> /dev/null || tail -5 "$raw/versions.err"
   echo
-  echo "total wall $(elapsed)"
-} 2>&1 | tee -a "$work/summary.md"
-cp "$work/summary.md" "$out/summary.md"
-tar czf "$out/results.tgz" -C /tmp i29
+  echo "## tests/test_worker_gpu.py under 0.19.2 (no TE)"
+  grep -h -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|[0-9.]+s (call|setup)" \
+      "$raw"/test-*.log 2> /dev/null | head -20
+  find "$raw" -path "$raw/pytest-*" -name 'stacks-rank*.txt' -size +0 -printf 'stacks: %p\n'
+  echo
+  echo "## Rules cross-check under 0.19.2"
+  for mode in te plain; do
+    [[ -f $raw/rules-$mode.log ]] || continue
+    echo "- ${mode/plain/without TE}: $(grep -h "^Result" "$raw/rules-$mode"/*.md 2> /dev/null \
+        || tail -2 "$raw/rules-$mode.log")"
+    grep -h "DISAGREES" "$raw/rules-$mode"/*.md 2> /dev/null | head -5
+  done
+  echo
+  echo "## Default search under 0.19.2 (TE: ${te_search:-no})"
+  tail -4 "$raw/search-019.err" 2> /dev/null
+  PYTHONPATH=$base timeout 30 python3 tools/study_table.py "$raw/search-019" 10 2> /dev/null \
+      | head -30
+  echo
+  echo "## Timeline"
+  cat "$raw/timeline.txt"
+  echo "total wall $(elapsed) s"
+} > "$out/summary.md" 2>&1
+cat "$out/summary.md"
+tar czf "$out/raw.tgz" --exclude='*.pt' --exclude='*.whl' -C "$tmp" i29 2> /dev/null
+ls -la "$out"

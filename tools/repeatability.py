@@ -66,7 +66,7 @@ def _host(trial_dir: Path) -> dict[str, Any]:
     return {**(hosts[0] or {}), "step_times_s": data.get("step_times_s")} if hosts else {}
 
 
-def _row(kind: str, round_: int, s: Layout, trial_dir: Path, wall_s: float,
+def trial_row(kind: str, round_: int, s: Layout, trial_dir: Path, wall_s: float,
          metrics: Any) -> dict[str, Any]:
     clocks = metrics.clocks
     host = _host(trial_dir)
@@ -91,7 +91,7 @@ def _row(kind: str, round_: int, s: Layout, trial_dir: Path, wall_s: float,
     }
 
 
-def _spec(model: ModelSpec, s: Layout, cluster: ClusterSpec, fixed: bool) -> TrialSpec:
+def trial_spec(model: ModelSpec, s: Layout, cluster: ClusterSpec, fixed: bool) -> TrialSpec:
     spec = TrialSpec(model=model, layout=s, gpu_peak_bf16_flops=cluster.gpu.peak_bf16_flops,
                      gpu_name=cluster.gpu.name, stable_cv=0.0 if fixed else DEFAULT_STABLE_CV)
     return replace(spec, train_steps=FIXED_STEPS, warmup_steps=FIXED_WARMUP) if fixed else spec
@@ -189,13 +189,13 @@ def main() -> None:
                     if time.monotonic() - start > args.deadline_s:
                         skipped.append(f"{kind} round {round_ + 1} {s.describe()}")
                         continue
-                    spec = _spec(model, s, cluster, args.fixed)
+                    spec = trial_spec(model, s, cluster, args.fixed)
                     timeout = trial_timeout_s(estimate_cost(model, s, cluster).step_time_s, spec)
                     trial_dir = out / f"r{round_ + 1}-{kind}-{s.describe().replace(' ', '_')}"
                     t0 = time.monotonic()
                     run = pool.run(spec, trial_dir, timeout) if kind == "warm" else \
                         run_trial(spec, trial_dir, timeout_s=timeout)
-                    row = _row(kind, round_ + 1, s, trial_dir, time.monotonic() - t0,
+                    row = trial_row(kind, round_ + 1, s, trial_dir, time.monotonic() - t0,
                                metrics_from_run(run))
                     rows.append(row)
                     log.write(json.dumps(row) + "\n")

@@ -19,6 +19,7 @@ import argparse
 import copy
 import json
 import random
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -39,6 +40,7 @@ from autotune.megatron.megatron_versions import config_kwargs, installed_version
 from autotune.specs.hardware import ClusterSpec, gpu_spec
 from autotune.specs.model import ModelSpec
 from autotune.specs.presets import load_model
+from autotune.trials.protocol import te_available
 
 TINY_MOE = ModelSpec(name="tiny-moe", num_layers=8, hidden_size=256, num_attention_heads=8,
                      num_query_groups=4, vocab_size=1000, seq_length=512, global_batch_size=32,
@@ -120,15 +122,31 @@ def megatron_verdict(model: ModelSpec, s: Layout, gpus: int) -> str | None:
             DotProductAttention(core_config, layer_number=1,
                                 attn_mask_type=AttnMaskType.causal, attention_type="self")
     except (AssertionError, ValueError, RuntimeError) as exc:
+        if _asks_missing_te(str(exc)):
+            return None
         return f"{type(exc).__name__}: {exc}"
     except TypeError as exc:
         if "Version" not in str(exc):
             raise
-        # is_te_min_version without Transformer Engine (its version None): megatron-core asks
-        # TE, not the layout (FP8 recompute of layernorm or moe_act with a current or block
-        # scaling recipe), so this machine cannot judge it.
+        # is_te_min_version without Transformer Engine in megatron-core 0.16.1 (its version
+        # None): megatron-core asks TE, not the layout (FP8 recompute of layernorm or moe_act
+        # with a current or block scaling recipe), so this machine cannot judge it.
         return None
     return None
+
+
+_TE_VERSION_ASKED = re.compile(r"(transformer[-_ ]engine|\bTE)( version)? ?(>=|<)",
+                               re.IGNORECASE)
+"""A rejection that names a Transformer Engine version (`transformer-engine>=1.7.0`,
+`TE version >= 2.3.0`, `TE < 2.3.0`: megatron-core's TransformerConfig checks)."""
+
+
+def _asks_missing_te(message: str) -> bool:
+    """megatron-core rejected the layout for the version of a Transformer Engine this machine
+    does not have: it judged the machine, not the layout. From 0.19 megatron-core takes a
+    missing TE as version 0.0.0 (utils.get_te_version) and says so in a ValueError where 0.16.1
+    raised a TypeError (above); with TE installed the rejection stands."""
+    return not te_available() and _TE_VERSION_ASKED.search(message) is not None
 
 
 def layout_for(model: ModelSpec, gpus: int, **fields: Any) -> Layout:

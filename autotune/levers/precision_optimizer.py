@@ -101,7 +101,8 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
 def _needs_te(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # OptimizerConfig.__post_init__: "--use-precision-aware-optimizer requires FusedAdam from
     # TransformerEngine" (a RuntimeError without TE); before that, even with the optimizer's
-    # CPU offload, it calls is_te_min_version("2.1.0"), which fails without TE in 0.16.1.
+    # CPU offload, it calls is_te_min_version("2.1.0"), which fails without TE in 0.16.1 (0.19
+    # reads a missing TE as 0.0.0 and lets the offload through: megatron_versions.V0_19).
     # autotune's marker for an installed TE is impl te (the search drops te where TE is absent).
     if s.precision_aware_optimizer and s.impl != Impl.TE:
         return (f"precision_aware_optimizer needs Transformer Engine's FusedAdam (impl=te), "

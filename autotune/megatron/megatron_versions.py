@@ -229,6 +229,13 @@ V0_19 = MegatronVersion(
         "checks of tp/pp/vpp/cp/ep, the uneven split, recompute and layer offload are "
         "unchanged (tools/rules_crosscheck.py runs the layouts through 0.19's own "
         "validation on a Python 3.12 machine)",
+        "Without Transformer Engine, utils.get_te_version reads TE's version as 0.0.0 where "
+        "0.16.1 returned None: a config check that asks for a TE version (MoE with FP8, FP8 "
+        "recompute of moe_act or layernorm) now fails with a ValueError naming the version "
+        "instead of a TypeError, and OptimizerConfig accepts the precision-aware optimizer with "
+        "the optimizer's CPU offload (it skips the TE-only store_param_remainders); autotune "
+        "still asks impl te for it (rule pao_te), and tools/rules_crosscheck.py takes either "
+        "failure as no verdict on a machine without TE",
     ),
     call_kwargs={
         # A new positional parameter without a default; False with no cu_seqlens in the batch
