@@ -40,6 +40,9 @@ def _verdicts(rows: list[dict[str, Any]]) -> tuple[dict[str, str], bool]:
     # Another ending under one release.
     ([_row(A, "gbs64 k", 50000), _row(B, "gbs64 k", None, status="CRASH")],
      "STATUS (OK vs CRASH)", False),
+    # Failed alike under both: nothing compared, and so no pass.
+    ([_row(A, "gbs64 k", None, status="CRASH"), _row(B, "gbs64 k", None, status="CRASH")],
+     "unmeasured (CRASH vs CRASH)", False),
 ])
 def test_verdicts(rows: list[dict[str, Any]], verdict: str, ok: bool) -> None:
     assert _verdicts(rows) == ({"gbs64 k": verdict}, ok)

@@ -11,9 +11,10 @@ its standard error, the GPU's busy share and the peak allocated memory, and a ve
   (the runs' spread over the square root of their number; with one run, the timed steps'
   coefficient of variation over the square root of their number, which leaves out the
   run-to-run spread and so understates it);
-- `DIFFERS` otherwise, and `STATUS` when a layout ended differently under the two.
-Exits 1 when any layout DIFFERS or has another STATUS. The throwaway first trials of the pools
-(kind "warmup") are left out.
+- `DIFFERS` otherwise, `STATUS` when a layout ended differently under the two, and
+  `unmeasured` when it has no tokens/s under one of them (both failed alike).
+Exits 1 when any layout DIFFERS or has another STATUS, or none was measured under both. The
+throwaway first trials of the pools (kind "warmup") are left out.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def verdict(a: Side, b: Side, within: float) -> tuple[str, float | None, float |
     if a.statuses != b.statuses:
         return "STATUS", None, None
     if a.mean is None or b.mean is None:
-        return "-", None, None
+        return "unmeasured", None, None
     diff = (b.mean / a.mean - 1) * 100
     se = (math.hypot(a.rel_se, b.rel_se) * 100
           if a.rel_se is not None and b.rel_se is not None else None)
@@ -136,7 +137,8 @@ def table(releases: list[str], rows: list[dict[str, Any]], within: float) -> tup
             f"{f(a.spread, '.1%')} / {f(b.spread, '.1%')} | {f(cv, '.3f')} | "
             f"{f(busy, '.2f')} | {f(mhz, '.0f')} | {f(peaks[0], '.2f')} / {f(peaks[1], '.2f')} "
             f"| {word}{status} |")
-    ok = not counts.get("DIFFERS") and not counts.get("STATUS")
+    compared = len(keys) - counts.get("STATUS", 0) - counts.get("unmeasured", 0)
+    ok = compared > 0 and not counts.get("DIFFERS") and not counts.get("STATUS")
 
     def summary(c: dict[str, int]) -> str:
         return ", ".join(f"{n} {w}" for w, n in sorted(c.items())) or "none"
