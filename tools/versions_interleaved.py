@@ -8,10 +8,12 @@
 Each release is a folder that megatron-core was installed into (`pip install --target`); the
 release is read from that folder's metadata. Two warm pools (autotune.trials.pool) run side by
 side on the one GPU, each with its folder first on PYTHONPATH; only one holds a trial at a time,
-the other waits between trials with nothing allocated but its CUDA context. Both start at once,
-each with a throwaway trial (--warmup: small, so that two fit side by side), so that neither
-release's first measured trial pays for a fresh process or for the first trial of a call that
-Transformer Engine runs slow (results/benchmarks/2026-11-25-h100-fp8.md).
+the other waits between trials with nothing allocated but its CUDA context (which NVML's
+device-wide figures of a trial, its device-used memory, count; torch's peak allocated memory,
+which the comparison reads, does not). Both start at once, each with a throwaway trial
+(--warmup: small, so that two fit side by side), so that neither release's first measured trial
+pays for a fresh process or for the first trial of a call that Transformer Engine runs slow
+(results/benchmarks/2026-11-25-h100-fp8.md).
 
 Trials run as a grid runs them with fixed steps (tools/repeatability.py --fixed: 2 warm-up and 8
 timed steps), in pairs: a layout under one release, then at once under the other. The order
