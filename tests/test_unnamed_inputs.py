@@ -360,12 +360,10 @@ def test_a_carriage_return_inside_a_line_is_left_to_bash(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(("extra", "read"), [
     # validate_args: --recompute-activations sets selective over any --recompute-granularity.
-    (" --recompute-activations --recompute-granularity full --recompute-method uniform",
-     "selective"),
-    (" --recompute-granularity full --recompute-activations --recompute-method block",
-     "selective"),
+    (" --recompute-activations --recompute-granularity full", "selective"),
+    (" --recompute-granularity full --recompute-activations", "selective"),
     (" --recompute-activations", "selective"),
-    (" --recompute-granularity selective --recompute-method block", "selective"),
+    (" --recompute-granularity selective --recompute-modules core_attn mlp", "selective"),
     (" --recompute-granularity full --recompute-method block --recompute-num-layers 3", "full"),
     (" --recompute-num-layers 3", "none"),       # read only with full (or refused: selective)
     ("", "none"),
@@ -381,12 +379,17 @@ def test_recompute_is_read_as_megatron_lm_runs_it(tmp_path: Path, extra: str, re
 @pytest.mark.parametrize(("extra", "message"), [
     (" --recompute-activations --recompute-granularity full --recompute-method uniform "
      "--recompute-num-layers 1",
-     "megatron-core refuses --recompute-num-layers with selective recompute "
-     "(--recompute-activations makes it selective over --recompute-granularity full)"),
+     "Megatron-LM refuses --recompute-method and --recompute-num-layers with selective "
+     "recompute (--recompute-activations makes it selective over --recompute-granularity "
+     "full)"),
+    (" --recompute-granularity full --recompute-activations --recompute-method block",
+     "Megatron-LM refuses --recompute-method with selective recompute (--recompute-"),
     (" --recompute-granularity selective --recompute-num-layers 2",
-     "megatron-core refuses --recompute-num-layers with selective recompute: the command"),
+     "Megatron-LM refuses --recompute-num-layers with selective recompute: the command"),
+    (" --recompute-granularity selective --recompute-method block",
+     "Megatron-LM refuses --recompute-method with selective recompute: the command"),
 ])
-def test_recompute_megatron_core_refuses_is_refused(tmp_path: Path, extra: str,
+def test_recompute_megatron_refuses_is_refused(tmp_path: Path, extra: str,
                                                     message: str) -> None:
     script = tmp_path / "train.sh"
     script.write_text(COMMAND + extra + "\n")
