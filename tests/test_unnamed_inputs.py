@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,13 @@ import pytest
 from autotune.cli import main
 from autotune.errors import ConfigError
 from autotune.megatron.megatron_args import UNMODELED_FLAGS, UNREPRESENTED_FLAGS
-from autotune.megatron.megatron_command import read_megatron_command, unmodeled_warning
+from autotune.megatron.megatron_command import (
+    layout_changes,
+    megatron_layout,
+    read_megatron_command,
+    unmodeled_warning,
+)
+from autotune.megatron.script_patch import patch_script
 
 DATA = Path(__file__).parent / "data"
 
@@ -395,3 +402,39 @@ def test_recompute_megatron_refuses_is_refused(tmp_path: Path, extra: str,
     script.write_text(COMMAND + extra + "\n")
     with pytest.raises(ConfigError, match=re.escape(message)):
         read_megatron_command(str(script))
+
+
+# -- --sequence-parallel at tp 1: Megatron-LM turns it off and runs -------------------------------
+
+
+def test_sequence_parallel_at_tp_1_is_read_off(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before ("sequence_parallel needs tp >= 2"): validate_args turns it off at tp 1
+    with a warning, and the command runs."""
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --sequence-parallel\n")
+    assert read_megatron_command(str(script)).layout_fields["sequence_parallel"] is False
+    code, _, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                       "--dry-run")
+    assert code == 0, err
+    script.write_text(COMMAND + " --sequence-parallel --tensor-model-parallel-size 2\n")
+    assert read_megatron_command(str(script)).layout_fields["sequence_parallel"] is True
+
+
+@pytest.mark.parametrize(("tp", "sp", "kept"), [
+    (2, False, False),   # would turn sequence parallelism on at tp 2: taken out
+    (2, True, True),
+    (1, False, True),    # still ignored at tp 1: the user's bytes stay
+])
+def test_the_export_takes_out_a_sequence_parallel_the_new_layout_lacks(
+        tmp_path: Path, tp: int, sp: bool, kept: bool) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --sequence-parallel\n")
+    command = read_megatron_command(str(script))
+    old = megatron_layout(command, 8)
+    new = replace(old, tp=tp, dp=8 // tp, sequence_parallel=sp)
+    patched = patch_script(command, new, layout_changes(command, old, new))
+    assert ("--sequence-parallel" in patched) == kept
+    assert patched.count("--sequence-parallel") <= 1
+    (tmp_path / "tuned.sh").write_text(patched)
+    assert megatron_layout(read_megatron_command(str(tmp_path / "tuned.sh")), 8) == new

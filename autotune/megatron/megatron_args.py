@@ -181,6 +181,13 @@ def _read_vpp(g: Given) -> dict[str, Any]:
     return {"vpp": layers // pp // per_stage}
 
 
+def _read_sequence_parallel(g: Given) -> dict[str, Any]:
+    # validate_args turns sequence parallelism off where tensor parallelism is (tp 1), with a
+    # warning, and runs on: a command with both runs without it (core_v0.16.1 arguments.py).
+    tp = g.integer("--tensor-model-parallel-size", 1) or 1
+    return {"sequence_parallel": g.has("--sequence-parallel") and tp > 1}
+
+
 def _emit_dispatcher(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
     if not m.is_moe:
         return []
@@ -319,7 +326,10 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
     value("--expert-model-parallel-size", "ep", Part.LAYOUT, default=1, omit_at=1),
     FlagRow(name="moe_token_dispatcher", part=Part.LAYOUT,
             flags=(Flag("--moe-token-dispatcher-type"),), emit=_emit_dispatcher),
-    switch("--sequence-parallel", "sequence_parallel", Part.LAYOUT),
+    FlagRow(name="sequence_parallel", part=Part.LAYOUT,
+            flags=(Flag("--sequence-parallel", takes_value=False),),
+            emit=lambda m, s, run: ["--sequence-parallel"] if s.sequence_parallel else [],
+            read=_read_sequence_parallel),
     FlagRow(name="batch", part=Part.LAYOUT,
             flags=(Flag("--micro-batch-size"), Flag("--global-batch-size")),
             emit=lambda m, s, run: ["--micro-batch-size", str(s.mbs),
