@@ -438,3 +438,21 @@ def test_the_export_takes_out_a_sequence_parallel_the_new_layout_lacks(
     assert patched.count("--sequence-parallel") <= 1
     (tmp_path / "tuned.sh").write_text(patched)
     assert megatron_layout(read_megatron_command(str(tmp_path / "tuned.sh")), 8) == new
+
+
+# -- --group-query-attention without --num-query-groups ------------------------------------------
+
+
+@pytest.mark.parametrize(("extra", "groups"), [
+    (" --group-query-attention", 1),                          # argparse's default: one group
+    (" --group-query-attention --num-query-groups 4", 4),
+    (" --num-query-groups 4", None),                          # unread without the switch
+    ("", None),
+])
+def test_query_groups_are_read_as_megatron_lm_builds_them(tmp_path: Path, extra: str,
+                                                          groups: int | None) -> None:
+    """`--group-query-attention` alone was read as one group per head (MHA); Megatron-LM's
+    --num-query-groups defaults to 1, so it builds multi-query attention."""
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + extra + "\n")
+    assert read_megatron_command(str(script)).model.num_query_groups == groups

@@ -78,7 +78,10 @@ def _emit_gqa(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
 
 
 def _read_gqa(g: Given) -> dict[str, Any]:
-    groups = g.integer("--num-query-groups") if g.has("--group-query-attention") else None
+    # --num-query-groups defaults to 1 in Megatron-LM's argparse, and reaches the model only
+    # with --group-query-attention (core_transformer_config_from_args): the flag alone is one
+    # KV group (multi-query attention), not a group per head.
+    groups = g.integer("--num-query-groups", 1) if g.has("--group-query-attention") else None
     return {"num_query_groups": groups}
 
 
