@@ -456,3 +456,25 @@ def test_query_groups_are_read_as_megatron_lm_builds_them(tmp_path: Path, extra:
     script = tmp_path / "train.sh"
     script.write_text(COMMAND + extra + "\n")
     assert read_megatron_command(str(script)).model.num_query_groups == groups
+
+
+# -- what Megatron-LM's validate_args refuses or reads otherwise ---------------------------------
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (COMMAND.replace("--max-position-embeddings 4096", "--max-position-embeddings 2048"),
+     "--max-position-embeddings 2048 is below --seq-length 4096; Megatron-LM refuses it"),
+    (COMMAND.replace(" --max-position-embeddings 4096", ""),
+     "the command has no --max-position-embeddings, which Megatron-LM requires"),
+    (COMMAND.replace(" --max-position-embeddings 4096", "") + " --position-embedding-type rope",
+     "the command has no --max-position-embeddings"),
+])
+def test_positions_megatron_lm_refuses_are_refused(tmp_path: Path, text: str,
+                                                   message: str) -> None:
+    """Predicted before ("yours: ... fits") though validate_args stops the command: it requires
+    --max-position-embeddings and asserts it is at least the sequence."""
+    script = tmp_path / "train.sh"
+    script.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        read_megatron_command(str(script))
+

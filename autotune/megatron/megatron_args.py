@@ -111,7 +111,17 @@ def _read_positions(g: Given) -> dict[str, Any]:
     # --use-rotary-position-embeddings is the older spelling of --position-embedding-type rope.
     default = "rope" if g.has("--use-rotary-position-embeddings") else "learned_absolute"
     kind = g.choice("--position-embedding-type", ("learned_absolute", "rope", "none"), default)
-    return {"max_position_embeddings": g.integer("--max-position-embeddings"),
+    # validate_args requires --max-position-embeddings and asserts it is at least the
+    # sequence, whatever the position embedding (core_v0.16.1 arguments.py).
+    positions, seq = g.integer("--max-position-embeddings"), g.integer("--seq-length")
+    if positions is None:
+        raise ConfigError(f"{g.source}: the command has no --max-position-embeddings, which "
+                          "Megatron-LM requires: add it (at least the --seq-length)")
+    if seq is not None and positions < seq:
+        raise ConfigError(f"{g.source}: --max-position-embeddings {positions} is below "
+                          f"--seq-length {seq}; Megatron-LM refuses it (it must be at least "
+                          "the sequence)")
+    return {"max_position_embeddings": positions,
             "position_embedding": kind, "rotary_base": g.integer("--rotary-base", 10000)}
 
 
