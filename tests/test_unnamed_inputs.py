@@ -478,3 +478,10 @@ def test_positions_megatron_lm_refuses_are_refused(tmp_path: Path, text: str,
     with pytest.raises(ConfigError, match=re.escape(message)):
         read_megatron_command(str(script))
 
+
+def test_num_experts_0_is_a_dense_model(tmp_path: Path) -> None:
+    """Refused before ("num_experts must be a positive integer, got 0"); validate_args reads
+    --num-experts 0 as no experts."""
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --num-experts 0\n")
+    assert read_megatron_command(str(script)).model.num_experts is None

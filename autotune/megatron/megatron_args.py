@@ -166,8 +166,9 @@ def _emit_moe(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
 
 
 def _read_moe(g: Given) -> dict[str, Any]:
-    # arguments.py: --moe-router-topk defaults to 2.
-    return {"num_experts": g.integer("--num-experts"),
+    # arguments.py: --moe-router-topk defaults to 2; validate_args reads --num-experts 0 as
+    # no experts (a dense model).
+    return {"num_experts": g.integer("--num-experts") or None,
             "moe_topk": g.integer("--moe-router-topk", 2),
             "moe_ffn_hidden_size": g.integer("--moe-ffn-hidden-size")}
 
