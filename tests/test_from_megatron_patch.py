@@ -161,7 +161,7 @@ TP=2
 torchrun --nnodes 2 --nproc_per_node 8 --node_rank ${NODE_RANK:-0} \\
     --master_addr ${MASTER_ADDR:-localhost} --master_port 6000 \\
     pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 8 \\
-    --seq-length 512 --global-batch-size 64 --micro-batch-size 2 \\
+    --seq-length 512 --max-position-embeddings 512 --global-batch-size 64 --micro-batch-size 2 \\
     --tokenizer-type NullTokenizer --vocab-size 1000 \\
     --tensor-model-parallel-size $TP --save ckpt-tp$TP
 """
@@ -325,7 +325,7 @@ def test_line_needs_from_megatron(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 _MODEL = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512 "
-          "--vocab-size 99")
+          "--max-position-embeddings 512 --vocab-size 99")
 PATCHES = [
     # (name, script, gpus, new layout, the diff's -/+ lines)
     ("eval of a string with an array",

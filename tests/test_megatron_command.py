@@ -192,7 +192,7 @@ def test_eval_of_a_command_string(tmp_path: Path) -> None:
     script.write_text('ARGS=(--micro-batch-size 2 --global-batch-size 8)\n'
                       'cmd="torchrun --nproc-per-node 4 pretrain_gpt.py --num-layers 4 '
                       '--hidden-size 256 --num-attention-heads 8 --seq-length 512 '
-                      '--vocab-size 99 ${ARGS[@]}"\n'
+                      '--max-position-embeddings 512 --vocab-size 99 ${ARGS[@]}"\n'
                       'eval $cmd --save "$CKPT/run 1" 2>&1 | tee log\n')
     command = read_megatron_command(str(script))
     assert command.gpus == 4 and megatron_layout(command, 4).mbs == 2
@@ -289,7 +289,8 @@ def test_the_exported_command_runs_nothing_the_user_typed(tmp_path: Path) -> Non
     script.write_text(f"A='$(touch {mark})'\n"
                       f"torchrun --nproc-per-node 1 pretrain_gpt.py --num-layers 2 "
                       f"--hidden-size 64 --num-attention-heads 4 --seq-length 128 "
-                      f"--global-batch-size 8 --vocab-size 999 --tokenizer-type NullTokenizer "
+                      f"--max-position-embeddings 128 --global-batch-size 8 --vocab-size 999 "
+                      f"--tokenizer-type NullTokenizer "
                       f"--note \"$A\" --other '`touch {mark}`;' \n")
     command = read_megatron_command(str(script))
     assert not mark.exists()
@@ -316,8 +317,8 @@ def test_a_command_substitution_stays_the_users(tmp_path: Path) -> None:
     # The user's script runs $(date +%s) itself; the patched file keeps it, byte for byte.
     script = tmp_path / "train.sh"
     script.write_text("torchrun pretrain_gpt.py --num-layers 2 --hidden-size 64 "
-                      "--num-attention-heads 4 --seq-length 128 --global-batch-size 8 "
-                      "--vocab-size 999 --run-name $(date +%s)\n")
+                      "--num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+                      "--global-batch-size 8 --vocab-size 999 --run-name $(date +%s)\n")
     command = read_megatron_command(str(script))
     new = Layout(mbs=2, gbs=8, impl="te")
     text = patch_script(command, new, layout_changes(command, megatron_layout(command, 1), new))
@@ -326,8 +327,8 @@ def test_a_command_substitution_stays_the_users(tmp_path: Path) -> None:
 
 
 BASE = ("torchrun --nproc-per-node 2 pretrain_gpt.py --num-layers 4 --hidden-size 256 "
-        "--num-attention-heads 8 --seq-length 512 --global-batch-size 16 "
-        "--tokenizer-type NullTokenizer --vocab-size 1000")
+        "--num-attention-heads 8 --seq-length 512 --max-position-embeddings 512 "
+        "--global-batch-size 16 --tokenizer-type NullTokenizer --vocab-size 1000")
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,13 @@ import pytest
 from autotune.cli import main
 from autotune.errors import ConfigError
 from autotune.megatron.megatron_args import UNMODELED_FLAGS, UNREPRESENTED_FLAGS
-from autotune.megatron.megatron_command import read_megatron_command, unmodeled_warning
+from autotune.megatron.megatron_command import (
+    layout_changes,
+    megatron_layout,
+    read_megatron_command,
+    unmodeled_warning,
+)
+from autotune.megatron.script_patch import patch_script
 
 DATA = Path(__file__).parent / "data"
 
@@ -360,12 +367,10 @@ def test_a_carriage_return_inside_a_line_is_left_to_bash(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(("extra", "read"), [
     # validate_args: --recompute-activations sets selective over any --recompute-granularity.
-    (" --recompute-activations --recompute-granularity full --recompute-method uniform",
-     "selective"),
-    (" --recompute-granularity full --recompute-activations --recompute-method block",
-     "selective"),
+    (" --recompute-activations --recompute-granularity full", "selective"),
+    (" --recompute-granularity full --recompute-activations", "selective"),
     (" --recompute-activations", "selective"),
-    (" --recompute-granularity selective --recompute-method block", "selective"),
+    (" --recompute-granularity selective --recompute-modules core_attn mlp", "selective"),
     (" --recompute-granularity full --recompute-method block --recompute-num-layers 3", "full"),
     (" --recompute-num-layers 3", "none"),       # read only with full (or refused: selective)
     ("", "none"),
@@ -381,14 +386,102 @@ def test_recompute_is_read_as_megatron_lm_runs_it(tmp_path: Path, extra: str, re
 @pytest.mark.parametrize(("extra", "message"), [
     (" --recompute-activations --recompute-granularity full --recompute-method uniform "
      "--recompute-num-layers 1",
-     "megatron-core refuses --recompute-num-layers with selective recompute "
-     "(--recompute-activations makes it selective over --recompute-granularity full)"),
+     "Megatron-LM refuses --recompute-method and --recompute-num-layers with selective "
+     "recompute (--recompute-activations makes it selective over --recompute-granularity "
+     "full)"),
+    (" --recompute-granularity full --recompute-activations --recompute-method block",
+     "Megatron-LM refuses --recompute-method with selective recompute (--recompute-"),
     (" --recompute-granularity selective --recompute-num-layers 2",
-     "megatron-core refuses --recompute-num-layers with selective recompute: the command"),
+     "Megatron-LM refuses --recompute-num-layers with selective recompute: the command"),
+    (" --recompute-granularity selective --recompute-method block",
+     "Megatron-LM refuses --recompute-method with selective recompute: the command"),
 ])
-def test_recompute_megatron_core_refuses_is_refused(tmp_path: Path, extra: str,
+def test_recompute_megatron_refuses_is_refused(tmp_path: Path, extra: str,
                                                     message: str) -> None:
     script = tmp_path / "train.sh"
     script.write_text(COMMAND + extra + "\n")
     with pytest.raises(ConfigError, match=re.escape(message)):
         read_megatron_command(str(script))
+
+
+# -- --sequence-parallel at tp 1: Megatron-LM turns it off and runs -------------------------------
+
+
+def test_sequence_parallel_at_tp_1_is_read_off(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before ("sequence_parallel needs tp >= 2"): validate_args turns it off at tp 1
+    with a warning, and the command runs."""
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --sequence-parallel\n")
+    assert read_megatron_command(str(script)).layout_fields["sequence_parallel"] is False
+    code, _, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                       "--dry-run")
+    assert code == 0, err
+    script.write_text(COMMAND + " --sequence-parallel --tensor-model-parallel-size 2\n")
+    assert read_megatron_command(str(script)).layout_fields["sequence_parallel"] is True
+
+
+@pytest.mark.parametrize(("tp", "sp", "kept"), [
+    (2, False, False),   # would turn sequence parallelism on at tp 2: taken out
+    (2, True, True),
+    (1, False, True),    # still ignored at tp 1: the user's bytes stay
+])
+def test_the_export_takes_out_a_sequence_parallel_the_new_layout_lacks(
+        tmp_path: Path, tp: int, sp: bool, kept: bool) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --sequence-parallel\n")
+    command = read_megatron_command(str(script))
+    old = megatron_layout(command, 8)
+    new = replace(old, tp=tp, dp=8 // tp, sequence_parallel=sp)
+    patched = patch_script(command, new, layout_changes(command, old, new))
+    assert ("--sequence-parallel" in patched) == kept
+    assert patched.count("--sequence-parallel") <= 1
+    (tmp_path / "tuned.sh").write_text(patched)
+    assert megatron_layout(read_megatron_command(str(tmp_path / "tuned.sh")), 8) == new
+
+
+# -- --group-query-attention without --num-query-groups ------------------------------------------
+
+
+@pytest.mark.parametrize(("extra", "groups"), [
+    (" --group-query-attention", 1),                          # argparse's default: one group
+    (" --group-query-attention --num-query-groups 4", 4),
+    (" --num-query-groups 4", None),                          # unread without the switch
+    ("", None),
+])
+def test_query_groups_are_read_as_megatron_lm_builds_them(tmp_path: Path, extra: str,
+                                                          groups: int | None) -> None:
+    """`--group-query-attention` alone was read as one group per head (MHA); Megatron-LM's
+    --num-query-groups defaults to 1, so it builds multi-query attention."""
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + extra + "\n")
+    assert read_megatron_command(str(script)).model.num_query_groups == groups
+
+
+# -- what Megatron-LM's validate_args refuses or reads otherwise ---------------------------------
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (COMMAND.replace("--max-position-embeddings 4096", "--max-position-embeddings 2048"),
+     "--max-position-embeddings 2048 is below --seq-length 4096; Megatron-LM refuses it"),
+    (COMMAND.replace(" --max-position-embeddings 4096", ""),
+     "the command has no --max-position-embeddings, which Megatron-LM requires"),
+    (COMMAND.replace(" --max-position-embeddings 4096", "") + " --position-embedding-type rope",
+     "the command has no --max-position-embeddings"),
+])
+def test_positions_megatron_lm_refuses_are_refused(tmp_path: Path, text: str,
+                                                   message: str) -> None:
+    """Predicted before ("yours: ... fits") though validate_args stops the command: it requires
+    --max-position-embeddings and asserts it is at least the sequence."""
+    script = tmp_path / "train.sh"
+    script.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        read_megatron_command(str(script))
+
+
+def test_num_experts_0_is_a_dense_model(tmp_path: Path) -> None:
+    """Refused before ("num_experts must be a positive integer, got 0"); validate_args reads
+    --num-experts 0 as no experts."""
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --num-experts 0\n")
+    assert read_megatron_command(str(script)).model.num_experts is None

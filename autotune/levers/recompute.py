@@ -176,12 +176,15 @@ def _read(g: Given) -> dict[str, Any]:
         if g.has("--recompute-granularity") else "none"
     if g.has("--recompute-activations"):
         granularity = "selective"
-    if granularity == "selective" and g.has("--recompute-num-layers"):
-        # TransformerConfig.__post_init__: "When using recompute_granularity: selective
-        # recompute_num_layers must be None" (a ValueError at the model's build).
+    refused = [flag for flag in ("--recompute-method", "--recompute-num-layers")
+               if granularity == "selective" and g.has(flag)]
+    if refused:
+        # validate_args: "recompute method is not yet supported for selective recomputing
+        # granularity" (an assert); TransformerConfig.__post_init__: "When using
+        # recompute_granularity: selective recompute_num_layers must be None" (a ValueError).
         clobbered = (" (--recompute-activations makes it selective over --recompute-"
                      "granularity full)" if g.text("--recompute-granularity") == "full" else "")
-        raise ConfigError(f"{g.source}: megatron-core refuses --recompute-num-layers with "
+        raise ConfigError(f"{g.source}: Megatron-LM refuses {' and '.join(refused)} with "
                           f"selective recompute{clobbered}: the command does not run as "
                           "written")
     if granularity == "selective":

@@ -78,7 +78,10 @@ def _emit_gqa(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
 
 
 def _read_gqa(g: Given) -> dict[str, Any]:
-    groups = g.integer("--num-query-groups") if g.has("--group-query-attention") else None
+    # --num-query-groups defaults to 1 in Megatron-LM's argparse, and reaches the model only
+    # with --group-query-attention (core_transformer_config_from_args): the flag alone is one
+    # KV group (multi-query attention), not a group per head.
+    groups = g.integer("--num-query-groups", 1) if g.has("--group-query-attention") else None
     return {"num_query_groups": groups}
 
 
@@ -108,7 +111,17 @@ def _read_positions(g: Given) -> dict[str, Any]:
     # --use-rotary-position-embeddings is the older spelling of --position-embedding-type rope.
     default = "rope" if g.has("--use-rotary-position-embeddings") else "learned_absolute"
     kind = g.choice("--position-embedding-type", ("learned_absolute", "rope", "none"), default)
-    return {"max_position_embeddings": g.integer("--max-position-embeddings"),
+    # validate_args requires --max-position-embeddings and asserts it is at least the
+    # sequence, whatever the position embedding (core_v0.16.1 arguments.py).
+    positions, seq = g.integer("--max-position-embeddings"), g.integer("--seq-length")
+    if positions is None:
+        raise ConfigError(f"{g.source}: the command has no --max-position-embeddings, which "
+                          "Megatron-LM requires: add it (at least the --seq-length)")
+    if seq is not None and positions < seq:
+        raise ConfigError(f"{g.source}: --max-position-embeddings {positions} is below "
+                          f"--seq-length {seq}; Megatron-LM refuses it (it must be at least "
+                          "the sequence)")
+    return {"max_position_embeddings": positions,
             "position_embedding": kind, "rotary_base": g.integer("--rotary-base", 10000)}
 
 
@@ -153,8 +166,9 @@ def _emit_moe(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
 
 
 def _read_moe(g: Given) -> dict[str, Any]:
-    # arguments.py: --moe-router-topk defaults to 2.
-    return {"num_experts": g.integer("--num-experts"),
+    # arguments.py: --moe-router-topk defaults to 2; validate_args reads --num-experts 0 as
+    # no experts (a dense model).
+    return {"num_experts": g.integer("--num-experts") or None,
             "moe_topk": g.integer("--moe-router-topk", 2),
             "moe_ffn_hidden_size": g.integer("--moe-ffn-hidden-size")}
 
@@ -179,6 +193,13 @@ def _read_vpp(g: Given) -> dict[str, Any]:
         raise ConfigError(f"{g.source}: --num-layers-per-virtual-pipeline-stage {per_stage} "
                           f"must divide the {layers // pp} layers of a pipeline stage")
     return {"vpp": layers // pp // per_stage}
+
+
+def _read_sequence_parallel(g: Given) -> dict[str, Any]:
+    # validate_args turns sequence parallelism off where tensor parallelism is (tp 1), with a
+    # warning, and runs on: a command with both runs without it (core_v0.16.1 arguments.py).
+    tp = g.integer("--tensor-model-parallel-size", 1) or 1
+    return {"sequence_parallel": g.has("--sequence-parallel") and tp > 1}
 
 
 def _emit_dispatcher(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
@@ -319,7 +340,10 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
     value("--expert-model-parallel-size", "ep", Part.LAYOUT, default=1, omit_at=1),
     FlagRow(name="moe_token_dispatcher", part=Part.LAYOUT,
             flags=(Flag("--moe-token-dispatcher-type"),), emit=_emit_dispatcher),
-    switch("--sequence-parallel", "sequence_parallel", Part.LAYOUT),
+    FlagRow(name="sequence_parallel", part=Part.LAYOUT,
+            flags=(Flag("--sequence-parallel", takes_value=False),),
+            emit=lambda m, s, run: ["--sequence-parallel"] if s.sequence_parallel else [],
+            read=_read_sequence_parallel),
     FlagRow(name="batch", part=Part.LAYOUT,
             flags=(Flag("--micro-batch-size"), Flag("--global-batch-size")),
             emit=lambda m, s, run: ["--micro-batch-size", str(s.mbs),

@@ -395,11 +395,18 @@ def layout_changes(command: MegatronCommand, old: Layout, new: Layout) -> list[R
     and `new`, as Megatron-LM runs them (impl sdpa as te)."""
     model = command.model
     old, new = exported_layout(old), exported_layout(new)
+    given = {g.flag for g in command.groups}
     changes: list[RowChange] = []
     for row in FLAG_TABLE:
         if row.part != Part.LAYOUT:
             continue
         before, after = row_args(row, model, old), row_args(row, model, new)
+        if row.name == "sequence_parallel" and "--sequence-parallel" in given \
+                and not new.sequence_parallel and new.tp > 1:
+            # Megatron-LM ignores the file's --sequence-parallel at tp 1 (validate_args turns
+            # it off; the command's layout reads without it), but at the new layout's tp it
+            # would turn sequence parallelism on: it goes.
+            before = ["--sequence-parallel"]
         if before != after:
             changes.append(RowChange(row.name, tuple(before), tuple(after)))
     return changes
