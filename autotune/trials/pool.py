@@ -38,6 +38,7 @@ from autotune.trials.proctree import ProcessTree, become_subreaper, shutdown
 from autotune.trials.protocol import (
     DEFAULT_NCCL_TIMEOUT_S,
     EXIT_CODES,
+    LEAVE_WAIT_S,
     POOL_LOG_NAME,
     POOL_PARENT_ENV,
     POOL_POLL_S,
@@ -80,9 +81,6 @@ RELEASE_S = 30.0
 """How long the ranks get to release a trial once its result is written (a few seconds in
 practice: a gather, freeing, destroying the trial's groups); past it the trial's figures stand
 and the pool is started again."""
-_STOP_WAIT_S = 5.0
-"""How long ranks that are leaving (the stop file, a failure, ranks that cannot go on) get to
-exit with torchrun before they are signalled."""
 
 
 class WarmPool:
@@ -267,7 +265,7 @@ class WarmPool:
     def _wait_for_exit(self) -> None:
         if self._proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=_STOP_WAIT_S)
+                self._proc.wait(timeout=LEAVE_WAIT_S)
 
     def _note(self, line: str) -> None:
         if self._log is not None:

@@ -29,6 +29,7 @@ __all__ = [
     "EXIT_CODES",
     "FAILURE_GLOB",
     "FAILURE_PREFIX",
+    "LEAVE_WAIT_S",
     "NCCL_EAGER_INIT_ENV",
     "NCCL_TIMEOUT_ENV",
     "POOL_LEFT_OVER_BYTES",
@@ -196,6 +197,9 @@ POOL_LOG_NAME = "log.txt"
 """The pool's whole output, in its folder; each trial's slice is copied to the trial's log."""
 POOL_STOP_NAME = "stop"
 """Its presence in the pool's folder tells idle ranks to exit."""
+LEAVE_WAIT_S = 5.0
+"""How long ranks told to leave (the stop file, a failure, ranks that cannot go on) get to exit
+with torchrun before they are signalled: the warm pool's and the standby's alike."""
 POOL_POLL_S = 0.02
 """How often an idle rank looks for the next job, and the orchestrator for the done file."""
 POOL_PARENT_ENV = "AUTOTUNE_POOL_PARENT"

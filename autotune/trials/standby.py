@@ -37,6 +37,7 @@ from autotune.trials.ports import free_port
 from autotune.trials.proctree import ProcessTree, become_subreaper, shutdown, wait
 from autotune.trials.protocol import (
     DEFAULT_NCCL_TIMEOUT_S,
+    LEAVE_WAIT_S,
     POOL_PARENT_ENV,
     POOL_POLL_S,
     POOL_STOP_NAME,
@@ -63,8 +64,6 @@ __all__ = ["STANDBY_LOG_NAME", "Standby"]
 
 STANDBY_LOG_NAME = "log.txt"
 """The standby's whole output, in its folder; copied to the trial's log once it has run."""
-_STOP_WAIT_S = 5.0
-"""How long waiting ranks get to leave on the stop file before they are signalled."""
 
 
 class Standby:
@@ -181,7 +180,7 @@ class Standby:
             (self.root / POOL_STOP_NAME).touch()
             if self._proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    self._proc.wait(timeout=_STOP_WAIT_S)
+                    self._proc.wait(timeout=LEAVE_WAIT_S)
         self._stop()
 
     def __enter__(self) -> Standby:
