@@ -485,3 +485,32 @@ def test_num_experts_0_is_a_dense_model(tmp_path: Path) -> None:
     script = tmp_path / "train.sh"
     script.write_text(COMMAND + " --num-experts 0\n")
     assert read_megatron_command(str(script)).model.num_experts is None
+
+
+# -- a tensor-parallel group across two nodes -------------------------------------------------
+
+
+@pytest.mark.parametrize(("gpus", "per_node", "tp", "refused"), [
+    (12, 6, 4, True),     # ranks 4-7: two of node 0, two of node 1
+    (24, 6, 4, True),
+    (12, 4, 3, True),
+    (12, 6, 3, False),
+    (12, 6, 2, False),
+    (12, 6, 6, False),
+    (16, 8, 8, False),
+    (6, 6, 2, False),     # one node: every group is inside it
+    (4, 6, 4, False),     # --gpus-per-node 6 on 4 GPUs: one node of 4
+])
+def test_tp_must_divide_the_gpus_of_a_node_on_several_nodes(gpus: int, per_node: int, tp: int,
+                                                            refused: bool) -> None:
+    """tp 4 on nodes of 6 was accepted and priced at NVLink speed, though Megatron's tp groups
+    (tp consecutive ranks) then straddle two nodes."""
+    from autotune.layouts.layout import Layout, check
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.presets import load_model
+
+    model = load_model("gpt-7.5b")  # 32 heads, 36 layers
+    cluster = ClusterSpec.make(gpus, min(per_node, gpus), "h100-80gb")
+    layout = Layout(tp=tp, dp=gpus // tp, gbs=gpus * 4)
+    broken = {v.rule for v in check(layout, model, cluster)}
+    assert ("tp_node" in broken) == refused
