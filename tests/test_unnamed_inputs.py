@@ -514,3 +514,26 @@ def test_tp_must_divide_the_gpus_of_a_node_on_several_nodes(gpus: int, per_node:
     layout = Layout(tp=tp, dp=gpus // tp, gbs=gpus * 4)
     broken = {v.rule for v in check(layout, model, cluster)}
     assert ("tp_node" in broken) == refused
+
+
+@pytest.mark.parametrize(("gpus", "per_node", "pp", "straddles"), [
+    (12, 6, 3, True),     # dp groups of 4 consecutive ranks: ranks 4-7 on two nodes
+    (12, 4, 3, False),
+    (12, 6, 2, False),    # dp groups of 6: one node each
+    (24, 8, 3, False),
+])
+def test_a_group_that_straddles_nodes_is_priced_over_the_network(
+        gpus: int, per_node: int, pp: int, straddles: bool) -> None:
+    """A data-parallel group of 4 consecutive ranks on nodes of 6 was priced at NVLink speed;
+    the slowest of the groups sets the step's pace."""
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import estimate_cost
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.presets import load_model
+
+    model = load_model("gpt-7.5b")  # 36 layers
+    layout = Layout(pp=pp, dp=gpus // pp, gbs=8 * gpus, overlap_grad_reduce=False)
+    priced = estimate_cost(model, layout, ClusterSpec.make(gpus, per_node, "h100-80gb"))
+    # The same layout on one node that holds every group: NVLink throughout.
+    nvlink = estimate_cost(model, layout, ClusterSpec.make(gpus, gpus, "h100-80gb"))
+    assert (priced.dp_comm_s > nvlink.dp_comm_s * 2) == straddles
