@@ -537,3 +537,40 @@ def test_a_group_that_straddles_nodes_is_priced_over_the_network(
     # The same layout on one node that holds every group: NVLink throughout.
     nvlink = estimate_cost(model, layout, ClusterSpec.make(gpus, gpus, "h100-80gb"))
     assert (priced.dp_comm_s > nvlink.dp_comm_s * 2) == straddles
+
+
+# -- estimate --layout FILE with options that say otherwise ------------------------------------
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--tp", "2"], "sets tp 1; the options say --tp 2"),
+    (["--tensor-model-parallel-size", "2", "--mbs", "4"],
+     "sets tp 1, mbs 2; the options say --tp 2, --mbs 4"),
+    (["--gbs", "128"], "sets gbs 16; the options say --gbs 128"),
+    (["--recompute", "full"], "sets recompute none; the options say --recompute full"),
+    (["--seq-len", "2048"], "says seq_length 1024; --seq-len says 2048"),
+    (["--gpu", "h200"], "says gpu h100-80gb; --gpu says h200"),
+    (["--gpus-per-node", "2"], "says gpus_per_node 4; --gpus-per-node says 2"),
+])
+def test_an_option_the_layout_file_contradicts_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str],
+        message: str) -> None:
+    """The file's values won in silence: `--tp 2 --layout FILE` estimated the file's tp 1."""
+    path = tmp_path / "layout.json"
+    path.write_text(json.dumps({"tp": 1, "pp": 2, "mbs": 2, "gbs": 16, "recompute": "none",
+                                "model": "gpt2", "gpus": 4, "gpu": "h100-80gb",
+                                "seq_length": 1024, "gpus_per_node": 4}))
+    code, out, err = run(capsys, "estimate", "--layout", str(path), *extra)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize("extra", [[], ["--tp", "1"], ["--gbs", "16"], ["--seq-len", "1024"],
+                                   ["--impl", "te"]])
+def test_options_the_layout_file_agrees_with_or_leaves_out_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str]) -> None:
+    path = tmp_path / "layout.json"
+    path.write_text(json.dumps({"tp": 1, "pp": 2, "mbs": 2, "gbs": 16, "model": "gpt2",
+                                "gpus": 4, "seq_length": 1024}))
+    code, _, err = run(capsys, "estimate", "--layout", str(path), *extra)
+    assert code == 0, err
