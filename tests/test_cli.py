@@ -61,7 +61,7 @@ BAD_INPUTS = [
     (["gpt2-xl", "--gpus", "2.5", "--dry-run"], "Invalid value for '--gpus'"),
     (["gpt2-xl", "--dry-run"], "Missing option '--gpus'"),
     (["gpt2-xl", "--gpus", "7", "--dry-run"], "no layout of gpt2-xl can use 7 GPUs"),
-    (["gpt2-xl", "--gpus", "12", "--dry-run"], "--gpus=12 must be a multiple of"),
+    (["gpt2-xl", "--gpus", "12", "--dry-run"], "--gpus 12 does not fill nodes of 8 GPUs"),
     (["gpt2-xl", "--gpus", "8", "--space", "/no/such.yaml", "--dry-run"], "does not exist"),
     (["gpt2-xl", "--gpus", "8", "--bogus"], "No such option: --bogus"),
     (["gpt2-xl", "--gpus", "8", "--seq-len", "0", "--dry-run"], "--seq-len must be"),
