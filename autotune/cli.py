@@ -394,8 +394,8 @@ def _estimate(
     gpu: Gpu = None,
     gpus_per_node: GpusPerNode = None,
     layout_path: Annotated[str | None, typer.Option(
-        "--layout", help="A JSON file from `autotune export --format json` (its values "
-                         "override the flags).")] = None,
+        "--layout", help="A JSON file from `autotune export --format json` (an option "
+                         "that says otherwise is refused).")] = None,
     calibration: Annotated[str | None, typer.Option(
         "--calibration", help="Constants fitted by `autotune calibrate`.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -413,6 +413,17 @@ def _estimate(
         model, gpus, gpu, seq_len, gpus_per_node = (read.model, read.gpus, read.gpu,
                                                      read.seq_len, read.gpus_per_node)
         from_file = read.fields
+        # The file's values win; an option typed with another value is refused, not dropped.
+        typed = {name: value for name, value in dimensions.items()
+                 if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}
+        if global_batch_size is not None:
+            typed["gbs"] = global_batch_size
+        clash = [name for name in typed if name in from_file and typed[name] != from_file[name]]
+        if clash:
+            sets = ", ".join(f"{name} {from_file[name]}" for name in clash)
+            says = ", ".join(f"{DIMENSIONS[name].option} {typed[name]}" for name in clash)
+            raise ConfigError(f"layout file {layout_path} sets {sets}; the options say {says}: "
+                              "leave them out, or edit the file")
         fields.update(from_file)
     if model is None:
         raise ConfigError("Missing argument 'MODEL'" + (

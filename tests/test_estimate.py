@@ -64,10 +64,15 @@ def test_layout_file_round_trips(capsys: pytest.CaptureFixture[str], tmp_path: P
         is None
     assert {k: v for k, v in json.loads(second).items() if k != "defaults_note"} == \
         {k: v for k, v in json.loads(first).items() if k != "defaults_note"}
-    # A bare layout object works too, and its values override the flags.
+    # A bare layout object works too; the options it leaves out fill it in, and one it sets
+    # otherwise is refused (it used to be dropped in silence).
     layout.write_text(json.dumps({"pp": 4, "mbs": 2}))
-    _, third, _ = run(capsys, *ESTIMATE, "--layout", str(layout), "--json")
+    _, third, _ = run(capsys, "estimate", "gpt2-xl", "--gpus", "8", "--impl", "sdpa",
+                      "--layout", str(layout), "--json")
     assert (json.loads(third)["layout"]["pp"], json.loads(third)["layout"]["mbs"]) == (4, 2)
+    assert json.loads(third)["layout"]["impl"] == "sdpa"
+    code, _, err = run(capsys, *ESTIMATE, "--layout", str(layout), "--json")
+    assert code == 2 and "sets pp 4, mbs 2; the options say --pp 2, --mbs 4" in err
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -485,3 +485,92 @@ def test_num_experts_0_is_a_dense_model(tmp_path: Path) -> None:
     script = tmp_path / "train.sh"
     script.write_text(COMMAND + " --num-experts 0\n")
     assert read_megatron_command(str(script)).model.num_experts is None
+
+
+# -- a tensor-parallel group across two nodes -------------------------------------------------
+
+
+@pytest.mark.parametrize(("gpus", "per_node", "tp", "refused"), [
+    (12, 6, 4, True),     # ranks 4-7: two of node 0, two of node 1
+    (24, 6, 4, True),
+    (12, 4, 3, True),
+    (12, 6, 3, False),
+    (12, 6, 2, False),
+    (12, 6, 6, False),
+    (16, 8, 8, False),
+    (6, 6, 2, False),     # one node: every group is inside it
+    (4, 6, 4, False),     # --gpus-per-node 6 on 4 GPUs: one node of 4
+])
+def test_tp_must_divide_the_gpus_of_a_node_on_several_nodes(gpus: int, per_node: int, tp: int,
+                                                            refused: bool) -> None:
+    """tp 4 on nodes of 6 was accepted and priced at NVLink speed, though Megatron's tp groups
+    (tp consecutive ranks) then straddle two nodes."""
+    from autotune.layouts.layout import Layout, check
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.presets import load_model
+
+    model = load_model("gpt-7.5b")  # 32 heads, 36 layers
+    cluster = ClusterSpec.make(gpus, min(per_node, gpus), "h100-80gb")
+    layout = Layout(tp=tp, dp=gpus // tp, gbs=gpus * 4)
+    broken = {v.rule for v in check(layout, model, cluster)}
+    assert ("tp_node" in broken) == refused
+
+
+@pytest.mark.parametrize(("gpus", "per_node", "pp", "straddles"), [
+    (12, 6, 3, True),     # dp groups of 4 consecutive ranks: ranks 4-7 on two nodes
+    (12, 4, 3, False),
+    (12, 6, 2, False),    # dp groups of 6: one node each
+    (24, 8, 3, False),
+])
+def test_a_group_that_straddles_nodes_is_priced_over_the_network(
+        gpus: int, per_node: int, pp: int, straddles: bool) -> None:
+    """A data-parallel group of 4 consecutive ranks on nodes of 6 was priced at NVLink speed;
+    the slowest of the groups sets the step's pace."""
+    from autotune.layouts.layout import Layout
+    from autotune.predict.cost import estimate_cost
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.presets import load_model
+
+    model = load_model("gpt-7.5b")  # 36 layers
+    layout = Layout(pp=pp, dp=gpus // pp, gbs=8 * gpus, overlap_grad_reduce=False)
+    priced = estimate_cost(model, layout, ClusterSpec.make(gpus, per_node, "h100-80gb"))
+    # The same layout on one node that holds every group: NVLink throughout.
+    nvlink = estimate_cost(model, layout, ClusterSpec.make(gpus, gpus, "h100-80gb"))
+    assert (priced.dp_comm_s > nvlink.dp_comm_s * 2) == straddles
+
+
+# -- estimate --layout FILE with options that say otherwise ------------------------------------
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--tp", "2"], "sets tp 1; the options say --tp 2"),
+    (["--tensor-model-parallel-size", "2", "--mbs", "4"],
+     "sets tp 1, mbs 2; the options say --tp 2, --mbs 4"),
+    (["--gbs", "128"], "sets gbs 16; the options say --gbs 128"),
+    (["--recompute", "full"], "sets recompute none; the options say --recompute full"),
+    (["--seq-len", "2048"], "says seq_length 1024; --seq-len says 2048"),
+    (["--gpu", "h200"], "says gpu h100-80gb; --gpu says h200"),
+    (["--gpus-per-node", "2"], "says gpus_per_node 4; --gpus-per-node says 2"),
+])
+def test_an_option_the_layout_file_contradicts_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str],
+        message: str) -> None:
+    """The file's values won in silence: `--tp 2 --layout FILE` estimated the file's tp 1."""
+    path = tmp_path / "layout.json"
+    path.write_text(json.dumps({"tp": 1, "pp": 2, "mbs": 2, "gbs": 16, "recompute": "none",
+                                "model": "gpt2", "gpus": 4, "gpu": "h100-80gb",
+                                "seq_length": 1024, "gpus_per_node": 4}))
+    code, out, err = run(capsys, "estimate", "--layout", str(path), *extra)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize("extra", [[], ["--tp", "1"], ["--gbs", "16"], ["--seq-len", "1024"],
+                                   ["--impl", "te"]])
+def test_options_the_layout_file_agrees_with_or_leaves_out_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str]) -> None:
+    path = tmp_path / "layout.json"
+    path.write_text(json.dumps({"tp": 1, "pp": 2, "mbs": 2, "gbs": 16, "model": "gpt2",
+                                "gpus": 4, "seq_length": 1024}))
+    code, _, err = run(capsys, "estimate", "--layout", str(path), *extra)
+    assert code == 0, err

@@ -90,6 +90,13 @@ def layout_file(path: str, *, model_name: str | None, gpus: int | None, gpu: str
         _check_type(path, key, value, _CONTEXT_TYPES[key])
     if "gpus" in context and gpus is not None and context["gpus"] != gpus:
         raise ConfigError(f"layout file {path} is for {context['gpus']} GPUs; --gpus says {gpus}")
+    # The machine and sequence the file was exported for win over the flags; one typed that
+    # says otherwise is refused rather than dropped in silence.
+    for key, option, given in (("gpu", "--gpu", gpu), ("seq_length", "--seq-len", seq_len),
+                               ("gpus_per_node", "--gpus-per-node", gpus_per_node)):
+        if key in context and given is not None and context[key] != given:
+            raise ConfigError(f"layout file {path} says {key} {context[key]}; {option} says "
+                              f"{given}: leave {option} out, or edit the file")
     if "model" in context and model_name is not None:
         from autotune.specs.presets import load_model
 

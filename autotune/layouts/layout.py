@@ -173,6 +173,12 @@ def _tp_node(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # Alpa's heuristic and the PTD-P paper: tensor parallelism only inside a node (NVLink).
     if s.tp > c.gpus_per_node:
         return f"tp={s.tp} must not exceed gpus_per_node={c.gpus_per_node}"
+    if c.num_gpus > c.gpus_per_node and c.gpus_per_node % s.tp:
+        # Megatron's tp groups are tp consecutive ranks (parallel_state.RankGenerator, tp
+        # innermost): with nodes of 6, a tp-4 group holds ranks 4-7 of two nodes, and its
+        # all-reduces, which the cost model prices at NVLink speed, would cross the network.
+        return (f"tp={s.tp} must divide gpus_per_node={c.gpus_per_node} on several nodes (a "
+                "tensor-parallel group would span two nodes)")
     return None
 
 
@@ -285,7 +291,8 @@ def _vpp_microbatches(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
 
 _RULES: tuple[Rule, ...] = (
     Rule("world", 0, "dp x tp x pp x cp must equal the GPU count", _world),
-    Rule("tp_node", 0, "tp must fit in one node (Alpa)", _tp_node),
+    Rule("tp_node", 0, "tp must fit in one node (Alpa): at most, and on several nodes dividing, "
+         "the GPUs per node", _tp_node),
     Rule("tp_heads", 0, "tp must divide num_attention_heads", _tp_heads),
     Rule("tp_groups", 0, "num_query_groups must be a multiple or divisor of tp", _tp_groups),
     Rule("cp_seq", 0, "seq_length must be divisible by 2*cp", _cp_seq),

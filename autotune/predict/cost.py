@@ -189,10 +189,13 @@ def _link(cluster: ClusterSpec, span: int) -> float:
 
     Megatron orders ranks tp-cp-ep-dp-pp (tp innermost; parallel_state.RankGenerator), so a
     group of stride st and size n covers st * n ranks and leaves the node when that exceeds
-    gpus_per_node; a ring is then as fast as its inter-node hops.
+    gpus_per_node; a ring is then as fast as its inter-node hops. A group that fits a node
+    still leaves it when nodes do not hold whole spans: with nodes of 6, the span of ranks 4-7
+    lies on two nodes, and the slowest group sets the pace of the step.
     """
     gpu = cluster.gpu
-    if span > cluster.gpus_per_node:
+    straddles = cluster.num_gpus > cluster.gpus_per_node and cluster.gpus_per_node % span != 0
+    if span > cluster.gpus_per_node or straddles:
         return gpu.inter_node_bytes_per_s
     return gpu.intra_node_bytes_per_s
 

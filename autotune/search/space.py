@@ -259,9 +259,11 @@ def _limit_sentence(dim: str, allowed: Sequence[Any], model: ModelSpec,
     values = ", ".join(str(v) for v in allowed)
     head = f"{dim} is limited to {values}"
     if dim == "tp":
+        node = (f"divide the {cluster.gpus_per_node} GPUs of a node"
+                if cluster.num_gpus > cluster.gpus_per_node
+                else f"fit in a node of {cluster.gpus_per_node} GPUs")
         return (f"{head}: tp must divide num_attention_heads={model.num_attention_heads}"
-                f" (and num_query_groups={model.query_groups}) and fit in a node of "
-                f"{cluster.gpus_per_node} GPUs")
+                f" (and num_query_groups={model.query_groups}) and {node}")
     if dim == "pp":
         return f"{head}: pp must divide num_layers={model.num_layers} and the GPU count"
     if dim == "cp":
