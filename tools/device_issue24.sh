@@ -15,6 +15,11 @@
 #          timed steps (default: adaptive, as a search), GRID_TIMEOUT_S (300) bounds it.
 #   below  the counts below the grid's, that the memory model predicts not to fit, run ungated
 #          and cold through tools/device_layouts.py: does the model's boundary hold?
+#   standby (once, after the cases) Transformer Engine installed from .whl-te into /tmp/site-te
+#          and put on the path, a standby started on its own (tools/standby_check.py): does it
+#          get ready with no GPU process before a hand-over? Skipped without .whl-te.
+# Throughout, $OUT/gpu.txt gets one line a second: the GPU's compute processes (pid, MiB) and the
+# worker processes (pid, standby or not), so that the standby's hand-over shows on the driver.
 # Carry: .whl (megatron-core 0.16.1) and .whl-search (optuna and deps, tree-sitter).
 # $OUT: summary.txt (every trial: layout, status, measured against predicted), results.tgz,
 # layouts-CASE.txt, timing-CASE.txt.
@@ -22,6 +27,16 @@ set -u
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 parts=" ${PARTS:-search grid below} "
+( while :; do
+    apps=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null \
+           | tr '\n' ';')
+    procs=$(pgrep -af 'autotune.worker' 2>/dev/null | grep -v pgrep \
+            | awk '{print $1 ($0 ~ /--standby/ ? ":standby" : ":worker")}' | tr '\n' ' ')
+    echo "$(date +%s) gpu[$apps] procs[$procs]"
+    sleep 1
+  done > "$out/gpu.txt" ) &
+sampler=$!
+trap 'kill $sampler 2>/dev/null' EXIT
 for case in ${CASES:-${CASE:-llama}}; do
   if [[ $case == llama ]]; then
     model=tests/data/hf/llama-3.2-3b.json; seq=8192; gbs=4
@@ -63,5 +78,16 @@ for case in ${CASES:-${CASE:-llama}}; do
   } > "$out/timing-$case.txt"
   head -1 "$out/timing-$case.txt"
 done
+if [[ $parts == *" standby "* && -d .whl-te ]]; then
+  [[ -d /tmp/site-te/transformer_engine ]] || python3 -m pip install -q --no-index --no-deps \
+      --no-compile --target /tmp/site-te .whl-te/*.whl > "$out/te-install.txt" 2>&1
+  PYTHONPATH=/tmp/site-te:/tmp/site:$PWD python3 -c \
+      "import transformer_engine as te; print('transformer_engine', te.__version__)" \
+      > "$out/standby-te.txt" 2>&1
+  PYTHONPATH=/tmp/site-te:/tmp/site:$PWD timeout 200 python3 tools/standby_check.py \
+      /tmp/standby-te 1 120 >> "$out/standby-te.txt" 2>&1
+  echo "standby with TE: rc=$?" >> "$out/standby-te.txt"
+  tail -3 "$out/standby-te.txt"
+fi
 cp /tmp/r/commands.txt "$out/commands.txt" 2>/dev/null
 cat "$out/summary.txt" 2>/dev/null | grep -v -E "INVALID|PREDICTED_SLOW" | cut -c1-240
