@@ -27,7 +27,7 @@ gpu=$(case $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) in
 i=0
 for layout in ${LAYOUTS:-mbs=1,impl=sdpa,gbs=8}; do
   for mode in py native; do
-    flags=(--subprocesses --nonblocking --format raw --rate "${RATE:-100}")
+    flags=(--subprocesses --threads --nonblocking --format raw --rate "${RATE:-100}")
     [[ $mode == native ]] && flags+=(--native)
     timeout 300 /tmp/pyspy/bin/py-spy record "${flags[@]}" -o "$out/prof-$i-$mode.txt" -- \
         python3 tools/device_layouts.py "${MODEL:-gpt2-xl}" 1 "$gpu" "/tmp/hp-$i-$mode" \
