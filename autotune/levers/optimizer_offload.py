@@ -65,9 +65,10 @@ copied into the bf16 GPU parameter with non_blocking=True, which torch's copy_ke
 (aten/src/ATen/native/cuda/Copy.cu) moves as fp32 and casts on the GPU."""
 STAGING_BYTES_PER_PARAM = 8
 """Host copy of that pageable fp32 parameter into the CUDA driver's pinned staging buffer
-(read 4 B, write 4 B), done by the calling thread before the DMA (CUDA Runtime API,
-"API synchronization behavior": for transfers from pageable host memory, host memory is
-copied to a staging buffer immediately and the call returns once it is)."""
+(read 4 B, write 4 B), done by the calling thread while the DMA drains it (CUDA Runtime API
+docs, "API synchronization behavior": from pageable host memory the driver stages the copy
+into pinned memory and returns once the pageable buffer has been copied to the staging
+memory)."""
 PCIE_BYTES_PER_PARAM = D2H_BYTES_PER_PARAM + H2D_BYTES_PER_PARAM
 """Over the host link per offloaded parameter and step, both directions."""
 
