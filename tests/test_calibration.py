@@ -77,12 +77,12 @@ def test_fit_rejects_bad_samples() -> None:
 # 1.8/4.7 -> 2.5/5.2, gpt2-xl on H100 2.1/7.4 -> 2.2/7.5, gpt2-large on H100 0.9/3.6 ->
 # 1.1/3.6). Step time did not move.
 HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
-    "gpt-3.6b/h100-80gb": (0.054, 0.044, 0.052),      # 4.9%, 3.4%, 4.1%
-    "gpt2-large/h100-80gb": (0.021, 0.022, 0.047),    # 1.4%, 1.1%, 3.6%
-    "gpt2-large/h200": (0.06, 0.041, 0.101),          # 5.0%, 3.1%, 9.0%
+    "gpt-3.6b/h100-80gb": (0.054, 0.044, 0.052),      # 4.9%, 3.4%, 4.2%
+    "gpt2-large/h100-80gb": (0.021, 0.022, 0.047),    # 1.4%, 1.2%, 3.8%
+    "gpt2-large/h200": (0.06, 0.043, 0.095),          # 5.0%, 3.3%, 8.5%
     "gpt2-xl/h100-80gb": (0.036, 0.032, 0.086),       # 2.3%, 2.2%, 7.5%
-    "gpt2-xl/h200": (0.072, 0.035, 0.063),            # 6.2%, 2.5%, 5.2%
-    "llama-1b/h100-80gb": (0.062, 0.032, 0.032),      # 4.3%, 2.2%, 2.2%
+    "gpt2-xl/h200": (0.072, 0.032, 0.061),            # 6.2%, 2.2%, 5.1%
+    "llama-1b/h100-80gb": (0.062, 0.032, 0.032),      # 4.3%, 2.3%, 2.3%
     "llama-1b/h200": (0.164, 0.053, 0.091),           # 15.1%, 4.3%, 8.0%
     # llama-3b/h100's memory worst: 10.0% since the FP8 trials of 2026-11-25 joined the data (10.4%
     # since qkv_extra)
@@ -91,8 +91,11 @@ HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
     # 7.0% since FP8's casts are priced by recipe (2026-11-27-cpu-fp8-cost.md; 6.7% before).
     "llama-3b/h100-80gb": (0.088, 0.037, 0.115),      # 7.8%, 2.7%, 10.4%
     "llama-3b/h200": (0.074, 0.028, 0.06),            # 6.4%, 1.7%, 4.9%
-    "llama2-13b/h200": (0.062, 0.041, 0.049),         # 5.2%, 3.1%, 3.9%
-    "llama3-8b/h200": (0.031, 0.023, 0.035),          # 1.6%, 1.2%, 2.5%
+    # llama2-13b, llama3-8b: 2.5% / 3.2% and 1.0% / 2.2% since an untied model's embedding
+    # group holds no NCCL communicator (2026-11-28-cpu-planning-accuracy.md; 3.1% / 3.9% and
+    # 1.2% / 2.5% before).
+    "llama2-13b/h200": (0.062, 0.035, 0.042),         # 5.2%, 2.5%, 3.2%
+    "llama3-8b/h200": (0.031, 0.02, 0.032),           # 1.6%, 1.0%, 2.2%
     "wide-8k/h100-80gb": (0.117, 0.027, 0.041),       # 10.7%, 1.7%, 3.1%
     "wide-8k/h200": (0.107, 0.032, 0.039),            # 9.5%, 2.2%, 2.8%
 }

@@ -94,13 +94,15 @@ KNOWN_MISFITS = [
     ("s7-xl32k-grid/0", 77.6, 79.5, "gpt2-xl seq 32768 block/28"),
     ("s9-l8b2-hand/0", 139.3, 140.5, "llama3-8b seq 8192 block/2, 0.1 GiB over"),
     # llama2-13b pp 2 at 98-99.8% of an H200: allocated bytes within 0.8 GiB, but the overheads
-    # (3.9% of 132 GiB allocated, the CUDA context and two NCCL groups: 9.4 GiB) are 3 GiB over
-    # the 6.2-6.6 measured beside the allocator's peak. s12-l13b2-grid/13 was predicted over
-    # before the query, key and value a RoPE layer keeps joined the activations too.
-    ("s12-l13b2-grid/12", 138.8, 142.3, "llama2-13b block/4"),
-    ("s12-l13b2-grid/13", 140.1, 143.7, "llama2-13b block/3"),
-    ("s12-l13b2-grid/17", 138.2, 141.8, "llama2-13b mbs 2 block/13"),
-    ("s12-l13b2-grid/21", 138.0, 141.3, "llama2-13b vpp 2 block/4"),
+    # (3.9% of 132 GiB allocated, the CUDA context and one NCCL group: 8.6 GiB) are 2 GiB over
+    # the 6.2-6.6 measured beside the allocator's peak (the untied model's embedding group
+    # makes no communicator: results/benchmarks/2026-11-28-cpu-planning-accuracy.md).
+    # s12-l13b2-grid/13 was predicted over before the query, key and value a RoPE layer keeps
+    # joined the activations too.
+    ("s12-l13b2-grid/12", 138.8, 141.5, "llama2-13b block/4"),
+    ("s12-l13b2-grid/13", 140.1, 142.9, "llama2-13b block/3"),
+    ("s12-l13b2-grid/17", 138.2, 141.0, "llama2-13b mbs 2 block/13"),
+    ("s12-l13b2-grid/21", 138.0, 140.5, "llama2-13b vpp 2 block/4"),
 ]
 
 

@@ -294,8 +294,17 @@ def stage_linear_params(model: ModelSpec, layout: Layout, stage: int,
 
 
 def _nccl_groups(s: Layout, model: ModelSpec) -> int:
-    """Communicators a rank uses: tp, cp, dp (x cp), pp, embedding, ep, expert-dp."""
-    groups = (s.tp > 1) + (s.cp > 1) + (s.dp * s.cp > 1) + 2 * (s.pp > 1)
+    """Communicators a rank uses: tp, cp, dp (x cp), pp, embedding, ep, expert-dp.
+
+    NCCL makes a communicator on a group's first collective (the worker does not bind the
+    device at init_process_group: autotune.worker.run), so a group with no collective holds no
+    buffers. megatron-core 0.16.1 all-reduces over the embedding group only when the input
+    embedding and the output layer share their weight (distributed/finalize_model_grads.py,
+    `_allreduce_word_embedding_grads`: `if model_module.share_embeddings_and_output_weights`),
+    as the cost model prices it (autotune.predict.cost._dp_exposed); an untied model's
+    embedding group never makes one."""
+    groups = (s.tp > 1) + (s.cp > 1) + (s.dp * s.cp > 1) + (s.pp > 1) \
+        + (s.pp > 1 and model.tied_embeddings)
     if model.is_moe:
         groups += (s.ep > 1) + (s.expert_dp > 1)
     return int(groups)
