@@ -7,7 +7,7 @@
 # Each layout of gpt2-xl (MODEL) runs cold through tools/device_layouts.py (2 warm-up, 5 timed
 # steps), under `py-spy record --subprocesses --nonblocking --format raw` (RATE, default 100 Hz;
 # --nonblocking: the sampled process is not paused, so the step times stay the process's own),
-# then again with --native. tools/host_profile.py reads the raw files.
+# then again with --native (MODES, default "py native"). tools/host_profile.py reads the raw files.
 # Carry: .whl (megatron-core), .whl-search (optuna and deps), .whl-pyspy (py-spy 0.4.x).
 # $OUT: prof-<i>-<py|native>.txt (raw stacks), run-<i>-<py|native>.txt (measured figures).
 set -u
@@ -26,7 +26,7 @@ gpu=$(case $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) in
         *H200*) echo h200 ;; *) echo h100-80gb ;; esac)
 i=0
 for layout in ${LAYOUTS:-mbs=1,impl=sdpa,gbs=8}; do
-  for mode in py native; do
+  for mode in ${MODES:-py native}; do
     flags=(--subprocesses --threads --nonblocking --format raw --rate "${RATE:-100}")
     [[ $mode == native ]] && flags+=(--native)
     timeout 300 /tmp/pyspy/bin/py-spy record "${flags[@]}" -o "$out/prof-$i-$mode.txt" -- \

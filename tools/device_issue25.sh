@@ -15,6 +15,8 @@
 #           Megatron-LM spec the worker also has) as a worker trial, the exported Megatron-LM
 #           command and a worker trial again, GAP_STEPS (35) steps each. -> gap.md, gap-steps.json,
 #           megatron-lm.log
+#           PROFILE=1 (with py-spy in /tmp/pyspy, tools/device_host_profile.sh installs it):
+#           every process sampled, -> gap-prof.txt
 #   Always: nvidia-smi's SM and memory clocks, power, temperature and clock event reasons every
 #   500 ms for the whole call -> clocks.csv; versions -> versions.txt; everything raw -> raw.tgz.
 #
@@ -82,7 +84,12 @@ part_gap() {
   cp tools/run_pretrain_gpt.py .carry/megatron-lm/run_pretrain_gpt.py
   local impl=local
   python3 -c "from autotune.trials.protocol import te_available; exit(0 if te_available() else 1)" && impl=te
-  python3 tools/megatron_gap.py --steps "${GAP_STEPS:-35}" gpt2-xl "$gpu" "$raw/gap" \
+  # PROFILE=1: py-spy samples every process of the gap (the worker's ranks and Megatron-LM's),
+  # raw stacks to gap-prof.txt; tools/host_profile.py --process pretrain_gpt reads Megatron-LM's.
+  local spy=()
+  [[ -n ${PROFILE:-} && -x /tmp/pyspy/bin/py-spy ]] && spy=(/tmp/pyspy/bin/py-spy record
+      --subprocesses --threads --nonblocking --format raw --rate 100 -o "$out/gap-prof.txt" --)
+  "${spy[@]}" python3 tools/megatron_gap.py --steps "${GAP_STEPS:-35}" gpt2-xl "$gpu" "$raw/gap" \
       "$PWD/.carry/megatron-lm/run_pretrain_gpt.py" "${GAP_LAYOUT:-mbs=16,impl=$impl}" \
       > "$raw/gap.out" 2> "$raw/gap.err"
   local rc=$?

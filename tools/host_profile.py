@@ -5,7 +5,8 @@ hold the most samples, inclusive and by themselves.
     python tools/host_profile.py PROFILE.txt [--top 25] [--under FRAME]
 
 A sample is one stack py-spy saw while a thread was not idle. The worker's rank is the process
-whose command line runs `autotune.worker` (not torchrun's own process). --under keeps the
+whose command line runs `autotune.worker` (--process: another piece of it, e.g. `pretrain_gpt`
+for Megatron-LM's ranks; never torchrun's own process). --under keeps the
 samples whose stack holds a frame containing FRAME (e.g. `timed_steps`, the timed loop),
 so that start-up, build and warm-up are left out.
 """
@@ -68,8 +69,8 @@ def _split(stack: str) -> list[str]:
     return parts
 
 
-def _rank(samples: list[Sample]) -> list[Sample]:
-    return [s for s in samples if "autotune.worker" in s[0]
+def _rank(samples: list[Sample], process: str) -> list[Sample]:
+    return [s for s in samples if process in s[0]
             and "torch.distributed.run" not in s[0] and "torchrun" not in s[0]]
 
 
@@ -83,10 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("profile", type=Path)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--under", default=None)
+    ap.add_argument("--process", default="autotune.worker",
+                    help="a piece of the rank's command line (pretrain_gpt: Megatron-LM's)")
     args = ap.parse_args(argv)
-    samples = _rank(read_samples(args.profile.read_text(errors="replace")))
+    samples = _rank(read_samples(args.profile.read_text(errors="replace")), args.process)
     if not samples:
-        print("no samples of an autotune.worker process", file=sys.stderr)
+        print(f"no samples of a process running {args.process}", file=sys.stderr)
         return 1
     threads = Counter[str]()
     for _, thread, _, n in samples:
