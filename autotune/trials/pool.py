@@ -27,7 +27,6 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from autotune.errors import ConfigError
 from autotune.trials.launchers import LOG_NAME, TORCHRUN
 from autotune.trials.protocol import (
     DEFAULT_NCCL_TIMEOUT_S,
@@ -44,7 +43,7 @@ from autotune.trials.protocol import (
     serve_args,
     write_pool_job,
 )
-from autotune.trials.rank_group import RankGroup, RankGroupSettings
+from autotune.trials.rank_group import RankGroup, RankGroupOwner
 from autotune.trials.runner import DEFAULT_GRACE_S, RunOutput, TrialInterrupted
 from autotune.trials.trial import TrialSpec, TrialStatus
 
@@ -67,7 +66,7 @@ practice: a gather, freeing, destroying the trial's groups); past it the trial's
 and the pool is started again."""
 
 
-class WarmPool(RankGroupSettings):
+class WarmPool(RankGroupOwner):
     """`nproc` worker ranks on this node, started on the first trial and kept (the module)."""
 
     def __init__(self, root: Path, nproc: int, *, env: Mapping[str, str] | None = None,
@@ -82,17 +81,9 @@ class WarmPool(RankGroupSettings):
         self._dir = self.root
         self._seq = 0
 
-    @property
-    def running(self) -> bool:
-        return self._ranks.running
-
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> RunOutput:
         """Run one trial in the pool (starting it when it is not running)."""
-        if spec.layout.world_size != self.nproc:
-            raise ConfigError(f"the pool has {self.nproc} ranks but the layout needs "
-                              f"{spec.layout.world_size}")
-        if timeout_s <= 0:
-            raise ConfigError(f"timeout_s must be positive, got {timeout_s}")
+        self._ranks.check_trial(spec, timeout_s)
         trial_dir = Path(trial_dir).resolve()
         trial_dir.mkdir(parents=True, exist_ok=True)
         spec.write(trial_dir / SPEC_NAME)

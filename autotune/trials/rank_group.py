@@ -42,8 +42,9 @@ from autotune.trials.runner import (
     note,
     trial_env,
 )
+from autotune.trials.trial import TrialSpec
 
-__all__ = ["RankGroup", "RankGroupSettings"]
+__all__ = ["RankGroup", "RankGroupOwner"]
 
 
 class RankGroup:
@@ -56,6 +57,8 @@ class RankGroup:
                  worker: Sequence[str] = WORKER) -> None:
         if nproc < 1:
             raise ConfigError(f"a {what} needs at least one rank, got {nproc}")
+        self.what = what
+        """What the ranks are, in messages: "pool", "standby"."""
         self.nproc = nproc
         self.env = trial_env(env, nccl_timeout_s=nccl_timeout_s)
         # Waiting ranks leave once the orchestrator is gone (autotune.worker.serve.next_job).
@@ -82,6 +85,14 @@ class RankGroup:
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    def check_trial(self, spec: TrialSpec, timeout_s: float) -> None:
+        """A trial these ranks can run: its layout's world size is theirs, its timeout positive."""
+        if spec.layout.world_size != self.nproc:
+            raise ConfigError(f"the {self.what} has {self.nproc} ranks but the layout needs "
+                              f"{spec.layout.world_size}")
+        if timeout_s <= 0:
+            raise ConfigError(f"timeout_s must be positive, got {timeout_s}")
 
     def launch(self, folder: Path, args: Sequence[str], log_name: str) -> None:
         """Start the ranks in `folder`, emptied first (what an earlier search left there is
@@ -159,11 +170,16 @@ class RankGroup:
             self._log = None
 
 
-class RankGroupSettings:
-    """The launch settings of the RankGroup an owner keeps in `_ranks`, read through: the
-    public attributes WarmPool and Standby had before they shared it."""
+class RankGroupOwner:
+    """What an owner of a RankGroup (kept in `_ranks`) shows of it, read through: whether it
+    runs, and its settings (the public attributes WarmPool and Standby had before they shared
+    it)."""
 
     _ranks: RankGroup
+
+    @property
+    def running(self) -> bool:
+        return self._ranks.running
 
     @property
     def nproc(self) -> int:

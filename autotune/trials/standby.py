@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from autotune.errors import ConfigError, LaunchError
+from autotune.errors import LaunchError
 from autotune.trials.launchers import LOG_NAME, TORCHRUN
 from autotune.trials.protocol import (
     DEFAULT_NCCL_TIMEOUT_S,
@@ -40,7 +40,7 @@ from autotune.trials.protocol import (
     standby_ready_name,
     write_pool_job,
 )
-from autotune.trials.rank_group import RankGroup, RankGroupSettings
+from autotune.trials.rank_group import RankGroup, RankGroupOwner
 from autotune.trials.runner import DEFAULT_GRACE_S, RunOutput, TrialInterrupted
 from autotune.trials.trial import TrialSpec
 
@@ -50,7 +50,7 @@ STANDBY_LOG_NAME = "log.txt"
 """The standby's whole output, in its folder; copied to the trial's log once it has run."""
 
 
-class Standby(RankGroupSettings):
+class Standby(RankGroupOwner):
     """`nproc` worker ranks under one torchrun in `root`, started ahead of one cold trial."""
 
     def __init__(self, root: Path, nproc: int, *, env: Mapping[str, str] | None = None,
@@ -62,10 +62,6 @@ class Standby(RankGroupSettings):
         self.root = Path(root).resolve()
         self.used = False
         """Handed a trial (or closed): a standby runs one trial at most."""
-
-    @property
-    def running(self) -> bool:
-        return self._ranks.running
 
     @property
     def ready(self) -> bool:
@@ -84,11 +80,7 @@ class Standby(RankGroupSettings):
         """Run `spec` in the standby as a cold launch would, within `timeout_s` of now (the
         wait for the ranks to be ready included); None when it cannot (it ended before it was
         ready, or was used): then nothing was run, and the caller launches the trial cold."""
-        if spec.layout.world_size != self.nproc:
-            raise ConfigError(f"the standby has {self.nproc} ranks but the layout needs "
-                              f"{spec.layout.world_size}")
-        if timeout_s <= 0:
-            raise ConfigError(f"timeout_s must be positive, got {timeout_s}")
+        self._ranks.check_trial(spec, timeout_s)
         if self.used or not self._ranks.launched:
             return None
         self.used = True
