@@ -9,7 +9,7 @@ pieces it is made of are a cold trial's (autotune.trials.runner: the launcher's 
 environment, notes and stack dumps in the log; autotune.trials.proctree: the tree followed,
 signalled and reaped), so a rank group stops as a cold trial does.
 
-With autotune.trials.runner, the only module that starts processes (the pool and the standby
+With autotune.trials.runner, the only modules that start processes (the pool and the standby
 start theirs through it).
 """
 
