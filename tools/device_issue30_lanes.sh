@@ -22,27 +22,21 @@
 # their own), and every trial records the host's CPU and steal seconds (repeatability.py).
 # Carry: .whl (megatron-core 0.16.1 cp312), .whl-search (optuna and deps), .whl-te (TE 2.11.0).
 set -u
+# shellcheck source=tools/lanes_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lanes_lib.sh"  # at, pin_self, search, lane, finish_by, ...
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 root=/tmp/bg/i30
 mkdir -p "$root/a" "$root/b" "$root/all4"
 start=$(date +%s)
-at() { echo "[$(( $(date +%s) - start ))s] $*"; }
-pin_self() { taskset -cp "$1" "$BASHPID" > /dev/null 2>&1 || true; }
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl .whl-search/*.whl || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site-te .whl-te/*.whl || exit 1
+install_wheels /tmp/site .whl/*.whl .whl-search/*.whl || exit 1
+install_wheels /tmp/site-te .whl-te/*.whl || exit 1
 base_path=/tmp/site:$PWD:$PWD/tools
 te_path=/tmp/site-te:$base_path
-gpu=$(case $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) in
-        *H200*) echo h200 ;; *) echo h100-80gb ;; esac)
+gpu=$(gpu_kind)
 {
-  nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm,power.limit \
-      --format=csv,noheader
-  nvidia-smi topo -m
-  echo "cores $(nproc); gpu=$gpu"
+  host_facts
   PYTHONPATH=$te_path python3 -c "import sys, torch, megatron.core as mc, optuna
 import transformer_engine as te
 from transformer_engine.pytorch.quantization import check_fp8_support
@@ -51,20 +45,11 @@ print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torc
       'fp8', check_fp8_support())" 2>&1 | grep -v -i warn
 } > "$root/versions.txt" 2>&1
 cat "$root/versions.txt"
-nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
-    --format=csv -l 1 > "$root/clocks.csv" 2>&1 &
+log_clocks "$root/clocks.csv"
 smi=$!
 top -b -d 10 -n 200 > "$root/top.txt" 2>&1 &
 topp=$!
 trap 'kill $smi $topp 2>/dev/null' EXIT
-
-# search LANE NAME TIMEOUT -- ARGS: one study through tools/device_search.sh in the lane's dir
-search() {
-  local lane=$1 name=$2 limit=$3; shift 3; [[ $1 == -- ]] && shift
-  RESULTS=$root/$lane/r OUT=$root/$lane STUDY_TIMEOUT_S=$limit \
-      bash tools/device_search.sh "$name" -- "$@" > "$root/$lane/$name.search.txt" 2>&1
-  at "$lane: $name: $(grep "$name rc=" "$root/$lane/r/commands.txt" | tail -1)"
-}
 
 lane_a() {
   timeout "${REPEAT_TIMEOUT_S:-900}" python3 tools/repeatability.py --gpus 2 --rounds 2 --gbs 32 \
@@ -88,28 +73,7 @@ lane_b() {
   at "b: default search wall $(( $(date +%s) - t0 ))s"
 }
 
-# lane NAME GPUS CORES PATH FUNCTION: a process group of its own, on its GPUs, pinned to its cores
-lane() {
-  local name=$1 gpus=$2 cores=$3 path=$4 fn=$5
-  setsid bash -c "$(declare -f); root=$root gpu=$gpu start=$start; \
-      export CUDA_VISIBLE_DEVICES=$gpus PYTHONPATH=$path; pin_self $cores; $fn" \
-      > "$root/lane-$name.log" 2>&1 &
-  echo $!
-}
-finish_by() {  # lanes still running at the deadline are stopped; what they wrote stays
-  local deadline=$1; shift
-  while (( $(date +%s) - start < deadline )); do
-    local alive=0
-    for pid in "$@"; do kill -0 "$pid" 2> /dev/null && alive=1; done
-    (( alive )) || return 0
-    sleep 5
-  done
-  for pid in "$@"; do
-    kill -0 "$pid" 2> /dev/null && { at "deadline: stopping lane $pid"; kill -TERM -- -"$pid"; }
-  done
-  sleep 10
-}
-
+# Each lane (lanes_lib.sh): a process group of its own, on its GPUs, pinned to its cores.
 pa=$(lane a 0,1 0-15 "$te_path" lane_a)
 pb=$(lane b 2,3 32-47 "$base_path" lane_b)
 finish_by "${LANES_DEADLINE_S:-1230}" "$pa" "$pb"

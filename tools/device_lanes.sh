@@ -29,6 +29,8 @@
 # tools/te_sources.sh), .carry/megatron-lm (Megatron-LM's training code at core_v0.16.1 and its
 # wheels, see tools/device_megatron_lm.sh).
 set -u
+# shellcheck source=tools/lanes_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lanes_lib.sh"  # at, pin_self, search, lane, finish_by, ...
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 root=/tmp/bg/s10
@@ -41,26 +43,18 @@ if [[ ${COLLECT:-0} == 1 ]]; then
 fi
 mkdir -p "$root"
 start=$(date +%s)
-at() { echo "[$(( $(date +%s) - start ))s] $*"; }
-pin_self() { taskset -cp "$1" "$BASHPID" > /dev/null 2>&1 || true; }  # if the cores exist
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl .whl-search/*.whl .carry/megatron-lm/wheels/*.whl || exit 1
+install_wheels /tmp/site .whl/*.whl .whl-search/*.whl .carry/megatron-lm/wheels/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tools
-gpu=$(case $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) in
-        *H200*) echo h200 ;; *) echo h100-80gb ;; esac)
+gpu=$(gpu_kind)
 {
-  nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm,power.limit \
-      --format=csv,noheader
-  nvidia-smi topo -m
-  echo "cores $(nproc); gpu=$gpu"
+  host_facts
   python3 -c "import sys, torch, megatron.core as mc, optuna
 print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
       'megatron-core', mc.__version__, 'optuna', optuna.__version__)"
 } > "$root/versions.txt" 2>&1
 cat "$root/versions.txt"
-nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
-    --format=csv -l 1 > "$root/clocks.csv" 2>&1 &
+log_clocks "$root/clocks.csv"
 smi=$!
 trap 'kill $smi 2>/dev/null' EXIT
 
@@ -86,13 +80,6 @@ wait_te() {  # a lane that needs TE waits for it (or gives up with the build)
   [[ -f /tmp/te.ready ]]
 }
 
-# search LANE NAME TIMEOUT -- ARGS: one study through tools/device_search.sh in the lane's dir
-search() {
-  local lane=$1 name=$2 limit=$3; shift 3; [[ $1 == -- ]] && shift
-  RESULTS=$root/$lane/r OUT=$root/$lane STUDY_TIMEOUT_S=$limit \
-      bash tools/device_search.sh "$name" -- "$@" > "$root/$lane/$name.search.txt" 2>&1
-  at "$lane: $name: $(grep "$name rc=" "$root/$lane/r/commands.txt" | tail -1)"
-}
 # layouts LANE NAME GPUS SEQ MODEL LAYOUT...: tools/device_layouts.py, ungated, one launch each
 layouts() {
   local lane=$1 name=$2 gpus=$3 seq=$4 model=$5; shift 5
@@ -170,35 +157,14 @@ lane_all4() {  # all four GPUs: issue 30 group 4
   at "all4: default search wall $(( $(date +%s) - t0 ))s"
 }
 
-# lane NAME GPUS CORES FUNCTION...: run in a process group of its own (so that the deadline can
-# stop it), on its GPUs and pinned to its cores (children inherit the affinity).
-lane() {
-  local name=$1 gpus=$2 cores=$3; shift 3
-  setsid bash -c "$(declare -f); root=$root gpu=$gpu start=$start te_job=$te_job; \
-      export CUDA_VISIBLE_DEVICES=$gpus PYTHONPATH=$PYTHONPATH; pin_self $cores; \
-      for f in $*; do \$f; done" > "$root/lane-$name.log" 2>&1 &
-  echo $!
-}
-# Lanes still running at the deadline are stopped: what they wrote so far stays.
-finish_by() {
-  local deadline=$1; shift
-  while (( $(date +%s) - start < deadline )); do
-    local alive=0
-    for pid in "$@"; do kill -0 "$pid" 2> /dev/null && alive=1; done
-    (( alive )) || return 0
-    sleep 5
-  done
-  for pid in "$@"; do kill -0 "$pid" 2> /dev/null && { at "deadline: stopping lane $pid"; kill -TERM -- -"$pid"; }; done
-  sleep 10
-}
-
-p0=$(lane shapes 0 0-7 lane_shapes)
-p1=$(lane long 1 8-15 lane_long)
-p2=$(lane xl2 2 16-23 lane_fp8xl)
-p3=$(lane xl3 3 24-31 "lane_xl32k lane_optim")
+# Each lane (lanes_lib.sh): a process group of its own, on its GPUs, pinned to its cores.
+p0=$(lane shapes 0 0-7 "$PYTHONPATH" lane_shapes)
+p1=$(lane long 1 8-15 "$PYTHONPATH" lane_long)
+p2=$(lane xl2 2 16-23 "$PYTHONPATH" lane_fp8xl)
+p3=$(lane xl3 3 24-31 "$PYTHONPATH" lane_xl32k lane_optim)
 finish_by "${SHAPES_DEADLINE_S:-420}" "$p0" "$p1"
 at "shapes and long done"
-p01=$(lane fp8x2 0,1 0-15 lane_fp8x2)
+p01=$(lane fp8x2 0,1 0-15 "$PYTHONPATH" lane_fp8x2)
 finish_by "${LANES_DEADLINE_S:-1100}" "$p2" "$p3" "$p01"
 at "lanes done"
 wait "$te_job"

@@ -36,8 +36,8 @@ def main() -> int:
     standby = Standby(root, nproc)
     t0 = time.monotonic()
     standby.start()
-    assert standby._proc is not None  # started above
-    tree = ProcessTree(standby._proc.pid)
+    assert standby._ranks.launched  # started above
+    tree = ProcessTree(standby._ranks.pid)
     seen: set[int] = set()
     while True:
         elapsed = time.monotonic() - t0

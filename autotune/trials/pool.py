@@ -15,37 +15,27 @@ that timed out (the pool is stopped as a timed-out cold trial is, its ranks' sta
 ranks that say they cannot serve on (memory they could not free), or ranks that do not release a
 trial within RELEASE_S of writing its result (the result stands: it is whole).
 
-This module, autotune.trials.runner and autotune.trials.standby are the only ones that start
+The ranks are an autotune.trials.rank_group.RankGroup, launched in a folder of its own at each
+start (DIR/0, DIR/1, ...); that module and autotune.trials.runner are the only ones that start
 processes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO
 
-from autotune.errors import ConfigError, LaunchError
 from autotune.trials.launchers import LOG_NAME, TORCHRUN
-from autotune.trials.ports import free_port
-from autotune.trials.proctree import ProcessTree, become_subreaper, shutdown
 from autotune.trials.protocol import (
     DEFAULT_NCCL_TIMEOUT_S,
     EXIT_CODES,
-    LEAVE_WAIT_S,
     POOL_LOG_NAME,
-    POOL_PARENT_ENV,
     POOL_POLL_S,
     POOL_STOP_NAME,
     RESULT_NAME,
     SPEC_NAME,
-    STACKS_NAME,
     WORKER,
     PoolDone,
     PoolJob,
@@ -53,15 +43,8 @@ from autotune.trials.protocol import (
     serve_args,
     write_pool_job,
 )
-from autotune.trials.runner import (
-    DEFAULT_GRACE_S,
-    RunOutput,
-    TrialInterrupted,
-    ask_for_stacks,
-    launcher_argv,
-    note,
-    trial_env,
-)
+from autotune.trials.rank_group import RankGroup, RankGroupOwner
+from autotune.trials.runner import DEFAULT_GRACE_S, RunOutput, TrialInterrupted
 from autotune.trials.trial import TrialSpec, TrialStatus
 
 __all__ = ["RELEASE_S", "WarmPool"]
@@ -83,50 +66,30 @@ practice: a gather, freeing, destroying the trial's groups); past it the trial's
 and the pool is started again."""
 
 
-class WarmPool:
+class WarmPool(RankGroupOwner):
     """`nproc` worker ranks on this node, started on the first trial and kept (the module)."""
 
     def __init__(self, root: Path, nproc: int, *, env: Mapping[str, str] | None = None,
                  nccl_timeout_s: int = DEFAULT_NCCL_TIMEOUT_S,
                  grace_s: float = DEFAULT_GRACE_S, launcher: Sequence[str] = TORCHRUN,
                  worker: Sequence[str] = WORKER) -> None:
-        if nproc < 1:
-            raise ConfigError(f"a pool needs at least one rank, got {nproc}")
+        self._ranks = RankGroup(nproc, what="pool", env=env, nccl_timeout_s=nccl_timeout_s,
+                                grace_s=grace_s, launcher=launcher, worker=worker)
         self.root = Path(root).resolve()
-        self.nproc = nproc
-        self.env = trial_env(env, nccl_timeout_s=nccl_timeout_s)
-        self.env[POOL_PARENT_ENV] = f"{socket.gethostname()}:{os.getpid()}"
-        self.grace_s = grace_s
-        self.launcher = tuple(launcher)
-        self.worker = tuple(worker)
         self.starts = 0
         """How many times the pool was started (the first trial's start included)."""
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._tree: ProcessTree | None = None
-        self._log: BinaryIO | None = None
         self._dir = self.root
-        self._argv: tuple[str, ...] = ()
         self._seq = 0
-        self._last_returncode: int | None = None
-        """The exit status of the pool stopped last."""
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> RunOutput:
         """Run one trial in the pool (starting it when it is not running)."""
-        if spec.layout.world_size != self.nproc:
-            raise ConfigError(f"the pool has {self.nproc} ranks but the layout needs "
-                              f"{spec.layout.world_size}")
-        if timeout_s <= 0:
-            raise ConfigError(f"timeout_s must be positive, got {timeout_s}")
+        self._ranks.check_trial(spec, timeout_s)
         trial_dir = Path(trial_dir).resolve()
         trial_dir.mkdir(parents=True, exist_ok=True)
         spec.write(trial_dir / SPEC_NAME)
         start = time.monotonic()
         if not self.running:
-            self._stop()  # reap what a pool that died while idle left
+            self._ranks.stop()  # reap what a pool that died while idle left
             self._start()
         log_path = self._dir / POOL_LOG_NAME
         offset = log_path.stat().st_size if log_path.exists() else 0
@@ -134,25 +97,25 @@ class WarmPool:
         self._seq += 1
         (trial_dir / RESULT_NAME).unlink(missing_ok=True)  # only this run's result counts
         write_pool_job(self._dir, PoolJob(seq, trial_dir / SPEC_NAME, trial_dir))
-        pid, argv = self._pid, self._argv
+        pid, argv = self._ranks.pid, self._ranks.argv
         done, timed_out, interrupted = self._wait(seq, start + timeout_s,
                                                   trial_dir / RESULT_NAME)
         wall_s = time.monotonic() - start
         if timed_out or interrupted:
-            self._note(f"[autotune] {'timed out' if timed_out else 'interrupted'} after "
-                       f"{wall_s:.1f} s; stopping the pool (grace {self.grace_s:g} s)")
+            self._ranks.note(f"[autotune] {'timed out' if timed_out else 'interrupted'} after "
+                             f"{wall_s:.1f} s; stopping the pool (grace {self.grace_s:g} s)")
             try:
                 if timed_out:
-                    self._ask_for_stacks(log_path, trial_dir)
+                    self._ranks.ask_for_stacks(trial_dir)
             except KeyboardInterrupt:
                 interrupted = True
             finally:
-                self._stop()
+                self._ranks.stop()
         elif done is None or not done.serving:
             # A rank failed (torchrun ends the rest), or the ranks cannot go on and leave:
             # let torchrun exit by itself before anything is signalled.
-            self._wait_for_exit()
-            self._stop()
+            self._ranks.wait_for_exit()
+            self._ranks.stop()
         returncode = self._returncode(done)
         output = RunOutput(argv=argv, pid=pid, returncode=returncode,
                            timed_out=timed_out, interrupted=interrupted, wall_time_s=wall_s,
@@ -166,8 +129,8 @@ class WarmPool:
         """Tell the ranks to exit, then stop whatever is left of the pool."""
         if self.running:
             (self._dir / POOL_STOP_NAME).touch()
-            self._wait_for_exit()
-        self._stop()
+            self._ranks.wait_for_exit()
+        self._ranks.stop()
 
     def __enter__(self) -> WarmPool:
         return self
@@ -177,39 +140,18 @@ class WarmPool:
 
     # --- internals -----------------------------------------------------------------------
 
-    @property
-    def _pid(self) -> int:
-        return self._proc.pid if self._proc is not None else -1
-
     def _start(self) -> None:
-        become_subreaper()
         self._dir = self.root / str(self.starts)
-        if self._dir.exists():  # a folder of an earlier search's pool: its jobs are stale
-            shutil.rmtree(self._dir)
-        self._dir.mkdir(parents=True)
         self.starts += 1
         self._seq = 0
-        self._last_returncode = None
-        argv = [*launcher_argv(self.nproc, free_port(), self.launcher), *self.worker,
-                *serve_args(self._dir)]
-        self._argv = tuple(argv)
-        self._log = (self._dir / POOL_LOG_NAME).open("wb")
-        try:
-            self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                          stderr=subprocess.STDOUT, cwd=self._dir,
-                                          env=self.env, start_new_session=True)
-        except OSError as exc:
-            self._log.close()
-            self._log = None
-            raise LaunchError(f"cannot start {argv[0]}: {exc}") from exc
-        self._tree = ProcessTree(self._proc.pid)
+        # A folder of an earlier search's pool is emptied: its jobs are stale.
+        self._ranks.launch(self._dir, serve_args(self._dir), POOL_LOG_NAME)
 
     def _wait(self, seq: int, deadline: float,
               result: Path) -> tuple[PoolDone | None, bool, bool]:
         """(done, timed_out, interrupted): the trial's done file, or why there is none. A
         trial whose result is written but whose ranks do not release it within RELEASE_S
         counts as done (its figures are whole) with ranks that cannot serve on."""
-        assert self._proc is not None and self._tree is not None
         refresh = 0.0
         refresh_s = _REFRESH_S
         poll_s = POOL_POLL_S
@@ -219,21 +161,21 @@ class WarmPool:
                 done = read_pool_done(self._dir, seq)
                 if done is not None:
                     return done, False, False
-                if self._proc.poll() is not None:
-                    self._tree.root_reaped = True
+                if self._ranks.exited():
                     # A done file written just before the exit still counts.
                     return read_pool_done(self._dir, seq), False, False
                 now = time.monotonic()
                 if result_at is None and result.exists():
                     result_at = now
                 if result_at is not None and now >= result_at + RELEASE_S:
-                    self._note(f"[autotune] the trial's result is written but its ranks did not "
-                               f"release it within {RELEASE_S:g} s; the pool restarts")
+                    self._ranks.note(f"[autotune] the trial's result is written but its ranks "
+                                     f"did not release it within {RELEASE_S:g} s; the pool "
+                                     "restarts")
                     return PoolDone(seq, TrialStatus.OK, serving=False), False, False
                 if now >= deadline:
                     return None, True, False
                 if now >= refresh:
-                    self._tree.refresh()
+                    self._ranks.refresh_tree()
                     refresh = now + refresh_s
                     refresh_s = min(2 * refresh_s, _REFRESH_MAX_S)
                 # Never past the deadline or the release limit: those are decided on time.
@@ -249,38 +191,9 @@ class WarmPool:
         well, its status's code for one the ranks recovered from, else the pool's own."""
         if done is not None:
             return 0 if done.status is TrialStatus.OK else EXIT_CODES.get(done.status, 4)
-        if self._last_returncode is not None:
-            return self._last_returncode
+        if self._ranks.returncode is not None:
+            return self._ranks.returncode
         return -1
-
-    def _ask_for_stacks(self, log_path: Path, trial_dir: Path) -> None:
-        """As a timed-out cold trial: each rank's Python stacks, copied into the trial."""
-        if self._tree is None or self._log is None:
-            return
-        ask_for_stacks(self._log, log_path, self._tree)
-        for stacks in self._dir.glob(STACKS_NAME.format(rank="*")):
-            with contextlib.suppress(OSError):
-                shutil.copy(stacks, trial_dir / stacks.name)
-
-    def _wait_for_exit(self) -> None:
-        if self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=LEAVE_WAIT_S)
-
-    def _note(self, line: str) -> None:
-        if self._log is not None:
-            note(self._log, line)
-
-    def _stop(self) -> None:
-        """Stop and reap the pool's processes; the next trial starts it again."""
-        if self._proc is not None and self._tree is not None:
-            shutdown(self._proc, self._tree, self.grace_s)
-            self._last_returncode = self._proc.returncode
-        self._proc = None
-        self._tree = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
 
 def _copy_slice(log_path: Path, offset: int, to: Path) -> Path:

@@ -1,5 +1,5 @@
-"""Finding and stopping a trial's process tree, for autotune.trials.runner (and the pool and
-the standby, which start processes the same way).
+"""Finding and stopping a trial's process tree, for autotune.trials.runner (and
+autotune.trials.rank_group, the pool's and the standby's ranks, started the same way).
 
 This module is part of their job: it follows the tree they started, signals it (SIGTERM,
 SIGKILL) and reaps it. It starts none.

@@ -1,5 +1,5 @@
-"""Launching trials: with autotune.trials.pool and autotune.trials.standby, the only modules
-that start processes.
+"""Launching trials: with autotune.trials.rank_group (the warm pool's and the standby's ranks),
+the only modules that start processes.
 
 A trial runs as one process tree in its own session: torchrun and its workers (or a test double),
 stdout and stderr into `<trial_dir>/log.txt`, under a wall-clock timeout. On timeout or Ctrl-C the
