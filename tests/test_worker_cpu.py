@@ -228,7 +228,9 @@ def test_metrics_from_ranks_uses_model_flops() -> None:
 
     steps = StepTimes(timing=Timing(warmup_s=(9.0,), timed_s=(2.0, 1.0, 1.5),
                                     reason=StopReason.STABLE), loss=None)
-    data = metrics_from_ranks(spec, steps, ranks, {"init_s": 1.0}, warm=True)
+    data = metrics_from_ranks(spec, steps, ranks, {"init_s": 1.0}, warm=True,
+                              code_paths={"compiled_shapes": "static"})
+    assert data["code_paths"] == {"compiled_shapes": "static"}
     metrics = TrialMetrics.from_dict(data)
     assert (metrics.timed_steps, metrics.warmup_s, metrics.timed_s) == (3, 9.0, 4.5)
     assert metrics.stop_reason is StopReason.STABLE and metrics.warm is True
