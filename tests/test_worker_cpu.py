@@ -445,3 +445,20 @@ def test_the_schedule_gets_the_whole_sequence_and_shapes_its_own_share(
                                tp_group=SimpleNamespace(size=lambda: sp_tp),
                                cp_group=SimpleNamespace(size=lambda: cp))
     assert shapes == [(m.seq_length // cp // sp_tp, 2, m.hidden_size)]
+
+
+def test_grad_clip_code_names_what_clip_grads_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from megatron.core import utils as mcore_utils
+    from megatron.core.optimizer import clip_grads
+
+    from autotune.worker import build
+
+    def te_kernel() -> None: ...
+
+    te_kernel.__module__ = "transformer_engine_torch"
+    for impl, code in [(mcore_utils.local_multi_tensor_l2_norm, "local"),
+                       (build._foreach_l2_norm, "foreach"), (te_kernel, "te")]:
+        monkeypatch.setattr(clip_grads, "l2_norm_impl", impl)
+        assert build.grad_clip_code() == code

@@ -298,6 +298,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, local_rank: int, phases: dict[str,
     config = build.transformer_config(spec)
     model = build.build_model(spec, config)
     optimizer = build.build_optimizer(spec, model)
+    code_paths["grad_clip"] = build.grad_clip_code()
     t_build = time.perf_counter()
     steps = train.train(spec, model, optimizer, config)
     t_train = time.perf_counter()
