@@ -35,6 +35,7 @@ from autotune.megatron.megatron_versions import (
     config_kwargs,
     for_version,
     installed_version,
+    parse_version,
     running,
     spell_args,
 )
@@ -147,6 +148,16 @@ def test_no_other_default_changed_for_a_field_the_worker_sets() -> None:
 
 
 LEVERS = [(row, lever) for row in LATER for lever in row.new_levers]
+
+
+@pytest.mark.parametrize("row", VERSIONS, ids=lambda v: v.version)
+def test_te_gaps_are_on_record(row: MegatronVersion) -> None:
+    """A Transformer Engine gap cites the run that found it, within the TE the release checks."""
+    for gap in row.te_gaps:
+        assert (ROOT / gap.seen_in).is_file()
+        assert gap.module.startswith("megatron.core.")
+        assert gap.missing.startswith("transformer_engine.")
+        assert parse_version(gap.te) <= parse_version(row.transformer_engine_checked)
 
 
 @pytest.mark.parametrize(("row", "lever"), LEVERS,

@@ -201,3 +201,20 @@ def test_the_search_wall_before_and_now(tmp_path: Path, name: str, cut_at_least_
         assert before.elapsed_s - now.elapsed_s >= cut_at_least_s
         # Issue 24's criterion: the simulated trials and the orchestrator's measured time.
         assert before.elapsed_s + ORCHESTRATOR_S > 180 >= now.elapsed_s + ORCHESTRATOR_S
+
+
+@pytest.mark.parametrize(("te", "backend", "said"), [
+    (True, "worker", "impl left out: sdpa (measured as te, which its export writes for it: "
+                     "issue 25)"),
+    (False, "worker", "impl left out: te (Transformer Engine is not installed)"),
+    (False, "megatron-lm", "impl left out: sdpa (Megatron-LM has no such impl); te (Transformer "
+                           "Engine is not installed)"),
+])
+def test_left_out_impls_say_why(monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str], te: bool, backend: str,
+                                said: str) -> None:
+    import autotune.commands.search as search_command
+
+    monkeypatch.setattr(search_command, "te_available", lambda: te)
+    _runnable_space(load_space(None), backend)
+    assert f"autotune: {said}" in capsys.readouterr().err.splitlines()

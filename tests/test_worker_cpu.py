@@ -228,7 +228,9 @@ def test_metrics_from_ranks_uses_model_flops() -> None:
 
     steps = StepTimes(timing=Timing(warmup_s=(9.0,), timed_s=(2.0, 1.0, 1.5),
                                     reason=StopReason.STABLE), loss=None)
-    data = metrics_from_ranks(spec, steps, ranks, {"init_s": 1.0}, warm=True)
+    data = metrics_from_ranks(spec, steps, ranks, {"init_s": 1.0}, warm=True,
+                              code_paths={"compiled_shapes": "static"})
+    assert data["code_paths"] == {"compiled_shapes": "static"}
     metrics = TrialMetrics.from_dict(data)
     assert (metrics.timed_steps, metrics.warmup_s, metrics.timed_s) == (3, 9.0, 4.5)
     assert metrics.stop_reason is StopReason.STABLE and metrics.warm is True
@@ -443,3 +445,20 @@ def test_the_schedule_gets_the_whole_sequence_and_shapes_its_own_share(
                                tp_group=SimpleNamespace(size=lambda: sp_tp),
                                cp_group=SimpleNamespace(size=lambda: cp))
     assert shapes == [(m.seq_length // cp // sp_tp, 2, m.hidden_size)]
+
+
+def test_grad_clip_code_names_what_clip_grads_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from megatron.core import utils as mcore_utils
+    from megatron.core.optimizer import clip_grads
+
+    from autotune.worker import build
+
+    def te_kernel() -> None: ...
+
+    te_kernel.__module__ = "transformer_engine_torch"
+    for impl, code in [(mcore_utils.local_multi_tensor_l2_norm, "local"),
+                       (build._foreach_l2_norm, "foreach"), (te_kernel, "te")]:
+        monkeypatch.setattr(clip_grads, "l2_norm_impl", impl)
+        assert build.grad_clip_code() == code

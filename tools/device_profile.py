@@ -11,7 +11,12 @@ import torch
 
 from autotune.trials.trial import TrialSpec
 from autotune.worker import build, train
-from autotune.worker.run import init_model_parallel, init_world, prepare_environment
+from autotune.worker.run import (
+    configure_compiles,
+    init_model_parallel,
+    init_world,
+    prepare_environment,
+)
 
 _FAMILIES = (("flash/sdpa", ("flash", "fmha", "cudnn", "attention")),
              ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90", "cublas")),
@@ -33,6 +38,7 @@ def main() -> None:
     spec = TrialSpec.from_json(Path(sys.argv[1]).read_text())
     prepare_environment(spec)
     init_world({})
+    configure_compiles(spec.model)
     init_model_parallel(spec, {})
     if spec.layout.impl == "sdpa":
         from autotune.worker.attention import configure_sdpa_backends

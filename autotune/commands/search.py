@@ -144,8 +144,11 @@ def _runnable_space(space: SearchSpace, backend: str) -> SearchSpace:
         raise ConfigError(f"impl candidates {', '.join(impls)} cannot run here "
                           f"({'Transformer Engine is not installed' if 'te' in drop else ''})")
     if len(kept) < len(impls):
-        print(f"autotune: impl {', '.join(sorted(set(impls) - set(kept)))} left out: not "
-              "available on this machine", file=sys.stderr)
+        why = {"te": "Transformer Engine is not installed",
+               "sdpa": "measured as te, which its export writes for it: issue 25" if te_available()
+               and backend != BackendName.MEGATRON_LM else "Megatron-LM has no such impl"}
+        print("autotune: impl left out: " + "; ".join(
+            f"{i} ({why[i]})" for i in sorted(set(impls) - set(kept))), file=sys.stderr)
     return replace(space, candidates={**space.candidates, "impl": kept})
 
 

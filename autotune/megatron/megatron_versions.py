@@ -31,8 +31,8 @@ from autotune.errors import ConfigError
 
 __all__ = ["DEFAULT", "GET_BATCH_ON_THIS_CP_RANK", "V0_16", "V0_19", "VERSIONS",
            "ConfigChange", "DefaultChange", "FlagChange", "FlagFate", "Lever", "MegatronVersion",
-           "call_kwargs", "config_kwargs", "for_version", "installed_version", "parse_version",
-           "running", "spell_args", "supported"]
+           "TeGap", "call_kwargs", "config_kwargs", "for_version", "installed_version",
+           "parse_version", "running", "spell_args", "supported"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,25 @@ class Lever:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TeGap:
+    """A Transformer Engine release that lacks a name this megatron-core release imports from
+    it: the import fails as a whole, and other code runs than with a TE that has the name."""
+
+    te: str
+    """The TE release checked."""
+    module: str
+    """The megatron-core module whose import falls back."""
+    missing: str
+    """The name it imports that the TE release lacks."""
+    runs_instead: str
+    """What runs in its place, in the worker (autotune.worker.build) and in Megatron-LM."""
+    works: str
+    """What the same TE still does with this release."""
+    seen_in: str
+    """The benchmark report that found it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MegatronVersion:
     """One supported megatron-core release, relative to the row before it."""
 
@@ -129,6 +148,9 @@ class MegatronVersion:
     call_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Keyword arguments a megatron-core function the worker calls needs from this release on
     (by its dotted name), with the value that keeps the earlier behaviour."""
+    te_gaps: tuple[TeGap, ...] = ()
+    """Known differences with a Transformer Engine release that imports but is not the full
+    match for this one."""
 
     @property
     def key(self) -> tuple[int, ...]:
@@ -244,6 +266,20 @@ V0_19 = MegatronVersion(
         # where 0.16.1 asked parallel_state), so the worker passes the group in every release.
         GET_BATCH_ON_THIS_CP_RANK: {"is_hybrid_cp": False},
     },
+    te_gaps=(
+        TeGap(te="2.11.0", module="megatron.core.optimizer.clip_grads",
+              missing="transformer_engine.pytorch.optimizers.multi_tensor_scale_tensor",
+              runs_instead="the gradient norm and the clip's scale run without TE's fused "
+                           "kernels: megatron-core warns 'Transformer Engine and Apex are not "
+                           "installed' and takes its Python fallback, which autotune's worker "
+                           "replaces with torch foreach kernels (build._use_foreach_multi_tensor"
+                           "_ops; result.json code_paths.grad_clip 'foreach'); under 0.16.1 "
+                           "the same TE runs its own kernels. Its cost is not measured",
+              works="TE's extension imports, its layer spec builds, FP8 works, te and fp8 "
+                    "trials run; optimizer.py's multi_tensor_scale (the main-param copy) "
+                    "still comes from TE",
+              seen_in="results/benchmarks/2026-11-28-h100-issue29-s13.md"),
+    ),
     new_levers=(
         Lever(name="fused_residual_rmsnorm", cls="TransformerConfig",
               flag="--fused-residual-rmsnorm", needs="impl te and RMSNorm",

@@ -19,7 +19,7 @@ from autotune.megatron.megatron_versions import config_kwargs, installed_version
 from autotune.trials.protocol import te_available
 from autotune.trials.trial import TrialSpec
 
-__all__ = ["PATCHES", "build_model", "build_optimizer", "transformer_config",
+__all__ = ["PATCHES", "build_model", "build_optimizer", "grad_clip_code", "transformer_config",
            "transformer_config_kwargs"]
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,8 @@ def build_optimizer(spec: TrialSpec, model: list[Any]) -> Any:
     optimizer = get_megatron_optimizer(config, model, use_gloo_process_groups=False)
     fused = _use_fused_torch_adam(optimizer)
     _use_foreach_multi_tensor_ops()
-    log.info("optimizer %s, fused torch AdamW groups: %d", type(optimizer).__name__, fused)
+    log.info("optimizer %s, fused torch AdamW groups: %d, grad clipping: %s",
+             type(optimizer).__name__, fused, grad_clip_code())
     return optimizer
 
 
@@ -240,6 +241,28 @@ def _foreach_scale(chunk_size: int, noop_flag: Any, tensor_lists: list[list[torc
         torch._foreach_copy_(dst, src)
     else:
         torch._foreach_copy_(dst, torch._foreach_mul(src, scale))
+
+
+def grad_clip_code() -> str:
+    """Which kernels megatron-core's gradient clipping runs (its norm's): "te" or "apex" (what
+    clip_grads imported), "foreach" (autotune's stand-ins for its Python fallback, taken when
+    neither imports: without TE and apex, or with a TE that lacks a name the release imports, as
+    0.19.2 with TE 2.11; autotune.megatron.megatron_versions, TeGap) or "local" (that fallback).
+    """
+    from megatron.core import utils as mcore_utils
+    from megatron.core.optimizer import clip_grads
+
+    impl = clip_grads.l2_norm_impl
+    if impl is _foreach_l2_norm:
+        return "foreach"
+    if impl is mcore_utils.local_multi_tensor_l2_norm:
+        return "local"
+    module = str(getattr(impl, "__module__", "") or "")
+    if module.startswith("transformer_engine"):
+        return "te"
+    if module.startswith(("amp_C", "apex")):
+        return "apex"
+    return f"{module}.{getattr(impl, '__qualname__', type(impl).__name__)}"
 
 
 def _use_foreach_multi_tensor_ops() -> None:

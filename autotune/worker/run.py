@@ -24,9 +24,11 @@ from autotune.trials.protocol import (
 from autotune.trials.trial import ClockSummary, RankResult, TrialMetrics, TrialSpec, TrialStatus
 
 if TYPE_CHECKING:
+    from autotune.specs.model import ModelSpec
     from autotune.worker.train import StepTimes
 
 __all__ = [
+    "configure_compiles",
     "init_model_parallel",
     "init_world",
     "metrics_from_ranks",
@@ -68,7 +70,6 @@ def init_world(phases: dict[str, float]) -> int:
     dist.init_process_group("nccl", timeout=timedelta(seconds=_timeout_s()),
                             device_id=torch.device("cuda", local_rank) if eager else None)
     phases.update(import_s=t1 - t0, pg_init_s=time.perf_counter() - t1)
-    _compile_each_shape_statically()
     return local_rank
 
 
@@ -76,20 +77,51 @@ COMPILED_SHAPES_LIMIT = 64
 """Compiled versions kept per function (torch._dynamo's recompile limit, 8 by default): one per
 shape a function meets, over every trial of a warm pool."""
 
+_RECOMPILE_LIMIT_NAMES = ("recompile_limit", "cache_size_limit")  # the newer name, the older one
+_dynamo_as_started: dict[str, Any] = {}
+"""torch._dynamo's settings as this process started, before the first trial changed them."""
+_dynamic_code_held = False
+"""Whether dynamo's caches hold code compiled under an MoE trial's dynamic settings."""
 
-def _compile_each_shape_statically() -> None:
-    """megatron-core compiles its fused functions (jit_fuser, torch.compile). By default
-    dynamo recompiles a function for dynamic shapes once it meets a second shape, and falls back
-    to eager code after 8 recompiles: in a warm pool, where trial after trial brings new shapes,
-    later trials would then run other code than a cold launch of the same layout. Here each
-    shape gets its own static compile, in cold and warm runs alike, and the compiled code of a
-    shape met before is reused (a warm pool's saving)."""
+
+def configure_compiles(model: ModelSpec) -> str:
+    """How torch.compile treats shapes in this trial: "static" or "dynamic". Call at the start
+    of every trial, cold or warm.
+
+    megatron-core compiles its fused functions (jit_fuser, torch.compile). By default dynamo
+    recompiles a function for dynamic shapes once it meets a second shape, and falls back to
+    eager code after 8 recompiles: in a warm pool, where trial after trial brings new shapes,
+    later trials would then run other code than a cold launch of the same layout. So in a dense
+    model each shape gets its own static compile, in cold and warm runs alike, and the compiled
+    code of a shape met before is reused (a warm pool's saving).
+
+    An MoE model's experts take a token count that changes every step by design: SequentialMLP
+    (the local and sdpa specs) runs megatron-core's weighted swiglu (fused_bias_swiglu's
+    weighted_swiglu and weighted_swiglu_back, the same in 0.16.1 and 0.19.2) on each expert's
+    tokens, and TEGroupedMLP on all of a rank's expert tokens, a count that varies with ep > 1.
+    Statically, every new count is a compile: megatron-core 0.16.1's weighted_bias_swiglu_impl
+    on the counts of three steps of 2 layers x 4 experts x 4 micro-batches compiled 82 times on
+    the CPU (233 s), against 4 times (13 s) with dynamo's defaults; the tiny MoE GPU trial took
+    31 s a step with the GPU idle (results/benchmarks/2026-11-28-h100-issue29-s13.md). An MoE
+    trial therefore runs under the settings the process started with, as a Megatron-LM process
+    does, and starts from empty caches, so that a warm trial compiles what a cold launch does.
+    """
+    global _dynamic_code_held
     import torch._dynamo
 
-    torch._dynamo.config.automatic_dynamic_shapes = False
-    for name in ("recompile_limit", "cache_size_limit"):  # the newer name, and the older one
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, COMPILED_SHAPES_LIMIT)
+    config = torch._dynamo.config
+    names = ["automatic_dynamic_shapes"] + [n for n in _RECOMPILE_LIMIT_NAMES
+                                            if hasattr(config, n)]
+    if not _dynamo_as_started:
+        _dynamo_as_started.update({n: getattr(config, n) for n in names})
+    dynamic = model.is_moe
+    if dynamic or _dynamic_code_held:
+        torch._dynamo.reset()  # no code or shape history of an earlier trial
+    _dynamic_code_held = dynamic
+    static = {n: COMPILED_SHAPES_LIMIT for n in names} | {"automatic_dynamic_shapes": False}
+    for name, value in (_dynamo_as_started if dynamic else static).items():
+        setattr(config, name, value)
+    return "dynamic" if dynamic else "static"
 
 
 def _timeout_s() -> float:
@@ -125,8 +157,11 @@ def init_model_parallel(spec: TrialSpec, phases: dict[str, float]) -> None:
 
 
 def metrics_from_ranks(spec: TrialSpec, steps: StepTimes, ranks: list[dict[str, Any]],
-                       phases_s: dict[str, float], *, warm: bool) -> dict[str, Any]:
-    """result.json: TrialMetrics.to_dict() plus the worker's phase timings."""
+                       phases_s: dict[str, float], *, warm: bool,
+                       code_paths: dict[str, str] | None = None) -> dict[str, Any]:
+    """result.json: TrialMetrics.to_dict() plus the worker's phase timings and `code_paths`,
+    which implementation ran where the installed packages decide it (configure_compiles,
+    autotune.worker.build.grad_clip_code)."""
     import statistics
 
     m, s = spec.model, spec.layout
@@ -172,6 +207,7 @@ def metrics_from_ranks(spec: TrialSpec, steps: StepTimes, ranks: list[dict[str, 
     data["warmup_step_times_s"] = list(steps.timing.warmup_s)
     data["loss"] = sum(losses) / len(losses) if losses else None
     data["worker_phases_s"] = phases_s
+    data["code_paths"] = dict(code_paths or {})
     # Each rank's host during the timed steps (tools/repeatability.py reads them).
     data["host"] = [r.get("host") for r in sorted(ranks, key=lambda r: r["rank"])]
     return data
@@ -243,6 +279,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, local_rank: int, phases: dict[str,
 
     t0 = time.perf_counter()
     _check_impl(spec)
+    code_paths = {"compiled_shapes": configure_compiles(spec.model)}
     # What the process holds outside torch's allocator before this trial (CUDA context, NCCL,
     # loaded kernels; NVML's figure less torch's reserve): in a warm pool it grew from 3.5 to
     # 7.0-7.6 GiB over a 4-GPU search and stood at 3.4 GiB in a fresh process
@@ -261,6 +298,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, local_rank: int, phases: dict[str,
     config = build.transformer_config(spec)
     model = build.build_model(spec, config)
     optimizer = build.build_optimizer(spec, model)
+    code_paths["grad_clip"] = build.grad_clip_code()
     t_build = time.perf_counter()
     steps = train.train(spec, model, optimizer, config)
     t_train = time.perf_counter()
@@ -278,6 +316,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, local_rank: int, phases: dict[str,
                   warmup_s=sum(steps.timing.warmup_s), timed_s=sum(steps.times_s))
     if rank == 0:
         write_json(out_dir / RESULT_NAME,
-                   metrics_from_ranks(spec, steps, gathered, phases, warm=warm))
+                   metrics_from_ranks(spec, steps, gathered, phases, warm=warm,
+                                      code_paths=code_paths))
         print(result_line(steps.median_s, phases), file=sys.stderr, flush=True)
     print(status_line(rank, TrialStatus.OK), file=sys.stderr, flush=True)

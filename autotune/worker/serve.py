@@ -9,9 +9,11 @@ parallel state and the process groups it created (destroy_model_parallel only fo
 their NCCL communicators would otherwise stay, with their buffers), cuBLAS's workspaces, the
 allocator's cache and its peak statistics. torch.compile's code is kept: every function is
 compiled statically per shape in cold and warm runs alike (autotune.worker.run), so a trial
-runs the code a cold launch would, without compiling a shape again. Setting up and releasing
-parallel state is the pattern megatron-core's own unit tests use to run many parallel layouts
-in one process (destroy_model_parallel, then initialize_model_parallel).
+runs the code a cold launch would, without compiling a shape again. MoE trials are the
+exception: their expert token counts change every step, so they compile with dynamic shapes
+and each starts from empty caches, as a cold launch does (run.configure_compiles). Setting up
+and releasing parallel state is the pattern megatron-core's own unit tests use to run many
+parallel layouts in one process (destroy_model_parallel, then initialize_model_parallel).
 
 What cannot be undone ends the rank instead of the trial's figures: a failure other ranks may
 be blocked on (anything but an out-of-memory error on a pool of one rank), or memory left
