@@ -27,8 +27,9 @@ gpu=$(case $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) in
 i=0
 for layout in ${LAYOUTS:-mbs=1,impl=sdpa,gbs=8}; do
   for mode in ${MODES:-py native}; do
-    flags=(--subprocesses --threads --nonblocking --format raw --rate "${RATE:-100}")
-    [[ $mode == native ]] && flags+=(--native)
+    flags=(--subprocesses --threads --format raw --rate "${RATE:-100}")
+    # py-spy refuses --native with --nonblocking: the native run pauses the process per sample.
+    if [[ $mode == native ]]; then flags+=(--native); else flags+=(--nonblocking); fi
     timeout 300 /tmp/pyspy/bin/py-spy record "${flags[@]}" -o "$out/prof-$i-$mode.txt" -- \
         python3 tools/device_layouts.py "${MODEL:-gpt2-xl}" 1 "$gpu" "/tmp/hp-$i-$mode" \
         "$layout" > "$out/run-$i-$mode.txt" 2>&1
