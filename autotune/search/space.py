@@ -226,17 +226,18 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                 layout = with_fields(layout, dp=derive_dp(
                     cluster.num_gpus, tp=layout.tp, pp=layout.pp, cp=layout.cp))
             # Candidates are positive (checked on load), so only this level's rules remain.
-            broken = next(((rule.name, message) for rule in rules_at[level]
-                           if (message := rule.check(layout, model, cluster)) is not None),
-                          None)
-            if broken is not None:
-                rejected.setdefault(broken[0], RejectGroup()).add(deeper[level], broken[1])
-            elif level + 1 < until:
-                expand(level + 1, layout, earlier + derived)
+            for rule in rules_at[level]:
+                message = rule.check(layout, model, cluster)
+                if message is not None:
+                    rejected.setdefault(rule.name, RejectGroup()).add(deeper[level], message)
+                    break
             else:
-                valid.append(layout)
-                if earlier + derived:
-                    via_derive[layout] = earlier + derived
+                if level + 1 < until:
+                    expand(level + 1, layout, earlier + derived)
+                else:
+                    valid.append(layout)
+                    if earlier + derived:
+                        via_derive[layout] = earlier + derived
 
     expand(0, base, ())
     # A `divisors` dimension has as many values as the layout it completes allows: counted
