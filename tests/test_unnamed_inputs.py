@@ -335,8 +335,10 @@ def test_the_smallest_peak_is_the_spaces_not_the_users(tmp_path: Path,
         assert found, err
         return float(found.group(1).replace(",", ""))
 
-    yours, smallest = gib("tokens/s, peak"), gib("the smallest peak is")
+    yours, smallest = gib(r"yours \(tp8 pp1 dp1 mbs1 \w+\) is predicted at"), \
+        gib("the smallest peak is")
     assert smallest < yours * 0.95, err
+    assert err.count("\n") == 1, err  # the conclusion, your layout in the same line
     assert "rc=full" in err.splitlines()[-1]
 
 
