@@ -24,7 +24,7 @@ from autotune.inputs.untrusted import for_terminal
 from autotune.layouts.layout import DIMENSIONS, RULE_LEVELS, SEARCHED
 from autotune.layouts.legend import legend_lines
 from autotune.levers.fp8 import Fp8
-from autotune.search.space import enumerate_space, load_space
+from autotune.search.space import batch_shortfall, enumerate_space, load_space
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.presets import list_presets, load_model
@@ -272,7 +272,11 @@ def _search(
         job = read_user_job(from_megatron, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu,
                             line=line)
         gpus, gpus_per_node = job.cluster.num_gpus, job.cluster.gpus_per_node
-        print(f"autotune: {estimate_line(job)}", file=sys.stderr)
+        yours, fits = estimate_line(job)
+        if fits:
+            print(f"autotune: {yours}", file=sys.stderr)
+        # else the search says it: with the best found after the table, or, where no layout
+        # fits, in the one line of that error, after its conclusion.
     elif model is None:
         raise ConfigError("Missing argument 'MODEL' (or --from-megatron FILE)")
     if gpus is None:
@@ -316,6 +320,10 @@ def _search(
             shipped = space_spec.source.split(" + ")[0]
             raise ConfigError(f"no layout of {spec.name} on {cluster.num_gpus} GPUs takes the "
                               f"pins {describe_pins(pins)} in space {shipped} ({reasons})")
+        shortfall = batch_shortfall(space_spec, spec, cluster)
+        if shortfall is not None:
+            # The batch's rule names one layout's numbers; the cause is every layout's.
+            raise ConfigError(shortfall.describe(spec, cluster.num_gpus))
         raise ConfigError(f"no layout of {spec.name} can use {cluster.num_gpus} GPUs with this "
                           f"search space ({reasons})")
     if dry_run:

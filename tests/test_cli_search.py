@@ -215,3 +215,37 @@ def test_a_plan_where_nothing_fits_says_so(capsys: pytest.CaptureFixture[str],
     one_line_error(err, "no layout is predicted to fit: the smallest peak")
     assert err.startswith("autotune: error: no layout is predicted to fit: the smallest peak")
     assert "GiB per GPU" in err and "against 79.6 GiB on h100-80gb" in err
+
+
+# -- a GPU count whose odd factor no tp, pp or cp takes: the batch is the cause ------------------
+
+@pytest.mark.parametrize(("args", "dps", "factor", "batches"), [
+    (["tests/data/hf/llama-3-8b.json", "--gpus", "24"], "3, 6, 12 or 24", 3, (384, 768)),
+    (["mixtral-8x7b", "--gpus", "24"], "3, 6, 12 or 24", 3, (384, 768)),
+    (["llama3-8b", "--gpus", "48"], "3, 6, 12, 24 or 48", 3, (384, 768)),
+    (["gpt-1t", "--gpus", "40"], "5, 10, 20 or 40", 5, (1920, 3840)),
+    (["gpt2-xl", "--gpus", "7"], "7", 7, (56, 112)),
+], ids=["llama-3-8b.json-24", "mixtral-24", "llama3-8b-48", "gpt-1t-40", "gpt2-xl-7"])
+@pytest.mark.parametrize("mode", [["--dry-run"], ["--backend", "simulate"]],
+                         ids=["dry-run", "plan"])
+def test_a_batch_no_data_parallel_size_divides_names_the_factor(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], dps: str,
+        factor: int, batches: tuple[int, int], mode: list[str]) -> None:
+    """The rule of the global batch rules out every layout: the line names every layout's
+    data-parallel size, the factor the batch lacks and batches that one of them divides (not
+    one layout's `mbs=1 x dp=24 = 24 must divide global_batch_size=512`)."""
+    code, out, err = run(capsys, *args, *mode, "--results-dir", str(tmp_path))
+    assert code == 2 and out == ""
+    one_line_error(err, f"every layout's dp ({dps}: the GPUs over the tp, pp and cp")
+    assert f"(the smallest: {factor}); give --gbs a multiple of {factor} (e.g. " \
+        f"{batches[0]} or {batches[1]}) or a GPU count without the factor {factor}" in err
+    assert "must divide global_batch_size" not in err  # one layout's numbers, not the cause
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("gbs", ["384", "768"])
+def test_the_batches_named_have_layouts(capsys: pytest.CaptureFixture[str], gbs: str) -> None:
+    code, out, err = run(capsys, "tests/data/hf/llama-3-8b.json", "--gpus", "24", "--gbs", gbs,
+                         "--dry-run")
+    assert code == 0, err
+    assert f"global batch {gbs}" in out

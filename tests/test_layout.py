@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autotune.errors import InvalidLayoutError
-from autotune.layouts.layout import DIMENSIONS, RULES, Layout, check, validate
+from autotune.layouts.layout import DIMENSIONS, RULES, Layout, check, validate, with_fields
+from autotune.levers.base import CostState, MemoryState, evolve
 from autotune.specs.presets import load_model
 from tests.conftest import cluster
 
@@ -107,3 +110,42 @@ def test_levers_rules_run_first_within_a_level() -> None:
     names = [rule.name for rule in RULES]
     assert names.index("pp_layers") < names.index("vpp_pp") < names.index("vpp_layers")
     assert [rule.level for rule in RULES] == sorted(rule.level for rule in RULES)
+
+
+# -- the copies the enumeration and the models make a million times: dataclasses.replace's ----
+
+@pytest.mark.parametrize("changes", [
+    {"mbs": 4},
+    {"tp": 2, "sequence_parallel": True, "recompute": "full", "impl": "te"},  # plain strings
+    {"fp8": "hybrid", "fp8_recipe": "tensorwise", "recompute_num_layers": 3},
+    {"mbs": 1},  # no change: the layout itself
+])
+def test_with_fields_is_replace(changes: dict[str, object]) -> None:
+    base = Layout(tp=1, pp=2, dp=4, mbs=1, gbs=512)
+    copy = with_fields(base, **changes)
+    assert copy == dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    assert hash(copy) == hash(dataclasses.replace(base, **changes))  # type: ignore[arg-type]
+    for name in changes:  # enum members, as Layout() makes them
+        assert type(getattr(copy, name)) is DIMENSIONS[name].kind
+    assert base == Layout(tp=1, pp=2, dp=4, mbs=1, gbs=512)  # the original is untouched
+
+
+@pytest.mark.parametrize("state", [
+    MemoryState(optimizer_bytes_per_param=12.0),
+    CostState(optimizer_bytes_per_param=12.0),
+], ids=lambda s: type(s).__name__)
+def test_evolve_is_replace(state: object) -> None:
+    first = dataclasses.fields(state)[0].name  # type: ignore[arg-type]
+    copy = evolve(state, **{first: 99.0})  # type: ignore[type-var]
+    assert copy == dataclasses.replace(state, **{first: 99.0})  # type: ignore[type-var]
+    assert copy is not state and getattr(state, first) != 99.0
+
+
+@pytest.mark.parametrize("copy", [lambda: with_fields(Layout(), warp=1),
+                                  lambda: evolve(MemoryState(optimizer_bytes_per_param=1.0),
+                                                 warp=1)],
+                         ids=["with_fields", "evolve"])
+def test_an_unknown_field_is_refused(copy: object) -> None:
+    with pytest.raises(TypeError, match="no field warp"):
+        copy()  # type: ignore[operator]
+

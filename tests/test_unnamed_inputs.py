@@ -229,6 +229,39 @@ def test_a_plan_that_fits_nowhere_leaves_no_study(capsys: pytest.CaptureFixture[
     assert code == 0 and "gpt2-1gpu" in err, err
 
 
+BIG = ("torchrun --nproc-per-node 1 pretrain_gpt.py --num-layers 96 --hidden-size 12288 "
+       "--num-attention-heads 96 --seq-length 1024 --max-position-embeddings 1024 "
+       "--micro-batch-size 15 --global-batch-size 15 --bf16 --tokenizer-type NullTokenizer "
+       "--vocab-size 32000")
+
+
+@pytest.mark.parametrize("output", [[], ["--json"]], ids=["text", "json"])
+def test_your_layout_that_fits_nowhere_comes_after_the_conclusion(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, output: list[str]) -> None:
+    """--from-megatron with a layout no GPU holds, where no layout fits: one line, the
+    conclusion first and the user's layout in it (the `yours: ... does NOT fit` line came
+    before the error)."""
+    script = tmp_path / "big.sh"
+    script.write_text(BIG + "\n")
+    code, out, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                         "--results-dir", str(tmp_path / "results"), *output)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("autotune: error: no layout is predicted to fit: the smallest peak")
+    assert re.search(r"; yours \(tp1 pp1 dp1 mbs15 \w+\) is predicted at [\d,.]+ GiB$",
+                     err.strip()), err
+    assert "does NOT fit" not in err
+
+
+def test_your_layout_that_fits_is_said_first(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path) -> None:
+    script = tmp_path / "small.sh"
+    script.write_text(COMMAND + "\n")
+    code, _, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                       "--trials", "2", "--results-dir", str(tmp_path / "results"))
+    assert code == 0, err
+    assert err.startswith("autotune: yours (") and "(fits)" in err.splitlines()[0]
+
+
 def test_a_study_folder_holding_more_is_kept(capsys: pytest.CaptureFixture[str],
                                              tmp_path: Path) -> None:
     folder = tmp_path / "results" / "mine"
@@ -302,8 +335,10 @@ def test_the_smallest_peak_is_the_spaces_not_the_users(tmp_path: Path,
         assert found, err
         return float(found.group(1).replace(",", ""))
 
-    yours, smallest = gib("tokens/s, peak"), gib("the smallest peak is")
+    yours, smallest = gib(r"yours \(tp8 pp1 dp1 mbs1 \w+\) is predicted at"), \
+        gib("the smallest peak is")
     assert smallest < yours * 0.95, err
+    assert err.count("\n") == 1, err  # the conclusion, your layout in the same line
     assert "rc=full" in err.splitlines()[-1]
 
 

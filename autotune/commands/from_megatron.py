@@ -110,15 +110,16 @@ def runnable_seed(layout: Layout, space: SearchSpace) -> Layout:
     return replace(layout, impl=nearest)
 
 
-def estimate_line(job: UserJob) -> str:
-    """The user's layout, predicted: one line."""
+def estimate_line(job: UserJob) -> tuple[str, bool]:
+    """The user's layout, predicted: one line, and whether it is predicted to fit."""
     memory = estimate_memory(job.model, job.layout, job.cluster)
     cost = estimate_cost(job.model, job.layout, job.cluster)
     fits = "fits" if memory.fits else "does NOT fit"
     return (f"yours ({job.command.source}, line {job.command.line}): {job.layout.describe()} "
             f"on {job.cluster.num_gpus} x {job.cluster.gpu.name}, gbs {job.layout.gbs}: "
             f"predicted {cost.tokens_per_s:,.0f} tokens/s, peak "
-            f"{memory.peak_bytes / _GIB:.1f} GiB of {memory.capacity_bytes / _GIB:.1f} ({fits})")
+            f"{memory.peak_bytes / _GIB:.1f} GiB of {memory.capacity_bytes / _GIB:.1f} ({fits})",
+            memory.fits)
 
 
 def _figure(record: TrialRecord | None, result: SearchResult) -> tuple[float | None, str]:

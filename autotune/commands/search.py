@@ -183,6 +183,7 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     from autotune.search import SearchConfig
     from autotune.search.config import Sampler, StopRule
     from autotune.search.loop import Search
+    from autotune.search.records import Source
     from autotune.search.timesplit import time_split
 
     name = _choose_backend(backend, cluster, multi)
@@ -223,6 +224,11 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
         # one line and exit 2, without an empty table.
         if chosen.predicted and not stored:
             _discard_new_plan(cfg, result.study_name)
+        mine = next((r for r in result.records if r.source == Source.USER), None)
+        if mine is not None and mine.predicted_peak_bytes:
+            # --from-megatron: the user's own layout after the conclusion, in the same line.
+            raise ConfigError(f"{nothing}; yours ({mine.label}) is predicted at "
+                              f"{mine.predicted_peak_bytes / 2**30:,.1f} GiB") from None
         raise nothing
     counts = count_trials(result.records, stored)
     split = time_split(result.records)

@@ -10,11 +10,11 @@ Activations only: the weights stay (cpu_offloading_weights off).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import Impl, Recompute, dimension, unless_default
-from autotune.levers.base import ActivationState, Derivable, Lever, Rule, Seed, StageState
+from autotune.levers.base import ActivationState, Derivable, Lever, Rule, Seed, StageState, evolve
 from autotune.levers.flags import Part, Place, value
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def _activations(m: ModelSpec, s: Layout, state: ActivationState) -> ActivationS
     offloaded, kept = offloaded_layers(state.layers, s.offload_layers)
     if not offloaded:
         return state
-    return replace(state, stored_bytes=kept * state.layer_bytes)
+    return evolve(state, stored_bytes=kept * state.layer_bytes)
 
 
 def _stage_cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
@@ -103,8 +103,8 @@ def _stage_cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     copy = state.layer_bytes / pcie
     layer = state.layer
     fwd = layer.gemm + layer.core + layer.elem
-    return replace(state, offload_s=s.vpp * offloaded * (max(0.0, copy - fwd)
-                                                         + max(0.0, copy - 2 * fwd)))
+    return evolve(state, offload_s=s.vpp * offloaded * (max(0.0, copy - fwd)
+                                                        + max(0.0, copy - 2 * fwd)))
 
 
 def _derive_applies(s: Layout, m: ModelSpec) -> bool:

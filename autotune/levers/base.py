@@ -42,7 +42,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotune.levers.flags import FlagRow, Given, Place
 
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CONFIG_PARTS", "ActivationState", "AttentionBytes", "CoreConfigTerm", "CostState",
            "Derivable", "Lever", "MemoryState", "Requires", "Rule", "Seed", "StageState",
-           "Unread", "contract_problems", "satisfy"]
+           "Unread", "contract_problems", "evolve", "satisfy"]
 
 
 Check = Callable[["Layout", "ModelSpec", "ClusterSpec"], "str | None"]
@@ -147,7 +147,7 @@ class AttentionBytes:
     unless they already are one (autotune.specs.activations.qkv_extra)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)  # no slots: evolve copies the __dict__
 class MemoryState:
     """What one rank of one pipeline stage keeps per parameter and per logit, before the levers
     change it (megatron-core's defaults with every lever off) and after, in registry order.
@@ -177,7 +177,7 @@ class MemoryState:
     (autotune.levers.pipeline_split.even_layers) unless the pipeline split says otherwise."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)  # no slots: evolve copies the __dict__
 class ActivationState:
     """What one model chunk of a pipeline stage keeps of its layers' activations for one
     micro-batch: every layer's stored in full (`layers` x `layer_bytes`) before the levers
@@ -205,7 +205,7 @@ class ActivationState:
     none under full recompute)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)  # no slots: evolve copies the __dict__
 class CostState:
     """The step's terms that levers change, before (every lever off) and after, in registry
     order; autotune.predict.cost computes the times from them."""
@@ -263,7 +263,7 @@ class CostState:
     GPU work (autotune.predict.cost._stage_time)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)  # no slots: evolve copies the __dict__
 class StageState:
     """What one micro-batch of a pipeline stage of `layers` layers adds to its layers' forward
     and backward, before (nothing) and after the levers (recompute, CPU offloading), in
@@ -443,3 +443,23 @@ def satisfy(s: Layout, requirements: tuple[Requires, ...]) -> Layout:
     changed = {name: value for r in requirements if r.when(s)
                for name, value in r.needs if getattr(s, name) != value}
     return replace(s, **changed) if changed else s
+
+
+_State = TypeVar("_State", "MemoryState", "ActivationState", "CostState", "StageState")
+
+
+def evolve(state: _State, **changes: Any) -> _State:
+    """dataclasses.replace for the states the levers' terms pass along (MemoryState,
+    ActivationState, CostState, StageState: frozen, without slots, every field an init field,
+    no __post_init__): the same copy, its attributes copied at once rather than passed one by
+    one through the generated __init__'s keyword arguments. The memory and cost models make one
+    per lever term, a million for a plan of mixtral-8x7b on 64 GPUs, where
+    dataclasses.replace was a tenth of the time (this copy costs a fifth of it)."""
+    attrs = state.__dict__
+    if not changes.keys() <= attrs.keys():
+        unknown = ", ".join(sorted(changes.keys() - attrs.keys()))
+        raise TypeError(f"{state.__class__.__name__} has no field {unknown}")
+    copy = object.__new__(state.__class__)
+    copy.__dict__.update(attrs)
+    copy.__dict__.update(changes)
+    return copy

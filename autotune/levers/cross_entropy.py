@@ -8,11 +8,11 @@ maximum in place).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import dimension, flag_label
-from autotune.levers.base import CostState, Lever, MemoryState, Seed
+from autotune.levers.base import CostState, Lever, MemoryState, Seed, evolve
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
 
 if TYPE_CHECKING:
@@ -60,13 +60,13 @@ def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
 def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
     if not s.cross_entropy_fusion:
         return state
-    return replace(state, logits_bytes_per_element=state.logits_bytes_per_element
-                   + EXTRA_BYTES_PER_ELEMENT)
+    return evolve(state, logits_bytes_per_element=state.logits_bytes_per_element
+                  + EXTRA_BYTES_PER_ELEMENT)
 
 
 def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
           state: CostState) -> CostState:
-    return replace(state, cross_entropy_passes=FUSED_PASSES) if s.cross_entropy_fusion \
+    return evolve(state, cross_entropy_passes=FUSED_PASSES) if s.cross_entropy_fusion \
         else state
 
 

@@ -11,11 +11,11 @@ Adam step covers its shard only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import dimension, flag_label
-from autotune.levers.base import CostState, Lever, MemoryState, Seed
+from autotune.levers.base import CostState, Lever, MemoryState, Seed, evolve
 from autotune.levers.flags import Part, switch
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
         return state
     # Dense parameters shard over the dp x cp group, experts over the expert-data-parallel
     # group (parallel_state: the distributed optimizer's groups, with context parallelism).
-    return replace(state, dense_shard=s.dp * s.cp, expert_shard=s.expert_dp)
+    return evolve(state, dense_shard=s.dp * s.cp, expert_shard=s.expert_dp)
 
 
 def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
@@ -55,7 +55,7 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
         return state
     # Reduce-scatter of the gradients and all-gather of the parameters instead of one
     # all-reduce (autotune.predict.cost._dp_exposed); Adam over the local shard only.
-    return replace(state, dp_sharded=True, dense_shard=s.dp * s.cp, expert_shard=s.expert_dp)
+    return evolve(state, dp_sharded=True, dense_shard=s.dp * s.cp, expert_shard=s.expert_dp)
 
 
 LEVER = Lever(

@@ -32,7 +32,7 @@ layernorm_linear.py, grouped_linear.py, quantization.py):
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import Impl, dimension, flag_label
@@ -45,6 +45,7 @@ from autotune.levers.base import (
     Rule,
     Seed,
     Unread,
+    evolve,
 )
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
 from autotune.specs.flops import gemm_efficiency, gemm_size
@@ -466,10 +467,10 @@ def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
         return state
     weight = (1.0 + WEIGHT_COPY_BYTES / 2) if s.fp8_param_gather \
         else state.linear_weight_bytes + WEIGHT_COPY_BYTES
-    return replace(state, linear_weight_bytes=weight,
-                   linear_input_bytes=FP8_INPUT_BYTES[s.fp8_recipe],
-                   optimizer_bytes_per_param=state.optimizer_bytes_per_param
-                   + _pao_master_bytes(s))
+    return evolve(state, linear_weight_bytes=weight,
+                  linear_input_bytes=FP8_INPUT_BYTES[s.fp8_recipe],
+                  optimizer_bytes_per_param=state.optimizer_bytes_per_param
+                  + _pao_master_bytes(s))
 
 
 def gemm_speedup(x: float, gpu: GpuSpec, p: CostParams) -> float:
@@ -528,15 +529,15 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     amax_reductions = 0.0
     if s.fp8_recipe == Fp8Recipe.TENSORWISE and s.sequence_parallel and s.tp > 1:
         amax_reductions = 1.0 + (0.0 if m.is_moe else 1.0)
-    return replace(state, layer_gemm_speedup=gemm_speedup(gemm_size(m, s), c.gpu, p),
-                   layer_host_floor_s=max(state.layer_host_floor_s, host),
-                   layer_tp_extra_s=state.layer_tp_extra_s
-                   + amax_reductions * p.collective_latency_s,
-                   layer_pass_bytes_per_token=state.layer_pass_bytes_per_token
-                   + (norm * cast.norm + plain * cast.plain) * p.fp8_cast_scale,
-                   linear_weight_pass_bytes=state.linear_weight_pass_bytes + weight,
-                   linear_gather_bytes=1.0 if s.fp8_param_gather else state.linear_gather_bytes,
-                   optimizer_bytes_per_param=state.optimizer_bytes_per_param + optimizer)
+    return evolve(state, layer_gemm_speedup=gemm_speedup(gemm_size(m, s), c.gpu, p),
+                  layer_host_floor_s=max(state.layer_host_floor_s, host),
+                  layer_tp_extra_s=state.layer_tp_extra_s
+                  + amax_reductions * p.collective_latency_s,
+                  layer_pass_bytes_per_token=state.layer_pass_bytes_per_token
+                  + (norm * cast.norm + plain * cast.plain) * p.fp8_cast_scale,
+                  linear_weight_pass_bytes=state.linear_weight_pass_bytes + weight,
+                  linear_gather_bytes=1.0 if s.fp8_param_gather else state.linear_gather_bytes,
+                  optimizer_bytes_per_param=state.optimizer_bytes_per_param + optimizer)
 
 
 LEVER = Lever(

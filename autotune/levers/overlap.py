@@ -9,11 +9,11 @@ passes do not hide, and the last bucket, stay exposed (autotune.predict.cost._dp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import dimension, flag_label
-from autotune.levers.base import CostState, Lever, Requires, Seed
+from autotune.levers.base import CostState, Lever, Requires, Seed, evolve
 from autotune.levers.flags import Part, switch
 
 if TYPE_CHECKING:
@@ -46,8 +46,8 @@ def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
 
 def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
           state: CostState) -> CostState:
-    return replace(state, overlap_grad_reduce=s.overlap_grad_reduce,
-                   overlap_param_gather=s.overlap_param_gather)
+    return evolve(state, overlap_grad_reduce=s.overlap_grad_reduce,
+                  overlap_param_gather=s.overlap_param_gather)
 
 
 def _opg_message(s: Layout, unmet: str) -> str:

@@ -15,11 +15,11 @@ stage.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import dimension, unless_default
-from autotune.levers.base import CostState, Lever, MemoryState, Rule, Seed
+from autotune.levers.base import CostState, Lever, MemoryState, Rule, Seed, evolve
 from autotune.levers.flags import Part, Place, value
 
 if TYPE_CHECKING:
@@ -123,13 +123,13 @@ def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
 
 def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
     # Each stage's weights, gradients, optimizer state and activations follow its layers.
-    return replace(state, stage_layers=stage_layers(s, m)) if s.uneven else state
+    return evolve(state, stage_layers=stage_layers(s, m)) if s.uneven else state
 
 
 def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
           state: CostState) -> CostState:
     # Each stage's micro-batch takes its layers' time; the slowest stage sets the pace.
-    return replace(state, stage_layers=stage_layers(s, m)) if s.uneven else state
+    return evolve(state, stage_layers=stage_layers(s, m)) if s.uneven else state
 
 
 LEVER = Lever(

@@ -15,12 +15,12 @@ TransformerEngine"); Megatron-LM's arguments.py names the flags.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import Impl, dimension, flag_label
 from autotune.errors import ConfigError
-from autotune.levers.base import CostState, Lever, MemoryState, Requires, Rule, Seed
+from autotune.levers.base import CostState, Lever, MemoryState, Requires, Rule, Seed, evolve
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
 
 if TYPE_CHECKING:
@@ -86,16 +86,16 @@ def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
 def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
     if not s.precision_aware_optimizer:
         return state
-    return replace(state, optimizer_bytes_per_param=state.optimizer_bytes_per_param
-                   - SAVED_BYTES_PER_PARAM)
+    return evolve(state, optimizer_bytes_per_param=state.optimizer_bytes_per_param
+                  - SAVED_BYTES_PER_PARAM)
 
 
 def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
           state: CostState) -> CostState:
     if not s.precision_aware_optimizer:
         return state
-    return replace(state, optimizer_bytes_per_param=state.optimizer_bytes_per_param
-                   - SAVED_TRAFFIC_PER_PARAM)
+    return evolve(state, optimizer_bytes_per_param=state.optimizer_bytes_per_param
+                  - SAVED_TRAFFIC_PER_PARAM)
 
 
 def _needs_te(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:

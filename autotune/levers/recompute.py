@@ -19,7 +19,7 @@ recomputed forward runs again (Section 5), with one checkpoint call per region.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import (
@@ -39,6 +39,7 @@ from autotune.levers.base import (
     Seed,
     StageState,
     Unread,
+    evolve,
 )
 from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions
 from autotune.levers.pipeline_split import chunk_layers, common_divisors
@@ -301,8 +302,8 @@ def _activations(m: ModelSpec, s: Layout, state: ActivationState) -> ActivationS
                                                full=state.layer_bytes, layer_input=layer_input)
         # autotune.predict.memory.BLOCK_MARGIN: every measured full-recompute run had its largest
         # block free at a peak the margin would have ruled out.
-        return replace(state, stored_bytes=stored, workspace_bytes=state.workspace_bytes
-                       + rebuild, block_margin=0.0)
+        return evolve(state, stored_bytes=stored, workspace_bytes=state.workspace_bytes
+                      + rebuild, block_margin=0.0)
     if s.recompute == Recompute.SELECTIVE:
         modules = s.recompute_modules.modules
         freed = module_savings(state.layer, modules, seq=state.seq, tp=s.tp,
@@ -310,8 +311,8 @@ def _activations(m: ModelSpec, s: Layout, state: ActivationState) -> ActivationS
         stored = state.layers * layer_bytes(state.layer, tokens=state.tokens, seq=state.seq,
                                             tp=s.tp, sequence_parallel=s.sequence_parallel,
                                             freed=freed)
-        return replace(state, stored_bytes=stored, workspace_bytes=state.workspace_bytes
-                       + state.tokens * module_workspace(state.layer, modules))
+        return evolve(state, stored_bytes=stored, workspace_bytes=state.workspace_bytes
+                      + state.tokens * module_workspace(state.layer, modules))
     return state
 
 
@@ -346,8 +347,8 @@ def _stage_cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
         # uniform, the first recompute_num_layers of each chunk with block).
         full = recomputed_share(state.chunk, method=s.recompute_method,
                                 num_layers=s.recompute_num_layers) if state.chunk else 0.0
-        return replace(state, recomputed_forwards=full,
-                       checkpoints=checkpoint_calls(s, state.chunk))
+        return evolve(state, recomputed_forwards=full,
+                      checkpoints=checkpoint_calls(s, state.chunk))
     if s.recompute != Recompute.SELECTIVE:
         return state
     # Selective recompute reruns each module's forward (Korthikanti et al. 2022, Section 5,
@@ -370,8 +371,8 @@ def _stage_cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
         rerun += tokens * acts.norm_outputs / (s.tp if s.sequence_parallel else 1) \
             * elementwise / 3 / hbm
     # Recomputed core attention runs its context-parallel ring again.
-    return replace(state, attention_reruns=1.0 if "core_attn" in modules else 0.0,
-                   rerun_s=rerun, checkpoints=checkpoint_calls(s, state.chunk))
+    return evolve(state, attention_reruns=1.0 if "core_attn" in modules else 0.0,
+                  rerun_s=rerun, checkpoints=checkpoint_calls(s, state.chunk))
 
 
 # ---- derived counts ------------------------------------------------------------------------

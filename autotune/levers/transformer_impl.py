@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import Impl, dimension, value_label
 from autotune.errors import InvalidLayoutError
-from autotune.levers.base import AttentionBytes, CostState, Lever, MemoryState, Rule, Seed
+from autotune.levers.base import AttentionBytes, CostState, Lever, MemoryState, Rule, Seed, evolve
 from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions
 from autotune.specs.activations import dropout_rate
 from autotune.specs.flops import gemm_efficiency
@@ -228,7 +228,7 @@ def _attention_bytes(impl: str, dropout: bool) -> AttentionBytes:
 
 
 def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
-    return replace(state, attention=attention_bytes(m, s.impl))
+    return evolve(state, attention=attention_bytes(m, s.impl))
 
 
 def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
@@ -237,17 +237,17 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     if s.impl == "local":
         # Unfused attention: two batched GEMMs with inner size head_dim, then s^2 memory
         # traffic; unfused bias, GeLU, dropout, residual adds and LayerNorm.
-        return replace(state, attention=attention,
-                       attention_efficiency=gemm_efficiency(m.head_dim, p),
-                       attention_bytes_per_score=p.local_attention_bytes_per_score,
-                       elementwise_bytes=p.elementwise_bytes_local)
+        return evolve(state, attention=attention,
+                      attention_efficiency=gemm_efficiency(m.head_dim, p),
+                      attention_bytes_per_score=p.local_attention_bytes_per_score,
+                      elementwise_bytes=p.elementwise_bytes_local)
     # Fused attention (SDPA's flash backend, TE/cuDNN); sdpa keeps the local spec's other
     # kernels but is priced with TE's element-wise factor (Constants.elementwise_bytes_te),
     # and TE's modules add host time per layer (Constants.te_layer_launch_s).
-    return replace(state, attention=attention,
-                   attention_efficiency=p.flash_attention_efficiency,
-                   elementwise_bytes=p.elementwise_bytes_te,
-                   layer_launch_extra_s=p.te_layer_launch_s if s.impl == Impl.TE else 0.0)
+    return evolve(state, attention=attention,
+                  attention_efficiency=p.flash_attention_efficiency,
+                  elementwise_bytes=p.elementwise_bytes_te,
+                  layer_launch_extra_s=p.te_layer_launch_s if s.impl == Impl.TE else 0.0)
 
 
 LEVER = Lever(

@@ -14,7 +14,7 @@ from autotune.errors import ConfigError
 from autotune.inputs.documents import parse_yaml
 from autotune.inputs.files import MAX_YAML_BYTES, read_text
 from autotune.inputs.untrusted import shown
-from autotune.layouts.layout import RULES, SEARCHED, Layout, derive_dp, with_fields
+from autotune.layouts.layout import RULE_LEVELS, RULES, SEARCHED, Layout, derive_dp, with_fields
 from autotune.predict.memory import MemoryParams
 from autotune.search.derive import (
     DERIVABLE,
@@ -29,7 +29,8 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.presets import search_spaces_dir
 
-__all__ = ["DIMENSIONS", "SearchSpace", "SpaceSummary", "enumerate_space", "load_space"]
+__all__ = ["DIMENSIONS", "BatchShortfall", "SearchSpace", "SpaceSummary", "batch_shortfall",
+           "enumerate_space", "load_space"]
 
 DIMENSIONS = SEARCHED
 """The dimensions a space file may list, with their levels (autotune.layouts.layout.DIMENSIONS)."""
@@ -193,10 +194,12 @@ def _choices(options: dict[str, tuple[Any, ...]], partial: Layout,
 
 
 def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
-               params: MemoryParams | None = None) -> SpaceSummary:
+               params: MemoryParams | None = None, *, until: int = LEVELS) -> SpaceSummary:
     """Rules are checked level by level, so a layout rejected at level k is counted once for
     all combinations of the deeper dimensions instead of being expanded. A `derive` choice is
-    resolved (autotune.search.derive.resolve) before the rules of its level read it."""
+    resolved (autotune.search.derive.resolve) before the rules of its level read it.
+    `until`: the levels enumerated; below LEVELS the valid layouts are the partial ones that
+    pass every rule of the levels before it (their deeper fields at Layout's defaults)."""
     levels = [space.at_level(level) for level in range(LEVELS)]
     deeper = [math.prod(len(v) for lv in levels[k + 1:] for v in lv.values())
               for k in range(LEVELS)]
@@ -223,23 +226,72 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                 layout = with_fields(layout, dp=derive_dp(
                     cluster.num_gpus, tp=layout.tp, pp=layout.pp, cp=layout.cp))
             # Candidates are positive (checked on load), so only this level's rules remain.
-            broken = next(((rule.name, message) for rule in rules_at[level]
-                           if (message := rule.check(layout, model, cluster)) is not None),
-                          None)
-            if broken is not None:
-                rejected.setdefault(broken[0], RejectGroup()).add(deeper[level], broken[1])
-            elif level + 1 < LEVELS:
-                expand(level + 1, layout, earlier + derived)
+            for rule in rules_at[level]:
+                message = rule.check(layout, model, cluster)
+                if message is not None:
+                    rejected.setdefault(rule.name, RejectGroup()).add(deeper[level], message)
+                    break
             else:
-                valid.append(layout)
-                if earlier + derived:
-                    via_derive[layout] = earlier + derived
+                if level + 1 < until:
+                    expand(level + 1, layout, earlier + derived)
+                else:
+                    valid.append(layout)
+                    if earlier + derived:
+                        via_derive[layout] = earlier + derived
 
     expand(0, base, ())
     # A `divisors` dimension has as many values as the layout it completes allows: counted
     # where the enumeration reached it, as one where a rule rejected the layout before.
     total = len(valid) + sum(group.count for group in rejected.values())
     return SpaceSummary(total=total, valid=valid, rejected=rejected, via_derive=via_derive)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShortfall:
+    """Every data-parallel size the GPUs leave misses a factor of the global batch."""
+
+    dps: tuple[int, ...]
+    """The data-parallel sizes of the layouts that pass every rule before the batch's."""
+    gbs: int
+    factor: int
+    """The smallest factor one of them lacks (dp / gcd(dp, gbs))."""
+    batches: tuple[int, ...]
+    """The nearest global batches below and above `gbs` that one of them divides."""
+
+    def describe(self, model: ModelSpec, gpus: int) -> str:
+        sizes = ", ".join(map(str, self.dps[:-1])) + (" or " if len(self.dps) > 1 else "") \
+            + str(self.dps[-1])
+        batches = " or ".join(map(str, self.batches))
+        return (f"no layout of {model.name} can use {gpus} GPUs: Megatron needs mbs x dp to "
+                f"divide global_batch_size={self.gbs}, and every layout's dp ({sizes}: the "
+                "GPUs over the tp, pp and cp the model and space allow) has a factor the batch "
+                f"lacks (the smallest: {self.factor}); give --gbs a multiple of "
+                f"{self.factor} (e.g. {batches}) or a GPU count without the factor {self.factor}")
+
+
+def batch_shortfall(space: SearchSpace, model: ModelSpec,
+                    cluster: ClusterSpec) -> BatchShortfall | None:
+    """Why no layout takes the global batch, when that is what rules every layout out: each
+    data-parallel size the GPUs leave (after the tp, pp and cp the model and space allow) has a
+    factor the global batch lacks (the rule `gbs_batch`: mbs x dp must divide it; 24 GPUs and
+    a batch of 512 for a model of 32 layers: dp is 3, 6, 12 or 24). None when some
+    data-parallel size divides the batch (another rule of the batch's level binds) or no
+    layout reaches that level."""
+    reached = _enumerate(space, model, cluster, until=RULE_LEVELS["gbs_batch"]).valid
+    dps = sorted({s.dp for s in reached})
+    gbs = model.global_batch_size
+    if not dps or any(gbs % dp == 0 for dp in dps):
+        return None
+    factor = min(dp // math.gcd(dp, gbs) for dp in dps)
+    takers = [dp for dp in dps if dp // math.gcd(dp, gbs) == factor]
+    # gbs x factor / 2^k: the factor times the batch, its powers of two given up one by one
+    # (512 and 3: 1536, 768, 384, ...); the nearest below and above that one of them divides.
+    scaled = [gbs * factor >> k for k in range((gbs & -gbs).bit_length())]
+    fitting = [b for b in scaled if any(b % dp == 0 for dp in takers)]
+    near = (max((b for b in fitting if b < gbs), default=None),
+            min((b for b in fitting if b > gbs), default=None))
+    return BatchShortfall(dps=tuple(dps), gbs=gbs, factor=factor,
+                          batches=tuple(b for b in near if b is not None))
 
 
 def describe_limits(summary: SpaceSummary, space: SearchSpace, model: ModelSpec,
