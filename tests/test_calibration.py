@@ -82,7 +82,11 @@ HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
     "gpt2-large/h200": (0.06, 0.043, 0.095),          # 5.0%, 3.3%, 8.5%
     "gpt2-xl/h100-80gb": (0.036, 0.032, 0.086),       # 2.3%, 2.2%, 7.5%
     "gpt2-xl/h200": (0.072, 0.032, 0.061),            # 6.2%, 2.2%, 5.1%
-    "llama-1b/h100-80gb": (0.062, 0.032, 0.032),      # 4.3%, 2.3%, 2.3%
+    # llama-1b/h100: 7.0% / 2.3% / 7.7% since session 13's attention-dropout pair joined
+    # (s13-dropout/0, /1: one shape predicted 1.864 s both ways, measured 1.682 and 2.042 s; the
+    # dropout run's device memory 3.9 GiB above the other's at the same allocated peak);
+    # 4.3%, 2.3%, 2.3% over the three trials before (2026-11-28-cpu-attention-dropout.md).
+    "llama-1b/h100-80gb": (0.08, 0.032, 0.087),       # 7.0%, 2.3%, 7.7%
     "llama-1b/h200": (0.164, 0.053, 0.091),           # 15.1%, 4.3%, 8.0%
     # llama-3b/h100's memory worst: 10.0% since the FP8 trials of 2026-11-25 joined the data (10.4%
     # since qkv_extra)

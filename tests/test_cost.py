@@ -180,3 +180,26 @@ def test_block_recompute_costs_the_layers_it_recomputes() -> None:
     assert none > block[0] > block[1] > block[2]
     assert block[2] == pytest.approx(tokens(recompute="full"))  # every layer, either method
     assert block[0] > 0.95 * none
+
+
+def test_attention_dropout_is_priced_per_score_and_draw() -> None:
+    # autotune.levers.transformer_impl.Constants.attention_dropout_ops_per_score: integer work
+    # per computed score (causal: half of s x s), drawn in the forward and once in the backward;
+    # only where the model has attention dropout and the kernel is fused.
+    c = ClusterSpec(num_gpus=1, gpus_per_node=1, gpu=gpu_spec("h100-80gb"))
+    base = load_model("llama3-8b").with_overrides(seq_length=4096, global_batch_size=4)
+    dropout = replace(base, attention_dropout=0.1)
+    s = Layout(mbs=1, gbs=4, impl="sdpa")
+    p = replace(CostParams(), attention_dropout_ops_per_score=10.0)
+    scores = 4 * base.num_layers * base.num_attention_heads * base.seq_length ** 2 / 2
+    added = estimate_cost(dropout, s, c, p).step_time_s - estimate_cost(dropout, s, c,
+                                                                         CostParams()).step_time_s
+    assert added == pytest.approx(2 * scores * 10.0 / c.gpu.int32_ops_per_s, rel=1e-9)
+    assert estimate_cost(base, s, c, p).step_time_s == estimate_cost(base, s, c).step_time_s
+    local = Layout(mbs=1, gbs=4, impl="local")
+    assert estimate_cost(dropout, local, c, p).step_time_s == \
+        estimate_cost(dropout, local, c).step_time_s
+    full = Layout(mbs=1, gbs=4, impl="sdpa", recompute="full")
+    rerun = estimate_cost(dropout, full, c, p).step_time_s - estimate_cost(
+        dropout, full, c, CostParams()).step_time_s
+    assert rerun == pytest.approx(1.5 * added, rel=1e-9)  # a third draw

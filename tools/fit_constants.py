@@ -1,7 +1,7 @@
 """Fit the cost and memory models' constants to tests/data/measured_trials.json, with
 leave-one-family-out cross-validation (autotune.predict.calibration.cross_validate).
 
-    PYTHONPATH=. python tools/fit_constants.py [--data FILE] [--markdown]
+    PYTHONPATH=. python tools/fit_constants.py [--data FILE] [--json] [--also NAME,...]
 
 A family is a model on a GPU type (gpt2-xl on H100, gpt2-large on H200, ...): trials of one
 family share the shape-dependent terms (GEMM sizes, vocabulary, attention) and the machine, so
@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from autotune.predict.calibration import (
+    ATTENTION_FIT_FIELDS,
     COST_FIT_FIELDS,
     MEMORY_FIT_FIELDS,
     cross_validate,
@@ -34,12 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--also", default="", help=(
+        "comma-separated CostParams constants fitted besides the default ones, e.g. "
+        + ",".join(ATTENTION_FIT_FIELDS) + " (attention with and without dropout)"))
     args = parser.parse_args(argv)
+    also = tuple(name for name in args.also.split(",") if name)
     trials = load_trials(args.data)
-    cv = cross_validate(trials)
+    cv = cross_validate(trials, extra_cost=also)
     # The levers' constants join the fit where a trial turns the lever (FP8, the optimizer's
     # offload): autotune.predict.calibration.lever_fit_fields.
-    cost_fields = (*COST_FIT_FIELDS, *lever_fit_fields([t[2] for t in trials]))
+    cost_fields = (*COST_FIT_FIELDS, *also, *lever_fit_fields([t[2] for t in trials]))
     if args.json:
         print(json.dumps({"families": [asdict(f) for f in cv.families],
                           "cost": {n: getattr(cv.cost, n) for n in cost_fields},

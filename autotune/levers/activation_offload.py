@@ -102,7 +102,7 @@ def _stage_cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     pcie = c.gpu.pcie_bytes_per_s * p.pcie_efficiency
     copy = state.layer_bytes / pcie
     layer = state.layer
-    fwd = layer.gemm + layer.core + layer.elem
+    fwd = layer.gemm + layer.core + layer.elem + layer.dropout
     return evolve(state, offload_s=s.vpp * offloaded * (max(0.0, copy - fwd)
                                                         + max(0.0, copy - 2 * fwd)))
 

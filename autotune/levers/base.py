@@ -245,6 +245,11 @@ class CostState:
     element-wise passes and offload copies the step pays for."""
     attention_efficiency: float = 1.0
     """Fraction of the bf16 peak core attention's FLOPs run at (the implementation's kernel)."""
+    attention_dropout_ops_per_score: float = 0.0
+    """Integer instructions per computed attention score that a fused kernel spends on
+    attention dropout's random numbers, each time it draws them (the forward, the backward's
+    regeneration, a recomputed forward); 0 without dropout or with an unfused kernel, whose
+    dropout is in attention_bytes_per_score."""
     attention_bytes_per_score: float = 0.0
     """HBM bytes per attention score and head, forward and backward, of an unfused attention's
     memory-bound kernels."""

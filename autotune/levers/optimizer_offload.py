@@ -16,12 +16,12 @@ run keys and Optuna's storage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import dimension, unless_default
 from autotune.errors import ConfigError
-from autotune.levers.base import CostState, Lever, MemoryState, Requires, Rule, Seed
+from autotune.levers.base import CostState, Lever, MemoryState, Requires, Rule, Seed, evolve
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
         return state
     # Replaces what the levers before it set: the HybridDeviceOptimizer keeps fp32 state for
     # its GPU part too (the precision-aware optimizer's bf16 moments do not reach it).
-    return replace(state, optimizer_bytes_per_param=GPU_BYTES_PER_PARAM * (1 - f),
+    return evolve(state, optimizer_bytes_per_param=GPU_BYTES_PER_PARAM * (1 - f),
                    host_bytes_per_param=state.host_bytes_per_param + HOST_BYTES_PER_PARAM * f)
 
 
@@ -163,7 +163,7 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
         return state
     # The GPU part steps fp32 state as without the precision-aware optimizer; the offloaded
     # part's copies and CPU step are on the step's critical path (host_s_per_param).
-    return replace(state, optimizer_bytes_per_param=p.optimizer_bytes_per_param * (1 - f),
+    return evolve(state, optimizer_bytes_per_param=p.optimizer_bytes_per_param * (1 - f),
                    optimizer_host_s_per_param=state.optimizer_host_s_per_param
                    + f * host_s_per_param(c, p))
 

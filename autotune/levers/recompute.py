@@ -358,7 +358,7 @@ def _stage_cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     elementwise, hbm = state.elementwise_bytes, state.hbm_bytes_per_s
     rerun = 0.0
     if "core_attn" in modules:
-        rerun += layer.core
+        rerun += layer.core + layer.dropout  # its dropout's random numbers drawn again
     if "mlp" in modules or "moe" in modules:
         rerun += state.mlp_forward_s + tokens * acts.mlp_internal * elementwise / 3 / hbm
     if "moe" in modules:

@@ -55,7 +55,31 @@ class Constants:
     __slots__ = ()
     flash_attention_efficiency: float = 0.45
     """Fraction of peak that fused attention (SDPA flash, TE/cuDNN) reaches on the counted
-    (non-causal, 4 s h per token) core-attention FLOPs; causal kernels skip half the work."""
+    (non-causal, 4 s h per token) core-attention FLOPs; causal kernels skip half the work.
+    Without attention dropout: its random numbers are attention_dropout_ops_per_score."""
+    attention_dropout_ops_per_score: float = 0.0
+    """Integer instructions per computed score that fused attention spends on attention dropout,
+    each time it draws the random numbers, at the GPU's integer rate (GpuSpec.int32_ops_per_s);
+    FLOP-free, so neither the head dim nor the tensor cores' speed enters. A fused kernel never
+    stores the mask: it draws a Philox number per score in the forward and draws the same ones
+    again in the backward (FlashAttention, Dao et al. 2022, Algorithms 2 and 4: the generator
+    state is saved, the mask regenerated), and again in a recomputed forward. FlashAttention-2
+    (PyTorch's copy, aten/src/ATen/native/transformers/cuda/flash_attn/dropout.h, philox.cuh)
+    makes one Philox-4x32-7 call per 16 scores, 7 rounds of two mul.wide.u32 (two IMADs each),
+    XORs and key additions (~56 instructions, 3.5 a score), then per score a byte unpack, a
+    compare against the threshold (set.le.f16x2 on two) and an AND: ~5-6 a score counted. cuDNN's
+    fused attention, which SDPA prefers on sm90 (torch 2.11, sdp_utils.cpp
+    check_prefer_cudnn_attention) and TE runs, takes a Philox seed and offset too (at::native
+    run_cudnn_SDP_fprop / bprop, aten/src/ATen/native/cudnn/MHA.h); its kernels are closed.
+    Measured: the Llama-3.2-1B shape at seq 16384 on one H100 ran 1.682 s without and 2.042 s
+    with attention dropout 0.1 (results/benchmarks/2026-11-28-h100-host-profile.md, section 2),
+    0.360 s over 2 draws of 2.75e11 scores: 11 instructions a score at the H100's integer rate,
+    about twice the count (the kernel does not hide them behind its GEMMs). Not shipped (0: the
+    with-dropout rate stays in flash_attention_efficiency, as before): with 11 and the
+    no-dropout attention's faster rate, the shared GEMM efficiency refits to the Llama shapes'
+    power-capped GEMMs and every GPT family's held-out error grows
+    (results/benchmarks/2026-11-28-cpu-attention-dropout.md; `tools/fit_constants.py --also
+    flash_attention_efficiency,attention_dropout_ops_per_score` fits both)."""
     local_attention_bytes_per_score: float = 82.0
     """HBM bytes per attention score and head, forward + backward, of megatron-core's unfused
     attention without the fused softmax kernel: bf16 scores, fp32 upcast, masked_fill, fp32
@@ -244,8 +268,11 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     # Fused attention (SDPA's flash backend, TE/cuDNN); sdpa keeps the local spec's other
     # kernels but is priced with TE's element-wise factor (Constants.elementwise_bytes_te),
     # and TE's modules add host time per layer (Constants.te_layer_launch_s).
+    dropout = dropout_rate(m, "attention_dropout") > 0
     return evolve(state, attention=attention,
                   attention_efficiency=p.flash_attention_efficiency,
+                  attention_dropout_ops_per_score=(p.attention_dropout_ops_per_score
+                                                   if dropout else 0.0),
                   elementwise_bytes=p.elementwise_bytes_te,
                   layer_launch_extra_s=p.te_layer_launch_s if s.impl == Impl.TE else 0.0)
 

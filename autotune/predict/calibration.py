@@ -31,6 +31,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 
 __all__ = [
+    "ATTENTION_FIT_FIELDS",
     "COST_FIT_FIELDS",
     "MEMORY_FIT_FIELDS",
     "Sample",
@@ -49,6 +50,15 @@ COST_FIT_FIELDS: tuple[str, ...] = ("gemm_efficiency_max", *calibrated(), "step_
 """The constants a calibration fits besides those of the levers the trials turn: the GEMM
 efficiency, the levers' always-fitted ones (the implementation's element-wise factors,
 autotune.levers.transformer_impl.CALIBRATED) and the fixed cost per step."""
+ATTENTION_FIT_FIELDS: tuple[str, ...] = ("flash_attention_efficiency",
+                                         "attention_dropout_ops_per_score")
+"""What the fit to tests/data/measured_trials.json (cross_validate, tools/fit_constants.py) adds
+to COST_FIT_FIELDS: fused attention's speed without dropout and the cost of dropout's random
+numbers (autotune.levers.transformer_impl.Constants). The data set separates them: families
+with and without attention dropout, and one shape measured both ways (s13-dropout). A machine's
+own trials (`autotune calibrate`, a search's refit) seldom do. Not fitted by default yet: with
+them the GPT families' held-out errors grow (results/benchmarks/2026-11-28-cpu-attention-
+dropout.md); `tools/fit_constants.py --also` fits them."""
 MEMORY_FIT_FIELDS: tuple[str, ...] = ("cuda_context_bytes", "nccl_bytes_per_group",
                                       "fragmentation")
 
@@ -267,12 +277,16 @@ def _rel_errors(trials: Sequence[Trial], cost: CostParams,
 
 
 def cross_validate(trials: Sequence[Trial], *, start_cost: CostParams | None = None,
-                   start_memory: MemoryParams | None = None) -> CrossValidation:
-    """Fit on all families but one, measure the one held out; then fit on all of them."""
+                   start_memory: MemoryParams | None = None,
+                   extra_cost: Sequence[str] = ()) -> CrossValidation:
+    """Fit on all families but one, measure the one held out; then fit on all of them. Each
+    fit's cost constants: COST_FIT_FIELDS, `extra_cost` and those of the levers its trials turn
+    (lever_fit_fields)."""
     import statistics
 
     def fit(ts: Sequence[Trial]) -> tuple[CostParams, MemoryParams]:
-        cost = fit_cost_params([(m, s, c, t) for _, m, s, c, t, _ in ts],
+        names = (*COST_FIT_FIELDS, *extra_cost, *lever_fit_fields([s for _, _, s, *_ in ts]))
+        cost = fit_cost_params([(m, s, c, t) for _, m, s, c, t, _ in ts], names=names,
                                start=start_cost or CostParams())
         memory = fit_memory_params([(m, s, c, u) for _, m, s, c, _, u in ts],
                                    start=start_memory or MemoryParams())

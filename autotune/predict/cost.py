@@ -231,6 +231,10 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     # Core attention at its kernel's efficiency, and an unfused one's s^2 memory traffic
     # (the implementation's: autotune.levers.transformer_impl).
     core_fwd = core_flops / (peak * state.attention_efficiency)
+    # Attention dropout in a fused kernel: integer work per computed score (its random
+    # numbers), no FLOPs; causal kernels compute about half of the s x s scores.
+    dropout_fwd = (tokens * model.seq_length * model.num_attention_heads / t / 2
+                   * state.attention_dropout_ops_per_score / gpu.int32_ops_per_s)
     if state.attention_bytes_per_score:
         core_fwd += (tokens * seq * model.num_attention_heads / t
                      * state.attention_bytes_per_score / 3 / hbm)
@@ -259,7 +263,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
         a2a_bytes = tokens / tsp * model.moe_topk * h * 2
         ep_fwd = 2 * _one_way_s(a2a_bytes, s.ep, _link(cluster, t * s.ep), prm)
     layer = LayerTimes(gemm=gemm_fwd, core=core_fwd, elem=elem_fwd, tp=tp_fwd, cp=cp_fwd,
-                       ep=ep_fwd)
+                       ep=ep_fwd, dropout=dropout_fwd)
 
     # The last stage adds the output layer (2 h V per token forward) and the vocab-parallel
     # cross entropy over fp32 logits (cross_entropy.py: ~4 passes over 4-byte elements; the
@@ -345,6 +349,10 @@ class LayerTimes:
     tp: float
     cp: float
     ep: float
+    dropout: float = 0.0
+    """Attention dropout's random numbers in a fused kernel, drawn once per pass: the forward,
+    the backward (which regenerates them rather than reading a stored mask) and each
+    recomputed forward, not twice in the backward as the FLOPs are."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,7 +379,8 @@ def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState,
     its checkpoints, offload's exposed copies)."""
     n, layer = stage.layers, stage.layer
     full = stage.recomputed_forwards
-    compute = n * (3 + full) * (layer.gemm + layer.core + layer.elem)
+    compute = n * (3 + full) * (layer.gemm + layer.core + layer.elem) \
+        + n * (2 + full) * layer.dropout
     # 2 collectives per pass forward (layer.tp, layer.ep), 2 in backward, 2 per recompute.
     tp = n * (2 + full) * layer.tp
     cp = n * (3 + full + stage.attention_reruns) * layer.cp

@@ -46,6 +46,11 @@ class GpuSpec:
     peak_fp8_flops: float | None = None
     """Dense FP8 tensor-core peak, datasheet; None where the tensor cores have no FP8 (before
     sm_89)."""
+    int32_ops_per_s: float
+    """32-bit integer instructions per second over all SMs (SMs x results per clock per SM x
+    boost clock): the rate of the work the tensor cores do not do, such as the random numbers
+    of attention dropout (autotune.levers.transformer_impl.Constants.
+    attention_dropout_ops_per_score)."""
 
     @property
     def usable_bytes(self) -> int:
@@ -68,34 +73,44 @@ class GpuSpec:
 # Dense FP8 peaks (datasheets, half the "with sparsity" figures): H100 SXM and H200 3,958
 # TFLOP/s sparse = 1,979 dense, twice their dense BF16; B200 9 PFLOP/s sparse = 4.5 dense. A100
 # (sm_80) has no FP8 tensor cores. Compute capabilities: CUDA C++ Programming Guide, "Compute
-# Capabilities" (Hopper 9.0, Ampere A100 8.0, Blackwell B200 10.0).
+# Capabilities" (Hopper 9.0, Ampere A100 8.0, Blackwell B200 10.0). Integer rate: the same
+# guide's "Arithmetic Instructions" table, 64 results per clock per SM for 32-bit integer add,
+# multiply(-add), compare and bitwise operations on compute capability 8.0 and 9.0 (taken as the
+# same on 10.0), times SMs and boost clock from the datasheets and whitepapers: H100 SXM and H200
+# 132 SMs at 1,980 MHz, A100 108 at 1,410 MHz, B200 148 at 1,965 MHz (datasheet only).
+_INT32_PER_CLOCK_SM = 64
 GPUS: dict[str, GpuSpec] = {
     "h200": GpuSpec(name="h200", memory_bytes=143771 * 1024**2, peak_bf16_flops=989e12,
                     intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9,
                     nvml_patterns=("H200",), hbm_bytes_per_s=4.8e12, pcie_bytes_per_s=64e9,
-                    compute_capability=(9, 0), peak_fp8_flops=1979e12),
+                    compute_capability=(9, 0), peak_fp8_flops=1979e12,
+                    int32_ops_per_s=132 * _INT32_PER_CLOCK_SM * 1.98e9),
     "h100-80gb": GpuSpec(name="h100-80gb", memory_bytes=81559 * 1024**2,
                          peak_bf16_flops=989e12, intra_node_bytes_per_s=450e9,
                          inter_node_bytes_per_s=50e9, nvml_patterns=("H100",),
                          allocatable_bytes=int(79.19 * _GIB), hbm_bytes_per_s=3.35e12,
                          pcie_bytes_per_s=64e9, compute_capability=(9, 0),
-                         peak_fp8_flops=1979e12),
+                         peak_fp8_flops=1979e12,
+                         int32_ops_per_s=132 * _INT32_PER_CLOCK_SM * 1.98e9),
     "a100-80gb": GpuSpec(name="a100-80gb", memory_bytes=81920 * 1024**2,
                          peak_bf16_flops=312e12, intra_node_bytes_per_s=300e9,
                          inter_node_bytes_per_s=25e9, nvml_patterns=("A100-SXM4-80GB",
                                                                      "A100 80GB"),
-                         hbm_bytes_per_s=2.0e12, compute_capability=(8, 0)),
+                         hbm_bytes_per_s=2.0e12, compute_capability=(8, 0),
+                         int32_ops_per_s=108 * _INT32_PER_CLOCK_SM * 1.41e9),
     "a100-40gb": GpuSpec(name="a100-40gb", memory_bytes=40960 * 1024**2,
                          peak_bf16_flops=312e12, intra_node_bytes_per_s=300e9,
                          inter_node_bytes_per_s=25e9, nvml_patterns=("A100",),
-                         hbm_bytes_per_s=1.555e12, compute_capability=(8, 0)),
+                         hbm_bytes_per_s=1.555e12, compute_capability=(8, 0),
+                         int32_ops_per_s=108 * _INT32_PER_CLOCK_SM * 1.41e9),
     # Datasheet only (DGX B200: 8 x B200 with 1,440 GB HBM3e, 72 PFLOP/s dense FP8 training =
     # 2.25 PFLOP/s dense BF16 per GPU): never measured, so the models' constants are not known
     # to hold on it; predictions say so.
     "b200": GpuSpec(name="b200", memory_bytes=180 * 10**9, peak_bf16_flops=2.25e15,
                     intra_node_bytes_per_s=900e9, inter_node_bytes_per_s=50e9,
                     nvml_patterns=("B200",), hbm_bytes_per_s=8.0e12, pcie_bytes_per_s=64e9,
-                    measured=False, compute_capability=(10, 0), peak_fp8_flops=4.5e15),
+                    measured=False, compute_capability=(10, 0), peak_fp8_flops=4.5e15,
+                    int32_ops_per_s=148 * _INT32_PER_CLOCK_SM * 1.965e9),
 }
 
 DEFAULT_GPU = "h100-80gb"
