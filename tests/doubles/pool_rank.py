@@ -17,43 +17,31 @@ rank writes `pid-<seq>-rank<r>` into the trial's folder, so a test can tell warm
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
+
+from rank_double import announce, write_failure  # tests/doubles/ is this script's sys.path[0]
 
 from autotune.trials.protocol import (
     POOL_POLL_S,
     POOL_STOP_NAME,
     RESULT_NAME,
-    STACKS_NAME,
-    STACKS_SIGNAL,
     PoolDone,
-    failure_name,
     read_pool_job,
-    started_line,
-    status_line,
     trial_line,
     write_pool_done,
 )
 from autotune.trials.trial import StopReason, TrialMetrics, TrialSpec, TrialStatus
 
 pool_dir = Path(sys.argv[sys.argv.index("--serve") + 1])
-rank = int(os.environ.get("RANK", "0"))
-stacks = (pool_dir / STACKS_NAME.format(rank=rank)).open("w")
-faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True)
-print(started_line(rank, pid=os.getpid(), host=socket.gethostname()), file=sys.stderr,
-      flush=True)
+rank = announce(pool_dir)
 
 
 def fail(out_dir: Path, status: TrialStatus) -> None:
-    (out_dir / failure_name(rank)).write_text(json.dumps(
-        {"rank": rank, "status": status.value, "error": f"double: {status.value}",
-         "traceback": []}))
-    print(status_line(rank, status), file=sys.stderr, flush=True)
+    write_failure(out_dir, rank, status)
 
 
 seq = 0

@@ -17,40 +17,25 @@ runs it, so a test can tell that the trial ran in the process started ahead.
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 
-from autotune.trials.protocol import (
-    STACKS_NAME,
-    STACKS_SIGNAL,
-    STANDBY_POLL_S,
-    failure_name,
-    standby_ready_name,
-    started_line,
-    status_line,
-)
+from rank_double import announce, write_failure  # tests/doubles/ is this script's sys.path[0]
+
+from autotune.trials.protocol import STANDBY_POLL_S, standby_ready_name, status_line
 from autotune.trials.trial import StopReason, TrialMetrics, TrialSpec, TrialStatus
 from autotune.worker.serve import next_job
 
 standby_dir = Path(sys.argv[sys.argv.index("--standby") + 1])
-rank = int(os.environ.get("RANK", "0"))
-stacks = (standby_dir / STACKS_NAME.format(rank=rank)).open("w")
-faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True)
-print(started_line(rank, pid=os.getpid(), host=socket.gethostname()), file=sys.stderr,
-      flush=True)
+rank = announce(standby_dir)
 (standby_dir / f"pid-rank{rank}").write_text(str(os.getpid()))
 
 
 def fail(out_dir: Path, status: TrialStatus) -> None:
-    (out_dir / failure_name(rank)).write_text(json.dumps(
-        {"rank": rank, "status": status.value, "error": f"double: {status.value}",
-         "traceback": []}))
-    print(status_line(rank, status), file=sys.stderr, flush=True)
+    write_failure(out_dir, rank, status)
     sys.exit(4)
 
 
