@@ -110,6 +110,7 @@ if ls .whl-te/transformer_engine-*.whl > /dev/null 2>&1; then
   if install "$tmp/te" .whl-te/transformer_engine-*.whl; then te=$tmp/te; else note "TE install failed"; fi
 fi
 base=$tmp/site:$PWD:$PWD/tools
+source tools/device_bytecode.sh "$tmp/site" "$tmp/mc016" "$tmp/mc019" ${te:+"$te"}
 with() {  # RELEASE(016|019) TE(te|-): the PYTHONPATH of that release, with or without TE
   local path=$tmp/mc$1
   [[ $2 == te && -n $te ]] && path=$path:$te

@@ -17,22 +17,7 @@ if [[ ! -d /tmp/site/optuna ]]; then
       --target /tmp/site .whl/*.whl .whl-search/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}  # keep a caller's path (a lane's TE)
-# Bytecode as a normal install has it (pip compiles .py to .pyc when it installs): the device
-# image's Python packages came without it, and every process that imported torch compiled its
-# source again (py-spy, results/benchmarks/2026-11-28-h100-host-profile.md: ~8 s of a worker's
-# start-up). BYTECODE=0 keeps the image as it is. The compiled files go to a cache folder of their
-# own (PYTHONPYCACHEPREFIX), so a read-only site-packages works too.
-if [[ ${BYTECODE:-1} == 1 ]]; then
-  export PYTHONPYCACHEPREFIX=/tmp/pycache
-  unset PYTHONDONTWRITEBYTECODE
-  if [[ ! -f /tmp/pycache/.done ]]; then
-    t0=$(date +%s)
-    python3 -c "import sys, os, site; print(*sorted({p for p in sys.path + site.getsitepackages() if p.endswith(('site-packages', 'dist-packages')) and os.path.isdir(p)}), sep=chr(10))" \
-        | xargs python3 -m compileall -q -j 0 /tmp/site > /dev/null 2>&1
-    touch /tmp/pycache/.done
-    echo "bytecode compiled in $(( $(date +%s) - t0 )) s" >&2
-  fi
-fi
+source tools/device_bytecode.sh /tmp/site
 out=${OUT:-/tmp/out}
 r=${RESULTS:-/tmp/r}
 mkdir -p "$r" "$out"
