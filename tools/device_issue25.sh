@@ -50,6 +50,7 @@ if [[ ! -d /tmp/site/megatron ]]; then
   echo "install: $(since "$t0") s"
 fi
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tools
+source tools/device_bytecode.sh /tmp/site
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader
   python3 -c "import sys, torch, megatron.core as mc, optuna
