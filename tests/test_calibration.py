@@ -94,7 +94,11 @@ HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
     # miss results/benchmarks/2026-11-25-h100-fp8.md reported); 3.6% before. Its step median
     # 7.0% since FP8's casts are priced by recipe (2026-11-27-cpu-fp8-cost.md; 6.7% before).
     "llama-3b/h100-80gb": (0.088, 0.037, 0.115),      # 7.8%, 2.7%, 10.4%
-    "llama-3b/h200": (0.074, 0.028, 0.06),            # 6.4%, 1.7%, 4.9%
+    # llama-3b/h200's step median 3.6% since FP8's sequence-parallel host term prices its two
+    # tp 2 + sp tensorwise/blockwise trials (6.4% before; 4.5% without those trials); the bound
+    # stays: that term is in sample in this fold, no other family having such a trial
+    # (results/benchmarks/2026-11-28-cpu-fp8-sp-host.md).
+    "llama-3b/h200": (0.074, 0.028, 0.06),            # 3.6%, 1.7%, 4.8%
     # llama2-13b, llama3-8b: 2.5% / 3.2% and 1.0% / 2.2% since an untied model's embedding
     # group holds no NCCL communicator (2026-11-28-cpu-planning-accuracy.md; 3.1% / 3.9% and
     # 1.2% / 2.5% before).

@@ -23,6 +23,7 @@ from autotune.levers.fp8 import (
     gemm_dims,
     gemm_speedup,
     recipes_on,
+    sp_gathers,
 )
 from autotune.levers.transformer_impl import attention_bytes
 from autotune.megatron.core_config import core_config
@@ -431,6 +432,83 @@ def test_tensorwise_amax_all_reduces_are_latency() -> None:
             2 * passes * XL.num_layers * s.num_microbatches * p.collective_latency_s)
 
 
+# ---- current and block scaling's host time under sequence parallelism ------------------------
+
+L3B_TP2SP = Layout(tp=2, mbs=2, gbs=8, impl=Impl.TE, sequence_parallel=True)
+"""The layout of s12-fp8-l3b2/8-11 (Llama-3.2-3B seq 4096 on 2 x H200): host-bound under FP8."""
+H200x2 = ClusterSpec.make(2, gpu="h200")
+NO_SP_TERM = replace(CostParams(), fp8_sp_gather_host_s=0.0)
+
+
+@pytest.mark.parametrize(("model", "fields", "gathers"), [
+    # Forward the QKV and fc1 inputs, backward the same two again (for the weight gradients)
+    # and the proj and fc2 output gradients (TE 2.11 layernorm_linear.py, linear.py, base.py).
+    (XL, dict(tp=2, sequence_parallel=True), 6),
+    (LLAMA, dict(tp=8, sequence_parallel=True), 6),
+    # An MoE layer's experts get their tokens from megatron-core's dispatcher: attention only.
+    (load_model("mixtral-8x7b"), dict(tp=2, sequence_parallel=True), 3),
+    # Nothing gathered without sequence parallelism.
+    (XL, dict(tp=2), 0),
+    (XL, dict(), 0),
+])
+def test_sp_gathers(model: ModelSpec, fields: dict[str, Any], gathers: int) -> None:
+    assert sp_gathers(model, Layout(impl=Impl.TE, **fields)) == gathers
+
+
+@pytest.mark.parametrize(("recipe", "fields", "pays"), [
+    ("tensorwise", {}, True),
+    ("blockwise", {}, True),
+    # Delayed scaling's scale is known before the cast: its gathers ask nothing more.
+    ("delayed", {}, False),
+    ("tensorwise", dict(sequence_parallel=False), False),
+    ("blockwise", dict(sequence_parallel=False), False),
+    ("off", {}, False),
+])
+def test_the_sp_host_term_by_recipe(recipe: str, fields: dict[str, Any], pays: bool) -> None:
+    """Where it applies and the layers wait on the host, the term raises the floor by
+    sp_gathers x fp8_sp_gather_host_s per layer and micro-batch."""
+    s = replace(L3B_TP2SP, **fields)
+    s = s if recipe == "off" else _with(s, recipe)
+    added = (estimate_cost(LLAMA_3B_4K, s, H200x2).launch_s
+             - estimate_cost(LLAMA_3B_4K, s, H200x2, NO_SP_TERM).launch_s)
+    expected = (LLAMA_3B_4K.num_layers * s.num_microbatches * 6
+                * CostParams().fp8_sp_gather_host_s) if pays else 0.0
+    assert added == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize(("model", "layout"), [
+    # GPU-bound: the layers' GPU work per micro-batch outlasts the host's, which hides it.
+    pytest.param(LLAMA_3B_4K, replace(L3B_TP2SP, mbs=8, gbs=64), id="llama-3b-mbs8"),
+    pytest.param(LLAMA, Layout(tp=2, mbs=2, gbs=16, impl=Impl.TE, sequence_parallel=True),
+                 id="llama3-8b-mbs2"),
+])
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise"])
+def test_the_sp_host_term_hides_behind_gpu_work(model: ModelSpec, layout: Layout,
+                                                recipe: str) -> None:
+    s = _with(layout, recipe)
+    assert estimate_cost(model, s, H200x2).step_time_s == \
+        estimate_cost(model, s, H200x2, NO_SP_TERM).step_time_s
+
+
+def test_the_sp_host_term_meets_its_trials() -> None:
+    """The two trials it is fitted to (tp 2 + sp, tensorwise and blockwise, 2 x H200): 37-38%
+    optimistic without it; within 2% with it; fitted to one recipe's trial, the other's within
+    3% (results/benchmarks/2026-11-28-cpu-fp8-sp-host.md: -2.3%, +2.4%)."""
+    from autotune.predict.calibration import fit_cost_params, load_trials
+
+    trials = [t for t in load_trials(Path(__file__).parent / "data" / "measured_trials.json")
+              if t[2].fp8 != Fp8.OFF and t[2].sequence_parallel
+              and t[2].fp8_recipe in (Fp8Recipe.TENSORWISE, Fp8Recipe.BLOCKWISE)]
+    assert sorted(t[2].fp8_recipe for t in trials) == ["blockwise", "tensorwise"]
+    for _, m, s, c, step, _ in trials:
+        assert estimate_cost(m, s, c, NO_SP_TERM).step_time_s / step - 1 < -0.3
+        assert abs(estimate_cost(m, s, c).step_time_s / step - 1) <= 0.02
+        other = [(m2, s2, c2, t2) for _, m2, s2, c2, t2, _ in trials
+                 if s2.fp8_recipe != s.fp8_recipe]
+        fitted = fit_cost_params(other, names=("fp8_sp_gather_host_s",))
+        assert abs(estimate_cost(m, s, c, fitted).step_time_s / step - 1) <= 0.03
+
+
 def test_the_cast_constant_is_priced() -> None:
     p = CostParams()
     cheap = estimate_cost(XL, FP8, H100, replace(p, fp8_cast_scale=0.5)).step_time_s
@@ -632,35 +710,28 @@ def test_measured_fp8_trials_rank_against_bf16_as_measured(model: ModelSpec,
         assert (predicted[recipe] > predicted["off"]) == (tokens > measured["off"]), recipe
 
 
-# Every FP8 trial of tests/data/measured_trials.json but the known miss below (24: gpt2-xl mbs
-# 8/16 and Llama-3.2-3B mbs 1/2 on one H100, 2026-11-25 and -27; Llama-3.2-3B mbs 2 at dp 2 and
-# tp 2 on two H200, 2026-11-27; TE 2.11), by tools/fp8_errors.py
-# (results/benchmarks/2026-11-27-cpu-fp8-cost.md): the shipped constants' step-time error
-# (median, worst), and held out: the host floors (MEASURED_FIT) fitted to the other families'
-# FP8 trials, everything else as shipped. Each bound about one point above today's figure
-# (7.0%, 14.3%; 7.4%, 20.8%; 6.9%, 12.4%; 7.4%, 18.8% over the 17 H100 trials before). Over
-# the issue's 10%: the same layout measured on two days is up to 23% apart (gpt2-xl mbs 8
-# blockwise), so no model comes within 10.4% of both runs.
-FP8_STEP_ERROR = (0.08, 0.153)
-FP8_STEP_ERROR_HELD_OUT = (0.085, 0.218)
-
-
-def _known_miss(s: Layout) -> bool:
-    """Current (tensorwise) and block scaling under sequence parallelism: measured 15.4-15.8 ms
-    per layer and micro-batch on 2 x H200 against 9.4-9.9 without sequence parallelism and 10.0
-    for delayed scaling with it (GPU busy 51%), predicted 37-38% short
-    (results/benchmarks/2026-11-27-h200x4-issue30-s12.md). The host cost of these recipes'
-    sequence-parallel path is not modelled yet (issue 26): held apart, not bounded."""
-    return s.sequence_parallel and s.fp8_recipe in (Fp8Recipe.TENSORWISE, Fp8Recipe.BLOCKWISE)
+# Every FP8 trial of tests/data/measured_trials.json (26: gpt2-xl mbs 8/16 and Llama-3.2-3B mbs
+# 1/2 on one H100, 2026-11-25 and -27; Llama-3.2-3B mbs 2 at dp 2, tp 2 and tp 2 + sp on two
+# H200, 2026-11-27; TE 2.11), by tools/fp8_errors.py (results/benchmarks/2026-11-28-cpu-fp8-sp-
+# host.md): the shipped constants' step-time error (median, worst), and held out: the host
+# floors (MEASURED_FIT) fitted to the other families' FP8 trials, everything else as shipped.
+# Each bound about one point above today's figure (6.0%, 14.3%; 6.6%, 20.8%; over 24 trials
+# before the sequence-parallel host term, its two trials held apart as a known miss 37-38%
+# optimistic: 7.0%, 14.3%; 7.4%, 20.8%). The two tp 2 + sp tensorwise/blockwise trials' held-out
+# figures here are in sample for fp8_sp_gather_host_s (no other family has such a trial):
+# test_the_sp_host_term_meets_its_trials holds it out by recipe instead. Over the issue's
+# 10%: the same layout measured on two days is up to 23% apart (gpt2-xl mbs 8 blockwise), so no
+# model comes within 10.4% of both runs.
+FP8_STEP_ERROR = (0.07, 0.153)
+FP8_STEP_ERROR_HELD_OUT = (0.076, 0.218)
 
 
 def test_fp8_step_time_error_does_not_regress() -> None:
     from autotune.predict.calibration import held_out_step_errors, load_trials
 
-    every = [t for t in load_trials(Path(__file__).parent / "data" / "measured_trials.json")
-             if t[2].fp8 != Fp8.OFF]
-    trials = [t for t in every if not _known_miss(t[2])]
-    assert len(trials) >= 24 and len({t[0] for t in trials}) >= 3
+    trials = [t for t in load_trials(Path(__file__).parent / "data" / "measured_trials.json")
+              if t[2].fp8 != Fp8.OFF]
+    assert len(trials) >= 26 and len({t[0] for t in trials}) >= 3
     shipped = [abs(estimate_cost(m, s, c).step_time_s / step - 1)
                for _, m, s, c, step, _ in trials]
     held = [abs(e) for e in held_out_step_errors(trials, MEASURED_FIT)]
@@ -668,8 +739,4 @@ def test_fp8_step_time_error_does_not_regress() -> None:
     assert max(shipped) <= FP8_STEP_ERROR[1], shipped
     assert median(held) <= FP8_STEP_ERROR_HELD_OUT[0], held
     assert max(held) <= FP8_STEP_ERROR_HELD_OUT[1], held
-    # The known miss stays a miss of the same sign (optimistic) until it is modelled: when a
-    # term prices it, this line goes and the two trials join the bounded set.
-    missed = [estimate_cost(m, s, c).step_time_s / step - 1
-              for _, m, s, c, step, _ in every if _known_miss(s)]
-    assert len(missed) == 2 and all(e < -0.3 for e in missed), missed
+

@@ -13,6 +13,11 @@ below 1, the model holds the step host-bound) and the measured milliseconds per 
 micro-batch. Then the signed errors' medians by each of those, and the layouts measured more
 than once: the spread between their runs is a floor under any model's worst error (no one
 prediction comes closer to both of two runs t1 < t2 than (t2 - t1) / (t2 + t1)).
+
+Last, the sequence-parallel host term (autotune.levers.fp8.Constants.fp8_sp_gather_host_s),
+which only tensorwise and blockwise trials with sequence parallelism fit, all of one family so
+far: the leave-one-family-out column gives them the shipped value (in sample). Its held-out
+figure is by recipe instead: the constant fitted to the other recipe's trials alone.
 """
 
 from __future__ import annotations
@@ -26,8 +31,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.levers.fp8 import MEASURED_FIT, Fp8
-from autotune.predict.calibration import held_out_step_errors, load_trials
+from autotune.levers.fp8 import MEASURED_FIT, Fp8, Fp8Recipe
+from autotune.predict.calibration import (
+    Trial,
+    fit_cost_params,
+    held_out_step_errors,
+    load_trials,
+)
 from autotune.predict.cost import CostParams, estimate_cost
 from autotune.specs.flops import gemm_size
 
@@ -125,7 +135,53 @@ def main(argv: list[str] | None = None) -> int:
         f"\nNo model predicts every FP8 trial within {floor:.1%}: the widest pair of runs of "
         "one layout."
     )
+    _sp_term(args.data)
     return 0
+
+
+SP_TERM = "fp8_sp_gather_host_s"
+
+
+def _sp_term(data: Path) -> None:
+    """The sequence-parallel host term's trials: their error without the term, with it as
+    shipped, and with it fitted to the other recipe's trials only (held out by recipe)."""
+    sp = [
+        t
+        for t in load_trials(data)
+        if t[2].fp8 != Fp8.OFF
+        and t[2].sequence_parallel
+        and t[2].tp > 1
+        and t[2].fp8_recipe in (Fp8Recipe.TENSORWISE, Fp8Recipe.BLOCKWISE)
+    ]
+    if not sp:
+        return
+
+    def fit(ts: list[Trial]) -> float:
+        samples = [(m, s, c, step) for _, m, s, c, step, _ in ts]
+        return float(getattr(fit_cost_params(samples, names=(SP_TERM,)), SP_TERM))
+
+    shipped = CostParams()
+    without = replace(shipped, **{SP_TERM: 0.0})
+    print(
+        f"\n{SP_TERM}: shipped {getattr(shipped, SP_TERM) * 1e3:.3f} ms, fitted to these "
+        f"{len(sp)} trials {fit(sp) * 1e3:.3f} ms\n"
+    )
+    print(
+        "| family | tp | recipe | measured s | without the term | shipped | held out by recipe |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for family, m, s, c, step, _ in sp:
+        others = [u for u in sp if u[2].fp8_recipe != s.fp8_recipe]
+        held = "-"
+        if others:
+            refit = replace(shipped, **{SP_TERM: fit(others)})
+            held = f"{estimate_cost(m, s, c, refit).step_time_s / step - 1:+.1%}"
+        before = estimate_cost(m, s, c, without).step_time_s / step - 1
+        after = estimate_cost(m, s, c, shipped).step_time_s / step - 1
+        print(
+            f"| {family} | {s.tp} + sp | {s.fp8_recipe} | {step:.3f} | {before:+.1%} | "
+            f"{after:+.1%} | {held} |"
+        )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ layernorm_linear.py, grouped_linear.py, quantization.py):
   output gradient in backward, and of the weights once a step, each as its recipe's kernels
   move it (CastBytes: a normalized input costs delayed scaling least, whose norm kernel writes
   FP8 itself); current scaling's amax all-reduces under sequence parallelism; and TE's host
-  time per layer, a floor under the layers' time where their GPU work is shorter.
+  time per layer, a floor under the layers' time where their GPU work is shorter, raised for
+  tensorwise and blockwise by each tensor sequence parallelism all-gathers (sp_gathers).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ __all__ = [
     "gemm_dims",
     "gemm_speedup",
     "recipes_on",
+    "sp_gathers",
 ]
 
 
@@ -244,6 +246,22 @@ class Constants:
     first day alone; 8.72 again refitted with CastBytes). One constant for the three: blockwise's
     trials ask no other (per layer and micro-batch, where host-bound, 8.1-10.0 ms against
     tensorwise's 8.4-10.1)."""
+    fp8_sp_gather_host_s: float = 0.00098
+    """Seconds per layer and micro-batch, per FP8 tensor all-gathered across the tensor-parallel
+    ranks under sequence parallelism (sp_gathers: 6 a dense layer), that the recipes scaling
+    from the tensor itself (tensorwise, blockwise) add to the FP8 host floor; delayed scaling
+    adds none. Fitted (alone, everything else shipped) to the two such trials in
+    tests/data/measured_trials.json, Llama-3.2-3B seq 4096 mbs 2 on 2 x H200 at tp 2 + sp
+    (s12-fp8-l3b2/10 tensorwise 1.765 s, /11 blockwise 1.723 s, against 1.106 / 1.052 s
+    without sp and 1.118 s for delayed with it: 5.9 and 6.0 ms more per layer and
+    micro-batch): 0.976 ms, both then within 1.3%; fitted to one recipe's trial it predicts
+    the other's within 2.4% (results/benchmarks/2026-11-28-cpu-fp8-sp-host.md). Not in
+    MEASURED_FIT: no other family has such a trial, so leaving one family out cannot test it.
+    One call of one day, one shape, a 2-GPU lane beside it: the size is the measurement's, not
+    the source's. By TE 2.11's code the extra calls per gather (an amax all-reduce issued from
+    C++, or a coalesced gather of data and scales and its re-layout) cost the host tens of
+    microseconds, not a millisecond: the term prices what was measured and does not explain
+    it; what settles it is in that report."""
 
 
 MEASURED_FIT: tuple[str, ...] = ("fp8_layer_host_s", "fp8_current_layer_host_s")
@@ -498,6 +516,48 @@ def cast_elements(m: ModelSpec, s: Layout) -> tuple[float, float]:
     return norm, forward + backward
 
 
+def sp_gathers(m: ModelSpec, s: Layout) -> int:
+    """FP8 tensors one layer all-gathers across the tensor-parallel ranks per micro-batch
+    (forward and backward) under sequence parallelism, Transformer Engine 2.11 with
+    megatron-core's TE spec: forward, each column-parallel GEMM's input (layernorm_linear.py /
+    linear.py `with_input_all_gather`: QKV, and a dense MLP's fc1); backward, those inputs
+    again for the weight gradient (`ln_out_needs_gather`, `backward_input_needs_gather`) and
+    each row-parallel GEMM's output gradient (base.py grad_output_preprocess
+    `gather_grad_output`: proj, fc2). An MoE layer's experts (GroupedLinear) receive their
+    tokens from megatron-core's dispatcher instead: only attention's count. 0 without
+    sequence parallelism."""
+    if not (s.sequence_parallel and s.tp > 1):
+        return 0
+    column = 1 if m.is_moe else 2
+    row = 1 if m.is_moe else 2
+    return 2 * column + row
+
+
+def _sp_host_s(m: ModelSpec, s: Layout, p: CostParams) -> float:
+    """Host seconds per layer and micro-batch that tensorwise and blockwise scaling add under
+    sequence parallelism (Constants.fp8_sp_gather_host_s), on top of their host floor.
+
+    Formula: sp_gathers(m, s) x fp8_sp_gather_host_s; 0 for delayed scaling, without sequence
+    parallelism, and for mxfp8 (not measured). What these recipes do per gathered tensor that
+    delayed scaling does not (TE 2.11): tensorwise quantizes each forward input and backward
+    output gradient with `with_amax_reduction` over the TP group
+    (linear.py _customize_quantizers_float8_current_scaling), so quantizer.cpp
+    Float8CurrentScalingQuantizer::quantize_impl computes the amax, all-reduces it through
+    c10d and waits on it before each cast; blockwise sets `all_gather_usage` (compact scales,
+    _customize_quantizers_float8_blockwise_scaling) and distributed.py
+    _all_gather_fp8_blockwise gathers data and scales under torch.distributed's
+    _coalescing_manager, then _post_process_fp8_blockwise_gather re-lays them out for cuBLAS
+    (the column-wise data and row-wise scales transposed). Delayed scaling's gather
+    (_all_gather_fp8) casts with a scale already known and reduces its amaxes once per
+    autocast, not per tensor. Priced as host time, a floor the layers' GPU work hides (as
+    fp8_current_layer_host_s): where the GPU's work per layer is longer, the prediction keeps
+    the GPU's, so it is optimistic rather than pessimistic where nothing was measured, and a
+    search measures such a layout instead of ruling it out."""
+    if s.fp8_recipe not in (Fp8Recipe.TENSORWISE, Fp8Recipe.BLOCKWISE):
+        return 0.0
+    return sp_gathers(m, s) * p.fp8_sp_gather_host_s
+
+
 def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
           state: CostState) -> CostState:
     if not _on(s) or c.gpu.peak_fp8_flops is None:
@@ -519,6 +579,7 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     # and the gather moves 1 B a weight.
     weight = 2.0 if s.fp8_param_gather else cast.plain * p.fp8_cast_scale
     host = p.fp8_layer_host_s if s.fp8_recipe == Fp8Recipe.DELAYED else p.fp8_current_layer_host_s
+    host += _sp_host_s(m, s, p)
     # Current scaling with sequence parallelism agrees on one amax across the tensor-parallel
     # ranks before each cast of a tensor they all-gather or reduce-scatter: the column-parallel
     # GEMMs' inputs in forward and the row-parallel GEMMs' output gradients in backward (TE 2.11
