@@ -5,7 +5,10 @@ and the error band and prune margin that take a trial's own noise off the model'
 from __future__ import annotations
 
 import gc
+import os
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -203,3 +206,53 @@ def test_repeats_do_not_count_in_the_error_band() -> None:
                                             (0.08, 0.16)])
 def test_the_prune_margin_is_at_least_twice_the_bests_noise(cv: float, margin: float) -> None:
     assert prune_margin(_measured(0, 100.0, 100.0, cv)) == pytest.approx(margin)
+
+
+def test_the_host_watch_names_the_threads_that_used_cpu_and_the_main_threads_switches() -> None:
+    import threading as th
+
+    stop = th.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    watch = HostWatch()
+    watch.mark()
+    worker = th.Thread(target=spin, name="spinner")
+    worker.start()
+    time.sleep(0.3)
+    watch.mark()
+    stop.set()
+    worker.join()
+    figures = watch.over(0)
+    assert 0 <= figures["main_cpu_s"] <= figures["cpu_s"] + 0.01
+    if sys.platform == "linux":
+        assert figures["main_ctx_voluntary"] >= 1  # the sleep gave the core away
+        assert figures["main_ctx_involuntary"] >= 0 and figures["main_last_cpu"] >= 0
+        assert any(row[2] > 0 for row in figures["busy_threads"])  # the spinner
+        assert figures["other_threads_cpu_s"] > 0 and figures["cpus_allowed"] >= 1
+        assert sum(figures["thread_names"].values()) >= 2
+
+
+def test_thread_stat_lines_with_spaces_and_parentheses_in_the_name(tmp_path: Path) -> None:
+    from autotune.worker.host import busy_threads, main_thread_counters, thread_table
+
+    tick = os.sysconf("SC_CLK_TCK")
+    task = tmp_path / "task"
+    rest = " ".join(["S"] + ["0"] * 10 + [str(3 * tick), str(tick)] + ["0"] * 23 + ["5"])
+    for tid, name in ((11, "pt_main_thread"), (12, "NCCL (watch) x")):
+        (task / str(tid)).mkdir(parents=True)
+        (task / str(tid) / "stat").write_text(f"{tid} ({name}) {rest}\n")
+    (task / "13").mkdir()  # a thread that ended between the listing and the read
+    table = thread_table(str(task))
+    assert table == {11: ("pt_main_thread", 4.0), 12: ("NCCL (watch) x", 4.0)}
+    later = {**table, 12: ("NCCL (watch) x", 6.5), 14: ("new", 0.5)}
+    assert busy_threads(table, later, skip=11) == [["NCCL (watch) x", 12, 2.5], ["new", 14, 0.5]]
+    me = tmp_path / "me"
+    me.mkdir()
+    (me / "status").write_text("Name:\tx\nvoluntary_ctxt_switches:\t7\n"
+                               "nonvoluntary_ctxt_switches:\t2\n")
+    (me / "stat").write_text(f"11 (pt main) {rest}\n")
+    assert main_thread_counters(str(me)) == (7, 2, 5)
+    assert main_thread_counters(str(tmp_path / "absent")) is None

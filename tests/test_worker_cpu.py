@@ -462,3 +462,46 @@ def test_grad_clip_code_names_what_clip_grads_runs(monkeypatch: pytest.MonkeyPat
                        (build._foreach_l2_norm, "foreach"), (te_kernel, "te")]:
         monkeypatch.setattr(clip_grads, "l2_norm_impl", impl)
         assert build.grad_clip_code() == code
+
+
+# --- what a trial's record keeps of its process and its steps' host time (issue 30) ---------
+
+def test_process_state_names_the_trials_before_and_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    from autotune.worker import run
+
+    monkeypatch.setattr(run, "_earlier_trials", [])
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    monkeypatch.setenv("AUTOTUNE_UNRELATED", "x")
+    first = run.process_state(_spec("gpt2-xl", dp=2, mbs=8, gbs=64))
+    second = run.process_state(_spec("gpt2-xl", tp=2, dp=1, mbs=4, gbs=64))
+    assert (first["trials_before"], first["after"]) == (0, [])
+    assert second["trials_before"] == 1
+    assert second["after"] == [Layout(dp=2, mbs=8, gbs=64).describe()]
+    assert first["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert first["env"]["NCCL_NVLS_ENABLE"] == "0" and "AUTOTUNE_UNRELATED" not in first["env"]
+    assert first["gc_objects"] > 0 and first["process_groups"] >= 0
+    assert first["torch_threads"] >= 1 and sum(first["threads"].values()) >= 1
+
+
+def test_the_step_marks_the_schedule_and_the_optimizer() -> None:
+    pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from autotune.worker.train import _split_medians, _step
+
+    spec = _spec("gpt2-xl", dp=1, mbs=8, gbs=8)
+
+    class Chunk:
+        def zero_grad_buffer(self) -> None:
+            pass
+
+    marks: list[float] = []
+    optimizer = SimpleNamespace(zero_grad=lambda: None, step=lambda: time.sleep(0.01))
+    _step(spec, [Chunk()], optimizer, [iter(())], lambda **kw: [], marks)
+    assert len(marks) == 2 and marks[1] - marks[0] >= 0.01
+    assert _split_medians([]) == {}
+    assert _split_medians([(1.0, 0.1, 0.0), (3.0, 0.2, 0.5), (2.0, 0.3, 0.1)]) == {
+        "schedule_s": 2.0, "optimizer_s": 0.2, "gpu_wait_s": 0.1}

@@ -13,11 +13,15 @@
 #           full recompute, distributed optimizer with overlap) warm against cold at fixed steps,
 #           then an OOM and a hang inside the pool, each followed by a trial that must still run
 #           (issue 15's checks, with the release-order fix). -> pool.md
-#   repeat  tools/repeatability.py --gpus 2 on gpt2-large at gbs 32: six layouts using dp, tp + sp,
-#           pp, pp with vpp, full recompute and the distributed optimizer (cp needs Transformer
-#           Engine's attention: add cp=2,impl=te where .whl-te is carried); ROUNDS (2) rounds of
-#           a warm and a cold pass, alternating which goes first, fixed steps.
-#           -> repeat.md, repeat.jsonl
+#   repeat  tools/repeatability.py --gpus 2 on gpt2-large at gbs 32, aimed at issue 30's open
+#           question (pp 2 + vpp 2 at 0.81-0.82 warm/cold in sessions 10 and 12, full recompute
+#           0.86 in session 12; both ran after tp 2 + sp in their pool): tp 2 + sp, pp 2 + vpp 2,
+#           full recompute, the warm pass in that order (--no-rotate), each round a cold pass
+#           and a "first" run of pp 2 + vpp 2 and of full recompute as the first trial of a fresh
+#           pool; 2 warm-up and STEPS (12) timed steps. Every rank's main-thread CPU, context
+#           switches, busy threads, step split and process state (env, affinity, trials before)
+#           are in repeat.jsonl. ~510 s on 2 x H200 by estimate (DEADLINE_S 430 stops new trials).
+#           REPEAT_LAYOUTS / REPEAT_FIRST override the layouts. -> repeat.md, repeat.jsonl
 #   llama   issue 16's hand layout for llama3-8b at global batch 16 (dp 2, distributed optimizer,
 #           full recompute of 2 layers by block, mbs 1) measured with tools/device_layouts.py,
 #           then `autotune llama3-8b --gpus 2 --gbs 16` with default flags
@@ -71,15 +75,19 @@ fi
 
 if [[ $parts == *" repeat "* ]]; then
   t0=$(date +%s)
+  layouts=${REPEAT_LAYOUTS:-tp=2,sequence_parallel=1,mbs=16,impl=sdpa pp=2,vpp=2,mbs=4,impl=sdpa mbs=4,recompute=full,impl=sdpa}
+  firsts=${REPEAT_FIRST-pp=2,vpp=2,mbs=4,impl=sdpa mbs=4,recompute=full,impl=sdpa}
+  first_args=()
+  for f in $firsts; do first_args+=(--first-in-pool "$f"); done
+  # shellcheck disable=SC2086  # the layouts are words
   python3 tools/repeatability.py --gpus "$gpus" --rounds "${ROUNDS:-2}" --gbs "${GBS:-32}" \
-      --deadline-s "${DEADLINE_S:-330}" --fixed gpt2-large "$gpu" "$raw/repeat" \
-      mbs=8,impl=sdpa tp=2,sequence_parallel=1,mbs=16,impl=sdpa pp=2,vpp=2,mbs=4,impl=sdpa \
-      pp=2,mbs=8,impl=sdpa mbs=8,impl=sdpa,distributed_optimizer=1,overlap_grad_reduce=1 \
-      mbs=4,recompute=full,impl=sdpa \
+      --deadline-s "${DEADLINE_S:-430}" --fixed --steps "${STEPS:-12}" --no-rotate \
+      "${first_args[@]}" gpt2-large "$gpu" "$raw/repeat" $layouts \
       > "$raw/repeat.out" 2> "$raw/repeat.err"
   echo "repeat rc=$? wall=$(( $(date +%s) - t0 ))s"
   cp "$raw/repeat/report.md" "$out/repeat.md" 2>/dev/null
   cp "$raw/repeat/trials.jsonl" "$out/repeat.jsonl" 2>/dev/null
+  tail -c 20000 "$raw/repeat.err" > "$out/repeat.err.txt" 2>/dev/null
   cat "$out/repeat.md" 2>/dev/null || tail -20 "$raw/repeat.err"
 fi
 

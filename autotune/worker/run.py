@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from autotune.worker.train import StepTimes
 
 __all__ = [
+    "ENV_ON_RECORD",
     "configure_compiles",
     "init_model_parallel",
     "init_world",
@@ -210,6 +212,8 @@ def metrics_from_ranks(spec: TrialSpec, steps: StepTimes, ranks: list[dict[str, 
     data["code_paths"] = dict(code_paths or {})
     # Each rank's host during the timed steps (tools/repeatability.py reads them).
     data["host"] = [r.get("host") for r in sorted(ranks, key=lambda r: r["rank"])]
+    # Each rank's process as the trial started (process_state): warm against cold.
+    data["process"] = [r.get("process") for r in sorted(ranks, key=lambda r: r["rank"])]
     return data
 
 
@@ -260,6 +264,54 @@ def run_rank(spec: TrialSpec, out_dir: Path, started: float | None = None, *,
     run_trial(spec, out_dir, local_rank, phases, warm=False)
 
 
+ENV_ON_RECORD = ("CUDA_", "NCCL_", "TORCH_", "PYTORCH_", "OMP_", "MKL_", "NVSHMEM_",
+                 "CUBLAS", "CUDNN", "NVTE_", "TRITON_", "LD_PRELOAD", "MALLOC_")
+"""The prefixes of the environment variables a trial's record keeps, per rank: what a warm
+pool rank and a cold launch must share (issue 30)."""
+
+_earlier_trials: list[str] = []
+"""The layouts this process ran before the current trial, in order (a warm pool's ranks)."""
+
+
+def process_state(spec: TrialSpec) -> dict[str, Any]:
+    """This rank's process as a trial starts, for the warm/cold comparison (issue 30): the
+    trials it ran before, the environment CUDA, NCCL and torch read, the CPUs it may run on,
+    torch's thread counts and allocator settings, the process groups still registered, what
+    dynamo has compiled so far, the live Python objects and the threads by name. Read before
+    the trial's parallel state is made; costs tens of milliseconds (the gc walk), none of them
+    inside a timed step."""
+    import gc
+
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    from autotune.worker.host import thread_names, thread_table
+
+    state: dict[str, Any] = {
+        "trials_before": len(_earlier_trials),
+        "after": _earlier_trials[-3:],
+        "pid": os.getpid(),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_ON_RECORD)},
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "process_groups": len(c10d._world.pg_map),
+        "gc_objects": len(gc.get_objects()),
+        "gc_frozen": gc.get_freeze_count(),
+        "threads": thread_names(thread_table()),
+    }
+    with contextlib.suppress(AttributeError, OSError):
+        cpus = sorted(os.sched_getaffinity(0))
+        state["cpus"] = f"{len(cpus)}: {cpus[0]}-{cpus[-1]}" if cpus else "0"
+    with contextlib.suppress(Exception):
+        state["allocator"] = torch.cuda.get_allocator_backend()
+    with contextlib.suppress(Exception):
+        from torch._dynamo.utils import counters
+
+        state["dynamo_graphs"] = int(counters["stats"]["unique_graphs"])
+    _earlier_trials.append(spec.layout.describe())
+    return state
+
+
 def _check_impl(spec: TrialSpec) -> None:
     if spec.layout.impl == "te" and not te_available():
         raise RuntimeError("impl=te needs transformer-engine, which is not installed")
@@ -285,6 +337,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, local_rank: int, phases: dict[str,
     # 7.0-7.6 GiB over a 4-GPU search and stood at 3.4 GiB in a fresh process
     # (results/benchmarks/2026-11-27-h200x4-issue30-s12.md), so a warm trial's device-used
     # figure carries what earlier trials left. On record, per rank, to tell the two apart.
+    process = process_state(spec)
     used_at_start = nvml_device_used_bytes(local_rank)
     outside_at_start = None if used_at_start is None else \
         used_at_start - int(torch.cuda.memory_reserved())
@@ -309,7 +362,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, local_rank: int, phases: dict[str,
             "device_used_bytes": nvml_device_used_bytes(local_rank),
             "outside_torch_at_start_bytes": outside_at_start,
             "clocks": None if steps.clocks is None else steps.clocks.to_dict(),
-            "host": steps.host}
+            "host": steps.host, "process": process}
     gathered: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
     dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
     phases.update(init_s=t_init - t0, build_s=t_build - t_init, train_s=t_train - t_build,

@@ -133,7 +133,9 @@ def _wire_grad_sync(spec: TrialSpec, model: list[Any], optimizer: Any, config: A
 
 
 def _step(spec: TrialSpec, model: list[Any], optimizer: Any, iterators: list[Any],
-          forward_backward: Any) -> list[dict[str, Any]]:
+          forward_backward: Any, marks: list[float] | None = None) -> list[dict[str, Any]]:
+    """One training step as Megatron-LM's train_step runs it; `marks` gets the host's clock
+    when the schedule returns and when the optimizer's step returns."""
     s, m = spec.layout, spec.model
     for chunk in model:
         chunk.zero_grad_buffer()
@@ -152,7 +154,11 @@ def _step(spec: TrialSpec, model: list[Any], optimizer: Any, iterators: list[Any
         decoder_seq_length=m.seq_length,
         forward_only=False,
     )
+    if marks is not None:
+        marks.append(time.perf_counter())
     optimizer.step()
+    if marks is not None:
+        marks.append(time.perf_counter())
     return list(losses or [])
 
 
@@ -175,6 +181,10 @@ def train(spec: TrialSpec, model: list[Any], optimizer: Any, config: Any) -> Ste
     timing = None
     host = HostWatch()
     starts: list[float] = []
+    # Per step: the host's seconds in the schedule (its kernels issued, with the syncs it makes
+    # inside), in the optimizer's step, and waiting for the GPU at the end (issue 30: a warm
+    # rank slower on the host shows more of the first two and no more of the last).
+    split: list[tuple[float, float, float]] = []
     torch.cuda.synchronize()
     # The collector held off for the steps (autotune.worker.host), the GPU's clocks sampled
     # (autotune.worker.clocks): both over every step, the timed ones' share taken at the end.
@@ -184,9 +194,13 @@ def train(spec: TrialSpec, model: list[Any], optimizer: Any, config: Any) -> Ste
             host.mark()
             start = time.perf_counter()
             starts.append(start)
-            losses = _step(spec, model, optimizer, iterators, forward_backward)
+            marks: list[float] = []
+            losses = _step(spec, model, optimizer, iterators, forward_backward, marks)
             torch.cuda.synchronize()
-            slowest.fill_(time.perf_counter() - start)
+            end = time.perf_counter()
+            slowest.fill_(end - start)
+            if len(marks) == 2:
+                split.append((marks[0] - start, marks[1] - marks[0], end - marks[1]))
             # A step ends when its slowest rank ends. Reduced after the clock stopped, so the
             # reduction is not timed; it also starts every rank's next step together.
             torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
@@ -205,7 +219,17 @@ def train(spec: TrialSpec, model: list[Any], optimizer: Any, config: Any) -> Ste
                      clocks=clocks if clocks.samples else None,
                      host={**host.over(first_timed), "gc_pauses": timed_passes,
                            "gc_pause_s": timed_pause_s,
-                           "gc_pauses_all_steps": pauses.count})
+                           "gc_pauses_all_steps": pauses.count,
+                           **_split_medians(split[first_timed:])})
+
+
+def _split_medians(split: list[tuple[float, float, float]]) -> dict[str, float]:
+    """The timed steps' median host seconds in the schedule, in the optimizer's step and in
+    the wait for the GPU after them (empty without steps)."""
+    if not split:
+        return {}
+    return {name: statistics.median(step[i] for step in split)
+            for i, name in enumerate(("schedule_s", "optimizer_s", "gpu_wait_s"))}
 
 
 def _mean_loss(losses: list[dict[str, Any]]) -> float | None:
