@@ -8,8 +8,9 @@
 #           five, all: every one; each set of five fits in one call), micro-batch 1-16, no,
 #           selective and full recompute, te where Transformer Engine is installed (else sdpa
 #           only, and report.md says so). ROUNDS (3) rounds, each a warm and a cold pass, which
-#           goes first alternating; GBS (32: short steps, so that 3 rounds fit) and FIXED=1 for
-#           2 + 8 fixed steps (default: adaptive timing, as a search). Stops starting trials
+#           goes first alternating; GBS (default 8 for set a, 16 for b and all: short steps, so
+#           that 3 rounds fit) and FIXED (default 1: 2 + 8 fixed steps; FIXED= for adaptive
+#           timing, as a search). Stops starting trials
 #           after DEADLINE_S (420). -> repeat-SET.md, repeat-SET.jsonl
 #   gap     tools/megatron_gap.py: gpt2-xl GAP_LAYOUT (mbs=16, impl te with TE, else local: the
 #           Megatron-LM spec the worker also has) as a worker trial, the exported Megatron-LM
@@ -70,8 +71,12 @@ part_repeat() {
   local b=(mbs=8,impl=sdpa mbs=16,impl=sdpa mbs=1,recompute=full,impl=sdpa
            mbs=8,impl=te mbs=8,recompute=selective,impl=te)
   case $set_name in a) lays=("${a[@]}") ;; b) lays=("${b[@]}") ;; *) lays=("${a[@]}" "${b[@]}") ;; esac
-  python3 tools/repeatability.py --rounds "${ROUNDS:-3}" --gbs "${GBS:-32}" \
-      --deadline-s "${DEADLINE_S:-420}" ${FIXED:+--fixed} gpt2-xl "$gpu" "$raw/repeat-$set_name" \
+  # Fixed steps and a small batch by default: at gbs 32 with adaptive timing one round of set a
+  # took the whole call (2026-11-28, results/benchmarks/2026-11-28-h100-issue25-repeat-s14.md:
+  # mbs 1 ran 6.7 s steps, every trial to its 10-step cap). Set b holds mbs 16, so gbs 16 there.
+  local gbs=${GBS:-$([[ $set_name == a ]] && echo 8 || echo 16)} fixed=${FIXED-1}
+  python3 tools/repeatability.py --rounds "${ROUNDS:-3}" --gbs "$gbs" \
+      --deadline-s "${DEADLINE_S:-420}" ${fixed:+--fixed} gpt2-xl "$gpu" "$raw/repeat-$set_name" \
       "${lays[@]}" > "$raw/repeat-$set_name.out" 2> "$raw/repeat-$set_name.err"
   local rc=$?
   cp "$raw/repeat-$set_name/report.md" "$out/repeat-$set_name.md" 2>/dev/null
