@@ -36,7 +36,7 @@ from autotune.specs.flops import (
     mlp_forward_flops_per_token,
     model_flops_per_token,
 )
-from autotune.specs.gemm_rates import mean_rate
+from autotune.specs.gemm_rates import mean_rate, rate_curve
 from autotune.specs.hardware import ClusterSpec, GpuSpec
 from autotune.specs.model import ModelSpec, padded_vocab_size
 
@@ -195,20 +195,31 @@ def _gemm_rates(model: ModelSpec, s: Layout, gpu: GpuSpec,
     same three dimensions and so share the forward's rate (gemm_rates.gemm_x is symmetric).
     Otherwise (the default) all run at CostParams.gemm_efficiency_max's saturating efficiency
     of the datasheet peak (autotune.specs.flops.gemm_efficiency)."""
+    scale = prm.gemm_rate_scale
+    if scale > 0 and rate_curve(gpu.name) is not None:
+        layer, mlp, logits = _measured_rates(gpu.name, model, s.mbs, s.tp, s.cp)
+        return layer * scale, mlp * scale, logits * scale
+    rate = gpu.peak_bf16_flops * gemm_efficiency(gemm_size(model, s), prm)
+    return rate, rate, rate
+
+
+@functools.lru_cache(maxsize=4096)
+def _measured_rates(gpu: str, model: ModelSpec, mbs: int, tp: int,
+                    cp: int) -> tuple[float, float, float]:
+    """_gemm_rates' measured (layer, MLP, logits) FLOP/s at scale 1; cached per GPU and shape
+    (a plan prices the same few thousand times: results/benchmarks/2026-11-28-cpu-gemm-rates.md,
+    planning time)."""
     from autotune.levers.fp8 import gemm_dims  # the levers import this module
 
-    tokens = s.mbs * model.seq_length / s.cp
-    dims = tuple((i, o) for _, i, o in gemm_dims(model, s))
-    layer = mean_rate(gpu.name, "bf16", tokens, dims) if prm.gemm_rate_scale > 0 else None
-    if layer is None:
-        rate = gpu.peak_bf16_flops * gemm_efficiency(gemm_size(model, s), prm)
-        return rate, rate, rate
-    mlp = mean_rate(gpu.name, "bf16", tokens, dims[2:])
-    logits = mean_rate(gpu.name, "bf16", tokens,
-                       ((model.hidden_size, padded_vocab_size(model, s.tp) // s.tp),))
-    assert mlp is not None and logits is not None
-    scale = prm.gemm_rate_scale
-    return layer * scale, mlp * scale, logits * scale
+    split = Layout(mbs=mbs, tp=tp, cp=cp, gbs=mbs)
+    tokens = mbs * model.seq_length / cp
+    dims = tuple((i, o) for _, i, o in gemm_dims(model, split))
+    layer = mean_rate(gpu, "bf16", tokens, dims)
+    mlp = mean_rate(gpu, "bf16", tokens, dims[2:])
+    logits = mean_rate(gpu, "bf16", tokens,
+                       ((model.hidden_size, padded_vocab_size(model, tp) // tp),))
+    assert layer is not None and mlp is not None and logits is not None
+    return layer, mlp, logits
 
 
 def ring_allreduce_s(nbytes: float, n: int, bytes_per_s: float, params: CostParams) -> float:
