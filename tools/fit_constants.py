@@ -2,6 +2,7 @@
 leave-one-family-out cross-validation (autotune.predict.calibration.cross_validate).
 
     PYTHONPATH=. python tools/fit_constants.py [--data FILE] [--json] [--also NAME,...]
+        [--start NAME=VALUE,...]
 
 A family is a model on a GPU type (gpt2-xl on H100, gpt2-large on H200, ...): trials of one
 family share the shape-dependent terms (GEMM sizes, vocabulary, attention) and the machine, so
@@ -16,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from autotune.predict.calibration import (
@@ -24,9 +25,11 @@ from autotune.predict.calibration import (
     COST_FIT_FIELDS,
     MEMORY_FIT_FIELDS,
     cross_validate,
+    gemm_rate_fields,
     lever_fit_fields,
     load_trials,
 )
+from autotune.predict.cost import CostParams
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured_trials.json"
 
@@ -38,13 +41,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--also", default="", help=(
         "comma-separated CostParams constants fitted besides the default ones, e.g. "
         + ",".join(ATTENTION_FIT_FIELDS) + " (attention with and without dropout)"))
+    parser.add_argument("--start", default="", help=(
+        "comma-separated NAME=VALUE CostParams start values, e.g. gemm_rate_scale=1 (the "
+        "measured GEMM rates on, their scale fitted: autotune.specs.gemm_rates)"))
     args = parser.parse_args(argv)
     also = tuple(name for name in args.also.split(",") if name)
+    start = replace(CostParams(), **{k: float(v) for k, v in (
+        kv.split("=", 1) for kv in args.start.split(",") if kv)})
     trials = load_trials(args.data)
-    cv = cross_validate(trials, extra_cost=also)
+    cv = cross_validate(trials, extra_cost=also, start_cost=start)
     # The levers' constants join the fit where a trial turns the lever (FP8, the optimizer's
     # offload): autotune.predict.calibration.lever_fit_fields.
-    cost_fields = (*COST_FIT_FIELDS, *also, *lever_fit_fields([t[2] for t in trials]))
+    cost_fields = (*COST_FIT_FIELDS, *gemm_rate_fields(start), *also,
+                   *lever_fit_fields([t[2] for t in trials]))
     if args.json:
         print(json.dumps({"families": [asdict(f) for f in cv.families],
                           "cost": {n: getattr(cv.cost, n) for n in cost_fields},

@@ -50,6 +50,7 @@ from autotune.levers.base import (
 )
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
 from autotune.specs.flops import gemm_efficiency, gemm_size
+from autotune.specs.gemm_rates import mean_rate
 
 if TYPE_CHECKING:
     from autotune.layouts.layout import Layout
@@ -75,6 +76,7 @@ __all__ = [
     "cast_elements",
     "gemm_dims",
     "gemm_speedup",
+    "layer_gemm_speedup",
     "recipes_on",
     "sp_gathers",
 ]
@@ -493,10 +495,30 @@ def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
 
 def gemm_speedup(x: float, gpu: GpuSpec, p: CostParams) -> float:
     """How many times faster than bf16 a GEMM of size x (CostParams.gemm_half_size's x) runs
-    in FP8: the FP8 peak at its own saturating efficiency over the bf16 peak at bf16's."""
+    in FP8 on a GPU never swept: the FP8 peak at its own saturating efficiency over the bf16
+    peak at bf16's (layer_gemm_speedup takes the measured rates where there are some)."""
     assert gpu.peak_fp8_flops is not None
     fp8 = gpu.peak_fp8_flops * p.fp8_gemm_efficiency_max * x / (x + p.fp8_gemm_half_size)
     return fp8 / (gpu.peak_bf16_flops * gemm_efficiency(x, p))
+
+
+def layer_gemm_speedup(m: ModelSpec, s: Layout, gpu: GpuSpec, p: CostParams) -> float:
+    """How many times faster one layer's GEMMs (gemm_dims) run in FP8 than in bf16. With the
+    measured rates on (CostParams.gemm_rate_scale > 0: the bf16 rate and this ratio go
+    together) and a swept GPU: the ratio of their time at the measured bf16 and FP8 rates, each
+    GEMM at its own shape (autotune.specs.gemm_rates: torch._scaled_mm against torch.matmul,
+    forward layout; 1.7-1.9x from x ~ 2,000 up, 1.16-1.24x at 1024^3). The swept ratio is
+    cuBLAS's, before TE's casts, which the lever prices apart (CastBytes). Otherwise
+    gemm_speedup at gemm_size's x."""
+    if p.gemm_rate_scale <= 0:
+        return gemm_speedup(gemm_size(m, s), gpu, p)
+    tokens = s.mbs * m.seq_length / s.cp
+    dims = tuple((i, o) for _, i, o in gemm_dims(m, s))
+    bf16 = mean_rate(gpu.name, "bf16", tokens, dims)
+    fp8 = mean_rate(gpu.name, "fp8", tokens, dims)
+    if bf16 is None or fp8 is None:
+        return gemm_speedup(gemm_size(m, s), gpu, p)
+    return fp8 / bf16
 
 
 def cast_elements(m: ModelSpec, s: Layout) -> tuple[float, float]:
@@ -590,7 +612,7 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     amax_reductions = 0.0
     if s.fp8_recipe == Fp8Recipe.TENSORWISE and s.sequence_parallel and s.tp > 1:
         amax_reductions = 1.0 + (0.0 if m.is_moe else 1.0)
-    return evolve(state, layer_gemm_speedup=gemm_speedup(gemm_size(m, s), c.gpu, p),
+    return evolve(state, layer_gemm_speedup=layer_gemm_speedup(m, s, c.gpu, p),
                   layer_host_floor_s=max(state.layer_host_floor_s, host),
                   layer_tp_extra_s=state.layer_tp_extra_s
                   + amax_reductions * p.collective_latency_s,

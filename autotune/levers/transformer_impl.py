@@ -76,10 +76,13 @@ class Constants:
     0.360 s over 2 draws of 2.75e11 scores: 11 instructions a score at the H100's integer rate,
     about twice the count (the kernel does not hide them behind its GEMMs). Not shipped (0: the
     with-dropout rate stays in flash_attention_efficiency, as before): with 11 and the
-    no-dropout attention's faster rate, the shared GEMM efficiency refits to the Llama shapes'
-    power-capped GEMMs and every GPT family's held-out error grows
-    (results/benchmarks/2026-11-28-cpu-attention-dropout.md; `tools/fit_constants.py --also
-    flash_attention_efficiency,attention_dropout_ops_per_score` fits both)."""
+    no-dropout attention's faster rate (0.727) every family's held-out step-time median is under
+    10%, but the shared GEMM efficiency refits down (0.733 -> 0.665), every GPT family's
+    held-out error grows, and under the shipped CostParams the no-dropout Llama shapes are
+    predicted 5-10% faster than measured (results/benchmarks/2026-11-28-cpu-attention-dropout.md
+    and 2026-11-28-cpu-gemm-rates.md). Not because their GEMMs are slower: swept on one H100 and
+    one H200 they are not (autotune.specs.gemm_rates); `tools/fit_constants.py --also
+    flash_attention_efficiency,attention_dropout_ops_per_score` fits both."""
     local_attention_bytes_per_score: float = 82.0
     """HBM bytes per attention score and head, forward + backward, of megatron-core's unfused
     attention without the fused softmax kernel: bf16 scores, fp32 upcast, masked_fill, fp32

@@ -37,6 +37,7 @@ __all__ = [
     "Sample",
     "fit_cost_params",
     "fit_memory_params",
+    "gemm_rate_fields",
     "held_out_step_errors",
     "lever_fit_fields",
     "load_calibration",
@@ -49,7 +50,8 @@ Sample = tuple[ModelSpec, Layout, ClusterSpec, float]
 COST_FIT_FIELDS: tuple[str, ...] = ("gemm_efficiency_max", *calibrated(), "step_overhead_s")
 """The constants a calibration fits besides those of the levers the trials turn: the GEMM
 efficiency, the levers' always-fitted ones (the implementation's element-wise factors,
-autotune.levers.transformer_impl.CALIBRATED) and the fixed cost per step."""
+autotune.levers.transformer_impl.CALIBRATED) and the fixed cost per step; and gemm_rate_scale
+where the measured GEMM rates are on (gemm_rate_fields)."""
 ATTENTION_FIT_FIELDS: tuple[str, ...] = ("flash_attention_efficiency",
                                          "attention_dropout_ops_per_score")
 """What the fit to tests/data/measured_trials.json (cross_validate, tools/fit_constants.py) adds
@@ -61,6 +63,13 @@ them the GPT families' held-out errors grow (results/benchmarks/2026-11-28-cpu-a
 dropout.md); `tools/fit_constants.py --also` fits them."""
 MEMORY_FIT_FIELDS: tuple[str, ...] = ("cuda_context_bytes", "nccl_bytes_per_group",
                                       "fragmentation")
+
+
+def gemm_rate_fields(start: CostParams) -> tuple[str, ...]:
+    """("gemm_rate_scale",) where `start` prices the GEMMs at the measured rates
+    (CostParams.gemm_rate_scale > 0: the share of them training reaches is what a fit then
+    moves); () where it is 0, the switch off, which a fit in log space must not turn on."""
+    return ("gemm_rate_scale",) if start.gemm_rate_scale > 0 else ()
 
 
 def lever_fit_fields(layouts: Sequence[Layout]) -> tuple[str, ...]:
@@ -129,7 +138,8 @@ def fit_cost_params(samples: Sequence[Sample], *, names: Sequence[str] | None = 
     the constants fitted; by default COST_FIT_FIELDS and the constants of the levers the
     samples turn on (lever_fit_fields)."""
     if names is None:
-        names = (*COST_FIT_FIELDS, *lever_fit_fields([s for _, s, _, _ in samples]))
+        names = (*COST_FIT_FIELDS, *gemm_rate_fields(start or CostParams()),
+                 *lever_fit_fields([s for _, s, _, _ in samples]))
     def predict(p: CostParams, m: ModelSpec, s: Layout, c: ClusterSpec) -> float:
         return estimate_cost(m, s, c, p).step_time_s
 
@@ -285,7 +295,9 @@ def cross_validate(trials: Sequence[Trial], *, start_cost: CostParams | None = N
     import statistics
 
     def fit(ts: Sequence[Trial]) -> tuple[CostParams, MemoryParams]:
-        names = (*COST_FIT_FIELDS, *extra_cost, *lever_fit_fields([s for _, _, s, *_ in ts]))
+        names = (*COST_FIT_FIELDS, *gemm_rate_fields(start_cost or CostParams()),
+                 *(n for n in extra_cost if n != "gemm_rate_scale"),
+                 *lever_fit_fields([s for _, _, s, *_ in ts]))
         cost = fit_cost_params([(m, s, c, t) for _, m, s, c, t, _ in ts], names=names,
                                start=start_cost or CostParams())
         memory = fit_memory_params([(m, s, c, u) for _, m, s, c, _, u in ts],

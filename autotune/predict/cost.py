@@ -36,7 +36,8 @@ from autotune.specs.flops import (
     mlp_forward_flops_per_token,
     model_flops_per_token,
 )
-from autotune.specs.hardware import ClusterSpec
+from autotune.specs.gemm_rates import mean_rate, rate_curve
+from autotune.specs.hardware import ClusterSpec, GpuSpec
 from autotune.specs.model import ModelSpec, padded_vocab_size
 
 __all__ = ["CostEstimate", "CostParams", "LayerTimes", "estimate_cost", "gemm_efficiency",
@@ -70,7 +71,21 @@ class CostParams(LeverConstants):
     """Fraction of peak bf16 FLOP/s that large GEMMs reach."""
     gemm_half_size: float = 256.0
     """eff = gemm_efficiency_max * x / (x + gemm_half_size), x the GEMM's smaller dimension per
-    GPU (min of mbs * seq / cp and hidden / tp): an empirical saturating fit, not a law."""
+    GPU (min of mbs * seq / cp and hidden / tp): an empirical saturating fit, not a law. Prices
+    the layers' GEMMs and the logits only on GPUs never swept (autotune.specs.gemm_rates); the
+    unfused attention's batched GEMMs (inner size head_dim, never swept) on every GPU."""
+    gemm_rate_scale: float = 0.0
+    """0 (shipped): the layers' GEMMs and the logits at gemm_efficiency_max's saturating
+    efficiency on every GPU. Above 0, on a GPU with a measured GEMM rate curve
+    (autotune.specs.gemm_rates: H100, H200), each GEMM at its own shape's measured rate times
+    this: the share of the swept sustained rate that training's GEMMs reach (the sweep ran
+    back-to-back matmuls; training interleaves other kernels), and FP8's speed-up at the
+    measured FP8 / bf16 ratio (autotune.levers.fp8.layer_gemm_speedup). Fitted to all of
+    tests/data/measured_trials.json it is 1.02, but held out by family the measured form is no
+    better than the fitted one (the fitted curve is within 0.93-1.04 of the measured rates for
+    every family's GEMMs), so it is off until the non-GEMM misses are priced
+    (results/benchmarks/2026-11-28-cpu-gemm-rates.md). A calibration starting from a value above
+    0 fits it (autotune.predict.calibration.gemm_rate_fields)."""
     hbm_efficiency: float = 0.8
     """Fraction of datasheet HBM bandwidth that streaming kernels reach."""
     hbm_bytes_per_s: float | None = None
@@ -167,6 +182,46 @@ def _flops(model: ModelSpec) -> _Flops:
                   logits=logits, model_per_token=base)
 
 
+def _gemm_rates(model: ModelSpec, s: Layout, gpu: GpuSpec,
+                prm: CostParams) -> tuple[float, float, float]:
+    """FLOP/s of (one layer's GEMMs, its MLP's, the output layer's) for one micro-batch.
+
+    With CostParams.gemm_rate_scale above 0, on a swept GPU (autotune.specs.gemm_rates), each
+    GEMM runs at the measured rate of its own
+    shape, m = the micro-batch's local tokens (all of them with sequence parallelism: the
+    column-parallel GEMMs run after the all-gather), in and out features per tensor-parallel
+    rank (autotune.levers.fp8.gemm_dims; an MoE layer's experts taken at the same m, an
+    approximation), times gemm_rate_scale. The backward's two GEMMs per weight permute the
+    same three dimensions and so share the forward's rate (gemm_rates.gemm_x is symmetric).
+    Otherwise (the default) all run at CostParams.gemm_efficiency_max's saturating efficiency
+    of the datasheet peak (autotune.specs.flops.gemm_efficiency)."""
+    scale = prm.gemm_rate_scale
+    if scale > 0 and rate_curve(gpu.name) is not None:
+        layer, mlp, logits = _measured_rates(gpu.name, model, s.mbs, s.tp, s.cp)
+        return layer * scale, mlp * scale, logits * scale
+    rate = gpu.peak_bf16_flops * gemm_efficiency(gemm_size(model, s), prm)
+    return rate, rate, rate
+
+
+@functools.lru_cache(maxsize=4096)
+def _measured_rates(gpu: str, model: ModelSpec, mbs: int, tp: int,
+                    cp: int) -> tuple[float, float, float]:
+    """_gemm_rates' measured (layer, MLP, logits) FLOP/s at scale 1; cached per GPU and shape
+    (a plan prices the same few thousand times: results/benchmarks/2026-11-28-cpu-gemm-rates.md,
+    planning time)."""
+    from autotune.levers.fp8 import gemm_dims  # the levers import this module
+
+    split = Layout(mbs=mbs, tp=tp, cp=cp, gbs=mbs)
+    tokens = mbs * model.seq_length / cp
+    dims = tuple((i, o) for _, i, o in gemm_dims(model, split))
+    layer = mean_rate(gpu, "bf16", tokens, dims)
+    mlp = mean_rate(gpu, "bf16", tokens, dims[2:])
+    logits = mean_rate(gpu, "bf16", tokens,
+                       ((model.hidden_size, padded_vocab_size(model, tp) // tp),))
+    assert layer is not None and mlp is not None and logits is not None
+    return layer, mlp, logits
+
+
 def ring_allreduce_s(nbytes: float, n: int, bytes_per_s: float, params: CostParams) -> float:
     """Ring all-reduce: 2 (n - 1)/n of the buffer crosses each link (Patarasuk & Yuan 2009);
     reduce-scatter + all-gather move the same volume."""
@@ -220,11 +275,13 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
         state = term(model, s, cluster, prm, state)
 
     # --- one layer, one micro-batch, one forward pass (backward = 2 forwards) ---
-    eff = gemm_efficiency(gemm_size(model, s), prm)
+    # The GEMMs' rate (FLOP/s): measured per GEMM shape where the GPU was swept, the datasheet
+    # peak at one saturating efficiency elsewhere (_gemm_rates).
+    layer_rate, mlp_rate, logits_rate = _gemm_rates(model, s, gpu, prm)
     # A lever may run the layers' GEMMs faster than bf16 (FP8: autotune.levers.fp8); the
     # output layer's below stays at bf16's rate.
-    gemm_fwd = tokens * fl.layer_mats / t / (peak * eff) / state.layer_gemm_speedup
-    mlp_fwd = tokens * fl.layer_mlp / t / (peak * eff) / state.layer_gemm_speedup
+    gemm_fwd = tokens * fl.layer_mats / t / layer_rate / state.layer_gemm_speedup
+    mlp_fwd = tokens * fl.layer_mlp / t / mlp_rate / state.layer_gemm_speedup
     core_flops = tokens * fl.layer_core / t
     acts = layer_activations(model, t, state.attention)
     stored_per_token = acts.replicated / tsp + acts.split
@@ -270,7 +327,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     # fused kernels fewer, autotune.levers.cross_entropy).
     vocab_rank = padded_vocab_size(model, t) / t
     ce_passes = state.cross_entropy_passes
-    logits_s = (tokens * fl.logits * 3 / t / (peak * eff)
+    logits_s = (tokens * fl.logits * 3 / t / logits_rate
                 + tokens * vocab_rank * 4 * ce_passes / hbm)
     # Pipeline: send + receive of s b h bf16 per chunk boundary, forward and backward (1/t of
     # it with SP or Megatron's scatter-gather; Narayanan et al. 2021, Section 4.1).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.predict.calibration import fit_cost_params, lever_fit_fields
+from autotune.predict.calibration import fit_cost_params, gemm_rate_fields, lever_fit_fields
 from autotune.predict.cost import CostParams
 from autotune.search.records import SearchResult
 from autotune.specs.hardware import ClusterSpec
@@ -11,7 +11,9 @@ from autotune.specs.model import ModelSpec
 __all__ = ["REFIT_FIELDS", "refit_cost_params"]
 
 REFIT_FIELDS = ("gemm_efficiency_max", "step_overhead_s", "layer_launch_s")
-"""Constants refitted during a search: few, so a handful of trials pins them down."""
+"""Constants refitted during a search: few, so a handful of trials pins them down (and
+gemm_rate_scale where the start prices GEMMs at the measured rates: calibration.
+gemm_rate_fields)."""
 
 
 def refit_cost_params(result: SearchResult, model: ModelSpec, cluster: ClusterSpec, *,
@@ -27,5 +29,7 @@ def refit_cost_params(result: SearchResult, model: ModelSpec, cluster: ClusterSp
         return None
     # With the constants of the levers the measured trials turn (FP8's GEMM rate and casts):
     # the ridge keeps them near their first-principles values until trials speak for them.
-    names = (*REFIT_FIELDS, *lever_fit_fields([s for _, s, _, _ in measured]))
-    return fit_cost_params(measured, names=names, start=start or CostParams()), len(measured)
+    start = start or CostParams()
+    names = (*REFIT_FIELDS, *gemm_rate_fields(start),
+             *lever_fit_fields([s for _, s, _, _ in measured]))
+    return fit_cost_params(measured, names=names, start=start), len(measured)
