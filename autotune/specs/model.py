@@ -33,6 +33,10 @@ class ModelSpec:
     vocab_size: Count
     seq_length: Count
     max_position_embeddings: Count | None = None
+    sliding_window: Count | None = None
+    """The attention window of sliding-window attention in use (config.json's
+    `sliding_window`); None: full causal attention. autotune's models and export have full
+    causal attention only, the same as a window up to seq_length: a longer sequence is refused."""
     global_batch_size: Count
     """The preset's global batch in sequences; `--global-batch-size` overrides it."""
     num_experts: Count | None = None
@@ -89,6 +93,12 @@ class ModelSpec:
         if self.position_embedding not in ("learned_absolute", "rope", "none"):
             raise ConfigError(f"model {self.name}: position_embedding must be learned_absolute, "
                               f"rope or none, got {self.position_embedding!r}")
+        if self.sliding_window is not None and self.sliding_window < self.seq_length:
+            raise ConfigError(f"model {self.name}: sliding-window attention (window "
+                              f"{self.sliding_window}) is in use and the sequence is "
+                              f"{self.seq_length} tokens; autotune's models and export have "
+                              f"full causal attention only, the same up to the window: pass "
+                              f"--seq-len {self.sliding_window} or less")
         if self.num_experts is not None and not 1 <= self.moe_topk <= self.num_experts:
             raise ConfigError(f"model {self.name}: moe_topk={self.moe_topk} must be between 1 "
                               f"and num_experts={self.num_experts}")
@@ -142,8 +152,8 @@ _REQUIRED = ("name", "num_layers", "hidden_size", "num_attention_heads", "vocab_
              "seq_length", "global_batch_size")
 _COUNTS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
            "ffn_hidden_size", "vocab_size", "seq_length", "max_position_embeddings",
-           "global_batch_size", "num_experts", "moe_topk", "moe_ffn_hidden_size", "rotary_base",
-           "make_vocab_size_divisible_by")
+           "sliding_window", "global_batch_size", "num_experts", "moe_topk",
+           "moe_ffn_hidden_size", "rotary_base", "make_vocab_size_divisible_by")
 """The fields that are counts (positive integers; None for the optional ones: a default)."""
 
 
