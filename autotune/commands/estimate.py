@@ -97,6 +97,15 @@ def layout_file(path: str, *, model_name: str | None, gpus: int | None, gpu: str
         if key in context and given is not None and context[key] != given:
             raise ConfigError(f"layout file {path} says {key} {context[key]}; {option} says "
                               f"{given}: leave {option} out, or edit the file")
+    if "model" in context and model_name is None:
+        from autotune.specs.presets import list_presets
+
+        if context["model"] not in list_presets():
+            # A study of a model YAML or config.json exports the model's name, not its file.
+            raise ConfigError(f"layout file {path} is a layout of "
+                              f"{shown(context['model'])}, which is not a preset: give its "
+                              f"model YAML or config.json as MODEL (autotune estimate FILE "
+                              f"--layout {path})")
     if "model" in context and model_name is not None:
         from autotune.specs.presets import load_model
 
