@@ -397,6 +397,34 @@ def test_a_carriage_return_inside_a_line_is_left_to_bash(tmp_path: Path) -> None
     read_megatron_command(str(script))
 
 
+# -- a continuation backslash followed by a space --------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    (COMMAND.replace(" --seq-length", " \\ \n  --seq-length") + "\n", 1),
+    (COMMAND.replace(" --seq-length", " \\\t\n\t--seq-length") + "\n", 1),
+    ("#!/bin/bash\n" + COMMAND.replace(" --hidden-size", " \\\n  --hidden-size")
+     .replace(" --seq-length", " \\  \n  --seq-length") + "\n", 3),
+])
+def test_a_backslash_then_a_space_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           text: str, line: int) -> None:
+    """bash ends the command at `\\ ` (an escaped space) and runs the next line, flags only, as
+    a command of its own: read as bash runs it, the error was "the command has no
+    --seq-length" in a file that has one."""
+    script = tmp_path / "train.sh"
+    script.write_text(text)
+    code, out, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                         "--dry-run")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"line {line} ends in a backslash and white space" in err
+
+
+def test_an_escaped_space_inside_a_line_is_left_to_bash(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --wandb-exp-name a\\ b\n")
+    read_megatron_command(str(script))
+
+
 # -- recompute flags read as Megatron-LM runs them ------------------------------------------------
 
 
