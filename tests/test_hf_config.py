@@ -146,3 +146,30 @@ def test_seq_len_is_checked_against_the_window(
         assert err.count("\n") == 1 and "--seq-len 4096 or less" in err
     else:
         assert code == 0, err
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    # transformers' defaults where the MoE keys are left out (configuration_<model>.py):
+    # Qwen3MoeConfig 128 experts, top 8, moe_intermediate_size 768; MixtralConfig 8, top 2.
+    ({"model_type": "qwen3_moe"}, {"num_experts": 128, "moe_topk": 8,
+                                   "moe_ffn_hidden_size": 768}),
+    ({"model_type": "qwen3_moe", "num_experts": 64, "num_experts_per_tok": 4},
+     {"num_experts": 64, "moe_topk": 4}),
+    ({"model_type": "mixtral"}, {"num_experts": 8, "moe_topk": 2}),
+    # Qwen2MoeConfig: 60 experts with a shared expert of 5632, which autotune does not model.
+    ({"model_type": "qwen2_moe", "moe_intermediate_size": 1408}, "shared experts"),
+])
+def test_moe_keys_left_out_take_transformers_defaults(
+        tmp_path: Path, change: dict[str, object], expected: dict[str, int] | str) -> None:
+    # Were read as a dense model (no num_experts: no experts) and top-2 whatever the family.
+    data = json.loads((HF / "llama-3-8b.json").read_text())
+    data.update(change)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    if isinstance(expected, str):
+        with pytest.raises(ConfigError, match=expected):
+            read_hf_config(str(path))
+        return
+    model = read_hf_config(str(path)).spec
+    for field, value in expected.items():
+        assert getattr(model, field) == value, field

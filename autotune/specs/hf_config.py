@@ -199,18 +199,31 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
         "position_embedding": "rope", "rotary_base": _integral(c, "rope_theta", 10000),
         "hidden_dropout": 0.0, "attention_dropout": c.number("attention_dropout", 0.0),
     }
-    experts = c.optional_count("num_local_experts" if kind == "mixtral" else "num_experts")
-    if kind in ("mixtral", "qwen2_moe", "qwen3_moe") and experts:
-        if c.optional_count("shared_expert_intermediate_size"):
+    moe = _MOE_DEFAULTS.get(kind)
+    if moe is not None:
+        key, experts_default, topk_default, width_default, shared_default = moe
+        if c.get("shared_expert_intermediate_size", shared_default):  # 0: none
             raise c.refuse("shared experts (shared_expert_intermediate_size) are not in "
                            "autotune's models")
         if c.get("mlp_only_layers") or c.count("decoder_sparse_step", 1) != 1:
             raise c.refuse("dense layers among the MoE layers (mlp_only_layers, "
                            "decoder_sparse_step) are not in autotune's models")
-        values.update(num_experts=experts, moe_topk=c.count("num_experts_per_tok", 2))
-        if kind != "mixtral":
-            values["moe_ffn_hidden_size"] = c.count("moe_intermediate_size")
+        values.update(num_experts=c.count(key, experts_default),
+                      moe_topk=c.count("num_experts_per_tok", topk_default))
+        if width_default is not None:
+            values["moe_ffn_hidden_size"] = c.count("moe_intermediate_size", width_default)
     return values, notes
+
+
+_MOE_DEFAULTS: dict[str, tuple[str, int, int, int | None, int | None]] = {
+    "mixtral": ("num_local_experts", 8, 2, None, None),
+    "qwen2_moe": ("num_experts", 60, 4, 1408, 5632),
+    "qwen3_moe": ("num_experts", 128, 8, 768, None),
+}
+"""Per MoE model_type: the experts key, then transformers' defaults (configuration_<model>.py)
+for the expert count, num_experts_per_tok, moe_intermediate_size (None: the MLP's width) and
+shared_expert_intermediate_size (None: no shared expert), taken where the config leaves a key
+out: a config without them is that family's model, not a dense one."""
 
 
 def _integral(c: _Config, key: str, default: int) -> int:
