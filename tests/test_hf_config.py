@@ -173,3 +173,23 @@ def test_moe_keys_left_out_take_transformers_defaults(
     model = read_hf_config(str(path)).spec
     for field, value in expected.items():
         assert getattr(model, field) == value, field
+
+
+@pytest.mark.parametrize(("seq", "refused"), [(None, True), (64, False), (32, False),
+                                              (128, True)])
+def test_a_model_files_window_is_checked_after_seq_len(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], seq: int | None,
+        refused: bool) -> None:
+    # A model YAML whose seq_length exceeds its sliding_window: --seq-len, which the refusal
+    # names, is what makes it usable (it was refused while loading, before --seq-len applied).
+    model = tmp_path / "m.yaml"
+    model.write_text("name: m\nnum_layers: 2\nhidden_size: 256\nnum_attention_heads: 4\n"
+                     "vocab_size: 1000\nseq_length: 128\nglobal_batch_size: 8\n"
+                     "sliding_window: 64\n")
+    argv = ["estimate", str(model), "--gpus", "1", "--json"]
+    code = main(argv + (["--seq-len", str(seq)] if seq else []))
+    err = capsys.readouterr().err
+    if refused:
+        assert code == 2 and err.count("\n") == 1 and "--seq-len 64 or less" in err, err
+    else:
+        assert code == 0, err

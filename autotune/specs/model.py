@@ -36,7 +36,8 @@ class ModelSpec:
     sliding_window: Count | None = None
     """The attention window of sliding-window attention in use (config.json's
     `sliding_window`); None: full causal attention. autotune's models and export have full
-    causal attention only, the same as a window up to seq_length: a longer sequence is refused."""
+    causal attention only, the same as a window up to seq_length: a longer sequence is refused
+    by `with_overrides`, where the command line's --seq-len has been applied."""
     global_batch_size: Count
     """The preset's global batch in sequences; `--global-batch-size` overrides it."""
     num_experts: Count | None = None
@@ -93,12 +94,6 @@ class ModelSpec:
         if self.position_embedding not in ("learned_absolute", "rope", "none"):
             raise ConfigError(f"model {self.name}: position_embedding must be learned_absolute, "
                               f"rope or none, got {self.position_embedding!r}")
-        if self.sliding_window is not None and self.sliding_window < self.seq_length:
-            raise ConfigError(f"model {self.name}: sliding-window attention (window "
-                              f"{self.sliding_window}) is in use and the sequence is "
-                              f"{self.seq_length} tokens; autotune's models and export have "
-                              f"full causal attention only, the same up to the window: pass "
-                              f"--seq-len {self.sliding_window} or less")
         if self.num_experts is not None and not 1 <= self.moe_topk <= self.num_experts:
             raise ConfigError(f"model {self.name}: moe_topk={self.moe_topk} must be between 1 "
                               f"and num_experts={self.num_experts}")
@@ -136,7 +131,16 @@ class ModelSpec:
             values["max_position_embeddings"] = max(seq_length, self.max_positions)
         if global_batch_size is not None:
             values["global_batch_size"] = global_batch_size
-        return ModelSpec(**values)
+        model = ModelSpec(**values)
+        # Checked here, where the sequence is final (a model file's seq_length may be longer
+        # than its window; --seq-len is what makes it usable).
+        window = model.sliding_window
+        if window is not None and window < model.seq_length:
+            raise ConfigError(f"model {model.name}: sliding-window attention (window {window}) "
+                              f"is in use and the sequence is {model.seq_length} tokens; "
+                              "autotune's models and export have full causal attention only, "
+                              f"the same up to the window: pass --seq-len {window} or less")
+        return model
 
 
 def padded_vocab_size(model: ModelSpec, tp: int = 1) -> int:
