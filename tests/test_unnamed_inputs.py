@@ -637,3 +637,32 @@ def test_options_the_layout_file_agrees_with_or_leaves_out_run(
                                 "gpus": 4, "seq_length": 1024}))
     code, _, err = run(capsys, "estimate", "--layout", str(path), *extra)
     assert code == 0, err
+
+
+# -- --encoder-seq-length, Megatron-LM's other spelling of the sequence --------------------------
+
+_NO_SEQ = COMMAND.replace(" --seq-length 4096", "")
+
+
+@pytest.mark.parametrize(("command", "seq", "message"), [
+    # validate_args: without --seq-length, seq_length = encoder_seq_length.
+    (_NO_SEQ + " --encoder-seq-length 2048", 2048, None),
+    (COMMAND, 4096, None),
+    # validate_args asserts encoder_seq_length is None when --seq-length is given.
+    (COMMAND + " --encoder-seq-length 4096", None, "both --seq-length and --encoder-seq-length"),
+    (_NO_SEQ + " --encoder-seq-length 8192", None,
+     "--max-position-embeddings 4096 is below --seq-length 8192"),
+    (_NO_SEQ, None, "the command has no --seq-length"),
+])
+def test_encoder_seq_length_is_read_as_megatron_lm_does(
+        tmp_path: Path, command: str, seq: int | None, message: str | None) -> None:
+    """`--encoder-seq-length N` alone was refused as "no --seq-length" (Megatron-LM runs it
+    with seq_length N); with --seq-length too it was planned, though Megatron-LM refuses it."""
+    script = tmp_path / "train.sh"
+    script.write_text(command + "\n")
+    if message is None:
+        assert read_megatron_command(str(script)).model.seq_length == seq
+    else:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            read_megatron_command(str(script))
+
