@@ -666,3 +666,19 @@ def test_encoder_seq_length_is_read_as_megatron_lm_does(
         with pytest.raises(ConfigError, match=re.escape(message)):
             read_megatron_command(str(script))
 
+
+# -- a command in fp32 (neither --bf16 nor --fp16) ---------------------------------------------
+
+
+@pytest.mark.parametrize(("command", "fp32"), [
+    (COMMAND, False),
+    (COMMAND.replace(" --bf16", ""), True),
+    (COMMAND.replace(" --bf16", " --fp16"), False),     # warned about as --fp16
+])
+def test_an_fp32_command_is_warned_about(tmp_path: Path, command: str, fp32: bool) -> None:
+    """Megatron-LM trains in fp32 without --bf16 or --fp16; autotune predicted the bf16 run
+    for it (half the memory, tensor-core speed) without a word."""
+    script = tmp_path / "train.sh"
+    script.write_text(command + "\n")
+    warning = unmodeled_warning(read_megatron_command(str(script))) or ""
+    assert ("neither --bf16 nor --fp16" in warning) == fp32, warning
