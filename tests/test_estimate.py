@@ -213,3 +213,12 @@ def test_layout_of_a_model_file_names_what_to_pass(
     else:
         assert code == 0, err
         assert json.loads(out)["model"] == "my-model"
+
+
+def test_the_sequence_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    # A config.json's sequence is derived (max_position_embeddings up to 8192, a sliding
+    # window): the estimate says which one it priced, in text and JSON.
+    code, out, _ = run(capsys, "estimate", "llama3-8b", "--gpus", "8", "--seq-len", "2048")
+    assert code == 0 and "gbs 512, seq 2048," in out.splitlines()[0]
+    code, out, _ = run(capsys, "estimate", "llama3-8b", "--gpus", "8", "--json")
+    assert code == 0 and json.loads(out)["seq_length"] == 8192
