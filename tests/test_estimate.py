@@ -187,3 +187,38 @@ def test_fp8_mfu_is_also_given_against_the_fp8_peak(capsys: pytest.CaptureFixtur
             data["mfu"] * gpu.peak_bf16_flops / gpu.peak_fp8_flops)
     else:
         assert data["mfu_fp8"] is None and data["mfu"] < 1
+
+
+@pytest.mark.parametrize(("model_arg", "refused"), [
+    (None, "is a layout of 'my-model', which is not a preset: give its model YAML or "
+           "config.json as MODEL"),
+    ("FILE", None),
+])
+def test_layout_of_a_model_file_names_what_to_pass(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, model_arg: str | None,
+        refused: str | None) -> None:
+    # A study of a model YAML or config.json exports its layout with the model's name, not a
+    # preset: without MODEL, `estimate --layout` says to pass the file rather than calling the
+    # name (which the user never typed) an unknown model.
+    model = tmp_path / "model.yaml"
+    model.write_text("name: my-model\nnum_layers: 2\nhidden_size: 256\nnum_attention_heads: 4\n"
+                     "vocab_size: 1000\nseq_length: 128\nglobal_batch_size: 8\n")
+    layout = tmp_path / "layout.json"
+    layout.write_text(json.dumps({"model": "my-model", "gpus": 2, "mbs": 1}))
+    args = [str(model)] if model_arg else []
+    code, out, err = run(capsys, "estimate", *args, "--layout", str(layout), "--json")
+    if refused:
+        assert code == 2 and out == ""
+        assert len(err.strip().splitlines()) == 1 and refused in err, err
+    else:
+        assert code == 0, err
+        assert json.loads(out)["model"] == "my-model"
+
+
+def test_the_sequence_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    # A config.json's sequence is derived (max_position_embeddings up to 8192, a sliding
+    # window): the estimate says which one it priced, in text and JSON.
+    code, out, _ = run(capsys, "estimate", "llama3-8b", "--gpus", "8", "--seq-len", "2048")
+    assert code == 0 and "gbs 512, seq 2048," in out.splitlines()[0]
+    code, out, _ = run(capsys, "estimate", "llama3-8b", "--gpus", "8", "--json")
+    assert code == 0 and json.loads(out)["seq_length"] == 8192

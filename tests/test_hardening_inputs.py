@@ -397,3 +397,20 @@ def test_os_errors_left_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 1
     assert err == f"autotune: error: Permission denied: {str(tmp_path / 'x') + chr(10) + 'y'!r}\n"
 
+
+
+def test_a_model_field_left_at_none_keeps_the_study_name() -> None:
+    # sliding_window was added to ModelSpec after studies were written: left out (None), the
+    # digest is the one computed without it, so `--resume` still finds those studies.
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    model = load_model("llama3-8b")
+    cluster = ClusterSpec(num_gpus=8, gpus_per_node=8, gpu=gpu_spec("h100-80gb"))
+    space = load_space()
+    before = {k: v for k, v in asdict(model).items() if k != "sliding_window"}
+    about = {"model": before, "gpus": 8, "per_node": 8, "gpu": "h100-80gb",
+             "space": {k: list(v) for k, v in space.candidates.items()}, "backend": "simulate"}
+    digest = hashlib.sha256(json.dumps(about, sort_keys=True, default=str).encode()).hexdigest()
+    assert default_study_name(model, cluster, space, "simulate").endswith("-" + digest[:8])

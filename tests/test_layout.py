@@ -64,6 +64,21 @@ def test_rules(model: str, gpus: int, fields: dict[str, object], rule: str | Non
         assert fragment in violations[0].message
 
 
+@pytest.mark.parametrize(("groups", "tp", "broken"), [
+    (8, 8, False), (8, 4, False), (8, 2, False), (4, 4, False),
+    # megatron-core TransformerConfig.__post_init__ raises ValueError: "num_query_groups (4)
+    # must be a multiple of tensor_model_parallel_size (8)" (Qwen2.5-3B: 2 groups, tp 4 or 8).
+    (4, 8, True), (2, 4, True), (2, 8, True), (1, 2, True),
+])
+def test_query_groups_are_a_multiple_of_tp(groups: int, tp: int, broken: bool) -> None:
+    model = dataclasses.replace(load_model("llama3-8b"), num_query_groups=groups)
+    violations = check(Layout(tp=tp, dp=8 // tp, gbs=64), model, cluster(8))
+    assert [v.rule for v in violations] == (["tp_groups"] if broken else [])
+    if broken:
+        assert (f"num_query_groups={groups} must be a multiple of tp={tp}"
+                in violations[0].message)
+
+
 def test_validate_raises_with_the_numbers() -> None:
     with pytest.raises(InvalidLayoutError, match="tp=2 must divide num_attention_heads=25"):
         validate(Layout(tp=2, dp=4, gbs=64), load_model("gpt2-xl"), cluster(8))

@@ -397,6 +397,34 @@ def test_a_carriage_return_inside_a_line_is_left_to_bash(tmp_path: Path) -> None
     read_megatron_command(str(script))
 
 
+# -- a continuation backslash followed by a space --------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    (COMMAND.replace(" --seq-length", " \\ \n  --seq-length") + "\n", 1),
+    (COMMAND.replace(" --seq-length", " \\\t\n\t--seq-length") + "\n", 1),
+    ("#!/bin/bash\n" + COMMAND.replace(" --hidden-size", " \\\n  --hidden-size")
+     .replace(" --seq-length", " \\  \n  --seq-length") + "\n", 3),
+])
+def test_a_backslash_then_a_space_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           text: str, line: int) -> None:
+    """bash ends the command at `\\ ` (an escaped space) and runs the next line, flags only, as
+    a command of its own: read as bash runs it, the error was "the command has no
+    --seq-length" in a file that has one."""
+    script = tmp_path / "train.sh"
+    script.write_text(text)
+    code, out, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                         "--dry-run")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"line {line} ends in a backslash and white space" in err
+
+
+def test_an_escaped_space_inside_a_line_is_left_to_bash(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --wandb-exp-name a\\ b\n")
+    read_megatron_command(str(script))
+
+
 # -- recompute flags read as Megatron-LM runs them ------------------------------------------------
 
 
@@ -609,3 +637,48 @@ def test_options_the_layout_file_agrees_with_or_leaves_out_run(
                                 "gpus": 4, "seq_length": 1024}))
     code, _, err = run(capsys, "estimate", "--layout", str(path), *extra)
     assert code == 0, err
+
+
+# -- --encoder-seq-length, Megatron-LM's other spelling of the sequence --------------------------
+
+_NO_SEQ = COMMAND.replace(" --seq-length 4096", "")
+
+
+@pytest.mark.parametrize(("command", "seq", "message"), [
+    # validate_args: without --seq-length, seq_length = encoder_seq_length.
+    (_NO_SEQ + " --encoder-seq-length 2048", 2048, None),
+    (COMMAND, 4096, None),
+    # validate_args asserts encoder_seq_length is None when --seq-length is given.
+    (COMMAND + " --encoder-seq-length 4096", None, "both --seq-length and --encoder-seq-length"),
+    (_NO_SEQ + " --encoder-seq-length 8192", None,
+     "--max-position-embeddings 4096 is below --seq-length 8192"),
+    (_NO_SEQ, None, "the command has no --seq-length"),
+])
+def test_encoder_seq_length_is_read_as_megatron_lm_does(
+        tmp_path: Path, command: str, seq: int | None, message: str | None) -> None:
+    """`--encoder-seq-length N` alone was refused as "no --seq-length" (Megatron-LM runs it
+    with seq_length N); with --seq-length too it was planned, though Megatron-LM refuses it."""
+    script = tmp_path / "train.sh"
+    script.write_text(command + "\n")
+    if message is None:
+        assert read_megatron_command(str(script)).model.seq_length == seq
+    else:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            read_megatron_command(str(script))
+
+
+# -- a command in fp32 (neither --bf16 nor --fp16) ---------------------------------------------
+
+
+@pytest.mark.parametrize(("command", "fp32"), [
+    (COMMAND, False),
+    (COMMAND.replace(" --bf16", ""), True),
+    (COMMAND.replace(" --bf16", " --fp16"), False),     # warned about as --fp16
+])
+def test_an_fp32_command_is_warned_about(tmp_path: Path, command: str, fp32: bool) -> None:
+    """Megatron-LM trains in fp32 without --bf16 or --fp16; autotune predicted the bf16 run
+    for it (half the memory, tensor-core speed) without a word."""
+    script = tmp_path / "train.sh"
+    script.write_text(command + "\n")
+    warning = unmodeled_warning(read_megatron_command(str(script))) or ""
+    assert ("neither --bf16 nor --fp16" in warning) == fp32, warning

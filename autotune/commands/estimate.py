@@ -97,6 +97,15 @@ def layout_file(path: str, *, model_name: str | None, gpus: int | None, gpu: str
         if key in context and given is not None and context[key] != given:
             raise ConfigError(f"layout file {path} says {key} {context[key]}; {option} says "
                               f"{given}: leave {option} out, or edit the file")
+    if "model" in context and model_name is None:
+        from autotune.specs.presets import list_presets
+
+        if context["model"] not in list_presets():
+            # A study of a model YAML or config.json exports the model's name, not its file.
+            raise ConfigError(f"layout file {path} is a layout of "
+                              f"{shown(context['model'])}, which is not a preset: give its "
+                              f"model YAML or config.json as MODEL (autotune estimate FILE "
+                              f"--layout {path})")
     if "model" in context and model_name is not None:
         from autotune.specs.presets import load_model
 
@@ -183,6 +192,7 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
         # reason and the note on estimate's defaults.
         print(json.dumps({
             "model": model.name, "gpus": cluster.num_gpus, "gpu": cluster.gpu.name,
+            "seq_length": model.seq_length,
             "gpus_per_node": cluster.gpus_per_node, "label": layout.describe(),
             "layout": {k: getattr(layout, k) for k in ("dp", *_LAYOUT_KEYS)},
             "num_microbatches": layout.num_microbatches,
@@ -207,7 +217,8 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
         return
     print(f"{model.name} on {cluster.num_gpus} x {cluster.gpu.name} "
           f"({cluster.gpus_per_node} per node): {layout.describe()}, "
-          f"gbs {layout.gbs}, {layout.num_microbatches} micro-batches (predicted)")
+          f"gbs {layout.gbs}, seq {model.seq_length}, {layout.num_microbatches} micro-batches "
+          "(predicted)")
     print(f"memory per GPU by pipeline stage (GiB; capacity {memory.capacity_bytes / _GIB:.1f}):")
     # "saved" is what recompute or CPU offloading keeps off the GPU: shown after the total,
     # which it is not part of.

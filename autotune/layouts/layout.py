@@ -189,10 +189,11 @@ def _tp_heads(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
 
 
 def _tp_groups(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
-    # TransformerConfig.__post_init__: groups a multiple or a divisor of tp (KV heads replicate).
+    # megatron-core TransformerConfig.__post_init__ raises ValueError unless num_query_groups
+    # is a multiple of tp (every release autotune exports for; KV heads are not replicated).
     g = m.query_groups
-    if g % s.tp and s.tp % g:
-        return f"num_query_groups={g} must be a multiple or a divisor of tp={s.tp}"
+    if g % s.tp:
+        return f"num_query_groups={g} must be a multiple of tp={s.tp}"
     return None
 
 
@@ -293,7 +294,7 @@ _RULES: tuple[Rule, ...] = (
     Rule("tp_node", 0, "tp must fit in one node (Alpa): at most, and on several nodes dividing, "
          "the GPUs per node", _tp_node),
     Rule("tp_heads", 0, "tp must divide num_attention_heads", _tp_heads),
-    Rule("tp_groups", 0, "num_query_groups must be a multiple or divisor of tp", _tp_groups),
+    Rule("tp_groups", 0, "num_query_groups must be a multiple of tp", _tp_groups),
     Rule("cp_seq", 0, "seq_length must be divisible by 2*cp", _cp_seq),
     Rule("vpp_pp", 1, "vpp needs pp >= 2", _vpp_pp),
     Rule("vpp_layers", 1, "vpp must divide the layers per pipeline stage", _vpp_layers),

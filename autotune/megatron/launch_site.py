@@ -22,6 +22,7 @@ from tree_sitter import Language, Node, Parser
 
 from autotune.errors import ConfigError
 from autotune.inputs.files import read_bytes
+from autotune.inputs.untrusted import for_terminal
 from autotune.megatron.megatron_args import TRAINING_SCRIPT
 
 __all__ = ["MAX_NESTING", "MAX_SCRIPT_BYTES", "NOT_RUN", "PARSE_SECONDS", "Candidate",
@@ -130,7 +131,32 @@ def parse_script(data: bytes, source: str) -> Script:
         if root.has_error and (node.is_error or node.is_missing):
             raise ConfigError(f"{source}: line {node.start_point[0] + 1}: bash syntax autotune's "
                               "parser (tree-sitter-bash) does not read")
-    return Script(source=source, data=data, root=root)
+    script = Script(source=source, data=data, root=root)
+    _refuse_broken_continuation(script)
+    return script
+
+
+def _refuse_broken_continuation(script: Script) -> None:
+    """A line ending in `\\` and white space (an escaped space, not a continuation) ends the
+    command there: bash runs the next line, which starts with a flag, as a command of its own.
+    Read as bash runs it, the launch would lack that line's flags (one line naming the cause
+    rather than "the command has no --seq-length")."""
+    lines = script.data.split(b"\n")
+    for node, _ in walk(script.root):
+        row = node.start_point[0]
+        if node.type != "command" or row == 0:
+            continue
+        name = _command_name(script, node) or ""
+        if not name.startswith("-"):
+            continue
+        previous = lines[row - 1]
+        stripped = previous.rstrip(b" \t")
+        if stripped != previous and stripped.endswith(b"\\"):
+            raise ConfigError(f"{script.source}: line {row} ends in a backslash and white "
+                              "space, not a line continuation: bash ends the command there and "
+                              f"runs line {row + 1} ({for_terminal(name)[:40]} ...) as a "
+                              "command of its own; remove the white space after the backslash "
+                              "and run autotune again")
 
 
 def context_of(node: Node) -> str | None:

@@ -107,13 +107,25 @@ def _emit_positions(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
     return args
 
 
+def _sequence(g: Given, *, required: bool = True) -> int | None:
+    """The sequence Megatron-LM runs: --seq-length, else --encoder-seq-length (validate_args
+    takes one for the other and asserts that only one is given)."""
+    if g.has("--seq-length") and g.has("--encoder-seq-length"):
+        raise ConfigError(f"{g.source}: the command sets both --seq-length and "
+                          "--encoder-seq-length; Megatron-LM refuses it (validate_args asserts "
+                          "one only): keep --seq-length")
+    if g.has("--encoder-seq-length"):
+        return g.integer("--encoder-seq-length")
+    return g.required("--seq-length") if required else g.integer("--seq-length")
+
+
 def _read_positions(g: Given) -> dict[str, Any]:
     # --use-rotary-position-embeddings is the older spelling of --position-embedding-type rope.
     default = "rope" if g.has("--use-rotary-position-embeddings") else "learned_absolute"
     kind = g.choice("--position-embedding-type", ("learned_absolute", "rope", "none"), default)
     # validate_args requires --max-position-embeddings and asserts it is at least the
     # sequence, whatever the position embedding (core_v0.16.1 arguments.py).
-    positions, seq = g.integer("--max-position-embeddings"), g.integer("--seq-length")
+    positions, seq = g.integer("--max-position-embeddings"), _sequence(g, required=False)
     if positions is None:
         raise ConfigError(f"{g.source}: the command has no --max-position-embeddings, which "
                           "Megatron-LM requires: add it (at least the --seq-length)")
@@ -305,7 +317,10 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
                    Flag("--num-query-groups")), emit=_emit_gqa, read=_read_gqa),
     FlagRow(name="ffn_hidden_size", part=Part.MODEL, flags=(Flag("--ffn-hidden-size"),),
             emit=_emit_ffn, read=_read_ffn),
-    value("--seq-length", "seq_length", Part.MODEL),
+    FlagRow(name="seq_length", part=Part.MODEL,
+            flags=(Flag("--seq-length"), Flag("--encoder-seq-length")),
+            emit=lambda m, s, run: ["--seq-length", str(m.seq_length)],
+            read=lambda g: {"seq_length": _sequence(g)}),
     FlagRow(name="positions", part=Part.MODEL,
             flags=(Flag("--max-position-embeddings"), Flag("--position-embedding-type"),
                    Flag("--rotary-base"),

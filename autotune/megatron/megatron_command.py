@@ -119,11 +119,16 @@ def unmodeled_warning(command: MegatronCommand) -> str | None:
     """One line naming the command's flags autotune does not model, with what each changes;
     None when it has none."""
     flags = command.unmodeled
+    given = {g.flag for g in command.groups}
+    fp32 = None if given & {"--bf16", "--fp16"} else (
+        "neither --bf16 nor --fp16 (Megatron-LM then trains in fp32; autotune's predictions "
+        "and trials are bf16: add --bf16 to compare like with like)")
     if not flags:
-        return None
+        return None if fp32 is None else f"{command.source}: the command has {fp32}"
     named = "; ".join(f"{flag} ({UNMODELED_FLAGS[flag]})" for flag in flags)
     return (f"{command.source}: autotune does not model {named}: its predictions and trials "
-            "run without them, your command with them")
+            "run without them, your command with them"
+            + ("" if fp32 is None else f"; and the command has {fp32}"))
 
 
 def _is_script(word: Word) -> bool:

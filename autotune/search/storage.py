@@ -130,13 +130,21 @@ def _name_part(text: str, limit: int) -> str:
     return part or "model"
 
 
+_ADDED_MODEL_FIELDS = ("sliding_window",)
+"""ModelSpec fields newer than the first studies, left out of the study name's digest at None."""
+
+
 def default_study_name(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
                        backend: str, variant: dict[str, Any] | None = None) -> str:
     """`gpt2-xl-8gpu-h100-80gb-worker-1a2b3c4d`: the hash covers everything the candidate
     lists depend on, so a changed space or model never reuses a study by accident. `variant`
     adds what else decides the trials' figures: for a planning study, the sampler and the
     calibration (a plan with other constants or another sampler is another plan)."""
-    about: dict[str, Any] = {"model": asdict(model), "gpus": cluster.num_gpus,
+    # Fields added to ModelSpec later are left out at None: the names of the studies written
+    # before them stay the same.
+    described = {k: v for k, v in asdict(model).items()
+                 if not (k in _ADDED_MODEL_FIELDS and v is None)}
+    about: dict[str, Any] = {"model": described, "gpus": cluster.num_gpus,
                              "per_node": cluster.gpus_per_node, "gpu": cluster.gpu.name,
                              "space": {k: list(v) for k, v in space.candidates.items()},
                              "backend": backend}

@@ -4,8 +4,9 @@ Read from a file (or a folder holding config.json), never from the network. Ever
 analytical models and the Megatron-LM export use is mapped from the config's own keys, with
 transformers' defaults where a key may be absent (transformers' configuration_<model>.py of
 each architecture). What autotune's models cannot represent is refused in one line rather than
-approximated silently: an unknown architecture, sliding-window attention that is in use, shared
-experts, a head dimension other than hidden/heads. Fields that do not change memory or step
+approximated silently: an unknown architecture, a sequence longer than the window of
+sliding-window attention in use (the sequence defaults to the window), shared experts, a head
+dimension other than hidden/heads. Fields that do not change memory or step
 time (RoPE scaling, Qwen's QKV bias, Qwen3's QK norm) are noted, not refused.
 """
 
@@ -161,11 +162,16 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
     positions = c.count("max_position_embeddings", 2048)
     seq = min(positions, SEQ_LENGTH_MAX)
     window = c.optional_count("sliding_window")
-    in_use = c.flag("use_sliding_window", kind in ("mistral", "mixtral"))
-    if window is not None and in_use and window < seq:
-        raise c.refuse(f"sliding-window attention (sliding_window {window} < the {seq}-token "
-                       "sequence) is in use; autotune's models and export have full causal "
-                       "attention only")
+    if not c.flag("use_sliding_window", kind in ("mistral", "mixtral")):
+        window = None
+    if window is not None and window < seq:
+        # Up to its window, sliding-window attention is full causal attention, which
+        # autotune models: the sequence defaults to the window; a longer --seq-len is refused
+        # (ModelSpec.sliding_window).
+        notes.append(f"sliding_window {window} is in use: the sequence defaults to {window} "
+                     "tokens (full causal attention up to the window; autotune's models have "
+                     "no sliding window, so --seq-len may not exceed it)")
+        seq = window
     if c.get("rope_scaling"):
         scaling = c.get("rope_scaling")
         kind_of = scaling.get("rope_type") or scaling.get("type") if isinstance(
@@ -187,24 +193,37 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
         "num_attention_heads": heads,
         "num_query_groups": c.count("num_key_value_heads", heads),
         "ffn_hidden_size": c.count("intermediate_size"), "vocab_size": c.count("vocab_size"),
-        "seq_length": seq, "max_position_embeddings": positions,
+        "seq_length": seq, "max_position_embeddings": positions, "sliding_window": window,
         "gated_linear_unit": True, "activation": "swiglu", "normalization": "RMSNorm",
         "add_bias_linear": False, "tied_embeddings": c.flag("tie_word_embeddings", False),
         "position_embedding": "rope", "rotary_base": _integral(c, "rope_theta", 10000),
         "hidden_dropout": 0.0, "attention_dropout": c.number("attention_dropout", 0.0),
     }
-    experts = c.optional_count("num_local_experts" if kind == "mixtral" else "num_experts")
-    if kind in ("mixtral", "qwen2_moe", "qwen3_moe") and experts:
-        if c.optional_count("shared_expert_intermediate_size"):
+    moe = _MOE_DEFAULTS.get(kind)
+    if moe is not None:
+        key, experts_default, topk_default, width_default, shared_default = moe
+        if c.get("shared_expert_intermediate_size", shared_default):  # 0: none
             raise c.refuse("shared experts (shared_expert_intermediate_size) are not in "
                            "autotune's models")
         if c.get("mlp_only_layers") or c.count("decoder_sparse_step", 1) != 1:
             raise c.refuse("dense layers among the MoE layers (mlp_only_layers, "
                            "decoder_sparse_step) are not in autotune's models")
-        values.update(num_experts=experts, moe_topk=c.count("num_experts_per_tok", 2))
-        if kind != "mixtral":
-            values["moe_ffn_hidden_size"] = c.count("moe_intermediate_size")
+        values.update(num_experts=c.count(key, experts_default),
+                      moe_topk=c.count("num_experts_per_tok", topk_default))
+        if width_default is not None:
+            values["moe_ffn_hidden_size"] = c.count("moe_intermediate_size", width_default)
     return values, notes
+
+
+_MOE_DEFAULTS: dict[str, tuple[str, int, int, int | None, int | None]] = {
+    "mixtral": ("num_local_experts", 8, 2, None, None),
+    "qwen2_moe": ("num_experts", 60, 4, 1408, 5632),
+    "qwen3_moe": ("num_experts", 128, 8, 768, None),
+}
+"""Per MoE model_type: the experts key, then transformers' defaults (configuration_<model>.py)
+for the expert count, num_experts_per_tok, moe_intermediate_size (None: the MLP's width) and
+shared_expert_intermediate_size (None: no shared expert), taken where the config leaves a key
+out: a config without them is that family's model, not a dense one."""
 
 
 def _integral(c: _Config, key: str, default: int) -> int:

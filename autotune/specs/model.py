@@ -33,6 +33,11 @@ class ModelSpec:
     vocab_size: Count
     seq_length: Count
     max_position_embeddings: Count | None = None
+    sliding_window: Count | None = None
+    """The attention window of sliding-window attention in use (config.json's
+    `sliding_window`); None: full causal attention. autotune's models and export have full
+    causal attention only, the same as a window up to seq_length: a longer sequence is refused
+    by `with_overrides`, where the command line's --seq-len has been applied."""
     global_batch_size: Count
     """The preset's global batch in sequences; `--global-batch-size` overrides it."""
     num_experts: Count | None = None
@@ -126,7 +131,16 @@ class ModelSpec:
             values["max_position_embeddings"] = max(seq_length, self.max_positions)
         if global_batch_size is not None:
             values["global_batch_size"] = global_batch_size
-        return ModelSpec(**values)
+        model = ModelSpec(**values)
+        # Checked here, where the sequence is final (a model file's seq_length may be longer
+        # than its window; --seq-len is what makes it usable).
+        window = model.sliding_window
+        if window is not None and window < model.seq_length:
+            raise ConfigError(f"model {model.name}: sliding-window attention (window {window}) "
+                              f"is in use and the sequence is {model.seq_length} tokens; "
+                              "autotune's models and export have full causal attention only, "
+                              f"the same up to the window: pass --seq-len {window} or less")
+        return model
 
 
 def padded_vocab_size(model: ModelSpec, tp: int = 1) -> int:
@@ -142,8 +156,8 @@ _REQUIRED = ("name", "num_layers", "hidden_size", "num_attention_heads", "vocab_
              "seq_length", "global_batch_size")
 _COUNTS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
            "ffn_hidden_size", "vocab_size", "seq_length", "max_position_embeddings",
-           "global_batch_size", "num_experts", "moe_topk", "moe_ffn_hidden_size", "rotary_base",
-           "make_vocab_size_divisible_by")
+           "sliding_window", "global_batch_size", "num_experts", "moe_topk",
+           "moe_ffn_hidden_size", "rotary_base", "make_vocab_size_divisible_by")
 """The fields that are counts (positive integers; None for the optional ones: a default)."""
 
 
