@@ -11,7 +11,7 @@ import pytest
 from doubles.fake_backend import GIB, FakeBackend, small_cluster, small_model
 
 from autotune.errors import ConfigError
-from autotune.layouts.layout import Layout, check
+from autotune.layouts.layout import Layout, check, with_fields
 from autotune.predict.memory import estimate_memory
 from autotune.search import SearchConfig, run_search
 from autotune.search.derive import (
@@ -341,3 +341,141 @@ def test_a_rung_runs_even_when_the_model_has_nothing_left_to_try(tmp_path: Path)
     assert sources[0] == "alpa" and "derived" in sources
     counts = [s.recompute_num_layers for s in backend.calls]
     assert counts == sorted(counts, reverse=True) and len(set(counts)) == len(counts)
+
+
+# -- the enumeration's lazy resolution --------------------------------------------------------
+
+_MOE_SPACE = {
+    "tp": [1, 2, 8], "pp": [1, 2, 4], "cp": [1, 2], "ep": [1, 8],
+    "sequence_parallel": [False, True], "mbs": [1, 2], "recompute": ["none", "selective", "full"],
+    "recompute_method": ["uniform", "block"], "recompute_num_layers": "derive",
+    "distributed_optimizer": [False, True], "overlap_grad_reduce": [False, True],
+    "overlap_param_gather": [False, True], "impl": ["local", "sdpa", "te"],
+    "fp8": ["off", "hybrid"]}
+
+
+def _lazy_cases() -> list[tuple[str, int, Any]]:
+    from autotune.search.space import load_space
+    from autotune.specs.presets import search_spaces_dir
+    single = search_spaces_dir().joinpath("single-gpu.yaml").read_text()
+    from autotune.inputs.documents import parse_yaml
+    return [("gpt2-xl", 8, load_space()),
+            ("gpt2-xl", 1, space_from_mapping(parse_yaml(single, "single"), "single")),
+            ("llama3-8b", 1, space_from_mapping(parse_yaml(single, "single"), "single")),
+            ("mixtral-8x7b", 64, space_from_mapping(_MOE_SPACE, "moe"))]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_lazy_resolution_enumerates_what_resolving_every_combination_does(
+        case: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The enumeration resolves a derived count only for a layout that the rules reading no
+    # count pass, and once for choices that differ only in memory-blind fields: the valid
+    # layouts, their counts, the rejections (rule, count, examples, order) stay those of
+    # resolving every combination first, with fewer resolutions.
+    from autotune.search import space as space_module
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.presets import load_model
+
+    preset, gpus, space = _lazy_cases()[case]
+    model, cluster = load_model(preset), ClusterSpec.make(gpus, gpu="h100-80gb")
+    resolved = {True: 0, False: 0}
+    lazy = True
+
+    def counting(*args: Any, **kwargs: Any) -> Layout:
+        resolved[lazy] += 1
+        return resolve(*args, **kwargs)
+
+    monkeypatch.setattr(space_module, "resolve", counting)
+    summaries = {}
+    for lazy in (False, True):
+        summaries[lazy] = space_module._enumerate(space, model, cluster, lazy=lazy)
+    eager, lazily = summaries[False], summaries[True]
+    assert lazily.valid == eager.valid and lazily.valid
+    assert [(s.recompute_num_layers, s.offload_layers) for s in lazily.valid] == \
+        [(s.recompute_num_layers, s.offload_layers) for s in eager.valid]
+    assert lazily.via_derive == eager.via_derive and lazily.total == eager.total
+    assert [(k, g.count, g.examples) for k, g in lazily.rejected.items()] == \
+        [(k, g.count, g.examples) for k, g in eager.rejected.items()]
+    assert 0 < resolved[True] < resolved[False]
+
+
+def _rule_probes() -> list[tuple[Any, Layout]]:
+    # Layouts that break and pass each rule of level 5 and 6 (no enumeration: broken ones too).
+    import itertools
+
+    from autotune.specs.presets import load_model
+    probes = []
+    for preset in ("gpt2-xl", "mixtral-8x7b"):
+        model = load_model(preset)
+        for tp, pp, cp, rc, method, impl, do, opg, fp8 in itertools.product(
+                (1, 2), (1, 2, 4), (1, 2), ("none", "selective", "full"), ("uniform", "block"),
+                ("local", "te"), (False, True), (False, True), ("off", "hybrid")):
+            fields: dict[str, Any] = {
+                "tp": tp, "pp": pp, "cp": cp, "recompute": rc, "recompute_method": method,
+                "impl": impl, "distributed_optimizer": do, "overlap_grad_reduce": True,
+                "overlap_param_gather": opg, "fp8": fp8, "sequence_parallel": tp > 1,
+                "recompute_modules": "core_attn+layernorm"}
+            probes.append((model, Layout(gbs=model.global_batch_size, **fields)))
+    return probes
+
+
+def test_a_rule_not_named_by_a_derivable_answers_alike_for_every_count() -> None:
+    # Derivable.rules names every rule that reads the count: any other gives one answer
+    # whatever the count, so the enumeration may check it before the count is resolved.
+    from autotune.layouts.layout import RULES
+    from autotune.search.derive import DERIVABLE
+    from autotune.specs.hardware import ClusterSpec
+
+    cluster = ClusterSpec.make(64, gpu="h100-80gb")
+    for model, s in _rule_probes():
+        for dim, lever in DERIVABLE.items():
+            # Counts below, inside and above every range a lever offers.
+            n = model.num_layers
+            variants = [with_fields(s, **{dim: c}) for c in (0, 1, 2, 3, n // 2, n - 1, n, n + 1)]
+            for rule in RULES:
+                # A rule of level k reads only fields of levels <= k; the counts are level 5.
+                if rule.name in lever.rules or rule.level < 5:
+                    continue
+                answers = {rule.check(v, model, cluster) for v in variants}
+                assert len(answers) == 1, (dim, rule.name, s.describe())
+
+
+def test_every_count_the_resolver_may_give_passes_the_rules_that_read_it() -> None:
+    from autotune.layouts.layout import RULES
+    from autotune.search.derive import DERIVABLE
+    from autotune.specs.hardware import ClusterSpec
+
+    cluster = ClusterSpec.make(64, gpu="h100-80gb")
+    named = {r.name: r for r in RULES}
+    assert all(name in named for lever in DERIVABLE.values() for name in lever.rules)
+    checked = 0
+    for model, s in _rule_probes():
+        for dim, lever in DERIVABLE.items():
+            if dim == "offload_layers":
+                s = with_fields(s, recompute="none")
+            for n in values_of(dim, s, model):
+                checked += 1
+                for name in lever.rules:
+                    assert named[name].check(with_fields(s, **{dim: n}), model, cluster) is None
+    assert checked
+
+
+def test_memory_blind_fields_change_no_estimate_and_no_resolved_count() -> None:
+    from autotune.search.derive import DERIVABLE, MEMORY_BLIND
+    from autotune.specs.hardware import ClusterSpec
+    from autotune.specs.presets import load_model
+
+    assert {"overlap_grad_reduce", "overlap_param_gather"} == MEMORY_BLIND
+    model, cluster = load_model("mixtral-8x7b"), ClusterSpec.make(64, gpu="h100-80gb")
+    layouts = enumerate_space(space_from_mapping(_MOE_SPACE, "moe"), model, cluster).valid
+    limit = safe_limit_bytes(cluster)
+    for s in layouts[:: max(1, len(layouts) // 150)]:
+        for field in MEMORY_BLIND:
+            other = with_fields(s, **{field: not getattr(s, field)})
+            assert estimate_memory(model, other, cluster) == estimate_memory(model, s, cluster)
+            for dim, lever in DERIVABLE.items():
+                assert values_of(dim, other, model) == values_of(dim, s, model)
+                assert lever.monotone(other) == lever.monotone(s)
+                assert resolve(other, (dim,), model, cluster, limit_bytes=limit) == \
+                    with_fields(resolve(s, (dim,), model, cluster, limit_bytes=limit),
+                                **{field: getattr(other, field)})

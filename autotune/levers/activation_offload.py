@@ -134,5 +134,5 @@ LEVER = Lever(
     # offloading is not made to offload.
     derivable=(Derivable(name="offload_layers", applies=_derive_applies,
                          values=lambda s, m: tuple(range(0, m.num_layers)),
-                         monotone=lambda s: True, off=0),),
+                         monotone=lambda s: True, off=0, rules=("offload",)),),
 )

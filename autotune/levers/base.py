@@ -327,6 +327,11 @@ class Derivable:
     best)."""
     off: int
     """The value that means the lever is unused (its Layout default)."""
+    rules: tuple[str, ...] = ()
+    """The rules that read the count (of any level). Every value of `values` passes them where
+    the lever applies, as `off` does where it does not: the enumeration checks its level's
+    other rules first and resolves the count only for a layout they pass (a rule not named
+    here gives the same answer whatever the count; tests/test_derive.py holds both)."""
 
 
 class Seed(enum.StrEnum):

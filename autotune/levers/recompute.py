@@ -424,7 +424,8 @@ LEVER = Lever(
     derivable=(Derivable(name="recompute_num_layers",
                          applies=lambda s, m: s.recompute == Recompute.FULL,
                          values=_derived_values,
-                         monotone=lambda s: s.recompute_method != "uniform", off=1),),
+                         monotone=lambda s: s.recompute_method != "uniform", off=1,
+                         rules=("recompute_layers", "recompute_groups")),),
     # What _emit and _core_config leave out: TransformerConfig reads recompute_method and
     # recompute_num_layers only with full recompute (transformer_block.py,
     # _checkpointed_forward), recompute_modules only with selective (attention.py,

@@ -14,13 +14,22 @@ from autotune.errors import ConfigError
 from autotune.inputs.documents import parse_yaml
 from autotune.inputs.files import MAX_YAML_BYTES, read_text
 from autotune.inputs.untrusted import shown
-from autotune.layouts.layout import RULE_LEVELS, RULES, SEARCHED, Layout, derive_dp, with_fields
+from autotune.layouts.layout import (
+    RULE_LEVELS,
+    RULES,
+    SEARCHED,
+    Layout,
+    Rule,
+    derive_dp,
+    with_fields,
+)
 from autotune.predict.memory import MemoryParams
 from autotune.search.derive import (
     DERIVABLE,
     DERIVE,
     DIVISORS,
     ENUMERABLE,
+    MEMORY_BLIND,
     divisor_values,
     resolve,
     safe_limit_bytes,
@@ -194,12 +203,16 @@ def _choices(options: dict[str, tuple[Any, ...]], partial: Layout,
 
 
 def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
-               params: MemoryParams | None = None, *, until: int = LEVELS) -> SpaceSummary:
+               params: MemoryParams | None = None, *, until: int = LEVELS,
+               lazy: bool = True) -> SpaceSummary:
     """Rules are checked level by level, so a layout rejected at level k is counted once for
     all combinations of the deeper dimensions instead of being expanded. A `derive` choice is
     resolved (autotune.search.derive.resolve) before the rules of its level read it.
     `until`: the levels enumerated; below LEVELS the valid layouts are the partial ones that
-    pass every rule of the levels before it (their deeper fields at Layout's defaults)."""
+    pass every rule of the levels before it (their deeper fields at Layout's defaults).
+    `lazy`: resolve a derived count only for a layout that the rules reading no count pass,
+    and once for layouts that differ only in fields no memory estimate reads (the same
+    result; False resolves every combination first, as tests compare)."""
     levels = [space.at_level(level) for level in range(LEVELS)]
     deeper = [math.prod(len(v) for lv in levels[k + 1:] for v in lv.values())
               for k in range(LEVELS)]
@@ -209,24 +222,67 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     base = Layout(gbs=model.global_batch_size)
     rules_at = [[rule for rule in RULES if rule.level == level] for level in range(LEVELS)]
     limit = safe_limit_bytes(cluster)
+    # A level's rules are checked on the layout with its derived counts at their placeholders
+    # (the levers' defaults) before the counts are resolved (a bisection of memory estimates
+    # each): where the first rule broken reads no derived count (Derivable.rules), the
+    # resolved layout breaks it too, and every rule before it passes there (one that reads
+    # no count answers alike; one that reads a count passes every value the resolver gives,
+    # and at the placeholder the resolver leaves, passed already), so the layout is rejected
+    # by it unresolved. Otherwise the count is resolved and the rules that read it are checked
+    # again (all of them where one broke at the placeholder).
+    split: dict[tuple[int, tuple[str, ...]], tuple[frozenset[str], list[Rule]]] = {}
+
+    def rules_for(level: int, derived: tuple[str, ...]) -> tuple[frozenset[str], list[Rule]]:
+        """The names of the level's rules that read a count of `derived`, and those rules."""
+        key = (level, derived)
+        if key not in split:
+            reading = frozenset(name for d in derived for name in DERIVABLE[d].rules)
+            split[key] = (reading, [r for r in rules_at[level] if r.name in reading])
+        return split[key]
 
     def expand(level: int, partial: Layout, earlier: tuple[str, ...]) -> None:
         """`earlier`: the dimensions a shallower level resolved from `derive` for `partial`,
         carried down so that the valid layout records every one (not only the last level's)."""
+        # The counts resolved for `partial`, by the choice's fields that memory reads: choices
+        # that differ only in MEMORY_BLIND fields resolve alike, once.
+        counts: dict[tuple[Any, ...], dict[str, Any]] = {}
         for choice in _choices(levels[level], partial, model):
             derived = tuple(d for d, v in choice.items() if v == DERIVE)
             if derived:
                 # A placeholder the resolver replaces: the lever's default.
                 choice = {**choice, **{d: DERIVABLE[d].off for d in derived}}
             layout = with_fields(partial, **choice)
-            if derived:
+            rules = rules_at[level]
+            if derived and level and lazy:
+                # Level 0 (dp follows) has no derivable dimension.
+                reading, rules = rules_for(level, derived)
+                broken = None
+                for rule in rules_at[level]:
+                    broken = rule.check(layout, model, cluster)
+                    if broken is not None:
+                        break
+                if broken is not None and rule.name not in reading:
+                    rejected.setdefault(rule.name, RejectGroup()).add(deeper[level], broken)
+                    continue
+                # A derived placeholder equals a listed default (offload_layers: [0, derive]).
+                key = (derived, *(v for d, v in choice.items() if d not in MEMORY_BLIND))
+                known = counts.get(key)
+                if known is None:
+                    layout = resolve(layout, derived, model, cluster, limit_bytes=limit,
+                                     params=params)
+                    counts[key] = {d: getattr(layout, d) for d in derived}
+                else:
+                    layout = with_fields(layout, **known)
+                if broken is not None:
+                    rules = rules_at[level]
+            elif derived:
                 layout = resolve(layout, derived, model, cluster, limit_bytes=limit,
                                  params=params)
             if level == 0:
                 layout = with_fields(layout, dp=derive_dp(
                     cluster.num_gpus, tp=layout.tp, pp=layout.pp, cp=layout.cp))
             # Candidates are positive (checked on load), so only this level's rules remain.
-            for rule in rules_at[level]:
+            for rule in rules:
                 message = rule.check(layout, model, cluster)
                 if message is not None:
                     rejected.setdefault(rule.name, RejectGroup()).add(deeper[level], message)
