@@ -170,19 +170,22 @@ def main_thread_counters(thread_dir: str = "/proc/thread-self") -> tuple[int, in
     return counts["voluntary_ctxt_switches"], counts["nonvoluntary_ctxt_switches"], processor
 
 
+def _cpu_used(a: dict[int, tuple[str, float]], b: dict[int, tuple[str, float]],
+              skip: int | None) -> list[tuple[float, str, int]]:
+    """(CPU seconds, name, tid) of each thread that used CPU between two thread_table()
+    snapshots, `skip` left out. A thread born in between counts from zero; one that ended in
+    between is not seen."""
+    rows = [(cpu - a.get(tid, (name, 0.0))[1], name, tid) for tid, (name, cpu) in b.items()
+            if tid != skip]
+    return [row for row in rows if row[0] > 0]
+
+
 def busy_threads(a: dict[int, tuple[str, float]], b: dict[int, tuple[str, float]],
                  skip: int | None = None, top: int = 8) -> list[list[Any]]:
     """The threads that used CPU between two thread_table() snapshots, the busiest first:
-    [name, tid, CPU seconds]; `skip` (the main thread) left out. A thread born in between counts
-    from zero; one that ended in between is not seen."""
-    rows: list[tuple[float, str, int]] = []
-    for tid, (name, cpu) in b.items():
-        if tid == skip:
-            continue
-        used = cpu - a.get(tid, (name, 0.0))[1]
-        if used > 0:
-            rows.append((round(used, 3), name, tid))
-    rows.sort(key=lambda r: -r[0])
+    [name, tid, CPU seconds]; `skip` (the main thread) left out (_cpu_used)."""
+    rows = sorted(((round(used, 3), name, tid) for used, name, tid in _cpu_used(a, b, skip)),
+                  key=lambda r: -r[0])
     return [[name, tid, used] for used, name, tid in rows[:top]]
 
 
@@ -243,9 +246,8 @@ class HostWatch:
         if b.tasks:
             main_tid = threading.get_native_id()
             out["busy_threads"] = busy_threads(a.tasks, b.tasks, skip=main_tid)
-            out["other_threads_cpu_s"] = round(sum(
-                cpu - a.tasks.get(tid, (name, 0.0))[1] for tid, (name, cpu) in b.tasks.items()
-                if tid != main_tid), 3)
+            out["other_threads_cpu_s"] = round(
+                sum(used for used, _, _ in _cpu_used(a.tasks, b.tasks, main_tid)), 3)
             out["thread_names"] = thread_names(b.tasks)
         with contextlib.suppress(AttributeError, OSError):
             out["cpus_allowed"] = len(os.sched_getaffinity(0))
