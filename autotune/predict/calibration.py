@@ -36,6 +36,7 @@ __all__ = [
     "MEMORY_FIT_FIELDS",
     "Sample",
     "fit_cost_params",
+    "fit_fields",
     "fit_memory_params",
     "gemm_rate_fields",
     "held_out_step_errors",
@@ -70,6 +71,16 @@ def gemm_rate_fields(start: CostParams) -> tuple[str, ...]:
     (CostParams.gemm_rate_scale > 0: the share of them training reaches is what a fit then
     moves); () where it is 0, the switch off, which a fit in log space must not turn on."""
     return ("gemm_rate_scale",) if start.gemm_rate_scale > 0 else ()
+
+
+def fit_fields(base: Sequence[str], start: CostParams, layouts: Sequence[Layout],
+               extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The cost constants one fit moves: `base` (COST_FIT_FIELDS, or a search's REFIT_FIELDS),
+    gemm_rate_scale where `start` prices the GEMMs at the measured rates (gemm_rate_fields; never
+    from `extra`, which cannot turn the switch on), `extra`, and the constants of the levers
+    `layouts` turn on (lever_fit_fields)."""
+    return (*base, *gemm_rate_fields(start), *(n for n in extra if n != "gemm_rate_scale"),
+            *lever_fit_fields(layouts))
 
 
 def lever_fit_fields(layouts: Sequence[Layout]) -> tuple[str, ...]:
@@ -138,8 +149,8 @@ def fit_cost_params(samples: Sequence[Sample], *, names: Sequence[str] | None = 
     the constants fitted; by default COST_FIT_FIELDS and the constants of the levers the
     samples turn on (lever_fit_fields)."""
     if names is None:
-        names = (*COST_FIT_FIELDS, *gemm_rate_fields(start or CostParams()),
-                 *lever_fit_fields([s for _, s, _, _ in samples]))
+        names = fit_fields(COST_FIT_FIELDS, start or CostParams(),
+                           [s for _, s, _, _ in samples])
     def predict(p: CostParams, m: ModelSpec, s: Layout, c: ClusterSpec) -> float:
         return estimate_cost(m, s, c, p).step_time_s
 
@@ -295,9 +306,8 @@ def cross_validate(trials: Sequence[Trial], *, start_cost: CostParams | None = N
     import statistics
 
     def fit(ts: Sequence[Trial]) -> tuple[CostParams, MemoryParams]:
-        names = (*COST_FIT_FIELDS, *gemm_rate_fields(start_cost or CostParams()),
-                 *(n for n in extra_cost if n != "gemm_rate_scale"),
-                 *lever_fit_fields([s for _, _, s, *_ in ts]))
+        names = fit_fields(COST_FIT_FIELDS, start_cost or CostParams(),
+                           [s for _, _, s, *_ in ts], extra_cost)
         cost = fit_cost_params([(m, s, c, t) for _, m, s, c, t, _ in ts], names=names,
                                start=start_cost or CostParams())
         memory = fit_memory_params([(m, s, c, u) for _, m, s, c, _, u in ts],

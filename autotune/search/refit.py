@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.predict.calibration import fit_cost_params, gemm_rate_fields, lever_fit_fields
+from autotune.predict.calibration import fit_cost_params, fit_fields
 from autotune.predict.cost import CostParams
 from autotune.search.records import SearchResult
 from autotune.specs.hardware import ClusterSpec
@@ -12,8 +12,7 @@ __all__ = ["REFIT_FIELDS", "refit_cost_params"]
 
 REFIT_FIELDS = ("gemm_efficiency_max", "step_overhead_s", "layer_launch_s")
 """Constants refitted during a search: few, so a handful of trials pins them down (and
-gemm_rate_scale where the start prices GEMMs at the measured rates: calibration.
-gemm_rate_fields)."""
+gemm_rate_scale where the start prices GEMMs at the measured rates: calibration.fit_fields)."""
 
 
 def refit_cost_params(result: SearchResult, model: ModelSpec, cluster: ClusterSpec, *,
@@ -30,6 +29,5 @@ def refit_cost_params(result: SearchResult, model: ModelSpec, cluster: ClusterSp
     # With the constants of the levers the measured trials turn (FP8's GEMM rate and casts):
     # the ridge keeps them near their first-principles values until trials speak for them.
     start = start or CostParams()
-    names = (*REFIT_FIELDS, *gemm_rate_fields(start),
-             *lever_fit_fields([s for _, s, _, _ in measured]))
+    names = fit_fields(REFIT_FIELDS, start, [s for _, s, _, _ in measured])
     return fit_cost_params(measured, names=names, start=start), len(measured)
