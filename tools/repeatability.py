@@ -79,9 +79,8 @@ def _result(trial_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _host(trial_dir: Path) -> dict[str, Any]:
-    """Rank 0's host figures from result.json (autotune.worker.host), {} when absent."""
-    data = _result(trial_dir)
+def _host(data: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's host figures from a result.json's data (autotune.worker.host), {} when absent."""
     hosts = data.get("host") or []
     return {**(hosts[0] or {}), "step_times_s": data.get("step_times_s")} if hosts else {}
 
@@ -106,8 +105,8 @@ def plan(n_layouts: int, rounds: int, *, rotate: bool = True,
 def trial_row(kind: str, round_: int, s: Layout, trial_dir: Path, wall_s: float,
          metrics: Any) -> dict[str, Any]:
     clocks = metrics.clocks
-    host = _host(trial_dir)
     data = _result(trial_dir)
+    host = _host(data)
     process = data.get("process") or []
     return {
         "kind": kind, "round": round_, "layout": s.describe(), "status": metrics.status.value,
