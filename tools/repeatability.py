@@ -274,9 +274,11 @@ def main() -> None:
             notes.append(f"Transformer Engine is not installed: sdpa only ({len(dropped)} te "
                          f"layouts left out: {' '.join(dropped)})")
     gbs = {"gbs": args.gbs} if args.gbs else {}
-    layouts = [layout_from_fields(model, cluster, {**gbs, **layout_fields(t)}) for t in texts]
-    firsts = [layout_from_fields(model, cluster, {**gbs, **layout_fields(t)})
-              for t in args.first_in_pool if "impl=te" not in t or te_available()]
+    def parse(text: str) -> Layout:
+        return layout_from_fields(model, cluster, {**gbs, **layout_fields(text)})
+
+    layouts = [parse(t) for t in texts]
+    firsts = [parse(t) for t in args.first_in_pool if "impl=te" not in t or te_available()]
     unknown = [f.describe() for f in firsts if f not in layouts]
     if unknown:
         parser.error(f"--first-in-pool names a layout not among the LAYOUTs: {unknown}")
