@@ -43,6 +43,7 @@ if [[ ! -d /tmp/site/optuna ]]; then
       --target /tmp/site .whl/*.whl .whl-search/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tools
+source tools/device_bytecode.sh /tmp/site
 nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
     --format=csv -l 1 > "$raw/clocks.csv" 2>&1 &
 smi=$!
