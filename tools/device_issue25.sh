@@ -5,11 +5,11 @@
 #   PARTS="gap" bash tools/device_issue25.sh
 #
 #   repeat  tools/repeatability.py on gpt2-xl: 10 layouts (SET a: the first five, b: the last
-#           five, all: every one; each set of five fits in one call), micro-batch 1-16, no,
+#           five, all: every one; each set of five fits in one call), micro-batch 1-8, no,
 #           selective and full recompute, te where Transformer Engine is installed (else sdpa
-#           only, and report.md says so). ROUNDS (3) rounds, each a warm and a cold pass, which
-#           goes first alternating; GBS (default 8 for set a, 16 for b and all: short steps, so
-#           that 3 rounds fit) and FIXED (default 1: 2 + 8 fixed steps; FIXED= for adaptive
+#           only, and report.md says so). REPEAT_LAYOUTS replaces the set's layouts. ROUNDS (3)
+#           rounds, each a warm and a cold pass, which goes first alternating; GBS (default 8:
+#           short steps, so that 3 rounds fit) and FIXED (default 1: 2 + 8 fixed steps; FIXED= for adaptive
 #           timing, as a search). Stops starting trials
 #           after DEADLINE_S (420). -> repeat-SET.md, repeat-SET.jsonl
 #   gap     tools/megatron_gap.py: gpt2-xl GAP_LAYOUT (mbs=16, impl te with TE, else local: the
@@ -28,6 +28,9 @@
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
+# cuDNN writes why it failed (its errors only: nothing in a run without one), so that a crash such
+# as TE's CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED in the warm pool comes back with its reason.
+export CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr
 out=${OUT:-/tmp/out}
 raw=/tmp/issue25
 mkdir -p "$out" "$raw"
@@ -68,13 +71,18 @@ part_repeat() {
   # Host-bound first (small micro-batches, full recompute), then the larger ones; te pairs.
   local a=(mbs=1,impl=sdpa mbs=2,recompute=selective,impl=sdpa mbs=4,recompute=full,impl=sdpa
            mbs=8,recompute=full,impl=sdpa mbs=8,recompute=selective,impl=sdpa)
-  local b=(mbs=8,impl=sdpa mbs=16,impl=sdpa mbs=1,recompute=full,impl=sdpa
+  # Set b as of session 15: gpt2-xl mbs 16 without recompute does not fit an H100 (76 GiB, the
+  # fp32 logits' 3.07 GiB over), and mbs 1 with full recompute takes 5 s a step; both cost session
+  # 15's first set b call most of its rounds (2026-11-28-h100-issue25-repeat-s15.md).
+  local b=(mbs=8,impl=sdpa mbs=4,impl=sdpa mbs=2,impl=sdpa
            mbs=8,impl=te mbs=8,recompute=selective,impl=te)
   case $set_name in a) lays=("${a[@]}") ;; b) lays=("${b[@]}") ;; *) lays=("${a[@]}" "${b[@]}") ;; esac
+  # shellcheck disable=SC2206  # REPEAT_LAYOUTS is words
+  [[ -n ${REPEAT_LAYOUTS:-} ]] && lays=($REPEAT_LAYOUTS)
   # Fixed steps and a small batch by default: at gbs 32 with adaptive timing one round of set a
   # took the whole call (2026-11-28, results/benchmarks/2026-11-28-h100-issue25-repeat-s14.md:
-  # mbs 1 ran 6.7 s steps, every trial to its 10-step cap). Set b holds mbs 16, so gbs 16 there.
-  local gbs=${GBS:-$([[ $set_name == a ]] && echo 8 || echo 16)} fixed=${FIXED-1}
+  # mbs 1 ran 6.7 s steps, every trial to its 10-step cap).
+  local gbs=${GBS:-8} fixed=${FIXED-1}
   python3 tools/repeatability.py --rounds "${ROUNDS:-3}" --gbs "$gbs" \
       --deadline-s "${DEADLINE_S:-420}" ${fixed:+--fixed} gpt2-xl "$gpu" "$raw/repeat-$set_name" \
       "${lays[@]}" > "$raw/repeat-$set_name.out" 2> "$raw/repeat-$set_name.err"
