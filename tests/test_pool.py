@@ -86,6 +86,25 @@ def test_a_recovered_oom_keeps_the_pool(tmp_path: Path) -> None:
         assert pool.starts == 1 and _pids(before.trial_dir) == _pids(after.trial_dir)
 
 
+@pytest.mark.parametrize(("impls", "starts"), [
+    (("sdpa", "te"), 2),              # te's first use after sdpa: fresh ranks
+    (("sdpa", "sdpa", "te", "te"), 2),  # once: the second te follows a te
+    (("te", "sdpa", "te"), 1),        # te ran first in these ranks
+    (("local", "te"), 1),
+    (("sdpa", "local"), 1),
+    (("te", "te"), 1),
+])
+def test_the_first_te_trial_after_sdpa_trials_starts_fresh_ranks(
+        tmp_path: Path, impls: tuple[str, ...], starts: int) -> None:
+    with _pool(tmp_path, nproc=1) as pool:
+        outputs = [pool.run(TrialSpec(model=MODEL, layout=Layout(mbs=OK, gbs=8, impl=impl)),
+                            tmp_path / "trials" / str(n), 20) for n, impl in enumerate(impls)]
+        assert all(metrics_from_run(o).status is TrialStatus.OK for o in outputs)
+        assert pool.starts == starts
+        last = outputs[-1].trial_dir
+        assert _pids(last).isdisjoint(_pids(outputs[0].trial_dir)) is (starts == 2)
+
+
 @pytest.mark.parametrize(("mbs", "status"), [(CRASH, TrialStatus.CRASH),
                                              (NOT_SERVING, TrialStatus.OK)])
 def test_a_pool_in_doubt_is_started_again_for_the_next_trial(

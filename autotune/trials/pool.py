@@ -27,6 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from autotune.dimensions import Impl
 from autotune.trials.launchers import LOG_NAME, TORCHRUN
 from autotune.trials.protocol import (
     DEFAULT_NCCL_TIMEOUT_S,
@@ -80,6 +81,8 @@ class WarmPool(RankGroupOwner):
         """How many times the pool was started (the first trial's start included)."""
         self._dir = self.root
         self._seq = 0
+        self._impls: set[Impl] = set()
+        """The implementations the running ranks have run trials with (since their start)."""
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> RunOutput:
         """Run one trial in the pool (starting it when it is not running)."""
@@ -88,9 +91,14 @@ class WarmPool(RankGroupOwner):
         trial_dir.mkdir(parents=True, exist_ok=True)
         spec.write(trial_dir / SPEC_NAME)
         start = time.monotonic()
+        if self.running and _fresh_ranks_for(spec.layout.impl, self._impls):
+            self._ranks.note(f"[autotune] starting the ranks again: the first {Impl.TE} trial "
+                             f"after {Impl.SDPA} trials runs in fresh ranks (cuDNN)")
+            self.close()
         if not self.running:
             self._ranks.stop()  # reap what a pool that died while idle left
             self._start()
+        self._impls.add(Impl(spec.layout.impl))
         log_path = self._dir / POOL_LOG_NAME
         offset = log_path.stat().st_size if log_path.exists() else 0
         seq = self._seq
@@ -144,6 +152,7 @@ class WarmPool(RankGroupOwner):
         self._dir = self.root / str(self.starts)
         self.starts += 1
         self._seq = 0
+        self._impls = set()
         # A folder of an earlier search's pool is emptied: its jobs are stale.
         self._ranks.launch(self._dir, serve_args(self._dir), POOL_LOG_NAME)
 
@@ -194,6 +203,21 @@ class WarmPool(RankGroupOwner):
         if self._ranks.returncode is not None:
             return self._ranks.returncode
         return -1
+
+
+def _fresh_ranks_for(impl: str, impls_run: set[Impl]) -> bool:
+    """Whether a trial of `impl` must start in fresh ranks, given the implementations the
+    running ranks have run.
+
+    Transformer Engine's fused attention failed with cuDNN's
+    CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED four times out of four where it was first used in a
+    rank that had already run sdpa trials (PyTorch's attention, which takes cuDNN's own kernels
+    on Hopper), and never where te ran first in its process or followed a te trial there:
+    2 x H200 on 2026-11-27 (cp 2), one H100 three times on 2026-11-28
+    (results/benchmarks/2026-11-28-h100-issue25-repeat-s15.md; Megatron-LM#1882 reports the error
+    in Megatron-LM itself). The search ran such a trial again cold (CONFIRMED_COLD); starting the
+    ranks again first costs one start instead of a crash and a cold launch."""
+    return impl == Impl.TE and Impl.SDPA in impls_run and Impl.TE not in impls_run
 
 
 def _copy_slice(log_path: Path, offset: int, to: Path) -> Path:
