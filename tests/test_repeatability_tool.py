@@ -55,3 +55,40 @@ def test_the_report_shows_each_ranks_host_per_kind_and_the_pool_position(tool: A
     assert "0.900 / 0.800" in warm and "2 (tp2 sp, dp2)" in warm and "2.0 / 2.0" in warm
     first = next(line for line in table if "| first |" in line)
     assert "45,000" in first and "0 (-)" in first
+
+
+@pytest.fixture
+def finalists(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(TOOLS))
+    for name in ("finalist_fields", "device_layouts"):
+        sys.modules.pop(name, None)
+    import device_layouts
+    import finalist_fields
+
+    return finalist_fields, device_layouts
+
+
+@pytest.mark.parametrize("fields", [
+    {"mbs": 8, "impl": "te", "recompute": "selective"},
+    {"tp": 2, "sequence_parallel": True, "mbs": 4, "distributed_optimizer": True},
+    {"pp": 2, "vpp": 2, "mbs": 1, "recompute": "full", "recompute_method": "block",
+     "recompute_num_layers": 3},
+])
+def test_a_searchs_best_rows_read_back_as_the_same_layouts(finalists: Any,
+                                                            fields: dict[str, Any]) -> None:
+    import dataclasses
+    import json
+
+    from autotune.layouts.layout import DIMENSIONS, Layout
+
+    tool, device_layouts = finalists
+    parsed = {k: DIMENSIONS[k].parse(str(v)) for k, v in fields.items()}
+    layout = dataclasses.replace(Layout(), **parsed)
+    row = json.loads(json.dumps({n: getattr(layout, n) for n in DIMENSIONS}))  # as --json prints
+    other = dataclasses.replace(layout, mbs=layout.mbs * 2)
+    answer = {"best": [row, row, json.loads(json.dumps({n: getattr(other, n)
+                                                        for n in DIMENSIONS}))]}
+    texts = tool.top_layouts(answer, 2)
+    assert len(texts) == 2  # the repeated row counts once
+    back = dataclasses.replace(Layout(), **device_layouts.layout_fields(texts[0]))
+    assert back == layout

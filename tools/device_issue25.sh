@@ -3,6 +3,7 @@
 #
 #   PARTS="repeat" SET=a bash tools/device_issue25.sh    (then SET=b in a second call)
 #   PARTS="gap" bash tools/device_issue25.sh
+#   PARTS="decide" bash tools/device_issue25.sh
 #
 #   repeat  tools/repeatability.py on gpt2-xl: 10 layouts (SET a: the first five, b: the last
 #           five, all: every one; each set of five fits in one call), micro-batch 1-8, no,
@@ -18,6 +19,12 @@
 #           megatron-lm.log
 #           PROFILE=1 (with py-spy in /tmp/pyspy, tools/device_host_profile.sh installs it):
 #           every process sampled, -> gap-prof.txt
+#   decide  issue 25's "a search shown deciding correctly between two layouts closer than the
+#           spread": `autotune gpt2-xl --gpus 1 --gbs GBS (8) --json` with default flags, host-bound
+#           at that batch (tools/device_search.sh, DECIDE_SEARCH_S (240) at most), then its two
+#           best (tools/finalist_fields.py) measured by tools/repeatability.py, ROUNDS (3) rounds
+#           warm and cold, fixed steps, as the truth the search's order and its ranking line are
+#           held against. -> decide-search.json, decide.md, decide.jsonl (~8 min)
 #   Always: nvidia-smi's SM and memory clocks, power, temperature and clock event reasons every
 #   500 ms for the whole call -> clocks.csv; versions -> versions.txt; everything raw -> raw.tgz.
 #
@@ -114,7 +121,27 @@ part_gap() {
   return $rc
 }
 
-for part in repeat gap; do
+part_decide() {
+  local gbs=${GBS:-8}
+  OUT=$raw/decide-search STUDY_TIMEOUT_S=${DECIDE_SEARCH_S:-240} bash tools/device_search.sh \
+      decide -- gpt2-xl --gpus 1 --gbs "$gbs" --json
+  cp /tmp/r/decide.out "$out/decide-search.json" 2>/dev/null
+  local top
+  mapfile -t top < <(python3 tools/finalist_fields.py /tmp/r/decide.out 2)
+  (( ${#top[@]} == 2 )) || { echo "the search named ${#top[@]} layouts"; return 1; }
+  echo "the search's two best: ${top[*]}"
+  grep -m1 '"ranking"' /tmp/r/decide.out
+  python3 tools/repeatability.py --rounds "${ROUNDS:-3}" --gbs "$gbs" \
+      --deadline-s "${DEADLINE_S:-240}" --fixed gpt2-xl "$gpu" "$raw/decide" "${top[@]}" \
+      > "$raw/decide.out" 2> "$raw/decide.err"
+  local rc=$?
+  cp "$raw/decide/report.md" "$out/decide.md" 2>/dev/null
+  cp "$raw/decide/trials.jsonl" "$out/decide.jsonl" 2>/dev/null
+  cat "$out/decide.md" 2>/dev/null || tail -20 "$raw/decide.err"
+  return $rc
+}
+
+for part in repeat gap decide; do
   [[ $parts == *" $part "* ]] || continue
   echo "=== $part"
   start=$(now)
