@@ -92,3 +92,32 @@ def test_a_searchs_best_rows_read_back_as_the_same_layouts(finalists: Any,
     assert len(texts) == 2  # the repeated row counts once
     back = dataclasses.replace(Layout(), **device_layouts.layout_fields(texts[0]))
     assert back == layout
+
+
+def test_repeat_spread_tells_a_host_stretched_step_from_a_gpu_one(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    monkeypatch.syspath_prepend(str(TOOLS))
+    sys.modules.pop("repeat_spread", None)
+    import repeat_spread
+
+    lines = []
+    for step, main, cv in ((0.5, 2.0, 0.02), (0.6, 2.4, 0.02), (0.7, 2.8, 0.02)):
+        # the same GPU work (0.3 s busy) each run; the host's CPU time stretches the step
+        lines.append(json.dumps({"status": "OK", "layout": "mbs2", "tokens_per_s": 8192 / step,
+                                 "step_time_cv": cv, "step_times_s": [step] * 4,
+                                 "gpu_idle": 1 - 0.3 / step, "rank_host": [{"main_cpu_s": main}]}))
+    lines.append(json.dumps({"status": "OOM", "layout": "mbs16"}))
+    path = tmp_path / "trials.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    table = repeat_spread.runs([path])
+    assert list(table) == ["trials.jsonl: mbs2"] and len(table["trials.jsonl: mbs2"]) == 3
+    monkeypatch.setattr(sys, "argv", ["repeat_spread.py", str(path)])
+    repeat_spread.main()
+    out = capsys.readouterr().out
+    assert "| 1.40 | 1.40 | 1.00 |" in out  # step and CPU stretch alike, the GPU's work does not
+    # 2% step CV: only the middle run (1.9% off the mean) lies within twice its own noise
+    assert "their layout's mean: 1 of 3" in out
+    assert "r(step, main-thread CPU) = 1.00; r(step, GPU busy) = -" in out  # busy never varies
