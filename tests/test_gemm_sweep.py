@@ -146,9 +146,9 @@ def test_summarize() -> None:
 
 def test_clock_event_reasons() -> None:
     assert gs.reason_names(0) == []
-    assert gs.reason_names(0x4 | 0x40) == ["SwPowerCap", "HwThermalSlowdown"]
+    assert gs.reason_names(0x4 | 0x40) == ["sw_power_cap", "hw_thermal"]
     assert gs.reason_names(0x1000) == ["0x1000"]
-    assert gs.reason_shares([0x4, 0x4, 0x0, None, 0x5]) == {"SwPowerCap": 0.75, "GpuIdle": 0.25}
+    assert gs.reason_shares([0x4, 0x4, 0x0, None, 0x5]) == {"sw_power_cap": 0.75, "gpu_idle": 0.25}
     assert gs.reason_shares([None]) == {}
 
 
@@ -192,7 +192,7 @@ def test_summarize_samples_window_and_late_half() -> None:
     assert got["power_w_late"]["median"] == 700
     assert got["power_instant_w"] is None
     assert got["temp_c"]["max"] == 61
-    assert got["clock_events"] == {"SwPowerCap": pytest.approx(0.667)}
+    assert got["clock_events"] == {"sw_power_cap": pytest.approx(0.667)}
 
 
 def test_case_record_rates() -> None:
@@ -206,7 +206,10 @@ def test_case_record_rates() -> None:
     assert rec["of_clock_peak"] == pytest.approx(550e12 / (132 * 4096 * 1.5e9))
     unknown = gs.case_record(case, _timing([]), {"device": "Some GPU", "capability": [12, 0]})
     assert unknown["of_datasheet"] is None and unknown["of_clock_peak"] is None
-    assert gs.datasheet_peak("NVIDIA H200", "fp8") == 2 * 989e12
+    from autotune.specs.hardware import GPUS  # the one table of datasheet peaks
+
+    assert gs.datasheet_peak("NVIDIA H200", "fp8") == GPUS["h200"].peak_fp8_flops
+    assert gs.datasheet_peak("NVIDIA H100 80GB HBM3", "bf16") == GPUS["h100-80gb"].peak_bf16_flops
 
 
 def test_run_sweep_budget_errors_and_markdown(capsys: pytest.CaptureFixture[str]) -> None:
@@ -255,7 +258,7 @@ def test_markdown_names_merged_shapes_and_clock_events() -> None:
     }
     md = gs.render_markdown([rec], DEVICE)
     assert "| square 4096 (= llama3-8b proj m4096) |" in md
-    assert "SwPowerCap 100%" in md
+    assert "sw_power_cap 100%" in md
     assert "Not run" not in md
 
 

@@ -12,9 +12,11 @@ tests/data/measured_trials.json, each run back to back for a fixed wall time so 
 sustained clock and power show, not a cold burst.
 
 Standalone on a GPU machine: the standard library, torch, and pynvml (nvidia-ml-py) when it
-imports; without it `nvidia-smi --query-gpu=...` is polled instead. Nothing from autotune is
-imported, so the device image needs nothing installed; tests/test_gemm_sweep.py checks the shape
-table below against autotune's own models (autotune.levers.fp8.gemm_dims).
+imports; without it `nvidia-smi --query-gpu=...` is polled instead. From autotune (pure Python,
+on the path from the repository root) it takes only what it must agree on: the clock event
+reasons' names (autotune.trials.trial) and the datasheet peaks (autotune.specs.hardware);
+tests/test_gemm_sweep.py checks the shape table below against autotune's own models
+(autotune.levers.fp8.gemm_dims).
 
     python3 tools/gemm_sweep.py --out DIR [--seconds 2] [--budget-s 150] [--fp8]
         [--passes fwd,dgrad,wgrad] [--tokens 4096,16384] [--only REGEX] [--dry-run]
@@ -41,6 +43,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from autotune.specs.hardware import GPUS
+from autotune.trials.trial import THROTTLE_REASONS
 
 # ---- what is swept ------------------------------------------------------------------------------
 
@@ -236,29 +241,16 @@ def summarize(values: Iterable[float | None]) -> Stats | None:
     return Stats(statistics.median(got), min(got), max(got), len(got))
 
 
-CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
-    (0x1, "GpuIdle"),
-    (0x2, "ApplicationsClocksSetting"),
-    (0x4, "SwPowerCap"),
-    (0x8, "HwSlowdown"),
-    (0x10, "SyncBoost"),
-    (0x20, "SwThermalSlowdown"),
-    (0x40, "HwThermalSlowdown"),
-    (0x80, "HwPowerBrakeSlowdown"),
-    (0x100, "DisplayClockSetting"),
-)
-"""NVML's nvmlClocksEventReason* bits (nvml.h; pynvml names them the same): what holds the SM
-clock below its maximum. SwPowerCap is the power roof this sweep looks for."""
-
-
 def reason_names(mask: int) -> list[str]:
-    names = [name for bit, name in CLOCK_EVENT_REASONS if mask & bit]
-    rest = mask & ~sum(bit for bit, _ in CLOCK_EVENT_REASONS)
+    """The names of the bits set in an NVML clock event reason mask (unknown bits as hex)."""
+    names = [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+    rest = mask & ~sum(THROTTLE_REASONS)
     return names + ([hex(rest)] if rest else [])
 
 
 def reason_shares(masks: Iterable[int | None]) -> dict[str, float]:
-    """Each reason's share of the samples that read one, e.g. {"SwPowerCap": 0.8}."""
+    """Each reason's share of the samples that read one, e.g. {"sw_power_cap": 0.8} (the names
+    of autotune.trials.trial.THROTTLE_REASONS, as a trial's record keeps them)."""
     got = [m for m in masks if m is not None]
     counts: dict[str, int] = {}
     for mask in got:
@@ -517,21 +509,14 @@ Architecture whitepaper), FP8 twice that; A100 312 TFLOP/s = 108 x 2048 x 1.41 G
 SM clock measured, it is the peak at the clock the GEMM ran at: the rate over it is the kernel's
 efficiency with the clock (power) taken out."""
 
-DATASHEET_BF16: tuple[tuple[str, float], ...] = (
-    ("H200", 989e12),
-    ("H100 80GB HBM3", 989e12),
-    ("A100", 312e12),
-    ("B200", 2.25e15),
-)
-"""Dense bf16 peak by NVML device-name substring: autotune/specs/hardware.py GPUS, the `peak`
-of autotune/predict/cost.py, so `of_datasheet` is directly the cost model's efficiency."""
-
-
 def datasheet_peak(device: str, dtype: str) -> float | None:
-    for pattern, bf16 in DATASHEET_BF16:
-        if pattern in device:
-            return bf16 * (2 if dtype == "fp8" else 1)  # FP8 dense = 2 x bf16 on H100/H200/B200
-    return None
+    """The dense datasheet peak of `dtype` for an NVML device name: autotune.specs.hardware's
+    GPUS, the peak of autotune/predict/cost.py, so that `of_datasheet` is directly the cost
+    model's efficiency. None for a GPU autotune does not know or without that dtype."""
+    gpu = next((g for g in GPUS.values() if any(p in device for p in g.nvml_patterns)), None)
+    if gpu is None:
+        return None
+    return gpu.peak_fp8_flops if dtype == "fp8" else gpu.peak_bf16_flops
 
 
 # ---- the sweep ----------------------------------------------------------------------------------
