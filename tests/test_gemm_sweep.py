@@ -145,9 +145,9 @@ def test_summarize() -> None:
 
 
 def test_clock_event_reasons() -> None:
-    assert gs.reason_names(0) == []
-    assert gs.reason_names(0x4 | 0x40) == ["sw_power_cap", "hw_thermal"]
-    assert gs.reason_names(0x1000) == ["0x1000"]
+    assert gs.reason_names(0) == ()
+    assert gs.reason_names(0x4 | 0x40) == ("sw_power_cap", "hw_thermal")
+    assert gs.reason_names(0x1000) == ("0x1000",)
     assert gs.reason_shares([0x4, 0x4, 0x0, None, 0x5]) == {"sw_power_cap": 0.75, "gpu_idle": 0.25}
     assert gs.reason_shares([None]) == {}
 

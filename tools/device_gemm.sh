@@ -22,7 +22,8 @@
 #   Always: nvidia-smi's SM and memory clocks, power, temperature and clock event reasons every
 #   500 ms for the whole call -> clocks.csv; versions -> versions.txt.
 #
-# Nothing to carry, nothing installed: torch from the image, the repository on PYTHONPATH.
+# Nothing to carry, nothing installed: torch and pyyaml from the image, the repository on
+# PYTHONPATH (gemm_sweep.py takes the clock reasons and datasheet peaks from autotune).
 set -u
 export PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}

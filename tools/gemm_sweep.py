@@ -14,7 +14,7 @@ sustained clock and power show, not a cold burst.
 Standalone on a GPU machine: the standard library, torch, and pynvml (nvidia-ml-py) when it
 imports; without it `nvidia-smi --query-gpu=...` is polled instead. From autotune (pure Python,
 on the path from the repository root) it takes only what it must agree on: the clock event
-reasons' names (autotune.trials.trial) and the datasheet peaks (autotune.specs.hardware);
+reasons' names (autotune.trials.clock_reasons) and the datasheet peaks (autotune.specs.hardware);
 tests/test_gemm_sweep.py checks the shape table below against autotune's own models
 (autotune.levers.fp8.gemm_dims).
 
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from autotune.specs.hardware import GPUS
-from autotune.trials.trial import THROTTLE_REASONS
+from autotune.trials.clock_reasons import reason_names
 
 # ---- what is swept ------------------------------------------------------------------------------
 
@@ -241,16 +241,9 @@ def summarize(values: Iterable[float | None]) -> Stats | None:
     return Stats(statistics.median(got), min(got), max(got), len(got))
 
 
-def reason_names(mask: int) -> list[str]:
-    """The names of the bits set in an NVML clock event reason mask (unknown bits as hex)."""
-    names = [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
-    rest = mask & ~sum(THROTTLE_REASONS)
-    return names + ([hex(rest)] if rest else [])
-
-
 def reason_shares(masks: Iterable[int | None]) -> dict[str, float]:
     """Each reason's share of the samples that read one, e.g. {"sw_power_cap": 0.8} (the names
-    of autotune.trials.trial.THROTTLE_REASONS, as a trial's record keeps them)."""
+    of autotune.trials.clock_reasons, as a trial's record keeps them)."""
     got = [m for m in masks if m is not None]
     counts: dict[str, int] = {}
     for mask in got:

@@ -19,6 +19,7 @@ from autotune.inputs.files import read_text
 from autotune.inputs.untrusted import shown
 from autotune.layouts.layout import DIMENSIONS, Layout
 from autotune.specs.model import ModelSpec, model_from_mapping
+from autotune.trials.clock_reasons import THROTTLE_REASONS, THROTTLING
 
 __all__ = ["DEFAULT_STABLE_CV", "THROTTLE_REASONS", "THROTTLING", "ClockSummary", "RankResult",
            "Spread", "StopReason", "TrialMetrics", "TrialSpec", "TrialStatus"]
@@ -179,22 +180,6 @@ class RankResult:
     peak_reserved_bytes: Bytes
     device_used_bytes: Bytes | None = None
     """Device memory in use as NVML reports it (includes the CUDA context and NCCL)."""
-
-
-THROTTLE_REASONS: dict[int, str] = {
-    0x1: "gpu_idle", 0x2: "app_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-    0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
-    0x100: "display_clocks"}
-"""NVML's clock event reasons (nvmlDeviceGetCurrentClocksEventReasons, formerly
-ThrottleReasons; nvml.h's nvmlClocksEventReason* bits) by the names a record keeps. The worker
-writes the names, the orchestrator reads them: both sides spell them here."""
-THROTTLING = frozenset({"hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
-"""The reasons that slow a busy GPU below the clocks it holds in sustained training (heat, a
-hardware slowdown or power brake). `sw_power_cap` is recorded but is not throttling: an H100 at
-its 700 W limit runs heavy GEMMs at 1560-1950 MHz under it in every long run (measured on
-2026-11-25 in every gpt2-xl trial of micro-batch 8 and up, the search's winners among them), so a
-trial capped by power measures what training sustains. An idle GPU, application clocks or sync
-boost are settings."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

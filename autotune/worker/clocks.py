@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from autotune.trials.trial import THROTTLE_REASONS, ClockSummary, Spread
+from autotune.trials.clock_reasons import reason_names
+from autotune.trials.trial import ClockSummary, Spread
 
 __all__ = ["CLOCK_SAMPLE_S", "ClockSample", "ClockSampler", "device_handle", "load_nvml",
            "nvml_device_used_bytes", "reason_names"]
@@ -48,13 +49,6 @@ class ClockSample:
     utilization: float | None
     reasons: int | None
     """The clock event reasons' bit mask."""
-
-
-def reason_names(mask: int) -> tuple[str, ...]:
-    """The names of the bits set in an NVML clock event reason mask (unknown bits as hex)."""
-    known = tuple(name for bit, name in THROTTLE_REASONS.items() if mask & bit)
-    rest = mask & ~sum(THROTTLE_REASONS)
-    return (*known, f"0x{rest:x}") if rest else known
 
 
 def load_nvml() -> ModuleType | None:
