@@ -273,3 +273,49 @@ def test_simulate_plans_what_the_export_runs_never_sdpa(
     assert ranked <= ({"local"} if impls == "[local]" else {"te", "local"})
     said = "impl left out: sdpa (planned as te, which its export writes for it" in err
     assert said is note
+
+
+@pytest.mark.parametrize(("source", "shipped"), [
+    ("default", True),
+    ("default.yaml", True),
+    ("default.yaml + your layout", True),
+    ("default.yaml + tp=2 pp=1,2", True),
+    ("default.yaml + impl=sdpa", False),       # --fix impl=sdpa: the user's choice
+    ("default.yaml + tp=2 impl=sdpa,te", False),
+    ("my-space.yaml", False),
+    ("my-space.yaml + your layout", False),
+])
+def test_which_impl_candidates_are_the_shipped_spaces(source: str, shipped: bool) -> None:
+    from autotune.search.space import SearchSpace
+
+    assert SearchSpace(candidates={}, source=source).shipped("impl") is shipped
+
+
+MEGATRON_SCRIPT = ("torchrun --nproc_per_node 1 pretrain_gpt.py --num-layers 12 --hidden-size 768 "
+                   "--num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 "
+                   "--micro-batch-size 4 --global-batch-size 32 --vocab-size 50257 "
+                   "--tokenizer-type NullTokenizer {precision}\n")
+
+
+@pytest.mark.parametrize(("precision", "extra", "fp8_searched", "note"), [
+    ("--bf16", (), False, True),                      # bf16 stays bf16, and says so
+    ("--bf16", ("--space", "fp8"), True, False),      # the user's space lists fp8: searched
+    ("--bf16", ("--precision", "bf16"), False, False),
+    ("--bf16 --fp8-format hybrid --transformer-impl transformer_engine", (), True, False),
+])
+def test_from_megatron_keeps_the_commands_precision(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, precision: str,
+        extra: tuple[str, ...], fp8_searched: bool, note: bool) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(MEGATRON_SCRIPT.format(precision=precision))
+    if extra == ("--space", "fp8"):
+        space = tmp_path / "space.yaml"
+        space.write_text("mbs: [2, 4]\nimpl: [te]\nfp8: [off, hybrid]\n")
+        extra = ("--space", str(space))
+    code, out, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
+                         "--results-dir", str(tmp_path / "r"), "--json", *extra)
+    assert code == 0, err
+    formats = {row["fp8"] for row in json.loads(out)["best"]}
+    assert (formats != {"off"}) is fp8_searched
+    said = "your command trains in bf16, so the search stayed in bf16" in err
+    assert said is note
