@@ -28,6 +28,7 @@ from autotune.levers.base import CostState, StageState
 from autotune.levers.pipeline_split import even_layers
 from autotune.predict.memory import MAIN_GRAD_BYTES, PARAM_BYTES, stage_linear_params, stage_params
 from autotune.specs.activations import layer_activations, layer_bytes
+from autotune.specs.elementwise import layer_elementwise_bytes
 from autotune.specs.flops import (
     forward_flops_per_token,
     gemm_efficiency,
@@ -284,7 +285,6 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     mlp_fwd = tokens * fl.layer_mlp / t / mlp_rate / state.layer_gemm_speedup
     core_flops = tokens * fl.layer_core / t
     acts = layer_activations(model, t, state.attention)
-    stored_per_token = acts.replicated / tsp + acts.split
     # Core attention at its kernel's efficiency, and an unfused one's s^2 memory traffic
     # (the implementation's: autotune.levers.transformer_impl).
     core_fwd = core_flops / (peak * state.attention_efficiency)
@@ -296,9 +296,12 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
         core_fwd += (tokens * seq * model.num_attention_heads / t
                      * state.attention_bytes_per_score / 3 / hbm)
     elementwise = state.elementwise_bytes
-    # Element-wise kernels move `elementwise` bytes (forward + backward) per stored byte; a
-    # lever's own passes (FP8's casts) add their bytes, forward + backward as well.
-    elem_fwd = tokens * stored_per_token * elementwise / 3 / hbm \
+    # Element-wise kernels: the bytes they move, forward + backward, counted from the model's
+    # features (norms, residual branches with or without dropout, GeLU or SwiGLU, RoPE, GQA's
+    # repeat: autotune.specs.elementwise) times the implementation's fitted factor; a lever's
+    # own passes (FP8's casts) add their bytes, forward + backward as well.
+    traffic = layer_elementwise_bytes(model, t, str(s.impl)).per_token(t, s.sequence_parallel)
+    elem_fwd = tokens * traffic * elementwise / 3 / hbm \
         + tokens * state.layer_pass_bytes_per_token / 3 / hbm
     # Tensor parallel: 2 all-reduces of s b h bf16 per layer forward, 2 backward (Korthikanti
     # et al. 2022, Section 4.2.2; SP swaps each for all-gather + reduce-scatter of the same
