@@ -93,13 +93,19 @@ class Constants:
     """HBM bytes per attention score and head, forward + backward, of megatron-core's unfused
     attention without the fused softmax kernel: bf16 scores, fp32 upcast, masked_fill, fp32
     softmax, downcast, dropout + mask, and their backward (each a separate kernel)."""
-    elementwise_bytes_local: float = 6.86
-    """HBM bytes moved (forward + backward) per byte of stored activation outside core attention,
-    local spec: unfused bias, GeLU, dropout, residual adds and LayerNorm. Fitted to gpt2-xl."""
-    elementwise_bytes_te: float = 2.15
-    """Same with Transformer Engine's fused LayerNorm-Linear, bias-GeLU and bias-dropout-add
-    (also used for impl sdpa, whose non-attention kernels are the local ones but it keeps the
-    SDPA fused attention). Fitted to gpt2-large on H200."""
+    elementwise_bytes_local: float = 0.7528
+    """Multiple of the counted HBM traffic of the layers' element-wise kernels
+    (autotune.specs.elementwise: norms, residual branches, the MLP activation, RoPE, GQA's repeat)
+    that the step spends on them with the local spec: the bandwidth share these small kernels
+    reach and what the count leaves out. Fitted with elementwise_bytes_te, gemm_efficiency_max
+    and step_overhead_s to all measured trials (results/benchmarks/2026-11-28-cpu-constants-
+    refit-s15.md)."""
+    elementwise_bytes_te: float = 0.02135
+    """Same with Transformer Engine (also used for impl sdpa, whose non-attention kernels are the
+    local ones but it keeps the SDPA fused attention). The fit puts it near zero with every form
+    tried (per stored activation byte 0.029, per counted byte 0.021): the data give the time to
+    the GEMM efficiency instead, whose refit (0.6657) sits ~9% under the GEMM sweep's rates; the
+    split is not identified (same report)."""
     te_layer_launch_s: float = 0.00035
     """What Transformer Engine's modules add to CostParams.layer_launch_s per layer and
     micro-batch. The worker measured impl te 2-8% slower than impl sdpa on the same layouts, the
