@@ -30,6 +30,7 @@ from autotune.predict.memory import MAIN_GRAD_BYTES, PARAM_BYTES, stage_linear_p
 from autotune.specs.activations import layer_activations, layer_bytes
 from autotune.specs.elementwise import layer_elementwise_bytes
 from autotune.specs.flops import (
+    GEMM_EFFICIENCY_MAX,
     forward_flops_per_token,
     gemm_efficiency,
     gemm_size,
@@ -70,7 +71,7 @@ class CostParams(LeverConstants):
     (results/benchmarks/2026-11-21-h100-h200x2-model-accuracy.md).
     """
 
-    gemm_efficiency_max: float = 0.6657
+    gemm_efficiency_max: float = GEMM_EFFICIENCY_MAX
     """Fraction of peak bf16 FLOP/s that large GEMMs reach."""
     gemm_half_size: float = 256.0
     """eff = gemm_efficiency_max * x / (x + gemm_half_size), x the GEMM's smaller dimension per
