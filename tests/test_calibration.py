@@ -6,7 +6,7 @@ import pytest
 
 from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout
-from autotune.predict.calibration import fit_cost_params, fit_memory_params
+from autotune.predict.calibration import CrossValidation, fit_cost_params, fit_memory_params
 from autotune.predict.cost import CostParams, estimate_cost
 from autotune.predict.memory import GIB, MemoryParams, estimate_memory
 from autotune.specs.hardware import ClusterSpec, gpu_spec
@@ -76,48 +76,95 @@ def test_fit_rejects_bad_samples() -> None:
 # out of a fit whose fragmentation fell (gpt2-large on H200 3.6/6.7 -> 3.1/9.0, gpt2-xl on H200
 # 1.8/4.7 -> 2.5/5.2, gpt2-xl on H100 2.1/7.4 -> 2.2/7.5, gpt2-large on H100 0.9/3.6 ->
 # 1.1/3.6). Step time did not move.
+# Step time moved on 2026-11-28 when attention dropout got its own term and fused attention its
+# no-dropout rate (transformer_impl.Constants: attention_dropout_ops_per_score 0 -> 11,
+# flash_attention_efficiency 0.45 -> 0.727; results/benchmarks/2026-11-28-cpu-gemm-rates.md):
+# every family's held-out median now under issue 28's 10% (llama-1b on H200 15.2% -> 3.2%,
+# wide-8k 10.6% / 9.7% -> 7.4% / 6.3%, llama-3b on H100 6.4% -> 2.9%, llama2-13b 4.9% -> 2.5%);
+# the GPT families' and llama3-8b's bounds loosened with it, median before -> after: gpt-3.6b
+# 4.9% -> 8.3%, gpt2-large on H100 1.3% -> 4.3%, on H200 4.4% -> 5.9%, gpt2-xl on H100 2.2% ->
+# 5.2%, on H200 5.6% -> 6.7%, llama3-8b 1.8% -> 3.0% (the shared GEMM efficiency refits from
+# 0.733 to 0.665). Memory did not move.
+# Then (same day) the element-wise traffic was counted per architecture feature
+# (autotune.specs.elementwise) and the shipped defaults refitted to all trials
+# (results/benchmarks/2026-11-28-cpu-constants-refit-s15.md): gpt2-xl on H100 5.2% -> 4.2%
+# (tightened), llama-3b on H200 4.5% -> 4.8% (under its bound), the rest within 0.2 points.
 HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
-    "gpt-3.6b/h100-80gb": (0.054, 0.044, 0.052),      # 4.9%, 3.4%, 4.2%
-    "gpt2-large/h100-80gb": (0.021, 0.022, 0.047),    # 1.4%, 1.2%, 3.8%
-    "gpt2-large/h200": (0.06, 0.043, 0.095),          # 5.0%, 3.3%, 8.5%
-    "gpt2-xl/h100-80gb": (0.036, 0.032, 0.086),       # 2.3%, 2.2%, 7.5%
-    "gpt2-xl/h200": (0.072, 0.032, 0.061),            # 6.2%, 2.2%, 5.1%
+    "gpt-3.6b/h100-80gb": (0.093, 0.044, 0.052),      # 8.3%, 3.4%, 4.2%
+    "gpt2-large/h100-80gb": (0.053, 0.022, 0.047),    # 4.3%, 1.2%, 3.8%
+    "gpt2-large/h200": (0.069, 0.043, 0.095),          # 5.9%, 3.3%, 8.5%
+    "gpt2-xl/h100-80gb": (0.052, 0.032, 0.086),       # 4.2%, 2.2%, 7.4%
+    "gpt2-xl/h200": (0.077, 0.032, 0.061),            # 6.7%, 2.2%, 5.1%
     # llama-1b/h100: 7.0% / 2.3% / 7.7% since session 13's attention-dropout pair joined
     # (s13-dropout/0, /1: one shape predicted 1.864 s both ways, measured 1.682 and 2.042 s; the
     # dropout run's device memory 3.9 GiB above the other's at the same allocated peak);
     # 4.3%, 2.3%, 2.3% over the three trials before (2026-11-28-cpu-attention-dropout.md).
-    "llama-1b/h100-80gb": (0.08, 0.032, 0.087),       # 7.0%, 2.3%, 7.7%
-    "llama-1b/h200": (0.164, 0.053, 0.091),           # 15.1%, 4.3%, 8.0%
+    "llama-1b/h100-80gb": (0.066, 0.032, 0.087),       # 5.6%, 2.3%, 7.7%
+    "llama-1b/h200": (0.042, 0.053, 0.091),           # 3.2%, 4.3%, 8.0%
     # llama-3b/h100's memory worst: 10.0% since the FP8 trials of 2026-11-25 joined the data (10.4%
     # since qkv_extra)
     # (s8-fp8-l3b/mbs2-pao-*: the allocator's reserve with the precision-aware optimizer, the
     # miss results/benchmarks/2026-11-25-h100-fp8.md reported); 3.6% before. Its step median
     # 7.0% since FP8's casts are priced by recipe (2026-11-27-cpu-fp8-cost.md; 6.7% before).
-    "llama-3b/h100-80gb": (0.088, 0.037, 0.115),      # 7.8%, 2.7%, 10.4%
+    "llama-3b/h100-80gb": (0.039, 0.037, 0.115),      # 2.9%, 2.7%, 10.4%
     # llama-3b/h200's step median 3.6% since FP8's sequence-parallel host term prices its two
     # tp 2 + sp tensorwise/blockwise trials (6.4% before; 4.5% without those trials); the bound
     # stays: that term is in sample in this fold, no other family having such a trial
     # (results/benchmarks/2026-11-28-cpu-fp8-sp-host.md).
-    "llama-3b/h200": (0.074, 0.028, 0.06),            # 3.6%, 1.7%, 4.8%
+    "llama-3b/h200": (0.055, 0.028, 0.06),            # 4.5%, 1.7%, 4.8%
     # llama2-13b, llama3-8b: 2.5% / 3.2% and 1.0% / 2.2% since an untied model's embedding
     # group holds no NCCL communicator (2026-11-28-cpu-planning-accuracy.md; 3.1% / 3.9% and
     # 1.2% / 2.5% before).
-    "llama2-13b/h200": (0.062, 0.035, 0.042),         # 5.2%, 2.5%, 3.2%
-    "llama3-8b/h200": (0.031, 0.02, 0.032),           # 1.6%, 1.0%, 2.2%
-    "wide-8k/h100-80gb": (0.117, 0.027, 0.041),       # 10.7%, 1.7%, 3.1%
-    "wide-8k/h200": (0.107, 0.032, 0.039),            # 9.5%, 2.2%, 2.8%
+    "llama2-13b/h200": (0.035, 0.035, 0.042),         # 2.5%, 2.5%, 3.2%
+    "llama3-8b/h200": (0.04, 0.02, 0.032),           # 3.0%, 1.0%, 2.2%
+    "wide-8k/h100-80gb": (0.084, 0.027, 0.041),       # 7.4%, 1.7%, 3.1%
+    "wide-8k/h200": (0.073, 0.032, 0.039),            # 6.3%, 2.2%, 2.8%
 }
 
 
-def test_held_out_error_per_family_does_not_regress() -> None:
+# The shipped defaults, uncalibrated (what simulate predicts with: it never refits), median
+# step-time error per family over its trials, about one point above the figure of
+# results/benchmarks/2026-11-28-cpu-constants-refit-s15.md (the "shipped" column). Before the
+# refit the defaults were fits to the GPT trials alone: llama3-8b 5.2%, llama2-13b 11.3%, wide-8k
+# 18.3% / 16.9% (with today's attention terms under them: up to 21.3%).
+SHIPPED_STEP_BOUNDS: dict[str, float] = {
+    "gpt-3.6b/h100-80gb": 0.093,    # 8.3%
+    "gpt2-large/h100-80gb": 0.053,  # 4.3%
+    "gpt2-large/h200": 0.07,        # 6.0%
+    "gpt2-xl/h100-80gb": 0.048,     # 3.8%
+    "gpt2-xl/h200": 0.065,          # 5.5%
+    "llama-1b/h100-80gb": 0.064,    # 5.4%
+    "llama-1b/h200": 0.041,         # 3.1%
+    "llama-3b/h100-80gb": 0.034,    # 2.4%
+    "llama-3b/h200": 0.057,         # 4.7%
+    "llama2-13b/h200": 0.033,       # 2.3%
+    "llama3-8b/h200": 0.038,        # 2.8%
+    "wide-8k/h100-80gb": 0.083,     # 7.3%
+    "wide-8k/h200": 0.068,          # 5.8%
+}
+
+
+@pytest.fixture(scope="module")
+def cross_validation() -> CrossValidation:
     from pathlib import Path
 
     from autotune.predict.calibration import cross_validate, load_trials
 
-    data = Path(__file__).parent / "data" / "measured_trials.json"
-    cv = cross_validate(load_trials(data))
+    return cross_validate(load_trials(Path(__file__).parent / "data" / "measured_trials.json"))
+
+
+def test_shipped_defaults_per_family_do_not_regress(cross_validation: CrossValidation) -> None:
+    assert {f.family for f in cross_validation.families} == set(SHIPPED_STEP_BOUNDS)
+    for family in cross_validation.families:
+        assert family.step_shipped <= min(0.10, SHIPPED_STEP_BOUNDS[family.family]), family
+
+
+def test_held_out_error_per_family_does_not_regress(cross_validation: CrossValidation) -> None:
+    cv = cross_validation
     assert {f.family for f in cv.families} == set(HELD_OUT_BOUNDS)
     for family in cv.families:
+        # issue 28's target for every family: held-out step time <= 10%, memory <= 5% (medians)
+        assert family.step_median <= 0.10 and family.memory_median <= 0.05, family
         step, memory, memory_worst = HELD_OUT_BOUNDS[family.family]
         assert family.step_median <= step, family
         assert family.memory_median <= memory, family

@@ -511,9 +511,9 @@ def test_the_sp_host_term_meets_its_trials() -> None:
 
 def test_the_cast_constant_is_priced() -> None:
     p = CostParams()
-    cheap = estimate_cost(XL, FP8, H100, replace(p, fp8_cast_scale=0.5)).step_time_s
-    dear = estimate_cost(XL, FP8, H100, replace(p, fp8_cast_scale=2.0)).step_time_s
-    assert cheap < estimate_cost(XL, FP8, H100, p).step_time_s < dear
+    cheap = estimate_cost(XL, FP8, H100, replace(p, fp8_cast_scale=p.fp8_cast_scale / 2))
+    dear = estimate_cost(XL, FP8, H100, replace(p, fp8_cast_scale=p.fp8_cast_scale * 2))
+    assert cheap.step_time_s < estimate_cost(XL, FP8, H100, p).step_time_s < dear.step_time_s
 
 
 def test_fp8_parameters_gather_in_one_byte() -> None:
@@ -722,8 +722,12 @@ def test_measured_fp8_trials_rank_against_bf16_as_measured(model: ModelSpec,
 # test_the_sp_host_term_meets_its_trials holds it out by recipe instead. Over the issue's
 # 10%: the same layout measured on two days is up to 23% apart (gpt2-xl mbs 8 blockwise), so no
 # model comes within 10.4% of both runs.
-FP8_STEP_ERROR = (0.07, 0.153)
-FP8_STEP_ERROR_HELD_OUT = (0.076, 0.218)
+# Since the shared constants were refitted to all trials and the casts and host floors with them
+# (results/benchmarks/2026-11-28-cpu-constants-refit-s15.md): 5.3%, 16.9%; held out 5.5%, 22.0%.
+# The medians fell (6.0 -> 5.3, 6.6 -> 5.5), the worst rose (14.3 -> 16.9, 20.8 -> 22.0: the
+# host-bound Llama-3.2-3B mbs 1 delayed trial, predicted +16.9%), and the bounds with them.
+FP8_STEP_ERROR = (0.063, 0.179)
+FP8_STEP_ERROR_HELD_OUT = (0.065, 0.23)
 
 
 def test_fp8_step_time_error_does_not_regress() -> None:

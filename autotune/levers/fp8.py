@@ -49,7 +49,7 @@ from autotune.levers.base import (
     evolve,
 )
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
-from autotune.specs.flops import gemm_efficiency, gemm_size
+from autotune.specs.flops import GEMM_EFFICIENCY_MAX, gemm_efficiency, gemm_size
 from autotune.specs.gemm_rates import mean_rate
 
 if TYPE_CHECKING:
@@ -200,15 +200,20 @@ class Fields:
         "(`--fp8-param-gather`): 2 bytes less per weight; needs the distributed optimizer."))
 
 
+_CUBLAS_FP8_SPEEDUP = 1.75
+"""Hopper's large FP8 GEMMs against bf16 (cuBLAS 12.9 post, Constants.fp8_gemm_efficiency_max)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Constants:
     __slots__ = ()
-    fp8_gemm_efficiency_max: float = 0.745
+    fp8_gemm_efficiency_max: float = _CUBLAS_FP8_SPEEDUP * GEMM_EFFICIENCY_MAX * 989 / 1979
     """Fraction of the dense FP8 peak that large FP8 GEMMs reach. NVIDIA's cuBLAS 12.9 post
     ("Boosting Matrix Multiplication Speed and Flexibility with NVIDIA cuBLAS 12.9", 2025)
     measures Hopper's FP8 GEMMs 1.75x as fast as BF16 for large sizes: 1.75 x CostParams.
-    gemm_efficiency_max (0.852) x 989 / 1979 TFLOP/s = 0.745. A first-principles value, to be
-    fitted (`autotune calibrate`) on measured FP8 trials."""
+    gemm_efficiency_max (GEMM_EFFICIENCY_MAX, 0.6657) x 989 / 1979 TFLOP/s = 0.582 (0.745 while
+    bf16's was 0.852). A first-principles value, to be fitted (`autotune calibrate`) on measured
+    FP8 trials."""
     fp8_gemm_half_size: float = 768.0
     """The size at which FP8 GEMMs reach half their large-size efficiency (the x of
     CostParams.gemm_half_size: min(local tokens, hidden / tp)). FP8 tiles are twice as deep in
@@ -217,13 +222,15 @@ class Constants:
     768) = 1.25), which puts the crossover (no gain) at x = 427 on H100 and H200 alike (the
     same 989 / 1979 TFLOP/s peaks). The measured FP8 trials do not constrain it (MEASURED_FIT):
     their one GPU-bound pair runs one GEMM size (x = 3,072), the rest wait on the host."""
-    fp8_cast_scale: float = 1.0
+    fp8_cast_scale: float = 2.55
     """Multiplies CAST_BYTES_PER_ELEMENT's byte counts (1: the first-principles count). Fitted
-    with the host floors to the 17 measured FP8 trials it comes out at 1.55, and held out by
-    family (fitted to one model's trials, predicting the other's) no better than 1 (7.8%
-    against 7.4% median, 18.9% against 18.8% worst: results/benchmarks/2026-11-27-cpu-fp8-
-    cost.md): the count stands until GPU-bound FP8 trials of other shapes say otherwise."""
-    fp8_layer_host_s: float = 0.0080
+    with the three host floors to all 26 OK FP8 trials, every other constant shipped
+    (results/benchmarks/2026-11-28-cpu-constants-refit-s15.md, fp8_host_refit.py): 2.55, once the
+    shared bf16 constants were refitted to all trials (the element-wise kernels next to free
+    there, so the casts carry what TE's FP8 path adds around its GEMMs). It was 1 (the count)
+    while 17 trials fitted it to 1.55 and, held out by family, no better than 1
+    (results/benchmarks/2026-11-27-cpu-fp8-cost.md)."""
+    fp8_layer_host_s: float = 0.00838
     """Host seconds per layer and micro-batch (forward and backward) of TE's FP8 path with
     delayed scaling: its quantizers, amax and scale bookkeeping and casts issued from Python
     for each GEMM. A floor under the layers' time, not a cost added to it: where the GPU's
@@ -239,16 +246,19 @@ class Constants:
     longer per layer and micro-batch than gpt2-xl mbs 16's with half their GPU work, as no
     model of host and GPU time can
     (results/benchmarks/2026-11-27-cpu-fp8-cost.md). Refitted with the casts by recipe
-    (CastBytes) it is unchanged (8.00 ms). A property of the host as much as of TE:
+    (CastBytes) it is unchanged (8.00 ms); 8.38 ms refitted with the casts and the other floors to
+    all 26 FP8 trials after the shared constants' refit of 2026-11-28 (results/benchmarks/
+    2026-11-28-cpu-constants-refit-s15.md). A property of the host as much as of TE:
     `autotune calibrate` refits it."""
-    fp8_current_layer_host_s: float = 0.00872
+    fp8_current_layer_host_s: float = 0.00881
     """The same for the recipes that take each scale from the tensor itself (tensorwise, and
     blockwise and mxfp8 per block), whose quantizers do more per tensor (tensorwise: an amax
     kernel and a scale kernel before each cast); fitted with fp8_layer_host_s (9.5 ms on the
-    first day alone; 8.72 again refitted with CastBytes). One constant for the three: blockwise's
+    first day alone; 8.72 again refitted with CastBytes; 8.81 in the refit of 2026-11-28). One
+    constant for the three: blockwise's
     trials ask no other (per layer and micro-batch, where host-bound, 8.1-10.0 ms against
     tensorwise's 8.4-10.1)."""
-    fp8_sp_gather_host_s: float = 0.00098
+    fp8_sp_gather_host_s: float = 0.000984
     """Seconds per layer and micro-batch, per FP8 tensor all-gathered across the tensor-parallel
     ranks under sequence parallelism (sp_gathers: 6 a dense layer), that the recipes scaling
     from the tensor itself (tensorwise, blockwise) add to the FP8 host floor; delayed scaling
@@ -256,7 +266,8 @@ class Constants:
     tests/data/measured_trials.json, Llama-3.2-3B seq 4096 mbs 2 on 2 x H200 at tp 2 + sp
     (s12-fp8-l3b2/10 tensorwise 1.765 s, /11 blockwise 1.723 s, against 1.106 / 1.052 s
     without sp and 1.118 s for delayed with it: 5.9 and 6.0 ms more per layer and
-    micro-batch): 0.976 ms, both then within 1.3%; fitted to one recipe's trial it predicts
+    micro-batch): 0.976 ms (0.984 ms refitted with the casts and the other floors to all FP8
+    trials, 2026-11-28), both then within 1.3%; fitted to one recipe's trial it predicts
     the other's within 2.4% (results/benchmarks/2026-11-28-cpu-fp8-sp-host.md). Not in
     MEASURED_FIT: no other family has such a trial, so leaving one family out cannot test it.
     One call of one day, one shape, a 2-GPU lane beside it: the size is the measurement's, not

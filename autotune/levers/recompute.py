@@ -44,6 +44,7 @@ from autotune.levers.base import (
 from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions
 from autotune.levers.pipeline_split import chunk_layers, common_divisors
 from autotune.specs.activations import LayerActivations, layer_bytes
+from autotune.specs.elementwise import NORM_BYTES, layer_elementwise_bytes
 
 if TYPE_CHECKING:
     from autotune.layouts.layout import Layout
@@ -359,8 +360,11 @@ def _stage_cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     rerun = 0.0
     if "core_attn" in modules:
         rerun += layer.core + layer.dropout  # its dropout's random numbers drawn again
+    # The element-wise kernels' forward traffic (autotune.specs.elementwise): a third of their
+    # forward + backward bytes.
+    traffic = layer_elementwise_bytes(m, s.tp, str(s.impl))
     if "mlp" in modules or "moe" in modules:
-        rerun += state.mlp_forward_s + tokens * acts.mlp_internal * elementwise / 3 / hbm
+        rerun += state.mlp_forward_s + tokens * traffic.mlp * elementwise / 3 / hbm
     if "moe" in modules:
         # moe_layer.py checkpoints routing and the token dispatch too: its all-to-all again.
         rerun += layer.ep / 2 + tokens * (acts.moe_replicated + acts.moe_split) \
@@ -368,7 +372,7 @@ def _stage_cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     elif "moe_act" in modules:
         rerun += tokens * acts.moe_act_output * elementwise / 3 / hbm
     if "layernorm" in modules:
-        rerun += tokens * acts.norm_outputs / (s.tp if s.sequence_parallel else 1) \
+        rerun += tokens * 2 * NORM_BYTES * m.hidden_size / (s.tp if s.sequence_parallel else 1) \
             * elementwise / 3 / hbm
     # Recomputed core attention runs its context-parallel ring again.
     return evolve(state, attention_reruns=1.0 if "core_attn" in modules else 0.0,

@@ -34,6 +34,7 @@ __all__ = [
     "ATTENTION_FIT_FIELDS",
     "COST_FIT_FIELDS",
     "MEMORY_FIT_FIELDS",
+    "CrossValidation",
     "Sample",
     "fit_cost_params",
     "fit_fields",

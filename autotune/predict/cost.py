@@ -28,7 +28,9 @@ from autotune.levers.base import CostState, StageState
 from autotune.levers.pipeline_split import even_layers
 from autotune.predict.memory import MAIN_GRAD_BYTES, PARAM_BYTES, stage_linear_params, stage_params
 from autotune.specs.activations import layer_activations, layer_bytes
+from autotune.specs.elementwise import layer_elementwise_bytes
 from autotune.specs.flops import (
+    GEMM_EFFICIENCY_MAX,
     forward_flops_per_token,
     gemm_efficiency,
     gemm_size,
@@ -59,15 +61,17 @@ class CostParams(LeverConstants):
     Defaults: gemm_half_size, the attention, HBM and communication efficiencies are
     datasheet-style guesses; gemm_efficiency_max, the implementation's two elementwise factors
     and step_overhead_s are fitted by tools/fit_constants.py (scipy least squares on log step
-    time) to the 113 OK trials of tests/data/measured_trials.json (5 families: gpt2-xl,
-    gpt2-large, gpt-3.6b on H100 and H200), with leave-one-family-out cross-validation in
-    results/benchmarks/2026-11-25-cpu-constants-fit.md (kept when 30 H100 trials of Llama
-    shapes made it 143 trials and 8 families: the refit did not lower held-out error across
-    them, same report); layer_launch_s was fitted earlier
+    time) to all 214 OK trials of tests/data/measured_trials.json (13 families: 7 model shapes,
+    GPT and Llama, on H100 and H200), with attention dropout priced apart and the element-wise
+    traffic counted per architecture feature (autotune.specs.elementwise); leave-one-family-out
+    held-out step-time medians 2.6-8.3% per family
+    (results/benchmarks/2026-11-28-cpu-constants-refit-s15.md). One set for both GPU types: fitted
+    to each GPU's trials alone they move the shared constants little (same report).
+    layer_launch_s was fitted earlier
     (results/benchmarks/2026-11-21-h100-h200x2-model-accuracy.md).
     """
 
-    gemm_efficiency_max: float = 0.852
+    gemm_efficiency_max: float = GEMM_EFFICIENCY_MAX
     """Fraction of peak bf16 FLOP/s that large GEMMs reach."""
     gemm_half_size: float = 256.0
     """eff = gemm_efficiency_max * x / (x + gemm_half_size), x the GEMM's smaller dimension per
@@ -97,12 +101,13 @@ class CostParams(LeverConstants):
     optimizer_bytes_per_param: float = 32.0
     """Adam step HBM traffic per local-shard parameter: read grad, master, m, v (16 B), write
     master, m, v, bf16 param (14 B), plus the gradient-norm read (2 B)."""
-    step_overhead_s: float = 0.0339
+    step_overhead_s: float = 0.000869
+    """Per-step fixed cost: data loading, loss all-reduce, Python, zeroing grad buffers. The fit
+    to all trials puts it under a millisecond (0.0339 s fitted to the GPT trials alone)."""
     layer_launch_s: float = 0.00162
     """Host time to launch one layer's kernels for one micro-batch (forward + backward) that
     the GPU does not hide: eager megatron-core issues ~100 small kernels per layer. Fitted to
     measurements (autotune calibrate); it is what makes small micro-batches slow."""
-    """Per-step fixed cost: data loading, loss all-reduce, Python, zeroing grad buffers."""
     cp_ring_step_host_s: float = 0.0036
     """Host time of one step of Transformer Engine's context-parallel ring per layer and
     micro-batch, forward and backward together (transformer_engine/pytorch/attention:
@@ -284,7 +289,6 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     mlp_fwd = tokens * fl.layer_mlp / t / mlp_rate / state.layer_gemm_speedup
     core_flops = tokens * fl.layer_core / t
     acts = layer_activations(model, t, state.attention)
-    stored_per_token = acts.replicated / tsp + acts.split
     # Core attention at its kernel's efficiency, and an unfused one's s^2 memory traffic
     # (the implementation's: autotune.levers.transformer_impl).
     core_fwd = core_flops / (peak * state.attention_efficiency)
@@ -296,9 +300,12 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
         core_fwd += (tokens * seq * model.num_attention_heads / t
                      * state.attention_bytes_per_score / 3 / hbm)
     elementwise = state.elementwise_bytes
-    # Element-wise kernels move `elementwise` bytes (forward + backward) per stored byte; a
-    # lever's own passes (FP8's casts) add their bytes, forward + backward as well.
-    elem_fwd = tokens * stored_per_token * elementwise / 3 / hbm \
+    # Element-wise kernels: the bytes they move, forward + backward, counted from the model's
+    # features (norms, residual branches with or without dropout, GeLU or SwiGLU, RoPE, GQA's
+    # repeat: autotune.specs.elementwise) times the implementation's fitted factor; a lever's
+    # own passes (FP8's casts) add their bytes, forward + backward as well.
+    traffic = layer_elementwise_bytes(model, t, str(s.impl)).per_token(t, s.sequence_parallel)
+    elem_fwd = tokens * traffic * elementwise / 3 / hbm \
         + tokens * state.layer_pass_bytes_per_token / 3 / hbm
     # Tensor parallel: 2 all-reduces of s b h bf16 per layer forward, 2 backward (Korthikanti
     # et al. 2022, Section 4.2.2; SP swaps each for all-gather + reduce-scatter of the same

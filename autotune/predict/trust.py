@@ -22,18 +22,14 @@ __all__ = ["MEASURED_RANGE", "STEP_TIME_BAND", "MeasuredRange", "in_memory_band"
            "memory_band_depth", "memory_risk", "outside_range", "predicted_rank", "trust_line",
            "within_memory_band"]
 
-STEP_TIME_BAND = 0.151
+STEP_TIME_BAND = 0.083
 """Held-out median step-time error of the worst family with at least three measured trials:
-llama-1b on H200, 15.1% (leave-one-family-out over the 212 OK trials of 2026-11-27 with
-session 12's llama2-13b and 2-GPU FP8 trials, the bounds of tests/test_calibration.py; 14.9%
-over the 187 before them; 14.4% in
-results/benchmarks/2026-11-27-cpu-constants-cv-s10.md before the FP8 trials joined: six trials
-at seq 8192-32768, where the attention term is priced too slow; wide-8k on H100, two trials of
-hidden 8192, 10.5%). Before the long-sequence trials it
-was llama-3b on H100, 6.5% (2026-11-25-cpu-constants-fit.md; 6.4% in
-2026-11-27-cpu-constants-cv.md). A model of either shape (long sequences without attention
-dropout, hidden 8192) should expect as much until the model has the terms they miss
-(2026-11-25-h100-model-shapes.md)."""
+gpt-3.6b on H100, 8.3% (leave-one-family-out over the 214 OK trials, 13 families, with attention
+dropout priced apart, the element-wise traffic counted per architecture feature and the shipped
+defaults refitted to all trials: results/benchmarks/2026-11-28-cpu-constants-refit-s15.md, the
+bounds of tests/test_calibration.py). wide-8k on H100, two trials, 7.4%. Before that it was
+llama-1b on H200, 15.1% (long sequences without attention dropout, priced at the with-dropout
+attention rate; 2026-11-27-cpu-constants-cv-s10.md and before)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -107,6 +107,13 @@ def gemm_size(model: ModelSpec, layout: GemmSplit) -> float:
     return min(layout.mbs * (model.seq_length / layout.cp), model.hidden_size / layout.tp)
 
 
+GEMM_EFFICIENCY_MAX = 0.6657
+"""Fraction of the dense bf16 peak that large GEMMs reach in training, as priced: the default of
+CostParams.gemm_efficiency_max, fitted with the element-wise factors and step_overhead_s to all
+of tests/data/measured_trials.json (results/benchmarks/2026-11-28-cpu-constants-refit-s15.md).
+FP8's first-principles efficiency is a multiple of it (autotune.levers.fp8.Constants)."""
+
+
 def gemm_efficiency(x: float, params: GemmFit) -> float:
     """Saturating fit eff_max * x / (x + x_half) (empirical, see CostParams.gemm_half_size)."""
     return params.gemm_efficiency_max * x / (x + params.gemm_half_size)
