@@ -10,6 +10,8 @@ import pytest
 
 from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout, check
+from autotune.levers.flags import Given
+from autotune.megatron.megatron_args import FLAG_TABLE, megatron_lm_args
 from autotune.specs.presets import load_model
 from tests.conftest import cluster
 from tools.published_recipes import ROOT, ROWS, Row
@@ -45,3 +47,20 @@ def test_the_405b_split_needs_the_embedding_and_loss_counted() -> None:
     even = dataclasses.replace(_layout(row), embedding_loss_split=False)
     assert [v.rule for v in check(even, model, cluster(row.gpus, gpus_per_node=8))] \
         == ["pp_layers", "vpp_layers"]
+
+
+def test_the_split_is_exported_and_read_back() -> None:
+    """Megatron-LM receives both flags, and a command with both reads back as the split; one
+    of the two alone is a split autotune does not model and reads as neither."""
+    row = next(row for row in ROWS if row.embedding_loss_split)
+    model = load_model(str(ROOT / row.model))
+    args = megatron_lm_args(model, _layout(row), mock_data=True)
+    assert {"--account-for-embedding-in-pipeline-split",
+            "--account-for-loss-in-pipeline-split"} <= set(args)
+    both = dict.fromkeys(("--account-for-embedding-in-pipeline-split",
+                          "--account-for-loss-in-pipeline-split"))
+    read = next(r.read for r in FLAG_TABLE if r.name == "embedding_loss_split")
+    assert read is not None
+    assert read(Given(both, "t.sh")) == {"embedding_loss_split": True}
+    one = {"--account-for-loss-in-pipeline-split": None}
+    assert read(Given(one, "t.sh")) == {"embedding_loss_split": False}
