@@ -51,7 +51,7 @@ def test_the_405b_split_needs_the_embedding_and_loss_counted() -> None:
 
 def test_the_split_is_exported_and_read_back() -> None:
     """Megatron-LM receives both flags, and a command with both reads back as the split; one
-    of the two alone is a split autotune does not model and reads as neither."""
+    of the two alone is a split autotune does not model, refused in one line."""
     row = next(row for row in ROWS if row.embedding_loss_split)
     model = load_model(str(ROOT / row.model))
     args = megatron_lm_args(model, _layout(row), mock_data=True)
@@ -63,4 +63,6 @@ def test_the_split_is_exported_and_read_back() -> None:
     assert read is not None
     assert read(Given(both, "t.sh")) == {"embedding_loss_split": True}
     one = {"--account-for-loss-in-pipeline-split": None}
-    assert read(Given(one, "t.sh")) == {"embedding_loss_split": False}
+    with pytest.raises(ConfigError, match="without the other"):
+        read(Given(one, "t.sh"))
+    assert read(Given({}, "t.sh")) == {"embedding_loss_split": False}

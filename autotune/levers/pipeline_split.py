@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import dimension, flag_label, unless_default
+from autotune.errors import ConfigError
 from autotune.levers.base import CostState, Lever, MemoryState, Rule, Seed, evolve
 from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions, value
 
@@ -155,10 +156,17 @@ def _emit(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
 
 
 def _read(g: Given) -> dict[str, Any]:
-    # One of the two alone is a split autotune does not model: read as neither would misprice
-    # the run, so only both together count (the command's other flag is then left as written).
-    return {"embedding_loss_split": g.has("--account-for-embedding-in-pipeline-split")
-            and g.has("--account-for-loss-in-pipeline-split")}
+    # One of the two alone is a split autotune does not model: refused in one line rather than
+    # read as either.
+    embedding = g.has("--account-for-embedding-in-pipeline-split")
+    loss = g.has("--account-for-loss-in-pipeline-split")
+    if embedding != loss:
+        given = "embedding" if embedding else "loss"
+        raise ConfigError(f"{g.source}: --account-for-{given}-in-pipeline-split without the "
+                          "other is a pipeline split autotune does not model (it takes "
+                          "--account-for-embedding-in-pipeline-split and "
+                          "--account-for-loss-in-pipeline-split together)")
+    return {"embedding_loss_split": embedding}
 
 
 def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
