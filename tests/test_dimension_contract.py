@@ -54,6 +54,9 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("impl", "megatron-lm", lambda a, b: {a.impl, b.impl} == {Impl.SDPA, Impl.TE},
             "Megatron-LM has no sdpa implementation; export writes Transformer Engine's spec, "
             "the nearest (autotune.report.scripts), and the worker keeps the two apart."),
+    Allowed("embedding_loss_split", "model", lambda a, b: a.pp == 2 and a.vpp == 1,
+            "At pp 2 without vpp both ranks hold one layer fewer than num_layers + 2 over 2: "
+            "the even split's layers, which is what megatron-core builds (the flags differ)."),
 )
 NOT_SEARCHED = {"dp": "derived from the GPU count and tp x pp x cp",
                 "gbs": "the model's global batch size, not a search dimension"}

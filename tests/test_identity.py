@@ -33,6 +33,8 @@ IGNORED: dict[str, tuple[Callable[[Layout], bool], str]] = {
                           "Megatron reads it only with selective recompute"),
     **{name: (lambda s: s.dp * s.cp == 1, "nothing to shard or overlap with one DP rank")
        for name in DATA_PARALLEL_OPTIONS},
+    "embedding_loss_split": (lambda s: s.pp == 2 and s.vpp == 1,
+                             "two ranks of (num_layers + 2) / 2 - 1 layers: the even split"),
 }
 """When a dimension makes no difference to the run, written from Megatron's documentation
 independently of autotune.megatron.identity: two layouts may share a key only by differing here."""
@@ -166,7 +168,8 @@ def test_the_hand_rules_change_only_options_whose_configuration_differs() -> Non
     """A hand rule is for layouts Megatron configures differently but runs the same; one that
     normalises a layout to the same configuration is redundant."""
     model = load_model("gpt2-xl")
-    s = Layout(gbs=64, distributed_optimizer=True, overlap_grad_reduce=True, impl=Impl.SDPA)
+    s = Layout(gbs=64, distributed_optimizer=True, overlap_grad_reduce=True, impl=Impl.SDPA,
+               pp=2, embedding_loss_split=True)
     for rule in SAME_RUN_RULES:
         assert rule.applies(s) and rule.reason
         assert configuration(model, rule.normalise(s)) != configuration(model, s)

@@ -113,9 +113,10 @@ def test_field_order_is_the_labels_and_the_studies() -> None:
     (describe) and a study's parameters follow it, so the pipeline split stays between vpp and
     mbs and the implementation last (autotune.layouts.layout.Layout's bases)."""
     names = list(DIMENSIONS)
-    assert names[:11] == ["tp", "pp", "dp", "cp", "ep", "vpp", "first_stage_layers",
-                          "last_stage_layers", "mbs", "gbs", "sequence_parallel"]
-    assert names[11:16] == ["recompute", "recompute_method", "recompute_num_layers",
+    assert names[:12] == ["tp", "pp", "dp", "cp", "ep", "vpp", "first_stage_layers",
+                          "last_stage_layers", "embedding_loss_split", "mbs", "gbs",
+                          "sequence_parallel"]
+    assert names[12:17] == ["recompute", "recompute_method", "recompute_num_layers",
                             "recompute_modules", "offload_layers"]
     assert names[-1] == "impl"
 

@@ -340,7 +340,7 @@ def test_lever_rows_sit_at_their_place() -> None:
     def after(first: str, second: str) -> bool:
         return names.index(second) == names.index(first) + 1
 
-    assert after("vpp", "first_stage_layers") and after("last_stage_layers", "cp")
+    assert after("vpp", "first_stage_layers") and after("embedding_loss_split", "cp")
     assert after("batch", "recompute") and after("recompute", "offload_layers")
     assert after("offload_layers", "precision")
     assert after("precision", "distributed_optimizer")

@@ -76,7 +76,9 @@ def _transformer_config(model: ModelSpec, s: Layout) -> TransformerConfig:
     if s.recompute == "selective":
         recompute["recompute_modules"] = list(s.recompute_modules.modules)
     split = {"num_layers_in_first_pipeline_stage": s.first_stage_layers or None,
-             "num_layers_in_last_pipeline_stage": s.last_stage_layers or None}
+             "num_layers_in_last_pipeline_stage": s.last_stage_layers or None,
+             "account_for_embedding_in_pipeline_split": s.embedding_loss_split,
+             "account_for_loss_in_pipeline_split": s.embedding_loss_split}
     offload = {"cpu_offloading": s.offload_layers > 0,
                "cpu_offloading_num_layers": s.offload_layers}
     fp8 = {"fp8": None if s.fp8 == "off" else str(s.fp8), "fp8_recipe": str(s.fp8_recipe),
@@ -185,6 +187,14 @@ TABLE: list[tuple[str, int, dict[str, Any], bool]] = [
     ("gpt2-xl", 4, dict(pp=4, vpp=2, first_stage_layers=10, last_stage_layers=10), True),
     ("gpt2-xl", 4, dict(pp=4, vpp=2, first_stage_layers=9, last_stage_layers=13), False),
     ("gpt2-xl", 4, dict(pp=4, vpp=2, first_stage_layers=10), False),  # 38 over 3 stages
+    # The embedding and the loss counted as layers (TransformerConfig.__post_init__): NVIDIA's
+    # Llama 3.1 405B recipes (126 layers, pp 8 vpp 8) run this way.
+    ("gpt2-xl", 2, dict(pp=2, embedding_loss_split=True), True),           # 50 over 2
+    ("gpt2-xl", 2, dict(pp=2, vpp=5, embedding_loss_split=True), True),    # 25 per rank
+    ("gpt2-xl", 4, dict(pp=4, embedding_loss_split=True), False),          # 50 over 4
+    ("gpt2-xl", 4, dict(pp=2, vpp=2, embedding_loss_split=True), False),   # 25 per rank
+    ("gpt2-xl", 2, dict(pp=2, first_stage_layers=20, embedding_loss_split=True), False),
+    ("gpt-3.6b", 8, dict(pp=8, vpp=2, embedding_loss_split=True), True),   # 32 over 8
     # Selective recompute's modules.
     ("gpt2-xl", 1, dict(recompute="selective", recompute_modules="core_attn+layernorm+mlp"),
      True),
@@ -232,6 +242,7 @@ def random_layouts(count: int, seed: int) -> list[tuple[str, int, Layout]]:
             fp8=rng.choice(["off", "off", "hybrid", "e4m3"]),
             fp8_recipe=rng.choice(["delayed", "tensorwise"]),
             fp8_param_gather=rng.random() < 0.2,
+            embedding_loss_split=rng.random() < 0.2,
         )
         out.append((name, gpus, layout_for(model, gpus, **fields)))
     return out

@@ -221,6 +221,12 @@ def _vpp_layers(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
             return (f"vpp={s.vpp} must divide the {m.num_layers // s.pp} layers per pipeline "
                     f"stage (num_layers={m.num_layers}, pp={s.pp})")
         return None
+    if s.embedding_loss_split:
+        slots = (m.num_layers + 2) // s.pp
+        if slots % s.vpp:
+            return (f"vpp={s.vpp} must divide the {slots} layers per pipeline stage "
+                    f"(num_layers={m.num_layers} + embedding + loss, pp={s.pp})")
+        return None
     counts = sorted(set(stage_layers(s, m)))
     if any(n % s.vpp for n in counts):
         listed = ", ".join(map(str, counts))

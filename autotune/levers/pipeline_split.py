@@ -10,6 +10,13 @@ micro-batches in flight, fewer on the last the output layer and the loss. A stag
 activations and time all scale with its layer count, so the lever's terms are the counts
 themselves (`stage_layers`), which autotune.predict.memory and autotune.predict.cost read stage by
 stage.
+
+The other uneven split megatron-core offers counts the input embedding and the loss as one layer
+each (`account_for_embedding_in_pipeline_split`, `account_for_loss_in_pipeline_split`;
+Megatron-LM `--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split`):
+num_layers + 2 slots split evenly over the pipeline ranks, vpp chunks each, so the first and last
+ranks hold one transformer layer fewer. NVIDIA's Llama 3.1 405B recipes (126 layers, pp 8 vpp 8)
+run with both (Megatron-Bridge recipes/llama/llama3.py): autotune takes them together.
 """
 
 from __future__ import annotations
@@ -18,9 +25,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.dimensions import dimension, unless_default
+from autotune.dimensions import dimension, flag_label, unless_default
+from autotune.errors import ConfigError
 from autotune.levers.base import CostState, Lever, MemoryState, Rule, Seed, evolve
-from autotune.levers.flags import Part, Place, value
+from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions, value
 
 if TYPE_CHECKING:
     from autotune.layouts.layout import Layout
@@ -43,11 +51,16 @@ class Fields:
                                        help=(
         "Transformer layers on the last pipeline stage (`--decoder-last-pipeline-num-layers`); "
         "0: an even split. Fewer layers there offset the output layer and the loss."))
+    embedding_loss_split: bool = dimension(False, level=1, label=flag_label("els"), help=(
+        "Count the embedding and the loss as a layer each in the pipeline split "
+        "(`--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split`): "
+        "num_layers + 2 split evenly, the first and last stages one layer fewer."))
 
     @property
     def uneven(self) -> bool:
         """The first or last pipeline stage has a layer count of its own."""
-        return bool(self.first_stage_layers or self.last_stage_layers)
+        return bool(self.first_stage_layers or self.last_stage_layers
+                    or self.embedding_loss_split)
 
 
 def even_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:
@@ -64,6 +77,9 @@ def stage_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:
     a layout that passes the rule `pp_layers`."""
     if not s.uneven or s.pp == 1:
         return even_layers(s, m)
+    if s.embedding_loss_split:
+        slots = (m.num_layers + 2) // s.pp
+        return (slots - 1, *(slots,) * (s.pp - 2), slots - 1)
     first, last = s.first_stage_layers, s.last_stage_layers
     middle = s.pp - bool(first) - bool(last)
     rest = m.num_layers - first - last
@@ -75,8 +91,10 @@ def stage_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:
 
 
 def chunk_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:
-    """Transformer layers of one model chunk on each pipeline rank (stage_layers / vpp)."""
-    return tuple(n // s.vpp for n in stage_layers(s, m))
+    """Transformer layers of the largest model chunk on each pipeline rank (stage_layers / vpp,
+    rounded up: with embedding_loss_split a chunk of the first and last ranks holds the
+    embedding or the loss in place of a layer)."""
+    return tuple(-(-n // s.vpp) for n in stage_layers(s, m))
 
 
 def common_divisors(counts: Iterable[int]) -> tuple[int, ...]:
@@ -95,6 +113,8 @@ def _pp_layers(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
         if m.num_layers % s.pp:
             return f"pp={s.pp} must divide num_layers={m.num_layers}"
         return None
+    if s.embedding_loss_split:
+        return _embedding_loss_split(s, m)
     first, last = s.first_stage_layers, s.last_stage_layers
     if s.pp < 2:
         return (f"first_stage_layers={first}/last_stage_layers={last} need pp >= 2: one "
@@ -114,11 +134,48 @@ def _pp_layers(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     return None
 
 
+def _embedding_loss_split(s: Layout, m: ModelSpec) -> str | None:
+    # TransformerConfig.__post_init__: not with the first/last stages' own counts; num_layers + 2
+    # divisible by pp (with vpp, the slots per rank by vpp: the core's vpp_layers).
+    if s.first_stage_layers or s.last_stage_layers:
+        return (f"embedding_loss_split cannot be set with first_stage_layers="
+                f"{s.first_stage_layers}/last_stage_layers={s.last_stage_layers}")
+    if s.pp < 2:
+        return "embedding_loss_split needs pp >= 2: one stage holds the embedding and the loss"
+    if (m.num_layers + 2) % s.pp:
+        return (f"pp={s.pp} must divide num_layers + 2 = {m.num_layers + 2} with "
+                "embedding_loss_split")
+    return None
+
+
+def _emit(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
+    if s.embedding_loss_split:
+        return ["--account-for-embedding-in-pipeline-split",
+                "--account-for-loss-in-pipeline-split"]
+    return []
+
+
+def _read(g: Given) -> dict[str, Any]:
+    # One of the two alone is a split autotune does not model: refused in one line rather than
+    # read as either.
+    embedding = g.has("--account-for-embedding-in-pipeline-split")
+    loss = g.has("--account-for-loss-in-pipeline-split")
+    if embedding != loss:
+        given = "embedding" if embedding else "loss"
+        raise ConfigError(f"{g.source}: --account-for-{given}-in-pipeline-split without the "
+                          "other is a pipeline split autotune does not model (it takes "
+                          "--account-for-embedding-in-pipeline-split and "
+                          "--account-for-loss-in-pipeline-split together)")
+    return {"embedding_loss_split": embedding}
+
+
 def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     # TransformerConfig's uneven split: None is an even split (Megatron-LM's default for
     # --decoder-first/last-pipeline-num-layers); get_num_layers_to_build reads both.
     return {"transformer": {"num_layers_in_first_pipeline_stage": s.first_stage_layers or None,
-                            "num_layers_in_last_pipeline_stage": s.last_stage_layers or None}}
+                            "num_layers_in_last_pipeline_stage": s.last_stage_layers or None,
+                            "account_for_embedding_in_pipeline_split": s.embedding_loss_split,
+                            "account_for_loss_in_pipeline_split": s.embedding_loss_split}}
 
 
 def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
@@ -137,14 +194,20 @@ LEVER = Lever(
     fields=Fields,
     # Level 1, with vpp: vpp_layers (autotune.layouts.layout) divides the counts this rule allows.
     rules=(Rule("pp_layers", 1, "pp must divide num_layers, or the first/last stages' own "
-                "counts leave an even split", _pp_layers),),
+                "counts (or num_layers + 2 with embedding_loss_split) leave an even split",
+                _pp_layers),),
     # An uneven split (arguments.py _add_distributed_args, core_v0.16.1): absent, an even
     # split; with vpp, --num-virtual-stages-per-pipeline-rank is the flag validate_args
     # accepts alongside them.
     flag_rows=(value("--decoder-first-pipeline-num-layers", "first_stage_layers", Part.LAYOUT,
                      default=0, omit_at=0),
                value("--decoder-last-pipeline-num-layers", "last_stage_layers", Part.LAYOUT,
-                     default=0, omit_at=0)),
+                     default=0, omit_at=0),
+               FlagRow(name="embedding_loss_split", part=Part.LAYOUT,
+                       flags=(Flag("--account-for-embedding-in-pipeline-split",
+                                   takes_value=False),
+                              Flag("--account-for-loss-in-pipeline-split", takes_value=False)),
+                       emit=_emit, read=_read)),
     flag_place=Place.PIPELINE,
     core_config=_core_config,
     memory=_memory,

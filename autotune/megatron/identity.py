@@ -63,6 +63,13 @@ SAME_RUN_RULES: tuple[SameRunRule, ...] = (
         lambda s: s.dp * s.cp == 1,
         lambda s: satisfy(with_fields(s, **dict.fromkeys(DATA_PARALLEL_OPTIONS, False)),
                           requirements())),
+    SameRunRule(
+        "the embedding and loss split at pp 2",
+        "With embedding_loss_split and two pipeline ranks without interleaving, each rank holds "
+        "(num_layers + 2) / 2 - 1 = num_layers / 2 layers, the even split's (megatron-core "
+        "get_num_layers_to_build): the same stages, memory and time; only the flags differ.",
+        lambda s: s.embedding_loss_split and s.pp == 2 and s.vpp == 1,
+        lambda s: with_fields(s, embedding_loss_split=False)),
 )
 
 

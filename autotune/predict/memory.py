@@ -378,7 +378,9 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams, states: Me
     acts, seq, tokens, full = one.acts, one.seq, one.tokens, one.full
     tsp = s.tp if s.sequence_parallel else 1
     m = s.num_microbatches
-    chunk_layers = layers // s.vpp
+    # The largest chunk: with embedding_loss_split the first and last ranks' layers do not
+    # divide by vpp (one chunk there holds the embedding or the loss instead of a layer).
+    chunk_layers = -(-layers // s.vpp)
     chunk = chunks.get(chunk_layers)
     if chunk is None:
         chunk = chunks[chunk_layers] = _chunk(model, s, chunk_layers, one)
