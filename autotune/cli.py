@@ -299,7 +299,6 @@ def _search(
 
         space = space_path(space)
     space_spec = pin_space(load_space(space), pins)
-    kept_bf16: str | None = None
     if job is not None:
         from autotune.commands.from_megatron import widen_space
 
@@ -309,17 +308,6 @@ def _search(
                 raise ConfigError(f"{FROM_MEGATRON}: your command trains in FP8 (fp8="
                                   f"{job.layout.fp8}); --precision bf16 would search without "
                                   "your layout")
-            space_spec = pin_space(space_spec, {"fp8": (Fp8.OFF,)})
-        elif job.layout.fp8 == Fp8.OFF and space_spec.shipped("fp8"):
-            # A bf16 run is answered in bf16: FP8 changes the numerics, which is the user's
-            # call (a --space file that lists fp8), not the shipped space's. Said where the GPU
-            # could have run it.
-            # Said after the search: an input refused on the way is its one line alone.
-            if cluster.gpu.peak_fp8_flops is not None and any(
-                    f != Fp8.OFF for f in space_spec.candidates.get("fp8", ())):
-                kept_bf16 = ("autotune: your command trains in bf16, so the search stayed in "
-                             "bf16 (FP8 changes the numerics); a --space file that lists fp8 "
-                             "searches FP8 too")
             space_spec = pin_space(space_spec, {"fp8": (Fp8.OFF,)})
     summary = enumerate_space(space_spec, spec, cluster)
     if not summary.valid:
@@ -369,8 +357,6 @@ def _search(
                        stable_cv=stable_cv, stop_rule=stop_rule,
                        seeds=() if job is None else (job.layout,),
                        compare=None if job is None else _comparison(job, results_dir, storage))
-    if kept_bf16 is not None:
-        print(kept_bf16, file=sys.stderr)
 
 
 def _bf16_only(precision: str | None, pins: dict[str, tuple[Any, ...]]) -> bool:

@@ -148,7 +148,7 @@ def _runnable_space(space: SearchSpace, backend: str) -> SearchSpace:
         raise ConfigError(f"impl candidates {', '.join(impls)} cannot run here "
                           f"({'Transformer Engine is not installed' if 'te' in drop else ''})")
     left_out = set(impls) - set(kept)
-    if space.shipped("impl"):
+    if space.is_default:
         # The default space's sdpa is autotune's own stand-in where TE is missing, not a choice
         # the user made: its replacement by te is the table's te rows, not news worth a line.
         left_out.discard("sdpa")

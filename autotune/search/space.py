@@ -59,13 +59,11 @@ class SearchSpace:
     candidates: dict[str, tuple[Any, ...]]
     source: str = "default"
 
-    def shipped(self, dim: str) -> bool:
-        """Whether `dim`'s candidates are the shipped default space's (search_spaces/
-        default.yaml, or a space built in code), not a user's choice: the source's first part
-        names the default and no later part (`--fix`'s pins, `+ your layout`) pins `dim`."""
-        base, *added = self.source.split(" + ")
-        return base in ("default", DEFAULT_SPACE_FILE) and not any(
-            word.startswith(f"{dim}=") for part in added for word in part.split())
+    @property
+    def is_default(self) -> bool:
+        """The shipped default space (search_spaces/default.yaml, or one built in code), not a
+        user's file."""
+        return self.source in ("default", DEFAULT_SPACE_FILE)
 
     def size(self) -> int:
         """Combinations of the listed candidates (`divisors` and `derive` count as one)."""
