@@ -22,7 +22,7 @@ pp: [1, 2]
 mbs: [1, 2, 4]
 distributed_optimizer: [false, true]
 overlap_grad_reduce: [true]
-impl: [te]
+impl: [sdpa]
 """
 
 
@@ -249,27 +249,3 @@ def test_the_batches_named_have_layouts(capsys: pytest.CaptureFixture[str], gbs:
                          "--dry-run")
     assert code == 0, err
     assert f"global batch {gbs}" in out
-
-
-@pytest.mark.parametrize(("impls", "note"), [
-    (None, False),                  # the default space: sdpa is autotune's stand-in, no line
-    ("[sdpa]", True),               # the user's own space named it: said once
-    ("[sdpa, local]", True),
-    ("[local]", False),
-])
-def test_simulate_plans_what_the_export_runs_never_sdpa(
-        capsys: pytest.CaptureFixture[str], tmp_path: Path, impls: str | None,
-        note: bool) -> None:
-    args = ["gpt2", "--gpus", "1", "--backend", "simulate", "--results-dir", str(tmp_path),
-            "--json"]
-    if impls is not None:
-        path = tmp_path / "space.yaml"
-        path.write_text(f"mbs: [1, 2, 4]\nimpl: {impls}\n")
-        args += ["--space", str(path)]
-    code, out, err = run(capsys, *args)
-    assert code == 0
-    ranked = {row["impl"] for row in json.loads(out)["best"]}
-    assert "sdpa" not in ranked and ranked
-    assert ranked <= ({"local"} if impls == "[local]" else {"te", "local"})
-    said = "impl left out: sdpa (planned as te, which its export writes for it" in err
-    assert said is note

@@ -129,36 +129,26 @@ def _runnable_space(space: SearchSpace, backend: str) -> SearchSpace:
     `te` is dropped (and `sdpa` for Megatron-LM, which has no such implementation). With it,
     `sdpa` is measured as what the export writes for it (megatron_args.exported_layout: te),
     so that the winner's figure is the figure of the command a user runs (issue 25: te ran
-    2.3-7.5% slower than sdpa on one H100, and the search crowned sdpa). Simulate plans as a
-    machine with Transformer Engine would run: sdpa as te too."""
+    2.3-7.5% slower than sdpa on one H100, and the search crowned sdpa)."""
     space = _runnable_precision(space, backend)
     impls = space.candidates.get("impl")
-    if impls is None:
+    if impls is None or backend == BackendName.SIMULATE:
         return space
-    # Simulate plans for the GPU machine the export runs on, which has Transformer Engine: its
-    # best is then never an sdpa figure that the exported te command does not reach.
-    te_here = backend == BackendName.SIMULATE or te_available()
-    drop = set() if te_here else {"te"}
-    if backend == BackendName.MEGATRON_LM or (te_here and "sdpa" in impls):
+    drop = set() if te_available() else {"te"}
+    if backend == BackendName.MEGATRON_LM or (te_available() and "sdpa" in impls):
         drop.add("sdpa")
-        if te_here and "te" not in impls:
+        if te_available() and "te" not in impls:
             impls = (*impls, exported_layout(Layout(impl=Impl.SDPA)).impl)
     kept = tuple(i for i in impls if i not in drop)
     if not kept:
         raise ConfigError(f"impl candidates {', '.join(impls)} cannot run here "
                           f"({'Transformer Engine is not installed' if 'te' in drop else ''})")
-    left_out = set(impls) - set(kept)
-    if space.is_default:
-        # The default space's sdpa is autotune's own stand-in where TE is missing, not a choice
-        # the user made: its replacement by te is the table's te rows, not news worth a line.
-        left_out.discard("sdpa")
-    if left_out:
+    if len(kept) < len(impls):
         why = {"te": "Transformer Engine is not installed",
-               "sdpa": "Megatron-LM has no such impl" if backend == BackendName.MEGATRON_LM
-               else f"{'planned' if backend == BackendName.SIMULATE else 'measured'} as te, "
-                    "which its export writes for it: issue 25"}
+               "sdpa": "measured as te, which its export writes for it: issue 25" if te_available()
+               and backend != BackendName.MEGATRON_LM else "Megatron-LM has no such impl"}
         print("autotune: impl left out: " + "; ".join(
-            f"{i} ({why[i]})" for i in sorted(left_out)), file=sys.stderr)
+            f"{i} ({why[i]})" for i in sorted(set(impls) - set(kept))), file=sys.stderr)
     return replace(space, candidates={**space.candidates, "impl": kept})
 
 

@@ -48,22 +48,12 @@ MAX_CANDIDATES = 64
 a few lists of thousands would take the enumeration days."""
 
 
-DEFAULT_SPACE_FILE = "default.yaml"
-"""The shipped space's file under search_spaces/, and the source a space loaded from it names."""
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchSpace:
     """Candidates per dimension. A dimension missing from the file keeps Layout's default."""
 
     candidates: dict[str, tuple[Any, ...]]
     source: str = "default"
-
-    @property
-    def is_default(self) -> bool:
-        """The shipped default space (search_spaces/default.yaml, or one built in code), not a
-        user's file."""
-        return self.source in ("default", DEFAULT_SPACE_FILE)
 
     def size(self) -> int:
         """Combinations of the listed candidates (`divisors` and `derive` count as one)."""
@@ -130,8 +120,8 @@ def space_from_mapping(data: Any, source: str) -> SearchSpace:
 def load_space(path: str | None = None) -> SearchSpace:
     """The space in `path`, or search_spaces/default.yaml."""
     if path is None:
-        text = search_spaces_dir().joinpath(DEFAULT_SPACE_FILE).read_text()
-        source = DEFAULT_SPACE_FILE
+        text = search_spaces_dir().joinpath("default.yaml").read_text()
+        source = "default.yaml"
     else:
         file = Path(path)
         text = read_text(file, "search space file", max_bytes=MAX_YAML_BYTES)
