@@ -25,6 +25,8 @@ from autotune.search.backends import BackendName
 __all__ = ["ImplChoice", "practice_impl", "rankable_impls"]
 
 _NO_TE = "Transformer Engine is not installed"
+_PLANNED_AS_TE = ("the export writes te for it, so a plan ranks te; list impl sdpa in your own "
+                  "space or pin it to rank it")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +35,13 @@ class ImplChoice:
 
     kept: tuple[Impl, ...]
     left_out: dict[Impl, str] = field(default_factory=dict)
+    quiet: bool = False
+    """Nothing to say: a plan over a shipped space ranks te for sdpa as its default (every
+    plan would print the same line, and its table shows what is exported)."""
 
     def note(self) -> str | None:
         """One line for stderr when the space's list was changed; None when it was not."""
-        if not self.left_out:
+        if not self.left_out or self.quiet:
             return None
         return "autotune: impl left out: " + "; ".join(
             f"{i} ({why})" for i, why in sorted(self.left_out.items()))
@@ -47,8 +52,7 @@ def _sdpa_reason(backend: str, *, te_installed: bool, asked: bool) -> str | None
     if backend == BackendName.MEGATRON_LM:
         return "Megatron-LM has no such impl"
     if backend == BackendName.SIMULATE:
-        return None if asked else ("the export writes te for it, so a plan ranks te; list "
-                                   "impl sdpa in your own space or pin it to rank it")
+        return None if asked else _PLANNED_AS_TE
     return "measured as te, which its export writes for it: issue 25" if te_installed else None
 
 
@@ -73,7 +77,7 @@ def rankable_impls(impls: tuple[Impl, ...], backend: str, *, te_installed: bool,
     if not kept:
         raise ConfigError(f"impl candidates {', '.join(impls)} cannot run here "
                           f"({'; '.join(sorted(set(left_out.values())))})")
-    return ImplChoice(kept, left_out)
+    return ImplChoice(kept, left_out, quiet=set(left_out.values()) == {_PLANNED_AS_TE})
 
 
 def practice_impl(backend: str, *, te_installed: bool) -> Impl:
