@@ -595,7 +595,8 @@ def test_the_default_space_offers_fp8_on_hopper_only(capsys: pytest.CaptureFixtu
 
 @pytest.mark.parametrize(("args", "code", "said"), [
     (["--precision", "bf16"], 0, "default.yaml + fp8=off"),
-    (["--precision", "fp8"], 2, "only bf16 can be asked for"),
+    (["--precision", "fp8"], 2, "give bf16 or any"),
+    (["--precision", "any"], 0, "default.yaml"),
     (["--precision", "bf16", "--fix", "fp8=hybrid"], 2, "cannot go with a pin of fp8"),
 ])
 def test_precision_bf16(capsys: pytest.CaptureFixture[str], args: list[str], code: int,
