@@ -18,6 +18,13 @@ import typer
 from autotune.commands.aliases import option_names
 from autotune.commands.estimate import defaults_note
 from autotune.commands.pins import FIX_OPTION, describe_pins, parse_pins, pin_space
+from autotune.commands.precision import (
+    PRECISION_HELP,
+    Precision,
+    fp8_hint,
+    kept_precision,
+    parse_precision,
+)
 from autotune.dimensions import Dimension
 from autotune.errors import INTERRUPTED_EXIT, AutotuneError, ConfigError, Interrupted
 from autotune.inputs.untrusted import for_terminal
@@ -244,15 +251,12 @@ def _search(
                          "flag). Each dimension's own option below does the same.",
         metavar="DIM=VALUES")] = None,
     precision: Annotated[str | None, typer.Option(
-        "--precision", help="bf16: keep the study in bf16, no FP8 layout (the same as --fix "
-                            "fp8=off); left out, the search space decides (the default space "
-                            "offers FP8 where Transformer Engine and the GPU run it).",
-        metavar="bf16")] = None,
+        "--precision", help=PRECISION_HELP, metavar="bf16|any")] = None,
     **dimensions: Any,
 ) -> None:
     pins = parse_pins(dimensions, fix or ())
-    bf16_only = _bf16_only(precision, pins)
-    if bf16_only and from_megatron is None:
+    asked = parse_precision(precision, pins)
+    if asked == Precision.BF16 and from_megatron is None:
         pins = {**pins, "fp8": (Fp8.OFF,)}
     job = None
     if line is not None and from_megatron is None:
@@ -303,12 +307,12 @@ def _search(
         from autotune.commands.from_megatron import widen_space
 
         space_spec = widen_space(space_spec, job.layout)
-        if bf16_only:
-            if job.layout.fp8 != Fp8.OFF:
-                raise ConfigError(f"{FROM_MEGATRON}: your command trains in FP8 (fp8="
-                                  f"{job.layout.fp8}); --precision bf16 would search without "
-                                  "your layout")
-            space_spec = pin_space(space_spec, {"fp8": (Fp8.OFF,)})
+        # The command's precision is kept unless --precision says otherwise: FP8 changes
+        # the numbers the training computes, not only its speed.
+        space_spec = pin_space(space_spec, kept_precision(job.layout, asked))
+        hint = None if asked == Precision.ANY else fp8_hint(spec, cluster, job.layout)
+        if hint is not None:
+            print(f"autotune: {hint}", file=sys.stderr)
     summary = enumerate_space(space_spec, spec, cluster)
     if not summary.valid:
         # The rules of the deepest level reached are the ones that bind: a layout rejected
@@ -357,20 +361,6 @@ def _search(
                        stable_cv=stable_cv, stop_rule=stop_rule,
                        seeds=() if job is None else (job.layout,),
                        compare=None if job is None else _comparison(job, results_dir, storage))
-
-
-def _bf16_only(precision: str | None, pins: dict[str, tuple[Any, ...]]) -> bool:
-    """--precision bf16 as a pin of fp8 to off (added to `pins` for a MODEL search); whether it
-    was given. Another value, or a pin of fp8 besides it, is one line."""
-    if precision is None:
-        return False
-    if precision != "bf16":
-        raise ConfigError(f"--precision {precision}: only bf16 can be asked for (FP8 is a "
-                          "dimension the search space offers: --fix fp8=hybrid pins it)")
-    if "fp8" in pins:
-        raise ConfigError("--precision bf16 pins fp8=off; it cannot go with a pin of fp8 "
-                          f"({describe_pins({'fp8': pins['fp8']})})")
-    return True
 
 
 _search.__doc__ = (

@@ -79,6 +79,25 @@ def test_simulate_search_prints_the_best_layouts_first(
     assert data["stop_reason"] == "every layout of the grid was tried"
 
 
+def test_a_plan_over_the_default_space_ranks_what_the_export_writes(
+        simulated: tuple[Path, dict[str, object]]) -> None:
+    """Issue 25 item 4: Megatron-LM has no sdpa; a plan ranks the te the export writes for it,
+    so the table's figure is the exported command's (autotune.search.impls)."""
+    _, data = simulated
+    best = data["best"]
+    assert isinstance(best, list) and best
+    assert {row["impl"] for row in best} <= {"local", "te"}
+    assert any(row["impl"] == "te" for row in best)
+
+
+def test_a_plan_ranks_sdpa_where_the_users_own_space_asks_for_it(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, space: str) -> None:
+    code, out, err = run(capsys, "gpt2", "--gpus", "2", "--backend", "simulate", "--space",
+                         space, "--results-dir", str(tmp_path), "--json")
+    assert code == 0, err
+    assert {row["impl"] for row in json.loads(out)["best"]} == {"sdpa"}
+
+
 def test_second_planning_run_shows_the_stored_study_and_adds_nothing(
         capsys: pytest.CaptureFixture[str], simulated: tuple[Path, dict[str, object]]) -> None:
     results, data = simulated

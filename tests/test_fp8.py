@@ -593,13 +593,14 @@ def test_the_default_space_offers_fp8_on_hopper_only(capsys: pytest.CaptureFixtu
         assert line.split(None, 1)[1].strip() == offered, (gpu, line)
 
 
-@pytest.mark.parametrize(("args", "code", "said"), [
-    (["--precision", "bf16"], 0, "default.yaml + fp8=off"),
-    (["--precision", "fp8"], 2, "only bf16 can be asked for"),
-    (["--precision", "bf16", "--fix", "fp8=hybrid"], 2, "cannot go with a pin of fp8"),
+@pytest.mark.parametrize(("args", "code", "said", "offered"), [
+    (["--precision", "bf16"], 0, "default.yaml + fp8=off", "off"),
+    (["--precision", "fp8"], 2, "give bf16 or any", None),
+    (["--precision", "any"], 0, "default.yaml", "hybrid, off"),  # the space decides
+    (["--precision", "bf16", "--fix", "fp8=hybrid"], 2, "cannot go with a pin of fp8", None),
 ])
 def test_precision_bf16(capsys: pytest.CaptureFixture[str], args: list[str], code: int,
-                        said: str) -> None:
+                        said: str, offered: str | None) -> None:
     from autotune.cli import main
 
     assert main(["gpt2-xl", "--gpus", "1", "--gpu", "h100-80gb", "--dry-run", *args]) == code
@@ -607,7 +608,7 @@ def test_precision_bf16(capsys: pytest.CaptureFixture[str], args: list[str], cod
     assert said in captured.out + captured.err
     if code == 0:
         line = next(x for x in captured.out.splitlines() if x.strip().startswith("fp8 "))
-        assert line.split(None, 1)[1].strip() == "off"
+        assert line.split(None, 1)[1].strip() == offered
 
 
 def test_precision_bf16_refuses_a_users_fp8_command(tmp_path: Path,

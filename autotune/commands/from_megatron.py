@@ -14,6 +14,7 @@ from autotune.megatron.megatron_args import exported_layout, measured_as_exporte
 from autotune.megatron.megatron_command import (
     MegatronCommand,
     RowChange,
+    arithmetic_warning,
     layout_changes,
     megatron_layout,
     read_megatron_command,
@@ -73,9 +74,9 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
         raise InvalidLayoutError(f"{path}: the command's layout {layout.describe()} on {num} "
                                  f"GPUs: {exc}") from None
     # Warned once the command is known to be usable: a refusal above is its one line alone.
-    warning = unmodeled_warning(command)
-    if warning is not None:
-        print(f"autotune: warning: {warning}", file=sys.stderr)
+    for warning in (arithmetic_warning(command), unmodeled_warning(command)):
+        if warning is not None:
+            print(f"autotune: warning: {warning}", file=sys.stderr)
     return UserJob(command, command.model, cluster, layout, line)
 
 

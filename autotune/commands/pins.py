@@ -87,7 +87,8 @@ def pin_space(space: SearchSpace, pins: Pins) -> SearchSpace:
     if not pins:
         return space
     return replace(space, candidates={**space.candidates, **pins},
-                   source=f"{space.source} + {describe_pins(pins)}")
+                   source=f"{space.source} + {describe_pins(pins)}",
+                   chosen=space.chosen | frozenset(pins))
 
 
 def describe_pins(pins: Pins) -> str:

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from autotune.commands.counts import StudyCounts, count_trials
 from autotune.errors import AutotuneError, ConfigError, Interrupted
-from autotune.layouts.layout import DIMENSIONS, Impl, Layout
+from autotune.layouts.layout import DIMENSIONS, Layout
 from autotune.levers.fp8 import Fp8
 from autotune.megatron.megatron_args import exported_layout, measured_as_exported
 from autotune.predict.calibration import load_calibration
@@ -125,31 +125,21 @@ def _choose_backend(requested: str, cluster: ClusterSpec,
 
 
 def _runnable_space(space: SearchSpace, backend: str) -> SearchSpace:
-    """Real trials can only use the implementations installed here: without Transformer Engine
-    `te` is dropped (and `sdpa` for Megatron-LM, which has no such implementation). With it,
-    `sdpa` is measured as what the export writes for it (megatron_args.exported_layout: te),
-    so that the winner's figure is the figure of the command a user runs (issue 25: te ran
-    2.3-7.5% slower than sdpa on one H100, and the search crowned sdpa)."""
+    """The space with the implementations `backend` may rank (autotune.search.impls decides:
+    what the export writes, what is installed, what the user asked for), and a line naming
+    those left out."""
+    from autotune.search.impls import rankable_impls
+
     space = _runnable_precision(space, backend)
     impls = space.candidates.get("impl")
-    if impls is None or backend == BackendName.SIMULATE:
+    if impls is None:
         return space
-    drop = set() if te_available() else {"te"}
-    if backend == BackendName.MEGATRON_LM or (te_available() and "sdpa" in impls):
-        drop.add("sdpa")
-        if te_available() and "te" not in impls:
-            impls = (*impls, exported_layout(Layout(impl=Impl.SDPA)).impl)
-    kept = tuple(i for i in impls if i not in drop)
-    if not kept:
-        raise ConfigError(f"impl candidates {', '.join(impls)} cannot run here "
-                          f"({'Transformer Engine is not installed' if 'te' in drop else ''})")
-    if len(kept) < len(impls):
-        why = {"te": "Transformer Engine is not installed",
-               "sdpa": "measured as te, which its export writes for it: issue 25" if te_available()
-               and backend != BackendName.MEGATRON_LM else "Megatron-LM has no such impl"}
-        print("autotune: impl left out: " + "; ".join(
-            f"{i} ({why[i]})" for i in sorted(set(impls) - set(kept))), file=sys.stderr)
-    return replace(space, candidates={**space.candidates, "impl": kept})
+    choice = rankable_impls(impls, backend, te_installed=te_available(),
+                            asked="impl" in space.chosen)
+    note = choice.note()
+    if note is not None:
+        print(note, file=sys.stderr)
+    return replace(space, candidates={**space.candidates, "impl": choice.kept})
 
 
 def _runnable_precision(space: SearchSpace, backend: str) -> SearchSpace:

@@ -43,8 +43,18 @@ from autotune.megatron.megatron_args import (
 from autotune.megatron.shell_script import Command, Ref, Word, read_commands
 from autotune.specs.model import MODEL_NAME_MAX, ModelSpec
 
-__all__ = ["ArgGroup", "MegatronCommand", "RowChange", "exported_layout", "flag_values",
-           "layout_changes", "megatron_layout", "read_megatron_command", "unmodeled_warning"]
+__all__ = [
+    "ArgGroup",
+    "MegatronCommand",
+    "RowChange",
+    "arithmetic_warning",
+    "exported_layout",
+    "flag_values",
+    "layout_changes",
+    "megatron_layout",
+    "read_megatron_command",
+    "unmodeled_warning",
+]
 
 _LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 _PYTHON = re.compile(r"(.*/)?python[0-9.]*$")
@@ -113,6 +123,19 @@ class MegatronCommand:
 
         return tuple(dict.fromkeys(g.flag for g in self.groups if g.flag is not None
                                    and g.flag in UNMODELED_FLAGS and not default(g)))
+
+
+def arithmetic_warning(command: MegatronCommand) -> str | None:
+    """One line naming the `$((...))` left in the command's flags: none of them is a value
+    autotune needs (those are refused as they are read), so each is carried as written into
+    the export, never evaluated; None when there are none."""
+    found = [f"{g.flag or g.words[0].shown()} {r.text}" for g in command.groups
+             for w in g.words for r in w.refs if r.arithmetic]
+    if not found:
+        return None
+    return (f"{command.source}: line {command.line}: {'; '.join(dict.fromkeys(found))}: "
+            "arithmetic, which autotune never runs; not a value it needs, so the export "
+            "carries it as written")
 
 
 def unmodeled_warning(command: MegatronCommand) -> str | None:
@@ -213,7 +236,8 @@ def _launcher_gpus(launcher: tuple[Word, ...], source: str) -> tuple[int | None,
     return values[0], values[1], None
 
 
-def _group(args: tuple[Word, ...], source: str) -> tuple[tuple[ArgGroup, ...], Given]:
+def _group(args: tuple[Word, ...], source: str,
+           line: int) -> tuple[tuple[ArgGroup, ...], Given]:
     """The arguments grouped by flag, and the known flags' values for the table to read."""
     known = known_flags()
     groups: list[ArgGroup] = []
@@ -268,7 +292,7 @@ def _group(args: tuple[Word, ...], source: str) -> tuple[tuple[ArgGroup, ...], G
         else:
             groups.append(ArgGroup(None, (word,)))
         k += 1
-    return tuple(groups), _GivenWithRefs(values, unresolved, source)
+    return tuple(groups), _GivenWithRefs(values, unresolved, f"{source}: line {line}")
 
 
 class _GivenWithRefs(Given):
@@ -282,8 +306,9 @@ class _GivenWithRefs(Given):
     def text(self, name: str, default: str | None = None) -> str | None:
         ref = self.unresolved.get(name)
         if ref is not None:
+            fix = ": write the number there" if ref.arithmetic else ""
             raise ConfigError(f"{self.source}: {name} {ref.text}: {ref.reason.split(': ', 1)[-1]}"
-                              "; autotune needs its value")
+                              f"; autotune needs its value{fix}")
         return super().text(name, default)
 
     def integer(self, name: str, default: int | None = None) -> int | None:
@@ -337,7 +362,7 @@ def read_megatron_command(path: str, line: int | None = None) -> MegatronCommand
         # The script's path may come from the environment ($MEGATRON_LM/pretrain_gpt.py):
         # autotune never runs it, and the export carries it as "${NAME}".
         pass
-    groups, given = _group(command.words[at + 1:], path)
+    groups, given = _group(command.words[at + 1:], path, command.line)
     read = read_fields(given)
     names = {f.name for f in fields(ModelSpec)}
     model = ModelSpec(name=_model_name(file), **{k: v for k, v in read.items() if k in names})

@@ -54,6 +54,13 @@ class Ref:
     reason: str
 
     @property
+    def arithmetic(self) -> bool:
+        """`$((...))`: never evaluated (not even integer literals: what a user typed is never
+        run by autotune, nor by a script it writes), refused where autotune needs the value
+        and carried as written where it does not."""
+        return self.text.startswith("$((")
+
+    @property
     def plain(self) -> bool:
         """A variable the environment may provide, safe to carry as "${NAME}"."""
         return self.name is not None and _NAME.fullmatch(self.name) is not None

@@ -20,6 +20,7 @@ from autotune.search.config import RANKED_DEFAULT, Sampler
 from autotune.search.execution import SearchParts, TrialExecutor
 from autotune.search.finalists import plan, settled
 from autotune.search.heuristics import alpa_seeds, predicted_speed
+from autotune.search.impls import practice_impl
 from autotune.search.records import SearchResult, Source
 from autotune.search.shared import SHARED_POLL_S
 from autotune.trials.protocol import te_available
@@ -60,7 +61,7 @@ class Scheduler:
                 p.queue.push(s, Source.RANKED)
             return
         # On resume the seeds already tried are skipped when asked (run_one), the rest still run.
-        impl = "te" if te_available() else "sdpa"
+        impl = practice_impl(p.cfg.backend.name, te_installed=te_available())
         for s in alpa_seeds(p.layouts.valid, p.knowledge.fits, impl,
                             speed=predicted_speed(p.cfg.model, p.cfg.cluster,
                                                   p.knowledge.cost_params),

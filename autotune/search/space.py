@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,10 @@ class SearchSpace:
 
     candidates: dict[str, tuple[Any, ...]]
     source: str = "default"
+    chosen: frozenset[str] = frozenset()
+    """The dimensions whose candidates the user chose: every one their own space file lists,
+    and each pin (autotune.commands.pins). A shipped space chooses nothing for them: a plan
+    ranks only what the export writes where they did not ask otherwise (autotune.search.impls)."""
 
     def size(self) -> int:
         """Combinations of the listed candidates (`divisors` and `derive` count as one)."""
@@ -127,7 +131,18 @@ def load_space(path: str | None = None) -> SearchSpace:
         text = read_text(file, "search space file", max_bytes=MAX_YAML_BYTES)
         source = str(file)
     data = parse_yaml(text, source)
-    return space_from_mapping(data, source)
+    space = space_from_mapping(data, source)
+    if path is None or _shipped(Path(path)):
+        return space
+    return replace(space, chosen=frozenset(space.candidates))
+
+
+def _shipped(path: Path) -> bool:
+    """Whether `path` is one of autotune's own spaces (`--space one-node` resolves to one)."""
+    try:
+        return path.resolve().parent == Path(str(search_spaces_dir())).resolve()
+    except OSError:
+        return False
 
 
 @dataclass(slots=True)
