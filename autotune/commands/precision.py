@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from autotune.commands.pins import Pins, describe_pins
 from autotune.dimensions import Impl
 from autotune.errors import ConfigError, InvalidLayoutError
 from autotune.layouts.layout import Layout, validate
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
     from autotune.specs.model import ModelSpec
 
 __all__ = ["PRECISION_HELP", "Precision", "fp8_hint", "kept_precision", "parse_precision"]
-
-Pins = dict[str, tuple[Any, ...]]
 
 KEPT = ("fp8", "fp8_recipe")
 """The dimensions that are a command's precision: its format and scaling recipe. FP8 parameter
@@ -59,7 +58,7 @@ def parse_precision(value: str | None, pins: Pins) -> Precision | None:
         raise ConfigError(f"--precision {value}: give bf16 or any") from None
     if precision == Precision.BF16 and "fp8" in pins:
         raise ConfigError("--precision bf16 pins fp8=off; it cannot go with a pin of fp8 "
-                          f"(fp8={','.join(map(str, pins['fp8']))})")
+                          f"({describe_pins({'fp8': pins['fp8']})})")
     return precision
 
 

@@ -35,9 +35,12 @@ class ImplChoice:
 
     kept: tuple[Impl, ...]
     left_out: dict[Impl, str] = field(default_factory=dict)
-    quiet: bool = False
-    """Nothing to say: a plan over a shipped space ranks te for sdpa as its default (every
-    plan would print the same line, and its table shows what is exported)."""
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing to say: the only change is a plan over a shipped space ranking te for sdpa
+        (every plan would print the same line, and its table shows what is exported)."""
+        return set(self.left_out.values()) == {_PLANNED_AS_TE}
 
     def note(self) -> str | None:
         """One line for stderr when the space's list was changed; None when it was not."""
@@ -77,7 +80,7 @@ def rankable_impls(impls: tuple[Impl, ...], backend: str, *, te_installed: bool,
     if not kept:
         raise ConfigError(f"impl candidates {', '.join(impls)} cannot run here "
                           f"({'; '.join(sorted(set(left_out.values())))})")
-    return ImplChoice(kept, left_out, quiet=set(left_out.values()) == {_PLANNED_AS_TE})
+    return ImplChoice(kept, left_out)
 
 
 def practice_impl(backend: str, *, te_installed: bool) -> Impl:
