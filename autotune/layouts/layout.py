@@ -222,7 +222,7 @@ def _vpp_layers(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
                     f"stage (num_layers={m.num_layers}, pp={s.pp})")
         return None
     if s.embedding_loss_split:
-        slots = (m.num_layers + 2) // s.pp
+        slots = pipeline_split.split_slots(s, m)
         if slots % s.vpp:
             return (f"vpp={s.vpp} must divide the {slots} layers per pipeline stage "
                     f"(num_layers={m.num_layers} + embedding + loss, pp={s.pp})")

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from autotune.specs.hardware import ClusterSpec
     from autotune.specs.model import ModelSpec
 
-__all__ = ["LEVER", "Fields", "chunk_layers", "common_divisors", "even_layers", "stage_layers"]
+__all__ = ["LEVER", "Fields", "chunk_layers", "common_divisors", "even_layers", "split_slots",
+           "stage_layers"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +71,12 @@ def even_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:
     return (m.num_layers // s.pp,) * s.pp
 
 
+def split_slots(s: Layout, m: ModelSpec) -> int:
+    """The slots of each pipeline rank under embedding_loss_split: num_layers + 2 (the
+    embedding and the loss counted as layers) over pp. Meaningful where pp divides them."""
+    return (m.num_layers + 2) // s.pp
+
+
 def stage_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:
     """Transformer layers on each pipeline rank, first to last: an even split, or the first
     and last stages' own counts with the rest shared by the middle ranks (TransformerConfig.
@@ -78,7 +85,7 @@ def stage_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:
     if not s.uneven or s.pp == 1:
         return even_layers(s, m)
     if s.embedding_loss_split:
-        slots = (m.num_layers + 2) // s.pp
+        slots = split_slots(s, m)
         return (slots - 1, *(slots,) * (s.pp - 2), slots - 1)
     first, last = s.first_stage_layers, s.last_stage_layers
     middle = s.pp - bool(first) - bool(last)
