@@ -21,6 +21,7 @@ from rich.console import Console
 import autotune.search as search_package
 from autotune.cli import main
 from autotune.layouts.layout import Layout
+from autotune.levers.fp8 import Fp8
 from autotune.predict.cost import estimate_cost
 from autotune.predict.gate import MemoryGate
 from autotune.report.progress import LiveProgress
@@ -38,6 +39,8 @@ from autotune.search.stop_rule import (
     error_band,
 )
 from autotune.search.timesplit import time_split
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.presets import load_model
 from autotune.trials.trial import StopReason, TrialMetrics, TrialSpec, TrialStatus
 
 CLUSTER = small_cluster()
@@ -378,3 +381,73 @@ def test_bad_flags_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Pa
                  str(tmp_path), *args])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err
+
+
+# -- layouts the model prices exactly as a measured one ---------------------------------------
+
+
+def _terms(table: dict[Layout, tuple[float, ...]]) -> Callable[[Layout], tuple[float, ...]]:
+    return table.__getitem__
+
+
+def test_a_layout_priced_as_a_measured_one_is_not_launched() -> None:
+    records = [measured(0, A, 100_000.0, 100_000.0)]
+    terms = _terms({A: (1.0, 0.1), B: (1.0, 0.1), C: (0.9, 0.1)})
+    stop = ModelStop(active=True, records=records, fitted=lambda: False,
+                     predict=lambda s: 100_000.0, ranked=lambda: [(B, 101_000.0),
+                                                                  (C, 60_000.0)],
+                     tried=lambda s: s == A, terms=terms)
+    assert stop.echo(B) is records[0] and stop.echo(C) is None and stop.echo(A) is None
+    reason = stop.skip(B, 101_000.0)  # within the band: without the echo it would launch
+    assert reason is not None and reason.startswith(f"priced exactly as trial 0 ({A.describe()})")
+    assert "measurement noise" in reason
+    assert stop.skip(C, 101_000.0) is None
+    # The stop rule waits for no echo: the closest untried layout is C, 60k, out of reach.
+    message = stop.exhausted()
+    assert message is not None and f"the closest, {C.describe()}" in message
+
+
+@pytest.mark.parametrize(("ranked", "tried", "message"), [
+    ([(B, 101_000.0), (C, 60_000.0)], {A}, "the closest, {C}, is predicted 60.0k"),
+    ([(B, 101_000.0)], {A}, "every layout predicted to fit has been tried or is priced "
+                            "exactly as a measured one"),
+    ([(B, 101_000.0)], {A, B}, "every layout predicted to fit has been tried"),
+])
+def test_the_stop_rule_does_not_wait_for_echoes(ranked: list[tuple[Layout, float]],
+                                                tried: set[Layout], message: str) -> None:
+    records = [measured(i, A, 100_000.0, 100_000.0) for i in range(5)]
+    stop = ModelStop(active=True, records=records, fitted=lambda: True,
+                     predict={A: 100_000.0}.__getitem__, ranked=lambda: ranked,
+                     tried=lambda s: s in tried,
+                     terms=_terms({A: (1.0, 0.1), B: (1.0, 0.1), C: (0.9, 0.1)}))
+    said = stop.exhausted()
+    assert said is not None and message.format(C=C.describe()) in said
+
+
+def test_only_a_trial_measured_to_its_end_is_echoed() -> None:
+    slow = measured(0, A, 50_000.0, 100_000.0, stop=StopReason.SLOW)  # pruned slow
+    stop = ModelStop(active=True, records=[slow], fitted=lambda: False,
+                     predict=lambda s: 100_000.0, ranked=lambda: [], tried=lambda s: False,
+                     terms=_terms({A: (1.0,), B: (1.0,)}))
+    assert stop.echo(B) is None
+
+
+L8B = load_model("llama3-8b").with_overrides(global_batch_size=32)
+H200X4 = ClusterSpec.make(4, gpu="h200")
+DP4 = Layout(dp=4, mbs=1, gbs=32, impl="te", distributed_optimizer=True,
+             overlap_grad_reduce=True, overlap_param_gather=True)
+
+
+@pytest.mark.parametrize(("other", "alike"), [
+    (replace(DP4, dp=2, cp=2, mbs=2), True),    # the K/V ring hides behind attention here
+    (replace(DP4, dp=1, cp=4, mbs=4), True),
+    (replace(DP4, overlap_param_gather=False), False),
+    (replace(DP4, fp8=Fp8.HYBRID), False),
+    (replace(DP4, recompute="selective"), False),
+    (replace(DP4, tp=2, dp=2, mbs=2, sequence_parallel=True), False),
+])
+def test_terms_tell_layouts_the_model_prices_alike(other: Layout, alike: bool) -> None:
+    """The 4 x H200 llama3-8b case (2026-11-28-h200x4-issue30-s16.md): its Alpa seeds dp 4 and
+    dp 2 + cp 2 were predicted the same, 40,316 tokens/s, and measured 39,784 and 38,297."""
+    assert (estimate_cost(L8B, other, H200X4).terms
+            == estimate_cost(L8B, DP4, H200X4).terms) is alike

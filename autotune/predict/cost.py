@@ -158,6 +158,15 @@ class CostEstimate:
     mfu: float
 
     @property
+    def terms(self) -> tuple[float, ...]:
+        """Every time term of the step, to 9 significant digits: two layouts whose terms are
+        equal are priced alike by the model, term by term (not by a coincidence of sums)."""
+        return tuple(float(f"{t:.9g}") for t in (
+            self.compute_s, self.tp_comm_s, self.cp_comm_s, self.ep_comm_s, self.pp_comm_s,
+            self.dp_comm_s, self.bubble_s, self.optimizer_s, self.overhead_s, self.launch_s,
+            self.offload_s, self.step_time_s))
+
+    @property
     def bubble_fraction(self) -> float:
         """Bubble over ideal pipeline time: (p - 1)/(v m) (Narayanan et al. 2021, Section 2.2)."""
         busy = self.step_time_s - self.bubble_s - self.dp_comm_s - self.optimizer_s \

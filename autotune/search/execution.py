@@ -68,8 +68,8 @@ class Knowledge:
         self.fitted_on = 0
         self.good_mbs: dict[Layout, int] = {}
         """Per micro-batch family (gate.mbs_family), the largest micro-batch that ran."""
-        self._tokens: dict[Layout, float] = {}
-        """Predicted tokens/s per layout under the current cost constants (refit clears it)."""
+        self._estimates: dict[Layout, CostEstimate] = {}
+        """The cost estimate per layout under the current cost constants (refit clears it)."""
         self.ladder = Ladder(cfg.model, cfg.cluster, cfg.space.derived, cfg.memory_params)
         """The derived levers' rungs (autotune.search.ladder)."""
         self._fits: dict[Layout, bool] = {}
@@ -116,18 +116,25 @@ class Knowledge:
         if fitted is None:
             return
         self.cost_params, self.fitted_on = fitted
-        self._tokens.clear()
+        self._estimates.clear()
         log.info("cost model refitted to %d measured trials", self.fitted_on)
 
     def predict(self, s: Layout) -> CostEstimate:
         return estimate_cost(self.cfg.model, s, self.cfg.cluster, self.cost_params)
 
-    def predicted_tokens(self, s: Layout) -> float:
-        """predict(s).tokens_per_s, remembered until the next refit."""
-        found = self._tokens.get(s)
+    def estimate(self, s: Layout) -> CostEstimate:
+        """predict(s), remembered until the next refit."""
+        found = self._estimates.get(s)
         if found is None:
-            found = self._tokens[s] = self.predict(s).tokens_per_s
+            found = self._estimates[s] = self.predict(s)
         return found
+
+    def predicted_tokens(self, s: Layout) -> float:
+        return self.estimate(s).tokens_per_s
+
+    def predicted_terms(self, s: Layout) -> tuple[float, ...]:
+        """The model's time terms of `s` (CostEstimate.terms), remembered until the refit."""
+        return self.estimate(s).terms
 
     def fits(self, s: Layout) -> bool:
         found = self._fits.get(s)

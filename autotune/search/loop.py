@@ -64,7 +64,8 @@ class Search:
                     and sampler != Sampler.GRID),
             records=self.result.records, fitted=lambda: knowledge.fitted_on > 0,
             predict=knowledge.predicted_tokens, ranked=lambda: knowledge.ranked_tokens(valid),
-            tried=ledger.tried, refit_after=cfg.refit_after)
+            tried=ledger.tried, refit_after=cfg.refit_after,
+            terms=knowledge.predicted_terms)
         parts = SearchParts(cfg=cfg, layouts=self.layouts, store=self.store, ledger=ledger,
                             knowledge=self.knowledge, queue=LayoutQueue(), stop=self.stop)
         self.executor = TrialExecutor(parts)

@@ -10,6 +10,14 @@ less PRUNE_MARGIN, or less twice the best's own noise where that is wider (`prun
 TrialSpec.slow_below_tokens_per_s). Measurement noise is not model error: each trial's miss
 counts in the error band less the trial's own spread (`_miss`).
 
+A layout the model prices exactly as a measured one, term by term (CostEstimate.terms: dp 4
+against dp 2 with cp 2 where the ring hides, a flag the model does not price), is expected to
+measure what that one measured: a trial of it could only tell measurement noise apart, and
+would crown the luckier of two runs. It is not launched either (`echo`), and the search does
+not wait for it to stop. On 4 x H200 a replay of a llama3-8b search with its measured figures
+launched 37 trials, most of them such echoes of its best, at about 50 s each
+(2026-11-28-h200x4-issue30-s16.md).
+
 Nothing is ruled out before there is a best measurement (Alpa's seeds run first), in a plan
 (the model is the measurement there), with --sampler grid (it measures every layout), nor with
 --stop-rule none.
@@ -144,11 +152,13 @@ class ModelStop:
     def __init__(self, *, active: bool, records: Sequence[TrialRecord],
                  fitted: Callable[[], bool], predict: Callable[[Layout], float],
                  ranked: Callable[[], list[tuple[Layout, float]]],
-                 tried: Callable[[Layout], bool], refit_after: int = 0) -> None:
+                 tried: Callable[[Layout], bool], refit_after: int = 0,
+                 terms: Callable[[Layout], tuple[float, ...]] | None = None) -> None:
         """`records`: the search's records, growing as it goes; `fitted`: whether the model has
         been refitted (after `refit_after` measured trials); `predict`: its tokens/s of a
         layout; `ranked`: the valid layouts predicted to fit with their predicted tokens/s,
-        fastest first; `tried`: whether a layout has an outcome already."""
+        fastest first; `tried`: whether a layout has an outcome already; `terms`: the model's
+        time terms of a layout (CostEstimate.terms; None: no layout echoes another)."""
         self.active = active
         self.records = records
         self.fitted = fitted
@@ -156,6 +166,7 @@ class ModelStop:
         self.ranked = ranked
         self.tried = tried
         self.refit_after = refit_after
+        self.terms = terms
 
     def best(self) -> TrialRecord | None:
         """The best measured trial (never one pruned slow), None before there is one."""
@@ -166,11 +177,36 @@ class ModelStop:
         return error_band(self.records, predict=self.predict if self.fitted() else None,
                           fitted_after=self.refit_after)
 
+    def _measured_terms(self) -> dict[tuple[float, ...], TrialRecord]:
+        """The trials measured to their end, by the model's terms (the first of equals)."""
+        if self.terms is None:
+            return {}
+        found: dict[tuple[float, ...], TrialRecord] = {}
+        for r in self.records:
+            if r.rankable and not r.predicted:
+                found.setdefault(self.terms(r.layout), r)
+        return found
+
+    def echo(self, s: Layout, measured: dict[tuple[float, ...], TrialRecord] | None = None
+             ) -> TrialRecord | None:
+        """The measured trial that the model prices exactly as `s`, term by term, if any
+        (see the module); `measured`: _measured_terms(), when the caller asks for many."""
+        measured = self._measured_terms() if measured is None else measured
+        if not measured or self.terms is None:
+            return None
+        found = measured.get(self.terms(s))
+        return found if found is not None and found.layout != s else None
+
     def skip(self, s: Layout, predicted_tokens_per_s: float) -> str | None:
         """Why `s` is not worth launching (its PREDICTED_SLOW reason), or None."""
         best = self.best() if self.active else None
         if best is None or best.tokens_per_s is None:
             return None
+        echo = self.echo(s)
+        if echo is not None and echo.tokens_per_s is not None:
+            return (f"priced exactly as trial {echo.number} ({echo.label}), term by term: "
+                    f"expected at its measured {format_tokens(echo.tokens_per_s)} tokens/s; a "
+                    f"trial could tell only measurement noise apart")
         band = self.band()
         optimistic = band.optimistic(predicted_tokens_per_s)
         if optimistic >= best.tokens_per_s:
@@ -194,9 +230,19 @@ class ModelStop:
         best = self.best() if self.active else None
         if best is None or best.tokens_per_s is None:
             return None
-        closest = next(((s, p) for s, p in self.ranked() if not self.tried(s)), None)
+        measured = self._measured_terms()
+        closest, echoes = None, False
+        for s, p in self.ranked():
+            if self.tried(s):
+                continue
+            if self.echo(s, measured) is None:
+                closest = (s, p)
+                break
+            echoes = True
         if closest is None:
-            return "every layout predicted to fit has been tried"
+            return ("every layout predicted to fit has been tried" if not echoes else
+                    "every layout predicted to fit has been tried or is priced exactly as a "
+                    "measured one")
         band = self.band()
         s, predicted = closest
         if band.optimistic(predicted) >= best.tokens_per_s:
