@@ -241,6 +241,9 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     `first`: stop at the first valid layout (any_valid; the total and rejections then count
     only what was reached)."""
     levels = [space.at_level(level) for level in range(LEVELS)]
+    # The dimensions of each level that may be `derive`: most levels have none (the FP8
+    # level's, with most of a plan's combinations), and their choices need no search for it.
+    derivable = [tuple(d for d, v in options.items() if DERIVE in v) for options in levels]
     deeper = [math.prod(len(v) for lv in levels[k + 1:] for v in lv.values())
               for k in range(LEVELS)]
     rejected: dict[str, RejectGroup] = {}
@@ -275,7 +278,7 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
         # that differ only in MEMORY_BLIND fields resolve alike, once.
         counts: dict[tuple[Any, ...], dict[str, Any]] = {}
         for choice in _choices(levels[level], partial, model):
-            derived = tuple(d for d, v in choice.items() if v == DERIVE)
+            derived = tuple(d for d in derivable[level] if choice[d] == DERIVE)
             if derived:
                 # A placeholder the resolver replaces: the lever's default.
                 choice = {**choice, **{d: DERIVABLE[d].off for d in derived}}
