@@ -128,7 +128,8 @@ def _executor(backend: _Backend, records: list[TrialRecord], tmp: Path) -> Trial
     result = SearchResult(study_name="s", storage="sqlite://", records=records)
     knowledge = SimpleNamespace(predict=lambda s: SimpleNamespace(step_time_s=0.5))
     parts: Any = SimpleNamespace(cfg=cfg, store=SimpleNamespace(name="s"), knowledge=knowledge,
-                                 ledger=SimpleNamespace(result=result))
+                                 ledger=SimpleNamespace(result=result),
+                                 layouts=SimpleNamespace(valid=[FP8, twin(FP8)]))
     return TrialExecutor(parts)
 
 

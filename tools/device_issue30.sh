@@ -26,6 +26,13 @@
 #           full recompute of 2 layers by block, mbs 1) measured with tools/device_layouts.py,
 #           then `autotune llama3-8b --gpus 2 --gbs 16` with default flags
 #           (tools/device_search.sh). -> llama-hand.txt, summary.txt, results.tgz
+#   recipe  (4 or 8 GPUs, carry .whl-te too) NVIDIA's published Llama3-8B layout
+#           (tools/published_recipes.py llama3-8b-8-fp8cs: mbs 1, FP8 current scaling, full
+#           recompute of 5 layers by block, all GPUs data parallel; Megatron FSDP there, the
+#           distributed optimizer with overlap here) at seq 8192 and RECIPE_GBS (default 8
+#           micro-batches per GPU), measured with tools/device_layouts.py, then
+#           `autotune llama3-8b --gpus N --gbs RECIPE_GBS` with default flags (TE present: FP8
+#           is in its space). -> recipe-hand.txt, summary.txt, results.tgz
 #   Always: nvidia-smi clocks every second -> clocks.csv; versions -> versions.txt.
 #
 # Carry: .whl (megatron-core 0.16.1 cp312) and .whl-search (optuna and its deps, pydantic,
@@ -38,9 +45,11 @@ raw=/tmp/bg/i30
 mkdir -p "$out" "$raw"
 parts=" ${PARTS:-repeat} "
 
-if [[ ! -d /tmp/site/optuna ]]; then
+# .whl-te (Transformer Engine and its pydantic deps, tools/te_build.sh) is installed when carried.
+te_wheels=(); [[ -d .whl-te ]] && te_wheels=(.whl-te/*.whl)
+if [[ ! -d /tmp/site/optuna || ( ${#te_wheels[@]} -gt 0 && ! -d /tmp/site/transformer_engine ) ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl .whl-search/*.whl || exit 1
+      --target /tmp/site .whl/*.whl .whl-search/*.whl "${te_wheels[@]}" || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tools
 source tools/device_bytecode.sh /tmp/site
@@ -102,4 +111,18 @@ if [[ $parts == *" llama "* ]]; then
   cp "$raw/llama-hand.txt" "$out/"
   OUT=$raw STUDY_TIMEOUT_S=${STUDY_TIMEOUT_S:-900} bash tools/device_search.sh \
       l8b-default -- llama3-8b --gpus "$gpus" --gbs 16 --json
+fi
+
+if [[ $parts == *" recipe "* ]]; then
+  t0=$(date +%s)
+  rgbs=${RECIPE_GBS:-$(( 8 * gpus ))}
+  python3 tools/device_layouts.py llama3-8b "$gpus" "$gpu" "$raw/recipe" \
+      gbs=$rgbs,mbs=1,distributed_optimizer=1,overlap_grad_reduce=1,overlap_param_gather=1,recompute=full,recompute_method=block,recompute_num_layers=5,fp8=hybrid,fp8_recipe=tensorwise,impl=te \
+      > "$raw/recipe-hand.txt" 2> "$raw/recipe-hand.err"
+  echo "recipe hand rc=$? wall=$(( $(date +%s) - t0 ))s"
+  cat "$raw/recipe-hand.txt"; grep -v -i warn "$raw/recipe-hand.err" | tail -3
+  cp "$raw/recipe-hand.txt" "$out/"
+  OUT=$raw STUDY_TIMEOUT_S=${STUDY_TIMEOUT_S:-900} bash tools/device_search.sh \
+      l8b-recipe -- llama3-8b --gpus "$gpus" --gbs "$rgbs" --json
+  cp "$raw/summary.txt" "$raw/results.tgz" "$out/" 2>/dev/null
 fi

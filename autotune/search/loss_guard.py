@@ -23,7 +23,8 @@ from autotune.layouts.layout import Layout
 from autotune.levers.fp8 import Fp8, Fp8Recipe
 
 __all__ = ["GUARD_STEPS", "LOSS_TOLERANCE", "MIN_STEPS", "REFERENCE_STEPS", "SAME_ARITHMETIC",
-           "WINDOW", "LossVerdict", "compare_losses", "guarded", "same_arithmetic", "twin"]
+           "WINDOW", "LossVerdict", "compare_losses", "guarded", "long_enough", "same_arithmetic",
+           "twin"]
 
 LOSS_TOLERANCE = 0.10
 """Largest gap between the FP8 trial's loss and its twin's over the last WINDOW steps, as a
@@ -105,6 +106,16 @@ gradients and parameters travel, not what they sum to. Two layouts that differ o
 alike up to the kernels' own rounding, far inside LOSS_TOLERANCE: a measured bf16 trial of one
 is the other's twin, and a search that measured the bf16 layout without recompute needs no
 reference run for its FP8 layout with it."""
+
+
+def long_enough(twin_losses: Sequence[float | None], fp8_steps: int) -> bool:
+    """Whether a bf16 series of `twin_losses` can judge an FP8 series of `fp8_steps` steps: it
+    reaches as far as the FP8 trial's guarded steps (GUARD_STEPS, or all of a shorter FP8
+    series). A shorter twin would move the compared window back onto delayed scaling's first
+    steps, which lag by design: on 4 x H200 (2026-11-28-h200x4-issue30-s16.md) a bf16 trial
+    timed for 4 steps judged a healthy delayed-scaling trial at steps 2-4 (27% of the first
+    loss apart) that had caught up by its sixth."""
+    return len(twin_losses) >= min(GUARD_STEPS, fp8_steps)
 
 
 def same_arithmetic(a: Layout, b: Layout) -> bool:

@@ -51,6 +51,9 @@ class Source(enum.StrEnum):
     DERIVED = "derived"
     """The next rung of a derived lever's count (autotune.search.ladder): fewer recomputed
     layers after a fit with room left, more after an OOM."""
+    PRECISION = "precision"
+    """The leading bf16 layout's FP8 variant the model predicts fastest, measured next
+    (TrialExecutor.follow_with_fp8): the leader is its loss guard twin."""
     USER = "user"
     """The user's own layout (SearchConfig.seeds, `--from-megatron`), tried first."""
     FINALIST = "finalist"
