@@ -14,7 +14,7 @@ import pytest
 from autotune.layouts.layout import Layout
 from autotune.levers.fp8 import Fp8, Fp8Recipe
 from autotune.search.execution import TrialExecutor
-from autotune.search.loss_guard import LOSS_TOLERANCE, compare_losses, guarded, twin
+from autotune.search.loss_guard import LOSS_TOLERANCE, compare_losses, guarded, lag_steps, twin
 from autotune.search.records import SearchResult, Source, TrialRecord
 from autotune.search.store import _FAILED
 from autotune.specs.presets import load_model
@@ -143,7 +143,9 @@ def _measured(number: int, layout: Layout, losses: tuple[float | None, ...]) -> 
 @pytest.mark.parametrize(("fp8_losses", "status", "in_reason"), [
     (BF16, TrialStatus.OK, "followed its bf16 twin's"),
     (_scaled(BF16, {8: 1.2, 9: 1.2, 10: 1.2}), TrialStatus.DIVERGED,
-     "steps 9-11 of 11: 12.6841 against 10.5701 (18.97% of the first loss"),
+     # delayed scaling: the closest of the twin's windows (one step back) still 18.6% away
+     "steps 9-11 of 11 against the twin's 8-10 (trailing by 1): 12.6841 against 10.6079 "
+     "(18.63% of the first loss"),
     ((*BF16[:3], None, *BF16[4:]), TrialStatus.DIVERGED, "step 4 of 11: not finite"),
 ])
 def test_the_twin_measured_by_the_search_is_the_reference(
@@ -233,3 +235,40 @@ def test_the_exact_twin_is_preferred_to_one_that_trains_alike(tmp_path: Path) ->
     executor = _executor(_Backend(BF16), [alike, exact], tmp_path)
     judged = executor.guard(_measured(3, FP8, BF16), tmp_path / "3")
     assert "twin: trial 2" in judged.reason
+
+
+H200_BF16 = (12.372, 6.879, 3.45, 1.502, 0.552, 0.099)
+"""Llama-3.2-3B (seq 4096, mbs 4) in bf16 on one H200, 2026-11-28 (the search's trial 0)."""
+H200_DELAYED = (12.372, 10.701, 6.774, 4.672, 2.563, 1.176)
+"""Its FP8 variant with delayed scaling, the next trial: about one step behind all along."""
+H200_TENSORWISE = (12.371, 7.404, 4.134, 1.898, 0.739, 0.17)
+
+
+@pytest.mark.parametrize(("fp8", "lag", "diverged", "shift"), [
+    (H200_DELAYED, 1, False, 1),     # trails by one step: 7.9% of the first loss at lag 1
+    (H200_DELAYED, 0, True, 0),      # judged at the same steps: 17% (failed in that search)
+    (H200_TENSORWISE, 0, False, 0),  # current scaling keeps up: 1.6%
+    (H200_TENSORWISE, 1, False, 0),  # the closest window counts: the same steps
+    ((12.372, 10.9, 11.5, 11.9, 12.2, 12.4), 1, True, 1),   # back to its first loss: any lag
+    ((12.372, 6.9, None, 1.5, 0.55, 0.1), 1, True, 0),      # not finite: no lag helps
+])
+def test_delayed_scaling_may_trail_by_a_step(fp8: tuple[float | None, ...], lag: int,
+                                             diverged: bool, shift: int) -> None:
+    verdict = compare_losses(fp8, H200_BF16, lag=lag)
+    assert verdict is not None and verdict.diverged is diverged and verdict.lag == shift
+    assert ("trailing by 1" in verdict.describe()) is (shift == 1)
+
+
+@pytest.mark.parametrize(("layout", "lag"), [
+    (FP8, 1),                                                  # delayed scaling
+    (replace(FP8, fp8_recipe=Fp8Recipe.TENSORWISE), 0),
+    (twin(FP8), 0),                                            # bf16: nothing trails
+])
+def test_the_lag_follows_the_recipe(layout: Layout, lag: int) -> None:
+    assert lag_steps(layout) == lag
+
+
+def test_the_search_judges_delayed_scaling_with_its_lag(tmp_path: Path) -> None:
+    executor = _executor(_Backend(H200_BF16), [_measured(1, twin(FP8), H200_BF16)], tmp_path)
+    judged = executor.guard(_measured(2, FP8, H200_DELAYED), tmp_path / "2")
+    assert judged.status is TrialStatus.OK and "trailing by 1" in judged.reason

@@ -33,6 +33,7 @@ from autotune.search.loss_guard import (
     REFERENCE_STEPS,
     compare_losses,
     guarded,
+    lag_steps,
     long_enough,
     same_arithmetic,
     twin,
@@ -287,7 +288,8 @@ class TrialExecutor:
             return replace(record, reason=_joined(record.reason,
                                                   "loss unchecked: the trial recorded no losses"))
         losses, source = self.reference(twin(record.layout), len(metrics.losses), trial_dir)
-        verdict = compare_losses(metrics.losses, losses) if losses else None
+        verdict = (compare_losses(metrics.losses, losses, lag=lag_steps(record.layout))
+                   if losses else None)
         if verdict is None:
             why = source if not losses else "too few steps with a finite loss on both sides"
             return replace(record, reason=_joined(record.reason, f"loss unchecked: {why}"))
