@@ -17,7 +17,7 @@ import typer
 
 from autotune.commands.aliases import option_names
 from autotune.commands.estimate import defaults_note
-from autotune.commands.pins import FIX_OPTION, describe_pins, parse_pins, pin_space
+from autotune.commands.pins import FIX_OPTION, Pins, describe_pins, parse_pins, pin_space
 from autotune.commands.precision import (
     PRECISION_HELP,
     Precision,
@@ -31,7 +31,14 @@ from autotune.inputs.untrusted import for_terminal
 from autotune.layouts.layout import DIMENSIONS, RULE_LEVELS, SEARCHED
 from autotune.layouts.legend import legend_lines
 from autotune.levers.fp8 import Fp8
-from autotune.search.space import batch_shortfall, enumerate_space, load_space
+from autotune.search.space import (
+    SearchSpace,
+    SpaceSummary,
+    any_valid,
+    batch_shortfall,
+    enumerate_space,
+    load_space,
+)
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.presets import list_presets, load_model
@@ -313,28 +320,18 @@ def _search(
         hint = None if asked == Precision.ANY else fp8_hint(spec, cluster, job.layout)
         if hint is not None:
             print(f"autotune: {hint}", file=sys.stderr)
-    summary = enumerate_space(space_spec, spec, cluster)
-    if not summary.valid:
-        # The rules of the deepest level reached are the ones that bind: a layout rejected
-        # there passed every rule before it.
-        deepest = sorted(summary.rejected.items(), key=lambda kv: (-RULE_LEVELS[kv[0]],
-                                                                   -kv[1].count))
-        reasons = deepest[0][1].examples[0]
-        if pins:
-            shipped = space_spec.source.split(" + ")[0]
-            raise ConfigError(f"no layout of {spec.name} on {cluster.num_gpus} GPUs takes the "
-                              f"pins {describe_pins(pins)} in space {shipped} ({reasons})")
-        shortfall = batch_shortfall(space_spec, spec, cluster)
-        if shortfall is not None:
-            # The batch's rule names one layout's numbers; the cause is every layout's.
-            raise ConfigError(shortfall.describe(spec, cluster.num_gpus))
-        raise ConfigError(f"no layout of {spec.name} can use {cluster.num_gpus} GPUs with this "
-                          f"search space ({reasons})")
-    if dry_run:
-        from autotune.commands.listing import print_dry_run
+    # A search enumerates the space it searches (the backend's) itself, so the check before it
+    # stops at the first valid layout (any_valid); the whole enumeration is needed here only
+    # to print it (--dry-run) or to say why no layout is valid.
+    if dry_run or not any_valid(space_spec, spec, cluster):
+        summary = enumerate_space(space_spec, spec, cluster)
+        if not summary.valid:
+            raise _no_layout(summary, space_spec, spec, cluster, pins)
+        if dry_run:
+            from autotune.commands.listing import print_dry_run
 
-        print_dry_run(spec, cluster, space_spec, summary, as_json)
-        return
+            print_dry_run(spec, cluster, space_spec, summary, as_json)
+            return
     for flag, value in (("--trials", trials), ("--patience", patience), ("--steps", steps)):
         if value is not None and value <= 0:
             raise ConfigError(f"{flag} must be a positive integer, got {value}")
@@ -369,6 +366,26 @@ _search.__doc__ = (
     "Megatron-LM's own flag names work too (--tensor-model-parallel-size 2, --seq-length, "
     "--micro-batch-size). A dimension's option (--tp 2, --pp 1,2, --sp) or --fix DIM=VALUES "
     "pins it: the search only tries those values, in a study of its own.")
+
+
+def _no_layout(summary: SpaceSummary, space: SearchSpace, model: ModelSpec,
+               cluster: ClusterSpec, pins: Pins) -> ConfigError:
+    """The error of a space without a valid layout, naming what rules them out."""
+    # The rules of the deepest level reached are the ones that bind: a layout rejected there
+    # passed every rule before it.
+    deepest = sorted(summary.rejected.items(), key=lambda kv: (-RULE_LEVELS[kv[0]],
+                                                               -kv[1].count))
+    reasons = deepest[0][1].examples[0]
+    if pins:
+        shipped = space.source.split(" + ")[0]
+        return ConfigError(f"no layout of {model.name} on {cluster.num_gpus} GPUs takes the "
+                           f"pins {describe_pins(pins)} in space {shipped} ({reasons})")
+    shortfall = batch_shortfall(space, model, cluster)
+    if shortfall is not None:
+        # The batch's rule names one layout's numbers; the cause is every layout's.
+        return ConfigError(shortfall.describe(model, cluster.num_gpus))
+    return ConfigError(f"no layout of {model.name} can use {cluster.num_gpus} GPUs with this "
+                       f"search space ({reasons})")
 
 
 def _comparison(job: Any, results_dir: str, storage: str | None) -> Any:

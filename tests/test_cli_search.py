@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -268,3 +269,26 @@ def test_the_batches_named_have_layouts(capsys: pytest.CaptureFixture[str], gbs:
                          "--dry-run")
     assert code == 0, err
     assert f"global batch {gbs}" in out
+
+
+def test_a_plan_enumerates_its_space_once(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's check stops at the first valid layout (any_valid); the search enumerates the
+    space it searches (sdpa planned as te: autotune.search.impls), once."""
+    from autotune.search import space as space_module
+
+    whole: list[tuple[object, ...]] = []
+    real = space_module._enumerate
+
+    def counted(space: Any, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("first"):
+            whole.append(space.candidates["impl"])
+        return real(space, *args, **kwargs)
+
+    monkeypatch.setattr(space_module, "_enumerate", counted)
+    monkeypatch.setattr(space_module, "_LAST", [])  # no answer remembered from another test
+    code, out, err = run(capsys, "gpt2", "--gpus", "2", "--backend", "simulate",
+                         "--results-dir", str(tmp_path), "--json")
+    assert code == 0, err
+    assert json.loads(out)["valid_layouts"] > 0
+    assert whole == [("local", "te")]

@@ -240,3 +240,70 @@ def test_a_checked_layout_is_decided_as_an_unchecked_one(preset: str, gpus: int)
     for s in valid[::5]:
         assert check(s, model, on) == []
         assert gate.decide(s, checked=True) == gate.decide(s)
+
+
+# Layouts of gpt2-xl on 8 H100s the memory model prices differently (and the same up to a
+# MEMORY_BLIND field): the gate's remembered estimates must be the estimates themselves.
+ESTIMATED = [
+    layout(),
+    layout(mbs=4),
+    layout(mbs=4, overlap_param_gather=True),
+    layout(mbs=4, overlap_grad_reduce=False),
+    layout(mbs=4, distributed_optimizer=False),
+    layout(pp=2, dp=4, mbs=2),
+    layout(pp=2, dp=4, vpp=2, mbs=2, recompute="full", recompute_method="block",
+           recompute_num_layers=3),
+    layout(pp=4, dp=2, mbs=1, recompute="selective"),
+    layout(tp=8, dp=1, mbs=8, sequence_parallel=True, impl="te", fp8="hybrid"),
+    layout(tp=8, dp=1, mbs=8, sequence_parallel=True, impl="te", fp8="hybrid",
+           overlap_param_gather=True),
+    layout(mbs=2, impl="te", offload_layers=4),
+]
+
+
+@pytest.mark.parametrize("s", ESTIMATED, ids=lambda s: s.describe())
+def test_the_gates_remembered_estimate_is_the_estimate(s: Layout) -> None:
+    c = cluster(8)
+    gate = MemoryGate(GPT2_XL, c)
+    for other in ESTIMATED:  # the memo holds the others, some with the same memory_key
+        gate.estimate(other)
+    assert gate.estimate(s) == estimate_memory(GPT2_XL, s, c)
+    assert gate.decide(s, checked=True) == MemoryGate(GPT2_XL, c).decide(s, checked=True)
+
+
+def test_memory_key_reads_every_field_but_the_memory_blind_ones() -> None:
+    from autotune.layouts.layout import DIMENSIONS, LAYOUT_DEFAULTS, with_fields
+    from autotune.predict.memory import MEMORY_BLIND, memory_key
+
+    base = Layout()
+    for name, default in LAYOUT_DEFAULTS.items():
+        other = with_fields(base, **{name: _another(name, default)})
+        assert (memory_key(other) == memory_key(base)) == (name in MEMORY_BLIND), name
+    assert MEMORY_BLIND and MEMORY_BLIND.issubset(DIMENSIONS)
+
+
+def _another(name: str, default: object) -> object:
+    """A value of field `name` other than its default."""
+    from autotune.layouts.layout import DIMENSIONS
+
+    choices = DIMENSIONS[name].choices
+    if choices is not None:
+        return next(c for c in choices if c != default)
+    if isinstance(default, bool):
+        return not default
+    assert isinstance(default, int), name
+    return default + 1
+
+
+def test_the_gates_memo_stays_bounded_and_right_past_its_size() -> None:
+    from autotune.predict.gate import ESTIMATES_KEPT
+    from autotune.search.space import enumerate_space, load_space
+
+    c = cluster(8)
+    valid = enumerate_space(load_space(), GPT2_XL, c).valid
+    assert len(valid) > 2 * ESTIMATES_KEPT
+    gate = MemoryGate(GPT2_XL, c)
+    # The enumeration's order, then again backwards: the second pass finds only the latest.
+    for s in [*valid, *reversed(valid)][:: max(1, len(valid) // 600)]:
+        assert gate.estimate(s) == estimate_memory(GPT2_XL, s, c)
+        assert len(gate._estimates) <= ESTIMATES_KEPT

@@ -143,6 +143,9 @@ def test_with_fields_is_replace(changes: dict[str, object]) -> None:
     assert hash(copy) == hash(dataclasses.replace(base, **changes))  # type: ignore[arg-type]
     for name in changes:  # enum members, as Layout() makes them
         assert type(getattr(copy, name)) is DIMENSIONS[name].kind
+    # Every enum field, changed or copied (with_fields coerces only what it changes).
+    for name, dim in DIMENSIONS.items():
+        assert dim.choices is None or type(getattr(copy, name)) is dim.kind, name
     assert base == Layout(tp=1, pp=2, dp=4, mbs=1, gbs=512)  # the original is untouched
 
 

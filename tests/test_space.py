@@ -93,3 +93,40 @@ def test_enumerating_the_same_space_twice_gives_an_answer_of_its_own() -> None:
     second = enumerate_space(space, model, cluster)
     assert second.valid and second.total == first.total
     assert enumerate_space(space, model, ClusterSpec.make(4)).valid != second.valid
+
+
+@pytest.mark.parametrize(("model", "gpus", "gbs", "found"), [
+    ("gpt2-xl", 8, None, (True, True)), ("llama3-8b", 64, None, (True, True)),
+    ("gpt2", 6, None, (True, False)),  # SMALL's tp and pp leave 6 GPUs no layout
+    # 24 GPUs leave dp 3, 6, 12 or 24, none dividing a batch of 512 (gbs_batch); no tp x pp x
+    # cp of gpt2-xl makes 7 GPUs (pp 7 does not divide its 48 layers).
+    ("llama3-8b", 24, 512, (False, False)), ("gpt2-xl", 7, None, (False, False)),
+])
+def test_any_valid_is_whether_the_enumeration_finds_a_layout(
+        model: str, gpus: int, gbs: int | None, found: tuple[bool, bool]) -> None:
+    from dataclasses import replace
+
+    from autotune.search.space import any_valid
+
+    spec = load_model(model)
+    if gbs is not None:
+        spec = replace(spec, global_batch_size=gbs)
+    spaces = (load_space(), space_from_mapping(SMALL, "small"))
+    assert tuple(any_valid(space, spec, cluster(gpus)) for space in spaces) == found
+    assert tuple(bool(enumerate_space(space, spec, cluster(gpus)).valid)
+                 for space in spaces) == found
+
+
+def test_a_dimension_the_space_does_not_list_is_not_enumerated() -> None:
+    """The default space lists no pipeline split (embedding_loss_split, first/last stage
+    layers), offload or fused cross entropy: they keep Layout's default in every layout and
+    multiply no combination."""
+    from autotune.layouts.layout import LAYOUT_DEFAULTS, SEARCHED
+
+    space = load_space()
+    unlisted = [d for d in SEARCHED if d not in space.candidates]
+    assert "embedding_loss_split" in unlisted
+    summary = enumerate_space(space, load_model("llama3-8b"), cluster(64))
+    assert summary.valid and summary.total == space.size()
+    for s in summary.valid:
+        assert all(getattr(s, d) == LAYOUT_DEFAULTS[d] for d in unlisted), s.describe()

@@ -11,7 +11,7 @@ models that read a stage's layers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -102,12 +102,9 @@ class Layout(LeverFields, _Batch, pipeline_split.Fields, _Sizes):
     consumer."""
 
     def __post_init__(self) -> None:
-        # Values read back from YAML, JSON or Optuna's storage are plain strings: keep the
-        # enum members, so that a layout prints, hashes and compares one way.
-        for name, kind in _ENUM_FIELDS:
-            value = getattr(self, name)
-            if value.__class__ is not kind:  # the common case, a member already, costs nothing
-                object.__setattr__(self, name, DIMENSIONS[name].coerce(value))
+        # with_fields does the same for the fields it changes (and nothing else: what is
+        # added here belongs there too).
+        _members(self.__dict__, _ENUM_KINDS)
 
     @property
     def world_size(self) -> int:
@@ -135,8 +132,22 @@ DIMENSIONS: dict[str, Dimension] = {
     f.name: replace(f.metadata["dimension"], name=f.name) for f in fields(Layout)}
 """Every Layout field's Dimension, in field order: the one table the space, estimate's
 options, the export, the best-trial rows and tools/ derive from."""
-_ENUM_FIELDS = tuple((name, dim.kind) for name, dim in DIMENSIONS.items()
-                     if dim.choices is not None)
+_ENUM_KINDS: dict[str, type] = {name: dim.kind for name, dim in DIMENSIONS.items()
+                                 if dim.choices is not None}
+"""The enum fields, each with its StrEnum."""
+
+
+def _members(attrs: dict[str, Any], names: Iterable[str]) -> None:
+    """The values of the enum fields among `names` in a layout's attributes made members:
+    values read back from YAML, JSON or Optuna's storage are plain strings, and a layout
+    prints, hashes and compares one way."""
+    for name in names:
+        kind = _ENUM_KINDS.get(name)
+        # The common case, a member already (or no enum field), costs nothing.
+        if kind is not None and attrs[name].__class__ is not kind:
+            attrs[name] = DIMENSIONS[name].coerce(attrs[name])
+
+
 SEARCHED: dict[str, Dimension] = {n: d for n, d in DIMENSIONS.items() if d.level is not None}
 """The dimensions a search space may list, with their enumeration levels."""
 
@@ -391,5 +402,8 @@ def with_fields(layout: Layout, **values: object) -> Layout:
     if not values.keys() <= attrs.keys():
         raise TypeError(f"Layout has no field {', '.join(values.keys() - attrs.keys())}")
     attrs.update(values)
-    copy.__post_init__()
+    # __post_init__ on the changed fields alone: the others are `layout`'s, members already
+    # (the enumerator copies a layout per combination, over 400k for gpt-1t on 3072
+    # GPUs).
+    _members(attrs, values)
     return copy

@@ -33,6 +33,7 @@ layernorm_linear.py, grouped_linear.py, quantization.py):
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -289,6 +290,7 @@ def _on(s: Layout) -> bool:
     return s.fp8 != Fp8.OFF
 
 
+@functools.cache  # the rule fp8_gpu asks for each FP8 combination (116k in a gpt-1t plan)
 def recipes_on(gpu: GpuSpec) -> tuple[Fp8Recipe, ...]:
     """The recipes Transformer Engine 2.11 runs on `gpu` (RECIPE_MIN_CAPABILITY); none without
     FP8 tensor cores."""

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from operator import attrgetter
 
-from autotune.layouts.layout import Layout, stage_layers
+from autotune.layouts.layout import DIMENSIONS, Layout, stage_layers
 from autotune.levers import LEVERS
 from autotune.levers.base import ActivationState, MemoryState
 from autotune.levers.pipeline_split import even_layers
@@ -28,8 +29,8 @@ from autotune.specs.activations import (
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec, padded_vocab_size
 
-__all__ = ["BLOCK_MARGIN", "MemoryEstimate", "MemoryParams", "StageMemory", "estimate_memory",
-           "stage_linear_params", "stage_params"]
+__all__ = ["BLOCK_MARGIN", "MEMORY_BLIND", "MemoryEstimate", "MemoryParams", "StageMemory",
+           "estimate_memory", "memory_key", "stage_linear_params", "stage_params"]
 
 GIB = 1024**3
 PARAM_BYTES = 2
@@ -415,6 +416,25 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams, states: Me
                        logits_bytes=logits, workspace_bytes=workspace, overhead_bytes=overhead,
                        saved_bytes=saved, largest_block_bytes=block, host_bytes=host,
                        block_margin_bytes=chunk.block_margin * block)
+
+
+MEMORY_BLIND: frozenset[str] = frozenset(
+    name for lever in LEVERS if lever.memory is None and lever.activations is None
+    for name in lever.field_names)
+"""The fields of the levers without a memory term (`Lever.no_memory`: overlap_grad_reduce,
+overlap_param_gather): no memory estimate reads them (tests/test_derive.py holds it), so
+layouts that differ only there have one estimate (memory_key) and resolve to the same derived
+counts (autotune.search.derive)."""
+
+_MEMORY_FIELDS = attrgetter(*(name for name in DIMENSIONS if name not in MEMORY_BLIND))
+
+
+def memory_key(layout: Layout) -> tuple[object, ...]:
+    """`layout`'s values of every field but the MEMORY_BLIND ones: equal for two layouts whose
+    estimates (estimate_memory, for one model, cluster and constants) are equal, so a memo of
+    estimates keyed by it answers both (autotune.predict.gate)."""
+    key: tuple[object, ...] = _MEMORY_FIELDS(layout)
+    return key
 
 
 def estimate_memory(model: ModelSpec, layout: Layout, cluster: ClusterSpec,

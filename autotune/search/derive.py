@@ -36,7 +36,7 @@ from autotune.levers import LEVERS
 from autotune.levers.base import Derivable
 from autotune.levers.pipeline_split import common_divisors
 from autotune.predict.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND
-from autotune.predict.memory import MemoryParams, estimate_memory
+from autotune.predict.memory import MEMORY_BLIND, MemoryParams, estimate_memory
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 
@@ -56,14 +56,9 @@ def _divisors(n: int) -> tuple[int, ...]:
 
 DERIVABLE: dict[str, Derivable] = {d.name: d for lever in LEVERS for d in lever.derivable}
 """The dimensions a space may mark `derive`, each lever's in registry order."""
-
-MEMORY_BLIND: frozenset[str] = frozenset(
-    name for lever in LEVERS if lever.memory is None and lever.activations is None
-    for name in lever.field_names)
-"""The fields of the levers without a memory term (`Lever.no_memory`: overlap_grad_reduce,
-overlap_param_gather): no memory estimate reads them, nor does a derivable count's
-`applies`, `values` or `monotone`, so layouts that differ only there resolve to the same
-counts (tests/test_derive.py holds both)."""
+# MEMORY_BLIND (autotune.predict.memory): no derivable count's `applies`, `values` or
+# `monotone` reads those fields either, so layouts that differ only there resolve to the same
+# counts (tests/test_derive.py holds both).
 
 
 def _mbs_values(s: Layout, m: ModelSpec) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from autotune.dimensions import plain
 from autotune.errors import ConfigError
-from autotune.layouts.layout import LAYOUT_DEFAULTS, Layout, with_fields
+from autotune.layouts.layout import DIMENSIONS, LAYOUT_DEFAULTS, Layout, with_fields
 from autotune.megatron.identity import representatives
 from autotune.search.config import SearchConfig
 from autotune.search.derive import DERIVABLE, DERIVE
@@ -82,9 +82,13 @@ class LayoutMap:
         def read(s: Layout) -> tuple[Any, ...]:
             return many(s) if many is not None else tuple(getattr(s, d) for d in names)
 
+        # Only an enum dimension's value is changed by `plain` (int and bool ones are plain).
+        enums = [i for i, dim in enumerate(names) if DIMENSIONS[dim].choices is not None]
         derived = [(position[d], self._listed[d]) for d in self.derived if d in position]
         for s in valid:
-            values = [plain(v) for v in read(s)]
+            values = list(read(s))
+            for i in enums:
+                values[i] = plain(values[i])
             for i, listed in derived:
                 if values[i] not in listed:
                     values[i] = DERIVE

@@ -38,8 +38,8 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.presets import search_spaces_dir
 
-__all__ = ["DIMENSIONS", "BatchShortfall", "SearchSpace", "SpaceSummary", "batch_shortfall",
-           "enumerate_space", "load_space"]
+__all__ = ["DIMENSIONS", "BatchShortfall", "SearchSpace", "SpaceSummary", "any_valid",
+           "batch_shortfall", "enumerate_space", "load_space"]
 
 DIMENSIONS = SEARCHED
 """The dimensions a space file may list, with their levels (autotune.layouts.layout.DIMENSIONS)."""
@@ -201,6 +201,16 @@ def enumerate_space(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                         rejected=dict(summary.rejected), via_derive=dict(summary.via_derive))
 
 
+def any_valid(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
+              params: MemoryParams | None = None) -> bool:
+    """Whether some layout of the space passes every rule: the enumeration, stopped at the
+    first valid layout. The CLI's check before a search: the search enumerates the space it
+    searches itself (the backend's, autotune.commands.search._runnable_space, which may differ
+    in impl and fp8), and a second whole enumeration took a third of a gpt-1t plan on 3072
+    GPUs; the whole one is needed only to say why no layout is valid."""
+    return bool(_enumerate(space, model, cluster, params, first=True).valid)
+
+
 def _choices(options: dict[str, tuple[Any, ...]], partial: Layout,
              model: ModelSpec) -> Iterator[dict[str, Any]]:
     """One level's combinations; a `divisors` dimension takes the values Megatron accepts
@@ -219,7 +229,7 @@ def _choices(options: dict[str, tuple[Any, ...]], partial: Layout,
 
 def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                params: MemoryParams | None = None, *, until: int = LEVELS,
-               lazy: bool = True) -> SpaceSummary:
+               lazy: bool = True, first: bool = False) -> SpaceSummary:
     """Rules are checked level by level, so a layout rejected at level k is counted once for
     all combinations of the deeper dimensions instead of being expanded. A `derive` choice is
     resolved (autotune.search.derive.resolve) before the rules of its level read it.
@@ -227,8 +237,13 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     pass every rule of the levels before it (their deeper fields at Layout's defaults).
     `lazy`: resolve a derived count only for a layout that the rules reading no count pass,
     and once for layouts that differ only in fields no memory estimate reads (the same
-    result; False resolves every combination first, as tests compare)."""
+    result; False resolves every combination first, as tests compare).
+    `first`: stop at the first valid layout (any_valid; the total and rejections then count
+    only what was reached)."""
     levels = [space.at_level(level) for level in range(LEVELS)]
+    # The dimensions of each level that may be `derive`: most levels have none (the FP8
+    # level's, with most of a plan's combinations), and their choices need no search for it.
+    derivable = [tuple(d for d, v in options.items() if DERIVE in v) for options in levels]
     deeper = [math.prod(len(v) for lv in levels[k + 1:] for v in lv.values())
               for k in range(LEVELS)]
     rejected: dict[str, RejectGroup] = {}
@@ -255,14 +270,15 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
             split[key] = (reading, [r for r in rules_at[level] if r.name in reading])
         return split[key]
 
-    def expand(level: int, partial: Layout, earlier: tuple[str, ...]) -> None:
+    def expand(level: int, partial: Layout, earlier: tuple[str, ...]) -> bool:
         """`earlier`: the dimensions a shallower level resolved from `derive` for `partial`,
-        carried down so that the valid layout records every one (not only the last level's)."""
+        carried down so that the valid layout records every one (not only the last level's).
+        Returns whether to stop (`first` and a valid layout found)."""
         # The counts resolved for `partial`, by the choice's fields that memory reads: choices
         # that differ only in MEMORY_BLIND fields resolve alike, once.
         counts: dict[tuple[Any, ...], dict[str, Any]] = {}
         for choice in _choices(levels[level], partial, model):
-            derived = tuple(d for d, v in choice.items() if v == DERIVE)
+            derived = tuple(d for d in derivable[level] if choice[d] == DERIVE)
             if derived:
                 # A placeholder the resolver replaces: the lever's default.
                 choice = {**choice, **{d: DERIVABLE[d].off for d in derived}}
@@ -304,11 +320,15 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                     break
             else:
                 if level + 1 < until:
-                    expand(level + 1, layout, earlier + derived)
+                    if expand(level + 1, layout, earlier + derived):
+                        return True
                 else:
                     valid.append(layout)
                     if earlier + derived:
                         via_derive[layout] = earlier + derived
+                    if first:
+                        return True
+        return False
 
     expand(0, base, ())
     # A `divisors` dimension has as many values as the layout it completes allows: counted

@@ -93,6 +93,8 @@ class Hooked:
 def install() -> None:
     sqlite_without_fsync()  # as in the test process (doubles/no_fsync.py)
     autotune.cli.enumerate_space = before("enumerate", autotune.cli.enumerate_space)
+    # A search's check (the whole enumeration is the search's own, LayoutMap.of).
+    autotune.cli.any_valid = before("enumerate", autotune.cli.any_valid)
     autotune.search.store.open_study = before("open", autotune.search.store.open_study)
     autotune.search.store.open_planning_study = before(
         "open", autotune.search.store.open_planning_study)
