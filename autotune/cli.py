@@ -313,6 +313,10 @@ def _search(
         hint = None if asked == Precision.ANY else fp8_hint(spec, cluster, job.layout)
         if hint is not None:
             print(f"autotune: {hint}", file=sys.stderr)
+    if dry_run:
+        from autotune.commands.search import dry_run_space
+
+        space_spec = dry_run_space(space_spec, backend)
     summary = enumerate_space(space_spec, spec, cluster)
     if not summary.valid:
         # The rules of the deepest level reached are the ones that bind: a layout rejected

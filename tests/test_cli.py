@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
+from autotune.commands.search import dry_run_space
 from autotune.search.space import enumerate_space, load_space
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.presets import list_presets, load_model
@@ -29,9 +30,10 @@ def test_models_lists_every_preset_with_size(capsys: pytest.CaptureFixture[str])
 
 
 def test_dry_run_explains_the_space(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "gpt2-xl", "--gpus", "8", "--dry-run")
+    code, out, _ = run(capsys, "gpt2-xl", "--gpus", "8", "--dry-run", "--backend", "simulate")
     assert code == 0
-    summary = enumerate_space(load_space(), load_model("gpt2-xl"), ClusterSpec.make(8, 8, None))
+    space = dry_run_space(load_space(), "simulate")
+    summary = enumerate_space(space, load_model("gpt2-xl"), ClusterSpec.make(8, 8, None))
     assert f"{summary.total:,} combinations" in out
     assert "tp=2 must divide num_attention_heads=25" in out
     assert "note: tp is limited to 1" in out

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # the search (optuna) is imported when a search runs, not for
     from autotune.search.loop import Search
     from autotune.search.records import SearchResult
 
-__all__ = ["multinode_options", "run_search_command", "space_path"]
+__all__ = ["dry_run_space", "multinode_options", "run_search_command", "space_path"]
 
 DEFAULT_REAL_TRIALS = 20
 
@@ -140,6 +140,16 @@ def _runnable_space(space: SearchSpace, backend: str) -> SearchSpace:
     if note is not None:
         print(note, file=sys.stderr)
     return replace(space, candidates={**space.candidates, "impl": choice.kept})
+
+
+def dry_run_space(space: SearchSpace, backend: str) -> SearchSpace:
+    """The space `--dry-run` explains: what the search on `backend` would rank
+    (_runnable_space: a plan ranks te in sdpa's place), without refusing what only running
+    needs (GPUs for the worker): `auto` is the worker on a machine with GPUs, else the plan."""
+    name = BackendName.parse(backend)
+    if name == BackendName.AUTO:
+        name = BackendName.WORKER if local_gpu_count() else BackendName.SIMULATE
+    return _runnable_space(space, name)
 
 
 def _runnable_precision(space: SearchSpace, backend: str) -> SearchSpace:
