@@ -27,6 +27,7 @@ from autotune.commands.precision import (
 )
 from autotune.dimensions import Dimension
 from autotune.errors import INTERRUPTED_EXIT, AutotuneError, ConfigError, Interrupted
+from autotune.inputs.numbers import check_count
 from autotune.inputs.untrusted import for_terminal
 from autotune.layouts.layout import DIMENSIONS, RULE_LEVELS, SEARCHED
 from autotune.layouts.legend import legend_lines
@@ -122,12 +123,9 @@ def models() -> None:
 
 def _load_inputs(model_name: str, gpus: int, gpus_per_node: int | None, seq_len: int | None,
                  global_batch_size: int | None, gpu: str | None) -> tuple[ModelSpec, ClusterSpec]:
-    if gpus <= 0:
-        raise ConfigError(f"--gpus must be a positive integer, got {gpus}")
-    for flag, value in (("--gpus-per-node", gpus_per_node), ("--seq-len", seq_len),
-                        ("--global-batch-size", global_batch_size)):
-        if value is not None and value <= 0:
-            raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    for flag, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node),
+                        ("--seq-len", seq_len), ("--global-batch-size", global_batch_size)):
+        check_count(flag, value)
     if gpus_per_node is not None and gpus_per_node > gpus:
         raise ConfigError(f"--gpus-per-node {gpus_per_node} is more than --gpus {gpus}: the job "
                           "uses --gpus GPUs in all")
@@ -340,8 +338,7 @@ def _search(
         print_dry_run(spec, cluster, space_spec, summary, as_json)
         return
     for flag, value in (("--trials", trials), ("--patience", patience), ("--steps", steps)):
-        if value is not None and value <= 0:
-            raise ConfigError(f"{flag} must be a positive integer, got {value}")
+        check_count(flag, value)
     if time_budget is not None and not time_budget > 0:  # `not >`: NaN too
         raise ConfigError(f"--time-budget must be a positive number of seconds, got "
                           f"{time_budget:g}")

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from autotune.commands.counts import StudyCounts, count_trials
 from autotune.errors import AutotuneError, ConfigError, Interrupted
+from autotune.inputs.numbers import check_count
 from autotune.layouts.layout import DIMENSIONS, Layout
 from autotune.levers.fp8 import Fp8
 from autotune.megatron.megatron_args import exported_layout, measured_as_exported
@@ -56,8 +57,7 @@ def multinode_options(gpus: int, gpus_per_node: int | None, nodes: int | None,
         if launcher is not None or rdzv_endpoint is not None:
             raise ConfigError("--launcher and --rdzv-endpoint need --nodes M")
         return gpus_per_node, None
-    if nodes <= 0:
-        raise ConfigError(f"--nodes must be a positive integer, got {nodes}")
+    check_count("--nodes", nodes)
     if gpus_per_node is None:
         if gpus % nodes:
             raise ConfigError(f"--gpus {gpus} is not a multiple of --nodes {nodes}")
