@@ -53,15 +53,20 @@ STORAGE_EXAMPLE = "postgresql+psycopg://user@host/db"
 
 
 class _SearchByDefault(typer.core.TyperGroup):
-    """Routes `autotune MODEL ...` to the search command: the first word names no command."""
+    """Routes `autotune MODEL ...` to the search command: the first word names no command, or
+    is an option of the search's (`autotune --gpus 8 MODEL`), not one of `autotune`'s own
+    (--help, --version)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if not args:  # bare `autotune`: its help, as `autotune --help` prints it
             typer.echo(ctx.get_help())
             ctx.exit(0)
-        if args and ((not args[0].startswith("-") and args[0] not in self.commands)
-                     or args[0].split("=", 1)[0] == FROM_MEGATRON):
-            _refuse_mistyped_command(args[0], list(self.commands))
+        own = {name for param in self.get_params(ctx)
+               for name in (*param.opts, *param.secondary_opts)}
+        first = args[0]
+        if (not first.startswith("-") and first not in self.commands) or (
+                first.startswith("-") and first.split("=", 1)[0] not in own):
+            _refuse_mistyped_command(first, list(self.commands))
             args = ["search", *args]
         return super().parse_args(ctx, args)
 
