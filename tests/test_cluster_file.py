@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ def test_bad_cluster_files_are_one_line_errors(tmp_path: Path, text: str, messag
     (lambda p: p.mkdir(), "is a folder, not a file"),
     (lambda p: None, "does not exist"),
     (lambda p: p.write_text("note: " + "x" * 300_000), "is larger than 256 KiB"),
+    (os.mkfifo, "is a FIFO, not a regular file"),  # read_text() blocked on it for ever
 ])
 def test_a_cluster_file_that_cannot_be_read_is_one_line_exit_2(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Any, message: str) -> None:
