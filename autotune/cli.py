@@ -27,6 +27,7 @@ from autotune.commands.precision import (
 )
 from autotune.dimensions import Dimension
 from autotune.errors import INTERRUPTED_EXIT, AutotuneError, ConfigError, Interrupted
+from autotune.inputs.numbers import check_count
 from autotune.inputs.untrusted import for_terminal
 from autotune.layouts.layout import DIMENSIONS, RULE_LEVELS, SEARCHED
 from autotune.layouts.legend import legend_lines
@@ -59,15 +60,20 @@ STORAGE_EXAMPLE = "postgresql+psycopg://user@host/db"
 
 
 class _SearchByDefault(typer.core.TyperGroup):
-    """Routes `autotune MODEL ...` to the search command: the first word names no command."""
+    """Routes `autotune MODEL ...` to the search command: the first word names no command, or
+    is an option of the search's (`autotune --gpus 8 MODEL`), not one of `autotune`'s own
+    (--help, --version)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if not args:  # bare `autotune`: its help, as `autotune --help` prints it
             typer.echo(ctx.get_help())
             ctx.exit(0)
-        if args and ((not args[0].startswith("-") and args[0] not in self.commands)
-                     or args[0].split("=", 1)[0] == FROM_MEGATRON):
-            _refuse_mistyped_command(args[0], list(self.commands))
+        own = {name for param in self.get_params(ctx)
+               for name in (*param.opts, *param.secondary_opts)}
+        first = args[0]
+        if (not first.startswith("-") and first not in self.commands) or (
+                first.startswith("-") and first.split("=", 1)[0] not in own):
+            _refuse_mistyped_command(first, list(self.commands))
             args = ["search", *args]
         return super().parse_args(ctx, args)
 
@@ -129,12 +135,9 @@ def models() -> None:
 
 def _load_inputs(model_name: str, gpus: int, gpus_per_node: int | None, seq_len: int | None,
                  global_batch_size: int | None, gpu: str | None) -> tuple[ModelSpec, ClusterSpec]:
-    if gpus <= 0:
-        raise ConfigError(f"--gpus must be a positive integer, got {gpus}")
-    for flag, value in (("--gpus-per-node", gpus_per_node), ("--seq-len", seq_len),
-                        ("--global-batch-size", global_batch_size)):
-        if value is not None and value <= 0:
-            raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    for flag, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node),
+                        ("--seq-len", seq_len), ("--global-batch-size", global_batch_size)):
+        check_count(flag, value)
     if gpus_per_node is not None and gpus_per_node > gpus:
         raise ConfigError(f"--gpus-per-node {gpus_per_node} is more than --gpus {gpus}: the job "
                           "uses --gpus GPUs in all")
@@ -320,6 +323,10 @@ def _search(
         hint = None if asked == Precision.ANY else fp8_hint(spec, cluster, job.layout)
         if hint is not None:
             print(f"autotune: {hint}", file=sys.stderr)
+    if dry_run:
+        from autotune.commands.search import dry_run_space
+
+        space_spec = dry_run_space(space_spec, backend)
     # A search enumerates the space it searches (the backend's) itself, so the check before it
     # stops at the first valid layout (any_valid); the whole enumeration is needed here only
     # to print it (--dry-run) or to say why no layout is valid.
@@ -333,8 +340,7 @@ def _search(
             print_dry_run(spec, cluster, space_spec, summary, as_json)
             return
     for flag, value in (("--trials", trials), ("--patience", patience), ("--steps", steps)):
-        if value is not None and value <= 0:
-            raise ConfigError(f"{flag} must be a positive integer, got {value}")
+        check_count(flag, value)
     if time_budget is not None and not time_budget > 0:  # `not >`: NaN too
         raise ConfigError(f"--time-budget must be a positive number of seconds, got "
                           f"{time_budget:g}")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
+from autotune.commands.search import dry_run_space
 from autotune.search.space import enumerate_space, load_space
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.presets import list_presets, load_model
@@ -29,9 +30,10 @@ def test_models_lists_every_preset_with_size(capsys: pytest.CaptureFixture[str])
 
 
 def test_dry_run_explains_the_space(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "gpt2-xl", "--gpus", "8", "--dry-run")
+    code, out, _ = run(capsys, "gpt2-xl", "--gpus", "8", "--dry-run", "--backend", "simulate")
     assert code == 0
-    summary = enumerate_space(load_space(), load_model("gpt2-xl"), ClusterSpec.make(8, 8, None))
+    space = dry_run_space(load_space(), "simulate")
+    summary = enumerate_space(space, load_model("gpt2-xl"), ClusterSpec.make(8, 8, None))
     assert f"{summary.total:,} combinations" in out
     assert "tp=2 must divide num_attention_heads=25" in out
     assert "note: tp is limited to 1" in out
@@ -118,3 +120,24 @@ def test_console_script_entry_point() -> None:
                            "--dry-run"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
     assert "gpt2 on 2 GPUs" in proc.stdout
+
+
+@pytest.mark.parametrize(("args", "code", "says"), [
+    # A search option before the model: `autotune --gpus 8 MODEL` searched nothing and said
+    # "No such option: --gpus".
+    (["--gpus", "8", "gpt2", "--dry-run", "--backend", "simulate"], 0, "gpt2 on 8 GPUs"),
+    (["--gpus=8", "gpt2", "--dry-run", "--backend", "simulate"], 0, "gpt2 on 8 GPUs"),
+    (["--tp", "2", "gpt2", "--gpus", "8", "--dry-run", "--backend", "simulate"], 0,
+     "tp=2"),
+    (["--gpus", "8"], 2, "Missing argument 'MODEL' (or --from-megatron FILE)"),
+    (["--bogus"], 2, "No such option: --bogus"),
+    # autotune's own options stay its own.
+    (["--version"], 0, "autotune "),
+])
+def test_options_before_the_model_reach_the_search(capsys: pytest.CaptureFixture[str],
+                                                   args: list[str], code: int,
+                                                   says: str) -> None:
+    got, out, err = run(capsys, *args)
+    assert got == code, err
+    assert says in (out if code == 0 else err)
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 1

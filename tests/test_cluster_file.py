@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,25 +47,61 @@ def test_the_cost_model_uses_the_files_network(tmp_path: Path) -> None:
     assert steps[0] > steps[1] > steps[2]
 
 
+_LINKS = "nvlink_gb_per_s: 450\ninter_node_gbit_per_s: 400\n"
+
+
 @pytest.mark.parametrize(("text", "message"), [
-    ("gpu: h100-80gb\ngpus_per_node: 8\nnvlink_gb_per_s: 450\n", "missing inter_node"),
-    ("gpu: h100-80gb\ngpus_per_node: 0\nnvlink_gb_per_s: 450\ninter_node_gbit_per_s: 400\n",
-     "gpus_per_node must be a positive integer"),
+    ("gpu: h100-80gb\ngpus_per_node: 8\nnvlink_gb_per_s: 450\n",
+     "missing cluster field(s) inter_node_gbit_per_s"),
+    (f"gpu: h100-80gb\ngpus_per_node: 0\n{_LINKS}",
+     "gpus_per_node must be a positive integer, got 0"),
+    (f"gpu: h100-80gb\ngpus_per_node: 8.0\n{_LINKS}",
+     "gpus_per_node must be an integer, got 8.0"),
     ("gpu: h100-80gb\ngpus_per_node: 8\nnvlink_gb_per_s: .inf\ninter_node_gbit_per_s: 400\n",
-     "positive finite"),
+     "nvlink_gb_per_s must be a finite number, got inf"),
     ("gpu: h100-80gb\ngpus_per_node: 8\nnvlink_gb_per_s: fast\ninter_node_gbit_per_s: 400\n",
-     "positive finite"),
-    ("gpu: h100-80gb\ngpus_per_node: 8\nnvlink_gb_per_s: 4\ninter_node_gbit_per_s: 4\nx: 1\n",
-     "unknown key"),
+     "nvlink_gb_per_s must be a number, got 'fast'"),
+    # A float field given 0 wants a positive number (not "a positive integer").
+    ("gpu: h100-80gb\ngpus_per_node: 8\nnvlink_gb_per_s: 0\ninter_node_gbit_per_s: 400\n",
+     "nvlink_gb_per_s must be a positive number, got 0"),
+    (f"gpu: h100-80gb\ngpus_per_node: 8\n{_LINKS}host_memory_gib: -1\n",
+     "host_memory_gib must be a positive number, got -1"),
+    # Above any real link: the bound every real read from a file has (inputs.bounds).
+    ("gpu: h100-80gb\ngpus_per_node: 8\nnvlink_gb_per_s: 1.0e+300\ninter_node_gbit_per_s: 4\n",
+     "nvlink_gb_per_s must be at most 1e+18, got 1e+300"),
+    (f"gpu: 100\ngpus_per_node: 8\n{_LINKS}", "gpu must be a string, got 100"),
+    (f"gpu: h100-80gb\ngpus_per_node: 8\n{_LINKS}x: 1\n", "unknown cluster field(s) x"),
+    (f"gpu: h100-80gb\ngpu: h200\ngpus_per_node: 8\n{_LINKS}", "key 'gpu' is given twice"),
+    (f"gpu: &g h100-80gb\nname: *g\ngpus_per_node: 8\n{_LINKS}",
+     "aliases are not accepted"),
     ("[1, 2]\n", "expected a mapping"),
+    ("", "expected a mapping"),
     ("gpu: [\n", "malformed YAML"),
 ])
 def test_bad_cluster_files_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
-    with pytest.raises(ConfigError, match=message) as info:
+    with pytest.raises(ConfigError) as info:
         load_cluster_file(path)
-    assert "\n" not in str(info.value)
+    assert str(info.value).startswith(f"cluster file {path}: ")
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda p: p.write_bytes(b"\xff\xfe gpu: h100"), "is not UTF-8 text"),
+    (lambda p: p.mkdir(), "is a folder, not a file"),
+    (lambda p: None, "does not exist"),
+    (lambda p: p.write_text("note: " + "x" * 300_000), "is larger than 256 KiB"),
+    (os.mkfifo, "is a FIFO, not a regular file"),  # read_text() blocked on it for ever
+])
+def test_a_cluster_file_that_cannot_be_read_is_one_line_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Any, message: str) -> None:
+    path = tmp_path / "cluster.yaml"
+    make(path)
+    assert main(["estimate", "gpt2", "--gpus", "8", "--cluster", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"autotune: error: cluster file {path}")
+    assert message in err[0]
 
 
 def test_a_cluster_files_gpu_must_be_in_the_table(tmp_path: Path) -> None:

@@ -68,3 +68,38 @@ def test_shipped_spaces_choose_nothing_user_files_and_pins_do(tmp_path) -> None:
     mine.write_text("tp: [1, 2]\nimpl: [sdpa]\n")
     assert load_space(str(mine)).chosen == {"tp", "impl"}
     assert "impl" in pin_space(load_space(None), {"impl": (S,)}).chosen
+
+
+@pytest.mark.parametrize(("args", "gpus_here", "te", "impls"), [
+    # A plan ranks te in sdpa's place (what the export writes), with or without TE here.
+    (["--backend", "simulate"], 8, True, "local, te"),
+    (["--backend", "simulate"], 0, False, "local, te"),
+    ([], 0, False, "local, te"),  # auto without GPUs plans
+    # ... unless sdpa is asked for.
+    (["--backend", "simulate", "--impl", "sdpa,te"], 0, False, "sdpa, te"),
+    # Real trials: te measured for sdpa with TE; without it sdpa stands in and te cannot run.
+    ([], 8, True, "local, te"),
+    (["--backend", "worker"], 8, False, "local, sdpa"),
+    # A dry run needs no GPU, even for a backend that will.
+    (["--backend", "worker"], 0, False, "local, sdpa"),
+])
+def test_dry_run_lists_the_impls_the_search_ranks(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str],
+        gpus_here: int, te: bool, impls: str) -> None:
+    from autotune.cli import main
+    from autotune.commands import search as search_command
+
+    monkeypatch.setattr(search_command, "local_gpu_count", lambda: gpus_here)
+    monkeypatch.setattr(search_command, "te_available", lambda: te)
+    assert main(["gpt2", "--gpus", "2", "--space", "one-node", "--dry-run", *args]) == 0
+    out = capsys.readouterr().out
+    listed = next(line for line in out.splitlines() if line.strip().startswith("impl "))
+    assert listed.split(None, 1)[1] == impls
+
+
+def test_dry_run_refuses_an_unknown_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import main
+
+    assert main(["gpt2", "--gpus", "2", "--dry-run", "--backend", "gpu"]) == 2
+    assert "unknown backend 'gpu'" in capsys.readouterr().err
+

@@ -40,21 +40,33 @@ def _launch_line(path: Path) -> int:
                 if line.startswith("torchrun"))
 
 
-@pytest.mark.parametrize("edits", [
-    # In the flag itself, and through a variable set to it.
-    [("--seq-length 1024", "--seq-length $((512*2))")],
-    [("torchrun", "SEQ=$((512*2))\ntorchrun"), ("--seq-length 1024", "--seq-length $SEQ")],
-    [("--micro-batch-size 16", "--micro-batch-size $((8+8))")],
+def _line_of(path: Path, start: str) -> int:
+    return next(k for k, line in enumerate(path.read_text().splitlines(), 1)
+                if line.startswith(start))
+
+
+@pytest.mark.parametrize(("edits", "written_on"), [
+    # In the flag itself: the launch's line.
+    ([("--seq-length 1024", "--seq-length $((512*2))")], "torchrun"),
+    ([("--micro-batch-size 16", "--micro-batch-size $((8+8))")], "torchrun"),
+    # Through a variable set to it, directly or through another: the line of the assignment
+    # that holds the arithmetic, where the number is to be written.
+    ([("torchrun", "SEQ=$((512*2))\ntorchrun"), ("--seq-length 1024", "--seq-length $SEQ")],
+     "SEQ="),
+    ([("torchrun", "A=$((512*2))\nSEQ=${A}\ntorchrun"),
+      ("--seq-length 1024", "--seq-length $SEQ")], "A="),
 ])
 def test_arithmetic_in_a_value_autotune_needs_is_one_line_naming_it(
-        tmp_path: Path, edits: list[tuple[str, str]]) -> None:
+        tmp_path: Path, edits: list[tuple[str, str]], written_on: str) -> None:
     path = _script(tmp_path, *edits)
     with pytest.raises(ConfigError) as caught:
         read_megatron_command(str(path))
     message = str(caught.value)
-    assert f"line {_launch_line(path)}:" in message and "$((" in message
-    assert "never runs" in message and "needs its value" in message
-    assert "\n" not in message
+    assert message.startswith(f"{path}: line {_line_of(path, written_on)}: ")
+    assert "$((" in message and "never runs" in message and "needs its value" in message
+    assert "write the number there" in message and "\n" not in message
+    if written_on != "torchrun":
+        assert f"--seq-length on line {_launch_line(path)}" in message
 
 
 UNNEEDED = [("    --train-iters 100", "    --train-iters $((50*2))"),
@@ -68,7 +80,8 @@ def test_arithmetic_in_a_value_autotune_does_not_need_is_warned_and_carried(
     command = read_megatron_command(str(path))
     warning = arithmetic_warning(command)
     assert warning is not None and f"line {_launch_line(path)}:" in warning
-    assert "--train-iters $((50*2))" in warning and "--eval-interval $((10*100))" in warning
+    assert "--train-iters $((50*2))" in warning
+    assert f"--eval-interval $((10*100)) (set on line {_line_of(path, 'EVERY=')})" in warning
     assert "carries it as written" in warning
     # The export edits only what changes: the arithmetic stays as the user typed it, where it
     # stood (the shell running the exported script evaluates it, as it did the user's).

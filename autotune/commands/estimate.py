@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 from autotune.errors import ConfigError
 from autotune.inputs.documents import parse_json
 from autotune.inputs.files import read_text
-from autotune.inputs.untrusted import shown
+from autotune.inputs.untrusted import for_terminal, shown
 from autotune.layouts.layout import DIMENSIONS, Layout, derive_dp, validate
 from autotune.predict.calibration import load_calibration
 from autotune.predict.cost import estimate_cost
@@ -40,6 +40,18 @@ def _read_layout(path: str) -> dict[str, Any]:
     stored = data.get("layout", data) if isinstance(data, dict) else None
     if not isinstance(stored, dict):
         raise ConfigError(f"layout file {path}: expected a JSON object")
+    from autotune.report.scripts import JSON_INFO_KEYS, JSON_KEYS
+
+    # A key the export never writes is a typo (`pp_size`): read as absent, its dimension would
+    # silently take estimate's default.
+    unknown = [str(k) for k in stored if k not in (*JSON_KEYS, *_CONTEXT_TYPES, *JSON_INFO_KEYS)]
+    if unknown:
+        raise ConfigError(f"layout file {path}: unknown field(s) "
+                          f"{for_terminal(', '.join(unknown))[:200]}; a layout file holds what "
+                          "`autotune export --format json` writes")
+    if not any(k in JSON_KEYS for k in stored):
+        raise ConfigError(f"layout file {path} holds no layout field ({', '.join(JSON_KEYS[:3])}"
+                          ", ...): not a layout from `autotune export --format json`")
     return stored
 
 

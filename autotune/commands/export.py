@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.errors import ConfigError
+from autotune.inputs.numbers import check_count
 from autotune.megatron.megatron_args import SDPA_STANDS_IN, exported_layout, measured_as_exported
 from autotune.outputs import write_text
 from autotune.predict.trust import memory_risk, trust_line
@@ -127,10 +128,8 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
         fmt = DEFAULT_FORMAT
     if fmt not in FORMATS:
         raise ConfigError(f"unknown --format {fmt!r}; choose {', '.join(FORMATS)}")
-    if nodes is not None and nodes < 1:
-        raise ConfigError(f"--nodes must be a positive integer, got {nodes}")
-    if train_iters is not None and train_iters < 1:
-        raise ConfigError(f"--train-iters must be a positive integer, got {train_iters}")
+    check_count("--nodes", nodes)
+    check_count("--train-iters", train_iters)
     iters = {} if train_iters is None else {"train_iters": train_iters}
     version = running(megatron_version)  # an unknown or unsupported version: refused here
     check_megatron_lm(megatron_lm)

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from autotune.commands.counts import StudyCounts, count_trials
 from autotune.errors import AutotuneError, ConfigError, Interrupted
+from autotune.inputs.numbers import check_count
 from autotune.layouts.layout import DIMENSIONS, Layout
 from autotune.levers.fp8 import Fp8
 from autotune.megatron.megatron_args import exported_layout, measured_as_exported
@@ -39,7 +40,7 @@ if TYPE_CHECKING:  # the search (optuna) is imported when a search runs, not for
     from autotune.search.loop import Search
     from autotune.search.records import SearchResult
 
-__all__ = ["multinode_options", "run_search_command", "space_path"]
+__all__ = ["dry_run_space", "multinode_options", "run_search_command", "space_path"]
 
 DEFAULT_REAL_TRIALS = 20
 
@@ -56,8 +57,7 @@ def multinode_options(gpus: int, gpus_per_node: int | None, nodes: int | None,
         if launcher is not None or rdzv_endpoint is not None:
             raise ConfigError("--launcher and --rdzv-endpoint need --nodes M")
         return gpus_per_node, None
-    if nodes <= 0:
-        raise ConfigError(f"--nodes must be a positive integer, got {nodes}")
+    check_count("--nodes", nodes)
     if gpus_per_node is None:
         if gpus % nodes:
             raise ConfigError(f"--gpus {gpus} is not a multiple of --nodes {nodes}")
@@ -140,6 +140,16 @@ def _runnable_space(space: SearchSpace, backend: str) -> SearchSpace:
     if note is not None:
         print(note, file=sys.stderr)
     return replace(space, candidates={**space.candidates, "impl": choice.kept})
+
+
+def dry_run_space(space: SearchSpace, backend: str) -> SearchSpace:
+    """The space `--dry-run` explains: what the search on `backend` would rank
+    (_runnable_space: a plan ranks te in sdpa's place), without refusing what only running
+    needs (GPUs for the worker): `auto` is the worker on a machine with GPUs, else the plan."""
+    name = BackendName.parse(backend)
+    if name == BackendName.AUTO:
+        name = BackendName.WORKER if local_gpu_count() else BackendName.SIMULATE
+    return _runnable_space(space, name)
 
 
 def _runnable_precision(space: SearchSpace, backend: str) -> SearchSpace:

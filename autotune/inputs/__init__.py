@@ -9,6 +9,8 @@ inputs are checked"):
   ...): a type with its range, as annotated_types constraints that pydantic enforces.
 - `schema`: a parsed mapping checked against such a dataclass with pydantic (types, finiteness,
   ranges, unknown and missing fields), every problem one line naming the file and the field.
+- `numbers`: numbers that enter as text, not through a schema (a count typed on the command
+  line, a Megatron-LM flag's value in a script): within the same bounds.
 - `untrusted`: text from a file or a study on its way out: control characters stripped for the
   terminal, escaped for Markdown and HTML.
 

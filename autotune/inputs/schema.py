@@ -117,10 +117,12 @@ _RULES: dict[str, str] = {
 """pydantic's error types as what the value must be, in the words of autotune's messages."""
 
 
-def _must(error: dict[str, Any]) -> str:
+def _must(error: dict[str, Any], field: Any) -> str:
+    """What the value must be; `field` is the type of the field it was given for (a float
+    field given 0 wants a positive number, not an integer)."""
     kind, ctx = error["type"], error.get("ctx") or {}
     if kind == "greater_than" and ctx.get("gt") == 0 and isinstance(error.get("input"), int):
-        return "a positive integer"
+        return "a positive number" if _unwrap(field) is float else "a positive integer"
     rule = _RULES.get(kind)
     if rule is None:  # a rule without words of ours: pydantic's own, lower-cased
         msg = str(error["msg"])
@@ -128,7 +130,7 @@ def _must(error: dict[str, Any]) -> str:
     return rule.format(**ctx) if ctx else rule
 
 
-def _message(exc: Any, source: str, what: str, prefix: str) -> str:
+def _message(exc: Any, cls: Any, source: str, what: str, prefix: str) -> str:
     errors = exc.errors(include_url=False)
     extra = [prefix + ".".join(map(str, e["loc"])) for e in errors
              if e["type"] == "extra_forbidden"]
@@ -140,7 +142,10 @@ def _message(exc: Any, source: str, what: str, prefix: str) -> str:
     first = errors[0]
     # A union (`int | None`) reports one error per member: the first names the real type.
     where = ".".join(str(part) for part in first["loc"] if not _is_member_tag(part))
-    return f"{source}: {prefix}{where} must be {_must(first)}, got {shown(first.get('input'))}"
+    # The field's type, for a top-level field (a nested one's error keeps the input's words).
+    field = typing.get_type_hints(cls, include_extras=True).get(where)
+    return (f"{source}: {prefix}{where} must be {_must(first, field)}, got "
+            f"{shown(first.get('input'))}")
 
 
 def _is_member_tag(part: object) -> bool:
@@ -163,7 +168,7 @@ def check(cls: type[T], data: object, source: str, *, what: str,
     try:
         model = _model(cast(Any, cls)).model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_message(exc, source, what, prefix)) from None
+        raise ConfigError(_message(exc, cls, source, what, prefix)) from None
     hints = typing.get_type_hints(cls, include_extras=True)
     return {name: _plain(getattr(model, name), hints[name]) for name in model.model_fields_set}
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ConfigError
+from autotune.inputs.numbers import integer_text, number_text
 
 if TYPE_CHECKING:
     from autotune.layouts.layout import Layout
@@ -89,21 +90,11 @@ class Given:
 
     def integer(self, name: str, default: int | None = None) -> int | None:
         value = self.values.get(name)
-        if value is None:
-            return default
-        try:
-            return int(value)
-        except ValueError:
-            raise ConfigError(f"{self.source}: {name} {value!r} is not an integer") from None
+        return default if value is None else integer_text(value, f"{self.source}: {name}")
 
     def number(self, name: str, default: float) -> float:
         value = self.values.get(name)
-        if value is None:
-            return default
-        try:
-            return float(value)
-        except ValueError:
-            raise ConfigError(f"{self.source}: {name} {value!r} is not a number") from None
+        return default if value is None else number_text(value, f"{self.source}: {name}")
 
     def choice(self, name: str, choices: Sequence[str], default: str) -> str:
         value = self.text(name, default)

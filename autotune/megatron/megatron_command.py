@@ -129,8 +129,9 @@ def arithmetic_warning(command: MegatronCommand) -> str | None:
     """One line naming the `$((...))` left in the command's flags: none of them is a value
     autotune needs (those are refused as they are read), so each is carried as written into
     the export, never evaluated; None when there are none."""
-    found = [f"{g.flag or g.words[0].shown()} {r.text}" for g in command.groups
-             for w in g.words for r in w.refs if r.arithmetic]
+    found = [f"{g.flag or g.words[0].shown()} {r.text}" + (
+        f" (set on line {r.line})" if r.line not in (None, command.line) else "")
+        for g in command.groups for w in g.words for r in w.refs if r.arithmetic]
     if not found:
         return None
     return (f"{command.source}: line {command.line}: {'; '.join(dict.fromkeys(found))}: "
@@ -292,22 +293,30 @@ def _group(args: tuple[Word, ...], source: str,
         else:
             groups.append(ArgGroup(None, (word,)))
         k += 1
-    return tuple(groups), _GivenWithRefs(values, unresolved, f"{source}: line {line}")
+    return tuple(groups), _GivenWithRefs(values, unresolved, source, line)
 
 
 class _GivenWithRefs(Given):
     """Given, refusing a flag autotune reads whose value the script does not set."""
 
     def __init__(self, values: dict[str, str | None], unresolved: dict[str, Ref],
-                 source: str) -> None:
-        super().__init__({**values, **{n: "" for n in unresolved}}, source)
+                 source: str, line: int) -> None:
+        super().__init__({**values, **{n: "" for n in unresolved}}, f"{source}: line {line}")
         self.unresolved = unresolved
+        self.file = source
+        self.line = line
 
     def text(self, name: str, default: str | None = None) -> str | None:
         ref = self.unresolved.get(name)
         if ref is not None:
+            why = ref.reason.split(": ", 1)[-1]
+            if ref.arithmetic and ref.line is not None and ref.line != self.line:
+                # Set in a variable: the number is written where the arithmetic is.
+                raise ConfigError(f"{self.file}: line {ref.line}: {ref.text} (the value of "
+                                  f"{name} on line {self.line}): {why}; autotune needs its "
+                                  "value: write the number there")
             fix = ": write the number there" if ref.arithmetic else ""
-            raise ConfigError(f"{self.source}: {name} {ref.text}: {ref.reason.split(': ', 1)[-1]}"
+            raise ConfigError(f"{self.source}: {name} {ref.text}: {why}"
                               f"; autotune needs its value{fix}")
         return super().text(name, default)
 

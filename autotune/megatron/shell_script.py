@@ -47,11 +47,14 @@ READ_SECONDS = 5.0
 @dataclass(frozen=True, slots=True)
 class Ref:
     """A part of a word the static reading cannot resolve: `text` as the script wrote it,
-    `name` the variable (None for a command substitution or arithmetic), `reason` why."""
+    `name` the variable (None for a command substitution or arithmetic), `reason` why, `line`
+    the script's line that wrote it: a `$((...))` set in a variable is mended where it was
+    written, not where the variable is used (None: not written in the script)."""
 
     text: str
     name: str | None
     reason: str
+    line: int | None = None
 
     @property
     def arithmetic(self) -> bool:
@@ -312,6 +315,7 @@ class _Reader:
         self.produced = 0  # characters all expansions produced so far (MAX_EXPANDED_CHARS)
         self.nesting = 0  # defaults being expanded inside one another (MAX_DEFAULT_DEPTH)
         self.deadline = time.monotonic() + READ_SECONDS
+        self.line = 1  # the line of the statement being read (Ref.line)
 
     def check_time(self) -> None:
         if time.monotonic() > self.deadline:
@@ -400,7 +404,7 @@ class _Reader:
             elif kind == "sub":
                 what = "arithmetic" if seg[1].startswith("$((") else "command substitution"
                 fields[-1].append(Ref(seg[1], None, f"{seg[1]}: {what}, which autotune never "
-                                                    "runs"))
+                                                    "runs", self.line))
                 keep = True
             elif kind == "array":
                 raise ConfigError(f"{self.source}: an array ( ... ) where a word belongs")
@@ -437,6 +441,7 @@ class _Reader:
 
     def statement(self, st: _Statement) -> None:
         self.check_time()
+        self.line = st.line
         words = list(st.words)
         head = _literal(words[0]) if words else None
         while head in _BLOCK_MIDDLE or head in _BLOCK_CLOSE or head in _BLOCK_OPEN or (

@@ -36,6 +36,9 @@ TRAIN_ITERS = 100
 RDZV_PORT = 29500
 JSON_KEYS: tuple[str, ...] = tuple(DIMENSIONS)
 """Every layout field (autotune.layouts.layout.DIMENSIONS); estimate --layout reads them back."""
+JSON_INFO_KEYS: tuple[str, ...] = ("tokens_per_s", "predicted", "study", "trial")
+"""What layout_json writes beside the layout and its machine: the figure and where it came
+from, which estimate --layout accepts and does not read."""
 _INDENT = "    "
 
 

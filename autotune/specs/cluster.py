@@ -14,19 +14,15 @@ table and gives it the file's links.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from autotune.errors import ConfigError
+from autotune.inputs.bounds import Count, Positive, Text
+from autotune.inputs.documents import parse_yaml
+from autotune.inputs.files import MAX_YAML_BYTES, read_text
 
 __all__ = ["ClusterFile", "is_cluster_file", "load_cluster_file"]
-
-_REQUIRED = ("gpu", "gpus_per_node", "nvlink_gb_per_s", "inter_node_gbit_per_s")
-_OPTIONAL = ("host_memory_gib", "name", "note")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,45 +37,36 @@ class ClusterFile:
     host_memory_bytes: float | None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Document:
+    """The file's fields as written, with their types and ranges (checked by
+    autotune.inputs.schema: a file is read the way every input file is)."""
+
+    gpu: Text
+    gpus_per_node: Count
+    nvlink_gb_per_s: Positive
+    inter_node_gbit_per_s: Positive
+    host_memory_gib: Positive | None = None
+    name: Text | None = None
+    note: Text | None = None
+
+
 def is_cluster_file(value: str) -> bool:
     return value.endswith((".yaml", ".yml"))
 
 
-def _positive(path: Path, key: str, value: Any, *, integer: bool = False) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) \
-        and math.isfinite(value) and value > 0 and (not integer or isinstance(value, int))
-    if not ok:
-        kind = "a positive integer" if integer else "a positive finite number"
-        raise ConfigError(f"cluster file {path}: {key} must be {kind}, got {value!r}")
-    return float(value)
-
-
 def load_cluster_file(path: Path | str) -> ClusterFile:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cluster file {path}: cannot read it ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f", line {where.line + 1}" if where is not None else ""
-        raise ConfigError(f"cluster file {path}: malformed YAML"
-                          f" ({getattr(exc, 'problem', None) or 'unreadable'}{line})") from None
+    """The cluster file at `path`, or ConfigError in one line naming the file and the field."""
+    from autotune.inputs.schema import build  # pydantic: imported when a file is read
+
+    source = f"cluster file {path}"
+    data = parse_yaml(read_text(path, "cluster file", max_bytes=MAX_YAML_BYTES), source)
     if not isinstance(data, dict):
-        raise ConfigError(f"cluster file {path}: expected a mapping of {', '.join(_REQUIRED)}")
-    unknown = sorted(set(data) - set(_REQUIRED) - set(_OPTIONAL))
-    missing = [k for k in _REQUIRED if k not in data]
-    if unknown or missing:
-        what = (f"unknown key(s) {', '.join(map(str, unknown))}" if unknown
-                else f"missing {', '.join(missing)}")
-        raise ConfigError(f"cluster file {path}: {what}")
-    if not isinstance(data["gpu"], str):
-        raise ConfigError(f"cluster file {path}: gpu must be a GPU type name, got "
-                          f"{data['gpu']!r}")
-    per_node = int(_positive(path, "gpus_per_node", data["gpus_per_node"], integer=True))
-    nvlink = _positive(path, "nvlink_gb_per_s", data["nvlink_gb_per_s"]) * 1e9
-    network = _positive(path, "inter_node_gbit_per_s", data["inter_node_gbit_per_s"]) * 1e9 / 8
-    host = data.get("host_memory_gib")
-    host_bytes = None if host is None else _positive(path, "host_memory_gib", host) * 2**30
-    return ClusterFile(gpu=data["gpu"], gpus_per_node=per_node, intra_node_bytes_per_s=nvlink,
-                       inter_node_bytes_per_s=network, host_memory_bytes=host_bytes)
+        raise ConfigError(f"{source}: expected a mapping of gpu, gpus_per_node, "
+                          "nvlink_gb_per_s, inter_node_gbit_per_s")
+    doc = build(_Document, data, source, what="cluster")
+    host = doc.host_memory_gib
+    return ClusterFile(gpu=doc.gpu, gpus_per_node=doc.gpus_per_node,
+                       intra_node_bytes_per_s=doc.nvlink_gb_per_s * 1e9,
+                       inter_node_bytes_per_s=doc.inter_node_gbit_per_s * 1e9 / 8,
+                       host_memory_bytes=None if host is None else host * 2**30)

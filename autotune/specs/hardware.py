@@ -176,7 +176,8 @@ class ClusterSpec:
         per_node = gpus_per_node if gpus_per_node is not None else min(8, num_gpus)
         if gpus_per_node is None:
             _check_default_per_node(num_gpus, per_node, "(the default --gpus-per-node)")
-        name = gpu or detect_gpu() or DEFAULT_GPU
+        # `--gpu ""` (an unset variable in a job script) is refused, not taken for the default.
+        name = gpu if gpu is not None else detect_gpu() or DEFAULT_GPU
         return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=gpu_spec(name))
 
 
