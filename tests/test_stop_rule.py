@@ -451,3 +451,25 @@ def test_terms_tell_layouts_the_model_prices_alike(other: Layout, alike: bool) -
     dp 2 + cp 2 were predicted the same, 40,316 tokens/s, and measured 39,784 and 38,297."""
     assert (estimate_cost(L8B, other, H200X4).terms
             == estimate_cost(L8B, DP4, H200X4).terms) is alike
+
+
+@pytest.mark.parametrize(("active", "queued"), [(True, C), (False, B)])
+def test_the_models_fallback_skips_echoes(active: bool, queued: Layout) -> None:
+    """Proposals that launch nothing make the search queue the model's best untried layout;
+    an echo would be skipped again when its turn came, for ever: the next one goes instead
+    (with the rule off nothing is an echo)."""
+    from types import SimpleNamespace
+
+    from autotune.search.ledger import LayoutQueue
+    from autotune.search.scheduling import Scheduler
+
+    records = [measured(0, A, 100_000.0, 100_000.0)]
+    stop = ModelStop(active=active, records=records, fitted=lambda: False,
+                     predict=lambda s: 100_000.0, ranked=lambda: [], tried=lambda s: s == A,
+                     terms=_terms({A: (1.0, 0.1), B: (1.0, 0.1), C: (0.9, 0.1)}))
+    queue = LayoutQueue()
+    parts: Any = SimpleNamespace(stop=stop, queue=queue, layouts=SimpleNamespace(valid=[A, B, C]),
+                                 knowledge=SimpleNamespace(ranked=lambda valid: [A, B, C]),
+                                 ledger=SimpleNamespace(tried=lambda s: s == A))
+    assert Scheduler(parts, executor=Any, sampler=Any).fallback() is None
+    assert queue.pop() == (queued, Source.MODEL)

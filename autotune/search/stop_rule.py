@@ -177,9 +177,10 @@ class ModelStop:
         return error_band(self.records, predict=self.predict if self.fitted() else None,
                           fitted_after=self.refit_after)
 
-    def _measured_terms(self) -> dict[tuple[float, ...], TrialRecord]:
-        """The trials measured to their end, by the model's terms (the first of equals)."""
-        if self.terms is None:
+    def measured_terms(self) -> dict[tuple[float, ...], TrialRecord]:
+        """The trials measured to their end, by the model's terms (the first of equals); none
+        while the rule is off."""
+        if self.terms is None or not self.active:
             return {}
         found: dict[tuple[float, ...], TrialRecord] = {}
         for r in self.records:
@@ -190,8 +191,8 @@ class ModelStop:
     def echo(self, s: Layout, measured: dict[tuple[float, ...], TrialRecord] | None = None
              ) -> TrialRecord | None:
         """The measured trial that the model prices exactly as `s`, term by term, if any
-        (see the module); `measured`: _measured_terms(), when the caller asks for many."""
-        measured = self._measured_terms() if measured is None else measured
+        (see the module); `measured`: measured_terms(), when the caller asks for many."""
+        measured = self.measured_terms() if measured is None else measured
         if not measured or self.terms is None:
             return None
         found = measured.get(self.terms(s))
@@ -230,7 +231,7 @@ class ModelStop:
         best = self.best() if self.active else None
         if best is None or best.tokens_per_s is None:
             return None
-        measured = self._measured_terms()
+        measured = self.measured_terms()
         closest, echoes = None, False
         for s, p in self.ranked():
             if self.tried(s):
