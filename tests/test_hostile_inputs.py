@@ -114,6 +114,11 @@ CASES: list[tuple[str, str, str | None, list[str], str]] = [
      "tp candidates must be positive integers, got -2"),
     ("space-zero", "s.yaml", "mbs: [0]\n", ["gpt2", "--space", "{f}", "--dry-run"],
      "mbs candidates must be positive integers, got 0"),
+    # YAML 1.1 reads a bare `on`/`yes` as true: the choices are named, not "strings".
+    ("space-yaml-on", "s.yaml", "fp8: [on]\n", ["gpt2", "--space", "{f}", "--dry-run"],
+     "fp8 candidates must be one of off, hybrid, e4m3, got true (YAML reads a bare on/off"),
+    ("space-yaml-yes", "s.yaml", "recompute: [yes]\n", ["gpt2", "--space", "{f}", "--dry-run"],
+     "recompute candidates must be one of none, selective, full, got true"),
     ("space-too-many", "s.yaml", f"mbs: {list(range(1, 200))}\n",
      ["gpt2", "--space", "{f}", "--dry-run"], "mbs lists 199 candidates; at most 64"),
     ("space-nesting", "s.yaml", "tp: " + "[" * 200 + "]" * 200 + "\n",

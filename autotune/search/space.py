@@ -82,6 +82,11 @@ def _check_value(dim: str, value: Any, source: str) -> Any:
         # YAML 1.1 (PyYAML) reads a bare `off` or `on` as a boolean: `fp8: [off]` means the
         # choice spelled so.
         value = "on" if value else "off"
+    elif isinstance(value, bool) and choices is not None:
+        # `fp8: [on]`: a choice-valued dimension given a YAML boolean that is not a choice.
+        raise ConfigError(f"{source}: {dim} candidates must be one of "
+                          f"{', '.join(map(str, choices))}, got {str(value).lower()} (YAML "
+                          f"reads a bare on/off, yes/no or true/false as a boolean)")
     if value in (DERIVE, DIVISORS):
         allowed = DERIVABLE if value == DERIVE else ENUMERABLE
         if dim not in allowed:
