@@ -465,11 +465,11 @@ def test_the_models_fallback_skips_echoes(active: bool, queued: Layout) -> None:
 
     records = [measured(0, A, 100_000.0, 100_000.0)]
     stop = ModelStop(active=active, records=records, fitted=lambda: False,
-                     predict=lambda s: 100_000.0, ranked=lambda: [], tried=lambda s: s == A,
+                     predict=lambda s: 100_000.0,
+                     ranked=lambda: [(A, 100_000.0), (B, 100_000.0), (C, 90_000.0)],
+                     tried=lambda s: s == A,
                      terms=_terms({A: (1.0, 0.1), B: (1.0, 0.1), C: (0.9, 0.1)}))
     queue = LayoutQueue()
-    parts: Any = SimpleNamespace(stop=stop, queue=queue, layouts=SimpleNamespace(valid=[A, B, C]),
-                                 knowledge=SimpleNamespace(ranked=lambda valid: [A, B, C]),
-                                 ledger=SimpleNamespace(tried=lambda s: s == A))
+    parts: Any = SimpleNamespace(stop=stop, queue=queue)
     assert Scheduler(parts, executor=Any, sampler=Any).fallback() is None
     assert queue.pop() == (queued, Source.MODEL)

@@ -407,7 +407,6 @@ class TrialExecutor:
             log.info("derived %s: next rung %s", s.describe(), rung.describe())
             p.queue.push(rung, Source.DERIVED, first=True)
 
-
     def fp8_variants(self, s: Layout) -> list[Layout]:
         """The valid layouts of the space that are `s` with FP8 on (each recipe and parameter
         gather the space offers): those whose loss guard twin `s` is (loss_guard.twin)."""

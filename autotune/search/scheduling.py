@@ -121,14 +121,12 @@ class Scheduler:
         """Proposals keep launching nothing: queue the model's best untried layout, or say
         why there is none."""
         p = self.parts
-        # A layout priced exactly as a measured one is skipped when its turn comes
-        # (ModelStop.echo): queued, it would launch nothing again, for ever.
-        measured = p.stop.measured_terms()
-        untried = next((s for s in p.knowledge.ranked(p.layouts.valid)
-                        if not p.ledger.tried(s) and p.stop.echo(s, measured) is None), None)
+        # Not an echo of a measured layout (ModelStop.echo): that one is skipped when its turn
+        # comes, and queued again and again it would launch nothing, for ever.
+        untried, _ = p.stop.closest_untried()
         if untried is None:
             return "every layout predicted to fit has been tried"
-        p.queue.push(untried, Source.MODEL)
+        p.queue.push(untried[0], Source.MODEL)
         return None
 
     def budget_spent(self, start: float) -> bool:

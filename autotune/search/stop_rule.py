@@ -198,6 +198,20 @@ class ModelStop:
         found = measured.get(self.terms(s))
         return found if found is not None and found.layout != s else None
 
+    def closest_untried(self) -> tuple[tuple[Layout, float] | None, bool]:
+        """The model's fastest untried layout (with its prediction) that echoes no measured
+        one, None when there is none; and whether echoes were passed over to find it. The
+        stop rule waits for it, and the search queues it when proposals launch nothing."""
+        measured = self.measured_terms()
+        echoes = False
+        for s, predicted in self.ranked():
+            if self.tried(s):
+                continue
+            if self.echo(s, measured) is None:
+                return (s, predicted), echoes
+            echoes = True
+        return None, echoes
+
     def skip(self, s: Layout, predicted_tokens_per_s: float) -> str | None:
         """Why `s` is not worth launching (its PREDICTED_SLOW reason), or None."""
         best = self.best() if self.active else None
@@ -231,15 +245,7 @@ class ModelStop:
         best = self.best() if self.active else None
         if best is None or best.tokens_per_s is None:
             return None
-        measured = self.measured_terms()
-        closest, echoes = None, False
-        for s, p in self.ranked():
-            if self.tried(s):
-                continue
-            if self.echo(s, measured) is None:
-                closest = (s, p)
-                break
-            echoes = True
+        closest, echoes = self.closest_untried()
         if closest is None:
             return ("every layout predicted to fit has been tried" if not echoes else
                     "every layout predicted to fit has been tried or is priced exactly as a "
