@@ -13,7 +13,8 @@
 #           short steps, so that 3 rounds fit) and FIXED (default 1: 2 + 8 fixed steps; FIXED= for adaptive
 #           timing, as a search). Stops starting trials
 #           after DEADLINE_S (420). -> repeat-SET.md, repeat-SET.jsonl
-#   gap     tools/megatron_gap.py: gpt2-xl GAP_LAYOUT (mbs=16, impl te with TE, else local: the
+#   gap     tools/megatron_gap.py: GAP_MODEL (gpt2-xl; GAP_SEQ_LEN overrides its sequence length)
+#           GAP_LAYOUT (mbs=16, impl te with TE, else local: the
 #           Megatron-LM spec the worker also has) as a worker trial, the exported Megatron-LM
 #           command and a worker trial again, GAP_STEPS (35) steps each. -> gap.md, gap-steps.json,
 #           megatron-lm.log
@@ -110,7 +111,8 @@ part_gap() {
   local spy=()
   [[ -n ${PROFILE:-} && -x /tmp/pyspy/bin/py-spy ]] && spy=(/tmp/pyspy/bin/py-spy record
       --subprocesses --threads --nonblocking --format raw --rate 100 -o "$out/gap-prof.txt" --)
-  "${spy[@]}" python3 tools/megatron_gap.py --steps "${GAP_STEPS:-35}" gpt2-xl "$gpu" "$raw/gap" \
+  "${spy[@]}" python3 tools/megatron_gap.py --steps "${GAP_STEPS:-35}" \
+      ${GAP_SEQ_LEN:+--seq-len "$GAP_SEQ_LEN"} "${GAP_MODEL:-gpt2-xl}" "$gpu" "$raw/gap" \
       "$PWD/.carry/megatron-lm/run_pretrain_gpt.py" "${GAP_LAYOUT:-mbs=16,impl=$impl}" \
       > "$raw/gap.out" 2> "$raw/gap.err"
   local rc=$?

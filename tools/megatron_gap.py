@@ -2,7 +2,8 @@
 command, each for as many steps, with per-step times side by side; the GPU's clocks are logged
 by the caller (tools/device_issue25.sh runs nvidia-smi every 500 ms into clocks.csv).
 
-    python tools/megatron_gap.py MODEL GPU OUT_DIR MEGATRON_LM_SCRIPT LAYOUT [--steps 35]
+    python tools/megatron_gap.py MODEL GPU OUT_DIR MEGATRON_LM_SCRIPT LAYOUT
+        [--steps 35] [--seq-len N]
 
 Order: worker, Megatron-LM, worker again (A B A), so that a GPU that heats up over the run shows
 as the second worker trial slowing too. Each writes its per-step times (worker: the trial's
@@ -71,8 +72,12 @@ def main() -> None:
     parser.add_argument("megatron_lm")
     parser.add_argument("layout")
     parser.add_argument("--steps", type=int, default=35)
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="Override the model's sequence length (the CLI's --seq-len).")
     args = parser.parse_args()
-    model = load_model(args.model)
+    if args.seq_len is not None and args.seq_len <= 0:
+        parser.error(f"--seq-len must be a positive integer, got {args.seq_len}")
+    model = load_model(args.model).with_overrides(seq_length=args.seq_len)
     cluster = ClusterSpec.make(1, gpu=args.gpu)
     s = layout_from_fields(model, cluster, layout_fields(args.layout))
     out = Path(args.out_dir).resolve()
