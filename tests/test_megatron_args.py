@@ -68,6 +68,7 @@ def _megatron_lm_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-gradient-accumulation-fusion", action="store_false",
                    dest="gradient_accumulation_fusion")
     p.add_argument("--no-persist-layer-norm", action="store_true")
+    p.add_argument("--no-rope-fusion", action="store_false", dest="apply_rope_fusion")
     p.add_argument("--attention-softmax-in-fp32", action="store_true")
     # Generated from TransformerConfig (model_parallel_config.py) at core_v0.16.1.
     p.add_argument("--cross-entropy-loss-fusion", action="store_true")

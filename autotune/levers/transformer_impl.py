@@ -25,6 +25,7 @@ from autotune.errors import InvalidLayoutError
 from autotune.levers.base import AttentionBytes, CostState, Lever, MemoryState, Rule, Seed, evolve
 from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions
 from autotune.specs.activations import dropout_rate
+from autotune.specs.elementwise import rope_fused
 from autotune.specs.flops import gemm_efficiency
 
 if TYPE_CHECKING:
@@ -218,8 +219,14 @@ def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     # The layer spec autotune.worker.build builds for the implementation; with experts, TE's
     # spec runs them as grouped GEMMs (TEGroupedMLP), the local spec as one MLP each.
     keys: dict[str, dict[str, Any]] = {"model": {"layer_spec": str(s.impl)}}
+    transformer: dict[str, Any] = {}
     if m.is_moe:
-        keys["transformer"] = {"moe_grouped_gemm": s.impl == Impl.TE}
+        transformer["moe_grouped_gemm"] = s.impl == Impl.TE
+    if m.position_embedding == "rope":
+        # What Megatron-LM runs with TE (autotune.specs.elementwise.rope_fused).
+        transformer["apply_rope_fusion"] = rope_fused(m, s.impl)
+    if transformer:
+        keys["transformer"] = transformer
     return keys
 
 

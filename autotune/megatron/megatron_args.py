@@ -43,6 +43,7 @@ from autotune.levers.transformer_impl import (
     measured_as_exported,
 )
 from autotune.megatron.megatron_versions import MegatronVersion, running, spell_args
+from autotune.specs.elementwise import rope_fused
 from autotune.specs.model import ModelSpec
 
 __all__ = ["FLAG_TABLE", "GPT2_BPE_VOCAB", "SDPA_STANDS_IN", "TRAINING_SCRIPT",
@@ -135,6 +136,14 @@ def _read_positions(g: Given) -> dict[str, Any]:
                           "the sequence)")
     return {"max_position_embeddings": positions,
             "position_embedding": kind, "rotary_base": g.integer("--rotary-base", 10000)}
+
+
+def _emit_rope_fusion(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
+    # Megatron-LM fuses RoPE by default; where the worker measured it unfused (the local
+    # spec, or a user's --no-rope-fusion), the command says so (elementwise.rope_fused).
+    if m.position_embedding != "rope" or rope_fused(m, str(s.impl)):
+        return []
+    return ["--no-rope-fusion"]
 
 
 def _emit_activation(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
@@ -326,6 +335,9 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
                    Flag("--rotary-base"),
                    Flag("--use-rotary-position-embeddings", takes_value=False)),
             emit=_emit_positions, read=_read_positions),
+    FlagRow(name="rope_fusion", part=Part.MODEL,
+            flags=(Flag("--no-rope-fusion", takes_value=False),), emit=_emit_rope_fusion,
+            read=lambda g: {"rope_fusion": not g.has("--no-rope-fusion")}),
     FlagRow(name="normalization", part=Part.MODEL, flags=(Flag("--normalization"),),
             emit=lambda m, s, run: ["--normalization", m.normalization],
             read=lambda g: {"normalization": g.choice("--normalization",
@@ -402,7 +414,6 @@ _UNMODELED: tuple[tuple[str, str], ...] = (
     ("--no-bias-gelu-fusion", "an unfused bias-GELU"),
     ("--no-bias-swiglu-fusion", "an unfused bias-SwiGLU"),
     ("--no-bias-dropout-fusion", "an unfused bias-dropout-add"),
-    ("--no-rope-fusion", "an unfused rotary embedding"),
     ("--fine-grained-activation-offloading", "activations offloaded per module"),
     ("--use-nccl-ub", "NCCL user buffers"),
     ("--symmetric-ar-type", "symmetric-memory all-reduces"),

@@ -258,6 +258,9 @@ def load_trials(path: Path | str) -> list[Trial]:
         layout = Layout(**t["strategy"])
         model = load_model(trial_model_ref(t["model"], path)).with_overrides(
             global_batch_size=layout.gbs, seq_length=t.get("seq_length"))
+        # The worker ran RoPE unfused whatever the implementation until 2026-11-28 (session 17):
+        # a trial without the field was measured so (autotune.specs.elementwise.rope_fused).
+        model = replace(model, rope_fusion=bool(t.get("rope_fusion", False)))
         cluster = ClusterSpec(num_gpus=t["gpus"], gpus_per_node=t["gpus"],
                               gpu=gpu_spec(t["gpu"]))
         trials.append((family_of(t.get("family", t["model"]), t["gpu"]), model, layout,

@@ -166,9 +166,9 @@ def qkv_extra(model: ModelSpec, tp: int, attention: AttentionBytes, *,
     megatron-core 0.16.1 (attention.py, get_query_key_value_tensors) computes all three with one
     GEMM and splits its output [s, b, (h + 2 kv)/t] into views (torch.split; the query's reshape
     to heads copies it with GQA). RoPE replaces the query and the key by new tensors
-    (models/common/embeddings/rope_utils.py, _apply_rotary_pos_emb_bshd ends in torch.cat; the
-    worker leaves TransformerConfig.apply_rope_fusion off), the value stays a view, and a saved
-    view keeps the whole GEMM output alive. So a kernel that keeps its inputs as given
+    (models/common/embeddings/rope_utils.py, _apply_rotary_pos_emb_bshd ends in torch.cat;
+    TE's fused kernel, run with impl te, writes new tensors too), the value stays a view, and a
+    saved view keeps the whole GEMM output alive. So a kernel that keeps its inputs as given
     (`AttentionBytes.qkv_as_given`: local, sdpa) keeps, for an MHA RoPE model, RoPE's query and
     key and the GEMM output: 2h + 2 kv more than counted (Llama 2 13B: 4h); with GQA the key
     and value repeated for every head (dot_product_attention.py, SdpaAttention:

@@ -2,7 +2,8 @@
 
 What megatron-core 0.16.1 runs between the GEMMs and core attention, as autotune's worker builds
 the layer (autotune.megatron.core_config: bias-activation and bias-dropout-add fused and compiled,
-the QKV bias in its GEMM, RoPE unfused, torch's fused LayerNorm / RMSNorm kernels), counted kernel
+the QKV bias in its GEMM, RoPE fused with TE and unfused otherwise, torch's fused LayerNorm /
+RMSNorm kernels), counted kernel
 by kernel: the bytes each reads and writes per element of the tensor it acts on, forward and
 backward (bf16 activations, 2 bytes; a 1-byte dropout mask). The tensors are those of Korthikanti
 et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"), Section 4.1, whose
@@ -22,7 +23,9 @@ reads follow from the op. Per element:
 - RoPE on the query and key, unfused (models/common/embeddings/rope_utils.py,
   _apply_rotary_pos_emb_bshd: t * cos + rotate_half(t) * sin, rotate_half a chunk, a negation
   and a cat, then a cat with the pass-through part): 2 + 4 + 4 + 4 + 6 + 4 = 24 B forward and as
-  many backward, 48 B on each element of the rank's query and key;
+  many backward, 48 B on each element of the rank's query and key; fused (`rope_fused`:
+  Transformer Engine's fused_apply_rotary_pos_emb, one kernel each way reading the tensor and
+  writing the result, the frequencies cached), 4 B forward and 4 B backward;
 - grouped-query attention through SDPA (autotune.worker.attention.SdpaAttention repeats each key
   and value group for its heads, repeat_interleave): per repeated element written (2 B) its group
   read, and backward the sum back to the groups: 4 B on each of the rank's h / t key and value
@@ -42,7 +45,7 @@ from dataclasses import dataclass
 from autotune.specs.activations import dropout_rate
 from autotune.specs.model import ModelSpec
 
-__all__ = ["NORM_BYTES", "ElementwiseBytes", "layer_elementwise_bytes"]
+__all__ = ["NORM_BYTES", "ElementwiseBytes", "layer_elementwise_bytes", "rope_fused"]
 
 NORM_BYTES = 14.0
 """Bytes per element of a fused LayerNorm or RMSNorm, forward (4) and backward (6 + 4)."""
@@ -58,6 +61,8 @@ SWIGLU_BYTES = 16.0
 both and dy (6), writes both gradients (4)."""
 ROPE_BYTES = 48.0
 """Bytes per query or key element of the unfused RoPE, forward (24) and backward (24)."""
+ROPE_FUSED_BYTES = 8.0
+"""Bytes per query or key element of TE's fused RoPE: read and write, forward and backward."""
 GQA_REPEAT_BYTES = 4.0
 """Bytes per repeated key or value element (write 2 forward, read 2 in the backward's sum)."""
 
@@ -79,6 +84,16 @@ class ElementwiseBytes:
         return self.replicated / (tp if sequence_parallel else 1) + self.split
 
 
+def rope_fused(model: ModelSpec, impl: str) -> bool:
+    """Whether a RoPE layer runs Transformer Engine's fused kernel. Megatron-LM turns
+    apply_rope_fusion on by default (arguments.py, --no-rope-fusion) and megatron-core then calls
+    TE's fused_apply_rotary_pos_emb (rope_utils.py, apply_rotary_pos_emb). autotune's worker
+    does so where TE builds the layer (impl te); the local spec and sdpa run the unfused torch
+    version, and the export says --no-rope-fusion for them, so that the command runs what was
+    measured (and starts where TE is not installed: megatron-core asserts the fused kernel)."""
+    return model.position_embedding == "rope" and model.rope_fusion and impl == "te"
+
+
 @functools.lru_cache(maxsize=1024)
 def layer_elementwise_bytes(model: ModelSpec, tp: int, impl: str) -> ElementwiseBytes:
     """One layer's element-wise traffic per token on one of `tp` ranks with implementation
@@ -97,7 +112,7 @@ def layer_elementwise_bytes(model: ModelSpec, tp: int, impl: str) -> Elementwise
     d = model.head_dim
     heads, kv = model.num_attention_heads / tp * d, max(1, model.query_groups // tp) * d
     if model.position_embedding == "rope":
-        split += ROPE_BYTES * (heads + kv)
+        split += (ROPE_FUSED_BYTES if rope_fused(model, impl) else ROPE_BYTES) * (heads + kv)
     if impl != "te" and model.query_groups != model.num_attention_heads:
         split += 2 * GQA_REPEAT_BYTES * (heads + kv)
     return ElementwiseBytes(replicated=replicated, split=split, mlp=mlp)

@@ -52,6 +52,10 @@ class ModelSpec:
     tied_embeddings: bool = True
     position_embedding: str = "learned_absolute"
     rotary_base: Count = 10000
+    rope_fusion: bool = True
+    """Megatron-LM's default (--no-rope-fusion turns it off): RoPE as Transformer Engine's fused
+    kernel where TE builds the layer (autotune.specs.elementwise.rope_fused says where it runs).
+    A training option, like the dropouts, that changes speed and not the model's shape."""
     hidden_dropout: Fraction = 0.1
     """Megatron's default (--hidden-dropout); GPT-2 trains with it, Llama and Mixtral with 0."""
     attention_dropout: Fraction = 0.1
