@@ -16,6 +16,11 @@ if [[ $mode == start ]]; then
   setsid bash -c '"$@" > "/tmp/bg/$0.log" 2>&1; echo $? > "/tmp/bg/$0.rc"' "$name" "$@" \
       < /dev/null &
 fi
+if [[ $mode == wait && ! -f /tmp/bg/$name.log ]]; then
+  # A fresh machine: the one that ran the job went back (its idle release outlasted the pause
+  # between calls). Waiting would only spend device time on nothing (session 17 lost 266 s so).
+  echo "$name: no such job on this machine (a fresh one: the job's machine went back)"; exit 3
+fi
 end=$(( $(date +%s) + wait_s ))
 while [[ ! -f /tmp/bg/$name.rc && $(date +%s) -lt $end ]]; do sleep 5; done
 out=${OUT:-/tmp/out}
