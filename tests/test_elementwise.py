@@ -13,6 +13,7 @@ from autotune.specs.elementwise import (
     NORM_BYTES,
     RESIDUAL_BYTES,
     ROPE_BYTES,
+    ROPE_FUSED_BYTES,
     SWIGLU_BYTES,
     layer_elementwise_bytes,
 )
@@ -37,9 +38,12 @@ def test_a_llama_layer_adds_swiglu_rope_and_the_gqa_repeat() -> None:
     assert ew.mlp == SWIGLU_BYTES * m.ffn_size
     assert ew.split == pytest.approx(ew.mlp + ROPE_BYTES * (h + kv)
                                      + 2 * GQA_REPEAT_BYTES * (h + kv))
-    # Transformer Engine takes the groups as they are: no repeat.
+    # Transformer Engine takes the groups as they are: no repeat; and RoPE runs as its fused
+    # kernel (Megatron-LM's default), or unfused with --no-rope-fusion.
     te = layer_elementwise_bytes(m, 1, "te")
-    assert te.split == pytest.approx(ew.mlp + ROPE_BYTES * (h + kv))
+    assert te.split == pytest.approx(ew.mlp + ROPE_FUSED_BYTES * (h + kv))
+    unfused = layer_elementwise_bytes(dataclasses.replace(m, rope_fusion=False), 1, "te")
+    assert unfused.split == pytest.approx(ew.mlp + ROPE_BYTES * (h + kv))
 
 
 def test_each_feature_moves_only_its_own_term() -> None:
