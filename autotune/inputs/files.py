@@ -1,4 +1,5 @@
-"""A file the user named, read as UTF-8 text: regular files only, and at most a size limit."""
+"""A file the user named, read as UTF-8 text: regular files only, and at most a size limit; or
+one to write, checked before anything is computed or written (output_file)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from autotune.errors import ConfigError
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_YAML_BYTES", "read_bytes", "read_text"]
+__all__ = ["MAX_INPUT_BYTES", "MAX_YAML_BYTES", "output_file", "read_bytes", "read_text"]
 
 MAX_INPUT_BYTES = 2**20
 """The largest input file read (1 MiB): the largest real inputs, a Hugging Face config.json or a
@@ -74,3 +75,22 @@ def read_bytes(path: Path | str, what: str, *, max_bytes: int = MAX_INPUT_BYTES)
 
 def _size(n: int) -> str:
     return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n // 2**10} KiB"
+
+
+def output_file(output: str, option: str = "-o") -> Path:
+    """A file the user named for autotune to write (`option`: how they named it), checked
+    before any work is done: a printable name, not a folder, in a folder that exists and can
+    be written. Whether it may be replaced is the caller's (a study's own files may not)."""
+    if not output or not output.isprintable():
+        raise ConfigError(f"{option} {output!r} is not a usable file name (empty or with a "
+                          "control character)")
+    path = Path(output)
+    if path.is_dir():
+        raise ConfigError(f"{option} {output} is a folder; give the file to write")
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is not a folder" if parent.exists() else "does not exist"
+        raise ConfigError(f"{option} {output}: {parent} {what}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {output}: the folder {parent} is not writable")
+    return path
