@@ -140,10 +140,6 @@ def _load_inputs(model_name: str, gpus: int, gpus_per_node: int | None, seq_len:
     if gpus_per_node is not None and gpus_per_node > gpus:
         raise ConfigError(f"--gpus-per-node {gpus_per_node} is more than --gpus {gpus}: the job "
                           "uses --gpus GPUs in all")
-    if model_name not in list_presets() and Path(model_name).is_dir() and not (
-            Path(model_name) / "config.json").is_file():
-        raise ConfigError(f"{model_name} is a folder; give a preset name (autotune models), "
-                          "a model YAML file, or a Hugging Face config.json (or its folder)")
     model = load_model(model_name).with_overrides(seq_length=seq_len,
                                                   global_batch_size=global_batch_size)
     return model, ClusterSpec.make(gpus, gpus_per_node, gpu)
