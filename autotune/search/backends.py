@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from autotune.errors import ConfigError, LaunchError, parse_choice
+from autotune.inputs.files import usable_name
 from autotune.inputs.untrusted import shown
 from autotune.predict.cost import CostParams, estimate_cost
 from autotune.predict.memory import MemoryParams, estimate_memory
@@ -296,9 +297,8 @@ def check_checkout(megatron_lm: str) -> None:
     missing, or a folder without pretrain_gpt.py. Checked on this machine, where the search
     launches it (export's --megatron-lm names a path on the machine that runs the script)."""
     from autotune.megatron.megatron_args import training_script
-    from autotune.report.scripts import check_megatron_lm
 
-    check_megatron_lm(megatron_lm)
+    usable_name(megatron_lm, "--megatron-lm")
     hint = "give a Megatron-LM checkout or the .py script to launch"
     if not Path(megatron_lm).exists():
         raise ConfigError(f"--megatron-lm {shown(megatron_lm)} does not exist ({hint})")
