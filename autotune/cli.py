@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -27,7 +26,7 @@ from autotune.commands.precision import (
 )
 from autotune.dimensions import Dimension
 from autotune.errors import INTERRUPTED_EXIT, AutotuneError, ConfigError, Interrupted
-from autotune.inputs.numbers import check_count
+from autotune.inputs.numbers import check_count, check_seconds
 from autotune.inputs.untrusted import for_terminal
 from autotune.layouts.layout import DIMENSIONS, RULE_LEVELS, SEARCHED
 from autotune.layouts.legend import legend_lines
@@ -141,10 +140,6 @@ def _load_inputs(model_name: str, gpus: int, gpus_per_node: int | None, seq_len:
     if gpus_per_node is not None and gpus_per_node > gpus:
         raise ConfigError(f"--gpus-per-node {gpus_per_node} is more than --gpus {gpus}: the job "
                           "uses --gpus GPUs in all")
-    if model_name not in list_presets() and Path(model_name).is_dir() and not (
-            Path(model_name) / "config.json").is_file():
-        raise ConfigError(f"{model_name} is a folder; give a preset name (autotune models), "
-                          "a model YAML file, or a Hugging Face config.json (or its folder)")
     model = load_model(model_name).with_overrides(seq_length=seq_len,
                                                   global_batch_size=global_batch_size)
     return model, ClusterSpec.make(gpus, gpus_per_node, gpu)
@@ -264,6 +259,9 @@ def _search(
         "--precision", help=PRECISION_HELP, metavar="bf16|any")] = None,
     **dimensions: Any,
 ) -> None:
+    _check_search_options(backend, megatron_lm, trials=trials, patience=patience, steps=steps,
+                          time_budget=time_budget, trial_timeout=trial_timeout,
+                          warmup_steps=warmup_steps)
     pins = parse_pins(dimensions, fix or ())
     asked = parse_precision(precision, pins)
     if asked == Precision.BF16 and from_megatron is None:
@@ -339,19 +337,6 @@ def _search(
 
             print_dry_run(spec, cluster, space_spec, summary, as_json)
             return
-    for flag, value in (("--trials", trials), ("--patience", patience), ("--steps", steps)):
-        check_count(flag, value)
-    if time_budget is not None and not time_budget > 0:  # `not >`: NaN too
-        raise ConfigError(f"--time-budget must be a positive number of seconds, got "
-                          f"{time_budget:g}")
-    # Checked here, not by the first trial: a negative warm-up reaches the worker's trial.json
-    # reader (which refuses it: every trial would crash), and a timeout of 0 or less or NaN
-    # would time every trial out at once (0 silently meant the default).
-    if warmup_steps < 0:
-        raise ConfigError(f"--warmup-steps must be 0 or more, got {warmup_steps}")
-    if trial_timeout is not None and not (math.isfinite(trial_timeout) and trial_timeout > 0):
-        raise ConfigError(f"--trial-timeout must be a positive number of seconds, got "
-                          f"{trial_timeout:g}")
     from autotune.commands.search import run_search_command
 
     _check_places(study, results_dir, storage)
@@ -364,6 +349,33 @@ def _search(
                        stable_cv=stable_cv, stop_rule=stop_rule,
                        seeds=() if job is None else (job.layout,),
                        compare=None if job is None else _comparison(job, results_dir, storage))
+
+
+def _check_search_options(backend: str, megatron_lm: str | None, *, trials: int | None,
+                          patience: int | None, steps: int, time_budget: float | None,
+                          trial_timeout: float | None, warmup_steps: int) -> None:
+    """The search's own options, checked before anything is read or enumerated (a plan can
+    take half a minute before a late check would refuse a typo)."""
+    for flag, value in (("--trials", trials), ("--patience", patience), ("--steps", steps)):
+        check_count(flag, value)
+    # inf is no limit and NaN none at all: "no limit" is the option left out.
+    check_seconds("--time-budget", time_budget, absent="no limit")
+    # A negative warm-up reaches the worker's trial.json reader (which refuses it: every trial
+    # would crash), and a timeout of 0 or less or NaN would time every trial out at once.
+    if warmup_steps < 0:
+        raise ConfigError(f"--warmup-steps must be 0 or more, got {warmup_steps}")
+    check_seconds("--trial-timeout", trial_timeout,
+                  absent="a timeout from the predicted step time")
+    if megatron_lm is not None:
+        from autotune.search.backends import check_checkout
+
+        # A path given is checked with every backend (a typo is a typo); only megatron-lm's
+        # trials launch it, which the note says where another backend runs them.
+        check_checkout(megatron_lm)
+        if backend != "megatron-lm":
+            print(f"autotune: --megatron-lm is read by --backend megatron-lm only; this "
+                  f"search (--backend {for_terminal(backend)}) does not use it",
+                  file=sys.stderr)
 
 
 _search.__doc__ = (

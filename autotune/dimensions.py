@@ -177,9 +177,10 @@ class Dimension:
             return None if ok else ("positive integers" if self.minimum == 1
                                     else f"integers >= {self.minimum}")
         assert self.choices is not None
-        if not isinstance(value, str):
-            return "strings"
-        return None if value in self.choices else f"among {', '.join(self.choices)}"
+        among = f"among {', '.join(self.choices)}"
+        # A number or null names the choices too (`fp8: [1e3]` is the number 1000 to YAML).
+        return None if value in self.choices else among if isinstance(value, str) \
+            else f"strings {among}"
 
     def parse(self, text: str) -> Any:
         """A value from command-line text (`true`/`1`, `4`, `full`); ValueError if it is none."""

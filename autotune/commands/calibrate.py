@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 
 from autotune.errors import ConfigError
+from autotune.inputs.files import output_file
 from autotune.layouts.layout import Layout
 from autotune.predict.calibration import (
     COST_FIT_FIELDS,
@@ -42,7 +43,8 @@ def collect(folders: list[Path], gpu: str | None) -> list[Measured]:
     found: list[Measured] = []
     for folder in folders:
         if not folder.is_dir():
-            raise ConfigError(f"results folder {folder} does not exist")
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise ConfigError(f"results folder {folder} {what}")
         for spec_path in sorted(folder.rglob(SPEC_NAME)):
             result = spec_path.parent / RESULT_NAME
             if not result.is_file():
@@ -72,6 +74,7 @@ def _errors(samples: list[Measured], cost: CostParams,
 
 
 def run_calibrate(folders: list[str], gpu: str | None, output: str) -> None:
+    output_file(output)  # a folder or a missing one is refused before the fit, not after it
     samples = collect([Path(f) for f in folders], gpu)
     if len(samples) < 3:
         raise ConfigError(f"calibration needs at least 3 measured trials, found {len(samples)} "

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.errors import ConfigError
+from autotune.inputs.files import output_file
 from autotune.inputs.numbers import check_count
 from autotune.megatron.megatron_args import SDPA_STANDS_IN, exported_layout, measured_as_exported
 from autotune.outputs import write_text
@@ -64,22 +65,12 @@ def _study_files(ref: StudyRef) -> list[Path]:
     return [db, *(db.with_name(db.name + tail) for tail in ("-journal", "-wal", "-shm"))]
 
 
-def output_path(output: str, ref: StudyRef) -> Path:
-    """`-o FILE`, checked before anything is written: a file name (not a folder) in a folder
-    that exists and can be written, and no file of the study: its database (with its
-    journal) wherever it is, and no file already in the study's folder."""
-    if not output or not output.isprintable():
-        raise ConfigError(f"-o {output!r} is not a usable file name (empty or with a control "
-                          "character)")
-    path = Path(output)
-    if path.is_dir():
-        raise ConfigError(f"-o {output} is a folder; give the file to write")
-    parent = path.parent
-    if not parent.is_dir():
-        what = "is not a folder" if parent.exists() else "does not exist"
-        raise ConfigError(f"-o {output}: {parent} {what}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"-o {output}: the folder {parent} is not writable")
+def output_path(output: str, ref: StudyRef, mine: str | None = None) -> Path:
+    """`-o FILE`, checked before anything is written (autotune.inputs.files.output_file), and
+    neither a file of the study (its database with its journal wherever it is, and no file
+    already in the study's folder) nor `mine`, the user's own --from-megatron command: the
+    edited copy must not replace what it was made from."""
+    path = output_file(output)
     target = path.resolve()  # follows links: a link onto study.db is the study too
     study_files = _study_files(ref)
     folder = ref.folder.resolve()
@@ -87,7 +78,29 @@ def output_path(output: str, ref: StudyRef) -> Path:
     if target in study_files or same or (path.exists() and target.is_relative_to(folder)):
         raise ConfigError(f"-o {output} is a file of study {ref.name}; refusing to overwrite "
                           "it (write the export elsewhere)")
+    if mine is not None and path.exists() and Path(mine).exists() \
+            and os.path.samefile(path, mine):
+        raise ConfigError(f"-o {output} is your --from-megatron command; refusing to overwrite "
+                          "it (write the edited copy elsewhere, e.g. -o tuned.sh)")
     return path
+
+
+_WRITES = {"json": "the layout, no command", "torchrun": "autotune's worker, not Megatron-LM"}
+"""What the formats without a Megatron-LM command write, for the options that shape one."""
+
+
+def _refuse_unused(fmt: str, **given: object) -> None:
+    """Options that shape a Megatron-LM command, refused where the format writes none (they
+    were dropped in silence), as --from-megatron refuses those its command keeps."""
+    unused = {"megatron_lm": "--megatron-lm", "train_iters": "--train-iters",
+              "megatron_version": "--megatron-version", "nodes": "--nodes"}
+    if fmt == "torchrun":
+        unused.pop("nodes")  # checked against the layout below: one node only
+    if fmt in _WRITES:
+        for key, name in unused.items():
+            if given[key] is not None:
+                raise ConfigError(f"{name} has no place with --format {fmt}: it writes "
+                                  f"{_WRITES[fmt]}")
 
 
 def run_export(*, study: str | None, results_dir: str, storage: str | None, trial: int | None,
@@ -128,13 +141,15 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
         fmt = DEFAULT_FORMAT
     if fmt not in FORMATS:
         raise ConfigError(f"unknown --format {fmt!r}; choose {', '.join(FORMATS)}")
+    _refuse_unused(fmt, megatron_lm=megatron_lm, train_iters=train_iters,
+                   megatron_version=megatron_version, nodes=nodes)
     check_count("--nodes", nodes)
     check_count("--train-iters", train_iters)
     iters = {} if train_iters is None else {"train_iters": train_iters}
     version = running(megatron_version)  # an unknown or unsupported version: refused here
     check_megatron_lm(megatron_lm)
     ref = resolve_study(study, Path(results_dir), storage)
-    path = None if output is None else output_path(output, ref)
+    path = None if output is None else output_path(output, ref, from_megatron)
     loaded = load_study(ref, model)
     record = pick_record(loaded, trial)
     layout = record.layout

@@ -12,8 +12,8 @@ from typing import Annotated
 
 import annotated_types as at
 
-__all__ = ["BYTES_MAX", "COUNT_MAX", "FLOAT_MAX", "Bytes", "Count", "Fraction", "NonNegative",
-           "NonNegativeInt", "Positive", "Text"]
+__all__ = ["BYTES_MAX", "COUNT_MAX", "FLOAT_MAX", "SECONDS_MAX", "Bytes", "Count", "Fraction",
+           "NonNegative", "NonNegativeInt", "Positive", "Text"]
 
 COUNT_MAX = 2**40
 """The largest count read (layers, heads, vocabulary, tokens, GPUs): far above any real model,
@@ -22,6 +22,9 @@ BYTES_MAX = 2**60
 """The largest byte figure read (an exabyte): a GPU's memory is under 2**38."""
 FLOAT_MAX = 1e18
 """The largest real number read (a tokens/s, a FLOP/s figure per GPU is under 1e16)."""
+SECONDS_MAX = 1e9
+"""The longest duration read (--time-budget, --trial-timeout): about 32 years, under what a
+thread's wait takes (threading.TIMEOUT_MAX; a longer wait raises OverflowError)."""
 
 Count = Annotated[int, at.Gt(0), at.Le(COUNT_MAX)]
 """A positive integer: layers, heads, widths, sizes."""

@@ -5,12 +5,18 @@ the file stays a few hundred bytes; no input of autotune needs one), nesting is 
 MAX_DEPTH (Python's recursive parsers would otherwise end in RecursionError), a key given twice
 is refused (the parsers keep the last silently), and JSON's NaN / Infinity literals and numbers
 that overflow a float are refused where they are read.
+
+Numbers are read alike in YAML and JSON (`whole_if_exponent`): `1e3` is a number in both (PyYAML's
+YAML 1.1 resolver wants a dot, `1.0e+3`, and read `1e3` as the string '1e3'), and a number written
+with an exponent that is a whole number (`1e3`, `1.5e3`, `4.096e3`) is that integer, so `gbs: 1e3`
+is the count 1000. Without an exponent a decimal point still means a real: `8.0` is not a count.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,15 +24,30 @@ import yaml
 
 from autotune.errors import ConfigError
 
-__all__ = ["MAX_DEPTH", "parse_json", "parse_yaml"]
+__all__ = ["EXACT_MAX", "MAX_DEPTH", "parse_json", "parse_yaml", "whole_if_exponent"]
 
 MAX_DEPTH = 32
 """The deepest nesting of lists and mappings read; autotune's inputs nest three levels."""
+EXACT_MAX = 2**53
+"""The largest whole number a float holds exactly: `1e3` past it stays a real (and a count's
+bound, autotune.inputs.bounds.COUNT_MAX = 2**40, refuses it by name)."""
+
+_EXPONENT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+"""A real with an exponent, with or without a dot (YAML 1.2's float; YAML 1.1 wants the dot)."""
+
+
+def whole_if_exponent(text: str, value: float) -> int | float:
+    """`value`, read from `text`, as an int when `text` has an exponent and the value is a whole
+    number a float holds exactly (`1e3` -> 1000, `1.5e3` -> 1500); else the float itself."""
+    if ("e" in text or "E" in text) and value.is_integer() and abs(value) <= EXACT_MAX:
+        return int(value)
+    return value
 
 
 class _BoundedLoader(yaml.SafeLoader):
     """PyYAML's pure-Python safe loader with no aliases, bounded depth and unique keys (the
-    C loader composes in C, where none of this can be checked)."""
+    C loader composes in C, where none of this can be checked), reading numbers as JSON does
+    (the module's docstring)."""
 
     _depth = 0
 
@@ -57,6 +78,19 @@ class _BoundedLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _yaml_float(loader: _BoundedLoader, node: Any) -> int | float:
+    value = yaml.SafeLoader.construct_yaml_float(loader, node)
+    text = str(node.value).replace("_", "")
+    if not math.isfinite(value) and _EXPONENT.match(text):  # not .inf / .nan, written as such
+        raise _Refused(f"{text} overflows a float (line {node.start_mark.line + 1})")
+    return whole_if_exponent(text, value) if math.isfinite(value) else value
+
+
+_BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT,
+                                     list("-+0123456789."))
+_BoundedLoader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
+
+
 class _Refused(Exception):
     """A bound broken while parsing; parse_yaml / parse_json name the source."""
 
@@ -79,11 +113,11 @@ def _constant(name: str) -> Any:
     raise _Refused(f"{name} is not a number autotune reads")
 
 
-def _float(text: str) -> float:
+def _float(text: str) -> int | float:
     value = float(text)
     if not math.isfinite(value):
         raise _Refused(f"{text} overflows a float")
-    return value
+    return whole_if_exponent(text, value)
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""A file the user named, read as UTF-8 text: regular files only, and at most a size limit."""
+"""A file the user named, read as UTF-8 text: regular files only, and at most a size limit; or
+one to write, checked before anything is computed or written (output_file)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 
 from autotune.errors import ConfigError
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_YAML_BYTES", "read_bytes", "read_text"]
+__all__ = ["MAX_INPUT_BYTES", "MAX_YAML_BYTES", "output_file", "read_bytes", "read_text",
+           "usable_name"]
 
 MAX_INPUT_BYTES = 2**20
 """The largest input file read (1 MiB): the largest real inputs, a Hugging Face config.json or a
@@ -74,3 +76,28 @@ def read_bytes(path: Path | str, what: str, *, max_bytes: int = MAX_INPUT_BYTES)
 
 def _size(n: int) -> str:
     return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n // 2**10} KiB"
+
+
+def usable_name(text: str, option: str, what: str = "path") -> None:
+    """A path the user typed, refused in one line when it is empty (an unset variable) or
+    holds a control character (no path anyone meant; it would break the line it is shown on)."""
+    if not text or not text.isprintable():
+        raise ConfigError(f"{option} {text!r} is not a usable {what} (empty or with a control "
+                          "character)")
+
+
+def output_file(output: str, option: str = "-o") -> Path:
+    """A file the user named for autotune to write (`option`: how they named it), checked
+    before any work is done: a printable name, not a folder, in a folder that exists and can
+    be written. Whether it may be replaced is the caller's (a study's own files may not)."""
+    usable_name(output, option, "file name")
+    path = Path(output)
+    if path.is_dir():
+        raise ConfigError(f"{option} {output} is a folder; give the file to write")
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is not a folder" if parent.exists() else "does not exist"
+        raise ConfigError(f"{option} {output}: {parent} {what}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {output}: the folder {parent} is not writable")
+    return path

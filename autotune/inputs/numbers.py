@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 
 from autotune.errors import ConfigError
-from autotune.inputs.bounds import COUNT_MAX, FLOAT_MAX
+from autotune.inputs.bounds import COUNT_MAX, FLOAT_MAX, SECONDS_MAX
 from autotune.inputs.untrusted import shown
 
-__all__ = ["check_count", "integer_text", "number_text"]
+__all__ = ["check_count", "check_seconds", "integer_text", "number_text"]
 
 
 def check_count(option: str, value: int | None) -> None:
@@ -26,6 +26,20 @@ def check_count(option: str, value: int | None) -> None:
     if value > COUNT_MAX:
         raise ConfigError(f"{option} must be at most {COUNT_MAX:,} (2**40), got "
                           f"{shown(value)}")
+
+
+def check_seconds(option: str, value: float | None, *, absent: str) -> None:
+    """An option's duration in seconds (None: not given), or ConfigError: `--time-budget must
+    be a positive number of seconds (leave it out for no limit), got inf`: inf, NaN,
+    0 and negatives alike, none a duration; `absent` says what leaving the option out means."""
+    if value is None:
+        return
+    if not (math.isfinite(value) and value > 0):
+        hint = f" (leave it out for {absent})" if value == math.inf else ""
+        raise ConfigError(f"{option} must be a positive number of seconds{hint}, got "
+                          f"{value:g}")
+    if value > SECONDS_MAX:
+        raise ConfigError(f"{option} must be at most {SECONDS_MAX:g} seconds, got {value:g}")
 
 
 def integer_text(text: str, what: str) -> int:

@@ -348,7 +348,8 @@ def installed_version() -> str | None:
 def running(requested: str | None = None) -> MegatronVersion:
     """The row to use: `requested` (--megatron-version), else the installed release, else
     DEFAULT."""
-    text = requested or installed_version()
+    # An empty --megatron-version (an unset variable) is refused, not taken for the default.
+    text = requested if requested is not None else installed_version()
     return DEFAULT if text is None else for_version(text)
 
 

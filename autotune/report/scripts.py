@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.inputs.files import usable_name
 from autotune.layouts.layout import DIMENSIONS, Layout
 from autotune.megatron.megatron_args import (
     SDPA_STANDS_IN,
@@ -90,9 +91,8 @@ def _continued(shell: Sequence[str], args: Sequence[str]) -> str:
 def check_megatron_lm(megatron_lm: str | None) -> str | None:
     """--megatron-lm as given, refused in one line when it is empty or holds a control character
     (it is shell-quoted into the script, but a path with a newline is no path anyone meant)."""
-    if megatron_lm is not None and (not megatron_lm or not megatron_lm.isprintable()):
-        raise ConfigError(f"--megatron-lm {megatron_lm!r} is not a usable path (empty or with "
-                          "a control character)")
+    if megatron_lm is not None:
+        usable_name(megatron_lm, "--megatron-lm")
     return megatron_lm
 
 

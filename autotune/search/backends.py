@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from autotune.errors import ConfigError, LaunchError, parse_choice
+from autotune.inputs.files import usable_name
+from autotune.inputs.untrusted import shown
 from autotune.predict.cost import CostParams, estimate_cost
 from autotune.predict.memory import MemoryParams, estimate_memory
 from autotune.specs.hardware import ClusterSpec
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CONFIRMED_COLD", "POOL_DIR", "STANDBY_DIR", "WARM_FAILURE_DIR", "Backend",
            "BackendName", "Isolation", "MegatronLMBackend", "SimulateBackend", "WorkerBackend",
-           "make_backend", "trial_timeout_s"]
+           "check_checkout", "make_backend", "trial_timeout_s"]
 
 
 class BackendName(enum.StrEnum):
@@ -290,6 +292,21 @@ class MegatronLMBackend:
         pass
 
 
+def check_checkout(megatron_lm: str) -> None:
+    """A search's --megatron-lm, or ConfigError in one line: empty or with a control character,
+    missing, or a folder without pretrain_gpt.py. Checked on this machine, where the search
+    launches it (export's --megatron-lm names a path on the machine that runs the script)."""
+    from autotune.megatron.megatron_args import training_script
+
+    usable_name(megatron_lm, "--megatron-lm")
+    hint = "give a Megatron-LM checkout or the .py script to launch"
+    if not Path(megatron_lm).exists():
+        raise ConfigError(f"--megatron-lm {shown(megatron_lm)} does not exist ({hint})")
+    if not Path(training_script(megatron_lm)).is_file():
+        raise ConfigError(f"--megatron-lm {shown(megatron_lm)}: no "
+                          f"{shown(training_script(megatron_lm))} ({hint})")
+
+
 def make_backend(name: BackendName | str, cluster: ClusterSpec, megatron_lm: str | None = None,
                  cost_params: CostParams | None = None,
                  memory_params: MemoryParams | None = None,
@@ -305,10 +322,6 @@ def make_backend(name: BackendName | str, cluster: ClusterSpec, megatron_lm: str
         if megatron_lm is None:
             raise ConfigError("--backend megatron-lm needs --megatron-lm PATH (a Megatron-LM "
                               "checkout)")
-        from autotune.megatron.megatron_args import training_script
-
-        if not Path(training_script(megatron_lm)).is_file():
-            raise ConfigError(f"--megatron-lm {megatron_lm}: no {training_script(megatron_lm)} "
-                              "(give a Megatron-LM checkout or the .py script to launch)")
+        check_checkout(megatron_lm)
         return MegatronLMBackend(Path(megatron_lm))
     raise ConfigError("--backend auto is resolved (commands.search) before a backend is made")

@@ -42,6 +42,14 @@ def list_presets() -> list[str]:
 def load_model(name_or_path: str) -> ModelSpec:
     """A preset by name (`gpt2-xl`), a model YAML file by path, or a Hugging Face config.json
     (or a folder holding one: autotune.specs.hf_config)."""
+    what = ("give a preset name (autotune models), a model YAML file, or a Hugging Face "
+            "config.json (or its folder)")
+    if not name_or_path.strip():  # an unset variable; '' would be read as the folder '.'
+        raise ConfigError(f"the model {name_or_path!r} is empty; {what}")
+    path = Path(name_or_path)
+    if name_or_path not in _preset_files() and path.is_dir() \
+            and not (path / "config.json").is_file():
+        raise ConfigError(f"{name_or_path} is a folder; {what}")
     if is_hf_config(name_or_path):
         return load_hf_config(name_or_path)
     looks_like_path = name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path
