@@ -83,8 +83,9 @@ class CostParams(LeverConstants):
     efficiency on every GPU. Above 0, on a GPU with a measured GEMM rate curve
     (autotune.specs.gemm_rates: H100, H200), each GEMM at its own shape's measured rate times
     this: the share of the swept sustained rate that training's GEMMs reach (the sweep ran
-    back-to-back matmuls; training interleaves other kernels), and FP8's speed-up at the
-    measured FP8 / bf16 ratio (autotune.levers.fp8.layer_gemm_speedup). Fitted to all of
+    back-to-back matmuls; training interleaves other kernels). FP8's speed-up is the
+    measured FP8 / bf16 ratio on a swept GPU either way (autotune.levers.fp8.
+    layer_gemm_speedup). Fitted to all of
     tests/data/measured_trials.json it is 1.02, but held out by family the measured form is no
     better than the fitted one (the fitted curve is within 0.93-1.04 of the measured rates for
     every family's GEMMs), so it is off until the non-GEMM misses are priced
