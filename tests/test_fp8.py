@@ -732,9 +732,13 @@ def test_measured_fp8_trials_rank_against_bf16_as_measured(model: ModelSpec,
 # host-bound Llama-3.2-3B mbs 1 delayed trial, predicted +16.9%), and the bounds with them.
 # Session 16's 15 FP8 trials (llama3-8b on 4 x H200, Llama-3.2-3B on one H200, GPU-bound: the
 # model 5-21% slow on all but the cp 2 trial) raised them to 7.9%, 20.8%; held out 8.7%, 22.0%
-# (2026-11-28-cpu-measured-s16-trials-s17.md).
-FP8_STEP_ERROR = (0.089, 0.218)
-FP8_STEP_ERROR_HELD_OUT = (0.097, 0.23)
+# (2026-11-28-cpu-measured-s16-trials-s17.md). With the layers' FP8 speed-up the swept ratio
+# on H100 and H200 and FP8's host floor added to the cp ring's host time (same report): 4.3%,
+# 19.6%; held out 4.2%, 22.0%. The worst shipped is now s12-fp8-l3b2/3 (-19.6%, -12.3% before):
+# the 2 x H200 lane that ran beside another lane, 18-26% slower per sequence than session 16's same
+# shape alone on one H200.
+FP8_STEP_ERROR = (0.053, 0.206)
+FP8_STEP_ERROR_HELD_OUT = (0.052, 0.23)
 
 
 def test_fp8_step_time_error_does_not_regress() -> None:
