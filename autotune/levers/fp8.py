@@ -399,7 +399,11 @@ def _gpu(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
 def gemm_dims(m: ModelSpec, s: Layout) -> list[tuple[str, int, int]]:
     """(GEMM, its input's last dimension, its weight's rows) per rank for every GEMM TE runs in
     FP8: each input's features and each weight's output rows, tensor-parallel shards."""
-    t = s.tp
+    return _tp_gemm_dims(m, s.tp)
+
+
+def _tp_gemm_dims(m: ModelSpec, t: int) -> list[tuple[str, int, int]]:
+    """gemm_dims at tensor-parallel size t (the one field of the layout they read)."""
     heads = m.num_attention_heads * m.head_dim // t
     qkv = heads + 2 * m.head_dim * max(1, m.query_groups // t)
     gates = 2 if m.gated_linear_unit else 1
@@ -540,10 +544,8 @@ def layer_gemm_speedup(m: ModelSpec, s: Layout, gpu: GpuSpec, p: CostParams) -> 
 def _swept_speedup(gpu: str, m: ModelSpec, mbs: int, tp: int, cp: int) -> float | None:
     """layer_gemm_speedup's measured ratio, None on a GPU never swept; cached per GPU and shape
     (a plan prices the same few thousand many times, as cost._measured_rates)."""
-    from autotune.layouts.layout import Layout  # the layout imports the levers
-
     tokens = mbs * m.seq_length / cp
-    dims = tuple((i, o) for _, i, o in gemm_dims(m, Layout(mbs=mbs, tp=tp, cp=cp, gbs=mbs)))
+    dims = tuple((i, o) for _, i, o in _tp_gemm_dims(m, tp))
     bf16 = mean_rate(gpu, "bf16", tokens, dims)
     fp8 = mean_rate(gpu, "fp8", tokens, dims)
     if bf16 is None or fp8 is None:
