@@ -496,8 +496,11 @@ def test_the_sp_host_term_meets_its_trials() -> None:
     3% (results/benchmarks/2026-11-28-cpu-fp8-sp-host.md: -2.3%, +2.4%)."""
     from autotune.predict.calibration import fit_cost_params, load_trials
 
+    # Its trials are the 2 x H200 pair; session 16's two llama3-8b tp 2 + sp tensorwise trials
+    # on 4 x H200 are GPU-bound (the floor it raises hides behind their GPU work), so they do
+    # not test it.
     trials = [t for t in load_trials(Path(__file__).parent / "data" / "measured_trials.json")
-              if t[2].fp8 != Fp8.OFF and t[2].sequence_parallel
+              if t[2].fp8 != Fp8.OFF and t[2].sequence_parallel and t[3].num_gpus == 2
               and t[2].fp8_recipe in (Fp8Recipe.TENSORWISE, Fp8Recipe.BLOCKWISE)]
     assert sorted(t[2].fp8_recipe for t in trials) == ["blockwise", "tensorwise"]
     for _, m, s, c, step, _ in trials:
@@ -727,8 +730,15 @@ def test_measured_fp8_trials_rank_against_bf16_as_measured(model: ModelSpec,
 # (results/benchmarks/2026-11-28-cpu-constants-refit-s15.md): 5.3%, 16.9%; held out 5.5%, 22.0%.
 # The medians fell (6.0 -> 5.3, 6.6 -> 5.5), the worst rose (14.3 -> 16.9, 20.8 -> 22.0: the
 # host-bound Llama-3.2-3B mbs 1 delayed trial, predicted +16.9%), and the bounds with them.
-FP8_STEP_ERROR = (0.063, 0.179)
-FP8_STEP_ERROR_HELD_OUT = (0.065, 0.23)
+# Session 16's 15 FP8 trials (llama3-8b on 4 x H200, Llama-3.2-3B on one H200, GPU-bound: the
+# model 5-21% slow on all but the cp 2 trial) raised them to 7.9%, 20.8%; held out 8.7%, 22.0%
+# (2026-11-28-cpu-measured-s16-trials-s17.md). With the layers' FP8 speed-up the swept ratio
+# on H100 and H200 and FP8's host floor added to the cp ring's host time (same report): 4.3%,
+# 19.6%; held out 4.2%, 22.0%. The worst shipped is now s12-fp8-l3b2/3 (-19.6%, -12.3% before):
+# the 2 x H200 lane that ran beside another lane, 18-26% slower per sequence than session 16's same
+# shape alone on one H200.
+FP8_STEP_ERROR = (0.053, 0.206)
+FP8_STEP_ERROR_HELD_OUT = (0.052, 0.23)
 
 
 def test_fp8_step_time_error_does_not_regress() -> None:

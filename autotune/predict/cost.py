@@ -83,8 +83,9 @@ class CostParams(LeverConstants):
     efficiency on every GPU. Above 0, on a GPU with a measured GEMM rate curve
     (autotune.specs.gemm_rates: H100, H200), each GEMM at its own shape's measured rate times
     this: the share of the swept sustained rate that training's GEMMs reach (the sweep ran
-    back-to-back matmuls; training interleaves other kernels), and FP8's speed-up at the
-    measured FP8 / bf16 ratio (autotune.levers.fp8.layer_gemm_speedup). Fitted to all of
+    back-to-back matmuls; training interleaves other kernels). FP8's speed-up is the
+    measured FP8 / bf16 ratio on a swept GPU either way (autotune.levers.fp8.
+    layer_gemm_speedup). Fitted to all of
     tests/data/measured_trials.json it is 1.02, but held out by family the measured form is no
     better than the fitted one (the fitted curve is within 0.93-1.04 of the measured rates for
     every family's GEMMs), so it is off until the non-GEMM misses are priced
@@ -462,6 +463,7 @@ def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState,
     launch = n * per_layer * (1 + 0.5 * full)  # recompute relaunches the forward
     compute += n * stage.rerun_s
     launch += s.vpp * stage.checkpoints * prm.checkpoint_call_s
+    floor = 0.0
     if state.layer_host_floor_s:
         # A host-bound path (TE's FP8): the GPU waits for the host where its own work per
         # layer is shorter than the host's; the wait is host time, with the launches.
@@ -470,9 +472,18 @@ def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState,
     offload = stage.offload_s
     if s.cp > 1:
         # The ring's host time hides behind the stage's GPU work only up to that work's length
-        # (offload's copies wait on the host link, not on that work: priced on top).
+        # (offload's copies wait on the host link, not on that work: priced on top). Its
+        # constant is a bf16 TE layer's whole host time per ring step; a host-bound path (FP8's
+        # quantizers) adds what its floor holds over the plain launches, issued from the same
+        # Python thread as the ring (TE's AttnFuncWithCPAndKVP2P: each step's attention call,
+        # P2P exchange and output correction; transformer_engine/pytorch/attention/
+        # dot_product_attention/context_parallel.py). Without that sum llama3-8b's FP8 cp 2 trial
+        # on 4 x H200 was predicted 17% fast, with it 2% slow (2026-11-28-cpu-measured-s16-
+        # trials-s17.md).
+        host = n * s.cp * prm.cp_ring_step_host_s \
+            + max(0.0, floor - n * per_layer * (1 + 0.5 * full))
         busy = compute + logits_s + tp + cp + ep + pp_s + launch
-        cp += max(0.0, n * s.cp * prm.cp_ring_step_host_s - busy)
+        cp += max(0.0, host - busy)
     return _StageTime(compute=compute + logits_s, tp=tp, cp=cp, ep=ep, pp=pp_s, launch=launch,
                       offload=offload)
 
