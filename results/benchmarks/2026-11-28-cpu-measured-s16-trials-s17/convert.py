@@ -1,6 +1,9 @@
 """Session 16's measured trials as tests/data/measured_trials.json entries (session 17):
 `PYTHONPATH=. python results/benchmarks/2026-11-28-cpu-measured-s16-trials-s17/convert.py` from the
-repository root prints them (JSON list); the layout labels are parsed and checked to print again."""
+repository root prints them (JSON list); the layout labels are parsed and checked to print again.
+`convert.py FOLDER PREFIX MODEL FAMILY GPU GPUS SEQ GBS [ROPE_FUSION]` prints one search's trials
+(FOLDER/summary.txt; step times from its table where FOLDER has no trials.json), with
+"rope_fusion": true when ROPE_FUSION is 1 (trials measured from session 17 on)."""
 import json, re, sys
 from pathlib import Path
 from autotune.layouts.layout import DIMENSIONS, LAYOUT_DEFAULTS, Layout
@@ -53,20 +56,30 @@ def entry(source, model, family, gpu, gpus, seq, strategy, status, step, used_gi
         e["loss_guard"] = guard
     return e
 
-def from_search(folder, prefix, model, family, gpu, gpus, seq, gbs):
-    tps = {str(r["trial"]): r["tokens_per_s"] for r in json.loads((folder / "trials.json").read_text())}
+def from_search(folder, prefix, model, family, gpu, gpus, seq, gbs, rope_fusion=False):
+    trials = folder / "trials.json"
+    tps = ({str(r["trial"]): r["tokens_per_s"] for r in json.loads(trials.read_text())}
+           if trials.exists() else {})
     out = []
     for c in rows(folder / "summary.txt"):
         n, label, status = c[0], c[1], c[3]
         if status not in ("OK", "DIVERGED"):
             continue
-        step = gbs * seq / tps[n]
+        step = gbs * seq / tps[n] if tps else float(c[6])
         assert abs(step - float(c[6])) < 0.0006, (n, step, c[6])
-        out.append(entry(f"{prefix}/{n}", model, family, gpu, gpus, seq, parse(label, gbs), "OK",
-                         step, float(c[9]), float(c[7]),
-                         guard="DIVERGED" if status == "DIVERGED" else None))
+        e = entry(f"{prefix}/{n}", model, family, gpu, gpus, seq, parse(label, gbs), "OK",
+                  step, float(c[9]), float(c[7]),
+                  guard="DIVERGED" if status == "DIVERGED" else None)
+        if rope_fusion:
+            e["rope_fusion"] = True
+        out.append(e)
     return out
 
+if len(sys.argv) > 1:
+    folder, prefix, model, family, gpu, gpus, seq, gbs, *rest = sys.argv[1:]
+    json.dump(from_search(Path(folder), prefix, model, family, gpu, int(gpus), int(seq), int(gbs),
+                          rest[:1] == ["1"]), sys.stdout, indent=1)
+    sys.exit(0)
 B = Path("results/benchmarks")
 new = []
 f30 = B / "2026-11-28-h200x4-issue30-s16"
