@@ -283,6 +283,8 @@ def _search(
                               f"({describe_pins(pins)}) narrow a MODEL search only")
         job = read_user_job(from_megatron, gpus=gpus, gpus_per_node=gpus_per_node, gpu=gpu,
                             line=line)
+        for warning in job.warnings:
+            print(warning, file=sys.stderr)
         gpus, gpus_per_node = job.cluster.num_gpus, job.cluster.gpus_per_node
         yours, fits = estimate_line(job)
         if fits:

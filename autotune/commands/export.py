@@ -249,7 +249,8 @@ def _user_command(path: str, model: ModelSpec, layout: Layout, study: str,
                           "command (its flags give another shape, sequence or batch)")
     changes = layout_changes(job.command, job.layout, layout)
     described = "; ".join(c.describe() for c in changes) or "none, the layout is yours"
-    notes = [f"autotune: {path}, line {job.command.line}: flags that change: {described}"]
+    notes = [*job.warnings,
+             f"autotune: {path}, line {job.command.line}: flags that change: {described}"]
     if version is not None:
         respelled = "; ".join(r.describe() for r in respellings(job.command, version)) or \
             "none, they are its spelling already"

@@ -15,6 +15,7 @@ from autotune.megatron.megatron_command import (
     MegatronCommand,
     RowChange,
     arithmetic_warning,
+    ignored_warning,
     layout_changes,
     megatron_layout,
     read_megatron_command,
@@ -46,6 +47,9 @@ class UserJob:
     layout: Layout
     line_option: int | None = None
     """The user's --line N, which the export needs again."""
+    warnings: tuple[str, ...] = ()
+    """Lines about the command that the caller prints once it has taken the command (a
+    refusal after reading, such as the export's "another model", is its one line alone)."""
 
 
 def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
@@ -73,11 +77,12 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
     except InvalidLayoutError as exc:
         raise InvalidLayoutError(f"{path}: the command's layout {layout.describe()} on {num} "
                                  f"GPUs: {exc}") from None
-    # Warned once the command is known to be usable: a refusal above is its one line alone.
-    for warning in (arithmetic_warning(command), unmodeled_warning(command)):
-        if warning is not None:
-            print(f"autotune: warning: {warning}", file=sys.stderr)
-    return UserJob(command, command.model, cluster, layout, line)
+    # Said by the caller once the command is known to be usable: a refusal above, or the
+    # caller's own, is its one line alone.
+    warnings = tuple(f"autotune: warning: {w}" for w in (
+        arithmetic_warning(command), ignored_warning(command, layout),
+        unmodeled_warning(command)) if w is not None)
+    return UserJob(command, command.model, cluster, layout, line, warnings)
 
 
 def widen_space(space: SearchSpace, layout: Layout) -> SearchSpace:

@@ -110,6 +110,9 @@ class Unread:
     when: Callable[[Layout], bool]
     reason: str
     """Where Megatron leaves it unread (cited)."""
+    flags: tuple[str, ...] = ()
+    """The Megatron-LM flags that set it: a user's command that gives one while `when` holds
+    is told that it changes nothing (autotune.megatron.megatron_command.ignored_warning)."""
 
 
 CONFIG_PARTS = ("transformer", "ddp", "optimizer", "model")

@@ -696,5 +696,6 @@ LEVER = Lever(
     # _emit writes no --fp8-recipe without --fp8-format and _core_config keeps the default
     # recipe: without FP8, Megatron-LM reads none of it (rule fp8_recipe_unused).
     unread=(Unread(name="fp8_recipe", when=lambda s: not _on(s),
-                   reason="Megatron-LM reads --fp8-recipe only with --fp8-format"),),
+                   reason="Megatron-LM reads --fp8-recipe only with --fp8-format",
+                   flags=("--fp8-recipe",)),),
 )

@@ -438,9 +438,12 @@ LEVER = Lever(
     # _checkpointed_forward), recompute_modules only with selective (attention.py,
     # transformer_layer.py, moe_layer.py).
     unread=(Unread(name="recompute_method", when=lambda s: s.recompute != Recompute.FULL,
-                   reason="megatron-core reads it only with full recompute"),
+                   reason="megatron-core reads it only with full recompute",
+                   flags=("--recompute-method",)),
             Unread(name="recompute_num_layers", when=lambda s: s.recompute != Recompute.FULL,
-                   reason="megatron-core reads it only with full recompute"),
+                   reason="megatron-core reads it only with full recompute",
+                   flags=("--recompute-num-layers",)),
             Unread(name="recompute_modules", when=lambda s: s.recompute != Recompute.SELECTIVE,
-                   reason="megatron-core reads it only with selective recompute")),
+                   reason="megatron-core reads it only with selective recompute",
+                   flags=("--recompute-modules",))),
 )

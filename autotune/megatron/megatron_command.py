@@ -12,12 +12,14 @@ autotune.megatron.script_patch edits exactly those flags in the user's file.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.layouts.layout import DIMENSIONS, Layout, derive_dp
+from autotune.levers import LEVERS
 from autotune.megatron.launch_site import (
     NOT_RUN,
     Candidate,
@@ -50,6 +52,7 @@ __all__ = [
     "arithmetic_warning",
     "exported_layout",
     "flag_values",
+    "ignored_warning",
     "layout_changes",
     "megatron_layout",
     "read_megatron_command",
@@ -137,6 +140,26 @@ def arithmetic_warning(command: MegatronCommand) -> str | None:
     return (f"{command.source}: line {command.line}: {'; '.join(dict.fromkeys(found))}: "
             "arithmetic, which autotune never runs; not a value it needs, so the export "
             "carries it as written")
+
+
+def ignored_warning(command: MegatronCommand, layout: Layout) -> str | None:
+    """One line naming what in the command changes nothing, so that a user does not believe
+    it tuned: a flag given more than once (Megatron-LM's argparse keeps the last, and so does
+    autotune) and a flag Megatron leaves unread in this layout (Lever.unread: --fp8-recipe
+    without --fp8-format, --recompute-method without full recompute); None when there is none."""
+    known = known_flags()
+    counts = Counter(g.flag for g in command.groups if g.flag in known)
+    last = {g.flag: " ".join(v or "?" for v in g.values) for g in command.groups
+            if g.flag in known}
+    repeated = [f"{flag} is given {n} times: only the last"
+                + (f" ({last[flag]})" if last[flag] else "") + " counts, as in Megatron-LM"
+                for flag, n in counts.items() if n > 1]
+    unread = [f"{flag} has no effect ({u.reason})" for lever in LEVERS for u in lever.unread
+              if u.when(layout) for flag in u.flags if flag in counts]
+    found = [*repeated, *dict.fromkeys(unread)]
+    if not found:
+        return None
+    return f"{command.source}: line {command.line}: {'; '.join(found)}"
 
 
 def unmodeled_warning(command: MegatronCommand) -> str | None:
