@@ -12,7 +12,7 @@ import pytest
 from autotune.layouts.layout import Layout
 from autotune.levers.flags import Given
 from autotune.megatron.core_config import core_config
-from autotune.megatron.megatron_args import megatron_lm_args, read_fields
+from autotune.megatron.megatron_args import exported_layout, megatron_lm_args, read_fields
 from autotune.predict.calibration import load_trials
 from autotune.specs.elementwise import (
     ROPE_BYTES,
@@ -56,10 +56,8 @@ def test_export_says_no_rope_fusion_where_the_worker_ran_it_unfused(rope_fusion,
                                                                     flag) -> None:
     m = replace(LLAMA, rope_fusion=rope_fusion)
     layout = Layout(dp=1, mbs=1, gbs=8, impl=impl)
-    if impl == "sdpa":
-        from autotune.megatron.megatron_args import exported_layout
-        layout = exported_layout(layout)
-    assert ("--no-rope-fusion" in megatron_lm_args(m, layout)) is flag
+    # sdpa is exported as TE (exported_layout), as the export writes it.
+    assert ("--no-rope-fusion" in megatron_lm_args(m, exported_layout(layout))) is flag
 
 
 def test_gpt_export_never_names_rope_fusion() -> None:

@@ -22,6 +22,7 @@ from autotune.predict.cost import estimate_cost
 from autotune.predict.memory import estimate_memory
 from autotune.search.backends import trial_timeout_s
 from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
 from autotune.specs.presets import load_model
 from autotune.trials.metrics import metrics_from_run
 from autotune.trials.runner import run_trial
@@ -42,19 +43,30 @@ def layout_fields(text: str) -> dict[str, object]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_seq_len(parser: argparse.ArgumentParser) -> None:
+    """--seq-len N, as the CLI's (tools/megatron_gap.py takes it too)."""
     parser.add_argument("--seq-len", type=int, default=None,
                         help="Override the model's sequence length (the CLI's --seq-len).")
+
+
+def model_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ModelSpec:
+    """args.model with args.seq_len applied (add_seq_len); a non-positive one is a usage
+    error."""
+    if args.seq_len is not None and args.seq_len <= 0:
+        parser.error(f"--seq-len must be a positive integer, got {args.seq_len}")
+    return load_model(args.model).with_overrides(seq_length=args.seq_len)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_seq_len(parser)
     parser.add_argument("model")
     parser.add_argument("gpus", type=int)
     parser.add_argument("gpu")
     parser.add_argument("out_dir")
     parser.add_argument("layouts", nargs="+", metavar="LAYOUT")
     args = parser.parse_args()
-    if args.seq_len is not None and args.seq_len <= 0:
-        parser.error(f"--seq-len must be a positive integer, got {args.seq_len}")
-    model = load_model(args.model).with_overrides(seq_length=args.seq_len)
+    model = model_of(parser, args)
     cluster = ClusterSpec.make(args.gpus, gpu=args.gpu)
     out_dir, layouts = args.out_dir, args.layouts
     rows = []

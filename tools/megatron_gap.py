@@ -21,12 +21,15 @@ import subprocess
 import time
 from pathlib import Path
 
-from device_layouts import layout_fields  # tools/ is on sys.path: run as a script
+from device_layouts import (  # tools/ is on sys.path: run as a script
+    add_seq_len,
+    layout_fields,
+    model_of,
+)
 
 from autotune.commands.estimate import layout_from_fields
 from autotune.report.scripts import megatron_lm_script
 from autotune.specs.hardware import ClusterSpec
-from autotune.specs.presets import load_model
 from autotune.trials.launchers import LOG_NAME
 from autotune.trials.metrics import metrics_from_run
 from autotune.trials.protocol import parse_step_lines
@@ -72,12 +75,9 @@ def main() -> None:
     parser.add_argument("megatron_lm")
     parser.add_argument("layout")
     parser.add_argument("--steps", type=int, default=35)
-    parser.add_argument("--seq-len", type=int, default=None,
-                        help="Override the model's sequence length (the CLI's --seq-len).")
+    add_seq_len(parser)
     args = parser.parse_args()
-    if args.seq_len is not None and args.seq_len <= 0:
-        parser.error(f"--seq-len must be a positive integer, got {args.seq_len}")
-    model = load_model(args.model).with_overrides(seq_length=args.seq_len)
+    model = model_of(parser, args)
     cluster = ClusterSpec.make(1, gpu=args.gpu)
     s = layout_from_fields(model, cluster, layout_fields(args.layout))
     out = Path(args.out_dir).resolve()

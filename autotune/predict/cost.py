@@ -460,14 +460,16 @@ def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState,
     cp = n * (3 + full + stage.attention_reruns) * layer.cp
     ep = n * (2 + full) * layer.ep
     per_layer = prm.layer_launch_s + state.layer_launch_extra_s
-    launch = n * per_layer * (1 + 0.5 * full)  # recompute relaunches the forward
+    relaunch = 1 + 0.5 * full  # recompute relaunches the forward
+    launches = n * per_layer * relaunch
+    launch = launches
     compute += n * stage.rerun_s
     launch += s.vpp * stage.checkpoints * prm.checkpoint_call_s
     floor = 0.0
     if state.layer_host_floor_s:
         # A host-bound path (TE's FP8): the GPU waits for the host where its own work per
         # layer is shorter than the host's; the wait is host time, with the launches.
-        floor = n * state.layer_host_floor_s * (1 + 0.5 * full)
+        floor = n * state.layer_host_floor_s * relaunch
         launch += max(0.0, floor - (compute + tp + cp + ep + launch))
     offload = stage.offload_s
     if s.cp > 1:
@@ -480,8 +482,7 @@ def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState,
         # dot_product_attention/context_parallel.py). Without that sum llama3-8b's FP8 cp 2 trial
         # on 4 x H200 was predicted 17% fast, with it 2% slow (2026-11-28-cpu-measured-s16-
         # trials-s17.md).
-        host = n * s.cp * prm.cp_ring_step_host_s \
-            + max(0.0, floor - n * per_layer * (1 + 0.5 * full))
+        host = n * s.cp * prm.cp_ring_step_host_s + max(0.0, floor - launches)
         busy = compute + logits_s + tp + cp + ep + pp_s + launch
         cp += max(0.0, host - busy)
     return _StageTime(compute=compute + logits_s, tp=tp, cp=cp, ep=ep, pp=pp_s, launch=launch,
