@@ -33,6 +33,8 @@ BASE = ("torchrun --nproc-per-node 1 pretrain_gpt.py --num-layers 4 --hidden-siz
     ("--micro-batch-size 4",
      "--micro-batch-size is given 2 times: only the last (4) counts, as in Megatron-LM"),
     ("--bf16", "--bf16 is given 2 times: only the last counts"),
+    ("--tokenizer-type NullTokenizer --tokenizer-type 'Null\nTokenizer'",
+     "--tokenizer-type is given 3 times: only the last (Null\\nTokenizer) counts"),
 ])
 def test_what_changes_nothing_is_named(tmp_path: Path, extra: str, says: str | None) -> None:
     script = tmp_path / "train.sh"
@@ -44,6 +46,7 @@ def test_what_changes_nothing_is_named(tmp_path: Path, extra: str, says: str | N
     else:
         assert warning is not None and warning.startswith(f"{script}: line 1: ")
         assert says in warning
+        assert "\n" not in warning  # one line, whatever the script's values hold
 
 
 def test_the_seed_tutorial_s_two_train_iters_are_named() -> None:

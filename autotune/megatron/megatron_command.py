@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.inputs.untrusted import for_terminal
 from autotune.layouts.layout import DIMENSIONS, Layout, derive_dp
 from autotune.levers import LEVERS
 from autotune.megatron.launch_site import (
@@ -149,7 +150,8 @@ def ignored_warning(command: MegatronCommand, layout: Layout) -> str | None:
     without --fp8-format, --recompute-method without full recompute); None when there is none."""
     known = known_flags()
     counts = Counter(g.flag for g in command.groups if g.flag in known)
-    last = {g.flag: " ".join(v or "?" for v in g.values) for g in command.groups
+    # The script's own text, shown on one line (a quoted value may hold a newline).
+    last = {g.flag: for_terminal(" ".join(v or "?" for v in g.values)) for g in command.groups
             if g.flag in known}
     repeated = [f"{flag} is given {n} times: only the last"
                 + (f" ({last[flag]})" if last[flag] else "") + " counts, as in Megatron-LM"
