@@ -40,7 +40,6 @@ from autotune.levers.fp8 import Fp8
 from autotune.predict.cost import estimate_cost
 from autotune.predict.gate import MemoryGate
 from autotune.predict.memory import estimate_memory
-from autotune.search.space import enumerate_space, load_space
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.trials.trial import TrialMetrics, TrialSpec, TrialStatus
@@ -71,14 +70,16 @@ class ReplayBackend:
     perturb: float = 0.0
     seed: int = 0
     model: ModelSpec | None = None
+    valid: list[Layout] = field(default_factory=list)
+    """The search's own valid layouts (its LayoutMap), for the factors and the true best."""
     name: str = "worker"
     predicted: bool = False
     launches: list[tuple[Layout, float, bool]] = field(default_factory=list)
 
     def biases(self, model: ModelSpec) -> None:
-        """The factors the table shows (see the module), over the default space's layouts."""
+        """The factors the table shows (see the module), over the search's layouts."""
         ratios: dict[bool, list[float]] = {True: [], False: []}
-        for s in enumerate_space(load_space(), model, self.cluster).valid:
+        for s in self.valid:
             if s.describe() in self.table:
                 predicted = estimate_cost(model, s, self.cluster).tokens_per_s
                 ratios[s.fp8 != Fp8.OFF].append(self.table[s.describe()] / predicted)
@@ -99,10 +100,9 @@ class ReplayBackend:
             1 + self.perturb * u)
 
     def true_best(self, model: ModelSpec) -> tuple[Layout, float]:
-        """The fastest answer over the default space's layouts the memory gate lets through."""
+        """The fastest answer over the search's layouts the memory gate lets through."""
         gate = MemoryGate(model, self.cluster)
-        fits = [s for s in enumerate_space(load_space(), model, self.cluster).valid
-                if gate.decide(s).launch]
+        fits = [s for s in self.valid if gate.decide(s).launch]
         return max(((s, self.answer(model, s)) for s in fits), key=lambda x: x[1])
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> TrialMetrics:
@@ -148,12 +148,22 @@ def main(argv: list[str]) -> int:
 
 
     from autotune.cli import main as autotune_main
+    from autotune.search.layout_map import LayoutMap
+
+    plain_of = LayoutMap.of
+
+    def layout_map(cfg: object) -> LayoutMap:
+        found = plain_of(cfg)  # type: ignore[arg-type]
+        made[0].valid = list(found.valid)
+        return found
+
     gpus = int(argv[argv.index("--gpus") + 1]) if "--gpus" in argv else 1
     with tempfile.TemporaryDirectory() as scratch, \
             mock.patch("autotune.commands.search.make_backend", backend), \
             mock.patch("autotune.commands.search.local_gpu_count", lambda: gpus), \
             mock.patch("autotune.commands.search.te_available", lambda: True), \
-            mock.patch("autotune.search.scheduling.te_available", lambda: True):
+            mock.patch("autotune.search.scheduling.te_available", lambda: True), \
+            mock.patch.object(LayoutMap, "of", layout_map):
         code = autotune_main([*argv[cut + 1:], "--results-dir", args.results_dir or scratch,
                               "--json"])
     if not made:
