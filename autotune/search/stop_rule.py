@@ -20,13 +20,14 @@ launched 37 trials, most of them such echoes of its best, at about 50 s each
 
 A measured layout also vouches for its near variants (`nearby`): where an untried layout's time
 terms differ from a measured one's by a small part of its step (one flag flipped, a recipe, a
-few recomputed layers), its figure is the measured one moved by the model's difference, and the
-model may misjudge that difference by CHANGE_ERROR times the terms it moves, plus what the
-study's own pairs of near measured layouts show it leaves out (`unpriced`); nothing is ruled
-out so before the study has measured one such pair. A variant that could then beat
-the best by no more than the best's own noise is not launched: one global band would launch every
-variant predicted within it, and a layout's error shared with its neighbour is not an error in
-the difference. On 4 x H200 the variants of the leader were 19 of 23 launches in a replay.
+few recomputed layers), its figure is the measured one moved by the model's difference, and
+the model may misjudge that difference by CHANGE_ERROR times the terms it moves, plus what the
+study's own pairs of near measured layouts show it leaves out (`unpriced`); the lowest such
+bound over the measured layouts within reach counts, and nothing is ruled out so before the
+study has measured one near pair. A variant that could then beat the best by no more than the
+best's own noise is not launched: one global band would launch every variant predicted within
+it, and a layout's error shared with its neighbour is not an error in the difference. On 4 x
+H200 the variants of the leader were 19 of 23 launches in a replay.
 
 Nothing is ruled out before there is a best measurement (Alpa's seeds run first), in a plan
 (the model is the measurement there), with --sampler grid (it measures every layout), nor with
@@ -222,28 +223,41 @@ class Neighbourhood:
             worst = max(worst or 0.0, (miss - CHANGE_ERROR * d) / step)
         return worst
 
-    def verdict(self, s: Layout) -> str | None:
-        """Why `s` cannot beat the best by more than its noise, judged from its nearest
-        measured layout (None: it could, or no measured layout is near)."""
+    def fastest(self, s: Layout) -> tuple[float, _Known, float] | None:
+        """The most `s` could measure by the near rule, with the measured layout that says so
+        and the part of that one's step their terms differ by: the lowest bound over every
+        measured layout within reach (each is one under the rule's error model; the one nearest
+        in the model's terms is not always nearest in truth: a lever the model prices at almost
+        nothing may cost 9%). None: no measured layout within reach, or no near pair measured."""
         if self.unpriced is None:
             return None
         t = self.terms(s)
-        near = min(self.known, key=lambda k: _distance(t, k.terms), default=None)
-        if near is None or near.record.layout == s:
-            return None
-        d = _distance(t, near.terms)
-        if d <= 0 or d > LOCAL_REACH * near.terms[-1]:
-            return None  # an echo is the echo rule's; a far layout the global band's
-        fastest_s = (near.measured_s + (t[-1] - near.terms[-1]) - CHANGE_ERROR * d
-                     - self.unpriced * near.measured_s)
+        found: tuple[float, _Known, float] | None = None
+        for k in self.known:
+            d = _distance(t, k.terms)
+            if k.record.layout == s or d > LOCAL_REACH * k.terms[-1]:
+                continue
+            fastest_s = (k.measured_s + (t[-1] - k.terms[-1]) - CHANGE_ERROR * d
+                         - self.unpriced * k.measured_s)
+            if fastest_s <= 0:
+                continue
+            bound = k.record.tokens_per_s * k.measured_s / fastest_s  # type: ignore[operator]
+            if found is None or bound < found[0]:
+                found = (bound, k, d / k.terms[-1])
+        return found
+
+    def verdict(self, s: Layout) -> str | None:
+        """Why `s` cannot beat the best by more than its noise (None: it could, or no measured
+        layout is near enough to say)."""
+        found = self.fastest(s)
         best = self.best.tokens_per_s
-        if fastest_s <= 0 or best is None:
+        if found is None or best is None:
             return None
-        fastest = near.record.tokens_per_s * near.measured_s / fastest_s  # type: ignore[operator]
+        fastest, near, part = found
         if fastest > best * (1 + self.best.noise):
             return None
         return (f"a near variant of trial {near.record.number} ({near.record.label}): its time "
-                f"terms differ by {d / near.terms[-1]:.1%} of that step, so at most "
+                f"terms differ by {part:.1%} of that step, so at most "
                 f"{format_tokens(fastest)} tokens/s even if the model misjudged the difference "
                 f"by {CHANGE_ERROR:g} times what moved and {self.unpriced:.1%} of the step (the "
                 f"most its measured pairs show); the best measured is "
