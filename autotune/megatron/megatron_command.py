@@ -11,9 +11,12 @@ autotune.megatron.script_patch edits exactly those flags in the user's file.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass, fields
+from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -375,6 +378,54 @@ def _refuse_unrepresented(groups: tuple[ArgGroup, ...], model: ModelSpec, source
                               "be another model's)")
 
 
+@cache
+def _accepted_values() -> dict[str, dict[str, dict[str, Any]]]:
+    """Per Megatron-LM release, what its parser accepts for each flag that says (int or float,
+    choices, no value): flag_values.json, read from each release's arguments.py by
+    tools/megatron_values.py."""
+    text = resources.files("autotune.megatron").joinpath("flag_values.json").read_text()
+    releases: dict[str, dict[str, dict[str, Any]]] = json.loads(text)["releases"]
+    return releases
+
+
+def _refusal(record: dict[str, Any], values: list[str]) -> str | None:
+    """Why Megatron-LM's parser, as `record` describes a flag, refuses these values (None when
+    it takes them)."""
+    if record.get("takes_value") is False:
+        return f"takes no value, got {values[0]!r}" if values else None
+    kind = record.get("type")
+    for value in values:
+        if kind in ("int", "float"):
+            try:
+                int(value) if kind == "int" else float(value)
+            except ValueError:
+                return f"takes {'an integer' if kind == 'int' else 'a number'}, got {value!r}"
+        choices = record.get("choices")
+        if choices is not None and value not in choices:
+            return f"takes one of {', '.join(choices)}; got {value!r}"
+    return None
+
+
+def _refuse_bad_values(groups: tuple[ArgGroup, ...], source: str) -> None:
+    """One line for the first flag of the command whose value Megatron-LM's own parser would
+    refuse (in every release whose arguments.py says what the flag takes): the command stops
+    at its first line, and so would the export that carries it."""
+    releases = _accepted_values()
+    for group in groups:
+        if group.flag is None:
+            continue
+        values = group.values
+        if any(v is None for v in values):
+            continue  # a value autotune cannot tell: carried as written
+        told = {r: rec[group.flag] for r, rec in releases.items() if group.flag in rec}
+        why = [_refusal(record, [v for v in values if v is not None])
+               for record in told.values()]
+        if told and all(why):
+            shown = " ".join(w.shown() for w in group.words)
+            raise ConfigError(f"{source}: {shown}: {group.flag} {why[-1]} (Megatron-LM's "
+                              f"arguments.py, releases {', '.join(told)})")
+
+
 def _model_name(path: Path) -> str:
     """A model name from the file's name: its stem, letters, digits, '.', '_', '-' only (the
     name titles reports and makes the default study name)."""
@@ -401,6 +452,7 @@ def read_megatron_command(path: str, line: int | None = None) -> MegatronCommand
     names = {f.name for f in fields(ModelSpec)}
     model = ModelSpec(name=_model_name(file), **{k: v for k, v in read.items() if k in names})
     _refuse_unrepresented(groups, model, path)
+    _refuse_bad_values(groups, path)
     layout_fields = {k: v for k, v in read.items() if k in DIMENSIONS}
     per_node, nodes, why = _launcher_gpus(launcher, path)
     return MegatronCommand(source=path, line=command.line, env=command.env,
