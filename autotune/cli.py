@@ -157,8 +157,8 @@ GlobalBatch = Annotated[int | None, typer.Option(
 Gpu = Annotated[str | None, typer.Option(
     "--gpu", "--cluster", help="GPU type: h100-80gb, h200, a100-80gb, a100-40gb, b200 "
                                "(default: detected, else h100-80gb); or a cluster YAML file "
-                               "with the GPU type, GPUs per node and links "
-                               "(search_spaces/clusters/).")]
+                               "with the GPU type, GPUs per node and links, or a shipped "
+                               "one by name (dgx-h100: search_spaces/clusters/).")]
 
 
 def _search(

@@ -136,3 +136,26 @@ def test_the_cli_refuses_more_gpus_per_node_than_the_file_in_one_line(
                  "--cluster", path]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "more than the 4 GPUs per node" in err[0], err
+
+
+# --cluster NAME, as --space NAME: a shipped cluster by name (the sweep's `--cluster dgx-h100`
+# was "unknown GPU 'dgx-h100'"); a GPU name stays the GPU; an unknown name lists both.
+@pytest.mark.parametrize(("value", "gpu", "per_node", "inter_node"), [
+    ("dgx-h100", "h100-80gb", 8, 50e9),
+    ("dgx-b200", "b200", 8, 50e9),
+    ("pcie-a100", "a100-80gb", 4, 25e9 / 8),
+    ("h100-80gb", "h100-80gb", 8, None),
+])
+def test_a_shipped_cluster_is_named_like_a_shipped_space(value: str, gpu: str, per_node: int,
+                                                         inter_node: float | None) -> None:
+    cluster = ClusterSpec.make(16, None, value)
+    assert (cluster.gpu.name, cluster.gpus_per_node) == (gpu, per_node)
+    if inter_node is not None:
+        assert cluster.gpu.inter_node_bytes_per_s == inter_node
+
+
+@pytest.mark.parametrize("value", ["dgx-h1000", "../clusters/dgx-h100", "", "clusters"])
+def test_an_unknown_gpu_or_cluster_name_lists_both(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"unknown GPU .*; choose one of h200.*; or a cluster: "
+                                          r"dgx-b200, dgx-h100, pcie-a100"):
+        ClusterSpec.make(16, None, value)

@@ -23,7 +23,7 @@ from autotune.search.derive import (
 )
 from autotune.search.ladder import LADDER_MARGIN, Ladder
 from autotune.search.layout_map import LayoutMap
-from autotune.search.space import enumerate_space, space_from_mapping
+from autotune.search.space import _enumerate, enumerate_space, space_from_mapping
 from autotune.trials.trial import TrialStatus
 
 MODEL = small_model()  # gpt2-medium: 24 layers, gbs 64, seq 1024
@@ -479,3 +479,37 @@ def test_memory_blind_fields_change_no_estimate_and_no_resolved_count() -> None:
                 assert resolve(other, (dim,), model, cluster, limit_bytes=limit) == \
                     with_fields(resolve(s, (dim,), model, cluster, limit_bytes=limit),
                                 **{field: getattr(other, field)})
+
+
+# -- the pipeline split -----------------------------------------------------------------------
+
+# num_layers, pp, vpp, the embedding_loss_split values `derive` leaves among the valid layouts
+# (empty: no split lets pp divide the layers). The split only where the even one cannot be:
+# Llama 3.1 405B's 126 layers at pp 8 (128 slots), never a repeat of an even split's run.
+SPLITS = [
+    (22, 4, 1, {True}),     # 22 % 4, 24 % 4 == 0
+    (22, 8, 1, {True}),
+    (25, 3, 1, {True}),     # 27 % 3 == 0: not only powers of two
+    (22, 2, 1, {False}),    # both split evenly: the even split (the same run at pp 2)
+    (24, 4, 1, {False}),
+    (24, 5, 1, set()),      # neither 24 nor 26 divisible by 5
+    (30, 8, 2, {True}),     # 32 slots: 4 a rank, 2 a virtual stage
+    (30, 8, 4, {True}),
+    (22, 4, 4, set()),      # 6 slots a rank: vpp 4 does not divide them
+]
+
+
+@pytest.mark.parametrize(("layers", "pp", "vpp", "splits"), SPLITS)
+def test_the_embedding_loss_split_is_derived_where_only_it_divides_the_layers(
+        layers: int, pp: int, vpp: int, splits: set[bool]) -> None:
+    model = replace(MODEL, num_layers=layers)
+    cluster = small_cluster(num_gpus=pp, memory_gib=80.0)
+    space = space_from_mapping({"pp": [pp], "vpp": [vpp], "mbs": [1], "impl": ["te"],
+                                "embedding_loss_split": "derive"}, "t")
+    summary = enumerate_space(space, model, cluster)
+    assert {s.embedding_loss_split for s in summary.valid} == splits
+    for s in summary.valid:
+        assert not check(s, model, cluster)
+    # The lazy enumeration agrees with resolving every combination first.
+    eager = _enumerate(space, model, cluster, lazy=False)
+    assert set(eager.valid) == set(summary.valid)

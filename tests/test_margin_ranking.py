@@ -89,3 +89,26 @@ def test_search_and_export_pick_the_layout_with_room(tmp_path: Path,
         return
     assert main(["export", *args]) == 0
     assert "--num-virtual-stages-per-pipeline-rank 4" in capsys.readouterr().out
+
+
+# Equal figures (a plan of thousands of GPUs predicts sp and no-sp alike at tp 8): (tokens/s,
+# share of the GPU's memory) of trials 0 and 1, predicted, the winner. The report and the export
+# take the lighter, then the lower number (report.load.Study.complete_rows); the search's best
+# must be the same trial, or its JSON and the export name different layouts.
+TIES = [
+    ((100_000.0, 0.16), (100_000.0, 0.12), True, 1),
+    ((100_000.0, 0.12), (100_000.0, 0.16), True, 0),
+    ((100_000.0, 0.16), (100_000.0, 0.12), False, 1),
+    ((100_000.0, 0.16), (100_000.0, 0.16), True, 0),
+]
+
+
+@pytest.mark.parametrize(("first", "second", "predicted", "winner"), TIES)
+def test_equal_figures_rank_the_lighter_first_as_the_export_does(
+        first: tuple[float, float], second: tuple[float, float], predicted: bool,
+        winner: int) -> None:
+    records = [_record(0, *first, predicted=predicted), _record(1, *second, predicted=predicted)]
+    for ordered in (records, records[::-1]):
+        result = SearchResult(study_name="s", storage="mem", records=list(ordered),
+                              cluster=H100)
+        assert result.best(1)[0].number == winner

@@ -31,9 +31,10 @@ from autotune.megatron.megatron_command import (
 )
 from autotune.megatron.script_patch import patch_script
 from autotune.report.scripts import megatron_lm_script
-from autotune.search.derive import DERIVE, DIVISORS, divisor_values
+from autotune.search.derive import DERIVABLE, DERIVE, DIVISORS, divisor_values
 from autotune.search.space import load_space
 from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
 from autotune.specs.params import count_parameters
 from autotune.specs.presets import list_presets, load_model
 
@@ -43,6 +44,13 @@ SAMPLE = 8
 
 
 SPACE = load_space(None)
+
+
+def _derived(dim: str, model: ModelSpec, rng: random.Random) -> int | bool:
+    """Any value a derived lever can take: a count, or a switch (embedding_loss_split)."""
+    if isinstance(DERIVABLE[dim].off, bool):
+        return rng.choice((False, True))
+    return rng.randint(1, model.num_layers)
 
 
 def _sample(model_name: str, gpus: int) -> list[Layout]:
@@ -58,8 +66,7 @@ def _sample(model_name: str, gpus: int) -> list[Layout]:
                        cp=values.get("cp", 1))
         # The space's markers stand for values of the layout: any count a derived lever can
         # take, any divisor a `divisors` dimension offers.
-        values = {d: rng.randint(1, model.num_layers) if v == DERIVE else v
-                  for d, v in values.items()}
+        values = {d: _derived(d, model, rng) if v == DERIVE else v for d, v in values.items()}
         partial = Layout(dp=dp, gbs=model.global_batch_size,
                          **{d: v for d, v in values.items() if v != DIVISORS})
         values = {d: rng.choice(divisor_values(d, partial, model) or (1,)) if v == DIVISORS

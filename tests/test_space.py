@@ -118,15 +118,17 @@ def test_any_valid_is_whether_the_enumeration_finds_a_layout(
 
 
 def test_a_dimension_the_space_does_not_list_is_not_enumerated() -> None:
-    """The default space lists no pipeline split (embedding_loss_split, first/last stage
-    layers), offload or fused cross entropy: they keep Layout's default in every layout and
-    multiply no combination."""
+    """The default space lists no uneven first/last stage layers, offload or fused cross
+    entropy: they keep Layout's default in every layout and multiply no combination. Its
+    `embedding_loss_split: derive` is one combination, the even split wherever pp divides the
+    layers (llama3-8b's 32)."""
     from autotune.layouts.layout import LAYOUT_DEFAULTS, SEARCHED
 
     space = load_space()
     unlisted = [d for d in SEARCHED if d not in space.candidates]
-    assert "embedding_loss_split" in unlisted
+    assert "first_stage_layers" in unlisted and "embedding_loss_split" not in unlisted
     summary = enumerate_space(space, load_model("llama3-8b"), cluster(64))
     assert summary.valid and summary.total == space.size()
     for s in summary.valid:
         assert all(getattr(s, d) == LAYOUT_DEFAULTS[d] for d in unlisted), s.describe()
+        assert not s.embedding_loss_split, s.describe()

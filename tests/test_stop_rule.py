@@ -409,8 +409,8 @@ def test_a_layout_priced_as_a_measured_one_is_not_launched() -> None:
 
 @pytest.mark.parametrize(("ranked", "tried", "message"), [
     ([(B, 101_000.0), (C, 60_000.0)], {A}, "the closest, {C}, is predicted 60.0k"),
-    ([(B, 101_000.0)], {A}, "every layout predicted to fit has been tried or is priced "
-                            "exactly as a measured one"),
+    ([(B, 101_000.0)], {A}, "every layout predicted to fit has been tried, is priced "
+                            "exactly as a measured one or is a near variant"),
     ([(B, 101_000.0)], {A, B}, "every layout predicted to fit has been tried"),
 ])
 def test_the_stop_rule_does_not_wait_for_echoes(ranked: list[tuple[Layout, float]],
@@ -473,3 +473,81 @@ def test_the_models_fallback_skips_echoes(active: bool, queued: Layout) -> None:
     parts: Any = SimpleNamespace(stop=stop, queue=queue)
     assert Scheduler(parts, executor=Any, sampler=Any).fallback() is None
     assert queue.pop() == (queued, Source.MODEL)
+
+
+# -- near variants of a measured layout ---------------------------------------------------------
+# Terms are (compute, communication, step): 100k tokens per step, so a step of 1.0 s predicts
+# 100k tokens/s. A is measured as predicted and is the best; B, measured as predicted too, is
+# near A: the pair the model's differences are checked on (nothing left out of them).
+
+NEAR_A, NEAR_B = A, B
+NEAR_TERMS = {NEAR_A: (0.9, 0.1, 1.0), NEAR_B: (0.9, 0.14, 1.04)}
+
+
+def _near_rule(untried: tuple[float, ...], *, pair: bool = True, noise: float = 0.0,
+               b_tokens: float = 100_000 / 1.04) -> tuple[ModelStop, Layout]:
+    terms = {**NEAR_TERMS, C: untried}
+    records = [measured(0, NEAR_A, 100_000.0, 100_000.0, step_time_cv=noise)]
+    if pair:
+        records.append(measured(1, NEAR_B, b_tokens, 100_000 / 1.04))
+    stop = ModelStop(active=True, records=records, fitted=lambda: False,
+                     predict=lambda s: 100_000 / terms[s][-1], ranked=lambda: [],
+                     tried=lambda s: s != C, terms=terms.__getitem__)
+    return stop, C
+
+
+@pytest.mark.parametrize(("untried", "pair", "noise", "b_tokens", "skipped"), [
+    # The model says equal, 0.1% of the step moved: at most 0.2% faster, inside the best's
+    # 1% noise: a trial could tell only noise apart.
+    ((0.9, 0.101, 1.001), True, 0.01, 100_000 / 1.04, True),
+    # The same without noise on the best: 0.1% faster is possible, so it runs.
+    ((0.9, 0.101, 1.001), True, 0.0, 100_000 / 1.04, False),
+    # No pair measured yet: the model's differences are not trusted, the global band rules.
+    ((0.9, 0.101, 1.001), False, 0.01, 100_000 / 1.04, False),
+    # Predicted 3% slower than A, by 3% of the step that moved: it may be 3% faster (the model
+    # wrong by twice the change), so it runs.
+    ((0.93, 0.1, 1.03), True, 0.01, 100_000 / 1.04, False),
+    # Between A and B, 1% of the step from B: at most 1% faster than B, below A: not run.
+    ((0.9, 0.13, 1.03), True, 0.0, 100_000 / 1.04, True),
+    # Hidden terms moved, the step did not: could be 20% faster, it runs.
+    ((0.95, 0.05, 1.0), True, 0.01, 100_000 / 1.04, False),
+    # Far from every measured layout (40% of the step): the global band rules.
+    ((0.5, 0.1, 0.6), True, 0.01, 100_000 / 1.04, False),
+    # 1% of the step moved: at most 2% faster less the 1% the model says it is slower, inside
+    # the best's 1.2% noise ...
+    ((0.9, 0.11, 1.01), True, 0.012, 100_000 / 1.04, True),
+    # ... but B measured 0.1 s slower than A where the model said 0.04 s (2.5 times what moved):
+    # the near rule widens to that, 1.5% faster is possible, and the variant runs.
+    ((0.9, 0.11, 1.01), True, 0.012, 100_000 / 1.14, False),
+])
+def test_a_near_variant_that_cannot_win_is_not_launched(
+        untried: tuple[float, ...], pair: bool, noise: float, b_tokens: float,
+        skipped: bool) -> None:
+    stop, s = _near_rule(untried, pair=pair, noise=noise, b_tokens=b_tokens)
+    reason = stop.skip(s, 100_000 / untried[-1])
+    nearby = stop.nearby()
+    assert nearby is not None
+    assert (nearby.verdict(s) is not None) is skipped
+    if skipped:
+        assert reason is not None and reason.startswith("a near variant of trial")
+        assert "measurement noise" in reason
+
+
+def test_the_near_rule_widens_to_the_studys_own_pairs() -> None:
+    """B measured 0.1 s behind A where the model said 0.04 s: 0.02 s beyond twice what moved,
+    2% of A's step; measured as the model said, nothing is left out; without a pair, nothing
+    is known."""
+    for b_tokens, unpriced in [(100_000 / 1.14, 0.02), (100_000 / 1.04, 0.0)]:
+        stop, _ = _near_rule((0.9, 0.1, 1.0), b_tokens=b_tokens)
+        nearby = stop.nearby()
+        assert nearby is not None and nearby.unpriced == pytest.approx(unpriced)
+    stop, _ = _near_rule((0.9, 0.1, 1.0), pair=False)
+    nearby = stop.nearby()
+    assert nearby is not None and nearby.unpriced is None
+
+
+def test_the_stop_rule_does_not_wait_for_a_near_variant_that_cannot_win() -> None:
+    stop, s = _near_rule((0.9, 0.101, 1.001), noise=0.01)
+    stop.ranked = lambda: [(s, 100_000 / 1.001)]
+    said = stop.exhausted()
+    assert said is not None and "near variant" in said

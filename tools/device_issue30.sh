@@ -116,12 +116,14 @@ fi
 if [[ $parts == *" recipe "* ]]; then
   t0=$(date +%s)
   rgbs=${RECIPE_GBS:-$(( 8 * gpus ))}
-  python3 tools/device_layouts.py llama3-8b "$gpus" "$gpu" "$raw/recipe" \
-      gbs=$rgbs,mbs=1,distributed_optimizer=1,overlap_grad_reduce=1,overlap_param_gather=1,recompute=full,recompute_method=block,recompute_num_layers=5,fp8=hybrid,fp8_recipe=tensorwise,impl=te \
-      > "$raw/recipe-hand.txt" 2> "$raw/recipe-hand.err"
-  echo "recipe hand rc=$? wall=$(( $(date +%s) - t0 ))s"
-  cat "$raw/recipe-hand.txt"; grep -v -i warn "$raw/recipe-hand.err" | tail -3
-  cp "$raw/recipe-hand.txt" "$out/"
+  if [[ ${RECIPE_HAND:-1} == 1 ]]; then  # 0: the search alone (the recipe measured before)
+    python3 tools/device_layouts.py llama3-8b "$gpus" "$gpu" "$raw/recipe" \
+        gbs=$rgbs,mbs=1,distributed_optimizer=1,overlap_grad_reduce=1,overlap_param_gather=1,recompute=full,recompute_method=block,recompute_num_layers=5,fp8=hybrid,fp8_recipe=tensorwise,impl=te \
+        > "$raw/recipe-hand.txt" 2> "$raw/recipe-hand.err"
+    echo "recipe hand rc=$? wall=$(( $(date +%s) - t0 ))s"
+    cat "$raw/recipe-hand.txt"; grep -v -i warn "$raw/recipe-hand.err" | tail -3
+    cp "$raw/recipe-hand.txt" "$out/"
+  fi
   OUT=$raw STUDY_TIMEOUT_S=${STUDY_TIMEOUT_S:-900} bash tools/device_search.sh \
       l8b-recipe -- llama3-8b --gpus "$gpus" --gbs "$rgbs" --json
   cp "$raw/summary.txt" "$raw/results.tgz" "$out/" 2>/dev/null

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import dimension, flag_label, unless_default
 from autotune.errors import ConfigError
-from autotune.levers.base import CostState, Lever, MemoryState, Rule, Seed, evolve
+from autotune.levers.base import CostState, Derivable, Lever, MemoryState, Rule, Seed, evolve
 from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions, value
 
 if TYPE_CHECKING:
@@ -155,6 +155,16 @@ def _embedding_loss_split(s: Layout, m: ModelSpec) -> str | None:
     return None
 
 
+def _split_needed(s: Layout, m: ModelSpec) -> bool:
+    """Whether `embedding_loss_split: derive` takes the split for `s`: only where the even
+    split cannot be (pp does not divide num_layers) and this one can (pp divides num_layers +
+    2), as for Llama 3.1 405B's 126 layers at pp 4, 8, 16, 32 or 64. Where both can (pp 2) the
+    two are the same run without interleaving (autotune.megatron.identity), and listing
+    `[false, true]` doubles the space's combinations for that alone."""
+    return (s.pp >= 2 and not (s.first_stage_layers or s.last_stage_layers)
+            and m.num_layers % s.pp != 0 and (m.num_layers + 2) % s.pp == 0)
+
+
 def _emit(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
     if s.embedding_loss_split:
         return ["--account-for-embedding-in-pipeline-split",
@@ -220,4 +230,9 @@ LEVER = Lever(
     memory=_memory,
     cost=_cost,
     seed=Seed.MEMORY,
+    # `derive`: the split where only it lets pp divide the layers (_split_needed), else the
+    # even split; one value, so the least-memory pick is it (monotone False: no ladder).
+    derivable=(Derivable(name="embedding_loss_split", applies=_split_needed,
+                         values=lambda s, m: (True,), monotone=lambda s: False, off=False,
+                         rules=("pp_layers", "vpp_layers")),),
 )

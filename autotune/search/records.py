@@ -189,7 +189,8 @@ class SearchResult:
 
     def best(self, k: int = 5) -> list[TrialRecord]:
         """The k best rankable trials by their figure (their repeats' too, `figure`); a
-        predicted one by `rank_tokens`."""
+        predicted one by `rank_tokens`; among equal figures the lighter layout, then the lower
+        trial number, as the report and export rank (report.load.Study.complete_rows)."""
         ok = [r for r in self.records if r.rankable]
         # The repeats of all trials in one pass: a plan of thousands of trials asked each
         # record's own (a pass each) on every progress line.
@@ -203,7 +204,11 @@ class SearchResult:
             return rank_tokens(record, figure.tokens_per_s if figure is not None else 0.0,
                                self.cluster)
 
-        return sorted(ok, key=lambda r: -tokens(r))[:k]
+        def peak(record: TrialRecord) -> float:
+            peak = record.peak_bytes
+            return float("inf") if peak is None else peak
+
+        return sorted(ok, key=lambda r: (-tokens(r), peak(r), r.number))[:k]
 
     def repeats(self, record: TrialRecord) -> list[TrialRecord]:
         """The trials that measured `record`'s layout again, in order."""

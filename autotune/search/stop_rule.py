@@ -18,6 +18,16 @@ not wait for it to stop. On 4 x H200 a replay of a llama3-8b search with its mea
 launched 37 trials, most of them such echoes of its best, at about 50 s each
 (2026-11-28-h200x4-issue30-s16.md).
 
+A measured layout also vouches for its near variants (`nearby`): where an untried layout's time
+terms differ from a measured one's by a small part of its step (one flag flipped, a recipe, a
+few recomputed layers), its figure is the measured one moved by the model's difference, and the
+model may misjudge that difference by CHANGE_ERROR times the terms it moves, plus what the
+study's own pairs of near measured layouts show it leaves out (`unpriced`); nothing is ruled
+out so before the study has measured one such pair. A variant that could then beat
+the best by no more than the best's own noise is not launched: one global band would launch every
+variant predicted within it, and a layout's error shared with its neighbour is not an error in
+the difference. On 4 x H200 the variants of the leader were 19 of 23 launches in a replay.
+
 Nothing is ruled out before there is a best measurement (Alpa's seeds run first), in a plan
 (the model is the measurement there), with --sampler grid (it measures every layout), nor with
 --stop-rule none.
@@ -25,14 +35,16 @@ Nothing is ruled out before there is a best measurement (Alpa's seeds run first)
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from autotune.layouts.layout import Layout
 from autotune.search.records import TrialRecord
 
-__all__ = ["DEFAULT_ERROR_BAND", "ERROR_WINDOW", "MIN_ERROR_BAND", "NOISE_MARGIN",
-           "PRUNE_MARGIN", "ErrorBand", "ModelStop", "error_band", "format_tokens", "prune_margin"]
+__all__ = ["CHANGE_ERROR", "DEFAULT_ERROR_BAND", "ERROR_WINDOW", "LOCAL_REACH", "MIN_ERROR_BAND",
+           "NOISE_MARGIN", "PRUNE_MARGIN", "ErrorBand", "ModelStop", "Neighbourhood",
+           "error_band", "format_tokens", "prune_margin"]
 
 DEFAULT_ERROR_BAND = 0.30
 """The band while the model has not been refitted to this study: the committed constants'
@@ -52,6 +64,19 @@ PRUNE_MARGIN = 0.10
 this margin: its first steps may run slower than its steady state (allocator growth, kernel
 autotuning), and the margin keeps that noise from pruning a layout that would have been the
 best."""
+
+
+LOCAL_REACH = 0.10
+"""A measured layout vouches for an untried one whose time terms differ from its own by at most
+this part of its predicted step (the L1 distance of CostEstimate.terms, the step left out): a
+flag, a recipe, a few recomputed layers. Further apart the two share too little, and the global
+band alone rules."""
+CHANGE_ERROR = 2.0
+"""How wrong the model may be about the difference between two near layouts, as a multiple of
+the time terms that differ (their L1 distance), sign included, until the study's own pairs show
+more beyond it (`Neighbourhood.unpriced`). Why twice: on gpt2-xl at mbs 8 on an H100 the model of
+session 11 put tensorwise scaling 0.28 s behind delayed scaling and it measured 0.26 s ahead, an
+error of at most 1.9 times what moved (results/benchmarks/2026-11-27-cpu-fp8-cost.md)."""
 
 
 NOISE_MARGIN = 2.0
@@ -145,6 +170,87 @@ def prune_margin(best: TrialRecord) -> float:
     return max(PRUNE_MARGIN, NOISE_MARGIN * best.noise)
 
 
+def _distance(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    """The L1 distance of two layouts' time terms, the step time (the last term) left out: the
+    seconds the model moves between them, whatever their sum does."""
+    return sum(abs(x - y) for x, y in zip(a[:-1], b[:-1], strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    record: TrialRecord
+    terms: tuple[float, ...]
+    measured_s: float
+    """The measured step time, in the model's seconds: its predicted step x predicted /
+    measured tokens/s (the tokens of a step are the study's)."""
+
+
+class Neighbourhood:
+    """What the measured trials say of the layouts near them (see the module), for one state of
+    the search: built once per question, as the model and the records change between them."""
+
+    def __init__(self, records: Iterable[TrialRecord], best: TrialRecord,
+                 terms: Callable[[Layout], tuple[float, ...]],
+                 predict: Callable[[Layout], float]) -> None:
+        self.best = best
+        self.terms = terms
+        self.known: list[_Known] = []
+        for r in records:
+            if not r.rankable or r.predicted or not r.tokens_per_s:
+                continue
+            t, p = terms(r.layout), predict(r.layout)
+            if p > 0 and t[-1] > 0:
+                self.known.append(_Known(r, t, t[-1] * p / r.tokens_per_s))
+        self.unpriced = self._unpriced()
+
+    def _unpriced(self) -> float | None:
+        """What the model leaves out of a difference: the largest miss on the difference of two
+        measured layouts within reach of each other (echoes included) beyond CHANGE_ERROR times
+        the terms that moved, as a part of their step, each measurement's own noise taken off (a
+        pair whose difference is noise tells nothing of the model). On 4 x H200 dp 4 and dp 2 +
+        cp 2, priced alike, measured 3.7% apart: the ring's cost is not in the terms. None
+        before the study has measured such a pair: the model's differences are trusted once the
+        study has checked one, not on its word."""
+        worst: float | None = None
+        for a, b in itertools.combinations(self.known, 2):
+            d = _distance(a.terms, b.terms)
+            step = min(a.terms[-1], b.terms[-1])
+            if d > LOCAL_REACH * step:
+                continue
+            miss = abs((a.measured_s - b.measured_s) - (a.terms[-1] - b.terms[-1]))
+            miss -= a.record.noise * a.measured_s + b.record.noise * b.measured_s
+            worst = max(worst or 0.0, (miss - CHANGE_ERROR * d) / step)
+        return worst
+
+    def verdict(self, s: Layout) -> str | None:
+        """Why `s` cannot beat the best by more than its noise, judged from its nearest
+        measured layout (None: it could, or no measured layout is near)."""
+        if self.unpriced is None:
+            return None
+        t = self.terms(s)
+        near = min(self.known, key=lambda k: _distance(t, k.terms), default=None)
+        if near is None or near.record.layout == s:
+            return None
+        d = _distance(t, near.terms)
+        if d <= 0 or d > LOCAL_REACH * near.terms[-1]:
+            return None  # an echo is the echo rule's; a far layout the global band's
+        fastest_s = (near.measured_s + (t[-1] - near.terms[-1]) - CHANGE_ERROR * d
+                     - self.unpriced * near.measured_s)
+        best = self.best.tokens_per_s
+        if fastest_s <= 0 or best is None:
+            return None
+        fastest = near.record.tokens_per_s * near.measured_s / fastest_s  # type: ignore[operator]
+        if fastest > best * (1 + self.best.noise):
+            return None
+        return (f"a near variant of trial {near.record.number} ({near.record.label}): its time "
+                f"terms differ by {d / near.terms[-1]:.1%} of that step, so at most "
+                f"{format_tokens(fastest)} tokens/s even if the model misjudged the difference "
+                f"by {CHANGE_ERROR:g} times what moved and {self.unpriced:.1%} of the step (the "
+                f"most its measured pairs show); the best measured is "
+                f"{format_tokens(best)} (trial {self.best.number}), and a trial could tell "
+                f"only measurement noise apart")
+
+
 class ModelStop:
     """The rule of one search (see the module): `active` only for real runs that asked for it
     and do not measure every layout; it reads the search's knowledge through callables."""
@@ -198,19 +304,30 @@ class ModelStop:
         found = measured.get(self.terms(s))
         return found if found is not None and found.layout != s else None
 
+    def nearby(self) -> Neighbourhood | None:
+        """What the measured trials say of their near variants now (None while the rule is
+        off, without the model's terms, or before a best)."""
+        best = self.best() if self.active and self.terms is not None else None
+        if best is None or self.terms is None:
+            return None
+        return Neighbourhood(self.records, best, self.terms, self.predict)
+
     def closest_untried(self) -> tuple[tuple[Layout, float] | None, bool]:
         """The model's fastest untried layout (with its prediction) that echoes no measured
-        one, None when there is none; and whether echoes were passed over to find it. The
-        stop rule waits for it, and the search queues it when proposals launch nothing."""
+        one and is no near variant that cannot win (`nearby`), None when there is none; and
+        whether such layouts were passed over to find it. The stop rule waits for it, and the
+        search queues it when proposals launch nothing."""
         measured = self.measured_terms()
-        echoes = False
+        nearby = self.nearby()
+        passed = False
         for s, predicted in self.ranked():
             if self.tried(s):
                 continue
-            if self.echo(s, measured) is None:
-                return (s, predicted), echoes
-            echoes = True
-        return None, echoes
+            if self.echo(s, measured) is None and (nearby is None
+                                                  or nearby.verdict(s) is None):
+                return (s, predicted), passed
+            passed = True
+        return None, passed
 
     def skip(self, s: Layout, predicted_tokens_per_s: float) -> str | None:
         """Why `s` is not worth launching (its PREDICTED_SLOW reason), or None."""
@@ -222,6 +339,10 @@ class ModelStop:
             return (f"priced exactly as trial {echo.number} ({echo.label}), term by term: "
                     f"expected at its measured {format_tokens(echo.tokens_per_s)} tokens/s; a "
                     f"trial could tell only measurement noise apart")
+        nearby = self.nearby()
+        near = nearby.verdict(s) if nearby is not None else None
+        if near is not None:
+            return near
         band = self.band()
         optimistic = band.optimistic(predicted_tokens_per_s)
         if optimistic >= best.tokens_per_s:
@@ -245,11 +366,11 @@ class ModelStop:
         best = self.best() if self.active else None
         if best is None or best.tokens_per_s is None:
             return None
-        closest, echoes = self.closest_untried()
+        closest, passed = self.closest_untried()
         if closest is None:
-            return ("every layout predicted to fit has been tried" if not echoes else
-                    "every layout predicted to fit has been tried or is priced exactly as a "
-                    "measured one")
+            return ("every layout predicted to fit has been tried" if not passed else
+                    "every layout predicted to fit has been tried, is priced exactly as a "
+                    "measured one or is a near variant of one that cannot win")
         band = self.band()
         s, predicted = closest
         if band.optimistic(predicted) >= best.tokens_per_s:

@@ -55,6 +55,23 @@ def is_cluster_file(value: str) -> bool:
     return value.endswith((".yaml", ".yml"))
 
 
+def shipped_clusters() -> dict[str, str]:
+    """The cluster files autotune ships (search_spaces/clusters/NAME.yaml), by NAME."""
+    from autotune.specs.presets import search_spaces_dir  # the package data, when asked
+
+    folder = search_spaces_dir().joinpath("clusters")
+    if not folder.is_dir():  # an install without them
+        return {}
+    return {f.name.removesuffix(".yaml"): str(f) for f in folder.iterdir()
+            if f.name.endswith(".yaml")}
+
+
+def shipped_cluster_file(name: str) -> str | None:
+    """The shipped cluster file `name` names (`--cluster dgx-h100`, as `--space one-node`
+    names a shipped space), or None."""
+    return shipped_clusters().get(name)
+
+
 def load_cluster_file(path: Path | str) -> ClusterFile:
     """The cluster file at `path`, or ConfigError in one line naming the file and the field."""
     from autotune.inputs.schema import build  # pydantic: imported when a file is read

@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autotune.errors import ConfigError
-from autotune.specs.cluster import is_cluster_file, load_cluster_file
+from autotune.specs.cluster import (
+    is_cluster_file,
+    load_cluster_file,
+    shipped_cluster_file,
+    shipped_clusters,
+)
 
 __all__ = ["GPUS", "ClusterSpec", "GpuSpec", "detect_gpu", "gpu_spec", "local_gpu_count"]
 
@@ -153,7 +158,10 @@ class ClusterSpec:
     def make(cls, num_gpus: int, gpus_per_node: int | None = None,
              gpu: str | None = None) -> ClusterSpec:
         """A cluster from CLI values: 8 GPUs per node by default, the local GPU type if known;
-        `gpu` may be a cluster file (`--cluster FILE`, autotune.specs.cluster)."""
+        `gpu` may be a cluster file (`--cluster FILE`, autotune.specs.cluster) or a shipped
+        cluster's name (`--cluster dgx-h100`)."""
+        if gpu is not None and gpu not in GPUS and not is_cluster_file(gpu):
+            gpu = shipped_cluster_file(gpu) or gpu
         if gpu is not None and is_cluster_file(gpu):  # --cluster FILE
             file = load_cluster_file(gpu)
             try:
@@ -178,7 +186,12 @@ class ClusterSpec:
             _check_default_per_node(num_gpus, per_node, "(the default --gpus-per-node)")
         # `--gpu ""` (an unset variable in a job script) is refused, not taken for the default.
         name = gpu if gpu is not None else detect_gpu() or DEFAULT_GPU
-        return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=gpu_spec(name))
+        try:
+            spec = gpu_spec(name)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}; or a cluster: {', '.join(sorted(shipped_clusters()))} "
+                              "(search_spaces/clusters), or a cluster YAML file") from None
+        return cls(num_gpus=num_gpus, gpus_per_node=per_node, gpu=spec)
 
 
 def _check_default_per_node(num_gpus: int, per_node: int, whence: str) -> None:
