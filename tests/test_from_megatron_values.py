@@ -78,3 +78,52 @@ def test_the_recorded_values_are_the_recorded_parsers_flags() -> None:
         assert flags and set(flags) <= declared, release
         for record in flags.values():
             assert set(record) <= {"type", "choices", "takes_value"}, record
+
+
+IF = 'if [ -n "$WANDB_API_KEY" ]; then\n'
+
+
+@pytest.mark.parametrize(("before", "append", "named"), [
+    ("ARGS=(--log-interval 1)\n", "    ARGS+=(--wandb-project p --wandb-exp-name x)\n",
+     "ARGS += --wandb-project, --wandb-exp-name"),
+    ("ARGS=(--log-interval 1)\n", '    ARGS=("${ARGS[@]}" --wandb-project p)\n',
+     "ARGS += --wandb-project"),  # Megatron-LM's megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh
+    ("ARGS=(--log-interval 1)\n", '    ARGS+=(--wandb-project "$PROJECT")\n',
+     "ARGS += --wandb-project"),  # a value autotune cannot tell, of a flag it does not read
+])
+def test_a_conditional_append_of_flags_autotune_does_not_read_is_one_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], before: str, append: str,
+        named: str) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(f"{before}{IF}{append}fi\nALL=(\"${{ARGS[@]}}\")\n"
+                      f"{BASE} \"${{ALL[@]}}\"\n")
+    code = main(["--from-megatron", str(script), "--backend", "simulate", "--trials", "2",
+                 "--results-dir", str(tmp_path / "r"), "--study", "s"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if "inside an if/for/case block" in line]
+    assert len(warned) == 1 and named in warned[0] and "line 3" in warned[0], err
+    out = tmp_path / "tuned.sh"
+    assert main(["export", "--from-megatron", str(script), "--study", "s", "--results-dir",
+                 str(tmp_path / "r"), "-o", str(out)]) == 0
+    # The block stays the user's, byte for byte, and the export reads back.
+    assert f"{IF}{append}fi\n" in out.read_text()
+    read_megatron_command(str(out))
+
+
+@pytest.mark.parametrize("append", [
+    "    ARGS+=(--fp8-format hybrid)\n",  # a flag autotune reads
+    "    ARGS+=(--tp-comm-overlap)\n",  # one that changes speed, which autotune names
+    "    ARGS+=(--micro-batch-size 4)\n",
+    "    ARGS+=($EXTRA)\n",  # words autotune cannot tell
+    "    ARGS=(--wandb-project p)\n",  # not an append: the array is another one
+])
+def test_a_conditional_append_that_matters_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], append: str) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(f"ARGS=(--log-interval 1)\n{IF}{append}fi\n{BASE} \"${{ARGS[@]}}\"\n")
+    code = main(["--from-megatron", str(script), "--backend", "simulate", "--results-dir",
+                 str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "$ARGS is set inside an if/for/case block" in err, err

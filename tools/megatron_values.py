@@ -153,7 +153,8 @@ def _fields(cls: ast.ClassDef, tree: _Tree) -> dict[str, dict[str, Any]]:
         meta: dict[str, Any] | None = {}
         if isinstance(default, ast.Call) and _name(default.func) == "field":
             kw = {k.arg: k.value for k in default.keywords if k.arg}
-            if isinstance(kw.get("init"), ast.Constant) and kw["init"].value is False:
+            init = kw.get("init")
+            if isinstance(init, ast.Constant) and init.value is False:
                 continue
             default = kw.get("default")
             if "metadata" in kw:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from functools import cache
 from importlib import resources
@@ -46,7 +47,7 @@ from autotune.megatron.megatron_args import (
     read_fields,
     row_args,
 )
-from autotune.megatron.shell_script import Command, Ref, Word, read_commands
+from autotune.megatron.shell_script import Command, Maybe, Ref, Word, read_commands
 from autotune.specs.model import MODEL_NAME_MAX, ModelSpec
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "MegatronCommand",
     "RowChange",
     "arithmetic_warning",
+    "conditional_warning",
     "exported_layout",
     "flag_values",
     "ignored_warning",
@@ -110,6 +112,9 @@ class MegatronCommand:
     """The file as read and parsed: what autotune.megatron.script_patch edits."""
     site: Candidate
     """The launch command in it."""
+    maybe: tuple[Maybe, ...] = ()
+    """Flags an array of the command may also hold, appended inside a block autotune does not
+    run; none of them is one autotune reads (conditional_warning names them)."""
 
     @property
     def gpus(self) -> int | None:
@@ -167,6 +172,41 @@ def ignored_warning(command: MegatronCommand, layout: Layout) -> str | None:
     return f"{command.source}: line {command.line}: {'; '.join(found)}"
 
 
+def _optional(words: Sequence[Word]) -> bool:
+    """Whether words appended inside an if/for/case block may be left out: none is a flag
+    autotune reads, or one that changes the model, speed or memory, and a word autotune cannot
+    tell ($VAR) stands only as a flag's value."""
+    known = known_flags()
+    for k, word in enumerate(words):
+        if word.text is None:
+            # A word autotune cannot tell is a value only right after a flag (as _group
+            # reads it); anywhere else it may hold flags.
+            after = words[k - 1].text if k else None
+            if after is None or not after.startswith("-") or "=" in after:
+                return False
+            continue
+        name = word.text.partition("=")[0]
+        if name.startswith("-") and (name in known or name in UNMODELED_FLAGS
+                                     or name in UNREPRESENTED_FLAGS):
+            return False
+    return True
+
+
+def conditional_warning(command: MegatronCommand) -> str | None:
+    """One line for the flags an array of the command gets only when a block autotune does
+    not run runs (none of them one it reads): the command is read without them."""
+    if not command.maybe:
+        return None
+    named = "; ".join(
+        f"line {m.line}: {m.name} += "
+        + ", ".join(for_terminal(w.text or "") for w in m.words
+                    if (w.text or "").startswith("-"))
+        for m in command.maybe)
+    return (f"{command.source}: {named} (inside an if/for/case block or a function, whose "
+            "conditions autotune does not run): read without them; none is a flag autotune "
+            "reads or one that changes speed or memory")
+
+
 def unmodeled_warning(command: MegatronCommand) -> str | None:
     """One line naming the command's flags autotune does not model, with what each changes;
     None when it has none."""
@@ -196,7 +236,7 @@ def _launches(commands: list[Command]) -> list[Command]:
 def _find(parsed: Script, line: int | None) -> tuple[Command, Candidate]:
     """The launch the shell runs (or the one `line` names), as the evaluator expands it."""
     source = parsed.source
-    commands = read_commands(_without_heredoc_text(parsed), source)
+    commands = read_commands(_without_heredoc_text(parsed), source, _optional)
     launches = _launches(commands)
     site = find_launch(parsed, {c.line for c in launches}, line)
     if site is None:
@@ -459,7 +499,7 @@ def read_megatron_command(path: str, line: int | None = None) -> MegatronCommand
                            exported=command.exported, launcher=launcher, script=script,
                            groups=groups, model=model, layout_fields=layout_fields,
                            gpus_per_node=per_node, nodes=nodes, gpus_unknown=why,
-                           parsed=parsed, site=site)
+                           parsed=parsed, site=site, maybe=command.maybe)
 
 
 def megatron_layout(command: MegatronCommand, gpus: int) -> Layout:
