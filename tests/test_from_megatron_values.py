@@ -127,3 +127,38 @@ def test_a_conditional_append_that_matters_is_refused(
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert "$ARGS is set inside an if/for/case block" in err, err
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    # eval of a string with a part autotune cannot tell: the part stays that unknown word.
+    ('TS=$(date +%s)\ncmd="{base} --tensorboard-dir out/$TS/tb"\neval $cmd\n', None),
+    ('MBS=$((16 / 8))\ncmd="{base} --micro-batch-size $MBS"\neval $cmd\n',
+     r"--micro-batch-size \$\(\(16 / 8\)\): arithmetic"),
+    ('if [ "$Z" = 1 ]; then DP_ARGS=(--use-distributed-optimizer); fi\n'
+     'cmd="{base} ${{DP_ARGS[@]}}"\neval $cmd\n', r"\$DP_ARGS stands where flags go"),
+    # after a flag autotune does not read, an unknown word is its value only right after it
+    ('if [ "$Z" = 1 ]; then DP_ARGS=(--use-distributed-optimizer); fi\n'
+     '{base} --lr-decay-iters 430000 ${{DP_ARGS[@]}}\n', r"\$DP_ARGS stands where flags go"),
+    ('if [ "$Z" = 1 ]; then X=(--use-distributed-optimizer); fi\n'
+     '{base} --use-flash-attn ${{X[@]}}\n', r"\$X stands where flags go"),
+    ('{base} --tensorboard-dir $TB\n', None),
+    # `+=` onto a value set in an if stays unknown (Megatron-LM tutorials' SP=0/1 scripts)
+    ('if [ "$SP" -eq 1 ]; then P="--sequence-parallel "; else P=""; fi\n'
+     'P+=(--tensor-model-parallel-size 2)\n{base} ${{P[@]}}\n', r"\$P stands where flags go"),
+    # ${1:?"a: b"}: the message names the expansion whole
+    ('TP=${{1:?"Error: give TP"}}\n{base} --tensor-model-parallel-size $TP\n',
+     r'\$\{1:\?"Error: give TP"\}: the script runs without arguments; autotune needs'),
+])
+def test_unknown_words_are_refused_where_they_matter(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str],
+                                                     text: str, message: str | None) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(text.format(base=BASE))
+    code = main(["--from-megatron", str(script), "--backend", "simulate", "--trials", "1",
+                 "--results-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    if message is None:
+        assert code == 0, err
+        return
+    assert code == 2 and err.count("\n") == 1, err
+    assert re.search(message, err), err

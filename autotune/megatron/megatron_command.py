@@ -247,12 +247,7 @@ def _find(parsed: Script, line: int | None) -> tuple[Command, Candidate]:
     if len(found) != 1:
         why = "several launches" if found else "no launch autotune can expand"
         raise ConfigError(f"{source}: line {site.line} holds {why} of {TRAINING_SCRIPT}")
-    command = found[0]
-    if command.words[0].text == "eval":
-        refs = [r for w in command.words for r in w.refs]
-        raise ConfigError(f"{source}: line {command.line}: the {TRAINING_SCRIPT} command is "
-                          f"built by eval of text autotune cannot expand ({refs[0].reason})")
-    return command, site
+    return found[0], site
 
 
 def _without_heredoc_text(parsed: Script) -> str:
@@ -342,9 +337,14 @@ def _group(args: tuple[Word, ...], source: str,
                 groups.append(ArgGroup(name, (word,)))
                 k += 1
                 continue
-            # A flag autotune does not know: kept with the words that follow it.
+            # A flag autotune does not know: kept with the words that follow it. A word
+            # autotune cannot tell ($VAR set in an if) is its value only where a value can
+            # stand: right after it, and where Megatron-LM's parser gives it one; elsewhere it
+            # may hold flags, and is refused below.
             j = k + 1
             while j < len(args) and not (args[j].text or "").startswith("--"):
+                if args[j].text is None and (j > k + 1 or eq or _takes_no_value(name)):
+                    break
                 j += 1
             groups.append(ArgGroup(name, args[k:j]))
             k = j
@@ -352,7 +352,9 @@ def _group(args: tuple[Word, ...], source: str,
         # An unknown word after a flag autotune knows (whose values are all taken) or before
         # any flag may hold flags; after an unknown flag it is taken for that flag's value.
         if text is None and (not groups or groups[-1].flag is None
-                             or groups[-1].flag in known):
+                             or groups[-1].flag in known or len(groups[-1].words) > 1
+                             or "=" in (groups[-1].words[0].text or "")
+                             or _takes_no_value(groups[-1].flag)):
             raise ConfigError(f"{source}: {word.shown()} stands where flags go "
                               f"({word.refs[0].reason}); autotune cannot tell which flags it "
                               "holds: set it in the script before the command")
@@ -377,7 +379,8 @@ class _GivenWithRefs(Given):
     def text(self, name: str, default: str | None = None) -> str | None:
         ref = self.unresolved.get(name)
         if ref is not None:
-            why = ref.reason.split(": ", 1)[-1]
+            # The reason without its leading "TEXT: " (TEXT may hold ": " itself: ${1:?"x: y"}).
+            why = ref.reason.removeprefix(f"{ref.text}: ")
             if ref.arithmetic and ref.line is not None and ref.line != self.line:
                 # Set in a variable: the number is written where the arithmetic is.
                 raise ConfigError(f"{self.file}: line {ref.line}: {ref.text} (the value of "
@@ -426,6 +429,12 @@ def _accepted_values() -> dict[str, dict[str, dict[str, Any]]]:
     text = resources.files("autotune.megatron").joinpath("flag_values.json").read_text()
     releases: dict[str, dict[str, dict[str, Any]]] = json.loads(text)["releases"]
     return releases
+
+
+def _takes_no_value(flag: str) -> bool:
+    """Whether Megatron-LM's parser gives `flag` no value (every release that declares it)."""
+    told = [rec[flag] for rec in _accepted_values().values() if flag in rec]
+    return bool(told) and all(r.get("takes_value") is False for r in told)
 
 
 def _refusal(record: dict[str, Any], values: list[str]) -> str | None:

@@ -374,7 +374,8 @@ class _Reader:
             return default
         if op == "+":
             return Word.of("") if unset else self.nested(word)
-        return value if not unset else Ref(original, name, f"{original}: not set in the script")
+        why = "the script runs without arguments" if name.isdigit() else "not set in the script"
+        return value if not unset else Ref(original, name, f"{original}: {why}")
 
     def nested(self, word: str) -> Word:
         """The word of a `${NAME:-word}`, expanded: bounded, so that thousands of defaults
@@ -519,6 +520,9 @@ class _Reader:
     def assign(self, name: str, op: str, raw: list[_Seg], *, export: bool) -> None:
         if self.depth and self.appends_optional(name, op, raw):
             return
+        old_value = self.vars.get(name)
+        if op == "+" and isinstance(old_value, Ref) and old_value.name == name:
+            return  # appended to a value autotune cannot tell: it stays unknown
         if self.depth:
             self.vars[name] = Ref("$" + name, name, f"${name} is set inside an if/for/case "
                                                    "block or a function, whose conditions "
@@ -563,18 +567,16 @@ class _Reader:
         return True
 
     def eval(self, words: list[Word], line: int) -> None:
-        unresolved = [r for w in words for r in w.refs if not r.plain]
-        if unresolved:
-            # Its text would be lexed again: an unknown part could be anything. A variable of
-            # the environment stays a variable: "${NAME}" in the text lexed again.
-            self.commands.append(Command((Word.of("eval"), *words), (),
-                                         tuple(self.exported.items()), line))
-            return
         self.evals += 1
         if self.evals > 100:
             raise ConfigError(f"{self.source}: too many nested evals")
-        text = " ".join("".join(p if isinstance(p, str) else f'"${{{p.name}}}"'
-                                for p in w.parts) for w in words)
+        # The text is lexed again. A variable of the environment stays a variable ("${NAME}");
+        # any other part autotune cannot tell ($(date), $((...)), a variable set in an if)
+        # goes back as it was written, so that it reads as the same unknown word it was
+        # before the eval: refused where autotune needs it or where flags go, carried
+        # elsewhere (as without eval).
+        text = " ".join("".join(p if isinstance(p, str) else f'"${{{p.name}}}"' if p.plain
+                                else p.text for p in w.parts) for w in words)
         for st in _Lexer(text, self.source).statements():
             st.line = line
             self.statement(st)
