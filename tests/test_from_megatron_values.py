@@ -32,6 +32,7 @@ VERSIONS = Path(__file__).parent / "data" / "megatron_versions"
     ("--log-throughput yes", "--log-throughput takes no value, got 'yes'"),
     ("--tp-comm-overlap=1", "--tp-comm-overlap takes no value, got '1'"),
     ("--moe-router-load-balancing-type banana", "takes one of aux_loss"),
+    ("--tokenizer-type 'Null\nTokenizer'", "--tokenizer-type takes one of"),  # one line still
 ])
 def test_a_value_megatron_refuses_is_one_line(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str],
