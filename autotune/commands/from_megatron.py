@@ -15,6 +15,7 @@ from autotune.megatron.megatron_command import (
     MegatronCommand,
     RowChange,
     arithmetic_warning,
+    conditional_warning,
     ignored_warning,
     layout_changes,
     megatron_layout,
@@ -80,7 +81,8 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
     # Said by the caller once the command is known to be usable: a refusal above, or the
     # caller's own, is its one line alone.
     warnings = tuple(f"autotune: warning: {w}" for w in (
-        arithmetic_warning(command), ignored_warning(command, layout),
+        arithmetic_warning(command), conditional_warning(command),
+        ignored_warning(command, layout),
         unmodeled_warning(command)) if w is not None)
     return UserJob(command, command.model, cluster, layout, line, warnings)
 

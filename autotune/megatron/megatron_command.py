@@ -11,9 +11,13 @@ autotune.megatron.script_patch edits exactly those flags in the user's file.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +47,7 @@ from autotune.megatron.megatron_args import (
     read_fields,
     row_args,
 )
-from autotune.megatron.shell_script import Command, Ref, Word, read_commands
+from autotune.megatron.shell_script import Command, Maybe, Ref, Word, read_commands
 from autotune.specs.model import MODEL_NAME_MAX, ModelSpec
 
 __all__ = [
@@ -51,6 +55,7 @@ __all__ = [
     "MegatronCommand",
     "RowChange",
     "arithmetic_warning",
+    "conditional_warning",
     "exported_layout",
     "flag_values",
     "ignored_warning",
@@ -107,6 +112,9 @@ class MegatronCommand:
     """The file as read and parsed: what autotune.megatron.script_patch edits."""
     site: Candidate
     """The launch command in it."""
+    maybe: tuple[Maybe, ...] = ()
+    """Flags an array of the command may also hold, appended inside a block autotune does not
+    run; none of them is one autotune reads (conditional_warning names them)."""
 
     @property
     def gpus(self) -> int | None:
@@ -164,6 +172,41 @@ def ignored_warning(command: MegatronCommand, layout: Layout) -> str | None:
     return f"{command.source}: line {command.line}: {'; '.join(found)}"
 
 
+def _optional(words: Sequence[Word]) -> bool:
+    """Whether words appended inside an if/for/case block may be left out: none is a flag
+    autotune reads, or one that changes the model, speed or memory, and a word autotune cannot
+    tell ($VAR) stands only as a flag's value."""
+    known = known_flags()
+    for k, word in enumerate(words):
+        if word.text is None:
+            # A word autotune cannot tell is a value only right after a flag (as _group
+            # reads it); anywhere else it may hold flags.
+            after = words[k - 1].text if k else None
+            if after is None or not after.startswith("-") or "=" in after:
+                return False
+            continue
+        name = word.text.partition("=")[0]
+        if name.startswith("-") and (name in known or name in UNMODELED_FLAGS
+                                     or name in UNREPRESENTED_FLAGS):
+            return False
+    return True
+
+
+def conditional_warning(command: MegatronCommand) -> str | None:
+    """One line for the flags an array of the command gets only when a block autotune does
+    not run runs (none of them one it reads): the command is read without them."""
+    if not command.maybe:
+        return None
+    named = "; ".join(
+        f"line {m.line}: {m.name} += "
+        + ", ".join(for_terminal(w.text or "") for w in m.words
+                    if (w.text or "").startswith("-"))
+        for m in command.maybe)
+    return (f"{command.source}: {named} (inside an if/for/case block or a function, whose "
+            "conditions autotune does not run): read without them; none is a flag autotune "
+            "reads or one that changes speed or memory")
+
+
 def unmodeled_warning(command: MegatronCommand) -> str | None:
     """One line naming the command's flags autotune does not model, with what each changes;
     None when it has none."""
@@ -193,7 +236,7 @@ def _launches(commands: list[Command]) -> list[Command]:
 def _find(parsed: Script, line: int | None) -> tuple[Command, Candidate]:
     """The launch the shell runs (or the one `line` names), as the evaluator expands it."""
     source = parsed.source
-    commands = read_commands(_without_heredoc_text(parsed), source)
+    commands = read_commands(_without_heredoc_text(parsed), source, _optional)
     launches = _launches(commands)
     site = find_launch(parsed, {c.line for c in launches}, line)
     if site is None:
@@ -204,12 +247,7 @@ def _find(parsed: Script, line: int | None) -> tuple[Command, Candidate]:
     if len(found) != 1:
         why = "several launches" if found else "no launch autotune can expand"
         raise ConfigError(f"{source}: line {site.line} holds {why} of {TRAINING_SCRIPT}")
-    command = found[0]
-    if command.words[0].text == "eval":
-        refs = [r for w in command.words for r in w.refs]
-        raise ConfigError(f"{source}: line {command.line}: the {TRAINING_SCRIPT} command is "
-                          f"built by eval of text autotune cannot expand ({refs[0].reason})")
-    return command, site
+    return found[0], site
 
 
 def _without_heredoc_text(parsed: Script) -> str:
@@ -299,9 +337,14 @@ def _group(args: tuple[Word, ...], source: str,
                 groups.append(ArgGroup(name, (word,)))
                 k += 1
                 continue
-            # A flag autotune does not know: kept with the words that follow it.
+            # A flag autotune does not know: kept with the words that follow it. A word
+            # autotune cannot tell ($VAR set in an if) is its value only where a value can
+            # stand: right after it, and where Megatron-LM's parser gives it one; elsewhere it
+            # may hold flags, and is refused below.
             j = k + 1
             while j < len(args) and not (args[j].text or "").startswith("--"):
+                if args[j].text is None and (j > k + 1 or eq or _takes_no_value(name)):
+                    break
                 j += 1
             groups.append(ArgGroup(name, args[k:j]))
             k = j
@@ -309,7 +352,9 @@ def _group(args: tuple[Word, ...], source: str,
         # An unknown word after a flag autotune knows (whose values are all taken) or before
         # any flag may hold flags; after an unknown flag it is taken for that flag's value.
         if text is None and (not groups or groups[-1].flag is None
-                             or groups[-1].flag in known):
+                             or groups[-1].flag in known or len(groups[-1].words) > 1
+                             or "=" in (groups[-1].words[0].text or "")
+                             or _takes_no_value(groups[-1].flag)):
             raise ConfigError(f"{source}: {word.shown()} stands where flags go "
                               f"({word.refs[0].reason}); autotune cannot tell which flags it "
                               "holds: set it in the script before the command")
@@ -334,7 +379,8 @@ class _GivenWithRefs(Given):
     def text(self, name: str, default: str | None = None) -> str | None:
         ref = self.unresolved.get(name)
         if ref is not None:
-            why = ref.reason.split(": ", 1)[-1]
+            # The reason without its leading "TEXT: " (TEXT may hold ": " itself: ${1:?"x: y"}).
+            why = ref.reason.removeprefix(f"{ref.text}: ")
             if ref.arithmetic and ref.line is not None and ref.line != self.line:
                 # Set in a variable: the number is written where the arithmetic is.
                 raise ConfigError(f"{self.file}: line {ref.line}: {ref.text} (the value of "
@@ -375,6 +421,60 @@ def _refuse_unrepresented(groups: tuple[ArgGroup, ...], model: ModelSpec, source
                               "be another model's)")
 
 
+@cache
+def _accepted_values() -> dict[str, dict[str, dict[str, Any]]]:
+    """Per Megatron-LM release, what its parser accepts for each flag that says (int or float,
+    choices, no value): flag_values.json, read from each release's arguments.py by
+    tools/megatron_values.py."""
+    text = resources.files("autotune.megatron").joinpath("flag_values.json").read_text()
+    releases: dict[str, dict[str, dict[str, Any]]] = json.loads(text)["releases"]
+    return releases
+
+
+def _takes_no_value(flag: str) -> bool:
+    """Whether Megatron-LM's parser gives `flag` no value (every release that declares it)."""
+    told = [rec[flag] for rec in _accepted_values().values() if flag in rec]
+    return bool(told) and all(r.get("takes_value") is False for r in told)
+
+
+def _refusal(record: dict[str, Any], values: list[str]) -> str | None:
+    """Why Megatron-LM's parser, as `record` describes a flag, refuses these values (None when
+    it takes them)."""
+    if record.get("takes_value") is False:
+        return f"takes no value, got {values[0]!r}" if values else None
+    kind = record.get("type")
+    for value in values:
+        if kind in ("int", "float"):
+            try:
+                int(value) if kind == "int" else float(value)
+            except ValueError:
+                return f"takes {'an integer' if kind == 'int' else 'a number'}, got {value!r}"
+        choices = record.get("choices")
+        if choices is not None and value not in choices:
+            return f"takes one of {', '.join(choices)}; got {value!r}"
+    return None
+
+
+def _refuse_bad_values(groups: tuple[ArgGroup, ...], source: str) -> None:
+    """One line for the first flag of the command whose value Megatron-LM's own parser would
+    refuse (in every release whose arguments.py says what the flag takes): the command stops
+    at its first line, and so would the export that carries it."""
+    releases = _accepted_values()
+    for group in groups:
+        if group.flag is None:
+            continue
+        values = group.values
+        if any(v is None for v in values):
+            continue  # a value autotune cannot tell: carried as written
+        told = {r: rec[group.flag] for r, rec in releases.items() if group.flag in rec}
+        why = [_refusal(record, [v for v in values if v is not None])
+               for record in told.values()]
+        if told and all(why):
+            shown = " ".join(w.shown() for w in group.words)
+            raise ConfigError(f"{source}: {shown}: {group.flag} {why[-1]} (Megatron-LM's "
+                              f"arguments.py, releases {', '.join(told)})")
+
+
 def _model_name(path: Path) -> str:
     """A model name from the file's name: its stem, letters, digits, '.', '_', '-' only (the
     name titles reports and makes the default study name)."""
@@ -401,13 +501,14 @@ def read_megatron_command(path: str, line: int | None = None) -> MegatronCommand
     names = {f.name for f in fields(ModelSpec)}
     model = ModelSpec(name=_model_name(file), **{k: v for k, v in read.items() if k in names})
     _refuse_unrepresented(groups, model, path)
+    _refuse_bad_values(groups, path)
     layout_fields = {k: v for k, v in read.items() if k in DIMENSIONS}
     per_node, nodes, why = _launcher_gpus(launcher, path)
     return MegatronCommand(source=path, line=command.line, env=command.env,
                            exported=command.exported, launcher=launcher, script=script,
                            groups=groups, model=model, layout_fields=layout_fields,
                            gpus_per_node=per_node, nodes=nodes, gpus_unknown=why,
-                           parsed=parsed, site=site)
+                           parsed=parsed, site=site, maybe=command.maybe)
 
 
 def megatron_layout(command: MegatronCommand, gpus: int) -> Layout:

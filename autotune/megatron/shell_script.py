@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,19 @@ class Command:
     env: tuple[tuple[str, Word], ...]
     exported: tuple[tuple[str, Word], ...]
     line: int
+    maybe: tuple[Maybe, ...] = ()
+    """Words an array the command expands may also hold: appended inside a block whose
+    condition autotune does not run, and left out (read_commands' `optional`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Maybe:
+    """Words appended to an array inside an if/for/case block or a function, which autotune
+    reads the array without."""
+
+    name: str
+    line: int
+    words: tuple[Word, ...]
 
 
 # ---- lexing --------------------------------------------------------------------------------
@@ -305,8 +319,12 @@ _Value = Word | list[Word] | Ref
 
 
 class _Reader:
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str,
+                 optional: Callable[[Sequence[Word]], bool] | None = None) -> None:
         self.source = source
+        self.optional = optional
+        self.maybe: dict[str, list[Maybe]] = {}  # per array: its conditional appends
+        self.touched: dict[str, None] = {}  # arrays with some that the statement expanded
         self.vars: dict[str, _Value] = {}
         self.exported: dict[str, Word] = {}
         self.depth = 0
@@ -333,6 +351,8 @@ class _Reader:
         if name in ("@", "*", "#", "?", "$", "!", "-"):
             return Ref(original, None, f"{original} is only known when the script runs")
         value = self.vars.get(name)
+        if name in self.maybe and isinstance(value, list):
+            self.touched[name] = None
         if isinstance(value, list) and index is not None and index not in ("@", "*"):
             value = value[int(index)] if int(index) < len(value) else None
         elif isinstance(value, list) and index is None:
@@ -354,7 +374,8 @@ class _Reader:
             return default
         if op == "+":
             return Word.of("") if unset else self.nested(word)
-        return value if not unset else Ref(original, name, f"{original}: not set in the script")
+        why = "the script runs without arguments" if name.isdigit() else "not set in the script"
+        return value if not unset else Ref(original, name, f"{original}: {why}")
 
     def nested(self, word: str) -> Word:
         """The word of a `${NAME:-word}`, expanded: bounded, so that thousands of defaults
@@ -442,6 +463,7 @@ class _Reader:
     def statement(self, st: _Statement) -> None:
         self.check_time()
         self.line = st.line
+        self.touched = {}
         words = list(st.words)
         head = _literal(words[0]) if words else None
         while head in _BLOCK_MIDDLE or head in _BLOCK_CLOSE or head in _BLOCK_OPEN or (
@@ -491,20 +513,31 @@ class _Reader:
         if command == "eval":
             self.eval(expanded[1:], st.line)
             return
+        maybe = tuple(m for name in self.touched for m in self.maybe.get(name, ()))
         self.commands.append(Command(tuple(expanded), env, tuple(self.exported.items()),
-                                     st.line))
+                                     st.line, maybe))
 
     def assign(self, name: str, op: str, raw: list[_Seg], *, export: bool) -> None:
+        if self.depth and self.appends_optional(name, op, raw):
+            return
+        old_value = self.vars.get(name)
+        if op == "+" and isinstance(old_value, Ref) and old_value.name == name:
+            return  # appended to a value autotune cannot tell: it stays unknown
         if self.depth:
             self.vars[name] = Ref("$" + name, name, f"${name} is set inside an if/for/case "
                                                    "block or a function, whose conditions "
                                                    "autotune does not run")
             return
         if raw and raw[0][0] == "array":
+            self.touched = {}
             items = [w for element in raw[0][1] for w in self.expand(element)]
             old = self.vars.get(name)
+            # An array built from one with conditional words may hold them too.
+            maybe = [m for n in self.touched for m in self.maybe.get(n, ())]
             if op == "+" and isinstance(old, list):
                 items = old + items
+                maybe = self.maybe.get(name, []) + maybe
+            self.maybe[name] = list(dict.fromkeys(maybe))
             self.vars[name] = items
             return
         value = self.expand_scalar(raw)
@@ -515,19 +548,35 @@ class _Reader:
         if export or name in self.exported:
             self.exported[name] = value
 
+    def appends_optional(self, name: str, op: str, raw: list[_Seg]) -> bool:
+        """Inside a block: `NAME+=( ... )` (or `NAME=( "${NAME[@]}" ... )`) onto an array set
+        before it, of words the caller may leave out (`optional`): the array keeps its
+        value and the words are noted as maybe (Command.maybe)."""
+        old = self.vars.get(name)
+        if self.optional is None or not isinstance(old, list) or not raw \
+                or raw[0][0] != "array":
+            return False
+        items = [w for element in raw[0][1] for w in self.expand(element)]
+        if op != "+":
+            if [w.parts for w in items[:len(old)]] != [w.parts for w in old]:
+                return False
+            items = items[len(old):]
+        if not self.optional(items):
+            return False
+        self.maybe.setdefault(name, []).append(Maybe(name, self.line, tuple(items)))
+        return True
+
     def eval(self, words: list[Word], line: int) -> None:
-        unresolved = [r for w in words for r in w.refs if not r.plain]
-        if unresolved:
-            # Its text would be lexed again: an unknown part could be anything. A variable of
-            # the environment stays a variable: "${NAME}" in the text lexed again.
-            self.commands.append(Command((Word.of("eval"), *words), (),
-                                         tuple(self.exported.items()), line))
-            return
         self.evals += 1
         if self.evals > 100:
             raise ConfigError(f"{self.source}: too many nested evals")
-        text = " ".join("".join(p if isinstance(p, str) else f'"${{{p.name}}}"'
-                                for p in w.parts) for w in words)
+        # The text is lexed again. A variable of the environment stays a variable ("${NAME}");
+        # any other part autotune cannot tell ($(date), $((...)), a variable set in an if)
+        # goes back as it was written, so that it reads as the same unknown word it was
+        # before the eval: refused where autotune needs it or where flags go, carried
+        # elsewhere (as without eval).
+        text = " ".join("".join(p if isinstance(p, str) else f'"${{{p.name}}}"' if p.plain
+                                else p.text for p in w.parts) for w in words)
         for st in _Lexer(text, self.source).statements():
             st.line = line
             self.statement(st)
@@ -564,9 +613,12 @@ def _leading_assignment(raw: list[_Seg]) -> tuple[str, str, list[_Seg]] | None:
     return None
 
 
-def read_commands(text: str, source: str) -> list[Command]:
+def read_commands(text: str, source: str,
+                  optional: Callable[[Sequence[Word]], bool] | None = None) -> list[Command]:
     """The simple commands of a script, in order, with their words expanded as far as the
-    script's own assignments allow; nothing in it is run."""
-    reader = _Reader(source)
+    script's own assignments allow; nothing in it is run. Words appended to an array inside a
+    block (whose condition autotune does not run) that `optional` says may be left out are
+    (Command.maybe); any other assignment in a block leaves the variable unknown (a Ref)."""
+    reader = _Reader(source, optional)
     reader.run(_Lexer(text, source).statements())
     return reader.commands
