@@ -94,7 +94,11 @@ HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
     "gpt2-large/h100-80gb": (0.053, 0.022, 0.047),    # 4.3%, 1.2%, 3.8%
     "gpt2-large/h200": (0.069, 0.043, 0.095),          # 5.9%, 3.3%, 8.5%
     "gpt2-xl/h100-80gb": (0.052, 0.032, 0.086),       # 4.2%, 2.2%, 7.4%
-    "gpt2-xl/h200": (0.077, 0.032, 0.061),            # 6.7%, 2.2%, 5.1%
+    # gpt2-xl/h200's step median 8.6% (6.6% before) since session 18's six trials on one H200
+    # joined, out of sample: its host ran the host-bound FP8 layouts (mbs 8, mbs 16 delayed)
+    # 12-28% faster than the FP8 host floors fitted to the other days
+    # (results/benchmarks/2026-11-28-cpu-fp8-h200-misses-s18.md).
+    "gpt2-xl/h200": (0.096, 0.032, 0.061),            # 8.6%, 1.8%, 4.8%
     # llama-1b/h100: 7.0% / 2.3% / 7.7% since session 13's attention-dropout pair joined
     # (s13-dropout/0, /1: one shape predicted 1.864 s both ways, measured 1.682 and 2.042 s; the
     # dropout run's device memory 3.9 GiB above the other's at the same allocated peak);
@@ -118,7 +122,10 @@ HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
     # 3.9% since session 17's eight trials joined, the first measured with RoPE fused as
     # Megatron-LM runs it (s17-l3b-fused/N: the model, fitted to unfused trials, predicts them
     # 2.4% fast to 7.9% slow; 2026-11-28-h200-rope-fusion-gap-s17.md).
-    "llama-3b/h200": (0.049, 0.025, 0.072),           # 3.9%, 1.7%, 6.2%
+    # Its memory worst 10.7% once session 18's 17 trials joined (s18-l3b-grid-levers/1: do + pao
+    # with FP8 delayed at mbs 2, 8 GiB of allocator reserve), 9.2% since FP8's kept attention
+    # output is counted (2026-11-28-cpu-fp8-h200-misses-s18.md).
+    "llama-3b/h200": (0.049, 0.025, 0.102),           # 4.2%, 1.6%, 9.2%
     # llama2-13b, llama3-8b: 2.5% / 3.2% and 1.0% / 2.2% since an untied model's embedding
     # group holds no NCCL communicator (2026-11-28-cpu-planning-accuracy.md; 3.1% / 3.9% and
     # 1.2% / 2.5% before).
@@ -131,7 +138,9 @@ HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
     # and H200 and FP8's host floor adds to the cp ring's host time.
     "llama3-8b/h200": (0.042, 0.023, 0.064),          # 3.2%, 1.3%, 5.4%
     "wide-8k/h100-80gb": (0.084, 0.027, 0.041),       # 7.4%, 1.7%, 3.1%
-    "wide-8k/h200": (0.073, 0.032, 0.039),            # 6.3%, 2.2%, 2.8%
+    # wide-8k/h200: 7.4% held out once session 18's trials moved the other families' fit (its
+    # own trials did not change; 2026-11-28-cpu-fp8-h200-misses-s18.md).
+    "wide-8k/h200": (0.084, 0.032, 0.039),            # 7.4%, 2.3%, 2.9%
 }
 
 
@@ -145,7 +154,7 @@ SHIPPED_STEP_BOUNDS: dict[str, float] = {
     "gpt2-large/h100-80gb": 0.053,  # 4.3%
     "gpt2-large/h200": 0.07,        # 6.0%
     "gpt2-xl/h100-80gb": 0.048,     # 3.8%
-    "gpt2-xl/h200": 0.065,          # 5.5%
+    "gpt2-xl/h200": 0.086,          # 7.6% (5.5% before session 18's six out-of-sample trials)
     "llama-1b/h100-80gb": 0.064,    # 5.4%
     "llama-1b/h200": 0.041,         # 3.1%
     "llama-3b/h100-80gb": 0.034,    # 2.4%

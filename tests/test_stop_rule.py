@@ -23,7 +23,7 @@ from autotune.cli import main
 from autotune.layouts.layout import Layout
 from autotune.levers.fp8 import Fp8
 from autotune.predict.cost import estimate_cost
-from autotune.predict.gate import MemoryGate
+from autotune.predict.gate import MEMORY_ERROR_BAND, MemoryGate
 from autotune.report.progress import LiveProgress
 from autotune.search import SearchConfig, SearchResult, TrialRecord, run_search
 from autotune.search.backends import SimulateBackend
@@ -47,6 +47,16 @@ CLUSTER = small_cluster()
 MODEL = small_model()
 SPACE = small_space()
 A, B, C = (Layout(tp=1, pp=1, dp=4, mbs=m, gbs=MODEL.global_batch_size) for m in (1, 2, 4))
+
+
+@pytest.fixture(autouse=True)
+def _fixed_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fixture's GPU (a100-40gb with 12 GiB) was never measured, so the gate gives it the
+    widest measured band (autotune.predict.gate.DEFAULT_ERROR_BAND), which moves whenever a
+    measurement or a memory term moves it; which layouts are risky, and so the seeds' order these
+    searches expect, moves with it. Pinned to the band they were written under (11.1%, before
+    2026-11-28's re-measure: results/benchmarks/2026-11-28-cpu-fp8-h200-misses-s18.md)."""
+    monkeypatch.setitem(MEMORY_ERROR_BAND, CLUSTER.gpu.name, 0.111)
 
 
 def predicted(s: Layout) -> float:

@@ -148,6 +148,11 @@ class AttentionBytes:
     repeated for its heads first with GQA (the local DotProductAttention and autotune's
     SdpaAttention). False: Transformer Engine's, which copies them into a layout of its own
     unless they already are one (autotune.specs.activations.qkv_extra)."""
+    saves_output: bool = False
+    """Whether the kernel saves its own output for backward (flash and cuDNN fused attention:
+    TE 2.11 FusedAttnFunc saves q, k, v and `out`). In bf16 that tensor is the output
+    projection's saved input too, counted once; where the projection saves a quantized copy of
+    its own (FP8) both stay (autotune.specs.activations.layer_activations)."""
 
 
 @dataclass(frozen=True, kw_only=True)  # no slots: evolve copies the __dict__

@@ -18,7 +18,9 @@ layernorm_linear.py, grouped_linear.py, quantization.py):
   `weight` workspace megatron-core's `is_first_microbatch` refreshes once a step: +2 B per
   weight); with FP8 parameters the weight itself is 1 B and its transpose 1 B, no other copy.
   The inputs a GEMM saves for backward are FP8 (1 B instead of bf16's 2; block scaling adds
-  its scales), the other activations stay bf16. The scaling state (amax history of
+  its scales), the other activations stay bf16, among them the fused attention's output, which
+  the projection shared in bf16 and now keeps an FP8 copy of beside it (AttentionBytes.
+  saves_output: autotune.specs.activations.layer_activations). The scaling state (amax history of
   `fp8_amax_history_len` = 1 and a scale per quantized tensor, fp32, five tensors per GEMM:
   40 B a GEMM) is left out, far below the model's resolution.
 - time: the layers' GEMMs at the FP8 peak with their own size-dependent efficiency, plus the
@@ -251,7 +253,11 @@ class Constants:
     (CastBytes) it is unchanged (8.00 ms); 8.38 ms refitted with the casts and the other floors to
     all 26 FP8 trials after the shared constants' refit of 2026-11-28 (results/benchmarks/
     2026-11-28-cpu-constants-refit-s15.md). A property of the host as much as of TE:
-    `autotune calibrate` refits it."""
+    `autotune calibrate` refits it. Fitted to each day's FP8 trials alone it is 8.0-9.7 ms on
+    the other days with host-bound trials (sessions 8, 11, 12) and 6.4 ms on session 18's
+    H200, whose host ran the bf16 twins of the same layouts 20-28% faster per layer too
+    (results/benchmarks/2026-11-28-cpu-fp8-h200-misses-s18.md): the shipped value was left as
+    it is."""
     fp8_current_layer_host_s: float = 0.00881
     """The same for the recipes that take each scale from the tensor itself (tensorwise, and
     blockwise and mxfp8 per block), whose quantizers do more per tensor (tensorwise: an amax

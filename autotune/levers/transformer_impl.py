@@ -265,12 +265,12 @@ def _attention_bytes(impl: str, dropout: bool) -> AttentionBytes:
         return AttentionBytes(saved_per_score=LOCAL_SOFTMAX_SAVED_BYTES + mask + 2,
                               workspace_per_score=2 + 4, qkv_as_given=True)
     # Flash attention (SDPA flash backend, TE/cuDNN fused attention) keeps Q, K, V, the output
-    # and the fp32 log-sum-exp per head; dropout is regenerated from the RNG state. SDPA saves
-    # its inputs as autotune.worker.attention.SdpaAttention passes them (strided views, key and
-    # value repeated with GQA); Transformer Engine 2.11 copies them unless they fit one of its
-    # layouts (attention/dot_product_attention/utils.py, get_qkv_layout: "force q,k,v to be
-    # contiguous").
-    return AttentionBytes(saved_per_head=4, qkv_as_given=impl == "sdpa")
+    # (saves_output) and the fp32 log-sum-exp per head; dropout is regenerated from the RNG
+    # state. SDPA saves its inputs as autotune.worker.attention.SdpaAttention passes them
+    # (strided views, key and value repeated with GQA); Transformer Engine 2.11 copies them
+    # unless they fit one of its layouts (attention/dot_product_attention/utils.py,
+    # get_qkv_layout: "force q,k,v to be contiguous").
+    return AttentionBytes(saved_per_head=4, qkv_as_given=impl == "sdpa", saves_output=True)
 
 
 def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:

@@ -48,17 +48,20 @@ MEMORY_ERROR_BAND: dict[str, float] = {
     # counts), and every term of the logits block that narrows the bands over-predicts others
     # and puts layouts that ran over the usable memory
     # (results/benchmarks/2026-11-27-cpu-memory-reserve.md, which says what might narrow them):
-    # - h100-80gb 11.1%: s8-fp8-l3b/mbs2-pao-delayed, Llama-3.2-3B at mbs 2 with FP8 delayed
-    #   scaling and the precision-aware optimizer, 76.2 GiB used, 67.8 predicted, 7.4 GiB of it
-    #   reserve. 11.2% before the query, key and value a RoPE layer keeps joined the activations
-    #   (autotune.specs.activations.qkv_extra, 2026-11-27), 5.7% before the FP8 trials joined
-    #   (s7-xl32k-grid/3), 5.0% before 2026-11-25.
-    # - h200 8.5%: s10-long/l1b-16384/1, llama-1b at seq 16384, mbs 1, 62.7 GiB used, 57.4
-    #   predicted, 6.9 GiB of it reserve. 11.2% before qkv_extra (55.7 predicted: 1.7 GiB of
-    #   the miss was GQA's repeated key and value), 6.7% before the 2026-11-27 long-sequence
-    #   trials (s2-l4-search/1).
-    "h100-80gb": 0.111,
-    "h200": 0.085,
+    # - h100-80gb 9.3%: s8-fp8-l3b/mbs2-pao-delayed, Llama-3.2-3B at mbs 2 with FP8 delayed
+    #   scaling and the precision-aware optimizer, 76.2 GiB used, 69.2 predicted. 11.1% before
+    #   the fused attention's bf16 output, kept beside the projection's FP8 copy, joined the
+    #   activations (AttentionBytes.saves_output, 2026-11-28), 11.2% before the query, key and
+    #   value a RoPE layer keeps joined them (autotune.specs.activations.qkv_extra,
+    #   2026-11-27), 5.7% before the FP8 trials joined (s7-xl32k-grid/3), 5.0% before
+    #   2026-11-25.
+    # - h200 9.7%: s18-l3b-grid-levers/1, the same layout on one H200 (76.6 GiB used, 69.2
+    #   predicted, 8.0 GiB of it reserve beyond the CUDA context: the same use on both GPUs).
+    #   11.4% before the attention output above; 8.5% before session 18's trials
+    #   (s10-long/l1b-16384/1, llama-1b at seq 16384, mbs 1, 62.7 GiB used, 57.4 predicted),
+    #   11.2% before qkv_extra, 6.7% before the 2026-11-27 long-sequence trials.
+    "h100-80gb": 0.093,
+    "h200": 0.097,
 }
 DEFAULT_ERROR_BAND = max(MEMORY_ERROR_BAND.values())
 """For a GPU without measured trials: the widest band measured anywhere."""

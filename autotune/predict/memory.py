@@ -59,7 +59,9 @@ block with 73.4 GiB in use, its peak predicted at 75.5 GiB (s6-te-l-pairs/4 and 
 tests/data/measured_trials.json), and the seed tutorial's two context-parallel OOMs (gpt2-xl
 seq 4096 batch 4 cp 1, seq 8192 batch 8 cp 4: ../shared/seeds/000, tests/test_memory_seed_cp.py)
 are predicted at 76.2 and 78.0 GiB with 3.07 GiB blocks; every OK trial on an H100 kept a
-margin of one block. A condition of fitting, not a term of the peak: NVML never shows it.
+margin of one block but one: Llama-3.2-3B at mbs 2 with the precision-aware optimizer and FP8
+tensorwise (s8-fp8-l3b/mbs2-pao-tensorwise) ran at 76.65 GiB with a 3.91 GiB block, 2.5 GiB
+free. A condition of fitting, not a term of the peak: NVML never shows it.
 
 Not under full recompute (StageMemory.block_margin_bytes is 0 there: autotune.levers.recompute
 sets ActivationState.block_margin to 0): on an H100 on 2026-11-25

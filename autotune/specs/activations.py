@@ -120,6 +120,14 @@ def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
     replicated = 2 * h + e * h + hidden_mask * h
     # Q (2h) and K (2h for MHA, 2 kv for GQA) for QK^T, V for scores x V, output-projection input.
     split = 2 * h / t + 2 * kv_rank + 2 * kv_rank + e * h / t
+    # A kernel that saves its output (flash, cuDNN fused) shares it with the projection in
+    # bf16; a projection that quantizes its input (FP8) saves its own copy and the kernel's
+    # bf16 output stays too (out_copy): TE 2.11 backends.py FusedAttnFunc.forward saves
+    # (q, k, v, out) when the attention itself is not FP8 (megatron-core's default
+    # fp8_dot_product_attention=False), and module/linear.py saves the quantized `inputmat`,
+    # not `inp`. Freed with the kernel's other saved tensors by core_attn recompute.
+    out_copy = 2 * h / t if attention.saves_output and e != 2.0 else 0.0
+    split += out_copy
     # MLP block: LayerNorm input 2h, fc1 input 2h, dropout mask h (replicated)...
     replicated += 2 * h + e * h + hidden_mask * h
     mlp_internal = moe_act = moe_replicated = moe_split = 0.0
@@ -148,7 +156,7 @@ def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
     # What the layer keeps of Q, K and V beyond the count above, and what a checkpointed core
     # attention (selective recompute of core_attn) keeps instead: what that recompute frees.
     extra = qkv_extra(model, t, attention)
-    recomputable = lse + extra - qkv_extra(model, t, attention, checkpointed=True)
+    recomputable = lse + out_copy + extra - qkv_extra(model, t, attention, checkpointed=True)
     return LayerActivations(replicated=replicated, split=split + lse, per_key=per_key,
                             transient_per_key=transient, attn_recomputable=recomputable,
                             dropout_mask=hidden_mask, norm_outputs=e * h + e * h,
