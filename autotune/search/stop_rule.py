@@ -27,7 +27,9 @@ bound over the measured layouts within reach counts, and nothing is ruled out so
 study has measured one near pair. A variant that could then beat the best by no more than the
 best's own noise is not launched: one global band would launch every variant predicted within
 it, and a layout's error shared with its neighbour is not an error in the difference. On 4 x
-H200 the variants of the leader were 19 of 23 launches in a replay.
+H200 the variants of the leader were 19 of 23 launches in a replay; with this rule a replay of
+that search launched 10, finalists included, against 20 (2026-11-28-h200-near-rule-s18.md, which
+also shows its cost where the model errs at random from one layout to the next).
 
 Nothing is ruled out before there is a best measurement (Alpa's seeds run first), in a plan
 (the model is the measurement there), with --sampler grid (it measures every layout), nor with
