@@ -63,14 +63,24 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
     if world is None and gpus is None:
         raise ConfigError(f"{path}: cannot tell how many GPUs the command runs on "
                           f"({command.gpus_unknown}); give --gpus N")
+    notes: list[str] = []
     if gpus is not None and world is not None and gpus != world:
-        raise ConfigError(f"{path} runs on {world} GPUs (torchrun --nproc-per-node "
-                          f"{command.gpus_per_node} x --nnodes {command.nodes}); --gpus says "
-                          f"{gpus}")
+        if not command.launcher_env:
+            raise ConfigError(f"{path} runs on {world} GPUs (torchrun --nproc-per-node "
+                              f"{command.gpus_per_node} x --nnodes {command.nodes}); --gpus "
+                              f"says {gpus}")
+        # A count the environment gives when the script runs (Slurm's SLURM_NNODES) is read
+        # here from the script's default for it; --gpus says what the job will have.
+        notes.append(f"{path}: torchrun's GPU count comes from "
+                     f"{', '.join('$' + n for n in command.launcher_env)}, set when the script "
+                     f"runs ({world} GPUs by the script's default); taking --gpus {gpus}")
+        world = None
     num = gpus if gpus is not None else world
     assert num is not None
-    if gpus_per_node is None and command.nodes is not None and command.nodes > 1:
-        gpus_per_node = command.gpus_per_node
+    per_node = command.gpus_per_node
+    if gpus_per_node is None and per_node is not None and num % per_node == 0 and (
+            num > per_node or (command.nodes or 1) > 1):
+        gpus_per_node = per_node
     cluster = ClusterSpec.make(num, gpus_per_node, gpu)
     layout = megatron_layout(command, num)
     try:
@@ -81,7 +91,7 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
     # Said by the caller once the command is known to be usable: a refusal above, or the
     # caller's own, is its one line alone.
     warnings = tuple(f"autotune: warning: {w}" for w in (
-        arithmetic_warning(command), conditional_warning(command),
+        *notes, arithmetic_warning(command), conditional_warning(command),
         ignored_warning(command, layout),
         unmodeled_warning(command)) if w is not None)
     return UserJob(command, command.model, cluster, layout, line, warnings)

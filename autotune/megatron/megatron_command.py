@@ -115,6 +115,9 @@ class MegatronCommand:
     maybe: tuple[Maybe, ...] = ()
     """Flags an array of the command may also hold, appended inside a block autotune does not
     run; none of them is one autotune reads (conditional_warning names them)."""
+    launcher_env: tuple[str, ...] = ()
+    """Variables the script never sets whose defaults gave torchrun's --nproc-per-node or
+    --nnodes (`${SLURM_NNODES:-1}`): the environment's when it runs, so --gpus overrides."""
 
     @property
     def gpus(self) -> int | None:
@@ -262,18 +265,19 @@ def _without_heredoc_text(parsed: Script) -> str:
     return data.decode("utf-8")
 
 
-def _launcher_gpus(launcher: tuple[Word, ...], source: str) -> tuple[int | None, int | None,
-                                                                       str | None]:
-    """(GPUs per node, nodes, why unknown) from torchrun's options, or one process for python."""
+def _launcher_gpus(launcher: tuple[Word, ...], source: str
+                   ) -> tuple[int | None, int | None, str | None, tuple[str, ...]]:
+    """(GPUs per node, nodes, why unknown, the environment's defaults among them) from
+    torchrun's options, or one process for python."""
     texts = [w.text for w in launcher]
     at = next((k for k, t in enumerate(texts) if t is not None and (
         t.rsplit("/", 1)[-1] == "torchrun" or t in _LAUNCHERS)), None)
     if at is None:
         first = texts[0] if texts else None
         if not launcher or (first is not None and _PYTHON.match(first)):
-            return 1, 1, None  # one process: pretrain_gpt.py on one GPU
+            return 1, 1, None, ()  # one process: pretrain_gpt.py on one GPU
         shown = launcher[0].shown()
-        return None, None, f"the command is launched by {shown}, not torchrun"
+        return None, None, f"the command is launched by {shown}, not torchrun", ()
     options: dict[str, Word] = {}
     rest = launcher[at + 1:]
     for k, word in enumerate(rest):
@@ -282,10 +286,11 @@ def _launcher_gpus(launcher: tuple[Word, ...], source: str) -> tuple[int | None,
         name = name.replace("_", "-")
         if name in ("--nproc-per-node", "--nnodes"):
             if eq:
-                options[name] = Word.of(value)
+                options[name] = Word((value,), word.env_defaults)
             elif k + 1 < len(rest):
                 options[name] = rest[k + 1]
     values: list[int | None] = []
+    env: list[str] = []
     for option, default in (("--nproc-per-node", 1), ("--nnodes", 1)):
         given = options.get(option)
         if given is None:
@@ -295,9 +300,10 @@ def _launcher_gpus(launcher: tuple[Word, ...], source: str) -> tuple[int | None,
         if count is None or not count.isdigit() or int(count) < 1:
             why = given.refs[0].reason if given.refs else \
                 f"{option} {given.shown()} is not a count"
-            return None, None, why
+            return None, None, why, ()
         values.append(int(count))
-    return values[0], values[1], None
+        env += sorted(given.env_defaults)
+    return values[0], values[1], None, tuple(env)
 
 
 def _group(args: tuple[Word, ...], source: str,
@@ -503,12 +509,13 @@ def read_megatron_command(path: str, line: int | None = None) -> MegatronCommand
     _refuse_unrepresented(groups, model, path)
     _refuse_bad_values(groups, path)
     layout_fields = {k: v for k, v in read.items() if k in DIMENSIONS}
-    per_node, nodes, why = _launcher_gpus(launcher, path)
+    per_node, nodes, why, launcher_env = _launcher_gpus(launcher, path)
     return MegatronCommand(source=path, line=command.line, env=command.env,
                            exported=command.exported, launcher=launcher, script=script,
                            groups=groups, model=model, layout_fields=layout_fields,
                            gpus_per_node=per_node, nodes=nodes, gpus_unknown=why,
-                           parsed=parsed, site=site, maybe=command.maybe)
+                           parsed=parsed, site=site, maybe=command.maybe,
+                           launcher_env=launcher_env)
 
 
 def megatron_layout(command: MegatronCommand, gpus: int) -> Layout:

@@ -75,6 +75,9 @@ class Word:
     """One word after expansion: literal text and unresolved references, in order."""
 
     parts: tuple[str | Ref, ...]
+    env_defaults: frozenset[str] = field(default=frozenset(), compare=False)
+    """Variables the script never sets whose `${NAME:-word}` default gave part of the word:
+    the environment's when the script runs (torchrun's `--nnodes ${SLURM_NNODES:-1}`)."""
 
     @property
     def text(self) -> str | None:
@@ -369,6 +372,8 @@ class _Reader:
             if not unset:
                 return value
             default = self.nested(word) if word else Word.of("")
+            if value is None and name not in self.vars and not name.isdigit():
+                default = Word(default.parts, default.env_defaults | {name})
             if op == "=" and not name.isdigit():
                 self.vars[name] = default
             return default
@@ -403,6 +408,7 @@ class _Reader:
 
     def _expand(self, raw: list[_Seg], *, split: bool) -> list[Word]:
         fields: list[list[str | Ref]] = [[]]
+        env: dict[int, frozenset[str]] = {}  # a field's Word.env_defaults
         keep = False  # a quoted or literal part keeps even an empty word
 
         def add(parts: tuple[str | Ref, ...], quoted: bool) -> None:
@@ -437,7 +443,11 @@ class _Reader:
                 if isinstance(value, Ref):
                     fields[-1].append(value)
                 elif isinstance(value, Word):
+                    first = len(fields) - 1
                     add(value.parts, quoted)
+                    if value.env_defaults:
+                        for k in range(first, len(fields)):
+                            env[k] = env.get(k, frozenset()) | value.env_defaults
                 elif value is not None:
                     all_of = re.search(r"\[[@*]\]", spec) is not None
                     items = value if all_of else value[:1]
@@ -447,7 +457,7 @@ class _Reader:
                         elif k:
                             fields[-1].append(" ")
                         add(item.parts, quoted)
-        words = [Word(_joined(f)) for f in fields]
+        words = [Word(_joined(f), env.get(k, frozenset())) for k, f in enumerate(fields)]
         return [w for w in words if w.parts or keep] if split else words[:1]
 
     def expand_scalar(self, raw: list[_Seg]) -> Word:
