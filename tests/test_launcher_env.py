@@ -52,5 +52,5 @@ def test_a_count_from_the_environment_gives_way_to_gpus(
 def test_a_count_the_script_sets_still_contradicts_gpus(tmp_path: Path, launch: str) -> None:
     script = tmp_path / "train.sh"
     script.write_text(f"{launch} {FLAGS}\n")
-    with pytest.raises(ConfigError, match="runs on 8 GPUs .*--gpus says 64"):
+    with pytest.raises(ConfigError, match=r"runs on 8 GPUs .*--gpus says 64"):
         read_user_job(str(script), gpus=64, gpus_per_node=None, gpu=None)
