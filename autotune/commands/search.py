@@ -80,12 +80,11 @@ def space_path(name: str | None) -> str | None:
     """--space as a file to read: a file that exists as given, else a shipped space by name
     (`one-node` or `one-node.yaml`: search_spaces/one-node.yaml); an unknown name without a
     folder in it is refused with the shipped names. None is the default space."""
-    from autotune.specs.presets import search_spaces_dir
+    from autotune.specs.presets import shipped_yaml
 
     if name is None or Path(name).exists() or "/" in name or "\\" in name:
         return name
-    shipped = {f.name.removesuffix(".yaml"): f for f in search_spaces_dir().iterdir()
-               if f.name.endswith(".yaml")}
+    shipped = shipped_yaml()
     found = shipped.get(name.removesuffix(".yaml"))
     if found is None:
         raise ConfigError(f"--space {name}: no such file, nor a shipped search space (shipped: "

@@ -57,13 +57,9 @@ def is_cluster_file(value: str) -> bool:
 
 def shipped_clusters() -> dict[str, str]:
     """The cluster files autotune ships (search_spaces/clusters/NAME.yaml), by NAME."""
-    from autotune.specs.presets import search_spaces_dir  # the package data, when asked
+    from autotune.specs.presets import shipped_yaml  # the package data, when asked
 
-    folder = search_spaces_dir().joinpath("clusters")
-    if not folder.is_dir():  # an install without them
-        return {}
-    return {f.name.removesuffix(".yaml"): str(f) for f in folder.iterdir()
-            if f.name.endswith(".yaml")}
+    return {name: str(f) for name, f in shipped_yaml("clusters").items()}
 
 
 def shipped_cluster_file(name: str) -> str | None:

@@ -29,9 +29,17 @@ def search_spaces_dir() -> Traversable:
         return Path(str(resources.files("autotune"))).parent / "search_spaces"
 
 
+def shipped_yaml(folder: str = "") -> dict[str, Traversable]:
+    """The YAML files autotune ships in search_spaces/FOLDER (the search spaces themselves for
+    ""), by name without `.yaml`; none where an install lacks the folder."""
+    root = search_spaces_dir().joinpath(folder) if folder else search_spaces_dir()
+    if not root.is_dir():
+        return {}
+    return {f.name.removesuffix(".yaml"): f for f in root.iterdir() if f.name.endswith(".yaml")}
+
+
 def _preset_files() -> dict[str, Any]:
-    root = search_spaces_dir().joinpath("models")
-    return {p.name.removesuffix(".yaml"): p for p in root.iterdir() if p.name.endswith(".yaml")}
+    return shipped_yaml("models")
 
 
 def list_presets() -> list[str]:
