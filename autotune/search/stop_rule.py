@@ -182,6 +182,8 @@ def _distance(a: tuple[float, ...], b: tuple[float, ...]) -> float:
 @dataclass(frozen=True, slots=True)
 class _Known:
     record: TrialRecord
+    tokens: float
+    """Its measured tokens/s."""
     terms: tuple[float, ...]
     measured_s: float
     """The measured step time, in the model's seconds: its predicted step x predicted /
@@ -199,11 +201,12 @@ class Neighbourhood:
         self.terms = terms
         self.known: list[_Known] = []
         for r in records:
-            if not r.rankable or r.predicted or not r.tokens_per_s:
+            tokens = r.tokens_per_s
+            if not r.rankable or r.predicted or not tokens:
                 continue
             t, p = terms(r.layout), predict(r.layout)
             if p > 0 and t[-1] > 0:
-                self.known.append(_Known(r, t, t[-1] * p / r.tokens_per_s))
+                self.known.append(_Known(r, tokens, t, t[-1] * p / tokens))
         self.unpriced = self._unpriced()
 
     def _unpriced(self) -> float | None:
@@ -243,7 +246,7 @@ class Neighbourhood:
                          - self.unpriced * k.measured_s)
             if fastest_s <= 0:
                 continue
-            bound = k.record.tokens_per_s * k.measured_s / fastest_s  # type: ignore[operator]
+            bound = k.tokens * k.measured_s / fastest_s
             if found is None or bound < found[0]:
                 found = (bound, k, d / k.terms[-1])
         return found
@@ -323,10 +326,11 @@ class ModelStop:
     def nearby(self) -> Neighbourhood | None:
         """What the measured trials say of their near variants now (None while the rule is
         off, without the model's terms, or before a best)."""
-        best = self.best() if self.active and self.terms is not None else None
-        if best is None or self.terms is None:
+        if not self.active or self.terms is None:
             return None
-        return Neighbourhood(self.records, best, self.terms, self.predict)
+        best = self.best()
+        return None if best is None else Neighbourhood(self.records, best, self.terms,
+                                                       self.predict)
 
     def closest_untried(self) -> tuple[tuple[Layout, float] | None, bool]:
         """The model's fastest untried layout (with its prediction) that echoes no measured
