@@ -77,9 +77,11 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
         world = None
     num = gpus if gpus is not None else world
     assert num is not None
+    # torchrun's GPUs per node where the job spans nodes (several of the launcher's, or --gpus
+    # filling whole nodes of them).
     per_node = command.gpus_per_node
-    if gpus_per_node is None and per_node is not None and num % per_node == 0 and (
-            num > per_node or (command.nodes or 1) > 1):
+    if gpus_per_node is None and per_node is not None and num > per_node \
+            and num % per_node == 0:
         gpus_per_node = per_node
     cluster = ClusterSpec.make(num, gpus_per_node, gpu)
     layout = megatron_layout(command, num)
