@@ -277,3 +277,53 @@ def test_a_released_trial_leaves_no_fp8_state_to_the_next(
     assert serve.reset_fp8_state() is expected
     assert _FakeManager.resets == int(expected)
     assert "transformer_engine" not in sys.modules or module is not None
+
+
+def _module_with_cached_method(name: str) -> tuple[object, type]:
+    """A module `name` whose class caches a method keyed by self, as megatron-core's
+    RotaryEmbedding.forward does, and a module-level cached function beside it."""
+    import functools
+    from types import ModuleType
+
+    class Rotary:
+        @functools.lru_cache(maxsize=32)  # noqa: B019 - the leak under test
+        def forward(self, n: int) -> list[int]:
+            return [n] * n
+
+    @functools.cache
+    def pool() -> object:
+        return object()
+
+    Rotary.__module__ = name
+    module = ModuleType(name)
+    module.Rotary = Rotary  # type: ignore[attr-defined]
+    module.pool = pool  # type: ignore[attr-defined]
+    return module, Rotary
+
+
+@pytest.mark.parametrize(("package", "emptied"), [
+    ("megatron.core.models.fake_rope", True),
+    ("transformer_engine.pytorch.fake", True),
+    ("somebody_else.fake", False),  # not a package the pool owns: left as it is
+])
+def test_a_released_trial_leaves_no_instance_in_a_method_cache(
+        monkeypatch: pytest.MonkeyPatch, package: str, emptied: bool) -> None:
+    import gc
+    import weakref
+
+    from autotune.worker import serve
+
+    module, rotary = _module_with_cached_method(package)
+    monkeypatch.setitem(sys.modules, package, module)
+    trial_module = rotary()
+    trial_module.forward(4)
+    alive = weakref.ref(trial_module)
+    kept_pool = vars(module)["pool"]()
+    del trial_module
+    gc.collect()
+    assert alive() is not None  # the class's cache holds the trial's instance
+
+    serve.clear_method_caches()
+    gc.collect()
+    assert (alive() is None) is emptied
+    assert vars(module)["pool"]() is kept_pool  # module-level caches are not touched

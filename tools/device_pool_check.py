@@ -68,10 +68,16 @@ def main() -> None:
                                        "too few to finish, so it times out as a hang would")
     parser.add_argument("--hang-budget", type=float, default=15.0)
     parser.add_argument("--gbs", type=int, help="global batch size (default: the model's)")
+    parser.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
+    parser.add_argument("--warm-only", action="store_true",
+                        help="only the warm pool at fixed steps: does each trial release "
+                             "cleanly (the pool's log names what a leaking one leaves)")
     args = parser.parse_args()
     model = load_model(args.model)
     if args.gbs is not None:
         model = replace(model, global_batch_size=args.gbs)
+    if args.seq_len is not None:
+        model = replace(model, seq_length=args.seq_len)
     cluster = ClusterSpec.make(args.gpus, gpu=args.gpu)
     layouts = [layout_from_fields(model, cluster, layout_fields(t)) for t in args.layouts]
     timeouts = [trial_timeout_s(estimate_cost(model, s, cluster).step_time_s,
@@ -95,6 +101,11 @@ def main() -> None:
             rows[i]["warm"] = _row(m)
         rows_starts = pool.starts
     save()
+    if args.warm_only:
+        save(pool_starts={"fixed": rows_starts})
+        _print(rows, events)
+        print(f"pool starts: {rows_starts} for {len(layouts)} trials")
+        return
     with WarmPool(args.out / "pool-adaptive", args.gpus) as pool:
         n = 0
         for i, (s, timeout) in enumerate(zip(layouts, timeouts, strict=True)):

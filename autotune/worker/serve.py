@@ -44,7 +44,7 @@ from autotune.trials.protocol import (
 )
 from autotune.trials.trial import TrialSpec, TrialStatus
 
-__all__ = ["next_job", "serve", "trial_groups"]
+__all__ = ["clear_method_caches", "next_job", "serve", "trial_groups"]
 
 _PARENT_CHECK_S = 1.0
 
@@ -129,7 +129,22 @@ def _serve_one(job: PoolJob, rank: int, local_rank: int,
     serving = _all_agree(left <= POOL_LEFT_OVER_BYTES)
     print(f"[autotune pool] rank {rank} released trial {job.seq}: {left / 2**20:.1f} MiB still "
           f"allocated{'' if serving else '; the pool restarts'}", file=sys.stderr, flush=True)
+    if rank == 0 and left > POOL_LEFT_OVER_BYTES:
+        _log_holders()
     return status, serving
+
+
+def _log_holders() -> None:
+    """Name in the pool's log what keeps the leftover alive (autotune.worker.holders); the
+    diagnosis never stops the pool from restarting cleanly."""
+    from autotune.worker.holders import describe_holders, find_holders
+
+    try:
+        lines = describe_holders(find_holders("cuda", min_bytes=POOL_LEFT_OVER_BYTES))
+    except Exception as exc:  # a diagnosis, not a trial: its own failure is only reported
+        lines = [f"could not walk the references: {type(exc).__name__}: {exc}"]
+    for line in lines or ["no Python object reaches a tensor on the GPU"]:
+        print(f"[autotune pool] left over: {line}", file=sys.stderr, flush=True)
 
 
 def _classified(exc: BaseException) -> TrialStatus:
@@ -182,6 +197,37 @@ def reset_fp8_state() -> bool:
     return False
 
 
+_METHOD_CACHE_OWNERS = ("megatron.core", "transformer_engine")
+"""Packages whose classes may cache a method with functools.lru_cache, keyed by `self`."""
+
+
+def clear_method_caches(packages: tuple[str, ...] = _METHOD_CACHE_OWNERS) -> int:
+    """Empty every functools.lru_cache that a class of `packages` holds as a method; the number
+    of caches emptied.
+
+    Such a cache is keyed by its call's arguments, `self` among them, and lives on the class: it
+    keeps the trial's instances alive after the trial. megatron-core's RotaryEmbedding.forward is
+    one (lru_cache(maxsize=32)). With the distributed optimizer's overlapped param gather, DDP
+    hangs a forward pre-hook on every module, the rotary embedding's too, whose closure holds DDP
+    and with it the model, gradients and optimizer: on 2 x H200 (session 19) each rank kept
+    36 GiB of a Llama-3.2-3B trial at dp 2 and the pool restarted after every such trial; on
+    4 x H200, 67 GiB of llama3-8b (autotune.worker.holders named the chain). A cold launch starts
+    with empty caches; this gives the next trial the same. Module-level caches are left alone:
+    their keys are plain values, and some hold process-wide resources (NCCL memory pools)."""
+    emptied = 0
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(packages):
+            continue
+        for owner in list(vars(module).values()):
+            if not isinstance(owner, type) or owner.__module__ != name:
+                continue
+            for attr in vars(owner).values():
+                if callable(getattr(attr, "cache_clear", None)) and hasattr(attr, "cache_info"):
+                    attr.cache_clear()
+                    emptied += 1
+    return emptied
+
+
 def _release(before: list[Any]) -> int:
     """Free what the trial made (the module's list); the bytes still allocated after."""
     import gc
@@ -192,6 +238,7 @@ def _release(before: list[Any]) -> int:
 
     parallel_state.destroy_model_parallel()
     reset_fp8_state()
+    clear_method_caches()
     for group in trial_groups(before, _process_groups()):
         with contextlib.suppress(Exception):  # already gone, or aborted: nothing left to free
             dist.destroy_process_group(group)
