@@ -505,3 +505,19 @@ def test_the_step_marks_the_schedule_and_the_optimizer() -> None:
     assert _split_medians([]) == {}
     assert _split_medians([(1.0, 0.1, 0.0), (3.0, 0.2, 0.5), (2.0, 0.3, 0.1)]) == {
         "schedule_s": 2.0, "optimizer_s": 0.2, "gpu_wait_s": 0.1}
+
+
+@pytest.mark.parametrize(("layout", "grad_enabled"), [
+    ({}, True),  # bf16: built as Megatron-LM builds it
+    ({"fp8": "hybrid", "impl": "te"}, True),  # FP8 compute, bf16 weights: nothing to copy
+    ({"fp8": "hybrid", "impl": "te", "distributed_optimizer": True,
+      "fp8_param_gather": True}, False),  # FP8 weights: no host copy of their init values
+])
+def test_fp8_weights_are_built_without_autograd(build, layout, grad_enabled) -> None:  # type: ignore[no-untyped-def]
+    """megatron-core keeps each FP8 weight's initial value on the host only when autograd is on
+    (fp8_utils.get_fp8_context: preserve_high_precision_init_val=torch.is_grad_enabled())."""
+    import torch
+
+    with build.init_grad_mode(_spec("gpt2-xl", mbs=4, gbs=64, **layout)):
+        assert torch.is_grad_enabled() is grad_enabled
+    assert torch.is_grad_enabled()

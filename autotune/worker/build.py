@@ -113,7 +113,6 @@ def _layer_spec(spec: TrialSpec, config: Any, vp_stage: int | None) -> Any:
 
 def build_model(spec: TrialSpec, config: Any) -> list[Any]:
     """One DDP-wrapped GPTModel chunk per virtual pipeline stage of this rank."""
-    from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.module import Float16Module
@@ -125,20 +124,8 @@ def build_model(spec: TrialSpec, config: Any) -> list[Any]:
     chunks = []
     for i in range(s.vpp):
         vp_stage = i if vpp else None
-        model = GPTModel(
-            config=config,
-            transformer_layer_spec=_layer_spec(spec, config, vp_stage),
-            vocab_size=wanted.model["vocab_size"],
-            max_sequence_length=m.max_positions,
-            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False,
-                                                               vp_stage=vp_stage),
-            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False,
-                                                               vp_stage=vp_stage),
-            share_embeddings_and_output_weights=m.tied_embeddings,
-            position_embedding_type=m.position_embedding,
-            rotary_base=m.rotary_base,
-            vp_stage=vp_stage,
-        )
+        with init_grad_mode(spec):
+            model = _gpt_model(GPTModel, spec, config, wanted.model["vocab_size"], vp_stage)
         # Megatron-LM wraps bf16 models the same way (training.py, get_model): every parameter
         # in bf16, inputs cast on the first stage, the loss in fp32 on the last.
         chunks.append(Float16Module(config, model.cuda()))
@@ -149,6 +136,48 @@ def build_model(spec: TrialSpec, config: Any) -> list[Any]:
                                     module=chunk, disable_bucketing=i > 0)
             for i, chunk in enumerate(chunks)]
 
+
+def init_grad_mode(spec: TrialSpec) -> Any:
+    """The grad mode a trial's model is built in: without autograd where its weights are FP8.
+
+    megatron-core builds FP8 weights inside TE's fp8_model_init with
+    preserve_high_precision_init_val=torch.is_grad_enabled() (fp8_utils.get_fp8_context, 0.16.1).
+    With it, TE copies every weight's high-precision initial value to host memory
+    (module/base.py, `param.detach().cpu()`, TE 2.11), for the distributed optimizer to seed its
+    fp32 main weights from. On 4 x H200 every llama3-8b trial with FP8 param gather spent
+    16-19 s in the build against 1.5 s in bf16 (results/benchmarks/2026-11-28-h200x4-issue30-
+    s19.md); 14 GiB per rank of synchronous copies to pageable memory, four ranks at once, is
+    the likely cause (not yet timed apart on a GPU). Megatron-LM pays it once per job, a search
+    once per trial. Without autograd, megatron-core skips the copy and the optimizer seeds its
+    main weights from the FP8 weights themselves (distrib_optimizer.py, the branch without the
+    init value): the steps run the same kernels on the same shapes, so their time and memory
+    are those of the layout; only the first steps' loss starts from weights rounded to FP8,
+    which the loss guard's comparison with the bf16 twin still judges."""
+    import contextlib
+
+    return torch.no_grad() if spec.layout.fp8_param_gather else contextlib.nullcontext()
+
+
+def _gpt_model(gpt_model: Any, spec: TrialSpec, config: Any, vocab_size: int,
+               vp_stage: int | None) -> Any:
+    """One GPTModel chunk of this rank (virtual stage `vp_stage`)."""
+    from megatron.core import parallel_state
+
+    m = spec.model
+    return gpt_model(
+            config=config,
+            transformer_layer_spec=_layer_spec(spec, config, vp_stage),
+            vocab_size=vocab_size,
+            max_sequence_length=m.max_positions,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False,
+                                                               vp_stage=vp_stage),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False,
+                                                               vp_stage=vp_stage),
+            share_embeddings_and_output_weights=m.tied_embeddings,
+            position_embedding_type=m.position_embedding,
+            rotary_base=m.rotary_base,
+            vp_stage=vp_stage,
+        )
 
 def _fill_te_general_gemm() -> None:
     """megatron-core 0.16.1 without Transformer Engine: RouterGatingLinearFunction tests
