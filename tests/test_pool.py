@@ -327,3 +327,14 @@ def test_a_released_trial_leaves_no_instance_in_a_method_cache(
     gc.collect()
     assert (alive() is None) is emptied
     assert vars(module)["pool"]() is kept_pool  # module-level caches are not touched
+
+
+def test_ranks_that_keep_memory_are_reported_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="autotune.trials.pool"), _pool(tmp_path) as pool:
+        for n in range(2):
+            _run(pool, tmp_path, n, NOT_SERVING)
+        _run(pool, tmp_path, 2, OK)
+        assert pool.starts == 3
+    kept = [r.getMessage() for r in caplog.records if "kept GPU memory" in r.getMessage()]
+    assert len(kept) == 1 and str(tmp_path / "trials" / "0") in kept[0]

@@ -22,6 +22,7 @@ processes.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -47,6 +48,8 @@ from autotune.trials.protocol import (
 from autotune.trials.rank_group import RankGroup, RankGroupOwner
 from autotune.trials.runner import DEFAULT_GRACE_S, RunOutput, TrialInterrupted
 from autotune.trials.trial import TrialSpec, TrialStatus
+
+log = logging.getLogger(__name__)
 
 __all__ = ["RELEASE_S", "WarmPool"]
 
@@ -83,6 +86,8 @@ class WarmPool(RankGroupOwner):
         self._seq = 0
         self._impls: set[Impl] = set()
         """The implementations the running ranks have run trials with (since their start)."""
+        self._told_kept = False
+        """Whether the user was told that a trial's ranks kept memory (once per pool)."""
 
     def run(self, spec: TrialSpec, trial_dir: Path, timeout_s: float) -> RunOutput:
         """Run one trial in the pool (starting it when it is not running)."""
@@ -122,6 +127,13 @@ class WarmPool(RankGroupOwner):
         elif done is None or not done.serving:
             # A rank failed (torchrun ends the rest), or the ranks cannot go on and leave:
             # let torchrun exit by itself before anything is signalled.
+            if done is not None and done.status is TrialStatus.OK and not self._told_kept:
+                # Said once: a layout that keeps memory does so on every trial, and each then
+                # pays a cold start (on 4 x H200, 23-40 s instead of 5: session 19).
+                self._told_kept = True
+                log.warning("the warm pool starts again after %s: its ranks kept GPU memory "
+                            "after releasing the trial (its log.txt names what holds it); each "
+                            "such trial costs a cold start", trial_dir)
             self._ranks.wait_for_exit()
             self._ranks.stop()
         returncode = self._returncode(done)
