@@ -35,6 +35,11 @@
 #           is in its space). -> recipe-hand.txt, summary.txt, results.tgz
 #   Always: nvidia-smi clocks every second -> clocks.csv; versions -> versions.txt.
 #
+# On a kind that can be taken back between calls (nvidia-h200-x4 on 2026-11-28: the machine of a
+# background start was gone when the wait came, straight after), run a part in ONE call: e.g.
+#   PARTS=recipe RECIPE_HAND=0 RECIPE_GBS=16 STUDY_TIMEOUT_S=470 bash tools/device_issue30.sh
+# (session 19: install 40 s, then the study until its timeout, under the 600 s call limit).
+#
 # Carry: .whl (megatron-core 0.16.1 cp312) and .whl-search (optuna and its deps, pydantic,
 # tree-sitter); see tools/device_search.sh.
 set -u
