@@ -15,11 +15,11 @@ import json
 import re
 import statistics as st
 from collections import defaultdict
+from dataclasses import replace
 
 from autotune.predict.calibration import fit_cost_params, fit_fields, load_trials
 from autotune.predict.cost import CostParams, estimate_cost
 from autotune.search.refit import REFIT_FIELDS
-from dataclasses import replace
 
 PATH = "tests/data/measured_trials.json"
 raw = [t for t in json.load(open(PATH))["trials"] if t["status"] == "OK"]
@@ -61,7 +61,7 @@ def stats(errs):
 
 shipped = CostParams()
 by = defaultdict(list)
-for r, (fam, m, s, c, step, _) in zip(raw, trials):
+for r, (_, m, s, c, step, _) in zip(raw, trials, strict=True):
     e = err(shipped, m, s, c, step)
     prec = "fp8" if fp8(s) else "bf16"
     by[(r["gpu"], prec)].append(e)
@@ -75,7 +75,7 @@ for k in sorted(by):
 
 print("\n## 2. Refit to each machine's bf16 trials, its FP8 trials predicted\n")
 groups = defaultdict(list)
-for r, t in zip(raw, trials):
+for r, t in zip(raw, trials, strict=True):
     groups[machine(r)].append((r, t))
 print("| machine | bf16 trials (te) | refit layer_launch_s ms | gemm_eff_max | "
       "bf16 shipped | bf16 refit | FP8 trials | FP8 shipped median / worst (signed median) | "
