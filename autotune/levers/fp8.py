@@ -257,7 +257,12 @@ class Constants:
     the other days with host-bound trials (sessions 8, 11, 12) and 6.4 ms on session 18's
     H200, whose host ran the bf16 twins of the same layouts 20-28% faster per layer too
     (results/benchmarks/2026-11-28-cpu-fp8-h200-misses-s18.md): the shipped value was left as
-    it is."""
+    it is. Absolute, not a multiple of the bf16 TE layer's host time (CostParams.layer_launch_s
+    + te_layer_launch_s) that a search's refit learns from the machine's bf16 trials: that
+    time is added to the GPU's work rather than a floor under it, and refitted per machine
+    (1.2-4.1 ms) it does not follow the FP8 floors fitted to the same machines (2.0-7.9 times
+    it); a floor tied to it would have predicted session 18's H200 within 10.5% but sessions
+    8 and 11's H100 39-108% slow (results/benchmarks/2026-11-28-cpu-fp8-host-floor-s19.md)."""
     fp8_current_layer_host_s: float = 0.00881
     """The same for the recipes that take each scale from the tensor itself (tensorwise, and
     blockwise and mxfp8 per block), whose quantizers do more per tensor (tensorwise: an amax
