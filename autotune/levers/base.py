@@ -180,6 +180,9 @@ class MemoryState:
     keeps them in 1 byte and its scales)."""
     attention: AttentionBytes = AttentionBytes()
     """What core attention saves and needs per score (the transformer implementation's)."""
+    proj_saves_original: bool = False
+    """The attention output projection saves its bf16 input, not a quantized copy (FP8 with a
+    recipe other than delayed: autotune.levers.fp8, autotune.specs.activations)."""
     stage_layers: tuple[int, ...] = ()
     """Transformer layers on each pipeline stage, first to last: an even split
     (autotune.levers.pipeline_split.even_layers) unless the pipeline split says otherwise."""
