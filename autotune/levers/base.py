@@ -152,7 +152,8 @@ class AttentionBytes:
     """Whether the kernel saves its own output for backward (flash and cuDNN fused attention:
     TE 2.11 FusedAttnFunc saves q, k, v and `out`). In bf16 that tensor is the output
     projection's saved input too, counted once; where the projection saves a quantized copy of
-    its own (FP8) both stay (autotune.specs.activations.layer_activations)."""
+    its own (FP8 delayed scaling) both stay (autotune.specs.activations.layer_activations); with
+    the other FP8 recipes megatron-core has it save this tensor again (proj_saves_original)."""
 
 
 @dataclass(frozen=True, kw_only=True)  # no slots: evolve copies the __dict__
