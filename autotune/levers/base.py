@@ -152,7 +152,8 @@ class AttentionBytes:
     """Whether the kernel saves its own output for backward (flash and cuDNN fused attention:
     TE 2.11 FusedAttnFunc saves q, k, v and `out`). In bf16 that tensor is the output
     projection's saved input too, counted once; where the projection saves a quantized copy of
-    its own (FP8) both stay (autotune.specs.activations.layer_activations)."""
+    its own (FP8 delayed scaling) both stay (autotune.specs.activations.layer_activations); with
+    the other FP8 recipes megatron-core has it save this tensor again (proj_saves_original)."""
 
 
 @dataclass(frozen=True, kw_only=True)  # no slots: evolve copies the __dict__
@@ -180,6 +181,9 @@ class MemoryState:
     keeps them in 1 byte and its scales)."""
     attention: AttentionBytes = AttentionBytes()
     """What core attention saves and needs per score (the transformer implementation's)."""
+    proj_saves_original: bool = False
+    """The attention output projection saves its bf16 input, not a quantized copy (FP8 with a
+    recipe other than delayed: autotune.levers.fp8, autotune.specs.activations)."""
     stage_layers: tuple[int, ...] = ()
     """Transformer layers on each pipeline stage, first to last: an even split
     (autotune.levers.pipeline_split.even_layers) unless the pipeline split says otherwise."""

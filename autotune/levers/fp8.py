@@ -20,9 +20,11 @@ layernorm_linear.py, grouped_linear.py, quantization.py):
   The inputs a GEMM saves for backward are FP8 (1 B instead of bf16's 2; block scaling adds
   its scales), the other activations stay bf16, among them the fused attention's output, which
   the projection shared in bf16 and now keeps an FP8 copy of beside it (AttentionBytes.
-  saves_output: autotune.specs.activations.layer_activations). The scaling state (amax history of
-  `fp8_amax_history_len` = 1 and a scale per quantized tensor, fp32, five tensors per GEMM:
-  40 B a GEMM) is left out, far below the model's resolution.
+  saves_output: autotune.specs.activations.layer_activations) under delayed scaling; with
+  the other recipes megatron-core 0.16.1 has the projection save that bf16 output itself
+  (attention.py set_save_original_input; MemoryState.proj_saves_original). The scaling state
+  (amax history of `fp8_amax_history_len` = 1 and a scale per quantized tensor, fp32, five
+  tensors per GEMM: 40 B a GEMM) is left out, far below the model's resolution.
 - time: the layers' GEMMs at the FP8 peak with their own size-dependent efficiency, plus the
   memory-bound casts (amax, quantize, transpose) of every GEMM input in forward and every
   output gradient in backward, and of the weights once a step, each as its recipe's kernels
@@ -518,8 +520,17 @@ def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
         return state
     weight = (1.0 + WEIGHT_COPY_BYTES / 2) if s.fp8_param_gather \
         else state.linear_weight_bytes + WEIGHT_COPY_BYTES
+    # megatron-core 0.16.1 attention.py (SelfAttention.__init__): with fp8 on, a recipe other
+    # than delayed and TE >= 2.6, linear_proj (TERowParallelLinear, a TELinear) gets
+    # set_save_original_input: "the output of the fused core_attn is saved by itself, and
+    # linear_proj also saves the quantized tensor of this output. Here we set the linear_proj
+    # to save the original input tensors to avoid the extra memory usage of the quantized
+    # tensor." Measured: tensorwise keeps 0.96-1.08 B x h/tp per token and layer less than
+    # delayed in 15 pairs of otherwise equal trials (results/benchmarks/2026-11-28-cpu-x4-
+    # trials-memory-s19.md).
     return evolve(state, linear_weight_bytes=weight,
                   linear_input_bytes=FP8_INPUT_BYTES[s.fp8_recipe],
+                  proj_saves_original=s.impl == Impl.TE and s.fp8_recipe != Fp8Recipe.DELAYED,
                   optimizer_bytes_per_param=state.optimizer_bytes_per_param
                   + _pao_master_bytes(s))
 

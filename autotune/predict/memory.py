@@ -346,7 +346,8 @@ class _Layers:
 
 
 def _layers(model: ModelSpec, s: Layout, states: MemoryState) -> _Layers:
-    acts = layer_activations(model, s.tp, states.attention, states.linear_input_bytes)
+    acts = layer_activations(model, s.tp, states.attention, states.linear_input_bytes,
+                             proj_saves_original=states.proj_saves_original)
     seq = model.seq_length / s.cp
     tokens = s.mbs * seq
     full = layer_bytes(acts, tokens=tokens, seq=seq, tp=s.tp,

@@ -96,7 +96,8 @@ def dropout_rate(model: ModelSpec, name: str) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
-                      linear_input_bytes: float = 2.0) -> LayerActivations:
+                      linear_input_bytes: float = 2.0, *,
+                      proj_saves_original: bool = False) -> LayerActivations:
     """Per-token stored bytes of one layer (Korthikanti et al. 2022, Section 4.1, generalized).
 
     `attention`: what core attention keeps per score and head, by implementation
@@ -104,7 +105,9 @@ def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
     of the inputs the GEMMs save for backward (the QKV, projection, fc1 and fc2 inputs, the
     experts' too): bf16's 2, or Transformer Engine's FP8 byte and scales (autotune.levers.fp8,
     TE 2.11 linear.py / layernorm_linear.py / grouped_linear.py save their quantized input).
-    Every other tensor keeps its bytes."""
+    Every other tensor keeps its bytes. `proj_saves_original`: the attention output projection
+    saves its bf16 input instead (TE's save_original_input, which megatron-core sets for FP8
+    recipes other than delayed: autotune.levers.fp8)."""
     h = model.hidden_size
     t = tp
     e = linear_input_bytes
@@ -118,15 +121,22 @@ def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
     # Section 4.1, attention block: LayerNorm input 2h, shared QKV input 2h, dropout mask h after
     # the output projection (all replicated over TP without SP: the "10" of eq. 2 with the MLP's).
     replicated = 2 * h + e * h + hidden_mask * h
-    # Q (2h) and K (2h for MHA, 2 kv for GQA) for QK^T, V for scores x V, output-projection input.
-    split = 2 * h / t + 2 * kv_rank + 2 * kv_rank + e * h / t
+    # Q (2h) and K (2h for MHA, 2 kv for GQA) for QK^T, V for scores x V, output-projection input
+    # (bf16, 2 h/t, where the projection saves its original input).
+    split = 2 * h / t + 2 * kv_rank + 2 * kv_rank + (2 if proj_saves_original else e) * h / t
     # A kernel that saves its output (flash, cuDNN fused) shares it with the projection in
     # bf16; a projection that quantizes its input (FP8) saves its own copy and the kernel's
     # bf16 output stays too (out_copy): TE 2.11 backends.py FusedAttnFunc.forward saves
     # (q, k, v, out) when the attention itself is not FP8 (megatron-core's default
     # fp8_dot_product_attention=False), and module/linear.py saves the quantized `inputmat`,
-    # not `inp`. Freed with the kernel's other saved tensors by core_attn recompute.
-    out_copy = 2 * h / t if attention.saves_output and e != 2.0 else 0.0
+    # not `inp`. Freed with the kernel's other saved tensors by core_attn recompute. Not where
+    # the projection saves its original input (megatron-core 0.16.1 attention.py,
+    # set_save_original_input(self.linear_proj) for FP8 recipes other than delayed): that is
+    # the kernel's output itself, one tensor, and the projection keeps it through a core_attn
+    # checkpoint too (measured: s16-l8b4-search/14 and /67, tensorwise with core_attn
+    # recompute, were 1.1 and 0.6 GiB under without it).
+    out_copy = 2 * h / t if attention.saves_output and e != 2.0 and not proj_saves_original \
+        else 0.0
     split += out_copy
     # MLP block: LayerNorm input 2h, fc1 input 2h, dropout mask h (replicated)...
     replicated += 2 * h + e * h + hidden_mask * h
