@@ -488,16 +488,20 @@ def _model_name(path: Path) -> str:
     return name or "megatron-command"
 
 
-def read_megatron_command(path: str, line: int | None = None) -> MegatronCommand:
+def read_megatron_command(path: str, line: int | None = None,
+                          data: bytes | None = None) -> MegatronCommand:
     """The pretrain_gpt.py command of the file at `path` (the one on `line`, when given), read
-    (never run)."""
+    (never run); `data`: the file's text as given, not read from `path` (the export's patched
+    script, read back before it is written)."""
     file = Path(path)
     if line is not None and line < 1:
         raise ConfigError(f"--line must be a positive line number, got {line}")
-    parsed = parse_script(read_script(path), path)
+    parsed = parse_script(read_script(path) if data is None else data, path)
     command, site = _find(parsed, line)
     at = next(k for k, w in enumerate(command.words) if _is_script(w))
-    launcher, script = command.words[:at], command.words[at]
+    # `srun ... sh -c "python pretrain_gpt.py ..."`: srun and its options launch the string's
+    # python, as they would launch it written without the shell.
+    launcher, script = (*command.wrapper, *command.words[:at]), command.words[at]
     if script.text is None:
         # The script's path may come from the environment ($MEGATRON_LM/pretrain_gpt.py):
         # autotune never runs it, and the export carries it as "${NAME}".
