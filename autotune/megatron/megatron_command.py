@@ -47,7 +47,7 @@ from autotune.megatron.megatron_args import (
     read_fields,
     row_args,
 )
-from autotune.megatron.shell_script import Command, Maybe, Ref, Word, read_commands
+from autotune.megatron.shell_script import Command, Maybe, Ref, Word, read_script_commands
 from autotune.specs.model import MODEL_NAME_MAX, ModelSpec
 
 __all__ = [
@@ -239,9 +239,18 @@ def _launches(commands: list[Command]) -> list[Command]:
 def _find(parsed: Script, line: int | None) -> tuple[Command, Candidate]:
     """The launch the shell runs (or the one `line` names), as the evaluator expands it."""
     source = parsed.source
-    commands = read_commands(_without_heredoc_text(parsed), source, _optional)
+    commands, unread = read_script_commands(_without_heredoc_text(parsed), source, _optional)
     launches = _launches(commands)
     site = find_launch(parsed, {c.line for c in launches}, line)
+    if site is None and unread:
+        # `srun ... sh -c "${CMD}"` with CMD from the environment (Megatron-LM's sc21/SRUN.sh):
+        # the launch may be in that string; say so rather than "no command".
+        at, string = unread[0]
+        ref = string.refs[0]
+        raise ConfigError(f"{source}: line {at}: sh -c {for_terminal(string.shown())[:80]}: "
+                          f"{ref.reason.removeprefix(ref.text + ': ')}; autotune cannot tell "
+                          f"whether it runs {TRAINING_SCRIPT}: write the launch in the script, "
+                          "or set the variable before it")
     if site is None:
         raise ConfigError(f"{source} holds no {TRAINING_SCRIPT} command (autotune reads a "
                           f"`torchrun ... {TRAINING_SCRIPT} --flags` or `python "

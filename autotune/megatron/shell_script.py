@@ -24,7 +24,8 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["SHELLS", "SHELL_C", "Command", "Ref", "Word", "read_commands", "shell_string"]
+__all__ = ["SHELLS", "SHELL_C", "Command", "Ref", "Word", "read_commands",
+           "read_script_commands", "shell_string"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
@@ -347,6 +348,7 @@ class _Reader:
         self.deadline = time.monotonic() + READ_SECONDS
         self.line = 1  # the line of the statement being read (Ref.line)
         self.wrapper: tuple[Word, ...] = ()  # the `srun ... sh -c` around the string being read
+        self.unread: list[tuple[int, Word]] = []  # `sh -c STRING`s whose string is unknown
 
     def check_time(self) -> None:
         if time.monotonic() > self.deadline:
@@ -614,6 +616,8 @@ class _Reader:
         self.evals += 1
         if self.evals > 100:
             raise ConfigError(f"{self.source}: too many nested evals or sh -c strings")
+        if string.refs:
+            self.unread.append((line, string))
         # A part autotune cannot tell goes back as written (as for eval): an environment
         # variable stays "${NAME}", for the new shell to take from the same environment.
         text = "".join(p if isinstance(p, str) else f'"${{{p.name}}}"' if p.plain else p.text
@@ -689,6 +693,14 @@ def read_commands(text: str, source: str,
     script's own assignments allow; nothing in it is run. Words appended to an array inside a
     block (whose condition autotune does not run) that `optional` says may be left out are
     (Command.maybe); any other assignment in a block leaves the variable unknown (a Ref)."""
+    return read_script_commands(text, source, optional)[0]
+
+
+def read_script_commands(text: str, source: str,
+                         optional: Callable[[Sequence[Word]], bool] | None = None
+                         ) -> tuple[list[Command], list[tuple[int, Word]]]:
+    """read_commands' commands, and the `sh -c STRING`s (line, string) whose string holds a
+    part autotune cannot tell: where no launch is found, one of them may be it."""
     reader = _Reader(source, optional)
     reader.run(_Lexer(text, source).statements())
-    return reader.commands
+    return reader.commands, reader.unread
