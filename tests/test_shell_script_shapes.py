@@ -132,6 +132,33 @@ torchrun --nproc-per-node 8 pretrain_gpt.py "${{ARGS[@]}}" "${{BATCH_ARGS[@]}}"
 """
 """An array expanded twice (Megatron-LM reads the last --micro-batch-size): one edit."""
 
+TUTORIAL = f"""#!/bin/bash
+GBS=${{1:-16}}
+TP=2
+DISTRIBUTED_ARGS=(
+    --nproc_per_node 8
+    --nnodes 1
+)
+GPT_MODEL_ARGS=({MODEL})
+MBS=1
+TRAINING_ARGS=(
+    --micro-batch-size $MBS
+    --global-batch-size $GBS
+    --bf16
+)
+MODEL_PARALLEL_ARGS+=(
+\t--tensor-model-parallel-size $TP
+\t--pipeline-model-parallel-size 1
+)
+cmd="torchrun ${{DISTRIBUTED_ARGS[@]}} $MLMROOT/pretrain_gpt.py \\
+    ${{GPT_MODEL_ARGS[@]}} \\
+    ${{TRAINING_ARGS[@]}} \\
+    ${{MODEL_PARALLEL_ARGS[@]}}"
+eval $cmd 2>&1 | tee logs.txt
+"""
+"""vuiseng9/megatron-tutorials' scripts/2-8 shape (its SP `if` left out): an array made by
+`+=` alone, and a string of arrays only, continued over lines, run by eval."""
+
 # ---- reading -------------------------------------------------------------------------------
 
 READS = [
@@ -143,6 +170,7 @@ READS = [
     ("arrays grown by +=", APPENDS, 2, 1, 1, 16, 8, "torchrun"),
     ("self-appends and a string +=", SELF_APPEND, 2, 1, 1, 16, 8, "torchrun"),
     ("an array expanded twice", TWICE, 2, 1, 1, 16, 8, "torchrun"),
+    ("eval of a string of arrays", TUTORIAL, 2, 1, 1, 16, 8, "torchrun"),
 ]
 
 
@@ -224,6 +252,13 @@ PATCHES = [
       f'-ARGS=("${{ARGS[@]}}" {BATCH})',
       '+ARGS=("${ARGS[@]}" --tensor-model-parallel-size 4)',
       '+ARGS=("${ARGS[@]}" --micro-batch-size 2 --global-batch-size 16)']),
+    ("eval of a string of arrays: $TP and $MBS replaced in the arrays", TUTORIAL, NEW,
+     ["-    --micro-batch-size $MBS", "+    --micro-batch-size 2",
+      "-\t--tensor-model-parallel-size $TP", "+\t--tensor-model-parallel-size 4"]),
+    ("eval of a string of arrays: a flag added to the eval", TUTORIAL, ADDED,
+     ["-\t--pipeline-model-parallel-size 1", "+\t--pipeline-model-parallel-size 2",
+      "-eval $cmd 2>&1 | tee logs.txt",
+      "+eval $cmd --use-distributed-optimizer 2>&1 | tee logs.txt"]),
     ("an array expanded twice: one edit", TWICE, NEW,
      [f"-BATCH_ARGS=({BATCH})", f"-ARGS=({MODEL} --tensor-model-parallel-size 2 --bf16)",
       "+BATCH_ARGS=(--micro-batch-size 2 --global-batch-size 16)",

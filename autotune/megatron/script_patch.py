@@ -119,11 +119,12 @@ class _Follower:
                     self.assignments.setdefault(script.raw(name), []).append(node)
         self.following: list[str] = []
 
-    def word(self, node: Node) -> list[Token]:
-        """The tokens of one word of the command or of an array."""
+    def word(self, node: Node, *, command: bool = False) -> list[Token]:
+        """The tokens of one word of the command or of an array (`command`: a word `eval`
+        runs, whose variable may hold the whole launch without a flag written in it)."""
         name, array = self._reference(node)
         if name is not None:
-            followed = self.follow(name, array=array)
+            followed = self.follow(name, array=array, command=command)
             if followed is not None:
                 return followed
         text = _literal(self.script, node)
@@ -184,8 +185,10 @@ class _Follower:
         given = [a.child_by_field_name("value") for a in assigned]
         values = [v for v in given if v is not None]
         appends = [self._appends(a) for a in assigned]
-        if len(values) < len(given) or appends[0]:
+        if len(values) < len(given) or (appends[0] and values[0].type != "array"):
             return None
+        # `NAME+=( ... )` first (the tutorials' MODEL_PARALLEL_ARGS): bash makes the array
+        # of its words, as autotune's reader does.
         is_array = [v.type == "array" for v in values]
         if len(assigned) > 1 and any(a != is_array[0] for a in is_array):
             return None
@@ -263,32 +266,52 @@ class _Follower:
                 tokens.append(Token(text, head, pieces[0][0], pieces[-1][1], '"'))
                 pieces.clear()
 
+        # The string's parts in order: text (string_content nodes, and the blanks the
+        # grammar leaves between two expansions, which are no node) and expansions.
+        segments: list[tuple[int, int, Node | None]] = []
+        at = value.start_byte + 1
         for child in value.children:
             if child.type == '"':
+                if child.start_byte > at:
+                    segments.append((at, child.start_byte, None))
+                at = max(at, child.end_byte)
                 continue
-            if child.type == "string_content":
+            begin = child.start_byte
+            if child.type != "string_content":
+                # tree-sitter-bash starts an expansion's node at the blanks before it.
+                blank = re.match(rb"(?:[ \t\n]|\\\n)*", self.script.data[begin:child.end_byte])
+                begin += blank.end() if blank else 0
+            if begin > at:
+                segments.append((at, begin, None))
+            segments.append((begin, child.end_byte,
+                             None if child.type == "string_content" else child))
+            at = child.end_byte
+        data = self.script.data
+        for k, (begin, finish, child) in enumerate(segments):
+            if child is None:
                 # A line continuation beside a blank splits as a blank (bash drops it from
                 # a double-quoted string; the new shell or eval reads it as one); the same
                 # length, so that the offsets stay the file's.
-                content = _CONTINUATION.sub("  ", self.script.raw(child))
+                content = _CONTINUATION.sub("  ", data[begin:finish].decode("utf-8"))
                 if re.search(r"[\\'\"`]", content):
                     return None
-                offset = child.start_byte
                 for m in re.finditer(r"[^ \t\n]+|[ \t\n]+", content):
                     if m.group(0)[0] in " \t\n":
                         flush()
                         continue
-                    start = offset + len(content[:m.start()].encode())
+                    start = begin + len(content[:m.start()].encode())
                     pieces.append((start, start + len(m.group(0).encode()), m.group(0)))
             else:
                 name, array = self._variable(child)
-                alone = not pieces and _ends_word(value, child, self.script)
+                nxt = segments[k + 1] if k + 1 < len(segments) else None
+                alone = not pieces and (nxt is None or (nxt[2] is None and _CONTINUATION.sub(
+                    "  ", data[nxt[0]:nxt[1]].decode("utf-8"))[:1] in (" ", "\t", "\n")))
                 followed = self.follow(name, array=array) if name is not None and alone \
                     else None
                 if followed is not None:
                     tokens.extend(followed)
                 else:
-                    pieces.append((child.start_byte, child.end_byte, None))
+                    pieces.append((begin, finish, None))
         flush()
         return tokens
 
@@ -299,15 +322,6 @@ class _Follower:
             out.append(Token(m.group(0), m.group(0), start, start + len(m.group(0).encode()),
                              quoting))
         return out
-
-
-def _ends_word(string: Node, child: Node, script: Script) -> bool:
-    """Whether `child` (an expansion inside a string) is followed by a space or the string's
-    end, so that it is a word of its own once split."""
-    nxt = child.next_sibling
-    if nxt is None or nxt.type == '"':
-        return True
-    return nxt.type == "string_content" and script.raw(nxt)[:1] in (" ", "\t", "\n")
 
 
 _OPERATOR = re.compile(r"\d*[;&|<>]")
@@ -342,12 +356,12 @@ def _shell_string(script: Script, words: list[Node]) -> Node | None:
             return None
         if text is None or text.rsplit("/", 1)[-1] not in SHELLS:
             continue
-        for option in words[k + 1:]:
-            flag = _literal(script, option) or ""
+        for j in range(k + 1, len(words)):
+            flag = _literal(script, words[j]) or ""
             if not flag.startswith("-"):
                 return None
             if SHELL_C.fullmatch(flag):
-                return option.next_named_sibling
+                return words[j + 1] if j + 1 < len(words) else None
         return None
     return None
 
@@ -395,8 +409,9 @@ def _launch(command: MegatronCommand) -> _Launch:
             return _Launch([], True, f"line {command.line}: the sh -c string {found}")
         tokens = found
     else:
+        evaluated = bool(words) and _literal(script, words[0]) == "eval"
         for node in words:
-            tokens += follower.word(node)
+            tokens += follower.word(node, command=evaluated)
     at = next((k for k, t in enumerate(tokens) if script.data[t.start:t.end].decode()
                .strip("'\"").endswith(TRAINING_SCRIPT)), None)
     if at is None:

@@ -623,9 +623,12 @@ class _Reader:
         text = "".join(p if isinstance(p, str) else f'"${{{p.name}}}"' if p.plain else p.text
                        for p in string.parts)
         saved = (self.vars, self.exported, self.maybe, self.depth, self.wrapper)
-        self.vars = {name: Ref(f"${name}", name, f"${name} is set in the script but not "
-                               "exported, so the sh -c string's shell does not have it")
-                     for name in saved[0] if name not in saved[1]}
+        # A variable it did not export is not the new shell's; one autotune could not tell
+        # (set in an if) keeps its reason.
+        self.vars = {name: value if isinstance(value, Ref) else
+                     Ref(f"${name}", name, f"${name} is set in the script but not exported, so "
+                         "the sh -c string's shell does not have it")
+                     for name, value in saved[0].items() if name not in saved[1]}
         self.vars.update(saved[1])
         self.exported = dict(saved[1])
         self.maybe, self.depth = {}, 0
