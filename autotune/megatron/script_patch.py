@@ -287,8 +287,8 @@ class _Follower:
                              None if child.type == "string_content" else child))
             at = child.end_byte
         data = self.script.data
-        for k, (begin, finish, child) in enumerate(segments):
-            if child is None:
+        for k, (begin, finish, part) in enumerate(segments):
+            if part is None:
                 # A line continuation beside a blank splits as a blank (bash drops it from
                 # a double-quoted string; the new shell or eval reads it as one); the same
                 # length, so that the offsets stay the file's.
@@ -302,7 +302,7 @@ class _Follower:
                     start = begin + len(content[:m.start()].encode())
                     pieces.append((start, start + len(m.group(0).encode()), m.group(0)))
             else:
-                name, array = self._variable(child)
+                name, array = self._variable(part)
                 nxt = segments[k + 1] if k + 1 < len(segments) else None
                 alone = not pieces and (nxt is None or (nxt[2] is None and _CONTINUATION.sub(
                     "  ", data[nxt[0]:nxt[1]].decode("utf-8"))[:1] in (" ", "\t", "\n")))
