@@ -159,6 +159,15 @@ eval $cmd 2>&1 | tee logs.txt
 """vuiseng9/megatron-tutorials' scripts/2-8 shape (its SP `if` left out): an array made by
 `+=` alone, and a string of arrays only, continued over lines, run by eval."""
 
+SUBSTITUTION = f"""#!/bin/bash
+mkdir -p logs && srun --container-image=nvcr.io/nvidia/nemo:24.07 bash -c "cd /opt/megatron && \\
+  torchrun --nproc-per-node 8 pretrain_gpt.py {MODEL} {BATCH} \\
+    --tensor-model-parallel-size 2 \\
+    --bf16 --save $(pwd)/ckpt 2>&1 | tee train.log" && mv train.log logs/
+"""
+"""A `$(...)` inside the string (a command of its own on the launch's line) and commands
+before and after the srun on that line."""
+
 # ---- reading -------------------------------------------------------------------------------
 
 READS = [
@@ -171,6 +180,7 @@ READS = [
     ("self-appends and a string +=", SELF_APPEND, 2, 1, 1, 16, 8, "torchrun"),
     ("an array expanded twice", TWICE, 2, 1, 1, 16, 8, "torchrun"),
     ("eval of a string of arrays", TUTORIAL, 2, 1, 1, 16, 8, "torchrun"),
+    ("a $(...) in the string", SUBSTITUTION, 2, 1, 1, 16, 8, "srun"),
 ]
 
 
@@ -259,6 +269,11 @@ PATCHES = [
      ["-\t--pipeline-model-parallel-size 1", "+\t--pipeline-model-parallel-size 2",
       "-eval $cmd 2>&1 | tee logs.txt",
       "+eval $cmd --use-distributed-optimizer 2>&1 | tee logs.txt"]),
+    ("a $(...) in the string: the srun command is the launch, not the substitution",
+     SUBSTITUTION, ADDED,
+     ["-    --bf16 --save $(pwd)/ckpt 2>&1 | tee train.log\" && mv train.log logs/",
+      "+    --bf16 --save $(pwd)/ckpt --pipeline-model-parallel-size 2 "
+      "--use-distributed-optimizer 2>&1 | tee train.log\" && mv train.log logs/"]),
     ("an array expanded twice: one edit", TWICE, NEW,
      [f"-BATCH_ARGS=({BATCH})", f"-ARGS=({MODEL} --tensor-model-parallel-size 2 --bf16)",
       "+BATCH_ARGS=(--micro-batch-size 2 --global-batch-size 16)",

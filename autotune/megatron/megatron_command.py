@@ -241,7 +241,10 @@ def _find(parsed: Script, line: int | None) -> tuple[Command, Candidate]:
     source = parsed.source
     commands, unread = read_script_commands(_without_heredoc_text(parsed), source, _optional)
     launches = _launches(commands)
-    site = find_launch(parsed, {c.line for c in launches}, line)
+    # Each launch's line, with the first word of the command written there (srun of
+    # `srun ... sh -c "$CMD"`, eval of `eval $cmd`): the command to find on that line.
+    site = find_launch(parsed, {c.line: (c.wrapper or c.words)[0].text for c in launches},
+                       line)
     if site is None and unread:
         # `srun ... sh -c "${CMD}"` with CMD from the environment (Megatron-LM's sc21/SRUN.sh):
         # the launch may be in that string; say so rather than "no command".
