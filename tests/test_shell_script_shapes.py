@@ -312,7 +312,7 @@ REFUSALS = [
     ("escaped quotes inside the string",
      f'srun bash -c "torchrun --nproc-per-node 8 pretrain_gpt.py {MODEL} {BATCH} '
      '--tensor-model-parallel-size 2 --data-path \\"$DATA\\""\n', NEW,
-     r"line 1: the sh -c string it holds quotes or backslashes, which its shell lexes again"),
+     r"line 1: the sh -c string holds quotes or backslashes, which its shell lexes again"),
     ("the string's variable set in an if",
      f'CMD="torchrun --nproc-per-node 8 pretrain_gpt.py {MODEL} {BATCH} '
      '--tensor-model-parallel-size 2"\nif [ -n "$X" ]; then CMD="$CMD --bf16"; fi\n'

@@ -390,7 +390,7 @@ def _string_tokens(follower: _Follower, node: Node) -> list[Token] | str:
             return [Token(t.text if "$" not in (t.text or "") else None,
                           (t.text or "").split("$")[0], t.start, t.end, "'")
                     for t in follower._split_text(text, node.start_byte + 1, "'")]
-    return ("it holds quotes or backslashes, which its shell lexes again: autotune does not "
+    return ("holds quotes or backslashes, which its shell lexes again: autotune does not "
             "patch such a string")
 
 
