@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import tree_sitter_bash
@@ -187,7 +187,7 @@ def _command_name(script: Script, command: Node) -> str | None:
     return None if name is None else script.raw(name)
 
 
-def _candidates(script: Script, evaluated_lines: set[int]) -> list[Candidate]:
+def _candidates(script: Script, evaluated_lines: Mapping[int, str | None]) -> list[Candidate]:
     found: dict[int, Candidate] = {}  # by the command node's start byte
     commands_at: dict[int, list[Node]] = {}
     for node, _ in walk(script.root):
@@ -202,21 +202,29 @@ def _candidates(script: Script, evaluated_lines: set[int]) -> list[Candidate]:
                if not c.type.endswith("redirect")):
             found[node.start_byte] = Candidate(line, node.end_point[0] + 1, context_of(node),
                                                node)
-    # A launch the evaluator found by expanding (`eval $cmd`, `$CMD`): the command that starts
-    # on its line (the last one there: `cd DIR && eval $cmd`).
-    for line in evaluated_lines:
+    # A launch the evaluator found by expanding (`eval $cmd`, `$CMD`, `srun ... sh -c "$CMD"`):
+    # the command that starts on its line, not one inside it (`$(pwd)` in the sh -c string),
+    # named as the evaluator read its first word (`cd DIR && srun ... && mv log old`), else
+    # the last one there (`cd DIR && eval $cmd`).
+    for line, first in evaluated_lines.items():
         nodes = commands_at.get(line, [])
-        if nodes and not any(n.start_byte in found for n in nodes):
-            node = nodes[-1]
+        outer = [n for n in nodes if not any(
+            o is not n and o.start_byte <= n.start_byte and n.end_byte <= o.end_byte
+            for o in nodes)]
+        named = [n for n in outer if first is not None and _command_name(script, n) == first]
+        if outer and not any(n.start_byte in found for n in nodes):
+            node = (named or outer)[-1]
             found[node.start_byte] = Candidate(line, node.end_point[0] + 1, context_of(node),
                                                node)
     return sorted(found.values(), key=lambda c: (c.line, c.end_line))
 
 
-def find_launch(script: Script, evaluated_lines: set[int], line: int | None) -> Candidate | None:
+def find_launch(script: Script, evaluated_lines: Mapping[int, str | None],
+                line: int | None) -> Candidate | None:
     """The command that launches the training script (None: there is none). `evaluated_lines`
     are the lines where the evaluator (autotune.megatron.shell_script) found a launch once
-    variables were expanded; `line` is the user's `--line N`."""
+    variables were expanded, each with the first word of the command it read there (None where
+    it is not plain text); `line` is the user's `--line N`."""
     candidates = _candidates(script, evaluated_lines)
     listed = ", ".join(c.describe() for c in candidates)
     if line is not None:

@@ -47,7 +47,7 @@ from autotune.megatron.megatron_args import (
     read_fields,
     row_args,
 )
-from autotune.megatron.shell_script import Command, Maybe, Ref, Word, read_commands
+from autotune.megatron.shell_script import Command, Maybe, Ref, Word, read_script_commands
 from autotune.specs.model import MODEL_NAME_MAX, ModelSpec
 
 __all__ = [
@@ -239,9 +239,21 @@ def _launches(commands: list[Command]) -> list[Command]:
 def _find(parsed: Script, line: int | None) -> tuple[Command, Candidate]:
     """The launch the shell runs (or the one `line` names), as the evaluator expands it."""
     source = parsed.source
-    commands = read_commands(_without_heredoc_text(parsed), source, _optional)
+    commands, unread = read_script_commands(_without_heredoc_text(parsed), source, _optional)
     launches = _launches(commands)
-    site = find_launch(parsed, {c.line for c in launches}, line)
+    # Each launch's line, with the first word of the command written there (srun of
+    # `srun ... sh -c "$CMD"`, eval of `eval $cmd`): the command to find on that line.
+    site = find_launch(parsed, {c.line: (c.wrapper or c.words)[0].text for c in launches},
+                       line)
+    if site is None and unread:
+        # `srun ... sh -c "${CMD}"` with CMD from the environment (Megatron-LM's sc21/SRUN.sh):
+        # the launch may be in that string; say so rather than "no command".
+        at, string = unread[0]
+        ref = string.refs[0]
+        raise ConfigError(f"{source}: line {at}: sh -c {for_terminal(string.shown())[:80]}: "
+                          f"{ref.reason.removeprefix(ref.text + ': ')}; autotune cannot tell "
+                          f"whether it runs {TRAINING_SCRIPT}: write the launch in the script, "
+                          "or set the variable before it")
     if site is None:
         raise ConfigError(f"{source} holds no {TRAINING_SCRIPT} command (autotune reads a "
                           f"`torchrun ... {TRAINING_SCRIPT} --flags` or `python "
@@ -488,16 +500,20 @@ def _model_name(path: Path) -> str:
     return name or "megatron-command"
 
 
-def read_megatron_command(path: str, line: int | None = None) -> MegatronCommand:
+def read_megatron_command(path: str, line: int | None = None,
+                          data: bytes | None = None) -> MegatronCommand:
     """The pretrain_gpt.py command of the file at `path` (the one on `line`, when given), read
-    (never run)."""
+    (never run); `data`: the file's text as given, not read from `path` (the export's patched
+    script, read back before it is written)."""
     file = Path(path)
     if line is not None and line < 1:
         raise ConfigError(f"--line must be a positive line number, got {line}")
-    parsed = parse_script(read_script(path), path)
+    parsed = parse_script(read_script(path) if data is None else data, path)
     command, site = _find(parsed, line)
     at = next(k for k, w in enumerate(command.words) if _is_script(w))
-    launcher, script = command.words[:at], command.words[at]
+    # `srun ... sh -c "python pretrain_gpt.py ..."`: srun and its options launch the string's
+    # python, as they would launch it written without the shell.
+    launcher, script = (*command.wrapper, *command.words[:at]), command.words[at]
     if script.text is None:
         # The script's path may come from the environment ($MEGATRON_LM/pretrain_gpt.py):
         # autotune never runs it, and the export carries it as "${NAME}".

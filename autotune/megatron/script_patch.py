@@ -38,8 +38,11 @@ from autotune.megatron.megatron_command import (
     RowChange,
     exported_layout,
     flag_values,
+    megatron_layout,
+    read_megatron_command,
 )
 from autotune.megatron.megatron_versions import MegatronVersion, spell_args
+from autotune.megatron.shell_script import SHELL_C, SHELLS
 
 __all__ = ["Respelling", "Token", "launch_tokens", "patch_script", "respellings"]
 
@@ -48,6 +51,8 @@ _MAX_FOLLOW = 16
 _PLAIN = re.compile(r"[A-Za-z0-9_.,:+=/@%-]+")
 """Text that means the same bare, in double quotes or in single quotes."""
 _REDIRECTS = {"file_redirect", "heredoc_redirect", "herestring_redirect"}
+_CONTINUATION = re.compile(r"(?<=[ \t])\\\n|\\\n(?=[ \t\n])")
+"""A backslash-newline with a blank beside it, inside a string: a blank to the word split."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +103,14 @@ class _Follower:
     """Turns the launch command's word nodes into tokens, following the variables it expands
     where their value is known without running anything."""
 
-    def __init__(self, script: Script, launch: Node) -> None:
+    def __init__(self, script: Script, launch: Node,
+                 left_out: frozenset[tuple[str, int]] = frozenset()) -> None:
         self.script = script
         self.launch = launch
+        self.left_out = left_out
+        """(array, line) of the appends inside a block that the reader read the command
+        without (MegatronCommand.maybe: flags autotune neither reads nor needs): they add no
+        token, as they add no word to what autotune read."""
         self.assignments: dict[str, list[Node]] = {}
         for node, _ in walk(script.root):
             if node.type == "variable_assignment":
@@ -109,11 +119,12 @@ class _Follower:
                     self.assignments.setdefault(script.raw(name), []).append(node)
         self.following: list[str] = []
 
-    def word(self, node: Node) -> list[Token]:
-        """The tokens of one word of the command or of an array."""
+    def word(self, node: Node, *, command: bool = False) -> list[Token]:
+        """The tokens of one word of the command or of an array (`command`: a word `eval`
+        runs, whose variable may hold the whole launch without a flag written in it)."""
         name, array = self._reference(node)
         if name is not None:
-            followed = self.follow(name, array=array)
+            followed = self.follow(name, array=array, command=command)
             if followed is not None:
                 return followed
         text = _literal(self.script, node)
@@ -147,52 +158,85 @@ class _Follower:
             return None, False
         return self._variable(node)
 
-    def follow(self, name: str, *, array: bool) -> list[Token] | None:
+    def follow(self, name: str, *, array: bool, command: bool = False) -> list[Token] | None:
         """The tokens of variable `name`'s value, or None where it is not known for sure: set
-        more than once (bar `+=` of arrays), inside a block, after the launch, or nested too
-        deep."""
+        more than once (bar appends: `+=`, `NAME=( "${NAME[@]}" ... )`), inside a block (bar
+        an append the reader left out), after the launch, or nested too deep. `command`: the
+        string is a whole command (`sh -c "$CMD"`), followed even where it holds no flag."""
         assigned = self.assignments.get(name, [])
         if not assigned or name in self.following or len(self.following) >= _MAX_FOLLOW:
             return None
+        kept = []
         for node in assigned:
-            if context_of(node) is not None or node.start_byte > self.launch.start_byte:
+            if node.start_byte > self.launch.start_byte:
+                return None
+            if context_of(node) is not None:
+                if (name, node.start_point[0] + 1) in self.left_out:
+                    continue  # read without it: the block's flags are none autotune edits
                 return None
             decl = node.parent
             if decl is not None and decl.type == "declaration_command" and \
                     decl.children and decl.children[0].type == "local":
                 return None
+            kept.append(node)
+        assigned = kept
+        if not assigned:
+            return None
         given = [a.child_by_field_name("value") for a in assigned]
         values = [v for v in given if v is not None]
-        appends = [b"+=" in (a.text or b"").split(b"(")[0] for a in assigned]
-        if len(values) < len(given) or appends[0]:
+        appends = [self._appends(a) for a in assigned]
+        if len(values) < len(given) or (appends[0] and values[0].type != "array"):
             return None
+        # `NAME+=( ... )` first (the tutorials' MODEL_PARALLEL_ARGS): bash makes the array
+        # of its words, as autotune's reader does.
         is_array = [v.type == "array" for v in values]
-        if len(assigned) > 1 and not all(is_array):
+        if len(assigned) > 1 and any(a != is_array[0] for a in is_array):
             return None
-        if not array and not is_array[0] and \
+        if not array and not is_array[0] and not command and \
                 not re.search(r"(^|\s)--", self.script.raw(values[0]).strip("'\"")):
             # A string that holds no flag (`TP=2`): a value, replaced where the launch
             # uses it, not in the assignment other commands may read.
             return None
-        if not all(appends[1:]) or is_array[0] != array:
+        if is_array[0] != array:
             return None  # `$ARRAY` is its first element, `"${STRING[@]}"` one word
+        # Each later assignment appends: `NAME+=( ... )`, `NAME=( "${NAME[@]}" ... )` (its
+        # first element, the array so far, is skipped), or `NAME+=" --flag"` onto a string
+        # (joined without a space by bash: only where a blank keeps the words apart).
+        elements: list[list[Node]] = []
+        for k, value in enumerate(values):
+            if value.type != "array":
+                if k and not (appends[k] and re.match(r"""['"]?[ \t\n]""",
+                                                      self.script.raw(value))):
+                    return None
+                elements.append([value])
+                continue
+            items = [e for e in value.named_children if e.type != "comment"]
+            if k and not appends[k]:
+                if not items or self._reference(items[0]) != (name, True):
+                    return None
+                items = items[1:]
+            elements.append(items)
         self.following.append(name)
         try:
             out: list[Token] = []
-            for value in values:
-                if value.type == "array":
-                    for element in value.named_children:
-                        if element.type == "comment":
-                            continue
+            for items in elements:
+                for element in items:
+                    if is_array[0]:
                         out += self.word(element)
-                else:
-                    split = self.split(value)
+                        continue
+                    split = self.split(element)
                     if split is None:
                         return None
                     out += split
             return out
         finally:
             self.following.pop()
+
+    def _appends(self, assignment: Node) -> bool:
+        """`NAME+=...` (not `NAME=...`)."""
+        name = assignment.child_by_field_name("name")
+        end = assignment.start_byte if name is None else name.end_byte
+        return self.script.data[end:end + 2] == b"+="
 
     def split(self, value: Node) -> list[Token] | None:
         """A string variable's value split at spaces, as bash splits an unquoted `$NAME` (and
@@ -222,66 +266,173 @@ class _Follower:
                 tokens.append(Token(text, head, pieces[0][0], pieces[-1][1], '"'))
                 pieces.clear()
 
+        # The string's parts in order: text (string_content nodes, and the blanks the
+        # grammar leaves between two expansions, which are no node) and expansions.
+        segments: list[tuple[int, int, Node | None]] = []
+        at = value.start_byte + 1
         for child in value.children:
             if child.type == '"':
+                if child.start_byte > at:
+                    segments.append((at, child.start_byte, None))
+                at = max(at, child.end_byte)
                 continue
-            if child.type == "string_content":
-                content = self.script.raw(child)
+            begin = child.start_byte
+            if child.type != "string_content":
+                # tree-sitter-bash starts an expansion's node at the blanks before it.
+                blank = re.match(rb"(?:[ \t\n]|\\\n)*", self.script.data[begin:child.end_byte])
+                begin += blank.end() if blank else 0
+            if begin > at:
+                segments.append((at, begin, None))
+            segments.append((begin, child.end_byte,
+                             None if child.type == "string_content" else child))
+            at = child.end_byte
+        data = self.script.data
+        for k, (begin, finish, part) in enumerate(segments):
+            if part is None:
+                # A line continuation beside a blank splits as a blank (bash drops it from
+                # a double-quoted string; the new shell or eval reads it as one); the same
+                # length, so that the offsets stay the file's.
+                content = _CONTINUATION.sub("  ", data[begin:finish].decode("utf-8"))
                 if re.search(r"[\\'\"`]", content):
                     return None
-                offset = child.start_byte
                 for m in re.finditer(r"[^ \t\n]+|[ \t\n]+", content):
                     if m.group(0)[0] in " \t\n":
                         flush()
                         continue
-                    start = offset + len(content[:m.start()].encode())
+                    start = begin + len(content[:m.start()].encode())
                     pieces.append((start, start + len(m.group(0).encode()), m.group(0)))
             else:
-                name, array = self._variable(child)
-                alone = not pieces and _ends_word(value, child, self.script)
+                name, array = self._variable(part)
+                nxt = segments[k + 1] if k + 1 < len(segments) else None
+                alone = not pieces and (nxt is None or (nxt[2] is None and _CONTINUATION.sub(
+                    "  ", data[nxt[0]:nxt[1]].decode("utf-8"))[:1] in (" ", "\t", "\n")))
                 followed = self.follow(name, array=array) if name is not None and alone \
                     else None
                 if followed is not None:
                     tokens.extend(followed)
                 else:
-                    pieces.append((child.start_byte, child.end_byte, None))
+                    pieces.append((begin, finish, None))
         flush()
         return tokens
 
     def _split_text(self, text: str, offset: int, quoting: str) -> list[Token]:
         out = []
-        for m in re.finditer(r"[^ \t\n]+", text):
+        for m in re.finditer(r"[^ \t\n]+", _CONTINUATION.sub("  ", text)):
             start = offset + len(text[:m.start()].encode())
             out.append(Token(m.group(0), m.group(0), start, start + len(m.group(0).encode()),
                              quoting))
         return out
 
 
-def _ends_word(string: Node, child: Node, script: Script) -> bool:
-    """Whether `child` (an expansion inside a string) is followed by a space or the string's
-    end, so that it is a word of its own once split."""
-    nxt = child.next_sibling
-    if nxt is None or nxt.type == '"':
-        return True
-    return nxt.type == "string_content" and script.raw(nxt)[:1] in (" ", "\t", "\n")
+_OPERATOR = re.compile(r"\d*[;&|<>]")
+"""A word of a `sh -c` string that ends its command (`&&`, `;`, `|`, `2>&1`, `> log`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Launch:
+    """The launch command's words after the training script (`tokens`); for `[srun ...] sh -c
+    STRING`, those of the string's command, with `inner` set: flags then go after its last
+    word, inside the string (`why`: the string is written in a way autotune does not patch)."""
+
+    tokens: list[Token]
+    inner: bool = False
+    why: str | None = None
+
+
+def _words(launch: Node) -> list[Node]:
+    out: list[Node] = []
+    for child in launch.children:
+        if child.type in _REDIRECTS or child.type in ("variable_assignment", "comment"):
+            continue
+        out += child.children if child.type == "command_name" else [child]
+    return out
+
+
+def _shell_string(script: Script, words: list[Node]) -> Node | None:
+    """The STRING of `[srun ...] sh -c STRING` (as shell_script.shell_string finds it)."""
+    for k, node in enumerate(words):
+        text = _literal(script, node)
+        if script.raw(node).strip("'\"").endswith(".py"):
+            return None
+        if text is None or text.rsplit("/", 1)[-1] not in SHELLS:
+            continue
+        for j in range(k + 1, len(words)):
+            flag = _literal(script, words[j]) or ""
+            if not flag.startswith("-"):
+                return None
+            if SHELL_C.fullmatch(flag):
+                return words[j + 1] if j + 1 < len(words) else None
+        return None
+    return None
+
+
+def _string_tokens(follower: _Follower, node: Node) -> list[Token] | str:
+    """The words of a `sh -c` string as the new shell splits them, or why autotune does not
+    patch it: a quote or backslash inside it (the new shell would lex them again)."""
+    script = follower.script
+    if node.type == "string":
+        inner = [c for c in node.children if c.type != '"']
+        if len(inner) == 1 and inner[0].type != "string_content":
+            name, array = follower._variable(inner[0])
+            followed = None if name is None or array else follower.follow(name, array=False,
+                                                                        command=True)
+            if followed is not None:
+                return followed
+            return (f"{script.raw(node)} comes from a variable autotune does not follow (set "
+                    "in a block, more than once, or by the environment)")
+        split = follower.split(node)
+        if split is not None:
+            return split
+    elif node.type == "raw_string":
+        text = script.raw(node)[1:-1]
+        if not re.search(r"[\\\"`]", _CONTINUATION.sub("  ", text)):
+            # Single quotes: the new shell expands `$NAME` (one the script exported).
+            return [Token(t.text if "$" not in (t.text or "") else None,
+                          (t.text or "").split("$")[0], t.start, t.end, "'")
+                    for t in follower._split_text(text, node.start_byte + 1, "'")]
+    return ("holds quotes or backslashes, which its shell lexes again: autotune does not "
+            "patch such a string")
+
+
+def _launch(command: MegatronCommand) -> _Launch:
+    script, launch = command.parsed, command.site.node
+    assert launch is not None
+    left_out = frozenset((m.name, m.line) for m in command.maybe)
+    follower = _Follower(script, launch, left_out)
+    words = _words(launch)
+    string = _shell_string(script, words)
+    inner = string is not None
+    tokens: list[Token] = []
+    if string is not None:
+        found = _string_tokens(follower, string)
+        if isinstance(found, str):
+            return _Launch([], True, f"line {command.line}: the sh -c string {found}")
+        tokens = found
+    else:
+        evaluated = bool(words) and _literal(script, words[0]) == "eval"
+        for node in words:
+            tokens += follower.word(node, command=evaluated)
+    at = next((k for k, t in enumerate(tokens) if script.data[t.start:t.end].decode()
+               .strip("'\"").endswith(TRAINING_SCRIPT)), None)
+    if at is None:
+        if inner:
+            return _Launch([], True, f"line {command.line}: the sh -c string's "
+                                     f"{TRAINING_SCRIPT} comes from a variable autotune does "
+                                     "not follow")
+        return _Launch(tokens)
+    tokens = tokens[at + 1:]
+    if inner:
+        # The string may run more than the launch (`... 2>&1 | tee log`, `&& echo done`).
+        end = next((k for k, t in enumerate(tokens) if _OPERATOR.match(t.head)), len(tokens))
+        tokens = tokens[:end]
+    return _Launch(tokens, inner)
 
 
 def launch_tokens(command: MegatronCommand) -> list[Token]:
     """The launch command's words after the training script, as bash splits them, each with
-    its place in the file (the launcher's options when the script is not found among them)."""
-    script, launch = command.parsed, command.site.node
-    assert launch is not None
-    follower = _Follower(script, launch)
-    tokens: list[Token] = []
-    for child in launch.children:
-        if child.type in _REDIRECTS or child.type in ("variable_assignment", "comment"):
-            continue
-        nodes = child.children if child.type == "command_name" else [child]
-        for node in nodes:
-            tokens += follower.word(node)
-    at = next((k for k, t in enumerate(tokens) if script.data[t.start:t.end].decode()
-               .strip("'\"").endswith(TRAINING_SCRIPT)), None)
-    return tokens if at is None else tokens[at + 1:]
+    its place in the file (the launcher's options when the script is not found among them;
+    for `sh -c STRING`, the string's launch)."""
+    return _launch(command).tokens
 
 
 # ---- edits ---------------------------------------------------------------------------------
@@ -458,7 +609,8 @@ def patch_script(command: MegatronCommand, new_layout: Layout,
     spelled for that release (`respellings`); every other byte as it was."""
     script, launch, source = command.parsed, command.site.node, command.source
     assert launch is not None
-    tokens = launch_tokens(command)
+    launched = _launch(command)
+    tokens = launched.tokens
     present = {g.flag for g in command.groups if g.flag is not None}
     current = _current_values(command)
     new = exported_layout(new_layout)
@@ -471,6 +623,9 @@ def patch_script(command: MegatronCommand, new_layout: Layout,
         added.append([])
         for flag in row.flags:
             places = _occurrences(tokens, flag)
+            if flag.name in present and not places and launched.why is not None:
+                raise ConfigError(f"{source}: {launched.why}; change it by hand: "
+                                  f"{change.describe()}")
             if flag.name in present and not places:
                 raise ConfigError(
                     f"{source}: line {command.line}: {flag.name} comes from a variable autotune "
@@ -501,14 +656,70 @@ def patch_script(command: MegatronCommand, new_layout: Layout,
     if megatron_version is not None:
         edits += _respelling_edits(command, tokens, respellings(command, megatron_version))
         added = [spell_args(a, megatron_version) for a in added]
-    if any(added):
+    if any(added) and launched.inner:
+        edits.append(_inner_insertion(command, launched, [a for a in added if a]))
+    elif any(added):
         edits.append(_insertion(script, launch, [a for a in added if a]))
-    return _apply(script, edits)
+    patched = _apply(script, edits)
+    _check_read_back(command, patched, new_layout, changes, edits)
+    return patched
+
+
+def _check_read_back(command: MegatronCommand, patched: str, new_layout: Layout,
+                     changes: list[RowChange], edits: list[_Edit]) -> None:
+    """The patched script read again as autotune reads the user's (the same launch line,
+    moved by the edits above it): its layout must be the one exported and its model the
+    user's. The reader and the patch see the script through two parsers (shell_script's
+    evaluator, tree-sitter's tree); where an edit landed elsewhere than the reader takes the
+    flag from (a `sh -c` string, an array grown by appends), the export is refused in one line
+    rather than written wrong."""
+    launch = command.site.node
+    assert launch is not None
+    before = [e for e in set(edits) if e.end <= launch.start_byte]
+    moved = sum(e.text.count("\n") - command.parsed.data[e.start:e.end].count(b"\n")
+                for e in before)
+    line = command.site.line + moved
+    changed = "; ".join(c.describe() for c in changes)
+    try:
+        again = read_megatron_command(command.source, line, patched.encode())
+        got: Layout | None = megatron_layout(again, new_layout.world_size)
+    except ConfigError as exc:
+        raise ConfigError(f"{command.source}: line {command.line}: the patched script does not "
+                          f"read back ({exc}); change the flags by hand: {changed}") from None
+    want = exported_layout(new_layout)
+    if got != want or again.model != command.model:
+        what = "another model" if again.model != command.model else \
+            f"{got.describe() if got else '?'}, not {want.describe()}"
+        raise ConfigError(f"{command.source}: line {command.line}: the patched script would "
+                          f"read back as {what}: autotune did not find every place its flags "
+                          f"come from; change them by hand: {changed}")
+
+
+def _inner_insertion(command: MegatronCommand, launched: _Launch,
+                     rows: list[list[str]]) -> _Edit:
+    """New flags inside a `sh -c` string (or the variable that holds it), after its launch's
+    last word: written after the string, they would be the new shell's $0, not flags."""
+    where = f"{command.source}: line {command.line}"
+    if launched.why is not None:
+        raise ConfigError(f"{command.source}: {launched.why}; add by hand: "
+                          + " ".join(a for args in rows for a in args))
+    if not launched.tokens:
+        raise ConfigError(f"{where}: the sh -c string's {TRAINING_SCRIPT} has no flags "
+                          "autotune can add after; add by hand: "
+                          + " ".join(a for args in rows for a in args))
+    args = [a for row in rows for a in row]
+    odd = [a for a in args if not _PLAIN.fullmatch(a)]
+    if odd:
+        raise ConfigError(f"{where}: {odd[0]!r} would go inside the sh -c string; add "
+                          f"{' '.join(args)} by hand")
+    last = launched.tokens[-1]
+    return _Edit(last.end, last.end, " " + " ".join(args))
 
 
 def _apply(script: Script, edits: list[_Edit]) -> str:
     data = script.data
-    ordered = sorted(edits, key=lambda e: (e.start, e.end))
+    # One place can be reached twice (an array the command expands twice): one edit.
+    ordered = sorted(set(edits), key=lambda e: (e.start, e.end, e.text))
     for a, b in itertools.pairwise(ordered):
         if b.start < a.end:
             raise ConfigError(f"{script.source}: two flag edits overlap at byte {b.start}; "

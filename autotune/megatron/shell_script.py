@@ -5,6 +5,8 @@ executing any of it: this module lexes bash's quoting (single and double quotes,
 continuations, comments), follows simple assignments in order (`NAME=value`, `export`,
 `declare`, arrays `NAME=( ... )` and `NAME+=( ... )`, `eval` of a string it could expand) and
 expands `$NAME`, `${NAME}`, `${NAME:-default}` and `${NAME[@]}` with bash's word splitting.
+`[srun ...] sh -c STRING` (bash, sh) is read as the string's commands, lexed as the new shell
+lexes them, with the variables the script exported (Command.wrapper keeps `srun ...`).
 What it cannot know without running something (`$(...)`, backticks, arithmetic, a variable set
 only inside an if/for/case block or a function, one the environment provides) stays a `Ref`
 in the word, with the reason, so that the caller can refuse it where it matters and carry it
@@ -22,7 +24,8 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["Command", "Ref", "Word", "read_commands"]
+__all__ = ["SHELLS", "SHELL_C", "Command", "Ref", "Word", "read_commands",
+           "read_script_commands", "shell_string"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
@@ -32,6 +35,10 @@ _BLOCK_OPEN = {"if", "for", "while", "until", "case", "select", "function"}
 _BLOCK_CLOSE = {"fi", "done", "esac", "}"}
 _BLOCK_MIDDLE = {"then", "do", "else", "elif", "{", "!", "time"}
 _DECLARE = {"export", "declare", "typeset", "local", "readonly"}
+SHELLS = frozenset({"sh", "bash", "dash", "ksh", "zsh"})
+"""Shells whose `-c STRING` runs the string as a script (`srun ... sh -c "${CMD}"`)."""
+SHELL_C = re.compile(r"-[A-Za-z]*c[A-Za-z]*")
+"""A short-option cluster holding -c (`-c`, `-lc`, `-ec`)."""
 
 MAX_EXPANDED_CHARS = 4 * 2**20
 """Characters all expansions of one script may produce: a launch command is a few KiB, and a
@@ -111,6 +118,9 @@ class Command:
     maybe: tuple[Maybe, ...] = ()
     """Words an array the command expands may also hold: appended inside a block whose
     condition autotune does not run, and left out (read_commands' `optional`)."""
+    wrapper: tuple[Word, ...] = ()
+    """The words of the command whose `sh -c STRING` / `bash -c STRING` ran this one, up to the
+    shell (`srun -l --container-image IMG`): `words` are the string's command."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +347,8 @@ class _Reader:
         self.nesting = 0  # defaults being expanded inside one another (MAX_DEFAULT_DEPTH)
         self.deadline = time.monotonic() + READ_SECONDS
         self.line = 1  # the line of the statement being read (Ref.line)
+        self.wrapper: tuple[Word, ...] = ()  # the `srun ... sh -c` around the string being read
+        self.unread: list[tuple[int, Word]] = []  # `sh -c STRING`s whose string is unknown
 
     def check_time(self) -> None:
         if time.monotonic() > self.deadline:
@@ -523,9 +535,13 @@ class _Reader:
         if command == "eval":
             self.eval(expanded[1:], st.line)
             return
+        shell_c = shell_string(expanded)
+        if shell_c is not None:
+            self.shell(expanded[:shell_c[0]], shell_c[1], st.line)
+            return
         maybe = tuple(m for name in self.touched for m in self.maybe.get(name, ()))
         self.commands.append(Command(tuple(expanded), env, tuple(self.exported.items()),
-                                     st.line, maybe))
+                                     st.line, maybe, self.wrapper))
 
     def assign(self, name: str, op: str, raw: list[_Seg], *, export: bool) -> None:
         if self.depth and self.appends_optional(name, op, raw):
@@ -591,6 +607,57 @@ class _Reader:
             st.line = line
             self.statement(st)
 
+    def shell(self, wrapper: list[Word], string: Word, line: int) -> None:
+        """`[srun ...] sh -c STRING`: the string read as the script a new shell runs. Its
+        words are the string's text after this script's expansion (done: `string`), lexed
+        again with bash's quoting; the new shell sees only the variables this script exported
+        (and the environment), none of its arrays, and what it sets stays in it. Each command
+        found keeps the words before the shell (`srun` and its options) as its wrapper."""
+        self.evals += 1
+        if self.evals > 100:
+            raise ConfigError(f"{self.source}: too many nested evals or sh -c strings")
+        if string.refs:
+            self.unread.append((line, string))
+        # A part autotune cannot tell goes back as written (as for eval): an environment
+        # variable stays "${NAME}", for the new shell to take from the same environment.
+        text = "".join(p if isinstance(p, str) else f'"${{{p.name}}}"' if p.plain else p.text
+                       for p in string.parts)
+        saved = (self.vars, self.exported, self.maybe, self.depth, self.wrapper)
+        # A variable it did not export is not the new shell's; one autotune could not tell
+        # (set in an if) keeps its reason.
+        self.vars = {name: value if isinstance(value, Ref) else
+                     Ref(f"${name}", name, f"${name} is set in the script but not exported, so "
+                         "the sh -c string's shell does not have it")
+                     for name, value in saved[0].items() if name not in saved[1]}
+        self.vars.update(saved[1])
+        self.exported = dict(saved[1])
+        self.maybe, self.depth = {}, 0
+        self.wrapper = (*saved[4], *wrapper)
+        try:
+            for st in _Lexer(text, self.source).statements():
+                st.line = line
+                self.statement(st)
+        finally:
+            self.vars, self.exported, self.maybe, self.depth, self.wrapper = saved
+
+
+def shell_string(words: Sequence[Word]) -> tuple[int, Word] | None:
+    """(the index of the shell, the string it runs) when the command is `[WRAPPER...] sh -c
+    STRING [NAME ARGS...]` (bash, sh, ... with -c in its options); else None."""
+    for k, word in enumerate(words):
+        if word.shown().endswith(".py"):
+            return None  # a shell's name after the program is one of its arguments
+        name = (word.text or "").rsplit("/", 1)[-1]
+        if name not in SHELLS:
+            continue
+        j = k + 1
+        while j < len(words) and (words[j].text or "").startswith("-"):
+            if SHELL_C.fullmatch(words[j].text or "") and j + 1 < len(words):
+                return k, words[j + 1]
+            j += 1
+        return None
+    return None
+
 
 def _joined(parts: list[str | Ref]) -> tuple[str | Ref, ...]:
     """Parts with adjacent text joined: `--data-path=`, Ref, `/x` rather than one per char."""
@@ -629,6 +696,14 @@ def read_commands(text: str, source: str,
     script's own assignments allow; nothing in it is run. Words appended to an array inside a
     block (whose condition autotune does not run) that `optional` says may be left out are
     (Command.maybe); any other assignment in a block leaves the variable unknown (a Ref)."""
+    return read_script_commands(text, source, optional)[0]
+
+
+def read_script_commands(text: str, source: str,
+                         optional: Callable[[Sequence[Word]], bool] | None = None
+                         ) -> tuple[list[Command], list[tuple[int, Word]]]:
+    """read_commands' commands, and the `sh -c STRING`s (line, string) whose string holds a
+    part autotune cannot tell: where no launch is found, one of them may be it."""
     reader = _Reader(source, optional)
     reader.run(_Lexer(text, source).statements())
-    return reader.commands
+    return reader.commands, reader.unread
