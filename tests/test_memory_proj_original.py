@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,11 +21,11 @@ from autotune.levers.fp8 import FP8_INPUT_BYTES, Fp8, Fp8Recipe
 from autotune.levers.pipeline_split import chunk_layers
 from autotune.levers.recompute import module_savings
 from autotune.levers.transformer_impl import attention_bytes
-from autotune.predict.calibration import trial_model_ref
 from autotune.predict.memory import GIB, _model_states, estimate_memory
 from autotune.specs.activations import layer_activations
 from autotune.specs.hardware import ClusterSpec, gpu_spec
 from autotune.specs.presets import load_model
+from tests.measured import DATA_PATH, trial_inputs
 
 LLAMA = load_model("llama3-8b")
 XL = load_model("gpt2-xl")
@@ -90,7 +89,6 @@ def test_tensorwise_stores_one_byte_of_hidden_per_token_and_layer_less(mbs: int,
 
 # -- against the measured pairs ---------------------------------------------------------------
 
-DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
 TRIALS = {t["source"]: t for t in json.loads(DATA_PATH.read_text())["trials"]}
 
 # (delayed, tensorwise, measured peak allocated tensorwise - delayed in GiB): every pair of OK
@@ -117,15 +115,6 @@ PAIRS = [
 ]
 
 
-def _inputs(trial: dict[str, Any]) -> tuple[Any, Layout, ClusterSpec]:
-    s = Layout(**trial["strategy"])
-    model = load_model(trial_model_ref(trial["model"], DATA_PATH)).with_overrides(
-        global_batch_size=s.gbs, seq_length=trial.get("seq_length"))
-    cluster = ClusterSpec(num_gpus=trial["gpus"], gpus_per_node=trial["gpus"],
-                          gpu=gpu_spec(trial["gpu"]))
-    return model, s, cluster
-
-
 @pytest.mark.parametrize(("delayed", "tensorwise", "measured"), PAIRS,
                          ids=[p[1] for p in PAIRS])
 def test_the_recipes_differ_as_measured(delayed: str, tensorwise: str, measured: float) -> None:
@@ -134,8 +123,8 @@ def test_the_recipes_differ_as_measured(delayed: str, tensorwise: str, measured:
         {k: v for k, v in t["strategy"].items() if k != "fp8_recipe"}
     assert (t["peak_allocated_bytes"] - d["peak_allocated_bytes"]) / GIB == \
         pytest.approx(measured, abs=0.005)
-    model, s, cluster = _inputs(d)
-    predicted = (estimate_memory(*_inputs(t)).peak.allocated_bytes
+    model, s, cluster = trial_inputs(d)
+    predicted = (estimate_memory(*trial_inputs(t)).peak.allocated_bytes
                  - estimate_memory(model, s, cluster).peak.allocated_bytes) / GIB
     # Within 0.15 GiB (the two-session pair's 0.12 is the worst); each measured difference is
     # 0.81-1.08 B x h/tp per token and layer (one hidden vector of FP8 bytes).

@@ -10,30 +10,16 @@ from __future__ import annotations
 
 import json
 import statistics
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from autotune.layouts.layout import Layout
-from autotune.predict.calibration import trial_model_ref
 from autotune.predict.cost import estimate_cost
 from autotune.predict.memory import GIB, estimate_memory
-from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.presets import load_model
+from tests.measured import DATA_PATH, trial_inputs
 
-DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
 DATA = json.loads(DATA_PATH.read_text())
 TRIALS: list[dict[str, Any]] = DATA["trials"]
-
-
-def _inputs(trial: dict[str, Any]) -> tuple[Any, Layout, ClusterSpec]:
-    s = Layout(**trial["strategy"])
-    model = load_model(trial_model_ref(trial["model"], DATA_PATH)).with_overrides(
-        global_batch_size=s.gbs, seq_length=trial.get("seq_length"))
-    cluster = ClusterSpec(num_gpus=trial["gpus"], gpus_per_node=trial["gpus"],
-                          gpu=gpu_spec(trial["gpu"]))
-    return model, s, cluster
 
 
 def _ranks(values: list[float]) -> list[float]:
@@ -60,7 +46,7 @@ def test_memory_error_on_measured_trials() -> None:
     errors = []
     for t in TRIALS:
         if t["status"] == "OK":
-            predicted = estimate_memory(*_inputs(t)).peak_bytes
+            predicted = estimate_memory(*trial_inputs(t)).peak_bytes
             errors.append((predicted - t["device_used_bytes"]) / t["device_used_bytes"])
     assert statistics.median(abs(e) for e in errors) <= 0.05
     # Worst: Llama-3.2-3B at mbs 2 with FP8 and the precision-aware optimizer on an H100
@@ -77,7 +63,7 @@ def test_memory_error_on_measured_trials() -> None:
 def test_every_measured_oom_is_predicted_not_to_fit(trial: dict[str, Any]) -> None:
     # s6-te-l-pairs/4 and /5 were strict xfails until the largest-block margin
     # (memory.BLOCK_MARGIN): their peak fits, the fp32 logits' own block does not.
-    assert not estimate_memory(*_inputs(trial)).fits
+    assert not estimate_memory(*trial_inputs(trial)).fits
 
 
 # Measured fits predicted not to fit, each within 3% of the usable memory: (source, GiB used,
@@ -118,10 +104,10 @@ KNOWN_MISFITS = [
 
 def test_trials_that_fit_are_predicted_to_fit_but_known_misfits() -> None:
     wrong = {t["source"]: t for t in TRIALS
-             if t["status"] == "OK" and not estimate_memory(*_inputs(t)).fits}
+             if t["status"] == "OK" and not estimate_memory(*trial_inputs(t)).fits}
     assert sorted(wrong) == sorted(source for source, *_ in KNOWN_MISFITS)
     for source, used, predicted, why in KNOWN_MISFITS:
-        memory = estimate_memory(*_inputs(wrong[source]))
+        memory = estimate_memory(*trial_inputs(wrong[source]))
         assert wrong[source]["device_used_bytes"] / GIB == pytest.approx(used, abs=0.05), why
         assert memory.peak_bytes / GIB == pytest.approx(predicted, abs=0.05), why
         assert used / (memory.limit_bytes / GIB) > 0.965, why
@@ -131,7 +117,7 @@ def test_throughput_ranks_like_the_measurements() -> None:
     measured, predicted = [], []
     for t in TRIALS:
         if t["status"] == "OK":
-            model, s, cluster = _inputs(t)
+            model, s, cluster = trial_inputs(t)
             measured.append(s.gbs * model.seq_length / t["step_time_s"])
             predicted.append(estimate_cost(model, s, cluster).tokens_per_s)
     assert spearman(measured, predicted) >= 0.9
