@@ -42,7 +42,7 @@ from autotune.megatron.megatron_command import (
     read_megatron_command,
 )
 from autotune.megatron.megatron_versions import MegatronVersion, spell_args
-from autotune.megatron.shell_script import SHELL_C, SHELLS
+from autotune.megatron.shell_script import shell_c_at
 
 __all__ = ["Respelling", "Token", "launch_tokens", "patch_script", "respellings"]
 
@@ -349,21 +349,9 @@ def _words(launch: Node) -> list[Node]:
 
 
 def _shell_string(script: Script, words: list[Node]) -> Node | None:
-    """The STRING of `[srun ...] sh -c STRING` (as shell_script.shell_string finds it)."""
-    for k, node in enumerate(words):
-        text = _literal(script, node)
-        if script.raw(node).strip("'\"").endswith(".py"):
-            return None
-        if text is None or text.rsplit("/", 1)[-1] not in SHELLS:
-            continue
-        for j in range(k + 1, len(words)):
-            flag = _literal(script, words[j]) or ""
-            if not flag.startswith("-"):
-                return None
-            if SHELL_C.fullmatch(flag):
-                return words[j + 1] if j + 1 < len(words) else None
-        return None
-    return None
+    """The STRING of `[srun ...] sh -c STRING` (shell_script.shell_c_at reads the shape)."""
+    at = shell_c_at([(_literal(script, n), script.raw(n).strip("'\"")) for n in words])
+    return None if at is None else words[at[1]]
 
 
 def _string_tokens(follower: _Follower, node: Node) -> list[Token] | str:

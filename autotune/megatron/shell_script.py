@@ -24,8 +24,8 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["SHELLS", "SHELL_C", "Command", "Ref", "Word", "read_commands",
-           "read_script_commands", "shell_string"]
+__all__ = ["Command", "Ref", "Word", "read_commands", "read_script_commands", "shell_c_at",
+           "shell_string"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
@@ -35,9 +35,9 @@ _BLOCK_OPEN = {"if", "for", "while", "until", "case", "select", "function"}
 _BLOCK_CLOSE = {"fi", "done", "esac", "}"}
 _BLOCK_MIDDLE = {"then", "do", "else", "elif", "{", "!", "time"}
 _DECLARE = {"export", "declare", "typeset", "local", "readonly"}
-SHELLS = frozenset({"sh", "bash", "dash", "ksh", "zsh"})
+_SHELLS = frozenset({"sh", "bash", "dash", "ksh", "zsh"})
 """Shells whose `-c STRING` runs the string as a script (`srun ... sh -c "${CMD}"`)."""
-SHELL_C = re.compile(r"-[A-Za-z]*c[A-Za-z]*")
+_SHELL_C = re.compile(r"-[A-Za-z]*c[A-Za-z]*")
 """A short-option cluster holding -c (`-c`, `-lc`, `-ec`)."""
 
 MAX_EXPANDED_CHARS = 4 * 2**20
@@ -644,19 +644,29 @@ class _Reader:
 def shell_string(words: Sequence[Word]) -> tuple[int, Word] | None:
     """(the index of the shell, the string it runs) when the command is `[WRAPPER...] sh -c
     STRING [NAME ARGS...]` (bash, sh, ... with -c in its options); else None."""
-    for k, word in enumerate(words):
-        if word.shown().endswith(".py"):
+    at = shell_c_at([(w.text, w.shown()) for w in words])
+    return None if at is None else (at[0], words[at[1]])
+
+
+def shell_c_at(words: Sequence[tuple[str | None, str]]) -> tuple[int, int] | None:
+    """The indices of the shell and of STRING in `[WRAPPER...] sh -c STRING [NAME ARGS...]`
+    (bash, sh, ... with -c in its options), from each word's literal text (None where it is not
+    plain) and its text as written; None for any other command. The one reading of that shape
+    for the evaluator (shell_string) and the export's patch (autotune.megatron.script_patch)."""
+    for k, (text, written) in enumerate(words):
+        if written.endswith(".py"):
             return None  # a shell's name after the program is one of its arguments
-        name = (word.text or "").rsplit("/", 1)[-1]
-        if name not in SHELLS:
+        if (text or "").rsplit("/", 1)[-1] not in _SHELLS:
             continue
-        j = k + 1
-        while j < len(words) and (words[j].text or "").startswith("-"):
-            if SHELL_C.fullmatch(words[j].text or "") and j + 1 < len(words):
-                return k, words[j + 1]
-            j += 1
+        for j in range(k + 1, len(words)):
+            flag = words[j][0] or ""
+            if not flag.startswith("-"):
+                return None
+            if _SHELL_C.fullmatch(flag):
+                return (k, j + 1) if j + 1 < len(words) else None
         return None
     return None
+
 
 
 def _joined(parts: list[str | Ref]) -> tuple[str | Ref, ...]:
