@@ -6,6 +6,7 @@ this module turns it into megatron-core objects on the GPU.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -153,8 +154,6 @@ def init_grad_mode(spec: TrialSpec) -> Any:
     init value): the steps run the same kernels on the same shapes, so their time and memory
     are those of the layout; only the first steps' loss starts from weights rounded to FP8,
     which the loss guard's comparison with the bf16 twin still judges."""
-    import contextlib
-
     return torch.no_grad() if spec.layout.fp8_param_gather else contextlib.nullcontext()
 
 

@@ -4,8 +4,9 @@ module-level object down to the largest tensors still alive.
 A warm pool rank that still holds memory after releasing a trial cannot serve on (the next
 trial's peak would count it) and the orchestrator starts the pool cold: every later trial then
 pays the start-up again. Seen on 4 x H200 (session 19): after every llama3-8b trial with the
-distributed optimizer at dp 4, each rank kept 67 GiB (the whole model, gradients and optimizer
-state), so each of a search's trials started cold, 35-40 s instead of 5. The pool's log shows the
+distributed optimizer's overlapped param gather at dp 4, each rank kept 67 GiB (the whole model,
+gradients and optimizer state), so each of a search's trials started cold, 23-40 s instead of 5
+(autotune.worker.serve.clear_method_caches says why, and mends it). The pool's log shows the
 chains this module finds, so a leak names its holder instead of being guessed at.
 
 The search walks a reverse reference map built once from gc (gc.get_referrers per node would
@@ -18,7 +19,6 @@ import gc
 import sys
 import types
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,14 +43,13 @@ class Holder:
     the tensor; empty when not even the tensor has a Python referrer."""
 
 
-def find_holders(device_type: str = "cuda", top: int = 4, min_bytes: int = 1,
-                 objects: Iterable[Any] | None = None) -> list[Holder]:
+def find_holders(device_type: str = "cuda", top: int = 4, min_bytes: int = 1) -> list[Holder]:
     """The `top` largest storages on `device_type` that Python objects still reach, largest first,
     each with one shortest chain of references that keeps it alive."""
     import torch
 
     gc.collect()
-    heap = list(gc.get_objects()) if objects is None else list(objects)
+    heap = gc.get_objects()
     storages: dict[int, tuple[int, list[Any]]] = {}
     for obj in heap:
         if issubclass(type(obj), torch.Tensor) and obj.device.type == device_type:
