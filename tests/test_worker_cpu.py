@@ -521,3 +521,33 @@ def test_fp8_weights_are_built_without_autograd(build, layout, grad_enabled) -> 
     with build.init_grad_mode(_spec("gpt2-xl", mbs=4, gbs=64, **layout)):
         assert torch.is_grad_enabled() is grad_enabled
     assert torch.is_grad_enabled()
+
+
+def test_fp8_weights_lend_the_optimizer_an_owned_init_value(build, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The optimizer's seed of an FP8 weight built without autograd owns its memory and has no
+    history: megatron-core's branch `get_high_precision_init_val().view(-1)[shard].clone()`
+    (distrib_optimizer.py) then keeps neither the whole fp32 weight nor its accumulator."""
+    import megatron.core.fp8_utils as fp8_utils
+    import torch
+
+    class _FakeFp8Weight(torch.nn.Parameter):
+        """Stands in for TE's FP8 weight: its dequantize() goes through autograd, as TE's."""
+
+        def dequantize(self) -> torch.Tensor:  # type: ignore[override]
+            return self * 1.0
+
+    monkeypatch.setattr(fp8_utils, "is_float8tensor", lambda t: isinstance(t, _FakeFp8Weight))
+    module = torch.nn.Module()
+    module.fp8 = _FakeFp8Weight(torch.arange(8, dtype=torch.float32))
+    module.plain = torch.nn.Parameter(torch.ones(3))
+    assert build.lend_fp8_init_values(module) == 1
+    assert not hasattr(module.plain, "get_high_precision_init_val")
+    seed = module.fp8.get_high_precision_init_val().view(-1)[2:6].clone().float()
+    assert seed.grad_fn is None and not seed.requires_grad
+    assert seed.untyped_storage().nbytes() == 4 * seed.element_size()
+    assert seed.tolist() == [2.0, 3.0, 4.0, 5.0]
+    module.fp8.clear_high_precision_init_val()
+    assert not hasattr(module.fp8, "get_high_precision_init_val")
+    assert not hasattr(module.fp8, "clear_high_precision_init_val")
+    assert build.lend_fp8_init_values(module) == 1  # given again only while missing
+    assert build.lend_fp8_init_values(module) == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -127,6 +128,8 @@ def build_model(spec: TrialSpec, config: Any) -> list[Any]:
         vp_stage = i if vpp else None
         with init_grad_mode(spec):
             model = _gpt_model(GPTModel, spec, config, wanted.model["vocab_size"], vp_stage)
+        if spec.layout.fp8_param_gather:
+            lend_fp8_init_values(model)
         # Megatron-LM wraps bf16 models the same way (training.py, get_model): every parameter
         # in bf16, inputs cast on the first stage, the loss in fp32 on the last.
         chunks.append(Float16Module(config, model.cuda()))
@@ -147,14 +150,51 @@ def init_grad_mode(spec: TrialSpec) -> Any:
     (module/base.py, `param.detach().cpu()`, TE 2.11), for the distributed optimizer to seed its
     fp32 main weights from. On 4 x H200 every llama3-8b trial with FP8 param gather spent
     16-19 s in the build against 1.5 s in bf16 (results/benchmarks/2026-11-28-h200x4-issue30-
-    s19.md); 14 GiB per rank of synchronous copies to pageable memory, four ranks at once, is
-    the likely cause (not yet timed apart on a GPU). Megatron-LM pays it once per job, a search
-    once per trial. Without autograd, megatron-core skips the copy and the optimizer seeds its
-    main weights from the FP8 weights themselves (distrib_optimizer.py, the branch without the
-    init value): the steps run the same kernels on the same shapes, so their time and memory
-    are those of the layout; only the first steps' loss starts from weights rounded to FP8,
-    which the loss guard's comparison with the bf16 twin still judges."""
+    s19.md); built without autograd, 0.4-2.7 s (session 20, same machine kind). Megatron-LM pays
+    the copy once per job, a search once per trial. The optimizer still needs an initial value
+    per weight: lend_fp8_init_values gives it one, on the GPU."""
     return torch.no_grad() if spec.layout.fp8_param_gather else contextlib.nullcontext()
+
+
+def lend_fp8_init_values(module: Any) -> int:
+    """Give each FP8 weight of `module` the init-value accessors TE gives it when built with
+    autograd (get_/clear_high_precision_init_val), reading the weight itself; the number given.
+
+    Without them megatron-core's distributed optimizer seeds its fp32 main weight from
+    `model_param.float().view(-1)[shard]` (distrib_optimizer.py, _build_model_and_main_param_
+    groups, 0.16.1): a view that keeps the whole fp32 copy of the weight alive, not only this
+    rank's shard, and that carries autograd history back to the weight. Measured on 4 x H200
+    (session 20, llama3-8b dp 4 with FP8 param gather): peak allocated 19.5 GiB above the same
+    layout built with autograd ((dp - 1) / dp of 4 bytes per FP8 weight), and every such trial
+    left 86 GiB per rank behind in the warm pool: the history holds each weight's gradient
+    accumulator, whose DDP hook holds DDP, and PyTorch's collector cannot see that cycle while
+    anything but its Python wrapper owns the accumulator. With the accessors megatron-core
+    takes its other branch, `.clone().float()` of the shard, as it does in Megatron-LM. The value
+    is the FP8 weight dequantized, not the bf16 value before rounding (TE's host copy): time
+    and memory are the layout's; the loss guard judges the first steps against the bf16 twin."""
+    from megatron.core.fp8_utils import is_float8tensor
+
+    lent = 0
+    for param in module.parameters():
+        if not is_float8tensor(param) or hasattr(param, "get_high_precision_init_val"):
+            continue
+        param.get_high_precision_init_val = types.MethodType(_fp8_init_value, param)
+        param.clear_high_precision_init_val = types.MethodType(_forget_fp8_init_value, param)
+        lent += 1
+    return lent
+
+
+def _fp8_init_value(param: Any) -> torch.Tensor:
+    """The weight's value in its high precision, with no autograd history."""
+    with torch.no_grad():
+        return param.dequantize().detach()
+
+
+def _forget_fp8_init_value(param: Any) -> None:
+    """Drop the accessors once the optimizer has seeded its main weight (megatron-core calls
+    this right after reading the value, as TE's own accessors expect)."""
+    for name in ("get_high_precision_init_val", "clear_high_precision_init_val"):
+        vars(param).pop(name, None)
 
 
 def _gpt_model(gpt_model: Any, spec: TrialSpec, config: Any, vocab_size: int,

@@ -53,10 +53,12 @@ def find_holders(device_type: str = "cuda", top: int = 4, min_bytes: int = 1) ->
     storages: dict[int, tuple[int, list[Any]]] = {}
     for obj in heap:
         if issubclass(type(obj), torch.Tensor) and obj.device.type == device_type:
+            if isinstance(obj, _fake_tensor_types()):
+                continue  # torch.compile's caches: no memory behind it
             try:
                 storage = obj.untyped_storage()
                 key = storage.data_ptr()
-            except RuntimeError:  # a fake tensor of torch.compile's caches: no memory behind it
+            except RuntimeError:  # a tensor without storage (a wrapper subclass)
                 continue
             _, views = storages.setdefault(key, (storage.nbytes(), []))
             views.append(obj)
@@ -72,6 +74,16 @@ def find_holders(device_type: str = "cuda", top: int = 4, min_bytes: int = 1) ->
     return [Holder(nbytes=size, tensors=len(views),
                    chain=_first_chain(views, referrers, by_id, ignore))
             for size, views in largest]
+
+
+def _fake_tensor_types() -> tuple[type, ...]:
+    """torch.compile's FakeTensor class, where this torch has one: reading its data pointer
+    warns (session 20's pool logs) and will raise in later releases."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+    except ImportError:
+        return ()
+    return (FakeTensor,)
 
 
 def describe_holders(holders: list[Holder]) -> list[str]:
