@@ -150,9 +150,9 @@ def init_grad_mode(spec: TrialSpec) -> Any:
     (module/base.py, `param.detach().cpu()`, TE 2.11), for the distributed optimizer to seed its
     fp32 main weights from. On 4 x H200 every llama3-8b trial with FP8 param gather spent
     16-19 s in the build against 1.5 s in bf16 (results/benchmarks/2026-11-28-h200x4-issue30-
-    s19.md); built without autograd, 0.34-0.58 s (2026-11-28-h200x4-issue30-s20.md). Megatron-LM pays
-    the copy once per job, a search once per trial. The optimizer still needs an initial value
-    per weight: lend_fp8_init_values gives it one, on the GPU."""
+    s19.md); built without autograd, 0.34-0.58 s (2026-11-28-h200x4-issue30-s20.md).
+    Megatron-LM pays the copy once per job, a search once per trial. The optimizer still needs
+    an initial value per weight: lend_fp8_init_values gives it one, on the GPU."""
     return torch.no_grad() if spec.layout.fp8_param_gather else contextlib.nullcontext()
 
 
