@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,9 +134,14 @@ def sampler_name(cfg: SearchConfig, valid: int) -> Sampler:
 
 def make_sampler(name: Sampler, seed: int) -> optuna.samplers.BaseSampler:
     if name == Sampler.TPE:
-        # Multivariate TPE models the interactions (tp x pp x mbs) that decide memory and speed.
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8,
-                                          constant_liar=True)
+        # Multivariate TPE models the interactions (tp x pp x mbs) that decide memory and speed;
+        # `group` models each set of parameters that trials ask together, as the conditional
+        # asks make them (autotune.search.layout_map, LayoutMap.ask). Optuna marks it
+        # experimental.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+                                              n_startup_trials=8, constant_liar=True)
     if name in (Sampler.GRID, Sampler.RANKED):
         return optuna.samplers.RandomSampler(seed=seed)  # unused: every trial is enqueued
     raise ConfigError(f"sampler {name!r} must be resolved (sampler_name) before the study")

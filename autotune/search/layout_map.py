@@ -3,8 +3,22 @@
 Every valid layout is a point of the study's categorical dimensions: the dimensions whose valid
 candidates number more than one are the study's parameters (free), the others are the same in
 every trial (fixed). Candidate lists are fixed per study (the study name hashes the space).
+
 Several valid layouts may be the same run (autotune.megatron.identity: they give Megatron the same
 configuration); each maps to one of them, and the search knows only those.
+
+The sampler asks the parameters one at a time, in the order the rules read them (their
+enumeration level, then field order: `LayoutMap.ask`), and asks a parameter only where the
+valid layouts that agree with the answers so far leave it more than one value: vpp and the
+pipeline split's layers only at pp > 1, sequence parallelism only at tp > 1, the optimizer's
+parameter gather only with the distributed optimizer, FP8 only with an implementation that has
+it, ... (Optuna's conditional parameters). Where one value is left, the parameter is not asked and
+the layout takes that value, so a proposal breaks a rule only where the rule leaves a parameter
+several values but not all of its choices (cp 4 of 1, 2, 4 with tp 2 on 4 GPUs), and is then
+told INVALID as before. The rules stay where they are (autotune.layouts.layout,
+autotune.levers): this reads them through the valid layouts of the space. A parameter keeps its
+one distribution (all its candidates) in every trial that asks it, so a study of an earlier
+version, whose trials hold every parameter, resumes unchanged.
 
 A dimension the space marks `derive` (autotune.search.derive) is a parameter only where the
 space also lists values for it (`offload_layers: [0, derive]`: the sampler picks between no
@@ -19,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from typing import Any
 
+import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from autotune.dimensions import plain
@@ -30,10 +45,15 @@ from autotune.search.derive import DERIVABLE, DERIVE
 from autotune.search.space import enumerate_space
 from autotune.specs.model import ModelSpec
 
-__all__ = ["FrozenParams", "LayoutMap", "freeze_params", "layout_params"]
+__all__ = ["ASKED_ATTR", "FrozenParams", "LayoutMap", "freeze_params", "layout_params"]
 
 FrozenParams = tuple[Any, ...]
 """A trial's parameters in a hashable form (freeze_params)."""
+ASKED_ATTR = "asked"
+"""A trial's user attribute, set once LayoutMap.ask has asked every parameter it asks: a
+RUNNING trial of another searcher with fewer parameters than the study's is complete then
+(autotune.search.shared)."""
+_FIELD_ORDER = {name: i for i, name in enumerate(DIMENSIONS)}
 
 
 def layout_params(layout: Layout, free: Mapping[str, tuple[Any, ...]]) -> dict[str, Any]:
@@ -99,6 +119,12 @@ class LayoutMap:
                     values_derived[position[dim]] = DERIVE
                     self.by_params.setdefault(tuple(zip(names, values_derived, strict=True)),
                                               runs[s])
+        self.order = tuple(sorted(names, key=lambda d: (DIMENSIONS[d].level or 0,
+                                                        _FIELD_ORDER[d])))
+        """The parameters in the order they are asked: a rule of level k reads only the
+        dimensions of levels <= k (autotune.layouts.layout), so the answers before a parameter
+        decide which of its values a rule leaves."""
+        self._next: dict[tuple[Any, ...], tuple[Any, ...]] | None = None
         self.valid = list(dict.fromkeys(self.by_params.values()))
         """One layout of each set of valid layouts that are the same run."""
         enumerated = set(valid)
@@ -125,6 +151,53 @@ class LayoutMap:
             else:
                 candidates[d] = tuple(summary.valid_values(d))
         return cls(summary.valid, candidates, model=cfg.model, via_derive=summary.via_derive)
+
+    def _values_after(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+        """Per answers to the first parameters of `order`, the values of the next one that some
+        valid layout has with them (built at the first use: a grid or a ranking never needs it)."""
+        if self._next is None:
+            found: dict[tuple[Any, ...], dict[Any, None]] = {}
+            at = [sorted(self.free).index(d) for d in self.order]
+            for key in self.by_params:
+                values = tuple(key[i][1] for i in at)
+                for i in range(len(values)):
+                    found.setdefault(values[:i], {})[values[i]] = None
+            self._next = {prefix: tuple(v) for prefix, v in found.items()}
+        return self._next
+
+    def ask(self, trial: optuna.Trial) -> None:
+        """Ask `trial`'s parameters (define-by-run), each only where the answers before it leave
+        it more than one value (see the module). Asking stops at the first answer no valid
+        layout has with the earlier ones: the proposal breaks a rule (`layout` says None)."""
+        after = self._values_after()
+        answers: tuple[Any, ...] = ()
+        for dim in self.order:
+            left = after.get(answers)
+            if left is None:
+                break
+            value = left[0] if len(left) == 1 else \
+                trial.suggest_categorical(dim, [plain(x) for x in self.free[dim]])
+            answers += (value,)
+        trial.set_user_attr(ASKED_ATTR, True)
+
+    def complete(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """A trial's value of every parameter: those it was asked, and for each it was not, the
+        value the answers before it leave (a trial of LayoutMap.ask), else Layout's default (a
+        trial stored before the space freed the dimension: it ran with the default)."""
+        if len(params) >= len(self.free) and all(d in params for d in self.free):
+            return {d: params[d] for d in self.free}
+        after = self._values_after()
+        answers: tuple[Any, ...] = ()
+        full: dict[str, Any] = {}
+        for dim in self.order:
+            left = after.get(answers)
+            value = params.get(dim, LAYOUT_DEFAULTS[dim])
+            if dim not in params and left is not None and len(left) == 1 \
+                    and value not in left:
+                value = left[0]
+            full[dim] = value
+            answers += (value,)
+        return full
 
     def params(self, s: Layout) -> dict[str, Any]:
         """The study parameters of `s`: a derived dimension's value is `derive` unless the
@@ -153,10 +226,10 @@ class LayoutMap:
                derived: Mapping[str, Any] | None = None) -> Layout | None:
         """The layout that runs for a trial's parameters (one per run key), with `derived`
         values where a trial carries its own (the ladder's); None when they break a rule."""
-        # A trial stored before the space freed a dimension (e.g. cross_entropy_fusion added
-        # to the YAML for --resume) has no parameter for it: it ran with Layout's default.
-        s = self.by_params.get(freeze_params({d: params.get(d, LAYOUT_DEFAULTS[d])
-                                              for d in self.free}))
+        # A parameter the trial was not asked takes the value its earlier answers leave, or
+        # (a trial stored before the space freed a dimension, e.g. cross_entropy_fusion added
+        # to the YAML for --resume) Layout's default, which it ran with (`complete`).
+        s = self.by_params.get(freeze_params(self.complete(params)))
         return None if s is None else self.with_derived(s, derived)
 
     def proposal(self, params: Mapping[str, Any]) -> Layout:

@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.search.layout_map import FrozenParams, freeze_params
+from autotune.search.layout_map import ASKED_ATTR, FrozenParams, freeze_params
 
 __all__ = ["PARAMS_WAIT_S", "SHARED_POLL_S", "read_shared"]
 
@@ -39,13 +39,15 @@ def read_shared(study: optuna.Study, free: dict[str, tuple[Any, ...]], mine: int
             continue
         if t.state is TrialState.RUNNING:
             # An enqueued layout is known from its creation (fixed_params).
-            params = t.params if len(t.params) == len(free) else \
+            # A trial of LayoutMap.ask holds only the parameters it was asked (ASKED_ATTR).
+            asked = bool(t.user_attrs.get(ASKED_ATTR))
+            params = t.params if asked or len(t.params) == len(free) else \
                 t.system_attrs.get("fixed_params", {})
-            if not set(free) <= set(params):
+            if not asked and not set(free) <= set(params):
                 if mine is not None and t.number < mine and t.number not in paramless:
                     waiting.append(t.number)
                 continue
-            run = run_params_of({d: params[d] for d in free})
+            run = run_params_of({d: params[d] for d in free if d in params})
             running[run] = min(running.get(run, t.number), t.number)
         elif t.number not in known and t.user_attrs.get("record"):
             finished.append(t)

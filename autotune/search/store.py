@@ -104,6 +104,9 @@ class StudyStore(ABC):
         self.last_told: int | None = None
         self.lock: StudyLock | None = None
         """This process's hold on an SQLite study (open); released when the search ends."""
+        self.conditional = True
+        """Whether a trial is asked its parameters one by one (LayoutMap.ask): the proposing
+        sampler's (TPE) trials; open sets it from the sampler."""
 
     @staticmethod
     def study_name(cfg: SearchConfig, variant: dict[str, Any] | None) -> str:
@@ -142,11 +145,18 @@ class StudyStore(ABC):
         self.study.enqueue_trial(self.layouts.params(s), user_attrs=attrs)
 
     def ask(self) -> optuna.Trial:
+        """The next trial, its parameters asked: each where the earlier ones leave it a choice
+        (LayoutMap.ask) when the sampler proposes (TPE), every one at once where every trial is
+        enqueued (grid, ranked: their trials hold every parameter, as before)."""
         with warnings.catch_warnings():
             # Optuna warns that heartbeats belong to Study.optimize; storage.heartbeat beats
             # for our ask/tell trials instead.
             warnings.filterwarnings("ignore", message="Heartbeat of storage")
-            return self.study.ask(self.layouts.distributions)
+            if not self.conditional:
+                return self.study.ask(self.layouts.distributions)
+            trial = self.study.ask()
+            self.layouts.ask(trial)
+            return trial
 
     @contextmanager
     def next_trial(self, queued: tuple[Layout, Source] | None = None
@@ -230,6 +240,7 @@ class RealRunStore(StudyStore):
         store = cls(study, layouts, name=name, url=url,
                     capacity_bytes=cfg.cluster.gpu.memory_bytes)
         store.lock = lock
+        store.conditional = sampler == Sampler.TPE
         return store
 
     def before_ask(self) -> None:
@@ -295,6 +306,7 @@ class PlanningStore(StudyStore):
                     capacity_bytes=cfg.cluster.gpu.memory_bytes, persistent=persistent,
                     persisted=opened.persisted, storage=opened.storage)
         store.lock = lock
+        store.conditional = sampler == Sampler.TPE
         return store
 
     def sync(self, mine: int | None = None) -> tuple[list[TrialRecord], dict[FrozenParams, int]]:

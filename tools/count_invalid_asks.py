@@ -1,0 +1,92 @@
+"""Count what a fixed number of the TPE sampler's asks propose, on the CPU: how many break a
+Megatron rule (INVALID), repeat a layout already asked (duplicates) or are new valid layouts.
+
+    python tools/count_invalid_asks.py MODEL --gpus N [--gbs 16] [--seq-len 4096] \
+        [--asks 60] [--seeds 0 1 2 3 4] [--full]
+
+The space is search_spaces/default.yaml on H200s. Each valid proposal is told the cost model's
+predicted tokens/s and peak (a duplicate its first figures, an INVALID proposal PRUNED), as a
+plan would tell them. `--full` asks every parameter in every trial, with the sampler of the
+version before the conditional asks (autotune.search.layout_map, LayoutMap.ask): the before
+figure of the same space and seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import replace
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.predict.cost import estimate_cost
+from autotune.search.backends import SimulateBackend
+from autotune.search.config import Sampler, SearchConfig, make_sampler
+from autotune.search.layout_map import LayoutMap
+from autotune.search.space import load_space
+from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.presets import load_model
+
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+
+def count(layouts: LayoutMap, cfg: SearchConfig, asks: int, seed: int,
+          full: bool) -> tuple[int, int, int]:
+    sampler = (optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8,
+                                          constant_liar=True) if full
+               else make_sampler(Sampler.TPE, seed))
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+    seen: dict[object, list[float]] = {}
+    invalid = duplicates = 0
+    for _ in range(asks):
+        if full:
+            trial = study.ask(layouts.distributions)
+        else:
+            trial = study.ask()
+            layouts.ask(trial)
+        s = layouts.layout(trial.params)
+        if s is None:
+            invalid += 1
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
+        if s in seen:
+            duplicates += 1
+        else:
+            seen[s] = [estimate_cost(cfg.model, s, cfg.cluster).tokens_per_s, 1.0]
+        study.tell(trial, seen[s])
+    return invalid, duplicates, len(seen)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--gpus", type=int, required=True)
+    parser.add_argument("--gbs", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--asks", type=int, default=60)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--full", action="store_true")
+    args = parser.parse_args(argv)
+    model = replace(load_model(args.model), global_batch_size=args.gbs)
+    if args.seq_len:
+        model = replace(model, seq_length=args.seq_len)
+    cluster = ClusterSpec(num_gpus=args.gpus, gpus_per_node=min(args.gpus, 8),
+                          gpu=gpu_spec("h200"))
+    cfg = SearchConfig(model=model, cluster=cluster, space=load_space(),
+                       backend=SimulateBackend(cluster))
+    layouts = LayoutMap.of(cfg)
+    rows = [count(layouts, cfg, args.asks, seed, args.full) for seed in args.seeds]
+    for seed, (invalid, dup, new) in zip(args.seeds, rows, strict=True):
+        print(f"seed {seed}: {args.asks} asks, {invalid} INVALID, {dup} duplicates, "
+              f"{new} new valid layouts")
+    print(f"mean over {len(rows)} seeds: INVALID {statistics.mean(r[0] for r in rows):.1f}, "
+          f"duplicates {statistics.mean(r[1] for r in rows):.1f}, new valid "
+          f"{statistics.mean(r[2] for r in rows):.1f} of {args.asks} asks "
+          f"({len(layouts.valid)} valid layouts, {'full' if args.full else 'conditional'} asks)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
