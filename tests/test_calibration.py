@@ -125,7 +125,10 @@ HELD_OUT_BOUNDS: dict[str, tuple[float, float, float]] = {
     # Its memory worst 10.7% once session 18's 17 trials joined (s18-l3b-grid-levers/1: do + pao
     # with FP8 delayed at mbs 2, 8 GiB of allocator reserve), 9.2% since FP8's kept attention
     # output is counted (2026-11-28-cpu-fp8-h200-misses-s18.md).
-    "llama-3b/h200": (0.049, 0.025, 0.102),           # 4.2%, 1.6%, 9.2%
+    # Its step median 5.3% once session 20's 22 trials joined (s20-l3b*, s20-cutgrid-llama: the
+    # shipped constants predict them 1-20% slow, median 5%, as sessions 18-19 saw on these hosts;
+    # a search's own refit predicted them -9..+2%; 2026-11-28-cpu-s20-trials.md).
+    "llama-3b/h200": (0.058, 0.025, 0.102),           # 5.3%, 1.5%, 8.9%
     # llama2-13b, llama3-8b: 2.5% / 3.2% and 1.0% / 2.2% since an untied model's embedding
     # group holds no NCCL communicator (2026-11-28-cpu-planning-accuracy.md; 3.1% / 3.9% and
     # 1.2% / 2.5% before).
@@ -158,7 +161,7 @@ SHIPPED_STEP_BOUNDS: dict[str, float] = {
     "llama-1b/h100-80gb": 0.064,    # 5.4%
     "llama-1b/h200": 0.041,         # 3.1%
     "llama-3b/h100-80gb": 0.034,    # 2.4%
-    "llama-3b/h200": 0.041,         # 3.1% (5.6% with session 16's trials and the FP8 curve)
+    "llama-3b/h200": 0.048,         # 4.3% with session 20's 22 trials (3.1% before them)
     "llama2-13b/h200": 0.033,       # 2.3%
     "llama3-8b/h200": 0.035,        # 2.5% (3.9% with session 16's trials and the FP8 curve)
     "wide-8k/h100-80gb": 0.083,     # 7.3%
