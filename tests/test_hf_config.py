@@ -59,7 +59,6 @@ def test_a_folder_holding_config_json(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("change", "message"), [
     ({"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]},
      "model_type 'gemma2' (Gemma2ForCausalLM) is not an architecture autotune maps"),
-    ({"head_dim": 64}, "head_dim 64 x 32 heads != hidden_size 4096"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"num_hidden_layers": None}, "no 'num_hidden_layers'"),
     ({"hidden_size": -1}, "hidden_size must be a positive integer"),
@@ -74,12 +73,50 @@ def test_what_cannot_be_mapped_is_refused(tmp_path: Path, change: dict[str, obje
         read_hf_config(str(path))
 
 
-@pytest.mark.parametrize(("file", "message"), [
-    ("qwen3-30b-a3b.json", "head_dim 128 x 32 heads != hidden_size 2048"),
+@pytest.mark.parametrize(("file", "kv_channels", "attention_width", "total", "active"), [
+    # Qwen3's model cards: 30.5B total, 3.3B activated; 8.2B (QK norm left out: 2 x 128 per
+    # layer). A head dimension of the model's own is kept (Megatron --kv-channels); equal to
+    # hidden / heads it stays Megatron's default.
+    ("qwen3-30b-a3b.json", 128, 4096, 30.5e9, 3.3e9),
+    ("qwen3-8b.json", None, 4096, 8.2e9, 8.2e9),
+    ("llama-3-8b.json", None, 4096, 8.0e9, 8.0e9),
 ])
-def test_published_configs_autotune_refuses(file: str, message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
-        read_hf_config(str(HF / file))
+def test_a_head_dimension_of_its_own_is_read(file: str, kv_channels: int | None,
+                                             attention_width: int, total: float,
+                                             active: float) -> None:
+    from autotune.specs.params import parameter_counts
+
+    model = load_model(str(HF / file))
+    assert model.kv_channels == kv_channels and model.attention_width == attention_width
+    counts = parameter_counts(model)
+    experts = counts.expert_per_layer * model.num_layers
+    used = experts * model.moe_topk // model.num_experts if model.is_moe else experts
+    assert counts.total == pytest.approx(total, rel=0.01)
+    assert counts.total - experts + used == pytest.approx(active, rel=0.02)
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 256])
+def test_the_head_dimension_sets_the_attention_width_only(tmp_path: Path, head_dim: int) -> None:
+    """The query and the attention output are heads x head_dim wide; the residual stream, the
+    MLP and K/V per group follow their own fields (megatron-core attention.py's
+    query_projection_size and kv_projection_size)."""
+    from autotune.specs.flops import forward_flops_per_token
+    from autotune.specs.params import parameter_counts
+
+    data = json.loads((HF / "llama-3-8b.json").read_text())
+    base = load_model(str(HF / "llama-3-8b.json"))
+    data["head_dim"] = head_dim
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    model = load_model(str(path))
+    h, heads, groups = 4096, 32, 8
+    q_old, q_new = h, heads * head_dim
+    kv_old, kv_new = groups * 128, groups * head_dim
+    per_layer = parameter_counts(model).dense_per_layer - parameter_counts(base).dense_per_layer
+    assert per_layer == h * (q_new - q_old) + h * 2 * (kv_new - kv_old) + h * (q_new - q_old)
+    flops = forward_flops_per_token(model) - forward_flops_per_token(base)
+    assert flops == pytest.approx(model.num_layers * (2 * per_layer
+                                                      + 4 * model.seq_length * (q_new - q_old)))
 
 
 def test_shared_experts_are_refused(tmp_path: Path) -> None:
@@ -100,9 +137,18 @@ def test_estimate_reads_a_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["model"] == "Meta-Llama-3-8B" and out["layout"]["tp"] == 8
 
 
-@pytest.mark.parametrize("file", ["qwen3-30b-a3b.json"])
-def test_cli_refuses_in_one_line(file: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main([str(HF / file), "--gpus", "8", "--dry-run"])
+@pytest.mark.parametrize("change", [
+    {"model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4,
+     "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632},
+    {"hidden_act": "gelu"},
+])
+def test_cli_refuses_in_one_line(tmp_path: Path, change: dict[str, object],
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    data = json.loads((HF / "qwen3-8b.json").read_text())
+    data.update(change)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    code = main([str(path), "--gpus", "8", "--dry-run"])
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("autotune: error: ")

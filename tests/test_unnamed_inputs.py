@@ -41,11 +41,11 @@ MOE = " --num-experts 8 --moe-router-topk 2"
 
 
 @pytest.mark.parametrize(("extra", "refused"), [
-    # A head dimension of its own: 2048 / 32 heads is 64.
-    (" --kv-channels 128", "--kv-channels 128 gives the model a head dimension"),
-    (" --kv-channels=128", "--kv-channels=128 gives the model a head dimension"),
-    (" --kv-channels $KV", r"--kv-channels \$KV: autotune cannot tell this value"),
+    # A head dimension of its own (2048 / 32 heads is 64) is read (test_kv_channels_...);
+    # one the command does not tell is refused.
+    (" --kv-channels $KV", r"--kv-channels \$KV: not set in the script .*needs its value"),
     (" --kv-channels 64", None),
+    (" --kv-channels 128", None),
     (" --window-size 1024,0", "sliding-window attention"),
     (" --window-size -1,0", None),
     (" --window-size 4096,0", None),
@@ -78,7 +78,7 @@ def test_a_shape_autotune_does_not_model_is_refused(tmp_path: Path, extra: str,
 def test_the_refusal_is_one_line_exit_2(tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     script = tmp_path / "train.sh"
-    script.write_text(COMMAND + " --kv-channels 128\n")
+    script.write_text(COMMAND + " --multi-latent-attention --q-lora-rank 1536\n")
     results = tmp_path / "results"
     code, out, err = run(capsys, "--from-megatron", str(script), "--backend", "simulate",
                          "--results-dir", str(results))
@@ -682,3 +682,26 @@ def test_an_fp32_command_is_warned_about(tmp_path: Path, command: str, fp32: boo
     script.write_text(command + "\n")
     warning = unmodeled_warning(read_megatron_command(str(script))) or ""
     assert ("neither --bf16 nor --fp16" in warning) == fp32, warning
+
+
+@pytest.mark.parametrize(("extra", "kv_channels", "width"), [
+    (" --kv-channels 128", 128, 4096),
+    (" --kv-channels=96", 96, 3072),
+    ("", None, 2048),
+])
+def test_kv_channels_are_read_and_written_back(tmp_path: Path, extra: str,
+                                               kv_channels: int | None, width: int) -> None:
+    """Megatron-LM's --kv-channels (a head dimension other than hidden / heads, as Qwen3's) is
+    the model's; the flags autotune writes carry it back."""
+    from autotune.layouts.layout import Layout
+    from autotune.megatron.megatron_args import megatron_lm_args
+
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + extra + "\n")
+    model = read_megatron_command(str(script)).model
+    assert model.kv_channels == kv_channels and model.attention_width == width
+    args = megatron_lm_args(model, Layout(gbs=64))
+    if kv_channels is None:
+        assert "--kv-channels" not in args
+    else:
+        assert args[args.index("--kv-channels") + 1] == str(kv_channels)

@@ -86,6 +86,11 @@ def _read_gqa(g: Given) -> dict[str, Any]:
     return {"num_query_groups": groups}
 
 
+def _emit_kv_channels(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
+    # Megatron-LM's validate_args sets kv_channels to hidden / heads when the flag is absent.
+    return [] if m.kv_channels is None else ["--kv-channels", str(m.kv_channels)]
+
+
 def _emit_ffn(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
     # Always explicit: with --swiglu and no --ffn-hidden-size Megatron-LM picks 8h/3 rounded to 64,
     # not the 4h ModelSpec.ffn_size assumes.
@@ -324,6 +329,9 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
     FlagRow(name="num_query_groups", part=Part.MODEL,
             flags=(Flag("--group-query-attention", takes_value=False),
                    Flag("--num-query-groups")), emit=_emit_gqa, read=_read_gqa),
+    FlagRow(name="kv_channels", part=Part.MODEL, flags=(Flag("--kv-channels"),),
+            emit=_emit_kv_channels,
+            read=lambda g: {"kv_channels": g.integer("--kv-channels", None)}),
     FlagRow(name="ffn_hidden_size", part=Part.MODEL, flags=(Flag("--ffn-hidden-size"),),
             emit=_emit_ffn, read=_read_ffn),
     FlagRow(name="seq_length", part=Part.MODEL,
@@ -485,11 +493,8 @@ class Unrepresented:
 
 
 UNREPRESENTED_FLAGS: dict[str, Unrepresented] = {
-    # hf_config refuses the same shapes in a config.json (head_dim, sliding_window, shared
-    # experts, mlp_only_layers): a Megatron-LM command must not get further with them.
-    "--kv-channels": Unrepresented(
-        "a head dimension other than hidden_size / num_attention_heads",
-        _one_value(lambda v, m: _integer(v) == m.head_dim)),
+    # hf_config refuses the same shapes in a config.json (sliding_window, shared experts,
+    # mlp_only_layers): a Megatron-LM command must not get further with them.
     "--window-size": Unrepresented("sliding-window attention", _one_value(_full_window)),
     "--window-attn-skip-freq": Unrepresented("sliding-window attention on some layers"),
     "--multi-latent-attention": Unrepresented("multi-latent attention (MLA)"),

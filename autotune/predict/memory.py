@@ -240,9 +240,10 @@ def _param_counts(model: ModelSpec, tp: int, ep: int, pp: int) -> _Params:
     gates = 2 if model.gated_linear_unit else 1
     # Column-parallel QKV (q: h/t, k and v: kv per rank) and row-parallel projection, whose bias
     # is not split (megatron/core/tensor_parallel/layers.py).
-    qkv_out = h / t + 2 * kv_rank
-    dense = 2 * norm + h * qkv_out + bias * qkv_out + (h / t) * h + bias * h
-    linear = h * qkv_out + (h / t) * h
+    q = model.attention_width  # h unless the head dimension is the model's own (kv_channels)
+    qkv_out = q / t + 2 * kv_rank
+    dense = 2 * norm + h * qkv_out + bias * qkv_out + (q / t) * h + bias * h
+    linear = h * qkv_out + (q / t) * h
     expert = 0.0
     if model.is_moe:
         assert model.num_experts is not None

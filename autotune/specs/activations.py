@@ -114,6 +114,7 @@ def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
     # KV heads replicate when tp > num_query_groups (TransformerConfig: groups divide or are a
     # multiple of tp), so a rank holds max(1, g/t) KV heads.
     kv_rank = model.head_dim * max(1, model.query_groups // t)
+    q = model.attention_width  # the query's and attention output's width (h but for kv_channels)
     a_rank = model.num_attention_heads / t
     hidden_mask = 1.0 if dropout_rate(model, "hidden_dropout") > 0 else 0.0
     gates = 2 if model.gated_linear_unit else 1
@@ -123,7 +124,7 @@ def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
     replicated = 2 * h + e * h + hidden_mask * h
     # Q (2h) and K (2h for MHA, 2 kv for GQA) for QK^T, V for scores x V, output-projection input
     # (bf16, 2 h/t, where the projection saves its original input).
-    split = 2 * h / t + 2 * kv_rank + 2 * kv_rank + (2 if proj_saves_original else e) * h / t
+    split = 2 * q / t + 2 * kv_rank + 2 * kv_rank + (2 if proj_saves_original else e) * q / t
     # A kernel that saves its output (flash, cuDNN fused) shares it with the projection in
     # bf16; a projection that quantizes its input (FP8) saves its own copy and the kernel's
     # bf16 output stays too (out_copy): TE 2.11 backends.py FusedAttnFunc.forward saves
@@ -135,7 +136,7 @@ def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
     # the kernel's output itself, one tensor, and the projection keeps it through a core_attn
     # checkpoint too (measured: s16-l8b4-search/14 and /67, tensorwise with core_attn
     # recompute, were 1.1 and 0.6 GiB under without it).
-    out_copy = 2 * h / t if attention.saves_output and e != 2.0 and not proj_saves_original \
+    out_copy = 2 * q / t if attention.saves_output and e != 2.0 and not proj_saves_original \
         else 0.0
     split += out_copy
     # MLP block: LayerNorm input 2h, fc1 input 2h, dropout mask h (replicated)...

@@ -36,11 +36,13 @@ def _layer_forward_flops_per_token(model: ModelSpec) -> tuple[float, float]:
     """(matrix-multiply FLOPs, core-attention FLOPs) of one layer's forward pass, per token."""
     h = model.hidden_size
     kv = model.query_groups * model.head_dim
-    qkv = 2 * h * (h + 2 * kv)
-    proj = 2 * h * h
+    q = model.attention_width  # h unless the head dimension is the model's own (kv_channels)
+    qkv = 2 * h * (q + 2 * kv)
+    proj = 2 * q * h
     mlp = mlp_forward_flops_per_token(model)
-    # QK^T and scores x V: 2 * s * h each per token (Narayanan et al. 2021, 4 B s^2 h per layer).
-    core = 4 * model.seq_length * h
+    # QK^T and scores x V: 2 * s * h each per token (Narayanan et al. 2021, 4 B s^2 h per layer),
+    # h being the heads' total width there.
+    core = 4 * model.seq_length * q
     return float(qkv + proj + mlp), float(core)
 
 

@@ -151,11 +151,9 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
     notes: list[str] = []
     hidden, heads = c.count("hidden_size"), c.count("num_attention_heads")
     head_dim = c.optional_count("head_dim")
-    if head_dim is not None and head_dim * heads != hidden:
-        # Megatron's --kv-channels; autotune's models take the head dimension as h / heads.
-        raise c.refuse(f"head_dim {head_dim} x {heads} heads != hidden_size {hidden}: a head "
-                       "dimension of its own (Megatron --kv-channels) is not in autotune's "
-                       "models")
+    # A head dimension of the model's own (Qwen3, Gemma: Megatron --kv-channels); equal to
+    # hidden / heads it is Megatron's default and left implicit.
+    kv_channels = None if head_dim is None or head_dim * heads == hidden else head_dim
     if c.text("hidden_act", "silu") != "silu":
         raise c.refuse(f"hidden_act {shown(c.get('hidden_act'))}: autotune maps the SwiGLU "
                        "(silu-gated) MLP of these models only")
@@ -191,7 +189,7 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
     values: dict[str, Any] = {
         "num_layers": c.count("num_hidden_layers"), "hidden_size": hidden,
         "num_attention_heads": heads,
-        "num_query_groups": c.count("num_key_value_heads", heads),
+        "num_query_groups": c.count("num_key_value_heads", heads), "kv_channels": kv_channels,
         "ffn_hidden_size": c.count("intermediate_size"), "vocab_size": c.count("vocab_size"),
         "seq_length": seq, "max_position_embeddings": positions, "sliding_window": window,
         "gated_linear_unit": True, "activation": "swiglu", "normalization": "RMSNorm",

@@ -28,6 +28,10 @@ class ModelSpec:
     num_attention_heads: Count
     num_query_groups: Count | None = None
     """GQA groups (Megatron `--num-query-groups`); None means multi-head attention."""
+    kv_channels: Count | None = None
+    """The attention head dimension (Megatron `--kv-channels`, config.json's `head_dim`); None
+    means hidden_size / num_attention_heads, as Megatron defaults. Qwen3 and Gemma set their
+    own: the query and the attention output are then heads x kv_channels wide, not hidden."""
     ffn_hidden_size: Count | None = None
     """MLP width; None means 4 * hidden_size, as Megatron defaults."""
     vocab_size: Count
@@ -84,7 +88,7 @@ class ModelSpec:
             if not isinstance(value, int | float) or not 0 <= value <= 1:
                 raise ConfigError(f"model {self.name}: {name} must be between 0 and 1, "
                                   f"got {value!r}")
-        if self.hidden_size % self.num_attention_heads:
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"model {self.name}: hidden_size={self.hidden_size} must be "
                               f"divisible by num_attention_heads={self.num_attention_heads}")
         if self.num_attention_heads % self.query_groups:
@@ -116,7 +120,13 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def attention_width(self) -> int:
+        """The query's and the attention output's width: heads x head_dim (megatron-core's
+        query_projection_size, attention.py); hidden_size unless kv_channels says otherwise."""
+        return self.num_attention_heads * self.head_dim
 
     @property
     def is_moe(self) -> bool:
@@ -158,7 +168,7 @@ def padded_vocab_size(model: ModelSpec, tp: int = 1) -> int:
 
 _REQUIRED = ("name", "num_layers", "hidden_size", "num_attention_heads", "vocab_size",
              "seq_length", "global_batch_size")
-_COUNTS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+_COUNTS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
            "ffn_hidden_size", "vocab_size", "seq_length", "max_position_embeddings",
            "sliding_window", "global_batch_size", "num_experts", "moe_topk",
            "moe_ffn_hidden_size", "rotary_base", "make_vocab_size_divisible_by")

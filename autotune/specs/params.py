@@ -41,8 +41,9 @@ def parameter_counts(model: ModelSpec) -> ParameterCounts:
     h = model.hidden_size
     bias = model.add_bias_linear
     kv = model.query_groups * model.head_dim
+    q = model.attention_width  # h unless the head dimension is the model's own (kv_channels)
     norm = 2 * h if model.normalization == "LayerNorm" else h  # LayerNorm has a bias
-    attention = h * (h + 2 * kv) + h * h + ((h + 2 * kv) + h if bias else 0)
+    attention = h * (q + 2 * kv) + q * h + ((q + 2 * kv) + h if bias else 0)
     up_width = 2 if model.gated_linear_unit else 1  # gated: gate and up projections fused
 
     def mlp(ffn: int) -> int:

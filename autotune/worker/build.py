@@ -187,7 +187,8 @@ def lend_fp8_init_values(module: Any) -> int:
 def _fp8_init_value(param: Any) -> torch.Tensor:
     """The weight's value in its high precision, with no autograd history."""
     with torch.no_grad():
-        return param.dequantize().detach()
+        value: torch.Tensor = param.dequantize().detach()
+    return value
 
 
 def _forget_fp8_init_value(param: Any) -> None:
