@@ -64,6 +64,15 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
         raise ConfigError(f"{path}: cannot tell how many GPUs the command runs on "
                           f"({command.gpus_unknown}); give --gpus N")
     notes: list[str] = []
+    if command.slurm_source is not None and gpus is not None and world is not None \
+            and gpus != world:
+        # sbatch's own options, given when the job is submitted, override its #SBATCH lines.
+        notes.append(f"{path}: srun's task count is {world} by its {command.slurm_source} "
+                     f"options; taking --gpus {gpus}")
+        world = None
+    elif command.slurm_source is not None and gpus is None and world is not None:
+        notes.append(f"{path}: {world} GPUs, one per task of srun ({command.slurm_source} "
+                     f"options: {command.gpus_per_node} per node x {command.nodes} nodes)")
     if gpus is not None and world is not None and gpus != world:
         if not command.launcher_env:
             raise ConfigError(f"{path} runs on {world} GPUs (torchrun --nproc-per-node "

@@ -48,6 +48,7 @@ from autotune.megatron.megatron_args import (
     row_args,
 )
 from autotune.megatron.shell_script import Command, Maybe, Ref, Word, read_script_commands
+from autotune.megatron.slurm import SlurmCount, sbatch_options, srun_processes
 from autotune.specs.model import MODEL_NAME_MAX, ModelSpec
 
 __all__ = [
@@ -118,6 +119,10 @@ class MegatronCommand:
     launcher_env: tuple[str, ...] = ()
     """Variables the script never sets whose defaults gave torchrun's --nproc-per-node or
     --nnodes (`${SLURM_NNODES:-1}`): the environment's when it runs, so --gpus overrides."""
+    slurm_source: str | None = None
+    """Where Slurm's task count came from for an `srun python pretrain_gpt.py` launch ("srun"
+    or "#SBATCH"; autotune.megatron.slurm); None for torchrun or python. sbatch's own command
+    line can override #SBATCH lines when the job is submitted, so --gpus overrides."""
 
     @property
     def gpus(self) -> int | None:
@@ -275,6 +280,18 @@ def _without_heredoc_text(parsed: Script) -> str:
                 if data[k] != 0x0A:
                     data[k] = 0x20
     return data.decode("utf-8")
+
+
+def _srun_gpus(launcher: tuple[Word, ...], text: str) -> SlurmCount | None:
+    """Slurm's task count where srun launches python (one process per GPU) without torchrun;
+    None for any other launcher."""
+    texts = [w.text for w in launcher]
+    if not texts or texts[0] is None or texts[0].rsplit("/", 1)[-1] != "srun":
+        return None
+    if any(t is not None and (t.rsplit("/", 1)[-1] == "torchrun" or t in _LAUNCHERS)
+           for t in texts):
+        return None  # srun starts torchrun (`srun ... sh -c "torchrun ..."`): torchrun's count
+    return srun_processes(texts[1:], sbatch_options(text), [w.shown() for w in launcher[1:]])
 
 
 def _launcher_gpus(launcher: tuple[Word, ...], source: str
@@ -508,7 +525,8 @@ def read_megatron_command(path: str, line: int | None = None,
     file = Path(path)
     if line is not None and line < 1:
         raise ConfigError(f"--line must be a positive line number, got {line}")
-    parsed = parse_script(read_script(path) if data is None else data, path)
+    raw = read_script(path) if data is None else data
+    parsed = parse_script(raw, path)
     command, site = _find(parsed, line)
     at = next(k for k, w in enumerate(command.words) if _is_script(w))
     # `srun ... sh -c "python pretrain_gpt.py ..."`: srun and its options launch the string's
@@ -526,12 +544,16 @@ def read_megatron_command(path: str, line: int | None = None,
     _refuse_bad_values(groups, path)
     layout_fields = {k: v for k, v in read.items() if k in DIMENSIONS}
     per_node, nodes, why, launcher_env = _launcher_gpus(launcher, path)
+    slurm = _srun_gpus(launcher, raw.decode("utf-8", errors="replace"))
+    if slurm is not None:
+        per_node, nodes, why = slurm.per_node, slurm.nodes, slurm.why
     return MegatronCommand(source=path, line=command.line, env=command.env,
                            exported=command.exported, launcher=launcher, script=script,
                            groups=groups, model=model, layout_fields=layout_fields,
                            gpus_per_node=per_node, nodes=nodes, gpus_unknown=why,
                            parsed=parsed, site=site, maybe=command.maybe,
-                           launcher_env=launcher_env)
+                           launcher_env=launcher_env,
+                           slurm_source=None if slurm is None or slurm.why else slurm.source)
 
 
 def megatron_layout(command: MegatronCommand, gpus: int) -> Layout:
