@@ -279,3 +279,51 @@ def test_a_layout_running_in_a_dead_worker_is_waited_for_then_retried(tmp_path: 
     trials = optuna.load_study(study_name="s", storage=url).get_trials(deepcopy=False)
     assert trials[dead.number].state is TrialState.FAIL
     assert not [t for t in trials if t.state is TrialState.RUNNING]
+
+
+def _fresh_schema_url(url: str, schema: str) -> str:
+    """`url` with its tables in `schema` (PostgreSQL search_path), an empty database of its own."""
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options=-csearch_path%3D{schema}"
+
+
+def test_workers_started_together_on_an_empty_database_all_open_it(pg_url: str) -> None:
+    """Shared workers launched at once (a Slurm array) each create Optuna's tables in an empty
+    database; those that lose the race open it again instead of exiting."""
+    import threading
+
+    import sqlalchemy
+
+    from autotune.search.storage import open_storage
+
+    workers = 8  # without the retry, 8 threads lost the race in 3 runs of 3
+    schema = f"race_{uuid.uuid4().hex[:12]}"
+    engine = sqlalchemy.create_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
+    url = _fresh_schema_url(pg_url, schema)
+    start = threading.Barrier(workers)
+    opened: list[object] = []
+    failed: list[BaseException] = []
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            opened.append(open_storage(url))
+        except BaseException as exc:  # reported below, with its message
+            failed.append(exc)
+
+    try:
+        threads = [threading.Thread(target=open_it) for _ in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not failed, [str(e) for e in failed]
+        assert len(opened) == workers
+        study = optuna.create_study(storage=url, study_name="race")
+        assert [s.study_name for s in optuna.get_all_study_summaries(url)] == [study.study_name]
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
+        engine.dispose()

@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -240,13 +241,40 @@ def open_storage(url: str, heartbeat: Heartbeat | None = None) -> optuna.storage
         # A trial whose process dies stops beating; after the grace period it is marked FAIL
         # by the next searcher or resume (optuna.storages.fail_stale_trials).
         kwargs = {"heartbeat_interval": heartbeat.interval_s, "grace_period": heartbeat.grace_s}
-    try:
-        with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, **kwargs)  # type: ignore[arg-type]
-    except Exception as exc:  # SQLAlchemy raises many types for a bad URL or server
-        raise ConfigError(f"cannot open storage {redact_url(url)}: "
-                          f"{str(exc).splitlines()[0]}") from exc
+    for attempt in range(SCHEMA_RACE_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, **kwargs)  # type: ignore[arg-type]
+        except Exception as exc:  # SQLAlchemy raises many types for a bad URL or server
+            if _lost_schema_race(exc) and attempt + 1 < SCHEMA_RACE_ATTEMPTS:
+                # Shared workers started together on an empty database each create Optuna's
+                # tables (metadata.create_all checks, then creates: not atomic); the losers'
+                # CREATE fails on the winner's table. Opening again finds the tables made.
+                log.info("storage %s: another worker created the schema; opening again",
+                         redact_url(url))
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            raise ConfigError(f"cannot open storage {redact_url(url)}: "
+                              f"{str(exc).splitlines()[0]}") from exc
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+# Opening attempts when another worker is creating the schema at the same moment; each
+# loser waits 0.2 s more than the last (0.2 + 0.4 + 0.6 + 0.8 s), far longer than a create.
+SCHEMA_RACE_ATTEMPTS = 5
+
+
+def _lost_schema_race(exc: BaseException) -> bool:
+    """Whether `exc` is a schema object that another connection created first: PostgreSQL
+    reports a table or its row type made concurrently as a unique violation on pg_type
+    (IntegrityError) or as DuplicateTable; MySQL and SQLite as 'already exists'."""
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+    if not isinstance(exc, IntegrityError | ProgrammingError | OperationalError):
+        return False
+    text = str(exc)
+    return "already exists" in text or "pg_type_typname_nsp_index" in text
 
 
 def open_study(name: str, url: str, sampler: optuna.samplers.BaseSampler, *,
