@@ -5,6 +5,7 @@ results/benchmarks/2026-11-27-cpu-activation-slope.md has the figures before and
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -53,6 +54,33 @@ QKV_EXTRA = [
     ("gpt2-xl", "local", 1, True, 0),
     ("gpt2-xl", "te", 1, True, 0),
 ]
+
+# With the query and key norms (qk_layernorm, Qwen3): each saves its input and an fp32 rstd
+# (RMSNorm; LayerNorm a mean too) per head. Torch's norms (sdpa, local) save the key's view,
+# which keeps the QKV GEMM output alive, and the query's reshape copy where several groups
+# sit on the rank; TE's copy both contiguous. llama3-8b: q 8192 B, kv 2048 B, GEMM output
+# 2 (4096 + 2048) = 12288 B per token at tp 1; rstd 4 (32 + 8) = 160.
+QK_NORM_EXTRA = [
+    ("llama3-8b", "sdpa", 1, False, 4 * 4096 - 4 * 1024 + 12288 + 8192 + 160),
+    ("llama3-8b", "sdpa", 1, True, 2 * 4096 + 2 * 1024 + 8192 + 160),
+    ("llama3-8b", "te", 1, False, 8192 + 2048 + 160),
+    ("llama3-8b", "te", 1, True, 2 * 4096 + 2 * 1024 + 8192 + 2048 + 160),
+    # 8 groups on 8 ranks: one group each, the query's reshape is a view.
+    ("llama3-8b", "sdpa", 8, False, (4 * 4096 - 4 * 1024) / 8 + 12288 / 8 + 4 * (4 + 1)),
+    # MHA: the norms' inputs are views of the GEMM output already kept; their rstd only.
+    ("llama2-13b", "sdpa", 1, False, 2 * 5120 + 2 * 5120 + 4 * 80),
+    # Without RoPE the norms' outputs are the query and key attention keeps (new tensors), and
+    # LayerNorm saves a mean beside the rstd: 2h + 2h + 8 (25 + 25).
+    ("gpt2-xl", "sdpa", 1, False, 2 * 1600 + 2 * 1600 + 8 * 50),
+]
+
+
+@pytest.mark.parametrize(("name", "impl", "tp", "checkpointed", "expected"), QK_NORM_EXTRA)
+def test_query_and_key_norms_keep_their_inputs(name: str, impl: str, tp: int,
+                                               checkpointed: bool, expected: float) -> None:
+    model = dataclasses.replace(load_model(name), qk_layernorm=True)
+    assert qkv_extra(model, tp, attention_bytes(model, impl),
+                     checkpointed=checkpointed) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(("name", "impl", "tp", "checkpointed", "expected"), QKV_EXTRA)
@@ -171,5 +199,28 @@ def test_megatron_core_keeps_what_the_model_counts() -> None:
     rows = json.loads(out.stdout.strip().splitlines()[-1])
     assert {(r["model"], r["mbs"]) for r in rows} == {
         (m, b) for m in ("llama2-13b/8", "llama3-8b/8", "gpt2-xl/5") for b in (1, 2)}
+    for r in rows:
+        assert r["modelled"] == pytest.approx(r["counted"], rel=0.001), r
+
+
+@pytest.mark.slow
+@pytest.mark.megatron
+def test_megatron_core_keeps_what_the_model_counts_with_query_and_key_norms() -> None:
+    # The same count with q_layernorm and k_layernorm on (Qwen3's): one group per rank (the
+    # query a view), two (the query's reshape copied) and MHA; within 0.1% as without them.
+    for module in ("torch", "megatron.core"):
+        if importlib.util.find_spec(module) is None:
+            if os.environ.get("CI"):
+                raise AssertionError(f"CI installs {module}")
+            pytest.skip(f"needs {module}")
+    qwen3 = str(ROOT / "tests" / "data" / "hf" / "qwen3-8b.json")
+    out = subprocess.run([sys.executable, "tools/saved_tensors.py", "--json", "--qk-layernorm",
+                          "--model", qwen3, "--heads-divisor", "8",
+                          "--model", qwen3, "--heads-divisor", "4",
+                          "--model", "llama2-13b", "--heads-divisor", "8", "--mbs", "1"],
+                         cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [r["model"] for r in rows] == ["Qwen3-8B/8", "Qwen3-8B/4", "llama2-13b/8"]
     for r in rows:
         assert r["modelled"] == pytest.approx(r["counted"], rel=0.001), r

@@ -64,3 +64,14 @@ def test_tensor_and_sequence_parallel_split_what_they_shard() -> None:
     assert two.split == pytest.approx(one.split / 2)
     assert two.per_token(2, True) == pytest.approx(one.per_token(1, False) / 2)
     assert two.per_token(2, False) > two.per_token(2, True)
+
+
+@pytest.mark.parametrize(("impl", "tp"), [("sdpa", 1), ("te", 1), ("te", 4)])
+def test_query_and_key_norms_add_a_norm_on_the_ranks_query_and_key(impl: str, tp: int) -> None:
+    m = load_model("llama3-8b")
+    d = m.head_dim
+    query, key = m.num_attention_heads // tp * d, max(1, m.query_groups // tp) * d
+    base = layer_elementwise_bytes(m, tp, impl)
+    normed = layer_elementwise_bytes(dataclasses.replace(m, qk_layernorm=True), tp, impl)
+    assert normed.replicated == base.replicated and normed.mlp == base.mlp
+    assert normed.split - base.split == pytest.approx(NORM_BYTES * (query + key))

@@ -399,18 +399,36 @@ def test_os_errors_left_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 
-def test_a_model_field_left_at_none_keeps_the_study_name() -> None:
-    # sliding_window was added to ModelSpec after studies were written: left out (None), the
-    # digest is the one computed without it, so `--resume` still finds those studies.
+ADDED_MODEL_FIELDS = ("sliding_window", "kv_channels", "add_qkv_bias", "qk_layernorm")
+"""ModelSpec fields added after studies were written (sessions 17-21)."""
+
+
+@pytest.mark.parametrize("preset", ["llama3-8b", "gpt2-xl", "mixtral-8x7b"])
+def test_a_model_field_added_later_keeps_the_study_name(preset: str) -> None:
+    # Fields added to ModelSpec after studies were written: left out at the value every
+    # earlier model had, the digest is the one computed without them, so `--resume` and a
+    # rerun still find those studies.
     import hashlib
     import json
     from dataclasses import asdict
 
-    model = load_model("llama3-8b")
+    model = load_model(preset)
     cluster = ClusterSpec(num_gpus=8, gpus_per_node=8, gpu=gpu_spec("h100-80gb"))
     space = load_space()
-    before = {k: v for k, v in asdict(model).items() if k != "sliding_window"}
+    before = {k: v for k, v in asdict(model).items() if k not in ADDED_MODEL_FIELDS}
     about = {"model": before, "gpus": 8, "per_node": 8, "gpu": "h100-80gb",
              "space": {k: list(v) for k, v in space.candidates.items()}, "backend": "simulate"}
     digest = hashlib.sha256(json.dumps(about, sort_keys=True, default=str).encode()).hexdigest()
     assert default_study_name(model, cluster, space, "simulate").endswith("-" + digest[:8])
+
+
+@pytest.mark.parametrize("field", ["add_qkv_bias", "qk_layernorm"])
+def test_a_model_field_added_later_names_its_own_study_when_set(field: str) -> None:
+    import dataclasses
+
+    model = load_model("llama3-8b")
+    cluster = ClusterSpec(num_gpus=8, gpus_per_node=8, gpu=gpu_spec("h100-80gb"))
+    space = load_space()
+    changed = dataclasses.replace(model, **{field: True})
+    assert default_study_name(changed, cluster, space, "simulate") != \
+        default_study_name(model, cluster, space, "simulate")

@@ -16,8 +16,8 @@ from autotune.specs.presets import load_model
 HF = Path(__file__).parent / "data" / "hf"
 
 SIZE_TOLERANCE = 0.01
-"""Relative: Megatron pads the vocabulary to a multiple of 128 (gpt2-xl: +75k parameters), and
-Qwen's QKV bias and Qwen3's QK norm are left out (under 0.1%)."""
+"""Relative, against the model cards' rounded sizes; Megatron pads the vocabulary to a multiple
+of 128 (gpt2-xl: +75k parameters)."""
 
 
 @pytest.mark.parametrize(("file", "published", "shape"), [
@@ -37,6 +37,37 @@ def test_published_sizes(file: str, published: float, shape: dict[str, object]) 
     assert count_parameters(model) == pytest.approx(published, rel=SIZE_TOLERANCE)
     for field, value in shape.items():
         assert getattr(model, field) == value, field
+
+
+@pytest.mark.parametrize(("file", "parameters"), [
+    # The checkpoints' own counts: model.safetensors.index.json's metadata.total_size / 2 (bf16
+    # weights). Their vocabularies are multiples of 128, so Megatron pads nothing; every feature
+    # counts to the parameter: GQA, tied and untied embeddings, MoE, Qwen2's QKV bias (28 x
+    # 4,608 of 7.6B), Qwen3's QK norm (36 x 256) and head dimension of its own.
+    ("llama-3-8b.json", 8_030_261_248),
+    ("llama-3.2-3b.json", 3_212_749_824),
+    ("mistral-7b-v0.1.json", 7_241_732_096),
+    ("mistral-7b-v0.3.json", 7_248_023_552),
+    ("mixtral-8x7b-v0.1.json", 46_702_792_704),
+    ("qwen2-7b.json", 7_615_616_512),
+    ("qwen3-8b.json", 8_190_735_360),
+    ("qwen3-30b-a3b.json", 30_532_122_624),
+])
+def test_checkpoint_sizes_to_the_parameter(file: str, parameters: int) -> None:
+    assert count_parameters(read_hf_config(str(HF / file)).spec) == parameters
+
+
+@pytest.mark.parametrize(("file", "qkv_bias", "qk_norm"), [
+    ("qwen2-7b.json", True, False),
+    ("qwen3-8b.json", False, True),
+    ("qwen3-30b-a3b.json", False, True),
+    ("llama-3-8b.json", False, False),
+    ("mixtral-8x7b-v0.1.json", False, False),
+])
+def test_qwen_attention_features_are_read(file: str, qkv_bias: bool, qk_norm: bool) -> None:
+    read = read_hf_config(str(HF / file))
+    assert (read.spec.add_qkv_bias, read.spec.qk_layernorm) == (qkv_bias, qk_norm)
+    assert not any("left out" in n for n in read.notes)
 
 
 def test_llama_is_swiglu_rmsnorm_rope_without_biases() -> None:
@@ -74,8 +105,8 @@ def test_what_cannot_be_mapped_is_refused(tmp_path: Path, change: dict[str, obje
 
 
 @pytest.mark.parametrize(("file", "kv_channels", "attention_width", "total", "active"), [
-    # Qwen3's model cards: 30.5B total, 3.3B activated; 8.2B (QK norm left out: 2 x 128 per
-    # layer). A head dimension of the model's own is kept (Megatron --kv-channels); equal to
+    # Qwen3's model cards: 30.5B total, 3.3B activated; 8.2B. A head dimension of the model's
+    # own is kept (Megatron --kv-channels); equal to
     # hidden / heads it stays Megatron's default.
     ("qwen3-30b-a3b.json", 128, 4096, 30.5e9, 3.3e9),
     ("qwen3-8b.json", None, 4096, 8.2e9, 8.2e9),

@@ -100,7 +100,7 @@ def test_the_refusal_is_one_line_exit_2(tmp_path: Path,
      ["--moe-grouped-gemm", "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
       "--moe-layer-recompute"]),
     (" --use-flash-attn --qk-layernorm --add-qkv-bias --fp32-residual-connection",
-     ["--use-flash-attn", "--qk-layernorm", "--add-qkv-bias", "--fp32-residual-connection"]),
+     ["--use-flash-attn", "--fp32-residual-connection"]),             # the model's, read
     (" --pipeline-model-parallel-size 2 --account-for-embedding-in-pipeline-split "
      "--account-for-loss-in-pipeline-split",
      ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]),
@@ -705,3 +705,24 @@ def test_kv_channels_are_read_and_written_back(tmp_path: Path, extra: str,
         assert "--kv-channels" not in args
     else:
         assert args[args.index("--kv-channels") + 1] == str(kv_channels)
+
+
+@pytest.mark.parametrize(("extra", "qkv_bias", "qk_norm"), [
+    (" --add-qkv-bias", True, False),                  # Qwen2
+    (" --qk-layernorm --kv-channels 128", False, True),  # Qwen3
+    ("", False, False),
+])
+def test_qwen_attention_flags_are_read_and_written_back(tmp_path: Path, extra: str,
+                                                        qkv_bias: bool, qk_norm: bool) -> None:
+    """Megatron-LM's --add-qkv-bias and --qk-layernorm are the model's (counted, modelled, run by
+    the worker); the flags autotune writes carry them back, and nothing warns about them."""
+    from autotune.layouts.layout import Layout
+    from autotune.megatron.megatron_args import megatron_lm_args
+
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + " --disable-bias-linear" + extra + "\n")
+    command = read_megatron_command(str(script))
+    assert (command.model.add_qkv_bias, command.model.qk_layernorm) == (qkv_bias, qk_norm)
+    assert unmodeled_warning(command) is None
+    args = megatron_lm_args(command.model, Layout(gbs=64))
+    assert ("--add-qkv-bias" in args, "--qk-layernorm" in args) == (qkv_bias, qk_norm)

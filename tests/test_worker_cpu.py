@@ -551,3 +551,28 @@ def test_fp8_weights_lend_the_optimizer_an_owned_init_value(build, monkeypatch) 
     assert not hasattr(module.fp8, "clear_high_precision_init_val")
     assert build.lend_fp8_init_values(module) == 1  # given again only while missing
     assert build.lend_fp8_init_values(module) == 0
+
+
+@pytest.mark.parametrize(("file", "qkv_bias", "qk_norm"), [
+    ("qwen2-7b.json", True, False), ("qwen3-8b.json", False, True),
+    ("llama-3-8b.json", False, False)])
+@pytest.mark.parametrize("impl", ["local", "sdpa"])
+def test_qwen_attention_features_reach_megatron_core(build, monkeypatch, file: str,  # type: ignore[no-untyped-def]
+                                                     qkv_bias: bool, qk_norm: bool,
+                                                     impl: str) -> None:
+    from megatron.core.transformer import transformer_block
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    # The layer count per pipeline chunk reads the parallel state, which this test leaves out.
+    monkeypatch.setattr(transformer_block, "get_num_layers_to_build", lambda *a, **k: 1)
+
+    spec = _spec(str(Path(__file__).parent / "data" / "hf" / file), mbs=1, gbs=8, impl=impl)
+    kw = build.transformer_config_kwargs(spec)
+    assert (kw.get("add_qkv_bias", False), kw.get("qk_layernorm", False)) == (qkv_bias, qk_norm)
+    config = build.transformer_config(spec)  # megatron-core's own validation accepts it
+    assert (config.add_qkv_bias, config.qk_layernorm) == (qkv_bias, qk_norm)
+    attention = build._layer_spec(spec, config, None).layer_specs[0].submodules \
+        .self_attention.submodules
+    # Torch's norms (megatron-core's WrappedTorchNorm refuses sequence parallelism).
+    expected = build._TorchNorm if qk_norm else IdentityOp
+    assert attention.q_layernorm is expected and attention.k_layernorm is expected

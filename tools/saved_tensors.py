@@ -1,7 +1,7 @@
 """What one megatron-core transformer layer keeps for backward, counted, against the memory model.
 
     PYTHONPATH=. python tools/saved_tensors.py [--model NAME] [--heads-divisor K] [--seq S]
-        [--mbs B] [--impl sdpa] [--json]
+        [--mbs B] [--impl sdpa] [--qk-layernorm] [--json]
 
 Builds one layer as autotune's worker does (autotune.worker.build: the layout's layer spec,
 megatron-core 0.16.1's TransformerConfig from autotune.megatron.core_config) on CPU torch, runs
@@ -76,7 +76,12 @@ def _world() -> None:
 
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29533")
+        if "MASTER_PORT" not in os.environ:  # a free one: two counts may run side by side
+            import socket
+
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
         dist.init_process_group("gloo", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
@@ -166,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--mbs", type=int, action="append")
     parser.add_argument("--impl", default="sdpa", choices=("sdpa",))
+    parser.add_argument("--qk-layernorm", action="store_true",
+                        help="the models with their query and key norms on (Qwen3's)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     names = args.model or ["llama2-13b", "llama3-8b", "gpt2-xl"]
@@ -173,8 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(divisors) != len(names):
         parser.error("give one --heads-divisor per --model")
     warnings.filterwarnings("ignore")
-    rows = [count_layer(scaled_model(n, k), impl=args.impl, seq=args.seq, mbs=b)
-            for n, k in zip(names, divisors, strict=True) for b in (args.mbs or [1, 2])]
+    models = [scaled_model(n, k) for n, k in zip(names, divisors, strict=True)]
+    if args.qk_layernorm:
+        models = [replace(m, qk_layernorm=True) for m in models]
+    rows = [count_layer(m, impl=args.impl, seq=args.seq, mbs=b)
+            for m in models for b in (args.mbs or [1, 2])]
     if args.json:
         print(json.dumps([{"model": r.model, "seq": r.seq, "mbs": r.mbs, "counted": r.counted,
                            "modelled": r.modelled} for r in rows]))

@@ -115,6 +115,12 @@ def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
     }
     if m.normalization == "RMSNorm":
         kwargs["layernorm_epsilon"] = 1e-5
+    # Only where set: megatron-core's defaults (False) stay out of the run key of every model
+    # before them (autotune.megatron.identity).
+    if m.add_qkv_bias:
+        kwargs["add_qkv_bias"] = True
+    if m.qk_layernorm:
+        kwargs["qk_layernorm"] = True
     if m.is_moe:
         kwargs.update({
             "num_moe_experts": m.num_experts,

@@ -354,6 +354,8 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
             flags=(Flag("--swiglu", takes_value=False), Flag("--squared-relu", takes_value=False)),
             emit=_emit_activation, read=_read_activation),
     switch("--disable-bias-linear", "add_bias_linear", Part.MODEL, on_means=False),
+    switch("--add-qkv-bias", "add_qkv_bias", Part.MODEL),
+    switch("--qk-layernorm", "qk_layernorm", Part.MODEL),
     switch("--untie-embeddings-and-output-weights", "tied_embeddings", Part.MODEL,
             on_means=False),
     value("--make-vocab-size-divisible-by", "make_vocab_size_divisible_by", Part.MODEL,
@@ -437,8 +439,6 @@ _UNMODELED: tuple[tuple[str, str], ...] = (
     ("--account-for-embedding-in-pipeline-split", "the embedding counted as a pipeline layer"),
     ("--account-for-loss-in-pipeline-split", "the loss counted as a pipeline layer"),
     ("--fp32-residual-connection", "the residual stream kept in fp32"),
-    ("--qk-layernorm", "a layer norm on queries and keys"),
-    ("--add-qkv-bias", "a bias on the QKV projection"),
 )
 """Megatron-LM core_v0.16.1 flags outside the levers that change speed or memory and that
 autotune does not model, each with what it changes."""

@@ -242,7 +242,12 @@ def _param_counts(model: ModelSpec, tp: int, ep: int, pp: int) -> _Params:
     # is not split (megatron/core/tensor_parallel/layers.py).
     q = model.attention_width  # h unless the head dimension is the model's own (kv_channels)
     qkv_out = q / t + 2 * kv_rank
-    dense = 2 * norm + h * qkv_out + bias * qkv_out + (q / t) * h + bias * h
+    qkv_bias = 1 if model.add_bias_linear or model.add_qkv_bias else 0
+    dense = 2 * norm + h * qkv_out + qkv_bias * qkv_out + (q / t) * h + bias * h
+    if model.qk_layernorm:
+        # q_layernorm and k_layernorm, head_dim wide, replicated on every rank (their gradients
+        # are summed over the TP group: finalize_model_grads.py, by name).
+        dense += 2 * (norm / h) * model.head_dim
     linear = h * qkv_out + (q / t) * h
     expert = 0.0
     if model.is_moe:

@@ -131,8 +131,11 @@ def _name_part(text: str, limit: int) -> str:
     return part or "model"
 
 
-_ADDED_MODEL_FIELDS = ("sliding_window",)
-"""ModelSpec fields newer than the first studies, left out of the study name's digest at None."""
+_ADDED_MODEL_FIELDS: dict[str, Any] = {"sliding_window": None, "kv_channels": None,
+                                        "add_qkv_bias": False, "qk_layernorm": False}
+"""ModelSpec fields newer than the first studies, with the value every earlier model had: left
+out of the study name's digest at that value, so the studies written before them keep their
+names (`--resume` finds them)."""
 
 
 def default_study_name(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
@@ -141,10 +144,10 @@ def default_study_name(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     lists depend on, so a changed space or model never reuses a study by accident. `variant`
     adds what else decides the trials' figures: for a planning study, the sampler and the
     calibration (a plan with other constants or another sampler is another plan)."""
-    # Fields added to ModelSpec later are left out at None: the names of the studies written
-    # before them stay the same.
+    # Fields added to ModelSpec later are left out at their old value: the names of the studies
+    # written before them stay the same.
     described = {k: v for k, v in asdict(model).items()
-                 if not (k in _ADDED_MODEL_FIELDS and v is None)}
+                 if not (k in _ADDED_MODEL_FIELDS and v == _ADDED_MODEL_FIELDS[k])}
     about: dict[str, Any] = {"model": described, "gpus": cluster.num_gpus,
                              "per_node": cluster.gpus_per_node, "gpu": cluster.gpu.name,
                              "space": {k: list(v) for k, v in space.candidates.items()},

@@ -216,16 +216,47 @@ def qkv_extra(model: ModelSpec, tp: int, attention: AttentionBytes, *,
     else:
         output = q + 2 * kv
     rope = model.position_embedding == "rope"
-    new_query = rope or model.query_groups != model.num_attention_heads
+    # RoPE and the query and key norms each make new tensors of the query and the key.
+    new_key = rope or model.qk_layernorm
+    new_query = new_key or model.query_groups != model.num_attention_heads
     if attention.qkv_as_given and not checkpointed and heads > groups:
         # GQA: a new query (the reshape), the key and value repeated per head; no view is kept.
         kept = 3 * q
+        output_kept = False
     elif attention.qkv_as_given or checkpointed:
         # The query and key as RoPE (or the reshape) left them, and the value's view.
-        kept = (q if new_query else 0.0) + (kv if rope else 0.0) + output
+        kept = (q if new_query else 0.0) + (kv if new_key else 0.0) + output
+        output_kept = True
     else:
-        return 0.0
+        kept = q + 2 * kv
+        output_kept = False
+    if model.qk_layernorm:
+        kept += _qk_norm_inputs(model, tp, attention, output=output, output_kept=output_kept)
     return kept - (q + 2 * kv)
+
+
+def _qk_norm_inputs(model: ModelSpec, tp: int, attention: AttentionBytes, *, output: float,
+                    output_kept: bool) -> float:
+    """Bytes per token that the query and key norms (ModelSpec.qk_layernorm) keep beyond the
+    rest of qkv_extra's count: each saves its input and an fp32 rstd per head (torch 2.11's
+    CUDA `_fused_rms_norm` and layer_norm; TE 2.11 ops/basic/rmsnorm.py and layernorm.py), and
+    applies before RoPE and core attention, so a core_attn checkpoint keeps them too.
+
+    Their inputs come out of get_query_key_value_tensors (megatron-core 0.16.1 attention.py): the
+    key a view of the QKV GEMM's output, the query a view of it too unless its reshape to heads
+    copies it (several query heads per group and several groups on the rank). Torch's norms
+    (local, sdpa) save the view, which keeps the whole GEMM output alive; Transformer Engine's
+    copy their input contiguous first (`input_.contiguous()`), so the query and key are kept
+    once each. Counted on CPU (tools/saved_tensors.py, sdpa) within 0.1%: results/benchmarks/
+    2026-11-29-cpu-qwen-attention-s21.md."""
+    d = model.head_dim
+    heads, groups = model.num_attention_heads / tp, max(1, model.query_groups // tp)
+    # fp32 per head and token: RMSNorm's rstd; LayerNorm's mean and rstd.
+    rstd = (4.0 if model.normalization == "RMSNorm" else 8.0) * (heads + groups)
+    if not attention.qkv_as_given:
+        return 2 * heads * d + 2 * groups * d + rstd
+    query_copied = groups > 1 and heads > groups
+    return (0.0 if output_kept else output) + (2 * heads * d if query_copied else 0.0) + rstd
 
 
 ROPE_TABLE_BYTES = 2

@@ -26,6 +26,8 @@ reads follow from the op. Per element:
   many backward, 48 B on each element of the rank's query and key; fused (`rope_fused`:
   Transformer Engine's fused_apply_rotary_pos_emb, one kernel each way reading the tensor and
   writing the result, the frequencies cached), 4 B forward and 4 B backward;
+- the query and key norms (ModelSpec.qk_layernorm: q_layernorm and k_layernorm, head_dim wide,
+  before RoPE), a norm's 14 B on each element of the rank's query and key;
 - grouped-query attention through SDPA (autotune.worker.attention.SdpaAttention repeats each key
   and value group for its heads, repeat_interleave): per repeated element written (2 B) its group
   read, and backward the sum back to the groups: 4 B on each of the rank's h / t key and value
@@ -113,6 +115,8 @@ def layer_elementwise_bytes(model: ModelSpec, tp: int, impl: str) -> Elementwise
     heads, kv = model.num_attention_heads / tp * d, max(1, model.query_groups // tp) * d
     if model.position_embedding == "rope":
         split += (ROPE_FUSED_BYTES if rope_fused(model, impl) else ROPE_BYTES) * (heads + kv)
+    if model.qk_layernorm:
+        split += NORM_BYTES * (heads + kv)
     if impl != "te" and model.query_groups != model.num_attention_heads:
         split += 2 * GQA_REPEAT_BYTES * (heads + kv)
     return ElementwiseBytes(replicated=replicated, split=split, mlp=mlp)

@@ -5,9 +5,9 @@ analytical models and the Megatron-LM export use is mapped from the config's own
 transformers' defaults where a key may be absent (transformers' configuration_<model>.py of
 each architecture). What autotune's models cannot represent is refused in one line rather than
 approximated silently: an unknown architecture, a sequence longer than the window of
-sliding-window attention in use (the sequence defaults to the window), shared experts, a head
-dimension other than hidden/heads. Fields that do not change memory or step
-time (RoPE scaling, Qwen's QKV bias, Qwen3's QK norm) are noted, not refused.
+sliding-window attention in use (the sequence defaults to the window), shared experts. Qwen2's
+QKV bias and Qwen3's QK norm are part of the model (ModelSpec.add_qkv_bias, qk_layernorm);
+fields that do not change memory or step time (RoPE scaling) are noted, not refused.
 """
 
 from __future__ import annotations
@@ -177,12 +177,6 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
         shown_kind = for_terminal(str(kind_of))[:40]
         notes.append(f"rope_scaling ({shown_kind}) changes positions, not memory or step time: "
                      "not part of the model autotune tunes, nor of the exported flags")
-    if kind in ("qwen2", "qwen2_moe"):
-        notes.append("Qwen2's QKV bias (Megatron --add-qkv-bias) is left out: 2 x "
-                     "(hidden + 2 x kv) parameters per layer, well under 0.1%")
-    if kind in ("qwen3", "qwen3_moe"):
-        notes.append("Qwen3's QK norm (Megatron --qk-layernorm) is left out: 2 x head_dim "
-                     "parameters per layer")
     if c.flag("attention_bias", False) or c.flag("mlp_bias", False):
         raise c.refuse("attention_bias / mlp_bias on some layers only: autotune's models have "
                        "biases on every linear layer or none")
@@ -196,6 +190,10 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
         "add_bias_linear": False, "tied_embeddings": c.flag("tie_word_embeddings", False),
         "position_embedding": "rope", "rotary_base": _integral(c, "rope_theta", 10000),
         "hidden_dropout": 0.0, "attention_dropout": c.number("attention_dropout", 0.0),
+        # transformers' Qwen2Attention gives q, k and v a bias (Megatron --add-qkv-bias);
+        # Qwen3Attention drops it and norms each query and key head (--qk-layernorm).
+        "add_qkv_bias": kind in ("qwen2", "qwen2_moe"),
+        "qk_layernorm": kind in ("qwen3", "qwen3_moe"),
     }
     moe = _MOE_DEFAULTS.get(kind)
     if moe is not None:

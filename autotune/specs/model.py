@@ -53,6 +53,13 @@ class ModelSpec:
     activation: str = "gelu"
     normalization: str = "LayerNorm"
     add_bias_linear: bool = True
+    add_qkv_bias: bool = False
+    """A bias on the QKV projection only (Megatron `--add-qkv-bias`; Qwen2): megatron-core gives
+    linear_qkv a bias with add_bias_linear or add_qkv_bias (attention.py)."""
+    qk_layernorm: bool = False
+    """A norm (the model's `normalization`) on each query and key head before RoPE (Megatron
+    `--qk-layernorm`; Qwen3, OLMo 2): attention.py get_query_key_value_tensors applies
+    q_layernorm and k_layernorm of width head_dim."""
     tied_embeddings: bool = True
     position_embedding: str = "learned_absolute"
     rotary_base: Count = 10000

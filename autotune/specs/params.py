@@ -1,8 +1,11 @@
 """Parameter counts of a ModelSpec, for listings and the memory model.
 
-Counts follow megatron-core's GPTModel: QKV and projection (with biases when add_bias_linear),
-the MLP (two or, gated, three matrices), two norms per layer, the final norm, word embeddings
-padded as Megatron pads them, learned position embeddings, and an untied output layer.
+Counts follow megatron-core's GPTModel: QKV and projection (with biases when add_bias_linear;
+the QKV's alone with add_qkv_bias), the query and key norms (qk_layernorm), the MLP (two or,
+gated, three matrices), two norms per layer, the final norm, word embeddings padded as Megatron
+pads them, learned position embeddings, and an untied output layer. Checked against the models
+megatron-core builds (tests/test_param_counts_megatron.py) and against published checkpoints
+to the parameter (tests/test_hf_config.py).
 """
 
 from __future__ import annotations
@@ -42,8 +45,13 @@ def parameter_counts(model: ModelSpec) -> ParameterCounts:
     bias = model.add_bias_linear
     kv = model.query_groups * model.head_dim
     q = model.attention_width  # h unless the head dimension is the model's own (kv_channels)
-    norm = 2 * h if model.normalization == "LayerNorm" else h  # LayerNorm has a bias
+    per_unit = 2 if model.normalization == "LayerNorm" else 1  # LayerNorm has a bias
+    norm = per_unit * h
     attention = h * (q + 2 * kv) + q * h + ((q + 2 * kv) + h if bias else 0)
+    if model.add_qkv_bias and not bias:
+        attention += q + 2 * kv
+    if model.qk_layernorm:  # one norm of width head_dim for all queries, one for all keys
+        attention += 2 * per_unit * model.head_dim
     up_width = 2 if model.gated_linear_unit else 1  # gated: gate and up projections fused
 
     def mlp(ffn: int) -> int:

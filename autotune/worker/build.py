@@ -96,13 +96,20 @@ def _layer_spec(spec: TrialSpec, config: Any, vp_stage: int | None) -> Any:
             raise RuntimeError("impl=te needs transformer-engine (pip install "
                                "'autotune[te]', best inside an NGC PyTorch image)")
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=experts, moe_grouped_gemm=bool(experts))
+            num_experts=experts, moe_grouped_gemm=bool(experts), qk_layernorm=m.qk_layernorm)
     if impl not in ("local", "sdpa"):
         raise ValueError(f"unknown impl {impl!r}")
     layer = gpt_layer_specs.get_gpt_layer_local_spec(num_experts=experts,
-                                                     normalization=m.normalization)
+                                                     normalization=m.normalization,
+                                                     qk_layernorm=m.qk_layernorm)
     layer.submodules.input_layernorm = _TorchNorm
     layer.submodules.pre_mlp_layernorm = _TorchNorm
+    if m.qk_layernorm:
+        # megatron-core's WrappedTorchNorm refuses sequence parallelism even here, where the
+        # norms act on whole heads; finalize_model_grads sums their gradients over the TP group
+        # by name (q_layernorm, k_layernorm) with qk_layernorm on, as TE's norms get.
+        attention = layer.submodules.self_attention.submodules
+        attention.q_layernorm = attention.k_layernorm = _TorchNorm
     if impl == "sdpa":
         from autotune.worker.attention import SdpaAttention
         from autotune.worker.linear import BiasInGemmColumnParallelLinear

@@ -1,0 +1,51 @@
+"""Parameter counts of megatron-core GPTModels built as autotune's worker builds them, on CPU.
+
+    python tests/doubles/megatron_params.py MODELS_JSON    # a list of ModelSpec fields
+prints a JSON list of {"name", "parameters"}: every parameter of the model at tp = pp = 1 (sdpa
+spec), built from autotune.worker.build's layer spec and TransformerConfig, so that
+autotune.specs.params can be checked against what megatron-core makes of the same shape. Run in
+a process of its own: it starts a one-rank gloo world for megatron-core's parallel state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import warnings
+
+
+def main(path: str) -> int:
+    warnings.filterwarnings("ignore")
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from autotune.layouts.layout import Layout
+    from autotune.specs.model import ModelSpec, padded_vocab_size
+    from autotune.trials.trial import TrialSpec
+    from autotune.worker import build
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(sock.getsockname()[1]))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    rows = []
+    with open(path) as f:
+        models = [ModelSpec(**fields) for fields in json.load(f)]
+    for m in models:
+        spec = TrialSpec(model=m, layout=Layout(mbs=1, gbs=m.global_batch_size, impl="sdpa"))
+        kwargs = build.transformer_config_kwargs(spec)
+        kwargs.update(use_cpu_initialization=True, perform_initialization=False)
+        config = TransformerConfig(**kwargs)
+        model = build._gpt_model(GPTModel, spec, config, padded_vocab_size(m), None)
+        rows.append({"name": m.name, "parameters": sum(p.numel() for p in model.parameters())})
+    print(json.dumps(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

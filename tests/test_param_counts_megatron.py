@@ -1,0 +1,60 @@
+"""autotune.specs.params against megatron-core: the same shapes built as the worker builds them
+(tests/doubles/megatron_params.py, CPU) count the same parameters, feature by feature."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.specs.model import ModelSpec
+from autotune.specs.params import count_parameters
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GPT = ModelSpec(name="gpt", num_layers=2, hidden_size=96, num_attention_heads=4,
+                vocab_size=1000, seq_length=64, global_batch_size=1)
+LLAMA = dataclasses.replace(GPT, name="llama", num_query_groups=2, ffn_hidden_size=160,
+                            gated_linear_unit=True, activation="swiglu", normalization="RMSNorm",
+                            add_bias_linear=False, tied_embeddings=False,
+                            position_embedding="rope", hidden_dropout=0.0,
+                            attention_dropout=0.0)
+# One tiny model per feature of a parameter count; each differs from GPT or LLAMA in it alone.
+MODELS = [
+    GPT,                                                                # biases, learned positions
+    dataclasses.replace(GPT, name="gpt-untied", tied_embeddings=False),
+    dataclasses.replace(GPT, name="gpt-qk-norm", qk_layernorm=True),    # LayerNorm: weight + bias
+    dataclasses.replace(GPT, name="gpt-qkv-bias", add_qkv_bias=True),   # already biased: nothing
+    LLAMA,                                                              # GQA, SwiGLU, RMSNorm
+    dataclasses.replace(LLAMA, name="llama-mha", num_query_groups=None),
+    dataclasses.replace(LLAMA, name="head-dim", kv_channels=40),        # 4 x 40 != 96
+    dataclasses.replace(LLAMA, name="qwen2", add_qkv_bias=True),
+    dataclasses.replace(LLAMA, name="qwen3", qk_layernorm=True, kv_channels=40),
+    dataclasses.replace(LLAMA, name="odd-vocab", vocab_size=1001),      # padded to 1024
+]
+
+
+@pytest.mark.slow
+@pytest.mark.megatron
+def test_parameter_counts_are_megatron_cores(tmp_path: Path) -> None:
+    for module in ("torch", "megatron.core"):
+        if importlib.util.find_spec(module) is None:
+            if os.environ.get("CI"):
+                raise AssertionError(f"CI installs {module}")
+            pytest.skip(f"needs {module}")
+    models = tmp_path / "models.json"
+    models.write_text(json.dumps([dataclasses.asdict(m) for m in MODELS]))
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "doubles" / "megatron_params.py"),
+                          str(models)], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    built = {r["name"]: r["parameters"] for r in json.loads(out.stdout.strip().splitlines()[-1])}
+    assert built == {m.name: count_parameters(m) for m in MODELS}
+    # The features counted at all: each moves the count.
+    assert built["qwen3"] > built["head-dim"] and built["qwen2"] > built["llama"]
+    assert built["gpt-qk-norm"] > built["gpt"] and built["gpt-qkv-bias"] == built["gpt"]
