@@ -156,6 +156,21 @@ def test_divisors_offers_every_micro_batch_that_divides_the_batch_per_rank() -> 
     assert summary.total == len(summary.valid) + sum(g.count for g in summary.rejected.values())
 
 
+@pytest.mark.parametrize(("experts", "gpus", "expected"), [
+    (None, 8, {1}),                  # dense: no experts to split
+    (8, 8, {1, 2, 4, 8}),
+    (16, 32, {1, 2, 4, 8, 16}),      # past one node's 8 GPUs
+    (12, 12, {1, 2, 3, 4, 6, 12}),   # not only powers of two
+    (64, 16, {1, 2, 4, 8, 16}),      # the GPU count bounds it (rule ep_world)
+])
+def test_ep_divisors_split_the_experts(experts: int | None, gpus: int,
+                                       expected: set[int]) -> None:
+    model = replace(MODEL, num_experts=experts, moe_topk=2, global_batch_size=96)
+    cluster = small_cluster(num_gpus=gpus, memory_gib=80.0)
+    space = space_from_mapping({"ep": "divisors", "mbs": [1], "impl": ["sdpa"]}, "t")
+    assert {s.ep for s in enumerate_space(space, model, cluster).valid} == expected
+
+
 def test_vpp_divisors_follow_the_layers_of_a_stage() -> None:
     cluster = small_cluster(num_gpus=2, memory_gib=80.0)
     space = space_from_mapping({"pp": [2], "vpp": "divisors", "mbs": [1]}, "t")

@@ -18,8 +18,10 @@ activation_offload), with the values Megatron accepts and whether the fewest tha
 - `offload_layers` (Transformer Engine's layer-level CPU offload): the fewest offloaded layers
   that fit; each offloaded layer costs PCIe time.
 
-`mbs` and `vpp` may be listed as `divisors`: every micro-batch that divides the batch per
-data-parallel rank, every interleaving that divides a stage's layers (not only powers of two).
+`mbs`, `vpp` and `ep` may be listed as `divisors`: every micro-batch that divides the batch per
+data-parallel rank, every interleaving that divides a stage's layers (not only powers of two),
+every expert-parallel size that divides the model's experts (up to 128 for Qwen3's MoE models
+across nodes, where a list up to one node's 8 would stop).
 
 "Fit" is the memory model's peak against the device memory less the gate's measured error band
 (autotune.predict.gate.MEMORY_ERROR_BAND): the value a seed or a proposal gets first is one the
@@ -73,9 +75,16 @@ def _vpp_values(s: Layout, m: ModelSpec) -> tuple[int, ...]:
     return common_divisors(stage_layers(s, m))
 
 
+def _ep_values(s: Layout, m: ModelSpec) -> tuple[int, ...]:
+    # moe_layer.py: the experts split evenly over the expert-parallel ranks; a dense model has
+    # none to split. The GPU count's own rule (ep_world) is the layout rules'.
+    return _divisors(m.num_experts) if m.is_moe and m.num_experts else (1,)
+
+
 ENUMERABLE: dict[str, Callable[[Layout, ModelSpec], tuple[int, ...]]] = {
     "mbs": _mbs_values,
     "vpp": _vpp_values,
+    "ep": _ep_values,
 }
 """The dimensions a space may mark `divisors`: their values for a partial layout (the fields of
 lower enumeration levels set)."""
