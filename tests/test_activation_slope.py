@@ -6,7 +6,6 @@ results/benchmarks/2026-11-27-cpu-activation-slope.md has the figures before and
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from doubles.requirements import require_torch_and_megatron_core
 
 from autotune.levers.recompute import module_savings
 from autotune.levers.transformer_impl import attention_bytes
@@ -181,46 +181,30 @@ def test_a_series_across_two_stages_is_left_out(family: str, gpu: str, layout: s
 # -- the count itself: one megatron-core layer on CPU -------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.megatron
-def test_megatron_core_keeps_what_the_model_counts() -> None:
-    # tools/saved_tensors.py builds one layer as the worker does (sdpa, the presets' head_dim,
-    # GQA and FFN ratios at 1/8 and 1/5 of their widths) and adds up every storage its forward
-    # saves for backward. The model's count is within 0.1% (the norms' fp32 rstd and mean); it
-    # was 13-15% short for the RoPE models at seq 256 before qkv_extra and the RoPE tables.
-    for module in ("torch", "megatron.core"):
-        if importlib.util.find_spec(module) is None:
-            if os.environ.get("CI"):
-                raise AssertionError(f"CI installs {module}")
-            pytest.skip(f"needs {module}")
-    out = subprocess.run([sys.executable, "tools/saved_tensors.py", "--json"], cwd=ROOT,
-                         capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    rows = json.loads(out.stdout.strip().splitlines()[-1])
-    assert {(r["model"], r["mbs"]) for r in rows} == {
-        (m, b) for m in ("llama2-13b/8", "llama3-8b/8", "gpt2-xl/5") for b in (1, 2)}
-    for r in rows:
-        assert r["modelled"] == pytest.approx(r["counted"], rel=0.001), r
+QWEN3 = str(ROOT / "tests" / "data" / "hf" / "qwen3-8b.json")
 
 
 @pytest.mark.slow
 @pytest.mark.megatron
-def test_megatron_core_keeps_what_the_model_counts_with_query_and_key_norms() -> None:
-    # The same count with q_layernorm and k_layernorm on (Qwen3's): one group per rank (the
-    # query a view), two (the query's reshape copied) and MHA; within 0.1% as without them.
-    for module in ("torch", "megatron.core"):
-        if importlib.util.find_spec(module) is None:
-            if os.environ.get("CI"):
-                raise AssertionError(f"CI installs {module}")
-            pytest.skip(f"needs {module}")
-    qwen3 = str(ROOT / "tests" / "data" / "hf" / "qwen3-8b.json")
-    out = subprocess.run([sys.executable, "tools/saved_tensors.py", "--json", "--qk-layernorm",
-                          "--model", qwen3, "--heads-divisor", "8",
-                          "--model", qwen3, "--heads-divisor", "4",
-                          "--model", "llama2-13b", "--heads-divisor", "8", "--mbs", "1"],
+@pytest.mark.parametrize(("args", "models"), [
+    # The presets' head_dim, GQA and FFN ratios at 1/8 and 1/5 of their widths, mbs 1 and 2.
+    ([], ["llama2-13b/8"] * 2 + ["llama3-8b/8"] * 2 + ["gpt2-xl/5"] * 2),
+    # q_layernorm and k_layernorm on (Qwen3's): one group per rank (the query a view), two
+    # (the query's reshape copied) and MHA.
+    (["--qk-layernorm", "--model", QWEN3, "--heads-divisor", "8", "--model", QWEN3,
+      "--heads-divisor", "4", "--model", "llama2-13b", "--heads-divisor", "8", "--mbs", "1"],
+     ["Qwen3-8B/8", "Qwen3-8B/4", "llama2-13b/8"]),
+], ids=["presets", "qk-layernorm"])
+def test_megatron_core_keeps_what_the_model_counts(args: list[str], models: list[str]) -> None:
+    # tools/saved_tensors.py builds one layer as the worker does (sdpa) and adds up every
+    # storage its forward saves for backward. The model's count is within 0.1% (the norms'
+    # fp32 rstd and mean); it was 13-15% short for the RoPE models at seq 256 before qkv_extra
+    # and the RoPE tables, and 7.8% short for Qwen3 before the query and key norms' inputs.
+    require_torch_and_megatron_core()
+    out = subprocess.run([sys.executable, "tools/saved_tensors.py", "--json", *args],
                          cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     rows = json.loads(out.stdout.strip().splitlines()[-1])
-    assert [r["model"] for r in rows] == ["Qwen3-8B/8", "Qwen3-8B/4", "llama2-13b/8"]
+    assert [r["model"] for r in rows] == models
     for r in rows:
         assert r["modelled"] == pytest.approx(r["counted"], rel=0.001), r

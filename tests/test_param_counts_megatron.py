@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from doubles.requirements import require_torch_and_megatron_core
 
 from autotune.specs.model import ModelSpec
 from autotune.specs.params import count_parameters
@@ -43,11 +43,7 @@ MODELS = [
 @pytest.mark.slow
 @pytest.mark.megatron
 def test_parameter_counts_are_megatron_cores(tmp_path: Path) -> None:
-    for module in ("torch", "megatron.core"):
-        if importlib.util.find_spec(module) is None:
-            if os.environ.get("CI"):
-                raise AssertionError(f"CI installs {module}")
-            pytest.skip(f"needs {module}")
+    require_torch_and_megatron_core()
     models = tmp_path / "models.json"
     models.write_text(json.dumps([dataclasses.asdict(m) for m in MODELS]))
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "doubles" / "megatron_params.py"),
