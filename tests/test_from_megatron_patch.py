@@ -265,6 +265,12 @@ HOSTILE = [
     ("here-doc only", _file("cat <<'EOF'\n" + ONE + "EOF\n"), [], r"in here-document text"),
     ("--line in a here-doc", _file("cat <<'EOF'\n" + ONE + "EOF\n"), ["--line", "2"],
      r"line 2 is here-document text"),
+    # sbatch <<EOF: the launch runs, in a job script this one writes: saved as a file, it
+    # can be read and edited.
+    ("sbatch here-doc", _file("sbatch <<EOF\n#!/bin/bash\n#SBATCH -N 1\n" + ONE + "EOF\n"), [],
+     r"lines 2-5: the launch is in a here-document fed to sbatch.*`sbatch FILE`"),
+    ("--line in an sbatch here-doc", _file("sbatch -p x <<'EOF'\n" + ONE + "EOF\n"),
+     ["--line", "2"], r"here-document fed to sbatch"),
     ("--line elsewhere", _file("echo hi\n" + ONE), ["--line", "1"],
      r"--line 1 holds no pretrain_gpt.py launch \(candidates: line 2\)"),
     ("--line 0", _file(ONE), ["--line", "0"], r"--line must be a positive line number"),
@@ -352,6 +358,18 @@ PATCHES = [
       "--micro-batch-size=1",
       f"+torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size=8 "
       "--micro-batch-size=2"]),
+    # The script's own arguments stay last: a flag given when it runs still overrides.
+    ('the script\'s own arguments ("$@") stay last',
+     f'torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size 8 "$@"\n',
+     4, Layout(tp=2, dp=2, mbs=1, gbs=8, impl="te"),
+     [f'-torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size 8 "$@"',
+      f"+torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size 8 "
+      '--tensor-model-parallel-size 2 "$@"']),
+    ("$* on a line of its own",
+     f"torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} \\\n"
+     "    --global-batch-size 8 \\\n    $*\n",
+     4, Layout(tp=2, dp=2, mbs=1, gbs=8, impl="te"),
+     ["-    $*", "+    --tensor-model-parallel-size 2 $*"]),
 ]
 
 

@@ -28,6 +28,7 @@ from autotune.megatron.megatron_command import (
     layout_changes,
     megatron_layout,
     read_megatron_command,
+    script_arguments_warning,
 )
 from autotune.megatron.script_patch import patch_script
 from autotune.report.scripts import megatron_lm_script
@@ -420,3 +421,30 @@ def test_export_refuses_another_models_command(tmp_path: Path,
                  str(results)])
     err = capsys.readouterr().err
     assert code == 2 and "not the model of" in err and err.count("\n") == 1  # the refusal alone
+
+
+@pytest.mark.parametrize(("arguments", "shown"), [
+    (' "$@"', "${@}"), (" $@", "${@}"), (' "${@}"', "${@}"), (" $*", "${*}"),
+    (' "$@" --seed 7', "${@}"),           # flags after it: read as written
+])
+def test_the_scripts_own_arguments_are_read_around_and_named(tmp_path: Path, arguments: str,
+                                                             shown: str) -> None:
+    """A launch that passes on the script's own arguments ("$@") is read without them (what
+    the script holds), and one line says so; anything else in their place is still refused."""
+    script = tmp_path / "train.sh"
+    script.write_text(BASE + arguments + "\n")
+    command = read_megatron_command(str(script))
+    assert megatron_layout(command, 2) == megatron_layout(
+        read_megatron_command(_write(tmp_path / "plain.sh", BASE + "\n")), 2)
+    warning = script_arguments_warning(command) or ""
+    assert shown in warning and "\n" not in warning and "cannot see" in warning
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_script_without_its_own_arguments_gets_no_such_line(tmp_path: Path) -> None:
+    assert script_arguments_warning(read_megatron_command(_write(tmp_path / "t.sh",
+                                                                  BASE + "\n"))) is None

@@ -92,3 +92,33 @@ def test_an_srun_launch_without_a_task_count_asks_for_gpus(tmp_path: Path) -> No
     path = _script(tmp_path, f"#!/bin/bash\n#SBATCH --nodes=2\nsrun {TRAIN}\n")
     with pytest.raises(ConfigError, match=r"no --ntasks-per-node or --ntasks.*give --gpus N"):
         read_user_job(path, gpus=None, gpus_per_node=None, gpu="h100-80gb")
+
+
+TORCHRUN = TRAIN.replace("python pretrain_gpt.py", "pretrain_gpt.py")
+
+
+@pytest.mark.parametrize(("text", "gpus", "said"), [
+    # torchrun's --nnodes is Slurm's node count: what #SBATCH --nodes gives it.
+    ("#SBATCH --nodes=2\nsrun torchrun --nnodes ${SLURM_NNODES:-1} --nproc-per-node 8 {t}\n",
+     16, "#SBATCH --nodes 2"),
+    ("#SBATCH -N 4\nNN=${SLURM_JOB_NUM_NODES:-1}\n"
+     "srun torchrun --nnodes=$NN --nproc-per-node 4 {t}\n", 16, "#SBATCH --nodes 4"),
+    # Inside a double-quoted -c string, as NVIDIA's Slurm recipes write it.
+    ('#SBATCH -N 2\nsrun bash -c "torchrun --nnodes \\${SLURM_NNODES:-1} --nproc-per-node 8 '
+     '{t}"\n', 16, "#SBATCH --nodes 2"),
+    # No #SBATCH line: the script's default, said, never silent.
+    ("srun torchrun --nnodes ${SLURM_NNODES:-1} --nproc-per-node 8 {t}\n", 8,
+     "by the script's default for $SLURM_NNODES"),
+    # Another variable: the script's default, said.
+    ("#SBATCH -N 2\ntorchrun --nnodes ${NNODES:-1} --nproc-per-node 8 {t}\n", 8,
+     "by the script's default for $NNODES"),
+])
+def test_torchrun_node_count_from_slurm(tmp_path: Path, text: str, gpus: int,
+                                        said: str) -> None:
+    path = _script(tmp_path, "#!/bin/bash\n" + text.replace("{t}", TORCHRUN))
+    job = read_user_job(path, gpus=None, gpus_per_node=None, gpu="h100-80gb")
+    assert job.cluster.num_gpus == gpus
+    assert [w for w in job.warnings if said in w], job.warnings
+    # --gpus says what the job will have (sbatch -N on its command line overrides the file).
+    assert read_user_job(path, gpus=32, gpus_per_node=None,
+                         gpu="h100-80gb").cluster.num_gpus == 32

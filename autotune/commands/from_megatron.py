@@ -20,6 +20,7 @@ from autotune.megatron.megatron_command import (
     layout_changes,
     megatron_layout,
     read_megatron_command,
+    script_arguments_warning,
     unmodeled_warning,
 )
 from autotune.predict.cost import estimate_cost
@@ -73,6 +74,17 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
     elif command.slurm_source is not None and gpus is None and world is not None:
         notes.append(f"{path}: {world} GPUs, one per task of srun ({command.slurm_source} "
                      f"options: {command.gpus_per_node} per node x {command.nodes} nodes)")
+    elif command.launcher_env and gpus is None and world is not None:
+        # torchrun's count reads the environment the job runs in: say which value is taken.
+        names = ", ".join("$" + n for n in command.launcher_env)
+        if command.sbatch_nodes is not None:
+            notes.append(f"{path}: {world} GPUs: torchrun's --nnodes is {names}, which Slurm "
+                         f"sets from the script's #SBATCH --nodes {command.sbatch_nodes} "
+                         f"({command.gpus_per_node} per node); --gpus overrides it")
+        else:
+            notes.append(f"{path}: {world} GPUs by the script's default for {names}, which "
+                         "the environment sets when the script runs; give --gpus N for the "
+                         "job's count")
     if gpus is not None and world is not None and gpus != world:
         if not command.launcher_env:
             raise ConfigError(f"{path} runs on {world} GPUs (torchrun --nproc-per-node "
@@ -103,6 +115,7 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
     # caller's own, is its one line alone.
     warnings = tuple(f"autotune: warning: {w}" for w in (
         *notes, arithmetic_warning(command), conditional_warning(command),
+        script_arguments_warning(command),
         ignored_warning(command, layout),
         unmodeled_warning(command)) if w is not None)
     return UserJob(command, command.model, cluster, layout, line, warnings)

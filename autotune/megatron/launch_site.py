@@ -187,14 +187,33 @@ def _command_name(script: Script, command: Node) -> str | None:
     return None if name is None else script.raw(name)
 
 
+_RUN_THEIR_INPUT = frozenset({"sbatch", "bash", "sh", "srun"})
+"""Commands that run the script a here-document feeds them (`sbatch <<EOF`): the launch in it
+runs, but as another script than the one autotune reads and edits."""
+
+
+def _heredoc_reader(script: Script, body: Node) -> str | None:
+    """The command a here-document's text is fed to (`sbatch` of `sbatch <<EOF`), or None."""
+    node = body.parent
+    while node is not None and node.type != "redirected_statement":
+        node = node.parent
+    if node is None:
+        return None
+    command = next((c for c in node.children if c.type == "command"), None)
+    name = None if command is None else _command_name(script, command)
+    return None if name is None else name.rsplit("/", 1)[-1]
+
+
 def _candidates(script: Script, evaluated_lines: Mapping[int, str | None]) -> list[Candidate]:
     found: dict[int, Candidate] = {}  # by the command node's start byte
     commands_at: dict[int, list[Node]] = {}
     for node, _ in walk(script.root):
         line = node.start_point[0] + 1
         if node.type == "heredoc_body" and TRAINING_SCRIPT in script.raw(node):
-            found[node.start_byte] = Candidate(line, node.end_point[0] + 1,
-                                               "in here-document text", None)
+            fed = _heredoc_reader(script, node)
+            where = (f"in here-document text fed to {fed}" if fed in _RUN_THEIR_INPUT
+                     else "in here-document text")
+            found[node.start_byte] = Candidate(line, node.end_point[0] + 1, where, None)
         if node.type != "command" or _command_name(script, node) in NOT_RUN:
             continue
         commands_at.setdefault(line, []).append(node)
@@ -219,6 +238,20 @@ def _candidates(script: Script, evaluated_lines: Mapping[int, str | None]) -> li
     return sorted(found.values(), key=lambda c: (c.line, c.end_line))
 
 
+def _refuse_heredoc(script: Script, candidate: Candidate) -> None:
+    """One line for a launch in a here-document that a command runs (`sbatch <<EOF`): that
+    job script is where it runs; autotune reads and edits a file."""
+    where = candidate.where or ""
+    fed = where.rsplit(" ", 1)[-1] if where.startswith("in here-document text fed to") \
+        else None
+    if fed is not None:
+        raise ConfigError(f"{script.source}: lines {candidate.line}-{candidate.end_line}: "
+                          f"the launch is in a here-document fed to {fed}, a job script "
+                          "written when this one "
+                          "runs; save that job script as a file (`sbatch FILE`) and pass it "
+                          "to --from-megatron")
+
+
 def find_launch(script: Script, evaluated_lines: Mapping[int, str | None],
                 line: int | None) -> Candidate | None:
     """The command that launches the training script (None: there is none). `evaluated_lines`
@@ -236,12 +269,15 @@ def find_launch(script: Script, evaluated_lines: Mapping[int, str | None],
             raise ConfigError(f"{script.source}: line {line} holds several {TRAINING_SCRIPT} "
                               f"launches ({listed}); put them on lines of their own")
         if chosen[0].node is None:
+            _refuse_heredoc(script, chosen[0])
             raise ConfigError(f"{script.source}: line {line} is here-document text, which the "
                               "script writes or feeds to a command; autotune edits a command "
                               "the script runs itself")
         return chosen[0]
     if not candidates:
         return None
+    if len(candidates) == 1 and candidates[0].node is None:
+        _refuse_heredoc(script, candidates[0])
     if len(candidates) == 1 and candidates[0].where is None:
         return candidates[0]
     what = "several places may launch" if len(candidates) > 1 else \

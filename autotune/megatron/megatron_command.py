@@ -119,6 +119,10 @@ class MegatronCommand:
     launcher_env: tuple[str, ...] = ()
     """Variables the script never sets whose defaults gave torchrun's --nproc-per-node or
     --nnodes (`${SLURM_NNODES:-1}`): the environment's when it runs, so --gpus overrides."""
+    sbatch_nodes: int | None = None
+    """torchrun's --nnodes as Slurm will set it (`${SLURM_NNODES:-1}`: the script's
+    `#SBATCH --nodes`), where it read that and not the script's default; --gpus overrides it,
+    as sbatch's command line overrides #SBATCH lines."""
     slurm_source: str | None = None
     """Where Slurm's task count came from for an `srun python pretrain_gpt.py` launch ("srun"
     or "#SBATCH"; autotune.megatron.slurm); None for torchrun or python. sbatch's own command
@@ -335,6 +339,28 @@ def _launcher_gpus(launcher: tuple[Word, ...], source: str
     return values[0], values[1], None, tuple(env)
 
 
+SLURM_NODE_COUNT = ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+"""The variables in which Slurm gives a job step its allocation's node count (sbatch.html,
+"OUTPUT ENVIRONMENT VARIABLES"): sbatch's --nodes, from its command line or #SBATCH lines."""
+
+
+def _sbatch_nodes(launcher: tuple[Word, ...], launcher_env: tuple[str, ...],
+                  text: str) -> int | None:
+    """The node count Slurm will put in torchrun's `--nnodes ${SLURM_NNODES:-1}`: the script's
+    `#SBATCH --nodes N` (a plain count), where --nnodes reads one of SLURM_NODE_COUNT; None
+    where it does not, or the script has no such line (the script's default stands then)."""
+    if not set(launcher_env) & set(SLURM_NODE_COUNT):
+        return None
+    # --nnodes's value: its own word (`--nnodes=...`) or the next.
+    values = [w if "=" in (w.text or "") else launcher[k + 1]
+              for k, w in enumerate(launcher[:-1])
+              if (w.text or "").replace("_", "-").partition("=")[0] == "--nnodes"]
+    if not values or not set(values[-1].env_defaults) & set(SLURM_NODE_COUNT):
+        return None
+    nodes = sbatch_options(text).get("nodes", "")
+    return int(nodes) if nodes.isdigit() and int(nodes) > 0 else None
+
+
 def _group(args: tuple[Word, ...], source: str,
            line: int) -> tuple[tuple[ArgGroup, ...], Given]:
     """The arguments grouped by flag, and the known flags' values for the table to read."""
@@ -384,6 +410,12 @@ def _group(args: tuple[Word, ...], source: str,
             groups.append(ArgGroup(name, args[k:j]))
             k = j
             continue
+        if _script_arguments(word):
+            # "$@": whatever the script is given when it runs, passed on. Kept where it is
+            # (the export's script passes them on too) and named in a warning line.
+            groups.append(ArgGroup(None, (word,)))
+            k += 1
+            continue
         # An unknown word after a flag autotune knows (whose values are all taken) or before
         # any flag may hold flags; after an unknown flag it is taken for that flag's value.
         if text is None and (not groups or groups[-1].flag is None
@@ -399,6 +431,30 @@ def _group(args: tuple[Word, ...], source: str,
             groups.append(ArgGroup(None, (word,)))
         k += 1
     return tuple(groups), _GivenWithRefs(values, unresolved, source, line)
+
+
+_SCRIPT_ARGUMENTS = frozenset({"$@", "${@}", "$*", "${*}"})
+
+
+def _script_arguments(word: Word) -> bool:
+    """Whether `word` is the script's own arguments alone (`"$@"`, `$*`)."""
+    return len(word.parts) == 1 and isinstance(word.parts[0], Ref) \
+        and word.parts[0].text in _SCRIPT_ARGUMENTS
+
+
+def script_arguments_warning(command: MegatronCommand) -> str | None:
+    """One line where the command passes on the script's own arguments ("$@"): autotune reads
+    the script, not how it is called, so flags given on that call are not in the plan; the
+    export keeps "$@" after its flags, so such a flag still overrides autotune's. None where the
+    command has none."""
+    found = [w.shown() for g in command.groups if g.flag is None for w in g.words
+             if _script_arguments(w)]
+    if not found:
+        return None
+    return (f"{command.source}: line {command.line}: {found[0]} passes on the script's own "
+            "arguments, which autotune cannot see: the plan is the command without them, and "
+            "the exported script still passes them, after autotune's flags (a flag among them "
+            "overrides autotune's)")
 
 
 class _GivenWithRefs(Given):
@@ -544,7 +600,11 @@ def read_megatron_command(path: str, line: int | None = None,
     _refuse_bad_values(groups, path)
     layout_fields = {k: v for k, v in read.items() if k in DIMENSIONS}
     per_node, nodes, why, launcher_env = _launcher_gpus(launcher, path)
-    slurm = _srun_gpus(launcher, raw.decode("utf-8", errors="replace"))
+    text = raw.decode("utf-8", errors="replace")
+    sbatch_nodes = _sbatch_nodes(launcher, launcher_env, text) if why is None else None
+    if sbatch_nodes is not None:
+        nodes = sbatch_nodes
+    slurm = _srun_gpus(launcher, text)
     if slurm is not None:
         per_node, nodes, why = slurm.per_node, slurm.nodes, slurm.why
     return MegatronCommand(source=path, line=command.line, env=command.env,
@@ -552,7 +612,7 @@ def read_megatron_command(path: str, line: int | None = None,
                            groups=groups, model=model, layout_fields=layout_fields,
                            gpus_per_node=per_node, nodes=nodes, gpus_unknown=why,
                            parsed=parsed, site=site, maybe=command.maybe,
-                           launcher_env=launcher_env,
+                           launcher_env=launcher_env, sbatch_nodes=sbatch_nodes,
                            slurm_source=None if slurm is None or slurm.why else slurm.source)
 
 

@@ -478,14 +478,26 @@ def _removal(data: bytes, tokens: list[Token], first: int, last: int) -> _Edit:
     return _Edit(start, end + (m.end() if m else 0), "")
 
 
+_SCRIPT_ARGUMENTS = re.compile(r'"?\$(?:[@*]|\{[@*]\})"?')
+"""A word that is the script's own arguments alone, as written: `"$@"`, `$*`, `"${@}"`."""
+
+
 def _insertion(script: Script, launch: Node, rows: list[list[str]]) -> _Edit:
     """New flags onto the launch command, in the command's own layout: where it spans lines,
     each row's flags on a continued line of their own before its last line (which stays as
     the user wrote it); else after its last argument."""
     words = [c for c in launch.children
              if c.type not in _REDIRECTS and c.type not in ("variable_assignment", "comment")]
-    last = words[-1]
     texts = [" ".join(shlex.quote(a) for a in args) for args in rows]
+    passed_on = len(words)  # where the script's own arguments start, at the end
+    while passed_on > 1 and _SCRIPT_ARGUMENTS.fullmatch(script.raw(words[passed_on - 1])):
+        passed_on -= 1
+    if passed_on < len(words):
+        # The script's own arguments ("$@") stay last, so that a flag given when the script
+        # runs still overrides autotune's, as it overrode the user's own.
+        at = words[passed_on].start_byte
+        return _Edit(at, at, " ".join(texts) + " ")
+    last = words[-1]
     if launch.start_point[0] == last.start_point[0]:
         return _Edit(last.end_byte, last.end_byte, " " + " ".join(texts))
     first = next(w for w in words if w.start_point[0] == last.start_point[0])
