@@ -254,6 +254,34 @@ def _one_way_s(nbytes: float, n: int, bytes_per_s: float, params: CostParams) ->
         bytes_per_s * params.comm_efficiency)
 
 
+def _alltoall_s(nbytes: float, n: int, stride: int, cluster: ClusterSpec,
+                params: CostParams) -> float:
+    """An all-to-all of `nbytes` per rank among `n` ranks `stride` global ranks apart.
+
+    NCCL runs it as n - 1 point-to-point sends at once (ncclGroupStart, ncclSend/ncclRecv per
+    peer; megatron-core's all-to-all token dispatcher calls torch.distributed.all_to_all_single),
+    each over the path between its two ranks: NVLink to the peers on the rank's node, the
+    rank's network link to the others. Each peer gets 1/n of the buffer, so the time is the
+    slower of the remote peers' share over the network link and the local peers' over NVLink.
+    A group within a node is all NVLink (as `_link`); a group that straddles nodes of a size
+    that does not hold whole groups is priced all remote, as `_link` prices it.
+    """
+    if n <= 1:
+        return 0.0
+    gpu, per_node = cluster.gpu, cluster.gpus_per_node
+    span = stride * n
+    straddles = cluster.num_gpus > per_node and per_node % span != 0
+    if span <= per_node and not straddles:
+        local = n
+    elif span > per_node and per_node % stride == 0:
+        local = per_node // stride  # the group's ranks on each node, every node alike
+    else:
+        local = 1
+    remote_s = (n - local) / n * nbytes / gpu.inter_node_bytes_per_s
+    local_s = (local - 1) / n * nbytes / gpu.intra_node_bytes_per_s
+    return params.collective_latency_s + max(remote_s, local_s) / params.comm_efficiency
+
+
 def _link(cluster: ClusterSpec, span: int) -> float:
     """Bandwidth of a group whose ranks span `span` consecutive global ranks.
 
@@ -335,7 +363,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     ep_fwd = 0.0
     if model.is_moe and s.ep > 1:
         a2a_bytes = tokens / tsp * model.moe_topk * h * 2
-        ep_fwd = 2 * _one_way_s(a2a_bytes, s.ep, _link(cluster, t * s.ep), prm)
+        ep_fwd = 2 * _alltoall_s(a2a_bytes, s.ep, t, cluster, prm)
     layer = LayerTimes(gemm=gemm_fwd, core=core_fwd, elem=elem_fwd, tp=tp_fwd, cp=cp_fwd,
                        ep=ep_fwd, dropout=dropout_fwd)
 
