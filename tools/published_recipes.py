@@ -59,6 +59,9 @@ class Row:
     source: str
     unmodeled: str = ""
     """What the published run uses that autotune does not model."""
+    bf16_grads: bool = False
+    """Gradients reduced in bf16 (`--grad-reduce-bf16`): every Megatron-Bridge perf recipe
+    (perf_recipes/_common.py, grad_reduce_in_fp32 = False)."""
 
     @property
     def fp8_recipe(self) -> str | None:
@@ -66,22 +69,22 @@ class Row:
 
 
 _TP_OVERLAP = "TP comm overlap (userbuffers)"
-_BF16_GRADS = "bf16 grad reduce (grad_reduce_in_fp32=False)"
 
 ROWS: tuple[Row, ...] = (
     Row(name="llama3-8b-8-fp8cs", model="llama3-8b", gpus=8, precision="fp8-cs", seq=8192,
         gbs=128, mbs=1, recompute=("full", "block", 5), published_tokens_per_gpu=14451,
         source=f"{BRIDGE_ARCHIVE} (25.11, DGX-H100); recipe {BRIDGE_H100}/llama3.py "
                "llama3_8b_pretrain_8gpu_h100_fp8cs_config",
-        unmodeled=f"Megatron FSDP over 8 (table: FSDP 8), {_BF16_GRADS}"),
+        unmodeled="Megatron FSDP over 8 (table: FSDP 8)", bf16_grads=True),
     Row(name="llama3-8b-8-fp8-cp2", model="llama3-8b", gpus=8, precision="fp8", seq=8192,
         gbs=128, mbs=1, cp=2, published_tokens_per_gpu=12036, source=f"{NEMO_2407} (24.07)"),
     Row(name="llama3-70b-64-fp8cs", model="llama3-70b", gpus=64, precision="fp8-cs",
         seq=8192, gbs=256, mbs=1, tp=4, pp=8, vpp=5, published_tokens_per_gpu=1633,
         source=f"{BRIDGE_ARCHIVE} (26.04); recipe {BRIDGE_H100}/llama3.py "
                "llama3_70b_pretrain_64gpu_h100_fp8cs_config",
-        unmodeled=f"{_TP_OVERLAP}, {_BF16_GRADS}, pipeline layout "
-                  "'Et*2|(t*2|)*34,t*3|(t*2|)*3,tL' (pinned here as the even split)"),
+        unmodeled=f"{_TP_OVERLAP}, pipeline layout "
+                  "'Et*2|(t*2|)*34,t*3|(t*2|)*3,tL' (pinned here as the even split)",
+        bf16_grads=True),
     Row(name="llama3-70b-64-fp8-cp2", model="llama3-70b", gpus=64, precision="fp8", seq=8192,
         gbs=128, mbs=1, tp=4, pp=4, cp=2, vpp=5, published_tokens_per_gpu=1533,
         source=f"{NEMO_2407} (24.07)", unmodeled=_TP_OVERLAP),
@@ -91,7 +94,7 @@ ROWS: tuple[Row, ...] = (
         source=f"{BRIDGE_ARCHIVE} (26.06); recipe {BRIDGE_H100}/llama31.py "
                "llama31_405b_pretrain_1024gpu_h100_fp8cs_config (126 layers: the embedding "
                "and loss counted in the split, recipes/llama/llama3.py)",
-        unmodeled=f"{_TP_OVERLAP}, {_BF16_GRADS}"),
+        unmodeled=_TP_OVERLAP, bf16_grads=True),
     Row(name="gpt3-175b-512-fp8", model="gpt3-175b", gpus=512, precision="fp8", seq=2048,
         gbs=2048, mbs=2, tp=4, pp=8, vpp=6, published_tokens_per_gpu=782,
         source=f"{NEMO_2407} (24.07)", unmodeled=_TP_OVERLAP),
@@ -103,7 +106,8 @@ ROWS: tuple[Row, ...] = (
         source=f"{NEMO_2407} (24.07)"),
     Row(name="qwen3-30b-a3b-16-fp8cs", model="tests/data/hf/qwen3-30b-a3b.json", gpus=16,
         precision="fp8-cs", seq=4096, gbs=1024, mbs=1, ep=16, published_tokens_per_gpu=8960,
-        source=f"{BRIDGE_ARCHIVE} (26.04.01)", unmodeled="token-dropless, force-balanced"),
+        source=f"{BRIDGE_ARCHIVE} (26.04.01)", unmodeled="token-dropless, force-balanced",
+        bf16_grads=True),
 )
 
 
@@ -116,7 +120,7 @@ def _model_args(row: Row) -> list[str]:
 def pinned_args(row: Row) -> list[str]:
     """`autotune estimate` of the published layout, with the options NVIDIA's recipes set:
     Transformer Engine, the distributed optimizer with both overlaps, sequence parallelism
-    with tp > 1, the row's FP8 recipe."""
+    with tp > 1, the row's FP8 recipe, bf16 gradient reduction where the recipe has it."""
     args = ["estimate", *_model_args(row), "--tp", str(row.tp), "--pp", str(row.pp),
             "--cp", str(row.cp), "--vpp", str(row.vpp), "--ep", str(row.ep),
             "--mbs", str(row.mbs), "--impl", "te", "--distributed-optimizer",
@@ -125,6 +129,8 @@ def pinned_args(row: Row) -> list[str]:
         args.append("--sp")
     if row.embedding_loss_split:
         args.append("--embedding-loss-split")
+    if row.bf16_grads:
+        args.append("--grad-reduce-bf16")
     if row.fp8_recipe:
         args += ["--fp8", "hybrid", "--fp8-recipe", row.fp8_recipe]
     if row.recompute:

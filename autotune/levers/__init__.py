@@ -29,6 +29,7 @@ from autotune.levers import (
     cross_entropy,
     distributed_optimizer,
     fp8,
+    grad_reduce,
     optimizer_offload,
     overlap,
     pipeline_split,
@@ -48,6 +49,7 @@ LEVERS: tuple[Lever, ...] = (
     overlap.LEVER,
     cross_entropy.LEVER,
     precision_optimizer.LEVER,
+    grad_reduce.LEVER,
     optimizer_offload.LEVER,
     fp8.LEVER,
     transformer_impl.LEVER,
@@ -58,9 +60,9 @@ pipeline split's before the core's vpp rules, autotune.layouts.layout.RULES)."""
 
 @dataclass(frozen=True, kw_only=True)
 class LeverFields(transformer_impl.Fields, fp8.Fields, optimizer_offload.Fields,
-                  precision_optimizer.Fields, cross_entropy.Fields, overlap.Fields,
-                  distributed_optimizer.Fields, activation_offload.Fields, recompute.Fields,
-                  pipeline_split.Fields):
+                  grad_reduce.Fields, precision_optimizer.Fields, cross_entropy.Fields,
+                  overlap.Fields, distributed_optimizer.Fields, activation_offload.Fields,
+                  recompute.Fields, pipeline_split.Fields):
     """Every lever's Layout fields, in LEVERS order."""
 
     __slots__ = ()

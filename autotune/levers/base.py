@@ -167,6 +167,13 @@ class MemoryState:
     Adam's two moments, 12 B (ZeRO Section 3.1, K = 12)."""
     host_bytes_per_param: float = 0.0
     """Host (CPU) bytes per parameter of the local shard (an offloaded optimizer)."""
+    main_grad_bytes: float = 4.0
+    """Bytes per parameter of the main-gradient buffer (autotune.predict.memory.MAIN_GRAD_BYTES:
+    fp32, Megatron-LM's with --bf16; bf16 with autotune.levers.grad_reduce)."""
+    step_bytes_per_param: float = 0.0
+    """GPU bytes per local-shard parameter that live only from the optimizer step to the next
+    step's zero_grad, when the micro-batches' activations are freed (the fp32 copy of bf16
+    gradients): they set the peak only where they outweigh the activations."""
     dense_shard: int = 1
     """Ranks the dense parameters' optimizer state is sharded over."""
     expert_shard: int = 1
@@ -234,6 +241,9 @@ class CostState:
     expert_shard: int = 1
     optimizer_bytes_per_param: float
     """HBM traffic of the GPU's Adam step per local-shard parameter."""
+    main_grad_bytes: float = 4.0
+    """Bytes per parameter that the gradient reduction moves: the main-gradient buffer's dtype
+    (MemoryState.main_grad_bytes)."""
     optimizer_host_s_per_param: float = 0.0
     """Seconds per local-shard parameter the step spends off the GPU (a CPU optimizer and its
     copies over the host link), on the critical path."""

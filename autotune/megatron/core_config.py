@@ -138,8 +138,9 @@ def core_config(model: ModelSpec, layout: Layout) -> CoreConfig:
     s = layout
     ddp = {
         # Megatron-LM forces fp32 gradient accumulation and reduction with --bf16
-        # (arguments.py: accumulate_allreduce_grads_in_fp32); trials must use the memory and
-        # speed of the command that export prints, and the memory model assumes 4-byte grads.
+        # (arguments.py: accumulate_allreduce_grads_in_fp32) unless --grad-reduce-in-bf16
+        # (autotune.levers.grad_reduce sets this key); trials must use the memory and speed of
+        # the command that export prints.
         "grad_reduce_in_fp32": True,
         "check_for_nan_in_grad": CHECK_FOR_NAN,
     }

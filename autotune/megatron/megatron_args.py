@@ -417,7 +417,6 @@ _UNMODELED: tuple[tuple[str, str], ...] = (
     ("--use-torch-fsdp2", "FSDP instead of the distributed optimizer"),
     ("--use-megatron-fsdp", "FSDP instead of the distributed optimizer"),
     ("--num-distributed-optimizer-instances", "optimizer state replicated in groups"),
-    ("--grad-reduce-in-bf16", "gradients reduced in bf16"),
     ("--fp16", "fp16 instead of bf16"),
     ("--attention-backend", "which fused attention kernel runs, when not auto"),
     ("--te-rng-tracker", "Transformer Engine's RNG tracker"),

@@ -313,6 +313,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     tsp = t if s.sequence_parallel else 1
     # The terms the levers change, each lever in registry order (autotune.levers).
     state = CostState(optimizer_bytes_per_param=prm.optimizer_bytes_per_param,
+                      main_grad_bytes=MAIN_GRAD_BYTES,
                       linear_gather_bytes=PARAM_BYTES, stage_layers=even_layers(s, model))
     for term in _COST_TERMS:
         state = term(model, s, cluster, prm, state)
@@ -539,9 +540,11 @@ def _dp_exposed(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostPara
 
     Dense gradients reduce over the dp x cp group (stride tp), expert gradients over the
     expert-data-parallel group; megatron-core reduces the grad buffer in its own dtype
-    (MAIN_GRAD_BYTES). With overlap_grad_reduce, buckets reduce during the last micro-batch's
+    (CostState.main_grad_bytes: MAIN_GRAD_BYTES unless a lever changes it). With
+    overlap_grad_reduce, buckets reduce during the last micro-batch's
     backward: exposed = max(0, comm - backward) + the last bucket (Megatron DDP docs).
     """
+    grad_bytes = state.main_grad_bytes
     dense, expert = _largest_stage(model, s, state.stage_layers)
     # The GEMM weights' share of the gathered parameters (FP8 parameters gather in 1 byte).
     linear_share = 0.0 if state.linear_gather_bytes == PARAM_BYTES else \
@@ -556,21 +559,21 @@ def _dp_exposed(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostPara
         bw = _link(cluster, span)
         bucket = min(n_params, max(_BUCKET_PARAMS, 1_000_000 * n))
         if state.dp_sharded:
-            grad_s += _one_way_s(n_params * MAIN_GRAD_BYTES, n, bw, prm)
+            grad_s += _one_way_s(n_params * grad_bytes, n, bw, prm)
             gather_s += _one_way_s(n_params * PARAM_BYTES + linear_share * n_params
                                    * (state.linear_gather_bytes - PARAM_BYTES), n, bw, prm)
-            tail_s += _one_way_s(bucket * MAIN_GRAD_BYTES, n, bw, prm)
+            tail_s += _one_way_s(bucket * grad_bytes, n, bw, prm)
         else:
-            grad_s += ring_allreduce_s(n_params * MAIN_GRAD_BYTES, n, bw, prm)
-            tail_s += ring_allreduce_s(bucket * MAIN_GRAD_BYTES, n, bw, prm)
+            grad_s += ring_allreduce_s(n_params * grad_bytes, n, bw, prm)
+            tail_s += ring_allreduce_s(bucket * grad_bytes, n, bw, prm)
     if state.overlap_grad_reduce:
         grad_s = max(0.0, grad_s - bwd_window_s) + tail_s
     if state.overlap_param_gather:
-        gather_s = max(0.0, gather_s - fwd_window_s) + tail_s * PARAM_BYTES / MAIN_GRAD_BYTES
+        gather_s = max(0.0, gather_s - fwd_window_s) + tail_s * PARAM_BYTES / grad_bytes
     embed_s = 0.0
     if s.pp > 1 and model.tied_embeddings:
         # Tied word embeddings: first and last stage all-reduce the embedding gradient
         # (megatron/core/distributed/finalize_model_grads.py), not overlapped.
-        nbytes = padded_vocab_size(model, s.tp) * model.hidden_size / s.tp * MAIN_GRAD_BYTES
+        nbytes = padded_vocab_size(model, s.tp) * model.hidden_size / s.tp * grad_bytes
         embed_s = ring_allreduce_s(nbytes, 2, _link(cluster, cluster.num_gpus), prm)
     return grad_s + gather_s + embed_s

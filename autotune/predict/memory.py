@@ -39,7 +39,8 @@ MAIN_GRAD_BYTES = 4
 """fp32 main-gradient buffers: Megatron-LM's arguments.py turns on accumulate_allreduce_grads_in_
 fp32 for --bf16, which sets megatron-core DistributedDataParallelConfig.grad_reduce_in_fp32 (its
 own default is False, i.e. bf16 buffers of 2 B). The worker must match; the cost model reduces
-gradients in this dtype too (the grad buffer is what is reduced)."""
+gradients in this dtype too (the grad buffer is what is reduced). The default of
+MemoryState.main_grad_bytes; `--grad-reduce-in-bf16` makes it 2 (autotune.levers.grad_reduce)."""
 OPTIMIZER_BYTES = 12
 """fp32 master weights + Adam first and second moments (ZeRO Section 3.1: K = 12)."""
 LOGITS_BYTES_PER_ELEMENT = 6
@@ -325,12 +326,12 @@ _ACTIVATION_TERMS = tuple(lever.activations for lever in LEVERS if lever.activat
 
 def _model_states(model: ModelSpec, s: Layout) -> MemoryState:
     """What a rank keeps per parameter and per element, the same on every stage: with every
-    lever off (fp32 master weights and Adam moments, plus an fp32 copy of the grads were they
-    kept in less; bf16 weights and saved GEMM inputs), then as the levers change it in registry
+    lever off (fp32 master weights and Adam moments, fp32 main gradients; bf16 weights and saved
+    GEMM inputs), then as the levers change it in registry
     order: the distributed optimizer shards the optimizer state (dist_optimizer.md: 6 + 12/d),
     the implementation says what attention keeps, ... (autotune.levers)."""
     states = MemoryState(
-        optimizer_bytes_per_param=OPTIMIZER_BYTES + (4 if MAIN_GRAD_BYTES < 4 else 0),
+        optimizer_bytes_per_param=OPTIMIZER_BYTES, main_grad_bytes=MAIN_GRAD_BYTES,
         logits_bytes_per_element=LOGITS_BYTES_PER_ELEMENT, linear_weight_bytes=PARAM_BYTES,
         linear_input_bytes=PARAM_BYTES, stage_layers=even_layers(s, model))
     for term in _MEMORY_TERMS:
@@ -384,6 +385,7 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams, states: Me
     shard = dense / states.dense_shard + expert / states.expert_shard
     optimizer = states.optimizer_bytes_per_param * shard
     host = states.host_bytes_per_param * shard
+    step = states.step_bytes_per_param * shard
 
     acts, seq, tokens, full = one.acts, one.seq, one.tokens, one.full
     tsp = s.tp if s.sequence_parallel else 1
@@ -416,7 +418,10 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams, states: Me
     # The layers' GEMM weights at what the levers keep of each (FP8 copies or parameters).
     linear = layers * one.params.layer_linear
     weights = PARAM_BYTES * n_params + (states.linear_weight_bytes - PARAM_BYTES) * linear
-    grads = MAIN_GRAD_BYTES * n_params
+    grads = states.main_grad_bytes * n_params
+    # What lives only through the optimizer step (MemoryState.step_bytes_per_param) sets the
+    # peak where it outweighs the micro-batches' memory, freed by then; shown as workspace.
+    workspace = max(workspace, step - activations - logits)
     allocated = weights + grads + optimizer + activations + logits + workspace
     overhead = (mp.fragmentation * allocated + mp.cuda_context_bytes
                 + mp.nccl_bytes_per_group * _nccl_groups(s, model))
