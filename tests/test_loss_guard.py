@@ -272,3 +272,24 @@ def test_the_search_judges_delayed_scaling_with_its_lag(tmp_path: Path) -> None:
     executor = _executor(_Backend(H200_BF16), [_measured(1, twin(FP8), H200_BF16)], tmp_path)
     judged = executor.guard(_measured(2, FP8, H200_DELAYED), tmp_path / "2")
     assert judged.status is TrialStatus.OK and "trailing by 1" in judged.reason
+
+
+# Session 20 (one H200, 2026-11-28-h200-conditional-asks-s20.md): a delayed-scaling trial at mbs
+# 16 that the timing stopped slow after 4 steps was failed on steps 2-4, which lie on delayed
+# scaling's first, lagging steps (H200_DELAYED's gap there is 27% of the first loss).
+@pytest.mark.parametrize(("layout", "losses", "status", "in_reason"), [
+    (FP8, H200_DELAYED[:4], TrialStatus.OK,
+     "too few steps to judge delayed scaling past its first, lagging steps (4 of the 6 needed)"),
+    (FP8, H200_DELAYED, TrialStatus.OK, "trailing by 1"),            # six steps: judged, healthy
+    (FP8, (12.372, 10.9, 11.5, 11.9, 12.2, 12.4), TrialStatus.DIVERGED, "left its bf16 twin's"),
+    (FP8, (12.372, 6.9, None, 1.5), TrialStatus.DIVERGED, "not finite"),  # at any length
+    # Current scaling does not trail: judged on four steps.
+    (replace(FP8, fp8_recipe=Fp8Recipe.TENSORWISE), (12.372, 10.9, 11.5, 11.9),
+     TrialStatus.DIVERGED, "left its bf16 twin's"),
+])
+def test_a_trial_stopped_early_is_not_judged_on_delayed_scalings_first_steps(
+        tmp_path: Path, layout: Layout, losses: tuple[float | None, ...], status: TrialStatus,
+        in_reason: str) -> None:
+    executor = _executor(_Backend(H200_BF16), [_measured(1, twin(FP8), H200_BF16)], tmp_path)
+    judged = executor.guard(_measured(2, layout, losses), tmp_path / "2")
+    assert judged.status is status and in_reason in judged.reason, judged.reason

@@ -33,6 +33,7 @@ from autotune.search.loss_guard import (
     REFERENCE_STEPS,
     compare_losses,
     guarded,
+    judged_from,
     lag_steps,
     long_enough,
     same_arithmetic,
@@ -295,10 +296,15 @@ class TrialExecutor:
             return replace(record, reason=_joined(record.reason,
                                                   "loss unchecked: the trial recorded no losses"))
         losses, source = self.reference(twin(record.layout), len(metrics.losses), trial_dir)
-        verdict = (compare_losses(metrics.losses, losses, lag=lag_steps(record.layout))
-                   if losses else None)
+        needed = judged_from(record.layout)
+        verdict = (compare_losses(metrics.losses, losses, lag=lag_steps(record.layout),
+                                  min_steps=needed) if losses else None)
         if verdict is None:
-            why = source if not losses else "too few steps with a finite loss on both sides"
+            steps = min(len(metrics.losses), len(losses))
+            why = (source if not losses else
+                   f"too few steps to judge {record.layout.fp8_recipe} scaling past its "
+                   f"first, lagging steps ({steps} of the {needed} needed)"
+                   if steps < needed else "too few steps with a finite loss on both sides")
             return replace(record, reason=_joined(record.reason, f"loss unchecked: {why}"))
         said = f"{verdict.describe()}, {source}"
         if verdict.diverged:

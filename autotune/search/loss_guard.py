@@ -23,8 +23,8 @@ from autotune.layouts.layout import Layout
 from autotune.levers.fp8 import Fp8, Fp8Recipe
 
 __all__ = ["GUARD_STEPS", "LAG_STEPS", "LOSS_TOLERANCE", "MIN_STEPS", "REFERENCE_STEPS",
-           "SAME_ARITHMETIC", "WINDOW", "LossVerdict", "compare_losses", "guarded", "lag_steps",
-           "long_enough", "same_arithmetic", "twin"]
+           "SAME_ARITHMETIC", "WINDOW", "LossVerdict", "compare_losses", "guarded", "judged_from",
+           "lag_steps", "long_enough", "same_arithmetic", "twin"]
 
 LOSS_TOLERANCE = 0.10
 """Largest gap between the FP8 trial's loss and its twin's over the last WINDOW steps, as a
@@ -141,17 +141,30 @@ def same_arithmetic(a: Layout, b: Layout) -> bool:
     return replace(b, **neutral) == a
 
 
+def judged_from(s: Layout) -> int:
+    """The fewest steps over which `s`'s losses are judged against the twin's gap (a loss that
+    stops being finite is judged at any length): GUARD_STEPS for a recipe that trails
+    (LAG_STEPS), whose first steps lag by design, so that a trial the timing stopped early
+    (pruned slow after a few steps) is not failed on them; 0 for the others. Session 20's
+    search on one H200 failed a delayed-scaling trial at mbs 16 stopped slow after 4 steps, on
+    steps 2-4 (2026-11-28-h200-conditional-asks-s20.md)."""
+    return GUARD_STEPS if lag_steps(s) else 0
+
+
 def lag_steps(s: Layout) -> int:
     """Steps `s`'s FP8 loss may trail its twin's (LAG_STEPS by its recipe)."""
     return LAG_STEPS.get(s.fp8_recipe, 0) if guarded(s) else 0
 
 
 def compare_losses(fp8: Sequence[float | None], bf16: Sequence[float | None],
-                   tolerance: float = LOSS_TOLERANCE, *, lag: int = 0) -> LossVerdict | None:
+                   tolerance: float = LOSS_TOLERANCE, *, lag: int = 0,
+                   min_steps: int = 0) -> LossVerdict | None:
     """The verdict on an FP8 series against its twin's over their common prefix: every FP8 step
     finite, and the last WINDOW steps' mean within `tolerance` of the twin's first loss, at the
     same steps or at the twin's steps up to `lag` earlier (the closest counts); None when there
-    is nothing to judge (fewer than MIN_STEPS steps with a finite twin)."""
+    is nothing to judge (fewer than MIN_STEPS steps with a finite twin), or when every step is
+    finite and there are fewer than `min_steps` (judged_from: a window that would lie on a
+    recipe's first, lagging steps)."""
     if not tolerance > 0:  # NaN too
         raise ValueError(f"tolerance must be positive, got {tolerance}")
     pairs = list(zip(fp8, bf16, strict=False))
@@ -166,6 +179,8 @@ def compare_losses(fp8: Sequence[float | None], bf16: Sequence[float | None],
             assert b is not None
             return LossVerdict(diverged=True, steps=len(pairs), worst_step=i + 1, fp8=None,
                                bf16=b, distance=math.inf, tolerance=tolerance)
+    if len(pairs) < min_steps:
+        return None
     a = sum(x for x, _ in pairs[-WINDOW:]) / WINDOW  # type: ignore[misc]
     best: tuple[float, float, int] | None = None
     for shift in range(min(lag, len(pairs) - WINDOW) + 1):
