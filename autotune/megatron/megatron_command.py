@@ -445,16 +445,17 @@ def _script_arguments(word: Word) -> bool:
 def script_arguments_warning(command: MegatronCommand) -> str | None:
     """One line where the command passes on the script's own arguments ("$@"): autotune reads
     the script, not how it is called, so flags given on that call are not in the plan; the
-    export keeps "$@" after its flags, so such a flag still overrides autotune's. None where the
-    command has none."""
+    export keeps "$@" where it is (after the flags autotune adds, where it ends the command:
+    autotune.megatron.script_patch), so such a flag still overrides. None where the command
+    has none."""
     found = [w.shown() for g in command.groups if g.flag is None for w in g.words
              if _script_arguments(w)]
     if not found:
         return None
     return (f"{command.source}: line {command.line}: {found[0]} passes on the script's own "
-            "arguments, which autotune cannot see: the plan is the command without them, and "
-            "the exported script still passes them, after autotune's flags (a flag among them "
-            "overrides autotune's)")
+            "arguments, which autotune cannot see: the plan is the command without them; the "
+            "exported script passes them on where yours does, last where yours has them last "
+            "(a flag among them overrides the same flag before it)")
 
 
 class _GivenWithRefs(Given):
