@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
+from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout, check, derive_dp
 from autotune.megatron.identity import run_key
 from autotune.megatron.megatron_args import FLAG_TABLE, Part, megatron_lm_args
@@ -449,3 +450,68 @@ def _write(path: Path, text: str) -> str:
 def test_a_script_without_its_own_arguments_gets_no_such_line(tmp_path: Path) -> None:
     assert script_arguments_warning(read_megatron_command(_write(tmp_path / "t.sh",
                                                                   BASE + "\n"))) is None
+
+
+# -- if blocks whose condition compares strings the script sets --------------------------------
+
+COND_BASE = BASE + " ${ARGS[@]}\n"
+CONDITIONS = [
+    # (script before the launch, the layout fields read)
+    ('DTYPE="fp8"\nARGS=()\nif [[ "$DTYPE" == "fp8" ]]; then\n  ARGS+=(--fp8-format hybrid)\n'
+     "fi\n", {"fp8": "hybrid"}),
+    ('DTYPE="bf16"\nARGS=()\nif [[ "$DTYPE" == "fp8" ]]; then\n  ARGS+=(--fp8-format hybrid)\n'
+     "fi\n", {"fp8": "off"}),
+    # else, elif, [ = ], test, !=, -z / -n
+    ("X=b\nif [ \"$X\" = a ]; then ARGS=(--tensor-model-parallel-size 2); "
+     "else ARGS=(--micro-batch-size 2); fi\n", {"tp": 1, "mbs": 2}),
+    ("X=c\nif [ \"$X\" = a ]; then ARGS=(--micro-batch-size 2)\n"
+     "elif test \"$X\" != b; then ARGS=(--micro-batch-size 4)\n"
+     "else ARGS=(--micro-batch-size 8); fi\n", {"mbs": 4}),
+    ("X=\nif [ -z \"$X\" ]; then ARGS=(--micro-batch-size 2); fi\n", {"mbs": 2}),
+    ("X=\nif ! [ -n \"$X\" ]; then ARGS=(--micro-batch-size 2); fi\n", {"mbs": 2}),
+    # Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh: a positional default and ||.
+    ('TOK=${3:-"MOCK"}\nARGS=()\n'
+     'if [[ "$TOK" == "MOCK" ]] || [[ -z "$TOK" ]]; then\n  ARGS+=(--micro-batch-size 2)\n'
+     "else\n  ARGS+=(--micro-batch-size 4)\nfi\n", {"mbs": 2}),
+    ("A=x\nB=y\nARGS=()\nif [ \"$A\" = x ] && [ \"$B\" = z ]; then ARGS+=(--micro-batch-size 2); "
+     "fi\n", {"mbs": 1}),
+    # A block inside a branch that does not run changes nothing, and closes as it opens.
+    ("X=a\nARGS=(--micro-batch-size 2)\nif [ \"$X\" = b ]; then\n  for i in 1; do\n"
+     "    ARGS=(--micro-batch-size 8)\n  done\n  if [ 1 = 1 ]; then ARGS=(); fi\nfi\n",
+     {"mbs": 2}),
+]
+
+
+@pytest.mark.parametrize(("before", "fields"), CONDITIONS)
+def test_a_condition_on_strings_the_script_sets_is_decided(tmp_path: Path, before: str,
+                                                           fields: dict[str, object]) -> None:
+    """Megatron-LM's own example scripts set flags inside `if [[ "$DTYPE" == "fp8" ]]` blocks on
+    strings they set themselves: compared (never run), the branch that runs is read."""
+    script = tmp_path / "train.sh"
+    script.write_text(before + COND_BASE)
+    layout = megatron_layout(read_megatron_command(str(script)), 2)
+    for name, value in fields.items():
+        assert getattr(layout, name) == value, name
+
+
+@pytest.mark.parametrize(("before", "message"), [
+    # The environment's value: not known.
+    ("ARGS=()\nif [[ \"$MODE\" == fp8 ]]; then ARGS+=(--micro-batch-size 2); fi\n",
+     "set inside an if/for/case block"),
+    # A glob pattern on the right of == in [[ ]]: not decided.
+    ("D=fp8\nARGS=()\nif [[ $D == fp* ]]; then ARGS+=(--micro-batch-size 2); fi\n",
+     "set inside an if/for/case block"),
+    # A command's status is never run, nor a command substitution in a test.
+    ("ARGS=()\nif grep -q x /etc/hostname; then ARGS+=(--micro-batch-size 2); fi\n",
+     "set inside an if/for/case block"),
+    ('ARGS=()\nif [ "$(touch CANARY)" = "" ]; then ARGS+=(--micro-batch-size 2); fi\n',
+     "set inside an if/for/case block"),
+])
+def test_a_condition_autotune_cannot_decide_is_refused_as_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, before: str, message: str) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(before + COND_BASE)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=message):
+        read_megatron_command(str(script))
+    assert not (tmp_path / "CANARY").exists()

@@ -7,10 +7,14 @@ continuations, comments), follows simple assignments in order (`NAME=value`, `ex
 expands `$NAME`, `${NAME}`, `${NAME:-default}` and `${NAME[@]}` with bash's word splitting.
 `[srun ...] sh -c STRING` (bash, sh) is read as the string's commands, lexed as the new shell
 lexes them, with the variables the script exported (Command.wrapper keeps `srun ...`).
-What it cannot know without running something (`$(...)`, backticks, arithmetic, a variable set
-only inside an if/for/case block or a function, one the environment provides) stays a `Ref`
-in the word, with the reason, so that the caller can refuse it where it matters and carry it
-(as `"${NAME}"`) where it does not.
+An `if` whose condition compares strings the script sets (`[[ "$DTYPE" == "fp8" ]]`, `[ -z
+"$X" ]`, `test`, joined by `&&` / `||`; Megatron-LM's own examples choose their FP8 and data
+flags so) is decided by comparing them, never by running anything: the branch that runs is
+read as plain statements, the others are not. What it cannot know without running something
+(`$(...)`, backticks, arithmetic, a command's status, a glob in `[[ ]]`, a variable set only
+inside a loop, a case, a function or an if it cannot decide, one the environment provides)
+stays a `Ref` in the word, with the reason, so that the caller can refuse it where it matters
+and carry it (as `"${NAME}"`) where it does not.
 """
 
 from __future__ import annotations
@@ -145,6 +149,9 @@ _Seg = tuple[Any, ...]
 class _Statement:
     words: list[list[_Seg]] = field(default_factory=list)
     line: int = 1
+    joined: str = ""
+    """The operator characters between the statement before and this one (`||`, `&&`, `;`,
+    a newline): how a condition's commands combine (_Reader.decide)."""
 
 
 class _Lexer:
@@ -171,6 +178,7 @@ class _Lexer:
         out: list[_Statement] = []
         current = _Statement(line=1)
         skip_target = False
+        pending = ""  # operator characters since the last statement
         while self.i < len(self.s):
             c = self.peek()
             if c in " \t\r":
@@ -187,12 +195,14 @@ class _Lexer:
                 skip_target = not redirect.group(2)
             elif c in _OPERATORS:
                 self.i += 1
+                pending += c
                 if current.words:
                     out.append(current)
                 current = _Statement(line=self.line_at(self.i))
             else:
                 if not current.words:
                     current.line = self.line_at(self.i)
+                    current.joined, pending = pending, ""
                 word = self.word()
                 if skip_target:  # a redirection's file: not an argument of the command
                     skip_target = False
@@ -331,6 +341,48 @@ _Value = Word | list[Word] | Ref
 """A variable's value: a scalar word, an array, or why it is unknown."""
 
 
+@dataclass(slots=True)
+class _Frame:
+    """An open block while the script is read: an `if` whose branch the reader may know, or a
+    loop, case or function (whose body it never knows runs)."""
+
+    kind: str
+    """"if", or "other" (for, while, until, case, select, a function)."""
+    state: str
+    """"cond": reading an if's (or elif's) condition; "take" / "skip": in a branch the condition
+    decides is run / not run; "done": past the branch that runs (elif, else); "unknown": a
+    branch whose condition autotune cannot tell, or the body of another block."""
+    value: bool | None = None
+    """The condition read so far (None: cannot tell)."""
+
+
+def _and(a: bool | None, b: bool | None) -> bool | None:
+    if a is False or b is False:
+        return False
+    return True if a and b else None
+
+
+def _or(a: bool | None, b: bool | None) -> bool | None:
+    if a is True or b is True:
+        return True
+    return False if a is False and b is False else None
+
+
+def _string_test(args: Sequence[str], *, pattern: bool) -> bool | None:
+    """A `test` / `[` / `[[` of known strings: `-z S`, `-n S`, `S`, `A = B`, `A == B`,
+    `A != B` (None for any other form). In `[[ ]]` the right of == and != is a glob pattern:
+    one with a pattern character is not decided."""
+    if len(args) == 1:
+        return args[0] != ""
+    if len(args) == 2 and args[0] in ("-z", "-n"):
+        return (args[1] == "") == (args[0] == "-z")
+    if len(args) == 3 and args[1] in ("=", "==", "!="):
+        if pattern and any(c in args[2] for c in "*?["):
+            return None
+        return (args[0] == args[2]) == (args[1] != "!=")
+    return None
+
+
 class _Reader:
     def __init__(self, source: str,
                  optional: Callable[[Sequence[Word]], bool] | None = None) -> None:
@@ -340,7 +392,7 @@ class _Reader:
         self.touched: dict[str, None] = {}  # arrays with some that the statement expanded
         self.vars: dict[str, _Value] = {}
         self.exported: dict[str, Word] = {}
-        self.depth = 0
+        self.frames: list[_Frame] = []  # the blocks open where the reader is
         self.commands: list[Command] = []
         self.evals = 0
         self.produced = 0  # characters all expansions produced so far (MAX_EXPANDED_CHARS)
@@ -482,22 +534,98 @@ class _Reader:
         for st in statements:
             self.statement(st)
 
+    @property
+    def depth(self) -> int:
+        """Open blocks whose running autotune cannot tell: an assignment in one leaves the
+        variable unknown (or, appended, a maybe)."""
+        return sum(f.state == "unknown" for f in self.frames)
+
+    def skipping(self) -> bool:
+        """Whether the statement lies in a branch the script does not run."""
+        return any(f.state in ("skip", "done") for f in self.frames)
+
+    def test(self, raw: list[list[_Seg]]) -> bool | None:
+        """A condition's command, decided where it is `test`, `[ ]` or `[[ ]]` of strings the
+        script sets (never run: compared here); None for any other command or an unknown
+        word."""
+        words = [self.expand_scalar(r) for r in raw]
+        texts = [w.text for w in words]
+        if not texts or any(t is None for t in texts):
+            return None
+        args = [t for t in texts if t is not None]
+        negate = args[0] == "!"
+        args = args[1:] if negate else args
+        if args[:1] == ["[["] and args[-1:] == ["]]"]:
+            value = _string_test(args[1:-1], pattern=True)
+        elif args[:1] == ["["] and args[-1:] == ["]"]:
+            value = _string_test(args[1:-1], pattern=False)
+        elif args[:1] == ["test"]:
+            value = _string_test(args[1:], pattern=False)
+        else:
+            return None
+        return None if value is None else value != negate
+
+    def condition(self, frame: _Frame, st: _Statement) -> None:
+        """Another command of an if's condition: `&&`, `||` or `;` before it."""
+        value = self.test(st.words)
+        if "&&" in st.joined:
+            frame.value = _and(frame.value, value)
+        elif "||" in st.joined:
+            frame.value = _or(frame.value, value)
+        else:  # `;`, a newline or a pipe: the last command's status decides
+            frame.value = None if "|" in st.joined else value
+
+    def block_words(self, st: _Statement) -> list[list[_Seg]] | None:
+        """The statement's words after the block keywords it starts with, the frames opened
+        and closed by them; None when nothing of it is a command autotune follows."""
+        words = list(st.words)
+        top = self.frames[-1] if self.frames else None
+        head = _literal(words[0]) if words else None
+        if top is not None and top.state == "cond" and head != "then":
+            self.condition(top, st)
+            return None
+        while head in _BLOCK_MIDDLE or head in _BLOCK_CLOSE or head in _BLOCK_OPEN or (
+                head is not None and head.endswith("()")):
+            top = self.frames[-1] if self.frames else None
+            if head in _BLOCK_CLOSE:
+                if self.frames:
+                    self.frames.pop()
+            elif head == "if":
+                if self.skipping():
+                    self.frames.append(_Frame("if", "done"))
+                else:
+                    self.frames.append(_Frame("if", "cond", self.test(words[1:])))
+                return None
+            elif head in _BLOCK_OPEN or (head is not None and head.endswith("()")):
+                self.frames.append(_Frame("other", "unknown"))
+                if head in ("while", "until", "case", "for", "select"):
+                    return None  # the condition or list of a block: nothing autotune follows
+            elif top is not None and top.kind == "if":
+                if head == "then" and top.state == "cond":
+                    top.state = {True: "take", False: "skip", None: "unknown"}[top.value]
+                elif head == "elif":
+                    if top.state == "skip":
+                        top.state, top.value = "cond", self.test(words[1:])
+                    elif top.state == "take":
+                        top.state = "done"
+                    return None
+                elif head == "else":
+                    top.state = {"take": "done", "skip": "take"}.get(top.state, top.state)
+            words = words[1:]
+            head = _literal(words[0]) if words else None
+        return words
+
     def statement(self, st: _Statement) -> None:
         self.check_time()
         self.line = st.line
         self.touched = {}
-        words = list(st.words)
-        head = _literal(words[0]) if words else None
-        while head in _BLOCK_MIDDLE or head in _BLOCK_CLOSE or head in _BLOCK_OPEN or (
-                head is not None and head.endswith("()")):
-            if head in _BLOCK_CLOSE:
-                self.depth = max(0, self.depth - 1)
-            elif head in _BLOCK_OPEN or (head is not None and head.endswith("()")):
-                self.depth += 1
-                if head in ("if", "while", "until", "case", "for", "select"):
-                    return  # the condition or list of a block: nothing autotune follows
-            words = words[1:]
-            head = _literal(words[0]) if words else None
+        words = self.block_words(st)
+        if words is None:
+            return
+        if self.skipping() and any(_leading_assignment(w) is not None
+                                   or _literal(w) in _DECLARE or _literal(w) == "unset"
+                                   for w in words[:1]):
+            return  # an assignment in a branch the script does not run
         assignments: list[tuple[str, str, list[_Seg]]] = []
         while words:
             m = _leading_assignment(words[0])
@@ -551,8 +679,8 @@ class _Reader:
             return  # appended to a value autotune cannot tell: it stays unknown
         if self.depth:
             self.vars[name] = Ref("$" + name, name, f"${name} is set inside an if/for/case "
-                                                   "block or a function, whose conditions "
-                                                   "autotune does not run")
+                                                   "block or a function, whose condition "
+                                                   "autotune cannot decide without running it")
             return
         if raw and raw[0][0] == "array":
             self.touched = {}
@@ -622,7 +750,7 @@ class _Reader:
         # variable stays "${NAME}", for the new shell to take from the same environment.
         text = "".join(p if isinstance(p, str) else f'"${{{p.name}}}"' if p.plain else p.text
                        for p in string.parts)
-        saved = (self.vars, self.exported, self.maybe, self.depth, self.wrapper)
+        saved = (self.vars, self.exported, self.maybe, self.frames, self.wrapper)
         # A variable it did not export is not the new shell's; one autotune could not tell
         # (set in an if) keeps its reason.
         self.vars = {name: value if isinstance(value, Ref) else
@@ -631,14 +759,14 @@ class _Reader:
                      for name, value in saved[0].items() if name not in saved[1]}
         self.vars.update(saved[1])
         self.exported = dict(saved[1])
-        self.maybe, self.depth = {}, 0
+        self.maybe, self.frames = {}, []
         self.wrapper = (*saved[4], *wrapper)
         try:
             for st in _Lexer(text, self.source).statements():
                 st.line = line
                 self.statement(st)
         finally:
-            self.vars, self.exported, self.maybe, self.depth, self.wrapper = saved
+            self.vars, self.exported, self.maybe, self.frames, self.wrapper = saved
 
 
 def shell_string(words: Sequence[Word]) -> tuple[int, Word] | None:
