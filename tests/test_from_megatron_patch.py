@@ -265,12 +265,16 @@ HOSTILE = [
     ("here-doc only", _file("cat <<'EOF'\n" + ONE + "EOF\n"), [], r"in here-document text"),
     ("--line in a here-doc", _file("cat <<'EOF'\n" + ONE + "EOF\n"), ["--line", "2"],
      r"line 2 is here-document text"),
-    # sbatch <<EOF: the launch runs, in a job script this one writes: saved as a file, it
-    # can be read and edited.
-    ("sbatch here-doc", _file("sbatch <<EOF\n#!/bin/bash\n#SBATCH -N 1\n" + ONE + "EOF\n"), [],
-     r"lines 2-5: the launch is in a here-document fed to sbatch.*`sbatch FILE`"),
-    ("--line in an sbatch here-doc", _file("sbatch -p x <<'EOF'\n" + ONE + "EOF\n"),
-     ["--line", "2"], r"here-document fed to sbatch"),
+    # `bash <<EOF`, or sbatch's inside a $(...) (which autotune's reader does not enter): the
+    # launch runs, in a script this one writes: saved as a file, it can be read and edited.
+    # (`sbatch <<EOF` itself is read: tests/test_sbatch_heredoc.py.)
+    ("bash here-doc", _file("bash <<EOF\n#!/bin/bash\n" + ONE + "EOF\n"), [],
+     r"lines 2-4: the launch is in a here-document fed to bash.*`sbatch FILE`"),
+    ("sbatch here-doc in a $(...)",
+     _file("JOB=$(sbatch --parsable <<EOF\n#!/bin/bash\n" + ONE + "EOF\n)\n"), [],
+     r"here-document fed to sbatch.*`sbatch FILE`"),
+    ("--line in a bash here-doc", _file("bash -l <<'EOF'\n" + ONE + "EOF\n"),
+     ["--line", "2"], r"here-document fed to bash"),
     ("--line elsewhere", _file("echo hi\n" + ONE), ["--line", "1"],
      r"--line 1 holds no pretrain_gpt.py launch \(candidates: line 2\)"),
     ("--line 0", _file(ONE), ["--line", "0"], r"--line must be a positive line number"),

@@ -515,3 +515,30 @@ def test_a_condition_autotune_cannot_decide_is_refused_as_before(
     with pytest.raises(ConfigError, match=message):
         read_megatron_command(str(script))
     assert not (tmp_path / "CANARY").exists()
+
+
+@pytest.mark.parametrize("text", [
+    # In an array the command expands, or in a -c string's command.
+    'ARGS=(' + BASE.split("pretrain_gpt.py ")[1] + ' "$@")\n'
+    'torchrun --nproc-per-node 2 pretrain_gpt.py "${ARGS[@]}"\n',
+    "export A=1\nsrun bash -c '" + BASE + " \"$@\"' bash \"$@\"\n",
+])
+def test_the_scripts_own_arguments_anywhere_in_the_command(tmp_path: Path, text: str) -> None:
+    command = read_megatron_command(_write(tmp_path / "t.sh", text))
+    assert command.layout_fields.get("tp", 1) == 1 and command.model.num_layers == 4
+    assert "cannot see" in (script_arguments_warning(command) or "")
+
+
+@pytest.mark.parametrize(("text", "missing"), [
+    ('torchrun --nproc-per-node 2 pretrain_gpt.py "$@"\n', "--num-layers"),
+    ('torchrun --nproc-per-node 2 pretrain_gpt.py --num-layers 4 $*\n', "--hidden-size"),
+])
+def test_a_flag_only_the_scripts_own_arguments_may_give_is_asked_for(tmp_path: Path, text: str,
+                                                                    missing: str) -> None:
+    """Not a guess at what the script is called with: one line saying the flag may be among
+    them, and where to write it."""
+    with pytest.raises(ConfigError, match=rf"the command has no {missing}\b.*the script's own "
+                                          r"arguments \(\$\{[@*]\}\), which autotune cannot "
+                                          r"see, may give it: write it in the script") as raised:
+        read_megatron_command(_write(tmp_path / "t.sh", text))
+    assert "\n" not in str(raised.value)

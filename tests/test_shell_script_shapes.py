@@ -223,6 +223,13 @@ NEW = Layout(tp=4, dp=2, mbs=2, gbs=16, impl=Impl.TE)
 ADDED = Layout(tp=2, pp=2, dp=2, mbs=1, gbs=16, impl=Impl.TE, distributed_optimizer=True)
 """pp 2 and the distributed optimizer: flags added."""
 
+NNODES = f"""#!/bin/bash
+#SBATCH -N 1
+srun bash -c "torchrun --nnodes ${{SLURM_NNODES:-1}} --nproc-per-node 8 pretrain_gpt.py \\
+    {MODEL} {BATCH} --tensor-model-parallel-size 2 --bf16"
+"""
+"""NVIDIA's Slurm recipes: torchrun's node count from Slurm, inside a double-quoted -c string."""
+
 PATCHES = [
     # (name, script, new layout, the diff's -/+ lines)
     ("sc21: values in the variable the string expands", SC21, NEW,
@@ -275,6 +282,14 @@ PATCHES = [
      ["-    --bf16 --save $(pwd)/ckpt 2>&1 | tee train.log\" && mv train.log logs/",
       "+    --bf16 --save $(pwd)/ckpt --pipeline-model-parallel-size 2 "
       "--use-distributed-optimizer 2>&1 | tee train.log\" && mv train.log logs/"]),
+    ("-c string with ${SLURM_NNODES:-1}: flags added inside it", NNODES, ADDED,
+     [f'-    {MODEL} {BATCH} --tensor-model-parallel-size 2 --bf16"',
+      f'+    {MODEL} {BATCH} --tensor-model-parallel-size 2 --bf16 '
+      '--pipeline-model-parallel-size 2 --use-distributed-optimizer"']),
+    ("-c string with \\${SLURM_NNODES:-1}: its value edited", NNODES.replace("${", "\\${"),
+     NEW, [f'-    {MODEL} {BATCH} --tensor-model-parallel-size 2 --bf16"',
+           f'+    {MODEL} --micro-batch-size 2 --global-batch-size 16 '
+           '--tensor-model-parallel-size 4 --bf16"']),
     ("an array expanded twice: one edit", TWICE, NEW,
      [f"-BATCH_ARGS=({BATCH})", f"-ARGS=({MODEL} --tensor-model-parallel-size 2 --bf16)",
       "+BATCH_ARGS=(--micro-batch-size 2 --global-batch-size 16)",

@@ -106,8 +106,15 @@ TORCHRUN = TRAIN.replace("python pretrain_gpt.py", "pretrain_gpt.py")
     # Inside a double-quoted -c string, as NVIDIA's Slurm recipes write it.
     ('#SBATCH -N 2\nsrun bash -c "torchrun --nnodes \\${SLURM_NNODES:-1} --nproc-per-node 8 '
      '{t}"\n', 16, "#SBATCH --nodes 2"),
+    # Unescaped: this script expands it inside the allocation, to the same count.
+    ('#SBATCH -N 2\nsrun bash -c "torchrun --nnodes ${SLURM_NNODES:-1} --nproc-per-node 8 '
+     '{t}"\n', 16, "#SBATCH --nodes 2"),
+    ('#SBATCH -N 2\nsrun sh -c "cd /w && torchrun --nnodes=${SLURM_JOB_NUM_NODES:-1} '
+     '--nproc-per-node 4 {t} 2>&1 | tee log"\n', 8, "#SBATCH --nodes 2"),
     # No #SBATCH line: the script's default, said, never silent.
     ("srun torchrun --nnodes ${SLURM_NNODES:-1} --nproc-per-node 8 {t}\n", 8,
+     "by the script's default for $SLURM_NNODES"),
+    ('srun bash -c "torchrun --nnodes ${SLURM_NNODES:-1} --nproc-per-node 8 {t}"\n', 8,
      "by the script's default for $SLURM_NNODES"),
     # Another variable: the script's default, said.
     ("#SBATCH -N 2\ntorchrun --nnodes ${NNODES:-1} --nproc-per-node 8 {t}\n", 8,

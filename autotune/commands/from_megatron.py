@@ -17,6 +17,7 @@ from autotune.megatron.megatron_command import (
     arithmetic_warning,
     conditional_warning,
     ignored_warning,
+    job_script_warning,
     layout_changes,
     megatron_layout,
     read_megatron_command,
@@ -115,7 +116,7 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
     # caller's own, is its one line alone.
     warnings = tuple(f"autotune: warning: {w}" for w in (
         *notes, arithmetic_warning(command), conditional_warning(command),
-        script_arguments_warning(command),
+        script_arguments_warning(command), job_script_warning(command),
         ignored_warning(command, layout),
         unmodeled_warning(command)) if w is not None)
     return UserJob(command, command.model, cluster, layout, line, warnings)

@@ -7,7 +7,9 @@ MAX_NESTING, and `find_launch` picks the one command that launches the training 
 the shell might not run as written (in an if/case branch, a loop, a function body, after `||`,
 in here-document text) or several launches are refused in one line naming the candidate lines,
 unless the user names the line (`--line N`): autotune then edits only that command, so the
-context it runs in (`cd`, `source`, exports, defaults) stays the user's.
+context it runs in (`cd`, `source`, exports, defaults) stays the user's. The one here-document
+read is the job script of `sbatch <<EOF` (`sbatch_heredocs`): its launch is read (Candidate.
+job_script), never edited.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from autotune.errors import ConfigError
 from autotune.inputs.files import read_bytes
 from autotune.inputs.untrusted import for_terminal
 from autotune.megatron.megatron_args import TRAINING_SCRIPT
+from autotune.megatron.shell_script import HereDoc
 
 __all__ = ["MAX_NESTING", "MAX_SCRIPT_BYTES", "NOT_RUN", "PARSE_SECONDS", "Candidate",
-           "Script", "context_of", "find_launch", "parse_script", "read_script", "walk"]
+           "Script", "context_of", "find_launch", "parse_script", "read_script",
+           "sbatch_heredocs", "walk"]
 
 MAX_SCRIPT_BYTES = 256 * 1024
 """A launch script is a few kilobytes; tree-sitter takes about 1.5 s per MiB of bash."""
@@ -81,6 +85,8 @@ class Candidate:
     end_line: int
     where: str | None
     node: Node | None
+    job_script: bool = False
+    """A launch in the job script of `sbatch <<EOF` (node None): read, not edited."""
 
     def describe(self) -> str:
         return f"line {self.line}" + (f" ({self.where})" if self.where else "")
@@ -204,16 +210,70 @@ def _heredoc_reader(script: Script, body: Node) -> str | None:
     return None if name is None else name.rsplit("/", 1)[-1]
 
 
-def _candidates(script: Script, evaluated_lines: Mapping[int, str | None]) -> list[Candidate]:
+def _sbatch_statement(script: Script, body: Node) -> Node | None:
+    """The `sbatch <<EOF` statement a here-document is the job script of (None: another
+    command's, or not sbatch's standard input)."""
+    redirect = body.parent
+    statement = None if redirect is None else redirect.parent
+    if redirect is None or redirect.type != "heredoc_redirect" or statement is None \
+            or statement.type != "redirected_statement":
+        return None
+    return statement if _heredoc_reader(script, body) == "sbatch" else None
+
+
+def sbatch_heredocs(script: Script) -> dict[int, HereDoc]:
+    """The job scripts of `sbatch <<EOF` here-documents, by the line of their `sbatch` (where
+    the evaluator meets the command): their text from the line after `<<EOF` to the line
+    before the delimiter."""
+    out: dict[int, HereDoc] = {}
+    data = script.data
+    for node, _ in walk(script.root):
+        if node.type != "heredoc_body":
+            continue
+        statement = _sbatch_statement(script, node)
+        redirect = node.parent
+        if statement is None or redirect is None:
+            continue
+        start = next((c for c in redirect.children if c.type == "heredoc_start"), None)
+        end = next((c for c in redirect.children if c.type == "heredoc_end"), None)
+        if start is None or end is None:
+            continue
+        first = data.rfind(b"\n", 0, node.start_byte) + 1
+        last = data.rfind(b"\n", 0, end.start_byte) + 1
+        text = data[first:last].decode("utf-8")
+        if any(c.type == "<<-" for c in redirect.children):
+            text = "\n".join(line.lstrip("\t") for line in text.split("\n"))
+        delimiter = script.raw(start)
+        out[statement.start_point[0] + 1] = HereDoc(
+            text, node.start_point[0] + 1, not any(q in delimiter for q in "'\"\\"))
+    return out
+
+
+def _candidates(script: Script, evaluated_lines: Mapping[int, str | None],
+                job_lines: Mapping[int, bool]) -> list[Candidate]:
     found: dict[int, Candidate] = {}  # by the command node's start byte
     commands_at: dict[int, list[Node]] = {}
     for node, _ in walk(script.root):
         line = node.start_point[0] + 1
+        end_line = node.end_point[0] + 1
+        statement = _sbatch_statement(script, node) if node.type == "heredoc_body" else None
+        inside = [] if statement is None else sorted(
+            k for k in job_lines if line <= k <= end_line)
+        if statement is not None and inside:
+            # The job script of `sbatch <<EOF`, read by the evaluator: its launches, which run
+            # when sbatch does (and when the job script gets there).
+            for k, at in enumerate(inside):
+                where = context_of(statement) or (
+                    "inside an if/for/case block or a function of the sbatch job script"
+                    if job_lines[at] else None)
+                upto = inside[k + 1] - 1 if k + 1 < len(inside) else end_line
+                found[node.start_byte + k] = Candidate(at, upto, where, None, job_script=True)
+            continue
         if node.type == "heredoc_body" and TRAINING_SCRIPT in script.raw(node):
             fed = _heredoc_reader(script, node)
             where = (f"in here-document text fed to {fed}" if fed in _RUN_THEIR_INPUT
                      else "in here-document text")
-            found[node.start_byte] = Candidate(line, node.end_point[0] + 1, where, None)
+            found[node.start_byte] = Candidate(line, end_line, where, None)
         if node.type != "command" or _command_name(script, node) in NOT_RUN:
             continue
         commands_at.setdefault(line, []).append(node)
@@ -253,12 +313,14 @@ def _refuse_heredoc(script: Script, candidate: Candidate) -> None:
 
 
 def find_launch(script: Script, evaluated_lines: Mapping[int, str | None],
-                line: int | None) -> Candidate | None:
+                line: int | None, job_lines: Mapping[int, bool] | None = None
+                ) -> Candidate | None:
     """The command that launches the training script (None: there is none). `evaluated_lines`
     are the lines where the evaluator (autotune.megatron.shell_script) found a launch once
     variables were expanded, each with the first word of the command it read there (None where
-    it is not plain text); `line` is the user's `--line N`."""
-    candidates = _candidates(script, evaluated_lines)
+    it is not plain text); `job_lines` those it found in an `sbatch <<EOF` job script, each
+    with whether it is inside a block there; `line` is the user's `--line N`."""
+    candidates = _candidates(script, evaluated_lines, job_lines or {})
     listed = ", ".join(c.describe() for c in candidates)
     if line is not None:
         chosen = [c for c in candidates if c.line <= line <= c.end_line]
@@ -268,7 +330,7 @@ def find_launch(script: Script, evaluated_lines: Mapping[int, str | None],
         if len(chosen) > 1:
             raise ConfigError(f"{script.source}: line {line} holds several {TRAINING_SCRIPT} "
                               f"launches ({listed}); put them on lines of their own")
-        if chosen[0].node is None:
+        if chosen[0].node is None and not chosen[0].job_script:
             _refuse_heredoc(script, chosen[0])
             raise ConfigError(f"{script.source}: line {line} is here-document text, which the "
                               "script writes or feeds to a command; autotune edits a command "

@@ -32,6 +32,7 @@ from autotune.megatron.launch_site import (
     find_launch,
     parse_script,
     read_script,
+    sbatch_heredocs,
     walk,
 )
 from autotune.megatron.megatron_args import (
@@ -60,6 +61,7 @@ __all__ = [
     "exported_layout",
     "flag_values",
     "ignored_warning",
+    "job_script_warning",
     "layout_changes",
     "megatron_layout",
     "read_megatron_command",
@@ -123,6 +125,9 @@ class MegatronCommand:
     """torchrun's --nnodes as Slurm will set it (`${SLURM_NNODES:-1}`: the script's
     `#SBATCH --nodes`), where it read that and not the script's default; --gpus overrides it,
     as sbatch's command line overrides #SBATCH lines."""
+    job_script: bool = False
+    """The launch is in the job script of `sbatch <<EOF` (a here-document): read, its #SBATCH
+    lines and sbatch's own options taken, but not edited (autotune.megatron.script_patch)."""
     slurm_source: str | None = None
     """Where Slurm's task count came from for an `srun python pretrain_gpt.py` launch ("srun"
     or "#SBATCH"; autotune.megatron.slurm); None for torchrun or python. sbatch's own command
@@ -248,12 +253,14 @@ def _launches(commands: list[Command]) -> list[Command]:
 def _find(parsed: Script, line: int | None) -> tuple[Command, Candidate]:
     """The launch the shell runs (or the one `line` names), as the evaluator expands it."""
     source = parsed.source
-    commands, unread = read_script_commands(_without_heredoc_text(parsed), source, _optional)
+    commands, unread = read_script_commands(_without_heredoc_text(parsed), source, _optional,
+                                            sbatch_heredocs(parsed))
     launches = _launches(commands)
     # Each launch's line, with the first word of the command written there (srun of
     # `srun ... sh -c "$CMD"`, eval of `eval $cmd`): the command to find on that line.
-    site = find_launch(parsed, {c.line: (c.wrapper or c.words)[0].text for c in launches},
-                       line)
+    site = find_launch(parsed, {c.line: (c.wrapper or c.words)[0].text for c in launches
+                                if c.job is None}, line,
+                       {c.line: c.in_block for c in launches if c.job is not None})
     if site is None and unread:
         # `srun ... sh -c "${CMD}"` with CMD from the environment (Megatron-LM's sc21/SRUN.sh):
         # the launch may be in that string; say so rather than "no command".
@@ -286,7 +293,27 @@ def _without_heredoc_text(parsed: Script) -> str:
     return data.decode("utf-8")
 
 
-def _srun_gpus(launcher: tuple[Word, ...], text: str) -> SlurmCount | None:
+def _sbatch(command: Command, text: str) -> dict[str, str]:
+    """The task-count options sbatch runs the launch with: the file's #SBATCH lines, or for a
+    launch in an `sbatch <<EOF` job script, that script's lines under sbatch's own options."""
+    if command.job is None:
+        return sbatch_options(text)
+    # A word autotune cannot tell stays one (no count): a value the job is given elsewhere.
+    given = [w.text if w.text is not None else w.shown() for w in command.job.sbatch]
+    return sbatch_options(command.job.text, given)
+
+
+def job_script_warning(command: MegatronCommand) -> str | None:
+    """One line for a launch read from the job script of `sbatch <<EOF`: where it is, and
+    that `autotune export` does not edit it; None for any other launch."""
+    if not command.job_script:
+        return None
+    return (f"{command.source}: line {command.line}: the launch is in the here-document fed to "
+            "sbatch, read as the job script sbatch runs (its #SBATCH lines count); `autotune "
+            "export` does not edit here-document text: change its flags by hand")
+
+
+def _srun_gpus(launcher: tuple[Word, ...], sbatch: dict[str, str]) -> SlurmCount | None:
     """Slurm's task count where srun launches python (one process per GPU) without torchrun;
     None for any other launcher."""
     texts = [w.text for w in launcher]
@@ -295,7 +322,7 @@ def _srun_gpus(launcher: tuple[Word, ...], text: str) -> SlurmCount | None:
     if any(t is not None and (t.rsplit("/", 1)[-1] == "torchrun" or t in _LAUNCHERS)
            for t in texts):
         return None  # srun starts torchrun (`srun ... sh -c "torchrun ..."`): torchrun's count
-    return srun_processes(texts[1:], sbatch_options(text), [w.shown() for w in launcher[1:]])
+    return srun_processes(texts[1:], sbatch, [w.shown() for w in launcher[1:]])
 
 
 def _launcher_gpus(launcher: tuple[Word, ...], source: str
@@ -345,7 +372,7 @@ SLURM_NODE_COUNT = ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")
 
 
 def _sbatch_nodes(launcher: tuple[Word, ...], launcher_env: tuple[str, ...],
-                  text: str) -> int | None:
+                  sbatch: dict[str, str]) -> int | None:
     """The node count Slurm will put in torchrun's `--nnodes ${SLURM_NNODES:-1}`: the script's
     `#SBATCH --nodes N` (a plain count), where --nnodes reads one of SLURM_NODE_COUNT; None
     where it does not, or the script has no such line (the script's default stands then)."""
@@ -357,7 +384,7 @@ def _sbatch_nodes(launcher: tuple[Word, ...], launcher_env: tuple[str, ...],
               if (w.text or "").replace("_", "-").partition("=")[0] == "--nnodes"]
     if not values or not set(values[-1].env_defaults) & set(SLURM_NODE_COUNT):
         return None
-    nodes = sbatch_options(text).get("nodes", "")
+    nodes = sbatch.get("nodes", "")
     return int(nodes) if nodes.isdigit() and int(nodes) > 0 else None
 
 
@@ -594,18 +621,27 @@ def read_megatron_command(path: str, line: int | None = None,
         # autotune never runs it, and the export carries it as "${NAME}".
         pass
     groups, given = _group(command.words[at + 1:], path, command.line)
-    read = read_fields(given)
+    try:
+        read = read_fields(given)
+    except ConfigError as exc:
+        passed_on = [w.shown() for g in groups if g.flag is None for w in g.words
+                     if _script_arguments(w)]
+        if not passed_on or "the command has no" not in str(exc):
+            raise
+        # Not a guess at what the script is called with: the flag goes in the script.
+        raise ConfigError(f"{exc}; the script's own arguments ({passed_on[0]}), which autotune "
+                          "cannot see, may give it: write it in the script") from None
     names = {f.name for f in fields(ModelSpec)}
     model = ModelSpec(name=_model_name(file), **{k: v for k, v in read.items() if k in names})
     _refuse_unrepresented(groups, model, path)
     _refuse_bad_values(groups, path)
     layout_fields = {k: v for k, v in read.items() if k in DIMENSIONS}
     per_node, nodes, why, launcher_env = _launcher_gpus(launcher, path)
-    text = raw.decode("utf-8", errors="replace")
-    sbatch_nodes = _sbatch_nodes(launcher, launcher_env, text) if why is None else None
+    sbatch = _sbatch(command, raw.decode("utf-8", errors="replace"))
+    sbatch_nodes = _sbatch_nodes(launcher, launcher_env, sbatch) if why is None else None
     if sbatch_nodes is not None:
         nodes = sbatch_nodes
-    slurm = _srun_gpus(launcher, text)
+    slurm = _srun_gpus(launcher, sbatch)
     if slurm is not None:
         per_node, nodes, why = slurm.per_node, slurm.nodes, slurm.why
     return MegatronCommand(source=path, line=command.line, env=command.env,
@@ -614,6 +650,7 @@ def read_megatron_command(path: str, line: int | None = None,
                            gpus_per_node=per_node, nodes=nodes, gpus_unknown=why,
                            parsed=parsed, site=site, maybe=command.maybe,
                            launcher_env=launcher_env, sbatch_nodes=sbatch_nodes,
+                           job_script=command.job is not None,
                            slurm_source=None if slurm is None or slurm.why else slurm.source)
 
 

@@ -51,6 +51,10 @@ _MAX_FOLLOW = 16
 _PLAIN = re.compile(r"[A-Za-z0-9_.,:+=/@%-]+")
 """Text that means the same bare, in double quotes or in single quotes."""
 _REDIRECTS = {"file_redirect", "heredoc_redirect", "herestring_redirect"}
+_DEFERRED = re.compile(r"\\\$(?:\{[A-Za-z_][A-Za-z0-9_]*(?::?[-=+?][^}\s'\"\\`$]*)?\}"
+                       r"|[A-Za-z_][A-Za-z0-9_]*)")
+"""`\\$NAME`, `\\${NAME:-1}` in a double-quoted string: left for the new shell to expand (its
+environment's SLURM_NNODES), with nothing in it that it lexes otherwise."""
 _CONTINUATION = re.compile(r"(?<=[ \t])\\\n|\\\n(?=[ \t\n])")
 """A backslash-newline with a blank beside it, inside a string: a blank to the word split."""
 
@@ -293,14 +297,18 @@ class _Follower:
                 # a double-quoted string; the new shell or eval reads it as one); the same
                 # length, so that the offsets stay the file's.
                 content = _CONTINUATION.sub("  ", data[begin:finish].decode("utf-8"))
-                if re.search(r"[\\'\"`]", content):
+                if re.search(r"[\\'\"`]", _DEFERRED.sub("", content)):
                     return None
                 for m in re.finditer(r"[^ \t\n]+|[ \t\n]+", content):
                     if m.group(0)[0] in " \t\n":
                         flush()
                         continue
                     start = begin + len(content[:m.start()].encode())
-                    pieces.append((start, start + len(m.group(0).encode()), m.group(0)))
+                    # `\${NAME:-1}`: the new shell's to expand, a word autotune does not
+                    # know (kept where it stands, replaced where it is a value the export
+                    # changes, as `$TP` is; the read-back check holds either way).
+                    pieces.append((start, start + len(m.group(0).encode()),
+                                   None if "\\$" in m.group(0) else m.group(0)))
             else:
                 name, array = self._variable(part)
                 nxt = segments[k + 1] if k + 1 < len(segments) else None
@@ -382,8 +390,19 @@ def _string_tokens(follower: _Follower, node: Node) -> list[Token] | str:
             "patch such a string")
 
 
+def _refuse_job_script(command: MegatronCommand, what: str) -> None:
+    """One line where the launch is in the job script of `sbatch <<EOF`: its text is data of
+    the script (expanded by it before sbatch reads it where the delimiter is unquoted), so an
+    edit there is not an edit of a command autotune's parser sees; the plan stands."""
+    if command.site.node is None:
+        raise ConfigError(f"{command.source}: line {command.line}: the launch is in the "
+                          "here-document fed to sbatch, which autotune reads but does not "
+                          f"edit; change it by hand: {what}")
+
+
 def _launch(command: MegatronCommand) -> _Launch:
     script, launch = command.parsed, command.site.node
+    _refuse_job_script(command, "the flags the export names")
     assert launch is not None
     left_out = frozenset((m.name, m.line) for m in command.maybe)
     follower = _Follower(script, launch, left_out)
@@ -608,6 +627,11 @@ def patch_script(command: MegatronCommand, new_layout: Layout,
     edited on its launch command (module docstring) and, with `megatron_version`, its other flags
     spelled for that release (`respellings`); every other byte as it was."""
     script, launch, source = command.parsed, command.site.node, command.source
+    if launch is None and not changes and megatron_version is None:
+        return script.text  # nothing to edit: the file as it is
+    _refuse_job_script(command, "; ".join(c.describe() for c in changes)
+                       or f"respell its flags for megatron-core "
+                       f"{megatron_version.version if megatron_version else ''}")
     assert launch is not None
     launched = _launch(command)
     tokens = launched.tokens

@@ -6,7 +6,9 @@ continuations, comments), follows simple assignments in order (`NAME=value`, `ex
 `declare`, arrays `NAME=( ... )` and `NAME+=( ... )`, `eval` of a string it could expand) and
 expands `$NAME`, `${NAME}`, `${NAME:-default}` and `${NAME[@]}` with bash's word splitting.
 `[srun ...] sh -c STRING` (bash, sh) is read as the string's commands, lexed as the new shell
-lexes them, with the variables the script exported (Command.wrapper keeps `srun ...`).
+lexes them, with the variables the script exported (Command.wrapper keeps `srun ...`); so is the
+job script of `sbatch <<EOF` (a here-document the caller hands over: HereDoc), expanded first by
+this script where its delimiter is unquoted, as bash does (Command.job keeps what sbatch gets).
 An `if` whose condition compares strings the script sets (`[[ "$DTYPE" == "fp8" ]]`, `[ -z
 "$X" ]`, `test`, joined by `&&` / `||`; Megatron-LM's own examples choose their FP8 and data
 flags so) is decided by comparing them, never by running anything: the branch that runs is
@@ -22,14 +24,14 @@ from __future__ import annotations
 import bisect
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["Command", "Ref", "Word", "read_commands", "read_script_commands", "shell_c_at",
-           "shell_string"]
+__all__ = ["Command", "HereDoc", "JobScript", "Ref", "Word", "read_commands",
+           "read_script_commands", "shell_c_at", "shell_string"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
@@ -39,6 +41,8 @@ _BLOCK_OPEN = {"if", "for", "while", "until", "case", "select", "function"}
 _BLOCK_CLOSE = {"fi", "done", "esac", "}"}
 _BLOCK_MIDDLE = {"then", "do", "else", "elif", "{", "!", "time"}
 _DECLARE = {"export", "declare", "typeset", "local", "readonly"}
+_PLAIN_DEFAULT = re.compile(r"[A-Za-z0-9_.,:/+@%-]*")
+"""A default that reads the same written inside `${NAME:-...}` for a new shell to expand."""
 _SHELLS = frozenset({"sh", "bash", "dash", "ksh", "zsh"})
 """Shells whose `-c STRING` runs the string as a script (`srun ... sh -c "${CMD}"`)."""
 _SHELL_C = re.compile(r"-[A-Za-z]*c[A-Za-z]*")
@@ -125,6 +129,34 @@ class Command:
     wrapper: tuple[Word, ...] = ()
     """The words of the command whose `sh -c STRING` / `bash -c STRING` ran this one, up to the
     shell (`srun -l --container-image IMG`): `words` are the string's command."""
+    job: JobScript | None = None
+    """The `sbatch <<EOF` job script this command is in (None: the script's own command)."""
+    in_block: bool = False
+    """Inside an if/for/case block or a function (only a job script's commands need this: the
+    caller's syntax tree says it for the file's own)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HereDoc:
+    """The text of a here-document fed to `sbatch` (`sbatch <<EOF ... EOF`): a job script."""
+
+    text: str
+    """As written, each line's leading tabs removed for `<<-`."""
+    line: int
+    """The file's line of its first line."""
+    expands: bool
+    """An unquoted delimiter (`<<EOF`, not `<<'EOF'`): this script expands `$...` in it
+    before sbatch reads it."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobScript:
+    """A job script as sbatch gets it: its text (expanded where its here-document's delimiter
+    is unquoted; for its `#SBATCH` lines) and sbatch's own words (their options override those
+    lines)."""
+
+    text: str
+    sbatch: tuple[Word, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +279,30 @@ class _Lexer:
                 self.i = end + 1
             else:
                 segs.append(("lit", c, False))
+                self.i += 1
+        return segs
+
+    def heredoc(self) -> list[_Seg]:
+        """The rest of the text as an unquoted here-document's: `$...` and backticks expand,
+        a backslash escapes only `$`, `` ` ``, `\\` and a newline (which it removes), quotes
+        are text (bash's "Here Documents")."""
+        segs: list[_Seg] = [("lit", "", True)]
+        while self.i < len(self.s):
+            c = self.peek()
+            if c == "\\" and self.peek(1) and self.peek(1) in "$`\\\n":
+                if self.peek(1) != "\n":
+                    segs.append(("lit", self.peek(1), True))
+                self.i += 2
+            elif c == "$":
+                segs.append(self._dollar(quoted=True))
+            elif c == "`":
+                end = self.s.find("`", self.i + 1)
+                if end < 0:
+                    raise self.error("a backtick is not closed")
+                segs.append(("sub", self.s[self.i:end + 1]))
+                self.i = end + 1
+            else:
+                segs.append(("lit", c, True))
                 self.i += 1
         return segs
 
@@ -385,8 +441,12 @@ def _string_test(args: Sequence[str], *, pattern: bool) -> bool | None:
 
 class _Reader:
     def __init__(self, source: str,
-                 optional: Callable[[Sequence[Word]], bool] | None = None) -> None:
+                 optional: Callable[[Sequence[Word]], bool] | None = None,
+                 heredocs: Mapping[int, HereDoc] | None = None) -> None:
         self.source = source
+        self.heredocs = dict(heredocs or {})  # by the line of the `sbatch` they are fed to
+        self.job: JobScript | None = None  # the sbatch job script being read
+        self.defer = False  # `${NAME:-word}` of the environment left for a new shell
         self.optional = optional
         self.maybe: dict[str, list[Maybe]] = {}  # per array: its conditional appends
         self.touched: dict[str, None] = {}  # arrays with some that the statement expanded
@@ -437,6 +497,9 @@ class _Reader:
                 return value
             default = self.nested(word) if word else Word.of("")
             if value is None and name not in self.vars and not name.isdigit():
+                if self.defer and op == "-" and default.text is not None \
+                        and _PLAIN_DEFAULT.fullmatch(default.text):
+                    return Word.of("${" + name + colon + "-" + default.text + "}")
                 default = Word(default.parts, default.env_defaults | {name})
             if op == "=" and not name.isdigit():
                 self.vars[name] = default
@@ -659,17 +722,25 @@ class _Reader:
             return
         env = tuple((name, self.expand_scalar(raw)) for name, op, raw in assignments
                     if raw and raw[0][0] != "array")
-        expanded = [w for raw in words for w in self.expand(raw)]
+        per_raw = [self.expand(raw) for raw in words]
+        expanded = [w for ws in per_raw for w in ws]
         if command == "eval":
             self.eval(expanded[1:], st.line)
             return
         shell_c = shell_string(expanded)
         if shell_c is not None:
-            self.shell(expanded[:shell_c[0]], shell_c[1], st.line)
+            string = shell_c[1]
+            if string.env_defaults:
+                string = self.deferring_defaults(words, per_raw, string)
+            self.shell(expanded[:shell_c[0]], string, st.line)
+            return
+        doc = self.heredocs.pop(st.line, None) if command == "sbatch" else None
+        if doc is not None:
+            self.job_script(tuple(expanded), doc)
             return
         maybe = tuple(m for name in self.touched for m in self.maybe.get(name, ()))
         self.commands.append(Command(tuple(expanded), env, tuple(self.exported.items()),
-                                     st.line, maybe, self.wrapper))
+                                     st.line, maybe, self.wrapper, self.job, self.depth > 0))
 
     def assign(self, name: str, op: str, raw: list[_Seg], *, export: bool) -> None:
         if self.depth and self.appends_optional(name, op, raw):
@@ -746,27 +817,105 @@ class _Reader:
             raise ConfigError(f"{self.source}: too many nested evals or sh -c strings")
         if string.refs:
             self.unread.append((line, string))
-        # A part autotune cannot tell goes back as written (as for eval): an environment
-        # variable stays "${NAME}", for the new shell to take from the same environment.
-        text = "".join(p if isinstance(p, str) else f'"${{{p.name}}}"' if p.plain else p.text
-                       for p in string.parts)
-        saved = (self.vars, self.exported, self.maybe, self.frames, self.wrapper)
+        statements = _Lexer(_written_back(string), self.source).statements()
+        for st in statements:
+            st.line = line
+        self.new_shell(statements, "the sh -c string's shell", wrapper=wrapper)
+
+    def deferring_defaults(self, raw: list[list[_Seg]], expanded: list[list[Word]],
+                           string: Word) -> Word:
+        """A `sh -c "... ${NAME:-1} ..."` string expanded again with each default of a
+        variable the script never sets left as `${NAME:-1}`: the new shell has the same
+        environment, so it expands to the same, and read there, the word keeps where it comes
+        from (torchrun's --nnodes ${SLURM_NNODES:-1}: Slurm's count, not the script's 1)."""
+        at = next((k for k, words in enumerate(expanded) if words == [string]), None)
+        if at is None:
+            return string
+        self.defer = True
+        try:
+            return self.expand_scalar(raw[at])
+        finally:
+            self.defer = False
+
+    def job_script(self, sbatch: tuple[Word, ...], doc: HereDoc) -> None:
+        """`sbatch <<EOF`: the here-document read as the job script sbatch runs, in a shell of
+        its own that has the variables this script exported (sbatch passes its environment
+        on). Where the delimiter is unquoted, this script expands the text first (as a
+        double-quoted string, but quotes are text), one line at a time so that each
+        command keeps its line in the file."""
+        text, lines = self.heredoc_text(doc)
+        statements = _Lexer(text, self.source).statements()
+        for st in statements:
+            st.line = lines[min(st.line, len(lines)) - 1]
+        self.new_shell(statements, "the sbatch job script",
+                       job=JobScript(text, sbatch[1:]))
+
+    def heredoc_text(self, doc: HereDoc) -> tuple[str, list[int]]:
+        """The here-document's text as sbatch gets it, and the file's line of each of its
+        lines."""
+        lines = doc.text.split("\n")
+        if not doc.expands:
+            return doc.text, [doc.line + k for k in range(len(lines))]
+        out: list[str] = []
+        where: list[int] = []
+        k = 0
+        while k < len(lines):
+            first, chunk = k, lines[k]
+            while True:
+                continued = (len(chunk) - len(chunk.rstrip("\\"))) % 2 == 1
+                try:
+                    if continued and k + 1 < len(lines):
+                        raise _MoreLines()
+                    segs = _Lexer(chunk, self.source).heredoc()
+                    break
+                except (ConfigError, _MoreLines):
+                    # A `\` line continuation, or a `$(...)` / `${...}` over several lines:
+                    # expanded with the next line, as the shell reads it.
+                    if k + 1 >= len(lines):
+                        raise ConfigError(f"{self.source}: line {doc.line + first}: the "
+                                          "here-document fed to sbatch does not expand "
+                                          "(an unclosed quote or bracket)") from None
+                    k += 1
+                    chunk += "\n" + lines[k]
+            expanded = _written_back(self.expand_scalar(segs))
+            out.append(expanded)
+            where += [doc.line + first] * (expanded.count("\n") + 1)
+            k += 1
+        return "\n".join(out), where
+
+    def new_shell(self, statements: list[_Statement], what: str, *,
+                  wrapper: Sequence[Word] = (), job: JobScript | None = None) -> None:
+        """Statements read as a new shell runs them: with the variables this script exported
+        (and the environment), none of its arrays; what they set stays in it."""
+        saved = (self.vars, self.exported, self.maybe, self.frames, self.wrapper, self.job)
         # A variable it did not export is not the new shell's; one autotune could not tell
         # (set in an if) keeps its reason.
         self.vars = {name: value if isinstance(value, Ref) else
                      Ref(f"${name}", name, f"${name} is set in the script but not exported, so "
-                         "the sh -c string's shell does not have it")
+                         f"{what} does not have it")
                      for name, value in saved[0].items() if name not in saved[1]}
         self.vars.update(saved[1])
         self.exported = dict(saved[1])
         self.maybe, self.frames = {}, []
         self.wrapper = (*saved[4], *wrapper)
+        self.job = job or saved[5]
         try:
-            for st in _Lexer(text, self.source).statements():
-                st.line = line
+            for st in statements:
                 self.statement(st)
         finally:
-            self.vars, self.exported, self.maybe, self.frames, self.wrapper = saved
+            self.vars, self.exported, self.maybe, self.frames, self.wrapper, self.job = saved
+
+
+class _MoreLines(Exception):
+    """A here-document line that continues on the next (it ends in a backslash)."""
+
+
+def _written_back(word: Word) -> str:
+    """An expanded word as text for a new shell to lex again (a `sh -c` string, a job
+    script). A part autotune cannot tell goes back as written (as for eval): an environment
+    variable stays "${NAME}", for the new shell to take from the same environment."""
+    return "".join(p if isinstance(p, str) else f'"${{{p.name}}}"' if p.plain else p.text
+                   for p in word.parts)
 
 
 def shell_string(words: Sequence[Word]) -> tuple[int, Word] | None:
@@ -838,10 +987,13 @@ def read_commands(text: str, source: str,
 
 
 def read_script_commands(text: str, source: str,
-                         optional: Callable[[Sequence[Word]], bool] | None = None
+                         optional: Callable[[Sequence[Word]], bool] | None = None,
+                         heredocs: Mapping[int, HereDoc] | None = None
                          ) -> tuple[list[Command], list[tuple[int, Word]]]:
     """read_commands' commands, and the `sh -c STRING`s (line, string) whose string holds a
-    part autotune cannot tell: where no launch is found, one of them may be it."""
-    reader = _Reader(source, optional)
+    part autotune cannot tell: where no launch is found, one of them may be it. `heredocs`:
+    the `sbatch <<EOF` job scripts, by the line of their `sbatch` (the text has them blanked);
+    their commands are read too (Command.job)."""
+    reader = _Reader(source, optional, heredocs)
     reader.run(_Lexer(text, source).statements())
     return reader.commands, reader.unread

@@ -35,10 +35,11 @@ class SlurmCount:
     source: str
 
 
-def sbatch_options(text: str) -> dict[str, str]:
+def sbatch_options(text: str, command_line: Sequence[str] = ()) -> dict[str, str]:
     """The task-count options of the script's `#SBATCH` lines (name -> value as written),
     read as sbatch reads them: from the top, up to the first line that is neither blank nor a
-    comment; a later line overrides an earlier one."""
+    comment; a later line overrides an earlier one, and sbatch's own options (`command_line`,
+    the words after `sbatch` of `sbatch -N 2 <<EOF`) override them all."""
     out: dict[str, str] = {}
     for line in text.splitlines():
         stripped = line.strip()
@@ -54,7 +55,7 @@ def sbatch_options(text: str) -> dict[str, str]:
         except ValueError:
             continue  # an unbalanced quote: sbatch would refuse the line as well
         out.update(_options(words))
-    return out
+    return {**out, **_options(command_line)}
 
 
 def srun_processes(words: Sequence[str | None], sbatch: dict[str, str],
