@@ -369,6 +369,12 @@ PATCHES = [
      [f'-torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size 8 "$@"',
       f"+torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} --global-batch-size 8 "
       '--tensor-model-parallel-size 2 "$@"']),
+    ('"$@" last in an array the launch ends with: the flags go before it, in the array',
+     f'ARGS=({_MODEL} --global-batch-size 8 "$@")\n'
+     "torchrun --nproc-per-node 4 pretrain_gpt.py ${ARGS[@]}\n",
+     4, Layout(tp=2, dp=2, mbs=1, gbs=8, impl="te"),
+     [f'-ARGS=({_MODEL} --global-batch-size 8 "$@")',
+      f'+ARGS=({_MODEL} --global-batch-size 8 --tensor-model-parallel-size 2 "$@")']),
     ("$* on a line of its own",
      f"torchrun --nproc-per-node 4 pretrain_gpt.py {_MODEL} \\\n"
      "    --global-batch-size 8 \\\n    $*\n",

@@ -47,9 +47,9 @@ READS = [
      "#!/bin/bash\nsbatch -N 4 --parsable <<'EOF'\n#!/bin/bash\n#SBATCH --nodes=2\n"
      "#SBATCH --ntasks-per-node=8\n"
      f"srun python pretrain_gpt.py {MODEL} --tensor-model-parallel-size 2\nEOF\n",
-     32, 2, 6, "8 per node x 4 nodes"),
-    ("an exported variable reaches a quoted job script",
-     "#!/bin/bash\nexport TP=2\nsbatch <<'EOF'\n#!/bin/bash\n"
+     32, 2, 6, "(sbatch command-line and #SBATCH options: 8 per node x 4 nodes)"),
+    ("an exported variable reaches a quoted job script; sbatch by its path, after cd &&",
+     "#!/bin/bash\nexport TP=2\ncd /work && /usr/bin/sbatch <<'EOF'\n#!/bin/bash\n"
      f"torchrun --nproc-per-node 8 pretrain_gpt.py {MODEL} --tensor-model-parallel-size $TP\n"
      "EOF\n",
      8, 2, 5, "the launch is in the here-document fed to sbatch"),

@@ -198,27 +198,38 @@ _RUN_THEIR_INPUT = frozenset({"sbatch", "bash", "sh", "srun"})
 runs, but as another script than the one autotune reads and edits."""
 
 
-def _heredoc_reader(script: Script, body: Node) -> str | None:
-    """The command a here-document's text is fed to (`sbatch` of `sbatch <<EOF`), or None."""
+def _heredoc_command(body: Node) -> Node | None:
+    """The command node a here-document's text is fed to (`sbatch` of `sbatch <<EOF`, and of
+    `cd DIR && sbatch <<EOF`, which tree-sitter-bash reads as the list redirected: bash gives
+    the here-document to the list's last command)."""
     node = body.parent
     while node is not None and node.type != "redirected_statement":
         node = node.parent
     if node is None:
         return None
-    command = next((c for c in node.children if c.type == "command"), None)
+    command = next((c for c in node.children if c.type in ("command", "list")), None)
+    while command is not None and command.type == "list":
+        command = next((c for c in reversed(command.children)
+                        if c.type in ("command", "list")), None)
+    return command
+
+
+def _heredoc_reader(script: Script, body: Node) -> str | None:
+    """The command a here-document's text is fed to (`sbatch` of `sbatch <<EOF`), or None."""
+    command = _heredoc_command(body)
     name = None if command is None else _command_name(script, command)
     return None if name is None else name.rsplit("/", 1)[-1]
 
 
 def _sbatch_statement(script: Script, body: Node) -> Node | None:
-    """The `sbatch <<EOF` statement a here-document is the job script of (None: another
-    command's, or not sbatch's standard input)."""
+    """The `sbatch` command a here-document is the job script of (None: another command's,
+    or not sbatch's standard input)."""
     redirect = body.parent
     statement = None if redirect is None else redirect.parent
     if redirect is None or redirect.type != "heredoc_redirect" or statement is None \
             or statement.type != "redirected_statement":
         return None
-    return statement if _heredoc_reader(script, body) == "sbatch" else None
+    return _heredoc_command(body) if _heredoc_reader(script, body) == "sbatch" else None
 
 
 def sbatch_heredocs(script: Script) -> dict[int, HereDoc]:

@@ -3,7 +3,8 @@
 `read_megatron_command(path)` finds the `pretrain_gpt.py` launch of a shell script with a real
 shell parser (autotune.megatron.launch_site: one launch the shell runs as written, or the line
 `--line N` names), reads its words with autotune.megatron.shell_script (variables, arrays and eval
-expanded, here-document text left out; nothing in it is run) and the model and parallel flags with
+expanded, here-document text left out but for the job script of `sbatch <<EOF`, read as sbatch
+runs it; nothing in it is run) and the model and parallel flags with
 the flag table `autotune export` writes (autotune.megatron.megatron_args.FLAG_TABLE).
 `layout_changes` says which rows of the table a better layout changes;
 autotune.megatron.script_patch edits exactly those flags in the user's file.
@@ -301,6 +302,17 @@ def _sbatch(command: Command, text: str) -> dict[str, str]:
     # A word autotune cannot tell stays one (no count): a value the job is given elsewhere.
     given = [w.text if w.text is not None else w.shown() for w in command.job.sbatch]
     return sbatch_options(command.job.text, given)
+
+
+def _slurm_source(command: Command, slurm: SlurmCount | None) -> str | None:
+    """Where srun's task count came from, for the line that says so: sbatch's own options of
+    `sbatch -N 4 <<EOF` are not the job script's #SBATCH lines."""
+    if slurm is None or slurm.why:
+        return None
+    if slurm.source == "#SBATCH" and command.job is not None and sbatch_options(
+            "", [w.shown() for w in command.job.sbatch]):
+        return "sbatch command-line and #SBATCH"
+    return slurm.source
 
 
 def job_script_warning(command: MegatronCommand) -> str | None:
@@ -651,7 +663,7 @@ def read_megatron_command(path: str, line: int | None = None,
                            parsed=parsed, site=site, maybe=command.maybe,
                            launcher_env=launcher_env, sbatch_nodes=sbatch_nodes,
                            job_script=command.job is not None,
-                           slurm_source=None if slurm is None or slurm.why else slurm.source)
+                           slurm_source=_slurm_source(command, slurm))
 
 
 def megatron_layout(command: MegatronCommand, gpus: int) -> Layout:

@@ -501,6 +501,24 @@ _SCRIPT_ARGUMENTS = re.compile(r'"?\$(?:[@*]|\{[@*]\})"?')
 """A word that is the script's own arguments alone, as written: `"$@"`, `$*`, `"${@}"`."""
 
 
+def _before_passed_on(script: Script, tokens: list[Token], rows: list[list[str]]
+                      ) -> _Edit | None:
+    """New flags before the script's own arguments where they end the launch, written in an
+    array it expands (`ARGS=( ... "$@" )`) or in the command: after them, a flag given when
+    the script runs would no longer override autotune's, as it overrode the user's own."""
+    def passed_on(token: Token) -> bool:
+        written = script.data[token.start:token.end].decode("utf-8")
+        return token.text is None and _SCRIPT_ARGUMENTS.fullmatch(written) is not None
+
+    if not tokens or not passed_on(tokens[-1]):
+        return None
+    k = len(tokens) - 1
+    while k > 0 and passed_on(tokens[k - 1]):
+        k -= 1
+    at = tokens[k].start
+    return _Edit(at, at, " ".join(shlex.quote(a) for row in rows for a in row) + " ")
+
+
 def _insertion(script: Script, launch: Node, rows: list[list[str]]) -> _Edit:
     """New flags onto the launch command, in the command's own layout: where it spans lines,
     each row's flags on a continued line of their own before its last line (which stays as
@@ -683,7 +701,9 @@ def patch_script(command: MegatronCommand, new_layout: Layout,
     if any(added) and launched.inner:
         edits.append(_inner_insertion(command, launched, [a for a in added if a]))
     elif any(added):
-        edits.append(_insertion(script, launch, [a for a in added if a]))
+        flags = [a for a in added if a]
+        edits.append(_before_passed_on(script, tokens, flags)
+                     or _insertion(script, launch, flags))
     patched = _apply(script, edits)
     _check_read_back(command, patched, new_layout, changes, edits)
     return patched

@@ -734,7 +734,8 @@ class _Reader:
                 string = self.deferring_defaults(words, per_raw, string)
             self.shell(expanded[:shell_c[0]], string, st.line)
             return
-        doc = self.heredocs.pop(st.line, None) if command == "sbatch" else None
+        doc = self.heredocs.pop(st.line, None) \
+            if (command or "").rsplit("/", 1)[-1] == "sbatch" else None
         if doc is not None:
             self.job_script(tuple(expanded), doc)
             return
