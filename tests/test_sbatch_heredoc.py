@@ -48,6 +48,11 @@ READS = [
      "#SBATCH --ntasks-per-node=8\n"
      f"srun python pretrain_gpt.py {MODEL} --tensor-model-parallel-size 2\nEOF\n",
      32, 2, 6, "(sbatch command-line and #SBATCH options: 8 per node x 4 nodes)"),
+    ("sbatch's own --nodes over the job script's, for torchrun's --nnodes",
+     "#!/bin/bash\nsbatch --nodes=2 <<'EOF'\n#!/bin/bash\n#SBATCH -N 4\n"
+     "srun torchrun --nnodes ${SLURM_NNODES:-1} --nproc-per-node 8 pretrain_gpt.py "
+     f"{MODEL}\nEOF\n",
+     16, 1, 5, "which Slurm sets from sbatch's command line --nodes 2"),
     ("an exported variable reaches a quoted job script; sbatch by its path, after cd &&",
      "#!/bin/bash\nexport TP=2\ncd /work && /usr/bin/sbatch <<'EOF'\n#!/bin/bash\n"
      f"torchrun --nproc-per-node 8 pretrain_gpt.py {MODEL} --tensor-model-parallel-size $TP\n"
@@ -121,6 +126,20 @@ def test_what_cannot_be_read_is_one_line(tmp_path: Path, name: str, text: str,
     with pytest.raises(ConfigError, match=message) as raised:
         read_megatron_command(_write(tmp_path, text), line)
     assert "\n" not in str(raised.value)
+
+
+def test_slurms_node_count_expanded_at_submission_is_said(tmp_path: Path) -> None:
+    """`${SLURM_NNODES:-1}` unescaped in an unquoted `<<EOF`: the submitting shell expands it
+    (to 1 outside an allocation), and the job runs that: read so, and said in the line."""
+    path = _write(tmp_path, READS[0][1].replace("\\${", "${"))
+    job = read_user_job(path, gpus=None, gpus_per_node=None, gpu="h100-80gb")
+    assert job.cluster.num_gpus == 8
+    note = job_script_warning(job.command) or ""
+    assert "${SLURM_NNODES:-...} is expanded when the job is submitted" in note
+    assert "\\${SLURM_NNODES:-...} for the job's own count" in note and "\n" not in note
+    # Escaped (the READS case), no such clause.
+    escaped = read_megatron_command(_write(tmp_path, READS[0][1]))
+    assert "submitted" not in (job_script_warning(escaped) or "")
 
 
 def test_line_names_a_launch_in_a_block_of_the_job_script(tmp_path: Path) -> None:

@@ -80,7 +80,7 @@ def read_user_job(path: str, *, gpus: int | None, gpus_per_node: int | None,
         names = ", ".join("$" + n for n in command.launcher_env)
         if command.sbatch_nodes is not None:
             notes.append(f"{path}: {world} GPUs: torchrun's --nnodes is {names}, which Slurm "
-                         f"sets from the script's #SBATCH --nodes {command.sbatch_nodes} "
+                         f"sets from {command.sbatch_nodes_from} --nodes {command.sbatch_nodes} "
                          f"({command.gpus_per_node} per node); --gpus overrides it")
         else:
             notes.append(f"{path}: {world} GPUs by the script's default for {names}, which "

@@ -126,9 +126,15 @@ class MegatronCommand:
     """torchrun's --nnodes as Slurm will set it (`${SLURM_NNODES:-1}`: the script's
     `#SBATCH --nodes`), where it read that and not the script's default; --gpus overrides it,
     as sbatch's command line overrides #SBATCH lines."""
+    sbatch_nodes_from: str = "the script's #SBATCH"
+    """Where sbatch_nodes was read: the #SBATCH lines, or sbatch's own options of `sbatch -N 4
+    <<EOF` (which override them)."""
     job_script: bool = False
     """The launch is in the job script of `sbatch <<EOF` (a here-document): read, its #SBATCH
     lines and sbatch's own options taken, but not edited (autotune.megatron.script_patch)."""
+    submit_defaults: tuple[str, ...] = ()
+    """For such a launch, the environment's variables whose defaults the script expanded into
+    the job script when it submits it (shell_script.JobScript.submit_defaults)."""
     slurm_source: str | None = None
     """Where Slurm's task count came from for an `srun python pretrain_gpt.py` launch ("srun"
     or "#SBATCH"; autotune.megatron.slurm); None for torchrun or python. sbatch's own command
@@ -315,14 +321,29 @@ def _slurm_source(command: Command, slurm: SlurmCount | None) -> str | None:
     return slurm.source
 
 
+def _nodes_from(command: Command) -> str:
+    """Where sbatch takes its node count from, for the line that says so."""
+    if command.job is not None and "nodes" in sbatch_options(
+            "", [w.shown() for w in command.job.sbatch]):
+        return "sbatch's command line"
+    return "the script's #SBATCH"
+
+
 def job_script_warning(command: MegatronCommand) -> str | None:
     """One line for a launch read from the job script of `sbatch <<EOF`: where it is, and
     that `autotune export` does not edit it; None for any other launch."""
     if not command.job_script:
         return None
+    # Slurm's node count written unescaped in an unquoted <<EOF: expanded when the job is
+    # submitted, where Slurm has not set it, so the job runs with the script's default.
+    early = sorted(set(command.submit_defaults) & set(SLURM_NODE_COUNT))
+    submitted = "".join(
+        f"; ${{{name}:-...}} is expanded when the job is submitted (the here-document's "
+        f"delimiter is unquoted), where Slurm has not set it: write \\${{{name}:-...}} for the "
+        "job's own count" for name in early[:1])
     return (f"{command.source}: line {command.line}: the launch is in the here-document fed to "
             "sbatch, read as the job script sbatch runs (its #SBATCH lines count); `autotune "
-            "export` does not edit here-document text: change its flags by hand")
+            f"export` does not edit here-document text: change its flags by hand{submitted}")
 
 
 def _srun_gpus(launcher: tuple[Word, ...], sbatch: dict[str, str]) -> SlurmCount | None:
@@ -662,7 +683,10 @@ def read_megatron_command(path: str, line: int | None = None,
                            gpus_per_node=per_node, nodes=nodes, gpus_unknown=why,
                            parsed=parsed, site=site, maybe=command.maybe,
                            launcher_env=launcher_env, sbatch_nodes=sbatch_nodes,
+                           sbatch_nodes_from=_nodes_from(command),
                            job_script=command.job is not None,
+                           submit_defaults=tuple(sorted(command.job.submit_defaults))
+                           if command.job is not None else (),
                            slurm_source=_slurm_source(command, slurm))
 
 

@@ -157,6 +157,10 @@ class JobScript:
 
     text: str
     sbatch: tuple[Word, ...]
+    submit_defaults: frozenset[str] = frozenset()
+    """Variables the script never sets whose `${NAME:-word}` this script expanded into the
+    text (an unquoted delimiter): the environment's when the job is submitted, not when it
+    runs (`${SLURM_NNODES:-1}` is 1 on a login node)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -844,21 +848,22 @@ class _Reader:
         on). Where the delimiter is unquoted, this script expands the text first (as a
         double-quoted string, but quotes are text), one line at a time so that each
         command keeps its line in the file."""
-        text, lines = self.heredoc_text(doc)
+        text, lines, defaults = self.heredoc_text(doc)
         statements = _Lexer(text, self.source).statements()
         for st in statements:
             st.line = lines[min(st.line, len(lines)) - 1]
         self.new_shell(statements, "the sbatch job script",
-                       job=JobScript(text, sbatch[1:]))
+                       job=JobScript(text, sbatch[1:], defaults))
 
-    def heredoc_text(self, doc: HereDoc) -> tuple[str, list[int]]:
-        """The here-document's text as sbatch gets it, and the file's line of each of its
-        lines."""
+    def heredoc_text(self, doc: HereDoc) -> tuple[str, list[int], frozenset[str]]:
+        """The here-document's text as sbatch gets it, the file's line of each of its lines,
+        and the environment's variables whose defaults this script expanded into it."""
         lines = doc.text.split("\n")
         if not doc.expands:
-            return doc.text, [doc.line + k for k in range(len(lines))]
+            return doc.text, [doc.line + k for k in range(len(lines))], frozenset()
         out: list[str] = []
         where: list[int] = []
+        defaults: set[str] = set()
         k = 0
         while k < len(lines):
             first, chunk = k, lines[k]
@@ -878,11 +883,13 @@ class _Reader:
                                           "(an unclosed quote or bracket)") from None
                     k += 1
                     chunk += "\n" + lines[k]
-            expanded = _written_back(self.expand_scalar(segs))
+            word = self.expand_scalar(segs)
+            defaults |= word.env_defaults
+            expanded = _written_back(word)
             out.append(expanded)
             where += [doc.line + first] * (expanded.count("\n") + 1)
             k += 1
-        return "\n".join(out), where
+        return "\n".join(out), where, frozenset(defaults)
 
     def new_shell(self, statements: list[_Statement], what: str, *,
                   wrapper: Sequence[Word] = (), job: JobScript | None = None) -> None:
