@@ -290,25 +290,7 @@ class _Lexer:
         """The rest of the text as an unquoted here-document's: `$...` and backticks expand,
         a backslash escapes only `$`, `` ` ``, `\\` and a newline (which it removes), quotes
         are text (bash's "Here Documents")."""
-        segs: list[_Seg] = [("lit", "", True)]
-        while self.i < len(self.s):
-            c = self.peek()
-            if c == "\\" and self.peek(1) and self.peek(1) in "$`\\\n":
-                if self.peek(1) != "\n":
-                    segs.append(("lit", self.peek(1), True))
-                self.i += 2
-            elif c == "$":
-                segs.append(self._dollar(quoted=True))
-            elif c == "`":
-                end = self.s.find("`", self.i + 1)
-                if end < 0:
-                    raise self.error("a backtick is not closed")
-                segs.append(("sub", self.s[self.i:end + 1]))
-                self.i = end + 1
-            else:
-                segs.append(("lit", c, True))
-                self.i += 1
-        return segs
+        return self._expanding("$`\\\n", closing=None)
 
     def _assignment_prefix(self, start: int) -> bool:
         return _ASSIGN.fullmatch(self.s[start:self.i]) is not None
@@ -333,15 +315,23 @@ class _Lexer:
                 words.append(self.word())
 
     def _double_quoted(self) -> list[_Seg]:
+        return self._expanding('$`"\\\n', closing='"')
+
+    def _expanding(self, escapes: str, *, closing: str | None) -> list[_Seg]:
+        """Text in which `$...` and backticks expand and a backslash escapes only `escapes`
+        (an escaped newline is removed), up to `closing` (consumed; a double quote) or, for
+        None, the end of the text (a here-document's body)."""
         segs: list[_Seg] = [("lit", "", True)]  # "" is a word even when empty
         while True:
             if self.i >= len(self.s):
+                if closing is None:
+                    return segs
                 raise self.error("a double quote is not closed")
             c = self.peek()
-            if c == '"':
+            if c == closing:
                 self.i += 1
                 return segs
-            if c == "\\" and self.peek(1) in '$`"\\\n':
+            if c == "\\" and self.peek(1) and self.peek(1) in escapes:
                 if self.peek(1) != "\n":
                     segs.append(("lit", self.peek(1), True))
                 self.i += 2
