@@ -44,8 +44,8 @@ DEPENDENCIES: dict[str, Callable[[Values, int], bool]] = {
     "the FP8 parameter gather needs FP8 and the distributed optimizer":
         lambda v, n: v["fp8_param_gather"] and (v["fp8"] == "off"
                                                 or not v["distributed_optimizer"]),
-    # Not here: a rule that leaves a parameter several values but not every choice (cp 4 of
-    # 1, 2, 4 at tp 2 on 4 GPUs; pp 4 at tp 2) is still told INVALID.
+    # A rule that leaves a parameter several values but not every choice (cp 4 of 1, 2, 4 at
+    # tp 2 on 4 GPUs; pp 4 at tp 2) is kept by the sampler (ValidSampler): nothing is INVALID.
 }
 
 
@@ -72,11 +72,13 @@ CASES = {
 }
 
 
-def _asked(layouts: LayoutMap, seed: int) -> list[optuna.trial.FrozenTrial]:
-    """ASKS trials of the search's sampler, each told as the search would: PRUNED when its
-    parameters break a rule, else a figure of its layout."""
+def _asked(layouts: LayoutMap, seed: int, *, plain: bool = False
+           ) -> list[optuna.trial.FrozenTrial]:
+    """ASKS trials of the search's sampler (`plain`: TPE without ValidSampler), each told as
+    the search would: PRUNED when its parameters break a rule, else a figure of its layout."""
     study = optuna.create_study(directions=["maximize", "minimize"],
-                                sampler=make_sampler(Sampler.TPE, seed))
+                                sampler=make_sampler(Sampler.TPE, seed,
+                                                     None if plain else layouts))
     for _ in range(ASKS):
         trial = study.ask()
         layouts.ask(trial)
@@ -102,8 +104,44 @@ def test_no_proposal_breaks_a_dependency(case: str, seed: int, tmp_path: Path) -
         invalid += layouts.layout(t.params) is None
         # A parameter is asked only where a rule leaves it a choice.
         assert t.user_attrs[ASKED_ATTR]
-    # What is left INVALID is a rule that leaves a parameter several values but not every one.
-    assert invalid < len(trials) // 3
+    # A rule that leaves a parameter several values but not every one is kept too.
+    assert invalid == 0
+
+
+PARTIAL = [
+    # (GPUs, earlier answers, parameter, the values a valid layout has with them)
+    (4, {"tp": 2}, "pp", (1, 2)),
+    (4, {"tp": 1}, "pp", (1, 2, 4)),
+    (4, {"tp": 2, "pp": 1}, "cp", (1, 2)),
+    (4, {"tp": 1, "pp": 2}, "cp", (1, 2)),
+    (4, {"tp": 4, "pp": 1}, "cp", (1,)),
+    (4, {"tp": 4}, "pp", (1,)),
+]
+
+
+@pytest.mark.parametrize(("gpus", "answers", "dim", "allowed"), PARTIAL)
+def test_allowed_reads_the_rules_through_the_valid_layouts(
+        gpus: int, answers: dict[str, Any], dim: str, allowed: tuple[Any, ...],
+        tmp_path: Path) -> None:
+    layouts = LayoutMap.of(_config("llama3-8b", gpus, tmp_path))
+    assert set(layouts.allowed(answers, dim) or ()) == set(allowed)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_valid_sampler_cuts_invalid_asks_and_keeps_distributions(
+        seed: int, tmp_path: Path) -> None:
+    # llama3-8b on 4 GPUs: the plain sampler proposes pp 4 at tp 2, cp 4 at tp 2, mbs above
+    # gbs / dp (INVALID); the wrapped one proposes none, and more new layouts.
+    layouts = LayoutMap.of(_config("llama3-8b", 4, tmp_path))
+    plain = _asked(layouts, seed, plain=True)
+    wrapped = _asked(layouts, seed)
+    assert sum(layouts.layout(t.params) is None for t in plain) > 0
+    assert all(layouts.layout(t.params) is not None for t in wrapped)
+    new = [len({layouts.layout(t.params) for t in ts} - {None}) for ts in (plain, wrapped)]
+    assert new[1] > new[0]
+    for t in wrapped:  # one distribution per parameter, every candidate, in every trial
+        for dim, dist in t.distributions.items():
+            assert dist == layouts.distributions[dim]
 
 
 @pytest.mark.parametrize("case", list(CASES))

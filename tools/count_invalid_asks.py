@@ -2,13 +2,14 @@
 Megatron rule (INVALID), repeat a layout already asked (duplicates) or are new valid layouts.
 
     python tools/count_invalid_asks.py MODEL --gpus N [--gbs 16] [--seq-len 4096] \
-        [--asks 60] [--seeds 0 1 2 3 4] [--full]
+        [--asks 60] [--seeds 0 1 2 3 4] [--full | --plain]
 
 The space is search_spaces/default.yaml on H200s. Each valid proposal is told the cost model's
 predicted tokens/s and peak (a duplicate its first figures, an INVALID proposal PRUNED), as a
 plan would tell them. `--full` asks every parameter in every trial, with the sampler of the
 version before the conditional asks (autotune.search.layout_map, LayoutMap.ask): the before
-figure of the same space and seeds.
+figure of the same space and seeds. `--plain`: conditional asks with TPE alone, without
+autotune.search.layout_map.ValidSampler (the sampler of session 20).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ optuna.logging.set_verbosity(optuna.logging.ERROR)
 
 
 def count(layouts: LayoutMap, cfg: SearchConfig, asks: int, seed: int,
-          full: bool) -> tuple[int, int, int]:
+          full: bool, plain: bool = False) -> tuple[int, int, int]:
     sampler = (optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8,
                                           constant_liar=True) if full
-               else make_sampler(Sampler.TPE, seed))
+               else make_sampler(Sampler.TPE, seed, None if plain else layouts))
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
     seen: dict[object, list[float]] = {}
     invalid = duplicates = 0
@@ -68,6 +69,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--asks", type=int, default=60)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--full", action="store_true")
+    parser.add_argument("--plain", action="store_true",
+                        help="conditional asks with the plain TPE sampler (before ValidSampler)")
     args = parser.parse_args(argv)
     model = replace(load_model(args.model), global_batch_size=args.gbs)
     if args.seq_len:
@@ -77,14 +80,15 @@ def main(argv: list[str]) -> int:
     cfg = SearchConfig(model=model, cluster=cluster, space=load_space(),
                        backend=SimulateBackend(cluster))
     layouts = LayoutMap.of(cfg)
-    rows = [count(layouts, cfg, args.asks, seed, args.full) for seed in args.seeds]
+    rows = [count(layouts, cfg, args.asks, seed, args.full, args.plain) for seed in args.seeds]
+    kind = "full" if args.full else "plain" if args.plain else "conditional"
     for seed, (invalid, dup, new) in zip(args.seeds, rows, strict=True):
         print(f"seed {seed}: {args.asks} asks, {invalid} INVALID, {dup} duplicates, "
               f"{new} new valid layouts")
     print(f"mean over {len(rows)} seeds: INVALID {statistics.mean(r[0] for r in rows):.1f}, "
           f"duplicates {statistics.mean(r[1] for r in rows):.1f}, new valid "
           f"{statistics.mean(r[2] for r in rows):.1f} of {args.asks} asks "
-          f"({len(layouts.valid)} valid layouts, {'full' if args.full else 'conditional'} asks)")
+          f"({len(layouts.valid)} valid layouts, {kind} asks)")
     return 0
 
 

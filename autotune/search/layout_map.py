@@ -14,11 +14,13 @@ pipeline split's layers only at pp > 1, sequence parallelism only at tp > 1, the
 parameter gather only with the distributed optimizer, FP8 only with an implementation that has
 it, ... (Optuna's conditional parameters). Where one value is left, the parameter is not asked and
 the layout takes that value, so a proposal breaks a rule only where the rule leaves a parameter
-several values but not all of its choices (cp 4 of 1, 2, 4 with tp 2 on 4 GPUs), and is then
-told INVALID as before. The rules stay where they are (autotune.layouts.layout,
-autotune.levers): this reads them through the valid layouts of the space. A parameter keeps its
-one distribution (all its candidates) in every trial that asks it, so a study of an earlier
-version, whose trials hold every parameter, resumes unchanged.
+several values but not all of its choices (cp 4 of 1, 2, 4 with tp 2 on 4 GPUs). The TPE
+sampler is wrapped (ValidSampler) so that it proposes only a value that some valid layout has
+with the earlier answers: the value is chosen before the trial stores it, so the stored
+parameters are the layout that runs and no such proposal is INVALID. The rules stay where they
+are (autotune.layouts.layout, autotune.levers): this reads them through the valid layouts of
+the space. A parameter keeps its one distribution (all its candidates) in every trial that asks
+it, so a study of an earlier version, whose trials hold every parameter, resumes unchanged.
 
 A dimension the space marks `derive` (autotune.search.derive) is a parameter only where the
 space also lists values for it (`offload_layers: [0, derive]`: the sampler picks between no
@@ -45,7 +47,8 @@ from autotune.search.derive import DERIVABLE, DERIVE
 from autotune.search.space import enumerate_space
 from autotune.specs.model import ModelSpec
 
-__all__ = ["ASKED_ATTR", "FrozenParams", "LayoutMap", "freeze_params", "layout_params"]
+__all__ = ["ASKED_ATTR", "FrozenParams", "LayoutMap", "ValidSampler", "freeze_params",
+           "layout_params"]
 
 FrozenParams = tuple[Any, ...]
 """A trial's parameters in a hashable form (freeze_params)."""
@@ -180,6 +183,19 @@ class LayoutMap:
             answers += (value,)
         trial.set_user_attr(ASKED_ATTR, True)
 
+    def allowed(self, params: Mapping[str, Any], dim: str) -> tuple[Any, ...] | None:
+        """The values of parameter `dim` that some valid layout has with a trial's earlier
+        answers `params` (those of the parameters before `dim` in `order`; one a trial was not
+        asked takes the one value left); None where those answers already break a rule."""
+        after = self._values_after()
+        answers: tuple[Any, ...] = ()
+        for d in self.order:
+            left = after.get(answers)
+            if left is None or d == dim:
+                return left
+            answers += (params[d] if d in params and len(left) > 1 else left[0],)
+        return None
+
     def complete(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A trial's value of every parameter: those it was asked, and for each it was not, the
         value the answers before it leave (a trial of LayoutMap.ask), else Layout's default (a
@@ -259,3 +275,76 @@ class LayoutMap:
         """`run_params` of the layout that a trial's parameters stand for."""
         s = self.layout(params)
         return freeze_params(params) if s is None else self.run_params(s)
+
+
+_TRIES = 8
+"""How many proposals of a parameter ValidSampler asks its sampler for before it takes the
+allowed value nearest the last one."""
+
+
+class ValidSampler(optuna.samplers.BaseSampler):
+    """A sampler (TPE) that proposes, for each parameter, only a value some valid layout has
+    with the trial's earlier answers (LayoutMap.allowed): a rule that leaves a parameter several
+    values but not all its candidates (tp x pp above the GPU count, cp 4 with tp 2 on 4 GPUs,
+    mbs above gbs / dp) no longer makes an INVALID proposal.
+
+    The parameter keeps its one distribution (every candidate); only the value proposed
+    changes, before the trial stores it, so a trial's stored parameters are the layout that
+    runs and TPE learns that layout's outcome. A value of the inner sampler's joint (relative)
+    proposal that breaks a rule is dropped with every later one, which are then proposed one
+    at a time; one proposal is asked up to _TRIES times of the inner sampler, then the allowed
+    value nearest it in candidate order is taken (deterministic: the seeded inner sampler
+    decides everything)."""
+
+    def __init__(self, inner: optuna.samplers.BaseSampler, layouts: LayoutMap) -> None:
+        self.inner = inner
+        self.layouts = layouts
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: optuna.trial.FrozenTrial
+                                    ) -> dict[str, BaseDistribution]:
+        return self.inner.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        proposed = self.inner.sample_relative(study, trial, search_space)
+        kept: dict[str, Any] = {}
+        answers = dict(trial.params)
+        for dim in self.layouts.order:
+            left = self.layouts.allowed(answers, dim)
+            if left is None:
+                break
+            if len(left) == 1:  # not asked
+                answers[dim] = left[0]
+                continue
+            if dim not in proposed or proposed[dim] not in left:
+                break
+            kept[dim] = answers[dim] = proposed[dim]
+        kept.update({d: v for d, v in proposed.items() if d not in self.layouts.free})
+        return kept
+
+    def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                           param_name: str, param_distribution: BaseDistribution) -> Any:
+        value = self.inner.sample_independent(study, trial, param_name, param_distribution)
+        left = self.layouts.allowed(trial.params, param_name) \
+            if param_name in self.layouts.free else None
+        if not left:
+            return value
+        for _ in range(_TRIES - 1):
+            if value in left:
+                return value
+            value = self.inner.sample_independent(study, trial, param_name, param_distribution)
+        if value in left:
+            return value
+        choices = [plain(x) for x in self.layouts.free[param_name]]
+        at = choices.index(value) if value in choices else 0
+        return min(left, key=lambda v: (abs(choices.index(v) - at), choices.index(v)))
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        self.inner.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                    state: optuna.trial.TrialState, values: Sequence[float] | None) -> None:
+        self.inner.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.inner.reseed_rng()

@@ -232,8 +232,8 @@ class RealRunStore(StudyStore):
         name = cls.study_name(cfg, None)
         url = storage_url(cfg.results_dir, name, cfg.storage)
         with _locked(name, url) as lock:
-            study = open_study(name, url, make_sampler(sampler, cfg.seed), resume=cfg.resume,
-                               heartbeat=beat)
+            study = open_study(name, url, make_sampler(sampler, cfg.seed, layouts),
+                               resume=cfg.resume, heartbeat=beat)
             describe_study(study, cfg.model, cfg.cluster, cfg.backend.name)
             keep_space(study, layouts.candidates, cfg.space.source)
             fail_orphans(study, everything=_alone(lock), grace_s=beat.grace_s)
@@ -296,7 +296,7 @@ class PlanningStore(StudyStore):
         name = cls.study_name(cfg, variant)
         url = storage_url(cfg.results_dir, name, cfg.storage)
         with _locked(name, url) as lock:  # held until the plan is written (close)
-            opened = open_planning_study(name, url, make_sampler(sampler, cfg.seed),
+            opened = open_planning_study(name, url, make_sampler(sampler, cfg.seed, layouts),
                                          resume=cfg.resume)
             persistent = opened.stored
             describe_study(persistent, cfg.model, cfg.cluster, cfg.backend.name)
