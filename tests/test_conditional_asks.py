@@ -19,8 +19,8 @@ from optuna.trial import TrialState
 from autotune.layouts.layout import LAYOUT_DEFAULTS
 from autotune.search import SearchConfig
 from autotune.search.backends import SimulateBackend
-from autotune.search.config import Sampler, make_sampler
-from autotune.search.layout_map import ASKED_ATTR, LayoutMap
+from autotune.search.config import Sampler
+from autotune.search.layout_map import ASKED_ATTR, LayoutMap, search_sampler
 from autotune.search.loop import Search
 from autotune.search.records import Source
 from autotune.search.shared import read_shared
@@ -77,7 +77,7 @@ def _asked(layouts: LayoutMap, seed: int, *, plain: bool = False
     """ASKS trials of the search's sampler (`plain`: TPE without ValidSampler), each told as
     the search would: PRUNED when its parameters break a rule, else a figure of its layout."""
     study = optuna.create_study(directions=["maximize", "minimize"],
-                                sampler=make_sampler(Sampler.TPE, seed,
+                                sampler=search_sampler(Sampler.TPE, seed,
                                                      None if plain else layouts))
     for _ in range(ASKS):
         trial = study.ask()

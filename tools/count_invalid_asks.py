@@ -24,8 +24,8 @@ from optuna.trial import TrialState
 
 from autotune.predict.cost import estimate_cost
 from autotune.search.backends import SimulateBackend
-from autotune.search.config import Sampler, SearchConfig, make_sampler
-from autotune.search.layout_map import LayoutMap
+from autotune.search.config import Sampler, SearchConfig
+from autotune.search.layout_map import LayoutMap, search_sampler
 from autotune.search.space import load_space
 from autotune.specs.hardware import ClusterSpec, gpu_spec
 from autotune.specs.presets import load_model
@@ -37,7 +37,7 @@ def count(layouts: LayoutMap, cfg: SearchConfig, asks: int, seed: int,
           full: bool, plain: bool = False) -> tuple[int, int, int]:
     sampler = (optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8,
                                           constant_liar=True) if full
-               else make_sampler(Sampler.TPE, seed, None if plain else layouts))
+               else search_sampler(Sampler.TPE, seed, None if plain else layouts))
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
     seen: dict[object, list[float]] = {}
     invalid = duplicates = 0

@@ -7,7 +7,6 @@ import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import optuna
 
@@ -21,9 +20,6 @@ from autotune.search.space import SearchSpace
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.trials.trial import DEFAULT_STABLE_CV
-
-if TYPE_CHECKING:
-    from autotune.search.layout_map import LayoutMap
 
 __all__ = ["GRID_LIMIT", "RANKED_DEFAULT", "Sampler", "SearchConfig", "StopRule", "make_sampler",
            "sampler_name"]
@@ -136,13 +132,7 @@ def sampler_name(cfg: SearchConfig, valid: int) -> Sampler:
     return Sampler.GRID if valid <= GRID_LIMIT else Sampler.RANKED
 
 
-def make_sampler(name: Sampler, seed: int, layouts: LayoutMap | None = None
-                 ) -> optuna.samplers.BaseSampler:
-    """The study's sampler; with `layouts`, TPE proposes only values some valid layout has
-    with a trial's earlier answers (autotune.search.layout_map.ValidSampler)."""
-    if name == Sampler.TPE and layouts is not None:
-        from autotune.search.layout_map import ValidSampler
-        return ValidSampler(make_sampler(name, seed), layouts)
+def make_sampler(name: Sampler, seed: int) -> optuna.samplers.BaseSampler:
     if name == Sampler.TPE:
         # Multivariate TPE models the interactions (tp x pp x mbs) that decide memory and speed;
         # `group` models each set of parameters that trials ask together, as the conditional

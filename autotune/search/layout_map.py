@@ -42,13 +42,13 @@ from autotune.dimensions import plain
 from autotune.errors import ConfigError
 from autotune.layouts.layout import DIMENSIONS, LAYOUT_DEFAULTS, Layout, with_fields
 from autotune.megatron.identity import representatives
-from autotune.search.config import SearchConfig
+from autotune.search.config import Sampler, SearchConfig, make_sampler
 from autotune.search.derive import DERIVABLE, DERIVE
 from autotune.search.space import enumerate_space
 from autotune.specs.model import ModelSpec
 
 __all__ = ["ASKED_ATTR", "FrozenParams", "LayoutMap", "ValidSampler", "freeze_params",
-           "layout_params"]
+           "layout_params", "search_sampler"]
 
 FrozenParams = tuple[Any, ...]
 """A trial's parameters in a hashable form (freeze_params)."""
@@ -348,3 +348,11 @@ class ValidSampler(optuna.samplers.BaseSampler):
 
     def reseed_rng(self) -> None:
         self.inner.reseed_rng()
+
+
+def search_sampler(name: Sampler, seed: int, layouts: LayoutMap | None
+                   ) -> optuna.samplers.BaseSampler:
+    """The study's sampler (make_sampler); with `layouts`, TPE wrapped in ValidSampler."""
+    inner = make_sampler(name, seed)
+    return ValidSampler(inner, layouts) if name == Sampler.TPE and layouts is not None \
+        else inner

@@ -31,9 +31,9 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.dimensions import plain
 from autotune.layouts.layout import Layout
 from autotune.search.bulk import add_finished_trials
-from autotune.search.config import Sampler, SearchConfig, make_sampler
+from autotune.search.config import Sampler, SearchConfig
 from autotune.search.interrupts import deferred_interrupts
-from autotune.search.layout_map import FrozenParams, LayoutMap
+from autotune.search.layout_map import FrozenParams, LayoutMap, search_sampler
 from autotune.search.lock import StudyLock, lock_study
 from autotune.search.records import (
     DERIVED_ATTR,
@@ -232,7 +232,7 @@ class RealRunStore(StudyStore):
         name = cls.study_name(cfg, None)
         url = storage_url(cfg.results_dir, name, cfg.storage)
         with _locked(name, url) as lock:
-            study = open_study(name, url, make_sampler(sampler, cfg.seed, layouts),
+            study = open_study(name, url, search_sampler(sampler, cfg.seed, layouts),
                                resume=cfg.resume, heartbeat=beat)
             describe_study(study, cfg.model, cfg.cluster, cfg.backend.name)
             keep_space(study, layouts.candidates, cfg.space.source)
@@ -296,7 +296,7 @@ class PlanningStore(StudyStore):
         name = cls.study_name(cfg, variant)
         url = storage_url(cfg.results_dir, name, cfg.storage)
         with _locked(name, url) as lock:  # held until the plan is written (close)
-            opened = open_planning_study(name, url, make_sampler(sampler, cfg.seed, layouts),
+            opened = open_planning_study(name, url, search_sampler(sampler, cfg.seed, layouts),
                                          resume=cfg.resume)
             persistent = opened.stored
             describe_study(persistent, cfg.model, cfg.cluster, cfg.backend.name)
