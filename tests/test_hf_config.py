@@ -93,6 +93,11 @@ def test_a_folder_holding_config_json(tmp_path: Path) -> None:
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"num_hidden_layers": None}, "no 'num_hidden_layers'"),
     ({"hidden_size": -1}, "hidden_size must be a positive integer"),
+    # Each count within its bound, the model they make is not: refused, not planned with
+    # figures of 1e18 GiB and 0 tokens/s.
+    ({"num_hidden_layers": 10**12}, "parameters, over the 100T"),
+    ({"hidden_size": 2**40}, "parameters, over the 100T"),
+    ({"intermediate_size": 2**40, "vocab_size": 2**40}, "parameters, over the 100T"),
 ])
 def test_what_cannot_be_mapped_is_refused(tmp_path: Path, change: dict[str, object],
                                           message: str) -> None:
@@ -172,6 +177,8 @@ def test_estimate_reads_a_config(capsys: pytest.CaptureFixture[str]) -> None:
     {"model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4,
      "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632},
     {"hidden_act": "gelu"},
+    {"num_hidden_layers": 10**12},
+    {"hidden_size": 2**40},
 ])
 def test_cli_refuses_in_one_line(tmp_path: Path, change: dict[str, object],
                                  capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,12 +12,16 @@ from typing import Annotated
 
 import annotated_types as at
 
-__all__ = ["BYTES_MAX", "COUNT_MAX", "FLOAT_MAX", "SECONDS_MAX", "Bytes", "Count", "Fraction",
-           "NonNegative", "NonNegativeInt", "Positive", "Text"]
+__all__ = ["BYTES_MAX", "COUNT_MAX", "FLOAT_MAX", "PARAMETERS_MAX", "SECONDS_MAX", "Bytes",
+           "Count", "Fraction", "NonNegative", "NonNegativeInt", "Positive", "Text"]
 
 COUNT_MAX = 2**40
 """The largest count read (layers, heads, vocabulary, tokens, GPUs): far above any real model,
 far below what overflows the arithmetic that follows (1e300 is refused here)."""
+PARAMETERS_MAX = 10**14
+"""The most parameters a model read may have: 100 times the largest preset (gpt-1t). Each count
+within COUNT_MAX can still make a model of 1e20 parameters and more (10**12 layers), whose plan
+is figures of 1e18 GiB per GPU and 0 tokens/s: refused instead (autotune.specs.model)."""
 BYTES_MAX = 2**60
 """The largest byte figure read (an exabyte): a GPU's memory is under 2**38."""
 FLOAT_MAX = 1e18
