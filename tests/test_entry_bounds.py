@@ -118,3 +118,17 @@ def test_an_exported_layout_and_estimates_own_json_read_back(
     path.write_text(capsys.readouterr().out)
     assert main(["estimate", "gpt2", "--gpus", "8", "--layout", str(path)]) == 0
     assert "tp2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("layers", [10**12, 2**40])
+def test_a_model_file_over_100t_parameters_is_one_line(tmp_path: Path, layers: int,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # Each count within its bound, the model is not: refused where the file is read, not
+    # planned at 1e18 GiB per GPU (an option's own bound, --seq-len, still plans: above).
+    model = tmp_path / "huge.yaml"
+    model.write_text(f"name: huge\nnum_layers: {layers}\nhidden_size: 4096\n"
+                     "num_attention_heads: 32\nvocab_size: 32000\nseq_length: 2048\n"
+                     "global_batch_size: 8\n")
+    code, err = _err(capsys, ["estimate", str(model), "--gpus", "8"])
+    assert code == 2 and len(err) == 1, err
+    assert "parameters, over the 100T" in err[0]

@@ -23,6 +23,7 @@ from autotune.inputs.documents import parse_json
 from autotune.inputs.files import read_text
 from autotune.inputs.untrusted import for_terminal, shown
 from autotune.specs.model import MODEL_NAME_MAX, ModelSpec, model_from_mapping
+from autotune.specs.params import check_size
 
 __all__ = ["CONFIG_NAME", "HfModel", "is_hf_config", "load_hf_config", "read_hf_config"]
 
@@ -249,7 +250,7 @@ def read_hf_config(name_or_path: str) -> HfModel:
     values, notes = _gpt2(c) if kind == "gpt2" else _llama_like(c, kind)
     values["global_batch_size"] = GLOBAL_BATCH.get(kind, DEFAULT_GLOBAL_BATCH)
     spec = model_from_mapping({"name": _name(path, data), **values}, source)
-    return HfModel(spec, tuple(notes))
+    return HfModel(check_size(spec), tuple(notes))
 
 
 def load_hf_config(name_or_path: str) -> ModelSpec:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.inputs.bounds import PARAMETERS_MAX, Count, Fraction
+from autotune.inputs.bounds import Count, Fraction
 
 __all__ = ["MODEL_NAME_MAX", "ModelSpec", "model_from_mapping", "padded_vocab_size"]
 
@@ -112,13 +112,6 @@ class ModelSpec:
         if self.num_experts is not None and not 1 <= self.moe_topk <= self.num_experts:
             raise ConfigError(f"model {self.name}: moe_topk={self.moe_topk} must be between 1 "
                               f"and num_experts={self.num_experts}")
-        from autotune.specs.params import count_parameters  # params reads this module
-
-        total = count_parameters(self)
-        if total > PARAMETERS_MAX:
-            raise ConfigError(f"model {self.name}: {total:.3g} parameters, over the "
-                              f"{PARAMETERS_MAX / 1e12:.0f}T autotune plans for (100 times "
-                              "gpt-1t, the largest preset): check its layers and widths")
 
     @property
     def query_groups(self) -> int:

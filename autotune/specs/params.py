@@ -13,9 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from autotune.errors import ConfigError
+from autotune.inputs.bounds import PARAMETERS_MAX
 from autotune.specs.model import ModelSpec, padded_vocab_size
 
-__all__ = ["ParameterCounts", "count_parameters", "parameter_counts"]
+__all__ = ["ParameterCounts", "check_size", "count_parameters", "parameter_counts"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,3 +77,15 @@ def parameter_counts(model: ModelSpec) -> ParameterCounts:
 def count_parameters(model: ModelSpec) -> int:
     """All parameters of the model (tp = 1, padded vocabulary)."""
     return parameter_counts(model).total
+
+
+def check_size(model: ModelSpec) -> ModelSpec:
+    """`model` as read from a file (a preset, a model YAML file, a config.json), or ConfigError
+    in one line where its counts, each within its bound, make more than PARAMETERS_MAX
+    parameters (10**12 layers: a plan of 1e18 GiB per GPU and 0 tokens/s)."""
+    total = count_parameters(model)
+    if total > PARAMETERS_MAX:
+        raise ConfigError(f"model {model.name}: {total:.3g} parameters, over the "
+                          f"{PARAMETERS_MAX / 1e12:.0f}T autotune plans for (100 times gpt-1t, "
+                          "the largest preset): check its layers and widths")
+    return model

@@ -15,6 +15,7 @@ from autotune.inputs.documents import parse_yaml
 from autotune.inputs.files import MAX_YAML_BYTES, read_text
 from autotune.specs.hf_config import is_hf_config, load_hf_config
 from autotune.specs.model import ModelSpec, model_from_mapping
+from autotune.specs.params import check_size
 
 __all__ = ["list_presets", "load_model", "search_spaces_dir"]
 
@@ -66,7 +67,7 @@ def load_model(name_or_path: str) -> ModelSpec:
         data = parse_yaml(read_text(path, "model file", max_bytes=MAX_YAML_BYTES), str(path))
         if isinstance(data, dict):
             data.setdefault("name", path.stem)
-        return model_from_mapping(data, str(path))
+        return check_size(model_from_mapping(data, str(path)))
     presets = _preset_files()
     if name_or_path not in presets:
         close = difflib.get_close_matches(name_or_path, list(presets), n=3, cutoff=0.5)
