@@ -49,7 +49,14 @@ from autotune.megatron.megatron_args import (
     read_fields,
     row_args,
 )
-from autotune.megatron.shell_script import Command, Maybe, Ref, Word, read_script_commands
+from autotune.megatron.shell_script import (
+    SCRIPT_ARGUMENTS,
+    Command,
+    Maybe,
+    Ref,
+    Word,
+    read_script_commands,
+)
 from autotune.megatron.slurm import SlurmCount, sbatch_options, srun_processes
 from autotune.specs.model import MODEL_NAME_MAX, ModelSpec
 
@@ -493,13 +500,10 @@ def _group(args: tuple[Word, ...], source: str,
     return tuple(groups), _GivenWithRefs(values, unresolved, source, line)
 
 
-_SCRIPT_ARGUMENTS = frozenset({"$@", "${@}", "$*", "${*}"})
-
-
 def _script_arguments(word: Word) -> bool:
     """Whether `word` is the script's own arguments alone (`"$@"`, `$*`)."""
     return len(word.parts) == 1 and isinstance(word.parts[0], Ref) \
-        and word.parts[0].text in _SCRIPT_ARGUMENTS
+        and SCRIPT_ARGUMENTS.fullmatch(word.parts[0].text) is not None
 
 
 def script_arguments_warning(command: MegatronCommand) -> str | None:

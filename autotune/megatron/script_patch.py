@@ -42,7 +42,7 @@ from autotune.megatron.megatron_command import (
     read_megatron_command,
 )
 from autotune.megatron.megatron_versions import MegatronVersion, spell_args
-from autotune.megatron.shell_script import shell_c_at
+from autotune.megatron.shell_script import SCRIPT_ARGUMENTS, shell_c_at
 
 __all__ = ["Respelling", "Token", "launch_tokens", "patch_script", "respellings"]
 
@@ -497,10 +497,6 @@ def _removal(data: bytes, tokens: list[Token], first: int, last: int) -> _Edit:
     return _Edit(start, end + (m.end() if m else 0), "")
 
 
-_SCRIPT_ARGUMENTS = re.compile(r'"?\$(?:[@*]|\{[@*]\})"?')
-"""A word that is the script's own arguments alone, as written: `"$@"`, `$*`, `"${@}"`."""
-
-
 def _before_passed_on(script: Script, tokens: list[Token], rows: list[list[str]]
                       ) -> _Edit | None:
     """New flags before the script's own arguments where they end the launch, written in an
@@ -508,7 +504,7 @@ def _before_passed_on(script: Script, tokens: list[Token], rows: list[list[str]]
     the script runs would no longer override autotune's, as it overrode the user's own."""
     def passed_on(token: Token) -> bool:
         written = script.data[token.start:token.end].decode("utf-8")
-        return token.text is None and _SCRIPT_ARGUMENTS.fullmatch(written) is not None
+        return token.text is None and SCRIPT_ARGUMENTS.fullmatch(written) is not None
 
     if not tokens or not passed_on(tokens[-1]):
         return None
@@ -525,16 +521,8 @@ def _insertion(script: Script, launch: Node, rows: list[list[str]]) -> _Edit:
     the user wrote it); else after its last argument."""
     words = [c for c in launch.children
              if c.type not in _REDIRECTS and c.type not in ("variable_assignment", "comment")]
-    texts = [" ".join(shlex.quote(a) for a in args) for args in rows]
-    passed_on = len(words)  # where the script's own arguments start, at the end
-    while passed_on > 1 and _SCRIPT_ARGUMENTS.fullmatch(script.raw(words[passed_on - 1])):
-        passed_on -= 1
-    if passed_on < len(words):
-        # The script's own arguments ("$@") stay last, so that a flag given when the script
-        # runs still overrides autotune's, as it overrode the user's own.
-        at = words[passed_on].start_byte
-        return _Edit(at, at, " ".join(texts) + " ")
     last = words[-1]
+    texts = [" ".join(shlex.quote(a) for a in args) for args in rows]
     if launch.start_point[0] == last.start_point[0]:
         return _Edit(last.end_byte, last.end_byte, " " + " ".join(texts))
     first = next(w for w in words if w.start_point[0] == last.start_point[0])

@@ -47,6 +47,9 @@ _SHELLS = frozenset({"sh", "bash", "dash", "ksh", "zsh"})
 """Shells whose `-c STRING` runs the string as a script (`srun ... sh -c "${CMD}"`)."""
 _SHELL_C = re.compile(r"-[A-Za-z]*c[A-Za-z]*")
 """A short-option cluster holding -c (`-c`, `-lc`, `-ec`)."""
+SCRIPT_ARGUMENTS = re.compile(r'"?\$(?:[@*]|\{[@*]\})"?')
+"""A word that is the script's own arguments alone, as the script writes it (`"$@"`, `$*`) or as
+a Ref shows it (`${@}`): what the command passes on from how the script is called."""
 
 MAX_EXPANDED_CHARS = 4 * 2**20
 """Characters all expansions of one script may produce: a launch command is a few KiB, and a
