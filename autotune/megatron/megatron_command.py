@@ -366,18 +366,19 @@ def _srun_gpus(launcher: tuple[Word, ...], sbatch: dict[str, str]) -> SlurmCount
 
 
 def _launcher_gpus(launcher: tuple[Word, ...], source: str
-                   ) -> tuple[int | None, int | None, str | None, tuple[str, ...]]:
-    """(GPUs per node, nodes, why unknown, the environment's defaults among them) from
-    torchrun's options, or one process for python."""
+                   ) -> tuple[int | None, int | None, str | None, tuple[str, ...],
+                              frozenset[str]]:
+    """(GPUs per node, nodes, why unknown, the environment's defaults among them, those of
+    --nnodes alone) from torchrun's options, or one process for python."""
     texts = [w.text for w in launcher]
     at = next((k for k, t in enumerate(texts) if t is not None and (
         t.rsplit("/", 1)[-1] == "torchrun" or t in _LAUNCHERS)), None)
     if at is None:
         first = texts[0] if texts else None
         if not launcher or (first is not None and _PYTHON.match(first)):
-            return 1, 1, None, ()  # one process: pretrain_gpt.py on one GPU
+            return 1, 1, None, (), frozenset()  # one process: pretrain_gpt.py on one GPU
         shown = launcher[0].shown()
-        return None, None, f"the command is launched by {shown}, not torchrun", ()
+        return None, None, f"the command is launched by {shown}, not torchrun", (), frozenset()
     options: dict[str, Word] = {}
     rest = launcher[at + 1:]
     for k, word in enumerate(rest):
@@ -400,10 +401,12 @@ def _launcher_gpus(launcher: tuple[Word, ...], source: str
         if count is None or not count.isdigit() or int(count) < 1:
             why = given.refs[0].reason if given.refs else \
                 f"{option} {given.shown()} is not a count"
-            return None, None, why, ()
+            return None, None, why, (), frozenset()
         values.append(int(count))
         env += sorted(given.env_defaults)
-    return values[0], values[1], None, tuple(env)
+    nnodes = options.get("--nnodes")
+    return values[0], values[1], None, tuple(env), \
+        frozenset() if nnodes is None else nnodes.env_defaults
 
 
 SLURM_NODE_COUNT = ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")
@@ -411,18 +414,12 @@ SLURM_NODE_COUNT = ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")
 "OUTPUT ENVIRONMENT VARIABLES"): sbatch's --nodes, from its command line or #SBATCH lines."""
 
 
-def _sbatch_nodes(launcher: tuple[Word, ...], launcher_env: tuple[str, ...],
-                  sbatch: dict[str, str]) -> int | None:
+def _sbatch_nodes(nnodes_env: frozenset[str], sbatch: dict[str, str]) -> int | None:
     """The node count Slurm will put in torchrun's `--nnodes ${SLURM_NNODES:-1}`: the script's
-    `#SBATCH --nodes N` (a plain count), where --nnodes reads one of SLURM_NODE_COUNT; None
-    where it does not, or the script has no such line (the script's default stands then)."""
-    if not set(launcher_env) & set(SLURM_NODE_COUNT):
-        return None
-    # --nnodes's value: its own word (`--nnodes=...`) or the next.
-    values = [w if "=" in (w.text or "") else launcher[k + 1]
-              for k, w in enumerate(launcher[:-1])
-              if (w.text or "").replace("_", "-").partition("=")[0] == "--nnodes"]
-    if not values or not set(values[-1].env_defaults) & set(SLURM_NODE_COUNT):
+    `#SBATCH --nodes N` (a plain count), where --nnodes reads one of SLURM_NODE_COUNT
+    (`nnodes_env`: the environment's defaults in its value); None where it does not, or the
+    script has no such line (the script's default stands then)."""
+    if not nnodes_env & set(SLURM_NODE_COUNT):
         return None
     nodes = sbatch.get("nodes", "")
     return int(nodes) if nodes.isdigit() and int(nodes) > 0 else None
@@ -673,9 +670,9 @@ def read_megatron_command(path: str, line: int | None = None,
     _refuse_unrepresented(groups, model, path)
     _refuse_bad_values(groups, path)
     layout_fields = {k: v for k, v in read.items() if k in DIMENSIONS}
-    per_node, nodes, why, launcher_env = _launcher_gpus(launcher, path)
+    per_node, nodes, why, launcher_env, nnodes_env = _launcher_gpus(launcher, path)
     sbatch = _sbatch(command, raw.decode("utf-8", errors="replace"))
-    sbatch_nodes = _sbatch_nodes(launcher, launcher_env, sbatch) if why is None else None
+    sbatch_nodes = _sbatch_nodes(nnodes_env, sbatch) if why is None else None
     if sbatch_nodes is not None:
         nodes = sbatch_nodes
     slurm = _srun_gpus(launcher, sbatch)
