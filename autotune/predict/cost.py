@@ -270,8 +270,7 @@ def _alltoall_s(nbytes: float, n: int, stride: int, cluster: ClusterSpec,
         return 0.0
     gpu, per_node = cluster.gpu, cluster.gpus_per_node
     span = stride * n
-    straddles = cluster.num_gpus > per_node and per_node % span != 0
-    if span <= per_node and not straddles:
+    if not _leaves_node(cluster, span):
         local = n
     elif span > per_node and per_node % stride == 0:
         local = per_node // stride  # the group's ranks on each node, every node alike
@@ -292,10 +291,16 @@ def _link(cluster: ClusterSpec, span: int) -> float:
     lies on two nodes, and the slowest group sets the pace of the step.
     """
     gpu = cluster.gpu
-    straddles = cluster.num_gpus > cluster.gpus_per_node and cluster.gpus_per_node % span != 0
-    if span > cluster.gpus_per_node or straddles:
-        return gpu.inter_node_bytes_per_s
-    return gpu.intra_node_bytes_per_s
+    return gpu.inter_node_bytes_per_s if _leaves_node(cluster, span) \
+        else gpu.intra_node_bytes_per_s
+
+
+def _leaves_node(cluster: ClusterSpec, span: int) -> bool:
+    """Whether a group spanning `span` consecutive global ranks has ranks on several nodes
+    (`_link`): it covers more than a node, or nodes do not hold whole spans."""
+    per_node = cluster.gpus_per_node
+    straddles = cluster.num_gpus > per_node and per_node % span != 0
+    return span > per_node or straddles
 
 
 def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
