@@ -682,9 +682,8 @@ class _Reader:
         words = self.block_words(st)
         if words is None:
             return
-        if self.skipping() and any(_leading_assignment(w) is not None
-                                   or _literal(w) in _DECLARE or _literal(w) == "unset"
-                                   for w in words[:1]):
+        if words and self.skipping() and (_leading_assignment(words[0]) is not None
+                                          or _literal(words[0]) in (*_DECLARE, "unset")):
             return  # an assignment in a branch the script does not run
         assignments: list[tuple[str, str, list[_Seg]]] = []
         while words:
