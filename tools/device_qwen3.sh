@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Session 22 on one H200 (about 8 minutes; timeouts bound each part): session 21's model terms
+# (Qwen3's kv_channels != hidden / heads and its QK norm, under TE and torch norms) and lever
+# (--grad-reduce-in-bf16) on Qwen3-4B as a grid in the warm pool, then the default search on it,
+# as a user runs it, ending by itself.
+#
+#   bash tools/device_qwen3.sh      (carry .whl .whl-search .whl-te)
+#
+# Parts (PARTS, default all): grid (tools/spaces/qwen3-4b-grad-bf16.yaml: 8 trials, fixed
+# steps), search (`autotune tests/data/hf/qwen3-4b.json --gpus 1 --seq-len 4096 --gbs 16`,
+# default flags, bounded by what is left of CALL_LIMIT_S).
+# $OUT: summary.txt (tools/study_table.py), losses.txt, clocks.csv, versions.txt, results.tgz.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+parts=" ${PARTS:-grid search} "
+start=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - start ))s"; }
+if [[ ! -d /tmp/site/transformer_engine ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl .whl-search/*.whl .whl-te/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD
+echo "installed at $(elapsed)"
+python3 -c "import sys, torch, megatron.core as mc, transformer_engine as te, optuna
+print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
+      'megatron-core', mc.__version__, 'te', te.__version__, 'optuna', optuna.__version__)" \
+  2>&1 | grep -v -i warn | tee "$out/versions.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
+  | tee -a "$out/versions.txt"
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv -lms 1000 > "$out/clocks.csv" 2>&1 &
+smi=$!
+trap 'kill $smi 2>/dev/null' EXIT
+
+qwen=tests/data/hf/qwen3-4b.json
+export STUDY_TIMEOUT_S
+if [[ $parts == *" grid "* ]]; then
+  STUDY_TIMEOUT_S=${GRID_TIMEOUT_S:-240} bash tools/device_search.sh q4-grid -- "$qwen" --gpus 1 \
+      --sampler grid --stop-rule none --stable-cv 0 --warmup-steps 3 --steps 6 --seq-len 4096 \
+      --gbs 8 --space tools/spaces/qwen3-4b-grad-bf16.yaml > /dev/null
+  echo "grid done at $(elapsed)"; tail -2 /tmp/r/q4-grid.err
+fi
+if [[ $parts == *" search "* ]]; then
+  left=$(( ${CALL_LIMIT_S:-570} - $(date +%s) + start - 20 ))
+  if (( left > 60 )); then
+    STUDY_TIMEOUT_S=$left bash tools/device_search.sh q4-default -- "$qwen" --gpus 1 \
+        --seq-len 4096 --gbs 16 --time-budget $(( left - 25 )) > /dev/null
+    echo "search done at $(elapsed)"; tail -3 /tmp/r/q4-default.err
+  else
+    echo "search skipped: ${left}s left"
+  fi
+fi
+python3 tools/study_table.py /tmp/r 6 > "$out/summary.txt" 2>&1
+python3 tools/trial_losses.py /tmp/r > "$out/losses.txt" 2>&1
+tar czf "$out/results.tgz" -C /tmp r
+cat "$out/summary.txt"; cat "$out/losses.txt"
+echo "total $(elapsed)"
