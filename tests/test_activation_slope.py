@@ -149,6 +149,9 @@ SLOPES = [
     ("llama3-8b", "h200",
      "seq 8192 tp1 pp1 dp4 mbs2 rc=full(block/n) do ogr opg fp8=hybrid/tensorwise fp8pg te",
      1.658),
+    # Session 22 on one H200: Qwen3-4B (kv_channels 128 x 32 heads over hidden 2,560, QK
+    # norm under TE), FP8 delayed, block/16 and block/9 of the default search.
+    ("qwen3-4b", "h200", "seq 4096 tp1 pp1 dp1 mbs4 rc=full(block/n) fp8=hybrid te", 1.437),
 ]
 MIXED_STAGES = [
     # block/8 and block/10: the predicted peak moves to the last stage at block/10 (every layer

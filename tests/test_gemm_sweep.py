@@ -31,12 +31,14 @@ def _family_of(trial: dict[str, Any]) -> gs.Family:
 @pytest.mark.parametrize("family", gs.FAMILIES, ids=lambda f: f.name)
 def test_table_is_the_model_shape(family: gs.Family) -> None:
     spec = load_model(str(ROOT / family.source) if "/" in family.source else family.source)
-    assert (family.hidden, family.heads, family.query_groups, family.ffn, family.gated) == (
+    assert (family.hidden, family.heads, family.query_groups, family.ffn, family.gated,
+            family.kv_channels or family.hidden // family.heads) == (
         spec.hidden_size,
         spec.num_attention_heads,
         spec.query_groups,
         spec.ffn_size,
         spec.gated_linear_unit,
+        spec.head_dim,
     )
     for tp in (1, 2, 4):
         # gemm_dims gives (name, input features, weight rows) = (name, k, n) per rank.

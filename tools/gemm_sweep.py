@@ -72,6 +72,9 @@ class Family:
     ffn: int
     gated: bool
     """SwiGLU: fc1 computes gate and up projections together, 2 x ffn outputs."""
+    kv_channels: int = 0
+    """Each head's width where it is not hidden / heads (Qwen3: 128 x 32 heads over a hidden
+    of 2,560); 0: hidden / heads."""
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -83,6 +86,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("llama3-8b", "llama3-8b", 4096, 32, 8, 14336, True),
     Family("llama2-13b", "llama2-13b", 5120, 40, 40, 13824, True),
     Family("wide-8k", "tools/shapes/wide-8k.yaml", 8192, 64, 8, 28672, True),
+    Family("qwen3-4b", "tests/data/hf/qwen3-4b.json", 2560, 32, 8, 9728, True, kv_channels=128),
 )
 """Every family of tests/data/measured_trials.json (llama-3b's two files, the HF config and
 tools/shapes/llama-3b.yaml, are one shape), in the order the sweep runs them: GPT shapes first."""
@@ -114,7 +118,7 @@ def layer_gemms(f: Family, tokens: int, tp: int = 1) -> list[Gemm]:
 
     QKV's outputs are the rank's query heads plus a key and a value head per local KV group
     (GQA: at least one group per rank); fc1's are 2 x ffn / tp with SwiGLU."""
-    head_dim = f.hidden // f.heads
+    head_dim = f.kv_channels or f.hidden // f.heads
     heads = f.heads * head_dim // tp
     qkv = heads + 2 * head_dim * max(1, f.query_groups // tp)
     ffn = f.ffn // tp
