@@ -31,6 +31,10 @@ of 128 (gpt2-xl: +75k parameters)."""
                                          "moe_ffn_hidden_size": None}),
     ("qwen2-7b.json", 7.62e9, {"num_query_groups": 4, "ffn_hidden_size": 18944}),
     ("qwen3-8b.json", 8.2e9, {"num_layers": 36, "num_query_groups": 8}),
+    ("qwen1.5-moe-a2.7b.json", 14.3e9, {"num_experts": 60, "moe_topk": 4,
+                                         "moe_ffn_hidden_size": 1408,
+                                         "moe_shared_expert_intermediate_size": 5632,
+                                         "moe_shared_expert_gate": True, "add_qkv_bias": True}),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_published_sizes(file: str, published: float, shape: dict[str, object]) -> None:
     model = read_hf_config(str(HF / file)).spec
@@ -155,14 +159,19 @@ def test_the_head_dimension_sets_the_attention_width_only(tmp_path: Path, head_d
                                                       + 4 * model.seq_length * (q_new - q_old)))
 
 
-def test_shared_experts_are_refused(tmp_path: Path) -> None:
-    data = json.loads((HF / "qwen3-8b.json").read_text())
-    data.update(model_type="qwen2_moe", head_dim=None, num_experts=60, num_experts_per_tok=4,
-                moe_intermediate_size=1408, shared_expert_intermediate_size=5632)
+def test_qwen2_moe_shared_expert_is_read(tmp_path: Path) -> None:
+    # transformers' Qwen2MoeSparseMoeBlock: the shared expert's MLP and its 1 x h sigmoid gate,
+    # 0 for none; the count moves by exactly their weights per layer.
+    data = json.loads((HF / "qwen1.5-moe-a2.7b.json").read_text())
+    with_shared = read_hf_config(str(HF / "qwen1.5-moe-a2.7b.json")).spec
+    data["shared_expert_intermediate_size"] = 0
     path = tmp_path / "config.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match="shared experts"):
-        read_hf_config(str(path))
+    without = read_hf_config(str(path)).spec
+    assert without.moe_shared_expert_intermediate_size is None
+    assert not without.moe_shared_expert_gate
+    h, f = 2048, 5632
+    assert count_parameters(with_shared) - count_parameters(without) == 24 * (3 * h * f + h)
 
 
 def test_estimate_reads_a_config(capsys: pytest.CaptureFixture[str]) -> None:
@@ -175,7 +184,9 @@ def test_estimate_reads_a_config(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize("change", [
     {"model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4,
-     "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632},
+     "moe_intermediate_size": 1408, "shared_expert_intermediate_size": -1},
+    {"model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4,
+     "moe_intermediate_size": 1408, "mlp_only_layers": [0, 1]},
     {"hidden_act": "gelu"},
     {"num_hidden_layers": 10**12},
     {"hidden_size": 2**40},
@@ -240,8 +251,10 @@ def test_seq_len_is_checked_against_the_window(
     ({"model_type": "qwen3_moe", "num_experts": 64, "num_experts_per_tok": 4},
      {"num_experts": 64, "moe_topk": 4}),
     ({"model_type": "mixtral"}, {"num_experts": 8, "moe_topk": 2}),
-    # Qwen2MoeConfig: 60 experts with a shared expert of 5632, which autotune does not model.
-    ({"model_type": "qwen2_moe", "moe_intermediate_size": 1408}, "shared experts"),
+    # Qwen2MoeConfig: 60 experts, top 4, with a gated shared expert of 5632.
+    ({"model_type": "qwen2_moe", "moe_intermediate_size": 1408},
+     {"num_experts": 60, "moe_topk": 4, "moe_shared_expert_intermediate_size": 5632,
+      "moe_shared_expert_gate": True}),
 ])
 def test_moe_keys_left_out_take_transformers_defaults(
         tmp_path: Path, change: dict[str, object], expected: dict[str, int] | str) -> None:

@@ -37,6 +37,12 @@ MODELS = [
     dataclasses.replace(LLAMA, name="qwen2", add_qkv_bias=True),
     dataclasses.replace(LLAMA, name="qwen3", qk_layernorm=True, kv_channels=40),
     dataclasses.replace(LLAMA, name="odd-vocab", vocab_size=1001),      # padded to 1024
+    dataclasses.replace(LLAMA, name="moe", num_experts=4, moe_topk=2, moe_ffn_hidden_size=64),
+    dataclasses.replace(LLAMA, name="moe-shared", num_experts=4, moe_topk=2,  # Qwen2-MoE's
+                        moe_ffn_hidden_size=64, moe_shared_expert_intermediate_size=80),
+    dataclasses.replace(LLAMA, name="moe-shared-gate", num_experts=4, moe_topk=2,
+                        moe_ffn_hidden_size=64, moe_shared_expert_intermediate_size=80,
+                        moe_shared_expert_gate=True),
 ]
 
 
@@ -54,3 +60,4 @@ def test_parameter_counts_are_megatron_cores(tmp_path: Path) -> None:
     # The features counted at all: each moves the count.
     assert built["qwen3"] > built["head-dim"] and built["qwen2"] > built["llama"]
     assert built["gpt-qk-norm"] > built["gpt"] and built["gpt-qkv-bias"] == built["gpt"]
+    assert built["moe-shared-gate"] > built["moe-shared"] > built["moe"]

@@ -51,7 +51,11 @@ MOE = " --num-experts 8 --moe-router-topk 2"
     (" --window-size 4096,0", None),
     (" --window-size 1024,0 --window-attn-skip-freq 2", "sliding-window attention"),
     (" --multi-latent-attention --q-lora-rank 1536", "multi-latent attention"),
-    (MOE + " --moe-shared-expert-intermediate-size 4096", "shared experts"),
+    # megatron-core's shared expert asserts add_bias_linear off (shared_experts.py).
+    (MOE + " --moe-shared-expert-intermediate-size 4096", "shared expert has no biases"),
+    (MOE + " --moe-shared-expert-intermediate-size 4096 --disable-bias-linear", None),
+    (" --moe-shared-expert-intermediate-size 4096 --disable-bias-linear",
+     "a shared expert .* needs num_experts"),
     (MOE + " --moe-shared-expert-intermediate-size 0", None),
     (MOE + " --moe-layer-freq '([0]*3+[1]*21)'", "dense layers among the MoE layers"),
     (MOE + " --moe-layer-freq 1", None),
@@ -65,7 +69,8 @@ MOE = " --num-experts 8 --moe-router-topk 2"
 def test_a_shape_autotune_does_not_model_is_refused(tmp_path: Path, extra: str,
                                                     refused: str | None) -> None:
     """These flags were kept and passed on in silence: a --kv-channels 128 model was predicted
-    as one with 64-wide heads, MLA as plain attention, shared experts left out."""
+    as one with 64-wide heads, MLA as plain attention (shared experts, once refused, are read:
+    test_shared_expert_flags_both_ways)."""
     script = tmp_path / "train.sh"
     script.write_text(COMMAND + extra + "\n")
     if refused is None:
@@ -726,3 +731,30 @@ def test_qwen_attention_flags_are_read_and_written_back(tmp_path: Path, extra: s
     assert unmodeled_warning(command) is None
     args = megatron_lm_args(command.model, Layout(gbs=64))
     assert ("--add-qkv-bias" in args, "--qk-layernorm" in args) == (qkv_bias, qk_norm)
+
+
+@pytest.mark.parametrize(("extra", "width", "gate"), [
+    (" --moe-shared-expert-intermediate-size 4096", 4096, False),
+    (" --moe-shared-expert-intermediate-size 4096 --moe-shared-expert-gate", 4096, True),
+    (" --moe-shared-expert-intermediate-size 0", None, False),
+    ("", None, False),
+])
+def test_shared_expert_flags_both_ways(tmp_path: Path, extra: str, width: int | None,
+                                       gate: bool) -> None:
+    """Megatron-LM's shared expert (Qwen2-MoE's, DeepSeekMoE's) is the model's: read, counted
+    and written back, so the export runs the user's MoE layer and nothing warns about it."""
+    from autotune.layouts.layout import Layout
+    from autotune.megatron.megatron_args import megatron_lm_args
+
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + MOE + " --disable-bias-linear" + extra + "\n")
+    command = read_megatron_command(str(script))
+    model = command.model
+    assert (model.moe_shared_expert_intermediate_size, model.moe_shared_expert_gate) \
+        == (width, gate)
+    assert unmodeled_warning(command) is None
+    args = megatron_lm_args(model, Layout(gbs=64))
+    written = args[args.index("--moe-shared-expert-intermediate-size") + 1] \
+        if "--moe-shared-expert-intermediate-size" in args else None
+    assert written == (str(width) if width else None)
+    assert ("--moe-shared-expert-gate" in args) == gate

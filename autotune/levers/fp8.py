@@ -423,8 +423,11 @@ def _tp_gemm_dims(m: ModelSpec, t: int) -> list[tuple[str, int, int]]:
     # A shard that is not whole fails megatron-core's own divide() first; rounding down here
     # only keeps the numbers integral for the checks below.
     f = (m.expert_ffn_size if m.is_moe else m.ffn_size) // t
-    return [("qkv", m.hidden_size, qkv), ("proj", heads, m.hidden_size),
+    dims = [("qkv", m.hidden_size, qkv), ("proj", heads, m.hidden_size),
             ("fc1", m.hidden_size, gates * f), ("fc2", f, m.hidden_size)]
+    if fs := m.shared_expert_ffn_size // t:  # the shared expert: a dense MLP (TE linears)
+        dims += [("shared_fc1", m.hidden_size, gates * fs), ("shared_fc2", fs, m.hidden_size)]
+    return dims
 
 
 def _dims(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
@@ -585,10 +588,17 @@ def cast_elements(m: ModelSpec, s: Layout) -> tuple[float, float]:
     sp = s.tp if s.sequence_parallel else 1
     h = m.hidden_size
     k = m.moe_topk if m.is_moe else 1
-    (_, _, qkv), (_, heads, _), (_, _, fc1), (_, f, _) = gemm_dims(m, s)
+    (_, _, qkv), (_, heads, _), (_, _, fc1), (_, f, _) = gemm_dims(m, s)[:4]
     norm = h / sp + (0.0 if m.is_moe else h / sp)
     forward = heads + k * f + (k * h / sp if m.is_moe else 0.0)
     backward = qkv + h / sp + k * (fc1 + h / sp)
+    # A shared expert (TEColumnParallelLinear + TERowParallelLinear on the separate norm's
+    # output): both inputs forward, both output gradients backward, as a dense MLP's.
+    fs = m.shared_expert_ffn_size / s.tp
+    if fs:
+        gates = 2 if m.gated_linear_unit else 1
+        forward += h / sp + fs
+        backward += gates * fs + h / sp
     return norm, forward + backward
 
 
@@ -604,8 +614,10 @@ def sp_gathers(m: ModelSpec, s: Layout) -> int:
     sequence parallelism."""
     if not (s.sequence_parallel and s.tp > 1):
         return 0
-    column = 1 if m.is_moe else 2
-    row = 1 if m.is_moe else 2
+    # A shared expert is a dense MLP beside the experts: its fc1 and fc2 count.
+    mlp = 0 if m.is_moe and not m.shared_expert_ffn_size else 1
+    column = 1 + mlp
+    row = 1 + mlp
     return 2 * column + row
 
 
@@ -665,7 +677,7 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     # latency, 1 a pass of attention and 1 of a dense MLP.
     amax_reductions = 0.0
     if s.fp8_recipe == Fp8Recipe.TENSORWISE and s.sequence_parallel and s.tp > 1:
-        amax_reductions = 1.0 + (0.0 if m.is_moe else 1.0)
+        amax_reductions = 1.0 + (0.0 if m.is_moe and not m.shared_expert_ffn_size else 1.0)
     return evolve(state, layer_gemm_speedup=layer_gemm_speedup(m, s, c.gpu, p),
                   layer_host_floor_s=max(state.layer_host_floor_s, host),
                   layer_tp_extra_s=state.layer_tp_extra_s

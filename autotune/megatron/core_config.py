@@ -130,6 +130,11 @@ def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
             "moe_router_load_balancing_type": "aux_loss",
             "moe_aux_loss_coeff": 1e-2,
         })
+        # Only where set, as above: models without a shared expert keep their run keys.
+        if m.moe_shared_expert_intermediate_size:
+            kwargs["moe_shared_expert_intermediate_size"] = m.moe_shared_expert_intermediate_size
+        if m.moe_shared_expert_gate:
+            kwargs["moe_shared_expert_gate"] = True
     return kwargs
 
 

@@ -188,15 +188,24 @@ def _emit_moe(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
     args = ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.moe_topk)]
     if m.moe_ffn_hidden_size is not None:
         args += ["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)]
+    if m.moe_shared_expert_intermediate_size is not None:
+        args += ["--moe-shared-expert-intermediate-size",
+                 str(m.moe_shared_expert_intermediate_size)]
+    if m.moe_shared_expert_gate:
+        args.append("--moe-shared-expert-gate")
     return args
 
 
 def _read_moe(g: Given) -> dict[str, Any]:
     # arguments.py: --moe-router-topk defaults to 2; validate_args reads --num-experts 0 as
     # no experts (a dense model).
+    # --moe-shared-expert-intermediate-size 0 is no shared expert, as its default (None).
     return {"num_experts": g.integer("--num-experts") or None,
             "moe_topk": g.integer("--moe-router-topk", 2),
-            "moe_ffn_hidden_size": g.integer("--moe-ffn-hidden-size")}
+            "moe_ffn_hidden_size": g.integer("--moe-ffn-hidden-size"),
+            "moe_shared_expert_intermediate_size":
+                g.integer("--moe-shared-expert-intermediate-size") or None,
+            "moe_shared_expert_gate": g.has("--moe-shared-expert-gate")}
 
 
 # ---- the layout ----------------------------------------------------------------------------
@@ -364,7 +373,9 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
     _dropout("--hidden-dropout", "hidden_dropout"),
     FlagRow(name="experts", part=Part.MODEL,
             flags=(Flag("--num-experts"), Flag("--moe-router-topk"),
-                   Flag("--moe-ffn-hidden-size")), emit=_emit_moe, read=_read_moe),
+                   Flag("--moe-ffn-hidden-size"), Flag("--moe-shared-expert-intermediate-size"),
+                   Flag("--moe-shared-expert-gate", takes_value=False)),
+            emit=_emit_moe, read=_read_moe),
     # The parallel layout.
     value("--tensor-model-parallel-size", "tp", Part.LAYOUT, default=1),
     value("--pipeline-model-parallel-size", "pp", Part.LAYOUT, default=1),
@@ -432,6 +443,8 @@ _UNMODELED: tuple[tuple[str, str], ...] = (
     ("--moe-expert-capacity-factor", "tokens dropped or padded at an expert's capacity"),
     ("--moe-pad-expert-input-to-capacity", "every expert's input padded to its capacity"),
     ("--moe-layer-recompute", "the MoE layers recomputed in the backward pass"),
+    ("--moe-shared-expert-overlap",
+     "the shared expert run on a side stream, overlapped with the token dispatch"),
     ("--use-flash-attn", "FlashAttention as core attention"),
     ("--cp-comm-type", "context-parallel communication other than p2p"),
     ("--hierarchical-context-parallel-sizes", "context-parallel communication in levels"),
@@ -492,14 +505,12 @@ class Unrepresented:
 
 
 UNREPRESENTED_FLAGS: dict[str, Unrepresented] = {
-    # hf_config refuses the same shapes in a config.json (sliding_window, shared experts,
-    # mlp_only_layers): a Megatron-LM command must not get further with them.
+    # hf_config refuses the same shapes in a config.json (sliding_window, mlp_only_layers):
+    # a Megatron-LM command must not get further with them.
     "--window-size": Unrepresented("sliding-window attention", _one_value(_full_window)),
     "--window-attn-skip-freq": Unrepresented("sliding-window attention on some layers"),
     "--multi-latent-attention": Unrepresented("multi-latent attention (MLA)"),
     "--experimental-attention-variant": Unrepresented("an attention variant of its own"),
-    "--moe-shared-expert-intermediate-size": Unrepresented(
-        "shared experts", _one_value(lambda v, m: _integer(v) == 0)),
     "--moe-layer-freq": Unrepresented(
         "dense layers among the MoE layers", _one_value(lambda v, m: v == "1")),
     "--moe-latent-size": Unrepresented("MoE experts in a latent space"),

@@ -355,8 +355,11 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     # et al. 2022, Section 4.2.2; SP swaps each for all-gather + reduce-scatter of the same
     # volume); megatron-core's local spec does not overlap them. A lever may add collectives of
     # its own to each pass (FP8 current scaling's amax all-reduces).
+    # A shared expert is one more dense MLP in the layer, with its own pair (shared_experts.py:
+    # megatron-core's MLP on the tensor-parallel group).
     act_bytes = tokens * h * 2
-    tp_fwd = 2 * ring_allreduce_s(act_bytes, t, gpu.intra_node_bytes_per_s, prm) \
+    tp_passes = 3 if model.shared_expert_ffn_size else 2
+    tp_fwd = tp_passes * ring_allreduce_s(act_bytes, t, gpu.intra_node_bytes_per_s, prm) \
         + state.layer_tp_extra_s
     # Context parallel: TE's ring passes K and V of the local chunk cp - 1 times per pass of
     # attention, overlapped with it (Liu et al. 2023, Ring Attention): exposed max(0, .).

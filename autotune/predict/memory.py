@@ -260,6 +260,12 @@ def _param_counts(model: ModelSpec, tp: int, ep: int, pp: int) -> _Params:
         per_expert = weights + bias * (gates * fe / t + h)
         expert = model.num_experts / ep * per_expert
         linear += model.num_experts / ep * weights
+        # The shared expert: a dense MLP split over tp (no biases: shared_experts.py asserts
+        # it), and its gate's one hidden-wide row on every rank.
+        fs = model.shared_expert_ffn_size
+        shared = h * gates * fs / t + fs / t * h
+        dense += shared + (h if model.moe_shared_expert_gate else 0)
+        linear += shared
     else:
         f = model.ffn_size
         dense += h * gates * f / t + f / t * h + bias * (gates * f / t + h)

@@ -132,7 +132,9 @@ def _name_part(text: str, limit: int) -> str:
 
 
 _ADDED_MODEL_FIELDS: dict[str, Any] = {"sliding_window": None, "kv_channels": None,
-                                        "add_qkv_bias": False, "qk_layernorm": False}
+                                        "add_qkv_bias": False, "qk_layernorm": False,
+                                        "moe_shared_expert_intermediate_size": None,
+                                        "moe_shared_expert_gate": False}
 """ModelSpec fields newer than the first studies, with the value every earlier model had: left
 out of the study name's digest at that value, so the studies written before them keep their
 names (`--resume` finds them)."""

@@ -150,6 +150,19 @@ def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
         moe_replicated = k * (e + 2) * h + 2 * 4 * model.num_experts
         moe_split = k * (2 * gates * fe / t + e * fe / t)
         moe_act = k * e * fe / t
+        # A shared expert (moe/shared_experts.py) is a dense MLP on the same norm output the
+        # router reads (kept above): its fc1 output and fc2 input, as the dense MLP's below;
+        # its gate multiplies the MLP's output by sigmoid(x . w), keeping both factors (2h + 2).
+        # In the MoE layer, so `moe` recompute frees it; `moe_act` is the routed experts' only.
+        # Under FP8 its fc1 keeps a quantized copy of that input too, but for the recipes that
+        # make it save the original (shared_experts.py: set_save_original_input where the
+        # recipe is not delayed, the projection's condition above).
+        fs = model.shared_expert_ffn_size
+        moe_split += 2 * gates * fs / t + e * fs / t
+        if fs and e != 2 and not proj_saves_original:
+            moe_replicated += e * h
+        if model.moe_shared_expert_gate:
+            moe_replicated += 2 * h + 2
         replicated += moe_replicated
         split += moe_split
     else:

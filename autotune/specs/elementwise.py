@@ -106,7 +106,8 @@ def layer_elementwise_bytes(model: ModelSpec, tp: int, impl: str) -> Elementwise
     replicated = 2 * NORM_BYTES * h + 2 * residual * h
     if model.is_moe:
         assert model.num_experts is not None
-        f = model.moe_topk * model.expert_ffn_size
+        # The shared expert's activation runs on every token beside the routed experts'.
+        f = model.moe_topk * model.expert_ffn_size + model.shared_expert_ffn_size
     else:
         f = model.ffn_size
     mlp = (SWIGLU_BYTES if model.gated_linear_unit else GELU_BYTES) * f / tp

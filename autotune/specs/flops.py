@@ -21,14 +21,18 @@ __all__ = ["GemmFit", "GemmSplit", "forward_flops_per_token", "gemm_efficiency",
 
 
 def mlp_forward_flops_per_token(model: ModelSpec) -> float:
-    """The MLP's (or the MoE layer's: top-k experts and the router) share of one layer's
-    forward matrix-multiply FLOPs, per token: what `mlp` or `moe` recompute runs again."""
+    """The MLP's (or the MoE layer's: top-k experts, the router and a shared expert) share of
+    one layer's forward matrix-multiply FLOPs, per token: what `mlp` or `moe` recompute runs
+    again."""
     h = model.hidden_size
     mlp_mats = 3 if model.gated_linear_unit else 2
     if model.is_moe:
         assert model.num_experts is not None
+        # The shared expert: every token through one more MLP, and its gate's h x 1 GEMM.
+        shared = 2 * mlp_mats * h * model.shared_expert_ffn_size \
+            + (2 * h if model.moe_shared_expert_gate else 0)
         return float(model.moe_topk * 2 * mlp_mats * h * model.expert_ffn_size
-                     + 2 * h * model.num_experts)  # router
+                     + 2 * h * model.num_experts + shared)  # router
     return float(2 * mlp_mats * h * model.ffn_size)
 
 

@@ -5,8 +5,9 @@ analytical models and the Megatron-LM export use is mapped from the config's own
 transformers' defaults where a key may be absent (transformers' configuration_<model>.py of
 each architecture). What autotune's models cannot represent is refused in one line rather than
 approximated silently: an unknown architecture, a sequence longer than the window of
-sliding-window attention in use (the sequence defaults to the window), shared experts. Qwen2's
-QKV bias and Qwen3's QK norm are part of the model (ModelSpec.add_qkv_bias, qk_layernorm);
+sliding-window attention in use (the sequence defaults to the window), dense layers among the
+MoE layers. Qwen2's QKV bias, Qwen3's QK norm and Qwen2-MoE's gated shared expert are part of
+the model (ModelSpec.add_qkv_bias, qk_layernorm, moe_shared_expert_intermediate_size);
 fields that do not change memory or step time (RoPE scaling) are noted, not refused.
 """
 
@@ -199,9 +200,15 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
     moe = _MOE_DEFAULTS.get(kind)
     if moe is not None:
         key, experts_default, topk_default, width_default, shared_default = moe
-        if c.get("shared_expert_intermediate_size", shared_default):  # 0: none
-            raise c.refuse("shared experts (shared_expert_intermediate_size) are not in "
-                           "autotune's models")
+        # transformers' Qwen2MoeSparseMoeBlock: a shared expert of that width (0: none) beside
+        # the routed ones, its output scaled by sigmoid(shared_expert_gate(x)), a 1 x h
+        # linear: megatron-core's moe_shared_expert_intermediate_size and
+        # moe_shared_expert_gate.
+        shared = c.get("shared_expert_intermediate_size", shared_default)
+        if shared:
+            values.update(moe_shared_expert_intermediate_size=c.count(
+                "shared_expert_intermediate_size", shared_default),
+                moe_shared_expert_gate=True)
         if c.get("mlp_only_layers") or c.count("decoder_sparse_step", 1) != 1:
             raise c.refuse("dense layers among the MoE layers (mlp_only_layers, "
                            "decoder_sparse_step) are not in autotune's models")

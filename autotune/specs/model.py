@@ -48,6 +48,15 @@ class ModelSpec:
     moe_topk: Count = 2
     moe_ffn_hidden_size: Count | None = None
     """Expert MLP width; None means ffn_hidden_size."""
+    moe_shared_expert_intermediate_size: Count | None = None
+    """The width of the MoE layer's shared expert, an MLP every token goes through beside its
+    routed experts (Megatron `--moe-shared-expert-intermediate-size`; Qwen2-MoE's
+    shared_expert_intermediate_size, DeepSeekMoE's shared experts as one MLP of their summed
+    width); None: no shared expert. megatron-core's SharedExpertMLP (moe/shared_experts.py) is a
+    dense MLP split over the tensor-parallel ranks, not over the experts'."""
+    moe_shared_expert_gate: bool = False
+    """The shared expert's output scaled by sigmoid(x . w) per token, w one hidden-wide vector
+    (Megatron `--moe-shared-expert-gate`; Qwen2-MoE's shared_expert_gate)."""
     gated_linear_unit: bool = False
     """SwiGLU-style MLP: three h x f matrices instead of two."""
     activation: str = "gelu"
@@ -112,6 +121,18 @@ class ModelSpec:
         if self.num_experts is not None and not 1 <= self.moe_topk <= self.num_experts:
             raise ConfigError(f"model {self.name}: moe_topk={self.moe_topk} must be between 1 "
                               f"and num_experts={self.num_experts}")
+        if (self.moe_shared_expert_intermediate_size or self.moe_shared_expert_gate) \
+                and not self.is_moe:
+            raise ConfigError(f"model {self.name}: a shared expert "
+                              "(moe_shared_expert_intermediate_size, moe_shared_expert_gate) "
+                              "needs num_experts above 1")
+        if self.moe_shared_expert_gate and not self.moe_shared_expert_intermediate_size:
+            raise ConfigError(f"model {self.name}: moe_shared_expert_gate needs "
+                              "moe_shared_expert_intermediate_size")
+        if self.moe_shared_expert_intermediate_size and self.add_bias_linear:
+            # shared_experts.py: `assert config.add_bias_linear == False`.
+            raise ConfigError(f"model {self.name}: megatron-core's shared expert has no "
+                              "biases: set add_bias_linear false (--disable-bias-linear)")
 
     @property
     def query_groups(self) -> int:
@@ -124,6 +145,11 @@ class ModelSpec:
     @property
     def expert_ffn_size(self) -> int:
         return self.moe_ffn_hidden_size or self.ffn_size
+
+    @property
+    def shared_expert_ffn_size(self) -> int:
+        """The shared expert's MLP width; 0 without one."""
+        return self.moe_shared_expert_intermediate_size or 0
 
     @property
     def head_dim(self) -> int:
@@ -178,7 +204,8 @@ _REQUIRED = ("name", "num_layers", "hidden_size", "num_attention_heads", "vocab_
 _COUNTS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
            "ffn_hidden_size", "vocab_size", "seq_length", "max_position_embeddings",
            "sliding_window", "global_batch_size", "num_experts", "moe_topk",
-           "moe_ffn_hidden_size", "rotary_base", "make_vocab_size_divisible_by")
+           "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "rotary_base",
+           "make_vocab_size_divisible_by")
 """The fields that are counts (positive integers; None for the optional ones: a default)."""
 
 

@@ -63,6 +63,9 @@ def parameter_counts(model: ModelSpec) -> ParameterCounts:
     if model.is_moe:
         assert model.num_experts is not None
         dense = attention + 2 * norm + h * model.num_experts  # router
+        if model.shared_expert_ffn_size:  # moe/shared_experts.py: an MLP, and a 1 x h gate
+            dense += mlp(model.shared_expert_ffn_size) + (h if model.moe_shared_expert_gate
+                                                         else 0)
         experts = model.num_experts * mlp(model.expert_ffn_size)
     else:
         dense = attention + 2 * norm + mlp(model.ffn_size)

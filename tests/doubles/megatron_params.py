@@ -40,6 +40,8 @@ def main(path: str) -> int:
         spec = TrialSpec(model=m, layout=Layout(mbs=1, gbs=m.global_batch_size, impl="sdpa"))
         kwargs = build.transformer_config_kwargs(spec)
         kwargs.update(use_cpu_initialization=True, perform_initialization=False)
+        if m.is_moe:  # the alltoall dispatcher makes a CUDA stream; no parameter of its own
+            kwargs["moe_token_dispatcher_type"] = "allgather"
         config = TransformerConfig(**kwargs)
         model = build._gpt_model(GPTModel, spec, config, padded_vocab_size(m), None)
         rows.append({"name": m.name, "parameters": sum(p.numel() for p in model.parameters())})
