@@ -109,6 +109,22 @@ class CostParams(LeverConstants):
     """Host time to launch one layer's kernels for one micro-batch (forward + backward) that
     the GPU does not hide: eager megatron-core issues ~100 small kernels per layer. Fitted to
     measurements (autotune calibrate); it is what makes small micro-batches slow."""
+    expert_launch_s: float = 0.000538
+    """Host time per local expert of an MoE layer, per micro-batch (forward + backward), that
+    the GPU waits for: megatron-core's alltoall dispatcher copies the tokens per expert to the
+    host and synchronizes on it every layer (moe/token_dispatcher.py,
+    _maybe_dtoh_and_synchronize), so the experts' work that follows (the permutation, one GEMM
+    per local expert in TE's GroupedLinear, the unpermutation) is issued while the GPU idles,
+    as layer_launch_s is. Fitted alone (every other constant shipped) to autotune's first MoE
+    trials on a GPU, 12 on one H200 with TE 2.11 (tests/data/measured_moe_trials.json: 60
+    experts of 1408, top 4, with and without a shared expert, mbs 1-8, bf16 and FP8): the step
+    time was predicted 34-78% fast on every one without it (median 54.5%), within 37% (median
+    18.7%) with it; 0.46 ms fitted to the bf16 trials alone. One shape and one host, with
+    Megatron-LM's defaults (the permutation and the router unfused: --moe-permute-fusion and
+    --moe-router-fusion are named in a warning when a command passes them): NVIDIA's
+    Qwen3-30B-A3B recipe on 16 x H100, whose MoE runs with both fusions (Megatron-Bridge
+    0.1.0rc3 changelog), is now predicted at 0.55 of its published tokens/s (0.73 without the
+    term; results/benchmarks/2026-11-29-h200-moe-shared-s22.md)."""
     cp_ring_step_host_s: float = 0.0036
     """Host time of one step of Transformer Engine's context-parallel ring per layer and
     micro-batch, forward and backward together (transformer_engine/pytorch/attention:
@@ -376,6 +392,10 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     layer = LayerTimes(gemm=gemm_fwd, core=core_fwd, elem=elem_fwd, tp=tp_fwd, cp=cp_fwd,
                        ep=ep_fwd, dropout=dropout_fwd)
 
+    # An MoE layer's host time per local expert, which the GPU waits for (expert_launch_s).
+    expert_s = prm.expert_launch_s * model.num_experts / s.ep \
+        if model.is_moe and model.num_experts else 0.0
+
     # The last stage adds the output layer (2 h V per token forward) and the vocab-parallel
     # cross entropy over fp32 logits (cross_entropy.py: ~4 passes over 4-byte elements; the
     # fused kernels fewer, autotune.levers.cross_entropy).
@@ -410,7 +430,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
                 stage = stage_term(model, s, cluster, prm, stage)
             stages[n] = stage
         times[key] = _stage_time(s, prm, state, stage, logits_s=logits_s if key[1] else 0.0,
-                                 pp_s=pp_mb)
+                                 pp_s=pp_mb, expert_s=expert_s)
     per_stage = [times[(n, i == s.pp - 1)] for i, n in enumerate(counts)]
     pace = max(per_stage, key=lambda st: st.total)
     compute_mb, tp_mb, cp_mb, ep_mb = pace.compute, pace.tp, pace.cp, pace.ep
@@ -484,10 +504,11 @@ class _StageTime:
 
 
 def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState, *,
-                logits_s: float, pp_s: float) -> _StageTime:
+                logits_s: float, pp_s: float, expert_s: float = 0.0) -> _StageTime:
     """Time of one stage of `stage.layers` layers for one micro-batch: forward (1) + backward
     (2) of every layer, plus what the levers add (StageState: the forwards recompute reruns,
-    its checkpoints, offload's exposed copies)."""
+    its checkpoints, offload's exposed copies). `expert_s`: an MoE layer's host time for its
+    local experts (CostParams.expert_launch_s), launched like the rest of the layer."""
     n, layer = stage.layers, stage.layer
     full = stage.recomputed_forwards
     compute = n * (3 + full) * (layer.gemm + layer.core + layer.elem) \
@@ -496,7 +517,7 @@ def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState,
     tp = n * (2 + full) * layer.tp
     cp = n * (3 + full + stage.attention_reruns) * layer.cp
     ep = n * (2 + full) * layer.ep
-    per_layer = prm.layer_launch_s + state.layer_launch_extra_s
+    per_layer = prm.layer_launch_s + state.layer_launch_extra_s + expert_s
     relaunch = 1 + 0.5 * full  # recompute relaunches the forward
     launches = n * per_layer * relaunch
     launch = launches
