@@ -116,8 +116,9 @@ class CostParams(LeverConstants):
     _maybe_dtoh_and_synchronize), so the experts' work that follows (the permutation, one GEMM
     per local expert in TE's GroupedLinear, the unpermutation) is issued while the GPU idles,
     as layer_launch_s is. Fitted alone (every other constant shipped) to autotune's first
-    measured MoE trials of a real model's layer, 12 on one H200 with TE 2.11 (tests/data/measured_moe_trials.json: 60
-    experts of 1408, top 4, with and without a shared expert, mbs 1-8, bf16 and FP8): the step
+    measured MoE trials of a real model's layer, 12 on one H200 with TE 2.11
+    (tests/data/measured_moe_trials.json: 60 experts of 1408, top 4, with and without a shared
+    expert, mbs 1-8, bf16 and FP8): the step
     time was predicted 34-78% fast on every one without it (median 54.5%), within 37% (median
     18.7%) with it; 0.46 ms fitted to the bf16 trials alone. One shape and one host, with
     Megatron-LM's defaults (the permutation and the router unfused: --moe-permute-fusion and
