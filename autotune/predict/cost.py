@@ -109,23 +109,32 @@ class CostParams(LeverConstants):
     """Host time to launch one layer's kernels for one micro-batch (forward + backward) that
     the GPU does not hide: eager megatron-core issues ~100 small kernels per layer. Fitted to
     measurements (autotune calibrate); it is what makes small micro-batches slow."""
-    expert_launch_s: float = 0.000538
-    """Host time per local expert of an MoE layer, per micro-batch (forward + backward), that
-    the GPU waits for: megatron-core's alltoall dispatcher copies the tokens per expert to the
-    host and synchronizes on it every layer (moe/token_dispatcher.py,
-    _maybe_dtoh_and_synchronize), so the experts' work that follows (the permutation, one GEMM
-    per local expert in TE's GroupedLinear, the unpermutation) is issued while the GPU idles,
-    as layer_launch_s is. Fitted alone (every other constant shipped) to autotune's first
-    measured MoE trials of a real model's layer, 12 on one H200 with TE 2.11
-    (tests/data/measured_moe_trials.json: 60 experts of 1408, top 4, with and without a shared
-    expert, mbs 1-8, bf16 and FP8): the step
-    time was predicted 34-78% fast on every one without it (median 54.5%), within 37% (median
-    18.7%) with it; 0.46 ms fitted to the bf16 trials alone. One shape and one host, with
-    Megatron-LM's defaults (the permutation and the router unfused: --moe-permute-fusion and
-    --moe-router-fusion are named in a warning when a command passes them): NVIDIA's
-    Qwen3-30B-A3B recipe on 16 x H100, whose MoE runs with both fusions (Megatron-Bridge
-    0.1.0rc3 changelog), is now predicted at 0.55 of its published tokens/s (0.73 without the
-    term; results/benchmarks/2026-11-29-h200-moe-shared-s22.md)."""
+    moe_layer_launch_s: float = 0.0103
+    """Host time of an MoE layer per micro-batch (forward + backward) that the GPU waits for,
+    whatever its expert count; expert_launch_s adds its share per local expert. megatron-core's
+    alltoall dispatcher (the one autotune's worker and export use) copies the tokens per expert
+    to the host and synchronizes on it in every MoE layer (moe/token_dispatcher.py,
+    _maybe_dtoh_and_synchronize), so what follows (the permutation, one GEMM per local expert in
+    TE's GroupedLinear, the unpermutation, the router's auxiliary loss) is issued while the GPU
+    idles, as layer_launch_s is. Fitted with expert_launch_s (every other constant shipped) to
+    autotune's first measured MoE trials of real layers, 20 on one H200 in two calls with TE
+    2.11 (tests/data/measured_moe_trials.json: 8, 24, 60 and 64 experts of 1408, top 4, with and
+    without a shared expert, mbs 1-8, bf16 and FP8, full recompute): every trial's step time
+    was predicted 33-80% fast without them (median 60%); with them, median 14.5%, worst 46.5%.
+    Per layer alone: 23.3 ms, median 16.6%, worst 84%; per expert alone: 0.57 ms, 17.2%, 67%.
+    Fitted to one call and predicting the other: median 10.1% and 32.6%: the host's speed moves
+    these trials by tens of percent between machines of one kind
+    (results/benchmarks/2026-11-29-h200-moe-experts-s22.md). Megatron-LM's defaults were run:
+    the permutation and the router unfused (--moe-permute-fusion, --moe-router-fusion are named
+    in a warning when a command passes them)."""
+    expert_launch_s: float = 0.000324
+    """Host time per local expert (num_experts / ep) of an MoE layer, per micro-batch (forward +
+    backward), beyond moe_layer_launch_s: TE's GroupedLinear runs one GEMM per expert, with its
+    split sizes, workspace and (FP8) quantizers set up for each. Fitted with
+    moe_layer_launch_s (above). NVIDIA's Qwen3-30B-A3B recipe on 16 x H100, whose MoE runs with
+    the permutation and the router fused (Megatron-Bridge 0.1.0rc3 changelog), is predicted at
+    0.73 of its published tokens/s without the two terms and lower with them
+    (results/benchmarks/2026-11-29-h200-moe-experts-s22.md)."""
     cp_ring_step_host_s: float = 0.0036
     """Host time of one step of Transformer Engine's context-parallel ring per layer and
     micro-batch, forward and backward together (transformer_engine/pytorch/attention:
@@ -394,7 +403,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
                        ep=ep_fwd, dropout=dropout_fwd)
 
     # An MoE layer's host time per local expert, which the GPU waits for (expert_launch_s).
-    expert_s = prm.expert_launch_s * model.num_experts / s.ep \
+    expert_s = prm.moe_layer_launch_s + prm.expert_launch_s * model.num_experts / s.ep \
         if model.is_moe and model.num_experts else 0.0
 
     # The last stage adds the output layer (2 h V per token forward) and the vocab-parallel

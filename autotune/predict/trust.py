@@ -71,9 +71,9 @@ def outside_range(model: ModelSpec, cluster: ClusterSpec,
         notes.append(f"{cluster.gpu.name} never measured"
                      + ("" if cluster.gpu.measured else " (datasheet only)"))
     if model.is_moe and not measured.moe:
-        # 12 MoE trials of one shape on one H200 (tests/data/measured_moe_trials.json) set
-        # the MoE host term; they are outside the bands' data: step time within 37% there.
-        notes.append("MoE measured on one shape only (step time within 37% there)")
+        # 20 MoE trials on one H200 (tests/data/measured_moe_trials.json) set
+        # the MoE host terms; they are outside the bands' data: step time within 47% there.
+        notes.append("MoE measured on one host kind only (step time within 47% there)")
     return notes
 
 
