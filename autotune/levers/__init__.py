@@ -30,7 +30,6 @@ from autotune.levers import (
     distributed_optimizer,
     fp8,
     grad_reduce,
-    moe_fusion,
     optimizer_offload,
     overlap,
     pipeline_split,
@@ -51,7 +50,6 @@ LEVERS: tuple[Lever, ...] = (
     cross_entropy.LEVER,
     precision_optimizer.LEVER,
     grad_reduce.LEVER,
-    moe_fusion.LEVER,
     optimizer_offload.LEVER,
     fp8.LEVER,
     transformer_impl.LEVER,
@@ -62,7 +60,7 @@ pipeline split's before the core's vpp rules, autotune.layouts.layout.RULES)."""
 
 @dataclass(frozen=True, kw_only=True)
 class LeverFields(transformer_impl.Fields, fp8.Fields, optimizer_offload.Fields,
-                  moe_fusion.Fields, grad_reduce.Fields, precision_optimizer.Fields, cross_entropy.Fields,
+                  grad_reduce.Fields, precision_optimizer.Fields, cross_entropy.Fields,
                   overlap.Fields, distributed_optimizer.Fields, activation_offload.Fields,
                   recompute.Fields, pipeline_split.Fields):
     """Every lever's Layout fields, in LEVERS order."""
@@ -71,8 +69,7 @@ class LeverFields(transformer_impl.Fields, fp8.Fields, optimizer_offload.Fields,
 
 
 @dataclass(frozen=True, kw_only=True)
-class LeverConstants(transformer_impl.Constants, fp8.Constants, optimizer_offload.Constants,
-                     moe_fusion.Constants):
+class LeverConstants(transformer_impl.Constants, fp8.Constants, optimizer_offload.Constants):
     """Every lever's cost constants (autotune.predict.cost.CostParams inherits them)."""
 
     __slots__ = ()

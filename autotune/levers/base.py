@@ -280,9 +280,6 @@ class CostState:
     stored activation (the implementation's fusions)."""
     layer_launch_extra_s: float = 0.0
     """Host time per layer and micro-batch beyond CostParams.layer_launch_s (TE's modules)."""
-    moe_layer_host_saved_s: float = 0.0
-    """Host seconds per MoE layer and micro-batch that the layer's fusions save of
-    CostParams.moe_layer_launch_s (autotune.levers.moe_fusion)."""
     layer_tp_extra_s: float = 0.0
     """Seconds per pass (forward, backward, recomputed forward) of one layer that a lever adds
     to the tensor-parallel collectives on its critical path (current scaling's amax

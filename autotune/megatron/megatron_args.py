@@ -443,6 +443,10 @@ _UNMODELED: tuple[tuple[str, str], ...] = (
     ("--moe-expert-capacity-factor", "tokens dropped or padded at an expert's capacity"),
     ("--moe-pad-expert-input-to-capacity", "every expert's input padded to its capacity"),
     ("--moe-layer-recompute", "the MoE layers recomputed in the backward pass"),
+    # The MoE host time per local expert (CostParams.expert_launch_s) was measured without
+    # these fusions, Megatron-LM's default.
+    ("--moe-permute-fusion", "the MoE token permutation fused into one kernel"),
+    ("--moe-router-fusion", "the MoE router's operators fused"),
     ("--moe-shared-expert-overlap",
      "the shared expert run on a side stream, overlapped with the token dispatch"),
     ("--use-flash-attn", "FlashAttention as core attention"),

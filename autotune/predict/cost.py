@@ -403,8 +403,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
                        ep=ep_fwd, dropout=dropout_fwd)
 
     # An MoE layer's host time per local expert, which the GPU waits for (expert_launch_s).
-    expert_s = max(0.0, prm.moe_layer_launch_s - state.moe_layer_host_saved_s) \
-        + prm.expert_launch_s * model.num_experts / s.ep \
+    expert_s = prm.moe_layer_launch_s + prm.expert_launch_s * model.num_experts / s.ep \
         if model.is_moe and model.num_experts else 0.0
 
     # The last stage adds the output layer (2 h V per token forward) and the vocab-parallel
