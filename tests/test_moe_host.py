@@ -26,7 +26,7 @@ def _errors(params: CostParams) -> list[float]:
 
 
 def test_the_trials_span_expert_counts_and_the_shared_expert() -> None:
-    assert len(TRIALS) == 20 and all(m.is_moe for _, m, *_ in TRIALS)
+    assert len(TRIALS) == 21 and all(m.is_moe for _, m, *_ in TRIALS)
     assert {m.num_experts for _, m, *_ in TRIALS} == {8, 24, 60, 64}
     assert {bool(m.moe_shared_expert_intermediate_size) for _, m, *_ in TRIALS} == {True, False}
 

@@ -443,10 +443,11 @@ _UNMODELED: tuple[tuple[str, str], ...] = (
     ("--moe-expert-capacity-factor", "tokens dropped or padded at an expert's capacity"),
     ("--moe-pad-expert-input-to-capacity", "every expert's input padded to its capacity"),
     ("--moe-layer-recompute", "the MoE layers recomputed in the backward pass"),
-    # The MoE host time per local expert (CostParams.expert_launch_s) was measured without
-    # these fusions, Megatron-LM's default.
-    ("--moe-permute-fusion", "the MoE token permutation fused into one kernel"),
-    ("--moe-router-fusion", "the MoE router's operators fused"),
+    # Measured no faster on one H200 at ep 1 (64 experts, host-bound: 1.707 s unfused, 1.732
+    # with the permutation fused, 1.844 with the router, 1.947 with both; 2026-11-29-h200-moe-
+    # fusion-s22.md); at ep > 1, where NVIDIA's recipes run them, not measured.
+    ("--moe-permute-fusion", "the MoE token permutation fused (Transformer Engine's kernels)"),
+    ("--moe-router-fusion", "the MoE router's top-k and auxiliary loss fused (TE's kernels)"),
     ("--moe-shared-expert-overlap",
      "the shared expert run on a side stream, overlapped with the token dispatch"),
     ("--use-flash-attn", "FlashAttention as core attention"),

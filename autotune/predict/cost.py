@@ -123,7 +123,9 @@ class CostParams(LeverConstants):
     was predicted 33-80% fast without them (median 60%); with them, median 14.5%, worst 46.5%.
     Per layer alone: 23.3 ms, median 16.6%, worst 84%; per expert alone: 0.57 ms, 17.2%, 67%.
     Fitted to one call and predicting the other: median 10.1% and 32.6%: the host's speed moves
-    these trials by tens of percent between machines of one kind
+    these trials by tens of percent between machines of one kind (a third call ran the 64-expert
+    model at mbs 1 in 1.707 s, the second in 1.210 s; with it, 21 trials, the fit moves under
+    1%: 10.34 ms, 0.321 ms)
     (results/benchmarks/2026-11-29-h200-moe-experts-s22.md). Megatron-LM's defaults were run:
     the permutation and the router unfused (--moe-permute-fusion, --moe-router-fusion are named
     in a warning when a command passes them)."""
