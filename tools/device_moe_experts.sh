@@ -7,25 +7,7 @@
 #   bash tools/device_moe_experts.sh      (carry .whl .whl-search .whl-te)
 #
 # $OUT: summary.txt (tools/study_table.py), losses.txt, versions.txt, results.tgz.
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
-start=$(date +%s)
-elapsed() { echo "$(( $(date +%s) - start ))s"; }
-if [[ ! -d /tmp/site/transformer_engine ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl .whl-search/*.whl .whl-te/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD
-echo "installed at $(elapsed)"
-python3 -c "import sys, torch, megatron.core as mc, transformer_engine as te, optuna
-print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
-      'megatron-core', mc.__version__, 'te', te.__version__, 'optuna', optuna.__version__)" \
-  2>&1 | grep -v -i warn | tee "$out/versions.txt"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
-  | tee -a "$out/versions.txt"
+source tools/device_te_prelude.sh
 fixed=(--gpus 1 --sampler grid --stop-rule none --stable-cv 0 --warmup-steps 3 --steps 6)
 export STUDY_TIMEOUT_S=${STUDY_TIMEOUT_S:-150}
 for e in ${EXPERTS:-8 24 64}; do

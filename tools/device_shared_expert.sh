@@ -10,30 +10,8 @@
 # (`autotune tools/shapes/qwen1.5-moe-6l.yaml --gpus 1`, default flags, bounded by what is left
 # of CALL_LIMIT_S).
 # $OUT: summary.txt (tools/study_table.py), losses.txt, clocks.csv, versions.txt, results.tgz.
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
+CLOCKS=1 source tools/device_te_prelude.sh
 parts=" ${PARTS:-grid search} "
-start=$(date +%s)
-elapsed() { echo "$(( $(date +%s) - start ))s"; }
-if [[ ! -d /tmp/site/transformer_engine ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl .whl-search/*.whl .whl-te/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD
-echo "installed at $(elapsed)"
-python3 -c "import sys, torch, megatron.core as mc, transformer_engine as te, optuna
-print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
-      'megatron-core', mc.__version__, 'te', te.__version__, 'optuna', optuna.__version__)" \
-  2>&1 | grep -v -i warn | tee "$out/versions.txt"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
-  | tee -a "$out/versions.txt"
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
-    --format=csv -lms 1000 > "$out/clocks.csv" 2>&1 &
-smi=$!
-trap 'kill $smi 2>/dev/null' EXIT
 
 grid=(--gpus 1 --sampler grid --stop-rule none --stable-cv 0 --warmup-steps 3 --steps 6
       --space tools/spaces/moe-shared-1gpu.yaml)

@@ -1,0 +1,30 @@
+# Sourced by the one-GPU device scripts that run autotune with Transformer Engine
+# (tools/device_qwen3.sh, device_shared_expert.sh, device_moe_experts.sh): the NCCL settings the
+# lent machines need, the carried wheels installed once per machine (.whl .whl-search .whl-te),
+# PYTHONPATH, $out (= $OUT), `elapsed`, and versions.txt. With CLOCKS=1 it also records NVML
+# clocks to $out/clocks.csv for the script's lifetime.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+start=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - start ))s"; }
+if [[ ! -d /tmp/site/transformer_engine ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl .whl-search/*.whl .whl-te/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD
+echo "installed at $(elapsed)"
+python3 -c "import sys, torch, megatron.core as mc, transformer_engine as te, optuna
+print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
+      'megatron-core', mc.__version__, 'te', te.__version__, 'optuna', optuna.__version__)" \
+  2>&1 | grep -v -i warn | tee "$out/versions.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
+  | tee -a "$out/versions.txt"
+if [[ ${CLOCKS:-0} == 1 ]]; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+      --format=csv -lms 1000 > "$out/clocks.csv" 2>&1 &
+  smi=$!
+  trap 'kill $smi 2>/dev/null' EXIT
+fi
