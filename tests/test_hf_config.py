@@ -31,6 +31,8 @@ of 128 (gpt2-xl: +75k parameters)."""
                                          "moe_ffn_hidden_size": None}),
     ("qwen2-7b.json", 7.62e9, {"num_query_groups": 4, "ffn_hidden_size": 18944}),
     ("qwen3-8b.json", 8.2e9, {"num_layers": 36, "num_query_groups": 8}),
+    ("qwen3-4b.json", 4.0e9, {"kv_channels": 128, "tied_embeddings": True,
+                               "qk_layernorm": True}),
     ("qwen1.5-moe-a2.7b.json", 14.3e9, {"num_experts": 60, "moe_topk": 4,
                                          "moe_ffn_hidden_size": 1408,
                                          "moe_shared_expert_intermediate_size": 5632,
