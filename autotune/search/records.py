@@ -45,7 +45,8 @@ class Source(enum.StrEnum):
     RANKED = "ranked"
     """The analytical model's best layouts, in order."""
     MODEL = "model"
-    """The model's best untried layout, when the sampler keeps proposing nothing new."""
+    """The model's best untried layout, when the sampler keeps proposing nothing new or has just
+    repeated a tried layout (Scheduler.after_repeat)."""
     OOM_BISECT = "oom-bisect"
     """A smaller micro-batch after a real OOM (Alpa's first step, by bisection)."""
     DERIVED = "derived"

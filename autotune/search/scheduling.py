@@ -2,12 +2,13 @@
 
 The queue is seeded by the sampler: every layout (grid), the analytical model's best first
 (ranked), or Alpa's heuristic seeds before TPE proposes. Seeds already tried (a resume, another
-searcher) are skipped when their turn comes; a layout another searcher is running is deferred. The
-search stops at --trials, --time-budget or --patience, when no untried layout could beat the
-best measured (the model's stop rule, autotune.search.stop_rule), when the queue of a grid or
-ranking is empty, or when proposals keep launching nothing and every layout predicted to fit
-was tried. Before it stops (but on Ctrl-C or a spent --time-budget) its finalists are measured
-again (autotune.search.finalists).
+searcher) are skipped when their turn comes; a layout another searcher is running is deferred.
+When a TPE proposal repeats a layout already tried, the model's best untried layout is queued to
+be the next trial (`Scheduler.after_repeat`). The search stops at --trials, --time-budget or
+--patience, when no untried layout could beat the best measured (the model's stop rule,
+autotune.search.stop_rule), when the queue of a grid or ranking is empty, or when proposals keep
+launching nothing and every layout predicted to fit was tried. Before it stops (but on Ctrl-C or
+a spent --time-budget) its finalists are measured again (autotune.search.finalists).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from autotune.search.impls import practice_impl
 from autotune.search.records import SearchResult, Source
 from autotune.search.shared import SHARED_POLL_S
 from autotune.trials.protocol import te_available
+from autotune.trials.trial import TrialStatus
 
 __all__ = ["Clock", "Scheduler"]
 
@@ -115,7 +117,32 @@ class Scheduler:
             return True
         with self.parts.store.next_trial(took) as trial:
             self.executor.finish(trial)
+        if took is None:
+            self.after_repeat(trial.number)
         return True
+
+    def after_repeat(self, number: int) -> None:
+        """When the sampler's trial `number` repeated a layout already tried, queue the model's
+        best untried layout (ModelStop.closest_untried) to be the next trial, unless something
+        is queued already.
+
+        On small spaces TPE keeps proposing layouts it has tried: a quarter to a half of its
+        asks on 4576 to 140 layouts (results/benchmarks/2026-11-29-cpu-sampler-repeats-s22.md).
+        A repeat launches nothing but costs an ask, and steering TPE itself away from tried
+        layouts measured no better (2026-11-29-cpu-sampler-partial-s21.md); the model's pick
+        goes somewhere new that is predicted fast, and TPE learns from its outcome like any
+        other trial's. With the stop rule on it is the layout the rule waits for, so the
+        search reaches its verdict in fewer asks."""
+        p = self.parts
+        records = p.ledger.result.records
+        last = records[-1] if records else None
+        # DUPLICATE: another searcher is running the layout, which is queued again already.
+        if (last is None or last.number != number or last.duplicate_of is None
+                or last.status is TrialStatus.DUPLICATE or p.queue):
+            return
+        untried, _ = p.stop.closest_untried()
+        if untried is not None:
+            p.queue.push(untried[0], Source.MODEL)
 
     def fallback(self) -> str | None:
         """Proposals keep launching nothing: queue the model's best untried layout, or say
