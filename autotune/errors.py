@@ -6,7 +6,8 @@ import enum
 from typing import TypeVar
 
 __all__ = ["INTERRUPTED_EXIT", "AutotuneError", "ConfigError", "Interrupted",
-           "InvalidLayoutError", "LaunchError", "StorageError", "parse_choice"]
+           "InvalidLayoutError", "LaunchError", "MissingFlagError", "StorageError",
+           "parse_choice"]
 
 E = TypeVar("E", bound=enum.StrEnum)
 
@@ -21,6 +22,21 @@ class ConfigError(AutotuneError):
     """Bad user input: an unknown preset, a malformed YAML file, an impossible flag value."""
 
     exit_code = 2
+
+
+class MissingFlagError(ConfigError):
+    """A command that lacks a flag autotune must read (`the command has no --num-layers`).
+    A type of its own so that a caller can add what only it knows, such as that the script's
+    own arguments ("$@") may give the flag, without matching the message's words."""
+
+    def __init__(self, message: str, flag: str) -> None:
+        super().__init__(message)
+        self.flag = flag
+
+    def __reduce__(self) -> tuple[type[MissingFlagError], tuple[str, str]]:
+        # Exception's own reduce calls the class with self.args (the message alone), which
+        # this __init__ refuses: a copy or a pickle would fail instead of carrying the flag.
+        return type(self), (str(self), self.flag)
 
 
 class InvalidLayoutError(AutotuneError):

@@ -8,8 +8,10 @@ export (canaries, the diff, hostile scripts).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import pickle
 import random
 import re
 import stat
@@ -19,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, MissingFlagError
 from autotune.layouts.layout import Layout, check, derive_dp
 from autotune.megatron.identity import run_key
 from autotune.megatron.megatron_args import FLAG_TABLE, Part, megatron_lm_args
@@ -542,3 +544,49 @@ def test_a_flag_only_the_scripts_own_arguments_may_give_is_asked_for(tmp_path: P
                                           r"see, may give it: write it in the script") as raised:
         read_megatron_command(_write(tmp_path / "t.sh", text))
     assert "\n" not in str(raised.value)
+
+
+_ARGS = ' "$@"\n'
+
+
+@pytest.mark.parametrize(("text", "missing"), [
+    # A flag the command lacks, with the script's own arguments passed on: they may give it.
+    (BASE.replace("--num-layers 4 ", "") + _ARGS, "--num-layers"),
+    (BASE.replace("--max-position-embeddings 512 ", "") + _ARGS, "--max-position-embeddings"),
+    (BASE.replace(" --global-batch-size 16", "") + _ARGS, "--global-batch-size"),
+    # The same flags lacking without "$@": nothing else can give them, so no such hint.
+    (BASE.replace("--num-layers 4 ", "") + "\n", None),
+    (BASE.replace(" --global-batch-size 16", "") + "\n", None),
+    # A value the command gives wrong is wrong whatever "$@" holds: no hint either.
+    (BASE + " --micro-batch-size four" + _ARGS, None),
+    (BASE + " --normalization ScaleNorm" + _ARGS, None),
+    (BASE.replace("--max-position-embeddings 512", "--max-position-embeddings 256") + _ARGS,
+     None),
+    (BASE + " --recompute-granularity full" + _ARGS, None),
+])
+def test_only_a_missing_flag_is_said_to_maybe_come_from_the_scripts_arguments(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
+        missing: str | None) -> None:
+    """The hint goes by the error's kind (a flag the command lacks), not by its words: one
+    line, exit 2, the flag named, and the hint only where "$@" is passed on and a flag lacks."""
+    script = _write(tmp_path / "train.sh", text)
+    with pytest.raises(ConfigError) as raised:
+        read_megatron_command(script)
+    hinted = "the script's own arguments" in str(raised.value)
+    assert hinted == (missing is not None), raised.value
+    if missing is not None:
+        assert isinstance(raised.value, MissingFlagError) and raised.value.flag == missing
+        assert f"the command has no {missing}" in str(raised.value)
+    code = main(["--from-megatron", script, "--backend", "simulate", "--results-dir",
+                 str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("autotune: error: "), err
+    assert ("may give it: write it in the script" in err) == (missing is not None), err
+
+
+def test_a_missing_flag_error_copies_with_its_flag() -> None:
+    """copy and pickle rebuild an exception from its reduce; the flag must survive it."""
+    exc = MissingFlagError("t.sh: the command has no --num-layers", "--num-layers")
+    for again in (copy.copy(exc), pickle.loads(pickle.dumps(exc))):
+        assert isinstance(again, MissingFlagError) and again.flag == "--num-layers"
+        assert str(again) == str(exc)

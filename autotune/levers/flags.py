@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, MissingFlagError
 from autotune.inputs.numbers import integer_text, number_text
 
 if TYPE_CHECKING:
@@ -107,8 +107,8 @@ class Given:
     def required(self, name: str) -> int:
         value = self.integer(name)
         if value is None:
-            raise ConfigError(f"{self.source}: the command has no {name}, which autotune needs "
-                              "for the model's shape")
+            raise MissingFlagError(f"{self.source}: the command has no {name}, which "
+                                   "autotune needs for the model's shape", name)
         return value
 
 

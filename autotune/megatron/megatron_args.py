@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, MissingFlagError
 from autotune.layouts.layout import Layout
 from autotune.levers import LEVERS
 from autotune.levers.flags import (
@@ -133,8 +133,9 @@ def _read_positions(g: Given) -> dict[str, Any]:
     # sequence, whatever the position embedding (core_v0.16.1 arguments.py).
     positions, seq = g.integer("--max-position-embeddings"), _sequence(g, required=False)
     if positions is None:
-        raise ConfigError(f"{g.source}: the command has no --max-position-embeddings, which "
-                          "Megatron-LM requires: add it (at least the --seq-length)")
+        raise MissingFlagError(f"{g.source}: the command has no --max-position-embeddings, "
+                               "which Megatron-LM requires: add it (at least the --seq-length)",
+                               "--max-position-embeddings")
     if seq is not None and positions < seq:
         raise ConfigError(f"{g.source}: --max-position-embeddings {positions} is below "
                           f"--seq-length {seq}; Megatron-LM refuses it (it must be at least "
@@ -249,9 +250,10 @@ def _read_batch(g: Given) -> dict[str, Any]:
     mbs = g.integer("--micro-batch-size", 1)
     gbs = g.integer("--global-batch-size")
     if gbs is None:
-        raise ConfigError(f"{g.source}: the command has no --global-batch-size (Megatron-LM "
-                          "then takes micro-batch x data-parallel size); autotune needs the "
-                          "global batch it keeps fixed: add it")
+        raise MissingFlagError(f"{g.source}: the command has no --global-batch-size "
+                               "(Megatron-LM then takes micro-batch x data-parallel size); "
+                               "autotune needs the global batch it keeps fixed: add it",
+                               "--global-batch-size")
     return {"mbs": mbs, "gbs": gbs, "global_batch_size": gbs}
 
 

@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, MissingFlagError
 from autotune.inputs.untrusted import for_terminal
 from autotune.layouts.layout import DIMENSIONS, Layout, derive_dp
 from autotune.levers import LEVERS
@@ -657,14 +657,17 @@ def read_megatron_command(path: str, line: int | None = None,
     groups, given = _group(command.words[at + 1:], path, command.line)
     try:
         read = read_fields(given)
-    except ConfigError as exc:
+    except MissingFlagError as exc:
+        # Only a flag the command lacks may come from the script's own arguments; a value the
+        # command gives wrong is wrong whatever "$@" holds.
         passed_on = [w.shown() for g in groups if g.flag is None for w in g.words
                      if _script_arguments(w)]
-        if not passed_on or "the command has no" not in str(exc):
+        if not passed_on:
             raise
         # Not a guess at what the script is called with: the flag goes in the script.
-        raise ConfigError(f"{exc}; the script's own arguments ({passed_on[0]}), which autotune "
-                          "cannot see, may give it: write it in the script") from None
+        raise MissingFlagError(f"{exc}; the script's own arguments ({passed_on[0]}), which "
+                               "autotune cannot see, may give it: write it in the script",
+                               exc.flag) from None
     names = {f.name for f in fields(ModelSpec)}
     model = ModelSpec(name=_model_name(file), **{k: v for k, v in read.items() if k in names})
     _refuse_unrepresented(groups, model, path)
