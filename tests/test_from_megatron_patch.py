@@ -265,14 +265,15 @@ HOSTILE = [
     ("here-doc only", _file("cat <<'EOF'\n" + ONE + "EOF\n"), [], r"in here-document text"),
     ("--line in a here-doc", _file("cat <<'EOF'\n" + ONE + "EOF\n"), ["--line", "2"],
      r"line 2 is here-document text"),
-    # `bash <<EOF`, or sbatch's inside a $(...) (which autotune's reader does not enter): the
-    # launch runs, in a script this one writes: saved as a file, it can be read and edited.
+    # `bash <<EOF`, or sbatch's inside a $(...) that runs more than that sbatch: the launch
+    # runs, in a script this one writes: saved as a file, it can be read and edited.
     # (`sbatch <<EOF` itself is read: tests/test_sbatch_heredoc.py.)
     ("bash here-doc", _file("bash <<EOF\n#!/bin/bash\n" + ONE + "EOF\n"), [],
      r"lines 2-4: the launch is in a here-document fed to bash.*`sbatch FILE`"),
-    ("sbatch here-doc in a $(...)",
-     _file("JOB=$(sbatch --parsable <<EOF\n#!/bin/bash\n" + ONE + "EOF\n)\n"), [],
-     r"here-document fed to sbatch.*`sbatch FILE`"),
+    # (`JOB=$(sbatch --parsable <<EOF ...)` alone is read too, as that form.)
+    ("sbatch here-doc in a $(... | ...)",
+     _file("JOB=$(sbatch --parsable <<EOF | cut -d';' -f1\n#!/bin/bash\n" + ONE + "EOF\n)\n"),
+     [], r"here-document fed to sbatch.*`sbatch FILE`"),
     ("--line in a bash here-doc", _file("bash -l <<'EOF'\n" + ONE + "EOF\n"),
      ["--line", "2"], r"here-document fed to bash"),
     ("--line elsewhere", _file("echo hi\n" + ONE), ["--line", "1"],

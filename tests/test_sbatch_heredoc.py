@@ -20,6 +20,7 @@ from autotune.megatron.megatron_command import (
     read_megatron_command,
 )
 from autotune.megatron.script_patch import patch_script
+from autotune.megatron.shell_script import HereDoc, read_script_commands
 
 MODEL = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512 "
          "--max-position-embeddings 512 --tokenizer-type NullTokenizer --vocab-size 1000 "
@@ -64,6 +65,31 @@ READS = [
      8, 2, 3, "the launch is in the here-document fed to sbatch"),
 ]
 
+CAPTURED = [
+    # `JOBID=$(sbatch --parsable <<EOF ... EOF)`: the job id captured to chain jobs; the
+    # here-document is the job script all the same. (name, script, GPUs, tp, line, warning)
+    ("--parsable, unquoted <<EOF, #SBATCH --nodes counts",
+     "#!/bin/bash\nJOBID=$(sbatch --parsable <<EOF\n#!/bin/bash\n#SBATCH --nodes=2\n"
+     "srun torchrun --nnodes \\${SLURM_NNODES:-1} --nproc-per-node 8 pretrain_gpt.py "
+     f"{MODEL} --tensor-model-parallel-size 2\nEOF\n)\necho \"submitted $JOBID\"\n",
+     16, 2, 5, "#SBATCH --nodes 2"),
+    ("without --parsable, quoted <<'EOF'",
+     "#!/bin/bash\nJOBID=$(sbatch <<'EOF'\n#!/bin/bash\n#SBATCH -N 4\n"
+     "srun torchrun --nnodes ${SLURM_NNODES:-1} --nproc-per-node 8 pretrain_gpt.py "
+     f"{MODEL} --tensor-model-parallel-size 2\nEOF\n)\n",
+     32, 2, 5, "#SBATCH --nodes 4"),
+    ('"$(...)" quoted; sbatch\'s own -N over the job script\'s #SBATCH --nodes',
+     "#!/bin/bash\nJOBID=\"$(sbatch --parsable -N 2 <<'EOF'\n#!/bin/bash\n#SBATCH --nodes=4\n"
+     "#SBATCH --ntasks-per-node=8\n"
+     f"srun python pretrain_gpt.py {MODEL} --tensor-model-parallel-size 4\nEOF\n)\"\n",
+     16, 4, 6, "(sbatch command-line and #SBATCH options: 8 per node x 2 nodes)"),
+    ("the sbatch on the line after $(; export; the job id chains the next job",
+     "#!/bin/bash\nexport TP=2\nexport JOBID=$(\n  sbatch --parsable <<'EOF'\n"
+     f"torchrun --nproc-per-node 8 pretrain_gpt.py {MODEL} --tensor-model-parallel-size $TP\n"
+     "EOF\n)\nsbatch --dependency=afterok:$JOBID eval.sh\n",
+     8, 2, 5, "the launch is in the here-document fed to sbatch"),
+]
+
 
 def _write(tmp_path: Path, text: str) -> str:
     path = tmp_path / "submit.sh"
@@ -71,8 +97,8 @@ def _write(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize(("name", "text", "gpus", "tp", "line", "said"), READS,
-                         ids=[r[0] for r in READS])
+@pytest.mark.parametrize(("name", "text", "gpus", "tp", "line", "said"), READS + CAPTURED,
+                         ids=[r[0] for r in READS + CAPTURED])
 def test_a_launch_in_an_sbatch_heredoc_is_read(tmp_path: Path, name: str, text: str,
                                                gpus: int, tp: int, line: int,
                                                said: str) -> None:
@@ -118,9 +144,40 @@ REFUSED = [
      r"line 3 is here-document text"),
 ]
 
+_LAUNCH = f"torchrun --nproc-per-node 8 pretrain_gpt.py {MODEL}\n"
+CAPTURED_REFUSED = [
+    # A $(...) that is more than one sbatch fed a here-document is not read as its job
+    # script: what the substitution captures or runs there is not sbatch's alone.
+    ("$(sbatch ... | cut)",
+     "#!/bin/bash\nJOBID=$(sbatch --parsable <<'EOF' | cut -d';' -f1\n" + _LAUNCH + "EOF\n)\n",
+     None, r"lines 3-4: the launch is in a here-document fed to sbatch, a job script written "
+           r"when this one runs; save that job script as a file"),
+    ("$(cd DIR && sbatch ...)",
+     "#!/bin/bash\nJOBID=$(cd /work && sbatch <<'EOF'\n" + _LAUNCH + "EOF\n)\n", None,
+     r"lines 3-4: the launch is in a here-document fed to sbatch"),
+    ("backticks", "#!/bin/bash\nJOBID=`sbatch --parsable <<'EOF'\n" + _LAUNCH + "EOF\n`\n",
+     None, r"lines 3-4: the launch is in a here-document fed to sbatch"),
+    ("$(bash <<EOF)", "#!/bin/bash\nOUT=$(bash <<'EOF'\n" + _LAUNCH + "EOF\n)\n", None,
+     r"lines 3-4: the launch is in a here-document fed to bash"),
+    ("$(cat <<EOF)", "#!/bin/bash\nTEXT=$(cat <<EOF\n" + _LAUNCH + "EOF\n)\n", None,
+     r"line 3 \(in here-document text\)"),
+    ("$(sbatch FILE) where a flag's value goes",
+     "#!/bin/bash\nTP=$(sbatch --parsable job.sh)\n" + _LAUNCH.strip()
+     + " --tensor-model-parallel-size $TP\n", None,
+     r"--tensor-model-parallel-size \$\(sbatch --parsable job\.sh\): command substitution, "
+     r"which autotune never runs"),
+    ("a captured sbatch inside an if",
+     "#!/bin/bash\nif true; then\n  JOBID=$(sbatch <<'EOF'\n" + _LAUNCH + "EOF\n)\nfi\n", None,
+     r"line 4 \(inside an if\)"),
+    ("a captured job script and the one it chains",
+     "#!/bin/bash\nA=$(sbatch --parsable <<'EOF'\n" + _LAUNCH + "EOF\n)\n"
+     "sbatch --dependency=afterok:$A <<'EOF'\n" + _LAUNCH + "EOF\n", None,
+     r"several places may launch pretrain_gpt\.py \(line 3, line 7\)"),
+]
 
-@pytest.mark.parametrize(("name", "text", "line", "message"), REFUSED,
-                         ids=[r[0] for r in REFUSED])
+
+@pytest.mark.parametrize(("name", "text", "line", "message"), REFUSED + CAPTURED_REFUSED,
+                         ids=[r[0] for r in REFUSED + CAPTURED_REFUSED])
 def test_what_cannot_be_read_is_one_line(tmp_path: Path, name: str, text: str,
                                          line: int | None, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as raised:
@@ -152,18 +209,23 @@ PLAIN = ("#!/bin/bash\nsbatch <<EOF\n#!/bin/bash\n#SBATCH --nodes=1\n"
          f"torchrun --nproc-per-node 8 pretrain_gpt.py {MODEL} --tensor-model-parallel-size 2\n"
          "EOF\n")
 
+# The same job script submitted with its job id captured (launch on the same line 5).
+CAPTURED_PLAIN = PLAIN.replace("sbatch <<EOF", "JOBID=$(sbatch --parsable <<EOF") \
+    + ')\nsbatch --dependency="afterok:$JOBID" eval.sh\n'
 
+
+@pytest.mark.parametrize("text", [PLAIN, CAPTURED_PLAIN], ids=["plain", "captured"])
 @pytest.mark.parametrize(("new", "refused"), [
     (Layout(tp=4, dp=2, mbs=1, gbs=16, impl=Impl.TE), r"--tensor-model-parallel-size 2 -> 4"),
     (Layout(tp=2, dp=4, mbs=1, gbs=16, impl=Impl.TE), None),  # the user's own: nothing to edit
 ])
 def test_the_export_does_not_edit_a_job_script(tmp_path: Path, new: Layout,
-                                               refused: str | None) -> None:
-    path = _write(tmp_path, PLAIN)
+                                               refused: str | None, text: str) -> None:
+    path = _write(tmp_path, text)
     command = read_megatron_command(path)
     changes = layout_changes(command, megatron_layout(command, 8), new)
     if refused is None:
-        assert patch_script(command, new, changes) == PLAIN
+        assert patch_script(command, new, changes) == text
         return
     with pytest.raises(ConfigError, match=r"line 5: the launch is in the here-document fed to "
                                           r"sbatch, which autotune reads but does not edit; "
@@ -172,10 +234,22 @@ def test_the_export_does_not_edit_a_job_script(tmp_path: Path, new: Layout,
     assert "\n" not in str(raised.value)
 
 
-def test_the_search_reads_a_job_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                       ) -> None:
-    path = _write(tmp_path, PLAIN)
+@pytest.mark.parametrize("text", [PLAIN, CAPTURED_PLAIN], ids=["plain", "captured"])
+def test_the_search_reads_a_job_script(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       text: str) -> None:
+    path = _write(tmp_path, text)
     assert main(["--from-megatron", path, "--backend", "simulate", "--trials", "2",
                  "--results-dir", str(tmp_path / "r")]) == 0
     err = capsys.readouterr().err
     assert "line 5: the launch is in the here-document fed to sbatch" in err
+
+
+def test_only_the_files_own_substitution_is_a_job_script() -> None:
+    """The job scripts are keyed by the file's line of their sbatch: a `$(sbatch ...)` in text
+    lexed again (an eval's string, here on line 1 of its own) is not the one on that line."""
+    doc = HereDoc(_LAUNCH, 2, expands=False)
+    commands, _ = read_script_commands("eval 'J=$(sbatch --parsable)'\n", "t.sh", None,
+                                       {1: doc})
+    assert not [c for c in commands if c.job is not None]
+    commands, _ = read_script_commands("J=$(sbatch --parsable)\n", "t.sh", None, {1: doc})
+    assert [c.line for c in commands if c.job is not None] == [2]

@@ -8,8 +8,9 @@ the shell might not run as written (in an if/case branch, a loop, a function bod
 in here-document text) or several launches are refused in one line naming the candidate lines,
 unless the user names the line (`--line N`): autotune then edits only that command, so the
 context it runs in (`cd`, `source`, exports, defaults) stays the user's. The one here-document
-read is the job script of `sbatch <<EOF` (`sbatch_heredocs`): its launch is read (Candidate.
-job_script), never edited.
+read is the job script of `sbatch <<EOF` (`sbatch_heredocs`; also as the one command of a
+`JOBID=$(sbatch --parsable <<EOF ...)`): its launch is read (Candidate.job_script), never
+edited.
 """
 
 from __future__ import annotations
@@ -232,6 +233,20 @@ def _sbatch_statement(script: Script, body: Node) -> Node | None:
     return _heredoc_command(body) if _heredoc_reader(script, body) == "sbatch" else None
 
 
+def _submission(statement: Node) -> Node:
+    """The node whose place says whether the `sbatch` of a job script runs: the `$(...)` of
+    `JOBID=$(sbatch --parsable <<EOF ...)` where that sbatch is its one command (the
+    substitution runs the sbatch wherever the assignment runs; the evaluator reads that form
+    alone, shell_script._Reader.submission), else the sbatch itself."""
+    redirected = statement.parent
+    outer = None if redirected is None else redirected.parent
+    if redirected is None or outer is None or redirected.type != "redirected_statement" \
+            or outer.type != "command_substitution":
+        return statement
+    inside = [c for c in outer.children if c.type not in ("$(", ")", "comment")]
+    return outer if inside == [redirected] else statement
+
+
 def sbatch_heredocs(script: Script) -> dict[int, HereDoc]:
     """The job scripts of `sbatch <<EOF` here-documents, by the line of their `sbatch` (where
     the evaluator meets the command): their text from the line after `<<EOF` to the line
@@ -274,7 +289,7 @@ def _candidates(script: Script, evaluated_lines: Mapping[int, str | None],
             # The job script of `sbatch <<EOF`, read by the evaluator: its launches, which run
             # when sbatch does (and when the job script gets there).
             for k, at in enumerate(inside):
-                where = context_of(statement) or (
+                where = context_of(_submission(statement)) or (
                     "inside an if/for/case block or a function of the sbatch job script"
                     if job_lines[at] else None)
                 upto = inside[k + 1] - 1 if k + 1 < len(inside) else end_line

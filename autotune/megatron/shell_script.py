@@ -7,7 +7,8 @@ continuations, comments), follows simple assignments in order (`NAME=value`, `ex
 expands `$NAME`, `${NAME}`, `${NAME:-default}` and `${NAME[@]}` with bash's word splitting.
 `[srun ...] sh -c STRING` (bash, sh) is read as the string's commands, lexed as the new shell
 lexes them, with the variables the script exported (Command.wrapper keeps `srun ...`); so is the
-job script of `sbatch <<EOF` (a here-document the caller hands over: HereDoc), expanded first by
+job script of `sbatch <<EOF` (a here-document the caller hands over: HereDoc; also of
+`JOBID=$(sbatch --parsable <<EOF ...)`, the substitution never run), expanded first by
 this script where its delimiter is unquoted, as bash does (Command.job keeps what sbatch gets).
 An `if` whose condition compares strings the script sets (`[[ "$DTYPE" == "fp8" ]]`, `[ -z
 "$X" ]`, `test`, joined by `&&` / `||`; Megatron-LM's own examples choose their FP8 and data
@@ -178,7 +179,8 @@ class Maybe:
 
 # ---- lexing --------------------------------------------------------------------------------
 # A raw word is a list of segments: ("lit", text, quoted) | ("var", spec, quoted)
-# | ("sub", text) for $(...), `...` and $((...)) | ("array", [raw words]).
+# | ("sub", text, line) for $(...), `...` and $((...)), `line` the lexed text's line it starts
+# on | ("array", [raw words]).
 
 
 _Seg = tuple[Any, ...]
@@ -282,7 +284,7 @@ class _Lexer:
                 end = self.s.find("`", self.i + 1)
                 if end < 0:
                     raise self.error("a backtick is not closed")
-                segs.append(("sub", self.s[self.i:end + 1]))
+                segs.append(("sub", self.s[self.i:end + 1], self.line_at(self.i)))
                 self.i = end + 1
             else:
                 segs.append(("lit", c, False))
@@ -344,7 +346,7 @@ class _Lexer:
                 end = self.s.find("`", self.i + 1)
                 if end < 0:
                     raise self.error("a backtick is not closed")
-                segs.append(("sub", self.s[self.i:end + 1]))
+                segs.append(("sub", self.s[self.i:end + 1], self.line_at(self.i)))
                 self.i = end + 1
             else:
                 segs.append(("lit", c, True))
@@ -366,11 +368,12 @@ class _Lexer:
     def _dollar(self, *, quoted: bool) -> _Seg:
         nxt = self.peek(1)
         if nxt == "(":
+            line = self.line_at(self.i)
             self.i += 1
             end = self._balanced("(", ")")
             text = "$" + self.s[self.i:end]
             self.i = end
-            return ("sub", text)
+            return ("sub", text, line)
         if nxt == "{":
             self.i += 1
             end = self._balanced("{", "}")
@@ -458,6 +461,9 @@ class _Reader:
         self.line = 1  # the line of the statement being read (Ref.line)
         self.wrapper: tuple[Word, ...] = ()  # the `srun ... sh -c` around the string being read
         self.unread: list[tuple[int, Word]] = []  # `sh -c STRING`s whose string is unknown
+        # Reading the file's own text, lexed with the file's lines (not an eval's, a sh -c
+        # string's or a job script's): only there is a `$(...)`'s line one of `heredocs`' keys.
+        self.file_lines = True
 
     def check_time(self) -> None:
         if time.monotonic() > self.deadline:
@@ -682,6 +688,8 @@ class _Reader:
         words = self.block_words(st)
         if words is None:
             return
+        for raw in words:
+            self.submission(raw)
         if words and self.skipping() and (_leading_assignment(words[0]) is not None
                                           or _literal(words[0]) in (*_DECLARE, "unset")):
             return  # an assignment in a branch the script does not run
@@ -738,6 +746,28 @@ class _Reader:
         maybe = tuple(m for name in self.touched for m in self.maybe.get(name, ()))
         self.commands.append(Command(tuple(expanded), env, tuple(self.exported.items()),
                                      st.line, maybe, self.wrapper, self.job, self.depth > 0))
+
+    def submission(self, raw: list[_Seg]) -> None:
+        """`JOBID=$(sbatch --parsable <<EOF ... EOF)`: a command substitution whose one command
+        is an sbatch fed a here-document submits that job script as `sbatch <<EOF` does (what
+        it captures is sbatch's output, the job id), so the job script is read as that one's;
+        the substitution itself is never run and its value stays unknown. Any other `$(...)`
+        is left as it was."""
+        if not self.file_lines:
+            return
+        for seg in raw:
+            if seg[0] != "sub" or not seg[1].startswith("$(") or seg[1].startswith("$(("):
+                continue
+            try:
+                inner = _Lexer(seg[1][2:-1], self.source).statements()
+            except ConfigError:
+                continue  # text autotune does not lex stays an unknown word, as before
+            if len(inner) != 1 or (_literal(inner[0].words[0]) or "").rsplit("/", 1)[-1] \
+                    != "sbatch":
+                continue
+            doc = self.heredocs.pop(seg[2] + inner[0].line - 1, None)
+            if doc is not None:
+                self.job_script(tuple(w for r in inner[0].words for w in self.expand(r)), doc)
 
     def assign(self, name: str, op: str, raw: list[_Seg], *, export: bool) -> None:
         if self.depth and self.appends_optional(name, op, raw):
@@ -799,9 +829,13 @@ class _Reader:
         # elsewhere (as without eval).
         text = " ".join("".join(p if isinstance(p, str) else f'"${{{p.name}}}"' if p.plain
                                 else p.text for p in w.parts) for w in words)
-        for st in _Lexer(text, self.source).statements():
-            st.line = line
-            self.statement(st)
+        file_lines, self.file_lines = self.file_lines, False
+        try:
+            for st in _Lexer(text, self.source).statements():
+                st.line = line
+                self.statement(st)
+        finally:
+            self.file_lines = file_lines
 
     def shell(self, wrapper: list[Word], string: Word, line: int) -> None:
         """`[srun ...] sh -c STRING`: the string read as the script a new shell runs. Its
@@ -887,7 +921,8 @@ class _Reader:
                   wrapper: Sequence[Word] = (), job: JobScript | None = None) -> None:
         """Statements read as a new shell runs them: with the variables this script exported
         (and the environment), none of its arrays; what they set stays in it."""
-        saved = (self.vars, self.exported, self.maybe, self.frames, self.wrapper, self.job)
+        saved = (self.vars, self.exported, self.maybe, self.frames, self.wrapper, self.job,
+                 self.file_lines)
         # A variable it did not export is not the new shell's; one autotune could not tell
         # (set in an if) keeps its reason.
         self.vars = {name: value if isinstance(value, Ref) else
@@ -899,11 +934,13 @@ class _Reader:
         self.maybe, self.frames = {}, []
         self.wrapper = (*saved[4], *wrapper)
         self.job = job or saved[5]
+        self.file_lines = False
         try:
             for st in statements:
                 self.statement(st)
         finally:
-            self.vars, self.exported, self.maybe, self.frames, self.wrapper, self.job = saved
+            (self.vars, self.exported, self.maybe, self.frames, self.wrapper, self.job,
+             self.file_lines) = saved
 
 
 class _MoreLines(Exception):
