@@ -12,8 +12,9 @@ from typing import Annotated
 
 import annotated_types as at
 
-__all__ = ["BYTES_MAX", "COUNT_MAX", "FLOAT_MAX", "PARAMETERS_MAX", "SECONDS_MAX", "Bytes",
-           "Count", "Fraction", "NonNegative", "NonNegativeInt", "Positive", "Text"]
+__all__ = ["BYTES_MAX", "COUNT_MAX", "FLOAT_MAX", "PARAMETERS_MAX", "SECONDS_MAX", "VOCAB_MIN",
+           "Bytes", "Count", "Fraction", "NonNegative", "NonNegativeInt", "Positive", "Text",
+           "Vocabulary"]
 
 COUNT_MAX = 2**40
 """The largest count read (layers, heads, vocabulary, tokens, GPUs): far above any real model,
@@ -32,6 +33,12 @@ thread's wait takes (threading.TIMEOUT_MAX; a longer wait raises OverflowError).
 
 Count = Annotated[int, at.Gt(0), at.Le(COUNT_MAX)]
 """A positive integer: layers, heads, widths, sizes."""
+VOCAB_MIN = 2
+"""The smallest vocabulary a model may have. With one token every label is that token: the
+softmax of a single logit is 1, the loss 0 and every gradient 0, so nothing trains (and no
+tokenizer has one: byte-level ones have 256, DNA models a dozen)."""
+Vocabulary = Annotated[int, at.Ge(VOCAB_MIN), at.Le(COUNT_MAX)]
+"""A vocabulary's size in tokens."""
 NonNegativeInt = Annotated[int, at.Ge(0), at.Le(COUNT_MAX)]
 """An integer that may be zero: layers given to a stage, a rank."""
 Bytes = Annotated[int, at.Ge(0), at.Le(BYTES_MAX)]

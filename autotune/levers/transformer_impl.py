@@ -34,9 +34,10 @@ if TYPE_CHECKING:
     from autotune.specs.hardware import ClusterSpec
     from autotune.specs.model import ModelSpec
 
-__all__ = ["CALIBRATED", "LEVER", "LOCAL_SOFTMAX_SAVED_BYTES", "SDPA_STANDS_IN",
+__all__ = ["CALIBRATED", "FUSED_ATTENTION_HEAD_DIM_MAX", "FUSED_ATTENTION_HEAD_DIM_MULTIPLE",
+           "FUSED_IMPLS", "LEVER", "LOCAL_SOFTMAX_SAVED_BYTES", "SDPA_STANDS_IN",
            "TRANSFORMER_IMPLS", "Constants", "Fields", "attention_bytes", "exported_layout",
-           "measured_as_exported"]
+           "fused_attention_unavailable", "measured_as_exported"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +151,42 @@ def measured_as_exported(layout: Layout) -> bool:
     return exported_layout(layout) == layout
 
 
+# ---- the head dims fused attention runs ----------------------------------------------------
+
+FUSED_ATTENTION_HEAD_DIM_MULTIPLE = 8
+FUSED_ATTENTION_HEAD_DIM_MAX = 256
+"""The head dims (Megatron --kv-channels) Transformer Engine 2.x runs as fused attention on the
+GPUs autotune plans for (A100, H100, H200): a multiple of 8, at most 256. TE picks a backend per
+shape (transformer_engine/pytorch/attention/dot_product_attention/utils.py,
+get_attention_backend): flash-attn is disabled unless "head_dim_qk %8 = 0, head_dim_qk <= 256";
+cuDNN's fused attention (common/fused_attn/fused_attn.cpp, nvte_get_fused_attn_backend) wants
+a multiple of 8 too, up to 128, up to 256 for training on sm90 with cuDNN 9.5 or later (the
+cuDNN frontend's support matrix: Hopper bprop d <= 256). Outside both, TE runs its
+UnfusedDotProductAttention: the s^2 scores in memory, as megatron-core's local spec does."""
+
+FUSED_IMPLS = (Impl.TE, Impl.SDPA)
+"""The implementations priced with fused attention (`_cost`, `attention_bytes`): TE's, and
+autotune's sdpa, which the export writes as TE (`exported_layout`)."""
+
+
+def fused_attention_unavailable(m: ModelSpec) -> str | None:
+    """Why no fused attention kernel runs `m`'s head dim; None where one does.
+
+    Such a model is not refused: Megatron-LM trains it with --transformer-impl local, whose
+    unfused attention runs any head dim and is what autotune prices for impl local. Its te and
+    sdpa layouts are dropped instead (rule `fused_head_dim`, autotune.search.impls): both are
+    priced as fused attention (no s^2 scores kept), while TE would run its unfused fallback
+    and the export writes TE for sdpa, so their figures would promise memory and speed that
+    the exported command does not have; and with cp > 1 TE has no backend at all
+    (get_attention_backend disables UnfusedDotProductAttention under context parallelism)."""
+    d = m.head_dim
+    if d % FUSED_ATTENTION_HEAD_DIM_MULTIPLE == 0 and d <= FUSED_ATTENTION_HEAD_DIM_MAX:
+        return None
+    return (f"head dim {d}: Transformer Engine's fused attention (flash-attn, cuDNN) needs a "
+            f"multiple of {FUSED_ATTENTION_HEAD_DIM_MULTIPLE} up to "
+            f"{FUSED_ATTENTION_HEAD_DIM_MAX}; impl local (Megatron's unfused attention) runs any")
+
+
 # ---- rules ---------------------------------------------------------------------------------
 
 
@@ -165,6 +202,12 @@ def _cp(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     if s.cp > 1 and s.impl != "te":
         return f"cp={s.cp} needs impl=te (Transformer Engine attention), got impl={s.impl}"
     return None
+
+
+def _fused_head_dim(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
+    # fused_attention_unavailable says why such layouts are dropped rather than the model.
+    why = fused_attention_unavailable(m) if s.impl in FUSED_IMPLS else None
+    return None if why is None else f"impl={s.impl}: {why}"
 
 
 # ---- flags ---------------------------------------------------------------------------------
@@ -303,7 +346,9 @@ LEVER = Lever(
     name="transformer_impl",
     fields=Fields,
     rules=(Rule("impl_known", 5, "impl must be local, te or sdpa", _known),
-           Rule("cp_impl", 5, "context parallelism needs Transformer Engine attention", _cp)),
+           Rule("cp_impl", 5, "context parallelism needs Transformer Engine attention", _cp),
+           Rule("fused_head_dim", 5, "impl te and sdpa need a head dim fused attention runs",
+                _fused_head_dim)),
     flag_rows=(FlagRow(name="impl", part=Part.LAYOUT,
                        flags=(Flag("--transformer-impl"),
                               *(Flag(name, takes_value=False)

@@ -9,18 +9,25 @@ it (`megatron_args.exported_layout`). A ranking is only worth what the exported 
   outputs say its figure is sdpa's (`megatron_args.measured_as_exported`);
 - real trials with Transformer Engine installed measure te in sdpa's place, so the winner's
   figure is the command's; without it te cannot run, and sdpa stands in (said by the outputs);
-- `--backend megatron-lm` runs pretrain_gpt.py, which has no sdpa.
+- `--backend megatron-lm` runs pretrain_gpt.py, which has no sdpa;
+- a model whose head dim no fused attention kernel runs ranks local only, whatever the backend
+  (autotune.levers.transformer_impl.fused_attention_unavailable says why).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from autotune.dimensions import Impl
 from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout
+from autotune.levers.transformer_impl import FUSED_IMPLS, fused_attention_unavailable
 from autotune.megatron.megatron_args import exported_layout
 from autotune.search.backends import BackendName
+
+if TYPE_CHECKING:
+    from autotune.specs.model import ModelSpec
 
 __all__ = ["ImplChoice", "practice_impl", "rankable_impls"]
 
@@ -46,8 +53,12 @@ class ImplChoice:
         """One line for stderr when the space's list was changed; None when it was not."""
         if not self.left_out or self.quiet:
             return None
+        # Impls left out for one reason share it (te and sdpa for a head dim: one line).
+        by_reason: dict[str, list[str]] = {}
+        for i, why in sorted(self.left_out.items()):
+            by_reason.setdefault(why, []).append(str(i))
         return "autotune: impl left out: " + "; ".join(
-            f"{i} ({why})" for i, why in sorted(self.left_out.items()))
+            f"{', '.join(names)} ({why})" for why, names in by_reason.items())
 
 
 def _sdpa_reason(backend: str, *, te_installed: bool, asked: bool) -> str | None:
@@ -60,22 +71,27 @@ def _sdpa_reason(backend: str, *, te_installed: bool, asked: bool) -> str | None
 
 
 def rankable_impls(impls: tuple[Impl, ...], backend: str, *, te_installed: bool,
-                   asked: bool) -> ImplChoice:
+                   asked: bool, model: ModelSpec | None = None) -> ImplChoice:
     """Of a space's `impls`, those `backend` may rank. `te_installed`: Transformer Engine
     imports here (real trials need it; a plan does not). `asked`: the user chose the impl
-    candidates themselves (autotune.search.space.SearchSpace.chosen)."""
+    candidates themselves (autotune.search.space.SearchSpace.chosen). `model`: where its head
+    dim has no fused attention kernel, te and sdpa are left out (the rule fused_head_dim
+    would refuse each of their layouts; here the user is told once, and why)."""
     impls = tuple(Impl(i) for i in impls)
     te_runs = backend == BackendName.SIMULATE or te_installed
     left_out: dict[Impl, str] = {}
     if not te_runs and Impl.TE in impls:
         left_out[Impl.TE] = _NO_TE
     why = _sdpa_reason(backend, te_installed=te_installed, asked=asked)
+    unfused = None if model is None else fused_attention_unavailable(model)
     added: tuple[Impl, ...] = ()
     if Impl.SDPA in impls and why is not None:
         left_out[Impl.SDPA] = why
         standin = exported_layout(Layout(impl=Impl.SDPA)).impl
-        if te_runs and standin not in impls:
+        if te_runs and standin not in impls and unfused is None:
             added = (standin,)
+    if unfused is not None:
+        left_out.update((i, unfused) for i in FUSED_IMPLS if i in impls)
     kept = tuple(i for i in impls if i not in left_out) + added
     if not kept:
         raise ConfigError(f"impl candidates {', '.join(impls)} cannot run here "

@@ -8,7 +8,8 @@ approximated silently: an unknown architecture, a sequence longer than the windo
 sliding-window attention in use (the sequence defaults to the window), dense layers among the
 MoE layers. Qwen2's QKV bias, Qwen3's QK norm and Qwen2-MoE's gated shared expert are part of
 the model (ModelSpec.add_qkv_bias, qk_layernorm, moe_shared_expert_intermediate_size);
-fields that do not change memory or step time (RoPE scaling) are noted, not refused.
+fields that do not change memory or step time (RoPE scaling, the checkpoint's dtype) are noted,
+not refused; a dtype that is no torch dtype is refused, as transformers refuses it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,20 @@ GLOBAL_BATCH = {"gpt2": 64}
 family (gpt2*.yaml 64; llama3 and mixtral 512, DEFAULT_GLOBAL_BATCH); --global-batch-size
 overrides it."""
 DEFAULT_GLOBAL_BATCH = 512
+
+TORCH_DTYPES = frozenset((
+    "bfloat16", "bool", "cdouble", "cfloat", "chalf", "complex128", "complex32", "complex64",
+    "double", "float", "float16", "float32", "float4_e2m1fn_x2", "float64", "float8_e4m3fn",
+    "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "half", "int",
+    "int1", "int16", "int2", "int3", "int32", "int4", "int5", "int6", "int64", "int7", "int8",
+    "long", "qint32", "qint8", "quint2x4", "quint4x2", "quint8", "short", "uint1", "uint16",
+    "uint2", "uint3", "uint32", "uint4", "uint5", "uint6", "uint64", "uint7", "uint8"))
+"""The names `dtype` / `torch_dtype` may hold: torch 2.13's attributes that are a torch.dtype
+(the bits* types left out), which transformers' PreTrainedConfig.__post_init__ looks up with
+getattr(torch, name); any other name stops transformers loading the config."""
+CHECKPOINT_DTYPE_USUAL = "bfloat16"
+"""The dtype checkpoints of the mapped families are stored in, and the one autotune trains in
+(Megatron --bf16): not worth a note."""
 
 _LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
 SUPPORTED = ("gpt2", *_LLAMA_LIKE)
@@ -126,6 +141,25 @@ class _Config:
         return ConfigError(f"{self.source}: {what}")
 
 
+def _checkpoint_dtype(c: _Config) -> list[str]:
+    """A note on the checkpoint's dtype where it is not bf16, or ConfigError where it is no
+    dtype. It says how the weights are stored, not how Megatron trains them: the precision is
+    Megatron's --bf16 (autotune.megatron.megatron_args) and FP8 where a layout asks for it,
+    whatever the checkpoint's, so it changes neither memory nor step time."""
+    # transformers >= 4.56 writes `dtype`, older ones `torch_dtype`; with both, `dtype` wins
+    # (PreTrainedConfig.__post_init__).
+    key = "dtype" if c.get("dtype") is not None else "torch_dtype"
+    value = c.get(key)
+    if value is None or value == CHECKPOINT_DTYPE_USUAL:
+        return []
+    if not isinstance(value, str) or value not in TORCH_DTYPES:
+        raise c.refuse(f"{key} {shown(value)} is not a torch dtype, so transformers cannot "
+                       "load this config (the usual ones: bfloat16, float16, float32)")
+    return [f"{key} {value} is how the checkpoint's weights are stored, not how Megatron "
+            "trains them: autotune plans bf16 mixed precision (--bf16; FP8 where a layout "
+            "says so) for every model"]
+
+
 def _gpt2(c: _Config) -> tuple[dict[str, Any], list[str]]:
     # transformers GPT2Config: n_inner None means 4 * n_embd; gelu_new is the tanh-approximated
     # GELU, which Megatron's default MLP (bias_gelu) computes; LayerNorm with biases; tied
@@ -156,6 +190,14 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
     # A head dimension of the model's own (Qwen3, Gemma: Megatron --kv-channels); equal to
     # hidden / heads it is Megatron's default and left implicit.
     kv_channels = None if head_dim is None or head_dim * heads == hidden else head_dim
+    if head_dim is None and hidden % heads:
+        raise c.refuse(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                       "and no head_dim says the heads' width")
+    groups = c.count("num_key_value_heads", heads)
+    if heads % groups:
+        # Each key/value head serves a whole group of query heads (GQA; Megatron
+        # --num-query-groups, which megatron-core asserts divides the heads).
+        raise c.refuse(f"num_key_value_heads {groups} must divide num_attention_heads {heads}")
     if c.text("hidden_act", "silu") != "silu":
         raise c.refuse(f"hidden_act {shown(c.get('hidden_act'))}: autotune maps the SwiGLU "
                        "(silu-gated) MLP of these models only")
@@ -185,7 +227,7 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
     values: dict[str, Any] = {
         "num_layers": c.count("num_hidden_layers"), "hidden_size": hidden,
         "num_attention_heads": heads,
-        "num_query_groups": c.count("num_key_value_heads", heads), "kv_channels": kv_channels,
+        "num_query_groups": groups, "kv_channels": kv_channels,
         "ffn_hidden_size": c.count("intermediate_size"), "vocab_size": c.count("vocab_size"),
         "seq_length": seq, "max_position_embeddings": positions, "sliding_window": window,
         "gated_linear_unit": True, "activation": "swiglu", "normalization": "RMSNorm",
@@ -255,6 +297,7 @@ def read_hf_config(name_or_path: str) -> HfModel:
         raise ConfigError(f"{source}: model_type {shown(kind)} ({arch}) is not an architecture "
                           f"autotune maps (it reads {', '.join(SUPPORTED)})")
     values, notes = _gpt2(c) if kind == "gpt2" else _llama_like(c, kind)
+    notes += _checkpoint_dtype(c)
     values["global_batch_size"] = GLOBAL_BATCH.get(kind, DEFAULT_GLOBAL_BATCH)
     spec = model_from_mapping({"name": _name(path, data), **values}, source)
     return HfModel(check_size(spec), tuple(notes))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.inputs.bounds import Count, Fraction
+from autotune.inputs.bounds import Count, Fraction, Vocabulary
 
 __all__ = ["MODEL_NAME_MAX", "ModelSpec", "model_from_mapping", "padded_vocab_size"]
 
@@ -34,7 +34,7 @@ class ModelSpec:
     own: the query and the attention output are then heads x kv_channels wide, not hidden."""
     ffn_hidden_size: Count | None = None
     """MLP width; None means 4 * hidden_size, as Megatron defaults."""
-    vocab_size: Count
+    vocab_size: Vocabulary
     seq_length: Count
     max_position_embeddings: Count | None = None
     sliding_window: Count | None = None
