@@ -11,32 +11,11 @@
 # and fp8-llama3b.yaml), search (`autotune gpt2-xl --gpus 1`, default flags, SEARCH_BUDGET_S).
 # Every trial records its per-step losses (the FP8 guard's input) and NVML clocks.
 # $OUT: summary.txt (tools/study_table.py), losses.txt, clocks.csv, versions.txt, results.tgz.
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
+CLOCKS=1 source tools/device_te_prelude.sh
 parts=" ${PARTS:-xl llama search} "
-start=$(date +%s)
-elapsed() { echo "$(( $(date +%s) - start ))s"; }
-if [[ ! -d /tmp/site/transformer_engine ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl .whl-search/*.whl .whl-te/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD
-echo "installed at $(elapsed)"
-python3 -c "import sys, torch, megatron.core as mc, transformer_engine as te, optuna
-from transformer_engine.pytorch.quantization import check_fp8_support  # TE >= 2.9
+python3 -c "from transformer_engine.pytorch.quantization import check_fp8_support  # TE >= 2.9
 ok, why = check_fp8_support()
-print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
-      'megatron-core', mc.__version__, 'te', te.__version__, 'optuna', optuna.__version__,
-      'fp8 support', ok, why)" 2>&1 | grep -v -i warn | tee "$out/versions.txt"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
-  | tee -a "$out/versions.txt"
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
-    --format=csv -lms 1000 > "$out/clocks.csv" 2>&1 &
-smi=$!
-trap 'kill $smi 2>/dev/null' EXIT
+print('fp8 support', ok, why)" 2>&1 | grep -v -i warn | tee -a "$out/versions.txt"
 
 grid=(--gpus 1 --sampler grid --stop-rule none --stable-cv 0 --warmup-steps 3)
 llama=tests/data/hf/llama-3.2-3b.json
