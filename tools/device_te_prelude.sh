@@ -1,8 +1,8 @@
 # Sourced by the one-GPU device scripts that run autotune with Transformer Engine
 # (tools/device_issue26.sh, device_qwen3.sh, device_shared_expert.sh, device_moe_experts.sh):
 # the NCCL settings the lent machines need, the carried wheels installed once per machine
-# (.whl .whl-search .whl-te), PYTHONPATH, $out (= $OUT), `elapsed`, and versions.txt. With CLOCKS=1 it also records NVML
-# clocks to $out/clocks.csv for the script's lifetime.
+# (.whl .whl-search .whl-te), PYTHONPATH, $out (= $OUT), `elapsed`, and versions.txt. With
+# CLOCKS=1 it also records NVML clocks to $out/clocks.csv for the script's lifetime.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
