@@ -120,7 +120,7 @@ class CostParams(LeverConstants):
     autotune's first measured MoE trials of real layers, 20 on one H200 in two calls with TE
     2.11 (tests/data/measured_moe_trials.json: 8, 24, 60 and 64 experts of 1408, top 4, with and
     without a shared expert, mbs 1-8, bf16 and FP8, full recompute): every trial's step time
-    was predicted 33-80% fast without them (median 60%); with them, median 14.5%, worst 46.5%.
+    was predicted 32-80% fast without them (median 60%); with them, median 14.5%, worst 46.5%.
     Per layer alone: 23.3 ms, median 16.6%, worst 84%; per expert alone: 0.57 ms, 17.2%, 67%.
     Fitted to one call and predicting the other: median 10.1% and 32.6%: the host's speed moves
     these trials by tens of percent between machines of one kind (a third call ran the 64-expert
