@@ -588,18 +588,26 @@ def cast_elements(m: ModelSpec, s: Layout) -> tuple[float, float]:
     sp = s.tp if s.sequence_parallel else 1
     h = m.hidden_size
     k = m.moe_topk if m.is_moe else 1
-    (_, _, qkv), (_, heads, _), (_, _, fc1), (_, f, _) = gemm_dims(m, s)[:4]
+    dims = gemm_dims(m, s)
+    (_, _, qkv), (_, heads, _), (_, _, fc1), (_, f, _) = dims[:4]
     norm = h / sp + (0.0 if m.is_moe else h / sp)
     forward = heads + k * f + (k * h / sp if m.is_moe else 0.0)
     backward = qkv + h / sp + k * (fc1 + h / sp)
     # A shared expert (TEColumnParallelLinear + TERowParallelLinear on the separate norm's
-    # output): both inputs forward, both output gradients backward, as a dense MLP's.
-    fs = m.shared_expert_ffn_size / s.tp
-    if fs:
-        gates = 2 if m.gated_linear_unit else 1
-        forward += h / sp + fs
-        backward += gates * fs + h / sp
+    # output, gemm_dims' shared_fc1 and shared_fc2): both inputs forward, both output gradients
+    # backward, as a dense MLP's.
+    for (_, fc1_in, fc1_out), (_, fc2_in, fc2_out) in zip(dims[4::2], dims[5::2], strict=True):
+        forward += fc1_in / sp + fc2_in
+        backward += fc1_out + fc2_out / sp
     return norm, forward + backward
+
+
+def _dense_mlps(m: ModelSpec) -> int:
+    """MLPs of one layer built of TE's column- and row-parallel linears, whose inputs and output
+    gradients are gathered and amax-reduced over the tensor-parallel ranks: a dense model's MLP,
+    or an MoE layer's shared expert (its routed experts are a GroupedLinear, fed by the
+    dispatcher)."""
+    return 0 if m.is_moe and not m.shared_expert_ffn_size else 1
 
 
 def sp_gathers(m: ModelSpec, s: Layout) -> int:
@@ -610,14 +618,11 @@ def sp_gathers(m: ModelSpec, s: Layout) -> int:
     again for the weight gradient (`ln_out_needs_gather`, `backward_input_needs_gather`) and
     each row-parallel GEMM's output gradient (base.py grad_output_preprocess
     `gather_grad_output`: proj, fc2). An MoE layer's experts (GroupedLinear) receive their
-    tokens from megatron-core's dispatcher instead: only attention's count. 0 without
-    sequence parallelism."""
+    tokens from megatron-core's dispatcher instead: only attention's count, and a shared
+    expert's (_dense_mlps). 0 without sequence parallelism."""
     if not (s.sequence_parallel and s.tp > 1):
         return 0
-    # A shared expert is a dense MLP beside the experts: its fc1 and fc2 count.
-    mlp = 0 if m.is_moe and not m.shared_expert_ffn_size else 1
-    column = 1 + mlp
-    row = 1 + mlp
+    column = row = 1 + _dense_mlps(m)
     return 2 * column + row
 
 
@@ -674,10 +679,10 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     # linear.py / layernorm_linear.py _customize_quantizers_float8_current_scaling:
     # with_amax_reduction over tp_group; GroupedLinear, an MoE layer's experts, does not), each
     # an all-reduce of one fp32 that the cast waits for (quantizer.cpp quantize_impl):
-    # latency, 1 a pass of attention and 1 of a dense MLP.
+    # latency, 1 a pass of attention and 1 of each dense MLP (_dense_mlps).
     amax_reductions = 0.0
     if s.fp8_recipe == Fp8Recipe.TENSORWISE and s.sequence_parallel and s.tp > 1:
-        amax_reductions = 1.0 + (0.0 if m.is_moe and not m.shared_expert_ffn_size else 1.0)
+        amax_reductions = 1.0 + _dense_mlps(m)
     return evolve(state, layer_gemm_speedup=layer_gemm_speedup(m, s, c.gpu, p),
                   layer_host_floor_s=max(state.layer_host_floor_s, host),
                   layer_tp_extra_s=state.layer_tp_extra_s

@@ -135,7 +135,7 @@ class CostParams(LeverConstants):
     split sizes, workspace and (FP8) quantizers set up for each. Fitted with
     moe_layer_launch_s (above). NVIDIA's Qwen3-30B-A3B recipe on 16 x H100, whose MoE runs with
     the permutation and the router fused (Megatron-Bridge 0.1.0rc3 changelog), is predicted at
-    0.73 of its published tokens/s without the two terms and lower with them
+    0.73 of its published tokens/s without the two terms and at 0.37 with them
     (results/benchmarks/2026-11-29-h200-moe-experts-s22.md)."""
     cp_ring_step_host_s: float = 0.0036
     """Host time of one step of Transformer Engine's context-parallel ring per layer and
@@ -404,8 +404,9 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     layer = LayerTimes(gemm=gemm_fwd, core=core_fwd, elem=elem_fwd, tp=tp_fwd, cp=cp_fwd,
                        ep=ep_fwd, dropout=dropout_fwd)
 
-    # An MoE layer's host time per local expert, which the GPU waits for (expert_launch_s).
-    expert_s = prm.moe_layer_launch_s + prm.expert_launch_s * model.num_experts / s.ep \
+    # An MoE layer's host time per micro-batch, which the GPU waits for: per layer and per
+    # local expert (moe_layer_launch_s, expert_launch_s).
+    moe_host_s = prm.moe_layer_launch_s + prm.expert_launch_s * model.num_experts / s.ep \
         if model.is_moe and model.num_experts else 0.0
 
     # The last stage adds the output layer (2 h V per token forward) and the vocab-parallel
@@ -442,7 +443,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
                 stage = stage_term(model, s, cluster, prm, stage)
             stages[n] = stage
         times[key] = _stage_time(s, prm, state, stage, logits_s=logits_s if key[1] else 0.0,
-                                 pp_s=pp_mb, expert_s=expert_s)
+                                 pp_s=pp_mb, moe_host_s=moe_host_s)
     per_stage = [times[(n, i == s.pp - 1)] for i, n in enumerate(counts)]
     pace = max(per_stage, key=lambda st: st.total)
     compute_mb, tp_mb, cp_mb, ep_mb = pace.compute, pace.tp, pace.cp, pace.ep
@@ -516,11 +517,11 @@ class _StageTime:
 
 
 def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState, *,
-                logits_s: float, pp_s: float, expert_s: float = 0.0) -> _StageTime:
+                logits_s: float, pp_s: float, moe_host_s: float) -> _StageTime:
     """Time of one stage of `stage.layers` layers for one micro-batch: forward (1) + backward
     (2) of every layer, plus what the levers add (StageState: the forwards recompute reruns,
-    its checkpoints, offload's exposed copies). `expert_s`: an MoE layer's host time for its
-    local experts (CostParams.expert_launch_s), launched like the rest of the layer."""
+    its checkpoints, offload's exposed copies). `moe_host_s`: an MoE layer's host time
+    (CostParams.moe_layer_launch_s and expert_launch_s), launched like the rest of the layer."""
     n, layer = stage.layers, stage.layer
     full = stage.recomputed_forwards
     compute = n * (3 + full) * (layer.gemm + layer.core + layer.elem) \
@@ -529,7 +530,7 @@ def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState,
     tp = n * (2 + full) * layer.tp
     cp = n * (3 + full + stage.attention_reruns) * layer.cp
     ep = n * (2 + full) * layer.ep
-    per_layer = prm.layer_launch_s + state.layer_launch_extra_s + expert_s
+    per_layer = prm.layer_launch_s + state.layer_launch_extra_s + moe_host_s
     relaunch = 1 + 0.5 * full  # recompute relaunches the forward
     launches = n * per_layer * relaunch
     launch = launches
