@@ -10,6 +10,7 @@ import pytest
 from autotune.errors import ConfigError, InvalidLayoutError
 from autotune.layouts.layout import Layout
 from autotune.levers import LEVERS
+from autotune.megatron.core_config import core_config
 from autotune.megatron.megatron_args import (
     FLAG_TABLE,
     flag_names,
@@ -222,10 +223,14 @@ def test_null_tokenizer_gets_autotunes_padded_vocabulary(model: ModelSpec, tp: i
     assert -(-vocab // multiple) * multiple == padded_vocab_size(model, tp)
 
 
-def test_moe_without_ep_keeps_the_allgather_dispatcher() -> None:
-    args = megatron_lm_args(MIXTRAL, Layout(dp=8, gbs=512))
-    assert args[args.index("--moe-token-dispatcher-type") + 1] == "allgather"
-    assert "--expert-model-parallel-size" not in args
+@pytest.mark.parametrize("ep", [1, 2, 8])
+def test_moe_export_runs_the_workers_dispatcher_at_every_ep(ep: int) -> None:
+    # Megatron-LM's default is allgather; the worker builds alltoall, measured faster at ep 1.
+    args = megatron_lm_args(MIXTRAL, Layout(dp=8, ep=ep, gbs=512))
+    dispatcher = args[args.index("--moe-token-dispatcher-type") + 1]
+    assert dispatcher == core_config(MIXTRAL, Layout(dp=8, ep=ep, gbs=512)).transformer[
+        "moe_token_dispatcher_type"] == "alltoall"
+    assert ("--expert-model-parallel-size" in args) == (ep > 1)
 
 
 def test_dense_model_has_no_moe_flags() -> None:

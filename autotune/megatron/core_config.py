@@ -25,7 +25,7 @@ from autotune.layouts.layout import Layout
 from autotune.levers import LEVERS
 from autotune.specs.model import ModelSpec, padded_vocab_size
 
-__all__ = ["CHECK_FOR_NAN", "CoreConfig", "core_config"]
+__all__ = ["CHECK_FOR_NAN", "MOE_TOKEN_DISPATCHER", "CoreConfig", "core_config"]
 
 CHECK_FOR_NAN = True
 """Megatron-LM checks every micro-batch's loss for NaN and Inf (pretrain_gpt.py loss_func,
@@ -33,6 +33,14 @@ through megatron-core's rerun state machine) and the gradient buckets for NaN (t
 get_model: DDP check_for_nan_in_grad), unless --no-check-for-nan-in-loss-and-grad. Each check
 waits for the GPU, so the worker does the same: a trial then measures what the exported command
 runs (on an H100, gpt2-xl with TE: Megatron-LM 5.9% below a worker without the checks)."""
+
+MOE_TOKEN_DISPATCHER = "alltoall"
+"""megatron-core's token dispatcher for every MoE layout, the worker's and the export's
+(--moe-token-dispatcher-type), at every ep. Megatron-LM recommends alltoall with expert
+parallelism (arguments.py); at ep 1 it was also the faster of the two on one H200 with TE 2.11,
+by 1.3-10.6% on four layouts (64 experts at mbs 1 and 4, 8 experts, Qwen1.5-MoE's layer with its
+shared expert: results/benchmarks/2026-11-29-h200-moe-dispatcher-s23.md). Until session 23 the
+export wrote allgather at ep 1, a run slower than the one the worker had measured."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,7 +134,7 @@ def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
             "num_moe_experts": m.num_experts,
             "moe_router_topk": m.moe_topk,
             "moe_ffn_hidden_size": m.expert_ffn_size,
-            "moe_token_dispatcher_type": "alltoall",
+            "moe_token_dispatcher_type": MOE_TOKEN_DISPATCHER,
             "moe_router_load_balancing_type": "aux_loss",
             "moe_aux_loss_coeff": 1e-2,
         })

@@ -42,6 +42,7 @@ from autotune.levers.transformer_impl import (
     exported_layout,
     measured_as_exported,
 )
+from autotune.megatron.core_config import MOE_TOKEN_DISPATCHER
 from autotune.megatron.megatron_versions import MegatronVersion, running, spell_args
 from autotune.specs.elementwise import rope_fused
 from autotune.specs.model import ModelSpec
@@ -241,9 +242,8 @@ def _read_sequence_parallel(g: Given) -> dict[str, Any]:
 def _emit_dispatcher(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
     if not m.is_moe:
         return []
-    # arguments.py help: "We recommend using 'alltoall' when applying expert parallelism";
-    # the default 'allgather' gathers every token on every rank.
-    return ["--moe-token-dispatcher-type", "alltoall" if s.ep > 1 else "allgather"]
+    # The dispatcher the worker measured, at every ep (Megatron-LM's default is allgather).
+    return ["--moe-token-dispatcher-type", MOE_TOKEN_DISPATCHER]
 
 
 def _read_batch(g: Given) -> dict[str, Any]:

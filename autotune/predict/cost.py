@@ -111,12 +111,15 @@ class CostParams(LeverConstants):
     measurements (autotune calibrate); it is what makes small micro-batches slow."""
     moe_layer_launch_s: float = 0.0103
     """Host time of an MoE layer per micro-batch (forward + backward) that the GPU waits for,
-    whatever its expert count; expert_launch_s adds its share per local expert. megatron-core's
-    alltoall dispatcher (the one autotune's worker and export use) copies the tokens per expert
-    to the host and synchronizes on it in every MoE layer (moe/token_dispatcher.py,
-    _maybe_dtoh_and_synchronize), so what follows (the permutation, one GEMM per local expert in
-    TE's GroupedLinear, the unpermutation, the router's auxiliary loss) is issued while the GPU
-    idles, as layer_launch_s is. Fitted with expert_launch_s (every other constant shipped) to
+    whatever its expert count; expert_launch_s adds its share per local expert. A profile of one
+    H200 step (tools/device_profile.py, results/benchmarks/2026-11-29-h200-moe-dispatcher-s23.md)
+    puts the GPU's kernels at 20-36% of the step (mbs 1 and 4): the step waits for the host.
+    The largest part is TE's GroupedLinear (fc1 and fc2, forward and backward: its Python sets up
+    each expert's GEMM, split and workspace): 7.8 ms per layer and micro-batch with 8 experts,
+    16.7 ms with 64 (under the profiler, which slowed the step 1.3-1.5x); the router, the
+    permutation and the dispatcher's host synchronizations (moe/token_dispatcher.py,
+    _maybe_dtoh_and_synchronize) take a few ms more. Fitted with expert_launch_s (every other
+    constant shipped) to
     autotune's first measured MoE trials of real layers, 20 on one H200 in two calls with TE
     2.11 (tests/data/measured_moe_trials.json: 8, 24, 60 and 64 experts of 1408, top 4, with and
     without a shared expert, mbs 1-8, bf16 and FP8, full recompute): every trial's step time
