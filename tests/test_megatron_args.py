@@ -59,7 +59,7 @@ def _megatron_lm_parser() -> argparse.ArgumentParser:
                  "--untie-embeddings-and-output-weights", "--sequence-parallel", "--bf16",
                  "--use-distributed-optimizer", "--overlap-grad-reduce",
                  "--overlap-param-gather", "--log-throughput", "--mock-data",
-                 "--log-timers-to-tensorboard"):
+                 "--log-timers-to-tensorboard", "--moe-grouped-gemm"):
         p.add_argument(name, action="store_true")
     p.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear")
     # core_v0.16.1 arguments.py: the first two store_false into the fusion's name, the third
@@ -144,6 +144,7 @@ MIXTRAL_EP = [
     "--bf16", "--lr", "0.0001", "--seed", "1234",
     "--use-distributed-optimizer",
     "--transformer-impl", "transformer_engine", "--no-gradient-accumulation-fusion",
+    "--moe-grouped-gemm",
     "--log-interval", "1", "--log-throughput", "--eval-iters", "0", "--eval-interval", "1000",
     "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "31999",
 ]
@@ -210,6 +211,8 @@ def test_every_flag_parses_as_megatron_lm_declares_it(model: ModelSpec,
     assert ns.no_persist_layer_norm is local
     assert ns.attention_softmax_in_fp32 is local  # as megatron-core's TransformerConfig default
     assert ns.cross_entropy_loss_fusion is layout.cross_entropy_fusion
+    # The experts as the worker builds them: grouped (TEGroupedMLP) with TE's spec.
+    assert ns.moe_grouped_gemm is (model.is_moe and layout.impl == "te")
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])

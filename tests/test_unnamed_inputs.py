@@ -59,6 +59,11 @@ MOE = " --num-experts 8 --moe-router-topk 2"
     (MOE + " --moe-shared-expert-intermediate-size 0", None),
     (MOE + " --moe-layer-freq '([0]*3+[1]*21)'", "dense layers among the MoE layers"),
     (MOE + " --moe-layer-freq 1", None),
+    # Grouped GEMMs are TE's TEGroupedMLP, as the worker builds them; with the local spec they
+    # are megatron-core's legacy GroupedMLP (the grouped_gemm package), not modelled.
+    (MOE + " --moe-grouped-gemm", None),
+    (MOE + " --transformer-impl local --moe-grouped-gemm", "legacy GroupedMLP"),
+    (" --transformer-impl local --moe-grouped-gemm", None),  # no experts: Megatron ignores it
     (" --mtp-num-layers 1", "multi-token prediction layers"),
     (" --mtp-num-layers 0", None),
     (" --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*12|t*12L'",
@@ -100,9 +105,10 @@ def test_the_refusal_is_one_line_exit_2(tmp_path: Path,
      []),
     (MOE + " --tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size=2",
      []),
+    # --moe-grouped-gemm is what impl te runs (TEGroupedMLP): read, not named.
     (MOE + " --moe-grouped-gemm --moe-expert-capacity-factor 1.0 "
      "--moe-pad-expert-input-to-capacity --moe-layer-recompute",
-     ["--moe-grouped-gemm", "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
+     ["--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
       "--moe-layer-recompute"]),
     (" --use-flash-attn --qk-layernorm --add-qkv-bias --fp32-residual-connection",
      ["--use-flash-attn", "--fp32-residual-connection"]),             # the model's, read

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import Impl, dimension, value_label
-from autotune.errors import InvalidLayoutError
+from autotune.errors import ConfigError, InvalidLayoutError
 from autotune.levers.base import AttentionBytes, CostState, Lever, MemoryState, Rule, Seed, evolve
 from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions
 from autotune.specs.activations import dropout_rate
@@ -35,9 +35,10 @@ if TYPE_CHECKING:
     from autotune.specs.model import ModelSpec
 
 __all__ = ["CALIBRATED", "FUSED_ATTENTION_HEAD_DIM_MAX", "FUSED_ATTENTION_HEAD_DIM_MULTIPLE",
-           "FUSED_IMPLS", "LEVER", "LOCAL_SOFTMAX_SAVED_BYTES", "SDPA_STANDS_IN",
-           "TRANSFORMER_IMPLS", "Constants", "Fields", "attention_bytes", "exported_layout",
-           "fused_attention_unavailable", "measured_as_exported"]
+           "FUSED_IMPLS", "GROUPED_GEMM_FLAG", "LEVER", "LOCAL_SOFTMAX_SAVED_BYTES",
+           "SDPA_STANDS_IN", "TRANSFORMER_IMPLS", "Constants", "Fields", "attention_bytes",
+           "exported_layout", "fused_attention_unavailable", "grouped_gemm",
+           "measured_as_exported"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,6 +236,19 @@ runs.md). The worker accumulates without the fusion (autotune.megatron.core_conf
 says the same; with apex installed, dropping the flag is the user's choice."""
 
 
+GROUPED_GEMM_FLAG = "--moe-grouped-gemm"
+
+
+def grouped_gemm(m: ModelSpec, s: Layout) -> bool:
+    """The experts' GEMMs run grouped (megatron-core moe_grouped_gemm): TE's spec with experts
+    builds TEGroupedMLP, one TE GroupedLinear per projection (gpt_layer_specs.py
+    get_gpt_layer_with_transformer_engine_spec). The worker builds it and the export writes
+    --moe-grouped-gemm for it: without the flag Megatron-LM's TE spec runs SequentialMLP, one TE
+    Linear per expert, an implementation autotune never measured (the export left the flag out
+    until session 23)."""
+    return m.is_moe and s.impl == Impl.TE
+
+
 def _emit(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
     if s.impl not in TRANSFORMER_IMPLS:
         raise InvalidLayoutError(
@@ -245,6 +259,8 @@ def _emit(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
         args += _LOCAL_SPEC_ARGS
     elif s.impl == "te":
         args += _TE_SPEC_ARGS
+    if grouped_gemm(m, s):
+        args.append(GROUPED_GEMM_FLAG)
     return args
 
 
@@ -252,6 +268,14 @@ def _read(g: Given) -> dict[str, Any]:
     # arguments.py: --transformer-impl defaults to transformer_engine.
     chosen = g.choice("--transformer-impl", tuple(TRANSFORMER_IMPLS.values()),
                       TRANSFORMER_IMPLS["te"])
+    if chosen == TRANSFORMER_IMPLS["local"] and g.has(GROUPED_GEMM_FLAG) and g.integer(
+            "--num-experts"):
+        # The local spec with grouped GEMMs is megatron-core's legacy GroupedMLP (the
+        # grouped_gemm package); autotune's local spec runs one MLP per expert.
+        raise ConfigError(f"{g.source}: {GROUPED_GEMM_FLAG} with --transformer-impl local runs "
+                          "megatron-core's legacy GroupedMLP, which autotune does not model; "
+                          "use --transformer-impl transformer_engine (grouped as TEGroupedMLP) "
+                          "or drop the flag")
     return {"impl": next(k for k, v in TRANSFORMER_IMPLS.items() if v == chosen)}
 
 
@@ -264,7 +288,7 @@ def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
     keys: dict[str, dict[str, Any]] = {"model": {"layer_spec": str(s.impl)}}
     transformer: dict[str, Any] = {}
     if m.is_moe:
-        transformer["moe_grouped_gemm"] = s.impl == Impl.TE
+        transformer["moe_grouped_gemm"] = grouped_gemm(m, s)
     if m.position_embedding == "rope":
         # What Megatron-LM runs with TE (autotune.specs.elementwise.rope_fused).
         transformer["apply_rope_fusion"] = rope_fused(m, s.impl)
@@ -351,8 +375,8 @@ LEVER = Lever(
                 _fused_head_dim)),
     flag_rows=(FlagRow(name="impl", part=Part.LAYOUT,
                        flags=(Flag("--transformer-impl"),
-                              *(Flag(name, takes_value=False)
-                                for name in dict.fromkeys(_LOCAL_SPEC_ARGS + _TE_SPEC_ARGS))),
+                              *(Flag(name, takes_value=False) for name in dict.fromkeys(
+                                  (*_LOCAL_SPEC_ARGS, *_TE_SPEC_ARGS, GROUPED_GEMM_FLAG)))),
                        emit=_emit, read=_read),),
     flag_place=Place.IMPLEMENTATION,
     core_config=_core_config,

@@ -441,7 +441,6 @@ _UNMODELED: tuple[tuple[str, str], ...] = (
     ("--symmetric-ar-type", "symmetric-memory all-reduces"),
     ("--expert-tensor-parallel-size",
      "the experts' weights split over other ranks than tensor parallelism's"),
-    ("--moe-grouped-gemm", "the experts' GEMMs grouped into one kernel"),
     ("--moe-expert-capacity-factor", "tokens dropped or padded at an expert's capacity"),
     ("--moe-pad-expert-input-to-capacity", "every expert's input padded to its capacity"),
     ("--moe-layer-recompute", "the MoE layers recomputed in the backward pass"),
