@@ -5,8 +5,10 @@ session 22)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,20 +22,26 @@ DATA = Path(__file__).parent / "data" / "measured_moe_trials.json"
 TRIALS = load_trials(DATA)
 
 
-def _errors(params: CostParams) -> list[float]:
+SOURCES = [t["source"] for t in json.loads(DATA.read_text())["trials"]]
+FITTED = [t for t, src in zip(TRIALS, SOURCES, strict=True) if src.startswith("s22-")]
+"""The trials the host terms were fitted to (session 22); later ones are held out."""
+HELD_OUT = [t for t, src in zip(TRIALS, SOURCES, strict=True) if not src.startswith("s22-")]
+
+
+def _errors(params: CostParams, trials: list[Any] = TRIALS) -> list[float]:
     return [abs(estimate_cost(m, s, c, params).step_time_s / step - 1)
-            for _, m, s, c, step, _ in TRIALS]
+            for _, m, s, c, step, _ in trials]
 
 
 def test_the_trials_span_expert_counts_and_the_shared_expert() -> None:
-    assert len(TRIALS) == 21 and all(m.is_moe for _, m, *_ in TRIALS)
+    assert len(FITTED) == 21 and len(TRIALS) == 23 and all(m.is_moe for _, m, *_ in TRIALS)
     assert {m.num_experts for _, m, *_ in TRIALS} == {8, 24, 60, 64}
     assert {bool(m.moe_shared_expert_intermediate_size) for _, m, *_ in TRIALS} == {True, False}
 
 
 def test_the_host_terms_are_what_the_trials_fit() -> None:
     # Fitted together, every other constant shipped, from a start away from the shipped values.
-    samples = [(m, s, c, step) for _, m, s, c, step, _ in TRIALS]
+    samples = [(m, s, c, step) for _, m, s, c, step, _ in FITTED]
     start = dataclasses.replace(CostParams(), moe_layer_launch_s=0.02, expert_launch_s=1e-4)
     fitted = fit_cost_params(samples, names=["moe_layer_launch_s", "expert_launch_s"],
                              start=start)
@@ -51,6 +59,14 @@ def test_without_them_every_moe_trial_is_predicted_far_too_fast() -> None:
     shipped = _errors(CostParams())
     assert min(without) > 0.3 and statistics.median(without) > 0.5
     assert statistics.median(shipped) < 0.16 and max(shipped) < 0.5
+
+
+def test_held_out_trials_stay_within_the_spread_of_hosts() -> None:
+    # Session 23's two trials, not fitted: the Qwen layer at mbs 4 within 4%; the 64-expert
+    # model at mbs 4 measured 0.821 s against session 22's 0.596 s for the same layout on
+    # another machine, predicted 0.585 s (29% fast): the host's spread the trust line names.
+    errors = _errors(CostParams(), HELD_OUT)
+    assert len(HELD_OUT) == 2 and min(errors) < 0.05 and max(errors) < 0.35
 
 
 @pytest.mark.parametrize(("ep", "share"), [(1, 1.0), (2, 0.5), (8, 0.125)])
