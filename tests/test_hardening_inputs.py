@@ -400,8 +400,10 @@ def test_os_errors_left_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 ADDED_MODEL_FIELDS = ("sliding_window", "kv_channels", "add_qkv_bias", "qk_layernorm",
-                      "moe_shared_expert_intermediate_size", "moe_shared_expert_gate")
-"""ModelSpec fields added after studies were written (sessions 17-22)."""
+                      "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
+                      "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+                      "qk_pos_emb_head_dim", "v_head_dim")
+"""ModelSpec fields added after studies were written (sessions 17-23)."""
 
 
 @pytest.mark.parametrize("preset", ["llama3-8b", "gpt2-xl", "mixtral-8x7b"])

@@ -25,6 +25,9 @@ LLAMA = dataclasses.replace(GPT, name="llama", num_query_groups=2, ffn_hidden_si
                             add_bias_linear=False, tied_embeddings=False,
                             position_embedding="rope", hidden_dropout=0.0,
                             attention_dropout=0.0)
+MLA = dataclasses.replace(LLAMA, name="mla", num_query_groups=None, multi_latent_attention=True,
+                          q_lora_rank=48, kv_lora_rank=32, qk_head_dim=24,
+                          qk_pos_emb_head_dim=8, v_head_dim=16, qk_layernorm=True)
 # One tiny model per feature of a parameter count; each differs from GPT or LLAMA in it alone.
 MODELS = [
     GPT,                                                                # biases, learned positions
@@ -43,6 +46,17 @@ MODELS = [
     dataclasses.replace(LLAMA, name="moe-shared-gate", num_experts=4, moe_topk=2,
                         moe_ffn_hidden_size=64, moe_shared_expert_intermediate_size=80,
                         moe_shared_expert_gate=True),
+    # Multi-Latent Attention (DeepSeek-V2/V3): with and without the query's latent, with and
+    # without the latent norms (qk_layernorm), dense and MoE, and LayerNorm's biased norms.
+    MLA,
+    dataclasses.replace(MLA, name="mla-no-q-lora", q_lora_rank=None),   # V2-Lite's query
+    dataclasses.replace(MLA, name="mla-no-norms", qk_layernorm=False),
+    dataclasses.replace(MLA, name="mla-moe", num_experts=4, moe_topk=2, moe_ffn_hidden_size=64,
+                        moe_shared_expert_intermediate_size=80),
+    dataclasses.replace(MLA, name="mla-moe-no-q-lora", q_lora_rank=None, num_experts=4,
+                        moe_topk=2, moe_ffn_hidden_size=64),
+    dataclasses.replace(MLA, name="mla-layernorm-bias", normalization="LayerNorm",
+                        add_bias_linear=True),
 ]
 
 
@@ -61,3 +75,4 @@ def test_parameter_counts_are_megatron_cores(tmp_path: Path) -> None:
     assert built["qwen3"] > built["head-dim"] and built["qwen2"] > built["llama"]
     assert built["gpt-qk-norm"] > built["gpt"] and built["gpt-qkv-bias"] == built["gpt"]
     assert built["moe-shared-gate"] > built["moe-shared"] > built["moe"]
+    assert built["mla"] > built["mla-no-norms"] and built["mla"] != built["mla-no-q-lora"]

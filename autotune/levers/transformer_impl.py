@@ -170,7 +170,8 @@ FUSED_IMPLS = (Impl.TE, Impl.SDPA)
 autotune's sdpa, which the export writes as TE (`exported_layout`)."""
 
 
-def fused_attention_unavailable(m: ModelSpec) -> str | None:
+def fused_attention_unavailable(m: ModelSpec,
+                                compute_capability: tuple[int, int] | None = None) -> str | None:
     """Why no fused attention kernel runs `m`'s head dim; None where one does.
 
     Such a model is not refused: Megatron-LM trains it with --transformer-impl local, whose
@@ -179,13 +180,51 @@ def fused_attention_unavailable(m: ModelSpec) -> str | None:
     priced as fused attention (no s^2 scores kept), while TE would run its unfused fallback
     and the export writes TE for sdpa, so their figures would promise memory and speed that
     the exported command does not have; and with cp > 1 TE has no backend at all
-    (get_attention_backend disables UnfusedDotProductAttention under context parallelism)."""
+    (get_attention_backend disables UnfusedDotProductAttention under context parallelism).
+    Multi-Latent Attention's query/key heads differ from its value heads (`_mla_unfused`);
+    `compute_capability` (the GPU's, None: a Hopper's) decides there."""
+    if m.qk_dim != m.v_dim:
+        return _mla_unfused(m.qk_dim, m.v_dim, compute_capability or (9, 0))
     d = m.head_dim
     if d % FUSED_ATTENTION_HEAD_DIM_MULTIPLE == 0 and d <= FUSED_ATTENTION_HEAD_DIM_MAX:
         return None
     return (f"head dim {d}: Transformer Engine's fused attention (flash-attn, cuDNN) needs a "
             f"multiple of {FUSED_ATTENTION_HEAD_DIM_MULTIPLE} up to "
             f"{FUSED_ATTENTION_HEAD_DIM_MAX}; impl local (Megatron's unfused attention) runs any")
+
+
+MLA_FUSED_HEAD_DIMS = (192, 128)
+"""DeepSeek's query/key and value head dims (128 + 64 RoPE, 128): the one unequal pair cuDNN
+trains on every recent GPU (fused_attn.cpp: Blackwell's 9.11 case, and exempt from Hopper's)."""
+
+
+def _mla_unfused(qk: int, v: int, cc: tuple[int, int]) -> str | None:
+    """Why TE 2.11 has no fused attention for query/key heads `qk` and value heads `v` (qk != v)
+    in training on compute capability `cc`; None where it has one.
+
+    transformer_engine/pytorch/attention/dot_product_attention/utils.py get_attention_backend
+    disables flash-attn 2 when head_dim_qk != head_dim_v ("does not support MLA"); flash-attn 3
+    (Hopper only, not what TE installs by default) is left out. cuDNN's fused attention
+    (common/fused_attn/fused_attn.cpp, nvte_get_fused_attn_backend, arbitrary-seqlen backend)
+    wants multiples of 8 and: both up to 128 anywhere; up to 256 for training on sm90 with
+    cuDNN 9.5 or later; (192, 128) on sm100 with cuDNN 9.11 or later. From cuDNN 9.11, Hopper's
+    backward excludes 128 <= qk, v with qk != v other than (192, 128) (a cuDNN bug TE works
+    around); the cuDNN release is not known when planning, so that range counts as unfused."""
+    why = (f"query/key head dim {qk} and value head dim {v} (Multi-Latent Attention): "
+           "Transformer Engine's fused attention (cuDNN; flash-attn 2 runs equal dims only) ")
+    if qk % FUSED_ATTENTION_HEAD_DIM_MULTIPLE or v % FUSED_ATTENTION_HEAD_DIM_MULTIPLE:
+        return why + f"needs multiples of {FUSED_ATTENTION_HEAD_DIM_MULTIPLE}"
+    if (qk <= 128 and v <= 128) or ((qk, v) == MLA_FUSED_HEAD_DIMS and cc >= (9, 0)):
+        return None
+    if cc == (9, 0):
+        if qk > FUSED_ATTENTION_HEAD_DIM_MAX or v > FUSED_ATTENTION_HEAD_DIM_MAX:
+            return why + f"trains up to {FUSED_ATTENTION_HEAD_DIM_MAX} on Hopper"
+        if qk >= 128 and v >= 128:
+            return why + ("excludes both from 128 with cuDNN 9.11 or later on Hopper "
+                          f"(but {MLA_FUSED_HEAD_DIMS[0]}, {MLA_FUSED_HEAD_DIMS[1]})")
+        return None
+    return why + (f"trains up to 128 (or {MLA_FUSED_HEAD_DIMS[0]}, {MLA_FUSED_HEAD_DIMS[1]} "
+                  f"from Hopper) on sm{cc[0]}{cc[1]}")
 
 
 # ---- rules ---------------------------------------------------------------------------------
@@ -207,7 +246,8 @@ def _cp(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
 
 def _fused_head_dim(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # fused_attention_unavailable says why such layouts are dropped rather than the model.
-    why = fused_attention_unavailable(m) if s.impl in FUSED_IMPLS else None
+    why = fused_attention_unavailable(m, c.gpu.compute_capability) \
+        if s.impl in FUSED_IMPLS else None
     return None if why is None else f"impl={s.impl}: {why}"
 
 

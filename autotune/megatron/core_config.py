@@ -25,7 +25,7 @@ from autotune.layouts.layout import Layout
 from autotune.levers import LEVERS
 from autotune.specs.model import ModelSpec, padded_vocab_size
 
-__all__ = ["CHECK_FOR_NAN", "MOE_TOKEN_DISPATCHER", "CoreConfig", "core_config"]
+__all__ = ["CHECK_FOR_NAN", "MOE_TOKEN_DISPATCHER", "CoreConfig", "core_config", "mla_config"]
 
 CHECK_FOR_NAN = True
 """Megatron-LM checks every micro-batch's loss for NaN and Inf (pretrain_gpt.py loss_func,
@@ -129,6 +129,8 @@ def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
         kwargs["add_qkv_bias"] = True
     if m.qk_layernorm:
         kwargs["qk_layernorm"] = True
+    if m.multi_latent_attention:
+        kwargs.update(mla_config(m))
     if m.is_moe:
         kwargs.update({
             "num_moe_experts": m.num_experts,
@@ -144,6 +146,27 @@ def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
         if m.moe_shared_expert_gate:
             kwargs["moe_shared_expert_gate"] = True
     return kwargs
+
+
+MLA_ROPE_TYPE = "yarn"
+"""The RoPE of Multi-Latent Attention: MLATransformerConfig's default rope_type, which
+Megatron-LM keeps unless --rope-type (arguments.py core_transformer_config_from_args pops it);
+megatron-core fuses MLA's RoPE only with it (MLATransformerConfig.__post_init__)."""
+
+MLA_ROTARY_SCALING_FACTOR = 1.0
+"""Megatron-LM's --rotary-scaling-factor default (arguments.py _add_mla_args), which it hands
+MLATransformerConfig (whose own default is 40): YaRN without scaling. The factor changes the
+cos/sin tables' values only, never a shape or a kernel."""
+
+
+def mla_config(m: ModelSpec) -> dict[str, Any]:
+    """MLATransformerConfig's Multi-Latent Attention keys for `m` (autotune.worker.build builds
+    MLATransformerConfig when `multi_latent_attention` is among the keys, as Megatron-LM's
+    core_transformer_config_from_args does with --multi-latent-attention)."""
+    return {"multi_latent_attention": True, "q_lora_rank": m.q_lora_rank,
+            "kv_lora_rank": m.kv_lora_rank, "qk_head_dim": m.qk_head_dim,
+            "qk_pos_emb_head_dim": m.qk_pos_emb_head_dim, "v_head_dim": m.v_head_dim,
+            "rope_type": MLA_ROPE_TYPE, "rotary_scaling_factor": MLA_ROTARY_SCALING_FACTOR}
 
 
 def core_config(model: ModelSpec, layout: Layout) -> CoreConfig:

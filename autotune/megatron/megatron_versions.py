@@ -177,7 +177,7 @@ V0_16 = MegatronVersion(
     transformer_engine=">=2.9.0a0,<2.12.0",  # its dev extra
     transformer_engine_checked="2.10.0",
     verified_on_gpu="results/benchmarks/2026-11-23-h100-te-build-and-runs.md",
-    worker_patches=frozenset({"moe_te_general_gemm_unbound"}),
+    worker_patches=frozenset({"moe_te_general_gemm_unbound", "mla_have_te_without_te"}),
 )
 
 V0_19 = MegatronVersion(

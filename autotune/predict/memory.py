@@ -28,6 +28,7 @@ from autotune.specs.activations import (
 )
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec, padded_vocab_size
+from autotune.specs.params import mla_attention_params
 
 __all__ = ["BLOCK_MARGIN", "MEMORY_BLIND", "MemoryEstimate", "MemoryParams", "StageMemory",
            "estimate_memory", "memory_key", "stage_linear_params", "stage_params"]
@@ -250,6 +251,10 @@ def _param_counts(model: ModelSpec, tp: int, ep: int, pp: int) -> _Params:
         # are summed over the TP group: finalize_model_grads.py, by name).
         dense += 2 * (norm / h) * model.head_dim
     linear = h * qkv_out + (q / t) * h
+    if model.multi_latent_attention:
+        # Multi-Latent Attention instead of the QKV, its norms and the projection.
+        attention, linear = mla_attention_params(model, t)
+        dense = 2 * norm + attention
     expert = 0.0
     if model.is_moe:
         assert model.num_experts is not None

@@ -134,7 +134,10 @@ def _name_part(text: str, limit: int) -> str:
 _ADDED_MODEL_FIELDS: dict[str, Any] = {"sliding_window": None, "kv_channels": None,
                                         "add_qkv_bias": False, "qk_layernorm": False,
                                         "moe_shared_expert_intermediate_size": None,
-                                        "moe_shared_expert_gate": False}
+                                        "moe_shared_expert_gate": False,
+                                        "multi_latent_attention": False, "q_lora_rank": None,
+                                        "kv_lora_rank": None, "qk_head_dim": None,
+                                        "qk_pos_emb_head_dim": None, "v_head_dim": None}
 """ModelSpec fields newer than the first studies, with the value every earlier model had: left
 out of the study name's digest at that value, so the studies written before them keep their
 names (`--resume` finds them)."""

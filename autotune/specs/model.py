@@ -69,6 +69,25 @@ class ModelSpec:
     """A norm (the model's `normalization`) on each query and key head before RoPE (Megatron
     `--qk-layernorm`; Qwen3, OLMo 2): attention.py get_query_key_value_tensors applies
     q_layernorm and k_layernorm of width head_dim."""
+    multi_latent_attention: bool = False
+    """DeepSeek-V2's Multi-Latent Attention (Megatron `--multi-latent-attention`; megatron-core
+    transformer/multi_latent_attention.py, MLASelfAttention): the key and value come from one
+    low-rank latent of kv_lora_rank per token, the query from one of q_lora_rank (or straight
+    from the hidden state without it); each head's query and key are qk_head_dim wide plus a
+    qk_pos_emb_head_dim part that carries RoPE (the key's shared by all heads), its value
+    v_head_dim wide. With it qk_layernorm means the norms of the two latents (q_layernorm over
+    q_lora_rank, kv_layernorm over kv_lora_rank: gpt_layer_specs.py), as DeepSeek's models have."""
+    q_lora_rank: Count | None = None
+    """The query's latent rank (Megatron `--q-lora-rank`); None: no query compression, the query
+    projected from the hidden state (DeepSeek-V2-Lite)."""
+    kv_lora_rank: Count | None = None
+    """The key and value latent rank (Megatron `--kv-lora-rank`); MLA only."""
+    qk_head_dim: Count | None = None
+    """The query and key heads' width without the RoPE part (Megatron `--qk-head-dim`)."""
+    qk_pos_emb_head_dim: Count | None = None
+    """The query and key heads' RoPE part (Megatron `--qk-pos-emb-head-dim`)."""
+    v_head_dim: Count | None = None
+    """The value heads' width (Megatron `--v-head-dim`)."""
     tied_embeddings: bool = True
     position_embedding: str = "learned_absolute"
     rotary_base: Count = 10000
@@ -104,6 +123,7 @@ class ModelSpec:
             if not isinstance(value, int | float) or not 0 <= value <= 1:
                 raise ConfigError(f"model {self.name}: {name} must be between 0 and 1, "
                                   f"got {value!r}")
+        self._check_mla()
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"model {self.name}: hidden_size={self.hidden_size} must be "
                               f"divisible by num_attention_heads={self.num_attention_heads}")
@@ -134,6 +154,40 @@ class ModelSpec:
             raise ConfigError(f"model {self.name}: megatron-core's shared expert has no "
                               "biases: set add_bias_linear false (--disable-bias-linear)")
 
+    def _check_mla(self) -> None:
+        """megatron-core 0.16.1's rules for Multi-Latent Attention, each a one-line ConfigError."""
+        mla_fields = [n for n in _MLA_DIMS if getattr(self, n) is not None]
+        if not self.multi_latent_attention:
+            if mla_fields:
+                raise ConfigError(f"model {self.name}: {', '.join(mla_fields)} need "
+                                  "multi_latent_attention true")
+            return
+        missing = [n for n in _MLA_DIMS[1:] if getattr(self, n) is None]
+        if missing:
+            raise ConfigError(f"model {self.name}: multi_latent_attention needs "
+                              f"{', '.join(missing)}")
+        # Megatron-LM arguments.py validate_args: "Group query attention is mutually exclusive
+        # with multi latent attention"; MLASelfAttention has one key per head.
+        if self.query_groups != self.num_attention_heads:
+            raise ConfigError(f"model {self.name}: multi_latent_attention has no query groups "
+                              f"(GQA): num_query_groups={self.num_query_groups} must be unset")
+        # MLA's heads are qk_head_dim + qk_pos_emb_head_dim and v_head_dim wide; kv_channels
+        # would size nothing (multi_latent_attention.py builds every projection from those).
+        if self.kv_channels is not None:
+            raise ConfigError(f"model {self.name}: multi_latent_attention sizes its heads with "
+                              "qk_head_dim, qk_pos_emb_head_dim and v_head_dim: kv_channels "
+                              "must be unset")
+        # MLASelfAttention builds its down and up projections with bias=False.
+        if self.add_qkv_bias:
+            raise ConfigError(f"model {self.name}: multi_latent_attention's projections have no "
+                              "bias: add_qkv_bias must be false")
+        # RoPE is applied inside MLA to the qk_pos_emb_head_dim part (GPTModel makes no rotary
+        # embedding with it, gpt_model.py); another position embedding would be added on top.
+        if self.position_embedding != "rope":
+            raise ConfigError(f"model {self.name}: multi_latent_attention applies RoPE to "
+                              "its qk_pos_emb_head_dim part: position_embedding must be rope, "
+                              f"got {self.position_embedding!r}")
+
     @property
     def query_groups(self) -> int:
         return self.num_query_groups or self.num_attention_heads
@@ -158,8 +212,26 @@ class ModelSpec:
     @property
     def attention_width(self) -> int:
         """The query's and the attention output's width: heads x head_dim (megatron-core's
-        query_projection_size, attention.py); hidden_size unless kv_channels says otherwise."""
-        return self.num_attention_heads * self.head_dim
+        query_projection_size, attention.py); hidden_size unless kv_channels says otherwise.
+        With MLA the attention output's: heads x v_head_dim (multi_latent_attention.py)."""
+        return self.num_attention_heads * self.v_dim
+
+    @property
+    def qk_dim(self) -> int:
+        """A query or key head's width in core attention: head_dim, or with MLA qk_head_dim +
+        qk_pos_emb_head_dim (MultiLatentAttention.q_head_dim)."""
+        if self.multi_latent_attention:
+            assert self.qk_head_dim is not None and self.qk_pos_emb_head_dim is not None
+            return self.qk_head_dim + self.qk_pos_emb_head_dim
+        return self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """A value head's width in core attention: head_dim, or with MLA v_head_dim."""
+        if self.multi_latent_attention:
+            assert self.v_head_dim is not None
+            return self.v_head_dim
+        return self.head_dim
 
     @property
     def is_moe(self) -> bool:
@@ -205,8 +277,13 @@ _COUNTS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups
            "ffn_hidden_size", "vocab_size", "seq_length", "max_position_embeddings",
            "sliding_window", "global_batch_size", "num_experts", "moe_topk",
            "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "rotary_base",
-           "make_vocab_size_divisible_by")
+           "make_vocab_size_divisible_by", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+           "qk_pos_emb_head_dim", "v_head_dim")
 """The fields that are counts (positive integers; None for the optional ones: a default)."""
+
+
+_MLA_DIMS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+"""Multi-Latent Attention's sizes; the first (q_lora_rank) is optional with MLA."""
 
 
 def model_from_mapping(data: Any, source: str) -> ModelSpec:

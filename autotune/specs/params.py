@@ -1,7 +1,8 @@
 """Parameter counts of a ModelSpec, for listings and the memory model.
 
 Counts follow megatron-core's GPTModel: QKV and projection (with biases when add_bias_linear;
-the QKV's alone with add_qkv_bias), the query and key norms (qk_layernorm), the MLP (two or,
+the QKV's alone with add_qkv_bias), the query and key norms (qk_layernorm), or Multi-Latent
+Attention's down and up projections and latent norms (`mla_attention_params`), the MLP (two or,
 gated, three matrices), two norms per layer, the final norm, word embeddings padded as Megatron
 pads them, learned position embeddings, and an untied output layer. Checked against the models
 megatron-core builds (tests/test_param_counts_megatron.py) and against published checkpoints
@@ -17,7 +18,36 @@ from autotune.errors import ConfigError
 from autotune.inputs.bounds import PARAMETERS_MAX
 from autotune.specs.model import ModelSpec, padded_vocab_size
 
-__all__ = ["ParameterCounts", "check_size", "count_parameters", "parameter_counts"]
+__all__ = ["ParameterCounts", "check_size", "count_parameters", "mla_attention_params",
+           "parameter_counts"]
+
+
+def mla_attention_params(model: ModelSpec, tp: int) -> tuple[float, float]:
+    """(all parameters, GEMM weights) of one layer's Multi-Latent Attention on one of `tp`
+    tensor-parallel ranks, as Transformer Engine's layer spec builds it (megatron-core 0.16.1
+    multi_latent_attention.py MLASelfAttention.__init__, gpt_layer_specs.py).
+
+    The down projections (linear_q_down_proj h x q_lora_rank, linear_kv_down_proj h x
+    (kv_lora_rank + qk_pos_emb_head_dim)) are TELinear in 'duplicated' mode: whole on every
+    rank (the local spec splits them column-wise: the same total at tp = 1). The up projections
+    (linear_q_up_proj q_lora_rank x heads (qk_head_dim + qk_pos_emb_head_dim), or linear_q_proj
+    from h without q_lora_rank; linear_kv_up_proj kv_lora_rank x heads (qk_head_dim +
+    v_head_dim)) split their heads; linear_proj (heads v_head_dim x h) its rows, its bias (with
+    add_bias_linear) whole. None of the others has a bias. With qk_layernorm, a norm over each
+    latent (q_layernorm: q_lora_rank, kv_layernorm: kv_lora_rank), whole on every rank."""
+    assert model.kv_lora_rank is not None and model.qk_head_dim is not None
+    assert model.qk_pos_emb_head_dim is not None and model.v_head_dim is not None
+    h, n, t = model.hidden_size, model.num_attention_heads, tp
+    q_rank, kv_rank, pe = model.q_lora_rank, model.kv_lora_rank, model.qk_pos_emb_head_dim
+    q_heads = n * model.qk_dim / t
+    # linear_q_proj, or linear_q_down_proj and linear_q_up_proj.
+    query = h * q_heads if q_rank is None else h * q_rank + q_rank * q_heads
+    kv = h * (kv_rank + pe) + kv_rank * n * (model.qk_head_dim + model.v_head_dim) / t
+    proj = n * model.v_head_dim / t * h
+    linear = query + kv + proj
+    per_unit = 2 if model.normalization == "LayerNorm" else 1  # LayerNorm has a bias
+    norms = per_unit * ((q_rank or 0) + kv_rank) if model.qk_layernorm else 0
+    return linear + norms + (h if model.add_bias_linear else 0), linear
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +84,8 @@ def parameter_counts(model: ModelSpec) -> ParameterCounts:
         attention += q + 2 * kv
     if model.qk_layernorm:  # one norm of width head_dim for all queries, one for all keys
         attention += 2 * per_unit * model.head_dim
+    if model.multi_latent_attention:
+        attention = int(mla_attention_params(model, 1)[0])
     up_width = 2 if model.gated_linear_unit else 1  # gated: gate and up projections fused
 
     def mlp(ffn: int) -> int:

@@ -4,7 +4,8 @@ It replaces megatron-core's local DotProductAttention (megatron/core/transformer
 dot_product_attention.py), which materializes the [b, heads, s, s] scores, with PyTorch's fused
 kernels (flash, cuDNN, memory-efficient). Same constructor keywords and forward signature, same
 layouts: query [sq, b, heads/tp, head_dim], key/value [sk, b, groups/tp, head_dim], output
-[sq, b, heads/tp * head_dim].
+[sq, b, heads/tp * head_dim] (with Multi-Latent Attention the value's and output's head_dim is
+v_head_dim, the query's and key's qk_head_dim + qk_pos_emb_head_dim).
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ class SdpaAttention(MegatronModule):  # type: ignore[misc]  # megatron-core is u
     def __init__(self, config: TransformerConfig, layer_number: int,
                  attn_mask_type: AttnMaskType, attention_type: str,
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 k_channels: int | None = None, v_channels: int | None = None,
                  cp_comm_type: str | None = None, pg_collection: Any = None) -> None:
+        # k_channels and v_channels: Multi-Latent Attention's query/key and value head widths
+        # (multi_latent_attention.py passes them); SDPA reads them off the tensors.
         super().__init__(config=config)
         if config.context_parallel_size != 1:
             raise ValueError("impl=sdpa does not implement context parallelism (cp > 1 needs "
@@ -67,7 +71,7 @@ class SdpaAttention(MegatronModule):  # type: ignore[misc]  # megatron-core is u
                 attention_bias: Any = None, packed_seq_params: Any = None) -> torch.Tensor:
         if packed_seq_params is not None or attention_bias is not None:
             raise ValueError("impl=sdpa supports neither packed sequences nor attention bias")
-        sq, b, heads, head_dim = query.shape
+        sq, b, heads, _ = query.shape
         groups = key.shape[2]
         if heads != groups:
             # GQA: repeat each key/value group for its heads. The flash kernel takes no
@@ -87,6 +91,6 @@ class SdpaAttention(MegatronModule):  # type: ignore[misc]  # megatron-core is u
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
                                                  scale=self.softmax_scale)
-        # [b, n, s, d] -> [s, b, n * d]
-        return out.permute(2, 0, 1, 3).reshape(sq, b, heads * head_dim)
+        # [b, n, s, d_v] -> [s, b, n * d_v]; d_v is the value's width (MLA's v_head_dim).
+        return out.permute(2, 0, 1, 3).reshape(sq, b, heads * value.shape[-1])
 

@@ -22,7 +22,7 @@ from autotune.trials.protocol import te_available
 from autotune.trials.trial import TrialSpec
 
 __all__ = ["PATCHES", "build_model", "build_optimizer", "grad_clip_code", "transformer_config",
-           "transformer_config_kwargs"]
+           "transformer_config_class", "transformer_config_kwargs"]
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +56,21 @@ def transformer_config_kwargs(spec: TrialSpec) -> dict[str, Any]:
                          running())
 
 
-def transformer_config(spec: TrialSpec) -> Any:
-    from megatron.core.transformer.transformer_config import TransformerConfig
+def transformer_config_class(kwargs: dict[str, Any]) -> Any:
+    """megatron-core's config class for these keyword arguments: MLATransformerConfig for
+    Multi-Latent Attention (Megatron-LM's core_transformer_config_from_args picks it with
+    --multi-latent-attention), else TransformerConfig."""
+    from megatron.core.transformer.transformer_config import (
+        MLATransformerConfig,
+        TransformerConfig,
+    )
 
-    return TransformerConfig(**transformer_config_kwargs(spec))
+    return MLATransformerConfig if kwargs.get("multi_latent_attention") else TransformerConfig
+
+
+def transformer_config(spec: TrialSpec) -> Any:
+    kwargs = transformer_config_kwargs(spec)
+    return transformer_config_class(kwargs)(**kwargs)
 
 
 class _TorchNorm:
@@ -96,26 +107,36 @@ def _layer_spec(spec: TrialSpec, config: Any, vp_stage: int | None) -> Any:
             raise RuntimeError("impl=te needs transformer-engine (pip install "
                                "'autotune[te]', best inside an NGC PyTorch image)")
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=experts, moe_grouped_gemm=bool(experts), qk_layernorm=m.qk_layernorm)
+            num_experts=experts, moe_grouped_gemm=bool(experts), qk_layernorm=m.qk_layernorm,
+            multi_latent_attention=m.multi_latent_attention)
     if impl not in ("local", "sdpa"):
         raise ValueError(f"unknown impl {impl!r}")
-    layer = gpt_layer_specs.get_gpt_layer_local_spec(num_experts=experts,
-                                                     normalization=m.normalization,
-                                                     qk_layernorm=m.qk_layernorm)
+    # With MLA, megatron-core's MLASelfAttention: column-parallel down and up projections
+    # (multi_latent_attention.py gathers the down projections' outputs), latent norms with
+    # qk_layernorm.
+    layer = gpt_layer_specs.get_gpt_layer_local_spec(
+        num_experts=experts, normalization=m.normalization, qk_layernorm=m.qk_layernorm,
+        multi_latent_attention=m.multi_latent_attention)
     layer.submodules.input_layernorm = _TorchNorm
     layer.submodules.pre_mlp_layernorm = _TorchNorm
+    attention = layer.submodules.self_attention.submodules
     if m.qk_layernorm:
         # megatron-core's WrappedTorchNorm refuses sequence parallelism even here, where the
         # norms act on whole heads; finalize_model_grads sums their gradients over the TP group
-        # by name (q_layernorm, k_layernorm) with qk_layernorm on, as TE's norms get.
-        attention = layer.submodules.self_attention.submodules
-        attention.q_layernorm = attention.k_layernorm = _TorchNorm
+        # by name (q_layernorm, k_layernorm) with qk_layernorm on, as TE's norms get. MLA's
+        # latent norms (q_layernorm, kv_layernorm) act on whole latents, gathered on each rank.
+        attention.q_layernorm = _TorchNorm
+        if m.multi_latent_attention:
+            attention.kv_layernorm = _TorchNorm
+        else:
+            attention.k_layernorm = _TorchNorm
     if impl == "sdpa":
         from autotune.worker.attention import SdpaAttention
         from autotune.worker.linear import BiasInGemmColumnParallelLinear
 
-        layer.submodules.self_attention.submodules.core_attention = SdpaAttention
-        layer.submodules.self_attention.submodules.linear_qkv = BiasInGemmColumnParallelLinear
+        attention.core_attention = SdpaAttention
+        if not m.multi_latent_attention:  # MLA's projections have no bias to fold in
+            attention.linear_qkv = BiasInGemmColumnParallelLinear
     n = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[layer] * n, layer_norm=_TorchNorm)
 
@@ -236,7 +257,19 @@ def _fill_te_general_gemm() -> None:
         moe_utils.te_general_gemm = None
 
 
-PATCHES: dict[str, Callable[[], None]] = {"moe_te_general_gemm_unbound": _fill_te_general_gemm}
+def _mla_without_te() -> None:
+    """megatron-core 0.16.1 without Transformer Engine: multi_latent_attention.py sets HAVE_TE
+    when megatron.core.extensions.transformer_engine imports, which it does without TE (its TE
+    classes then stand-ins, not types), so every MLASelfAttention raises TypeError in
+    `isinstance(self.linear_proj, TELinear)` (0.19 tests TE itself). TE's absent: say so."""
+    from megatron.core.transformer import multi_latent_attention
+
+    if not te_available():
+        multi_latent_attention.HAVE_TE = False
+
+
+PATCHES: dict[str, Callable[[], None]] = {"moe_te_general_gemm_unbound": _fill_te_general_gemm,
+                                          "mla_have_te_without_te": _mla_without_te}
 """The holes autotune fills, by the names autotune.megatron.megatron_versions gives the releases
 that have them (MegatronVersion.worker_patches)."""
 

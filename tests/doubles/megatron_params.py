@@ -21,7 +21,6 @@ def main(path: str) -> int:
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.transformer.transformer_config import TransformerConfig
 
     from autotune.layouts.layout import Layout
     from autotune.specs.model import ModelSpec, padded_vocab_size
@@ -32,6 +31,14 @@ def main(path: str) -> int:
         sock.bind(("127.0.0.1", 0))
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(sock.getsockname()[1]))
     dist.init_process_group("gloo", rank=0, world_size=1)
+    build._patch_megatron_core()  # the installed release's holes, as the worker fills them
+    # MLA's rotary embeddings (megatron-core 0.16.1 multi_latent_attention.py builds
+    # YarnRotaryEmbedding / RotaryEmbedding without use_cpu_initialization) ask for the current
+    # CUDA device for two frequency buffers, no parameter: on a CPU-only torch, the CPU.
+    import torch
+
+    if not torch.cuda.is_available():
+        torch.cuda.current_device = lambda: "cpu"
     parallel_state.initialize_model_parallel(1, 1)
     rows = []
     with open(path) as f:
@@ -42,7 +49,7 @@ def main(path: str) -> int:
         kwargs.update(use_cpu_initialization=True, perform_initialization=False)
         if m.is_moe:  # the alltoall dispatcher makes a CUDA stream; no parameter of its own
             kwargs["moe_token_dispatcher_type"] = "allgather"
-        config = TransformerConfig(**kwargs)
+        config = build.transformer_config_class(kwargs)(**kwargs)  # MLA's own with MLA
         model = build._gpt_model(GPTModel, spec, config, padded_vocab_size(m), None)
         rows.append({"name": m.name, "parameters": sum(p.numel() for p in model.parameters())})
     print(json.dumps(rows))
