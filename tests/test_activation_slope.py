@@ -197,12 +197,17 @@ QWEN3 = str(ROOT / "tests" / "data" / "hf" / "qwen3-8b.json")
     (["--qk-layernorm", "--model", QWEN3, "--heads-divisor", "8", "--model", QWEN3,
       "--heads-divisor", "4", "--model", "llama2-13b", "--heads-divisor", "8", "--mbs", "1"],
      ["Qwen3-8B/8", "Qwen3-8B/4", "llama2-13b/8"]),
-], ids=["presets", "qk-layernorm"])
+    # Multi-Latent Attention (DeepSeek-V2-Lite's and V2's attention on 2 heads): with and
+    # without the query's latent and the latent norms (tools/saved_tensors.py mla_models).
+    (["--mla", "--mbs", "1"], ["v2-lite-attention/8", "v2-attention/8",
+                               "v2-lite-attention/8 no norms", "v2-attention/8 no norms"]),
+], ids=["presets", "qk-layernorm", "mla"])
 def test_megatron_core_keeps_what_the_model_counts(args: list[str], models: list[str]) -> None:
     # tools/saved_tensors.py builds one layer as the worker does (sdpa) and adds up every
     # storage its forward saves for backward. The model's count is within 0.1% (the norms'
     # fp32 rstd and mean); it was 13-15% short for the RoPE models at seq 256 before qkv_extra
     # and the RoPE tables, and 7.8% short for Qwen3 before the query and key norms' inputs.
+    # MLA's latents (mla_latent_bytes) are 8-38% of what these layers keep (2 of 16 heads).
     require_torch_and_megatron_core()
     out = subprocess.run([sys.executable, "tools/saved_tensors.py", "--json", *args],
                          cwd=ROOT, capture_output=True, text=True, check=True,

@@ -576,3 +576,40 @@ def test_qwen_attention_features_reach_megatron_core(build, monkeypatch, file: s
     # Torch's norms (megatron-core's WrappedTorchNorm refuses sequence parallelism).
     expected = build._TorchNorm if qk_norm else IdentityOp
     assert attention.q_layernorm is expected and attention.k_layernorm is expected
+
+
+@pytest.mark.parametrize("q_lora_rank", [None, 1536])
+@pytest.mark.parametrize("qk_norm", [True, False])
+@pytest.mark.parametrize("impl", ["local", "sdpa"])
+def test_multi_latent_attention_reaches_megatron_core(build, monkeypatch,  # type: ignore[no-untyped-def]
+                                                      q_lora_rank: int | None, qk_norm: bool,
+                                                      impl: str) -> None:
+    from megatron.core.transformer import transformer_block
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    monkeypatch.setattr(transformer_block, "get_num_layers_to_build", lambda *a, **k: 1)
+    model = ModelSpec(name="v2-lite", num_layers=2, hidden_size=2048, num_attention_heads=16,
+                      ffn_hidden_size=10944, vocab_size=102400, seq_length=4096,
+                      global_batch_size=8, normalization="RMSNorm", add_bias_linear=False,
+                      gated_linear_unit=True, activation="swiglu", position_embedding="rope",
+                      qk_layernorm=qk_norm, multi_latent_attention=True,
+                      q_lora_rank=q_lora_rank, kv_lora_rank=512, qk_head_dim=128,
+                      qk_pos_emb_head_dim=64, v_head_dim=128)
+    spec = _spec(model, mbs=1, gbs=8, impl=impl, tp=2, sequence_parallel=True)
+    config = build.transformer_config(spec)  # megatron-core's own validation accepts it
+    assert isinstance(config, MLATransformerConfig) and config.multi_latent_attention
+    assert (config.q_lora_rank, config.kv_lora_rank, config.qk_head_dim,
+            config.qk_pos_emb_head_dim, config.v_head_dim) == (q_lora_rank, 512, 128, 64, 128)
+    assert config.rope_type == "yarn" and config.apply_rope_fusion is False  # TE's only
+    layer = build._layer_spec(spec, config, None).layer_specs[0]
+    assert layer.submodules.self_attention.module is MLASelfAttention
+    attention = layer.submodules.self_attention.submodules
+    expected = build._TorchNorm if qk_norm else IdentityOp
+    assert attention.q_layernorm is expected and attention.kv_layernorm is expected
+    if impl == "sdpa":
+        from autotune.worker.attention import SdpaAttention
+
+        assert attention.core_attention is SdpaAttention
+        assert not hasattr(attention, "linear_qkv")

@@ -1,7 +1,7 @@
 """What one megatron-core transformer layer keeps for backward, counted, against the memory model.
 
     PYTHONPATH=. python tools/saved_tensors.py [--model NAME] [--heads-divisor K] [--seq S]
-        [--mbs B] [--impl sdpa] [--qk-layernorm] [--json]
+        [--mbs B] [--impl sdpa] [--qk-layernorm] [--mla] [--json]
 
 Builds one layer as autotune's worker does (autotune.worker.build: the layout's layer spec,
 megatron-core 0.16.1's TransformerConfig from autotune.megatron.core_config) on CPU torch, runs
@@ -19,6 +19,9 @@ What CPU does not run as CUDA does is replaced by what the CUDA kernel saves:
 - SDPA: CPU's flash kernel saves query, key, value, output and log-sum-exp, as CUDA's flash
   kernel does.
 Local core attention (its global memory buffer) and Transformer Engine need CUDA: sdpa only.
+--mla counts Multi-Latent Attention layers instead (`MLA_MODELS`: DeepSeek-V2-Lite's attention
+with 2 of its 16 heads, with and without the query's latent and the latent norms); MLA builds
+its own rotary embedding, whose frequency buffers ask for the current CUDA device: the CPU here.
 """
 
 from __future__ import annotations
@@ -70,6 +73,26 @@ def scaled_model(name: str, divisor: int) -> Any:
                    attention_dropout=0.0)
 
 
+def mla_models() -> list[Any]:
+    """DeepSeek-V2-Lite's attention (config.json: kv_lora_rank 512, qk_nope_head_dim 128,
+    qk_rope_head_dim 64, v_head_dim 128, no q_lora_rank) on 2 heads of hidden 256, SwiGLU
+    MLP of 1368 (its 10944 / 8), no dropout; with V2's query latent (1536) and without the
+    latent norms."""
+    from autotune.specs.model import ModelSpec
+
+    lite = ModelSpec(name="v2-lite-attention/8", num_layers=1, hidden_size=256,
+                     num_attention_heads=2, ffn_hidden_size=1368, vocab_size=1024,
+                     seq_length=256, global_batch_size=1, normalization="RMSNorm",
+                     add_bias_linear=False, gated_linear_unit=True, activation="swiglu",
+                     position_embedding="rope", hidden_dropout=0.0, attention_dropout=0.0,
+                     tied_embeddings=False, qk_layernorm=True, multi_latent_attention=True,
+                     kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128)
+    return [lite, replace(lite, name="v2-attention/8", q_lora_rank=1536),
+            replace(lite, name="v2-lite-attention/8 no norms", qk_layernorm=False),
+            replace(lite, name="v2-attention/8 no norms", q_lora_rank=1536,
+                    qk_layernorm=False)]
+
+
 def _world() -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -85,6 +108,13 @@ def _world() -> None:
         dist.init_process_group("gloo", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
+    import torch
+
+    from autotune.worker import build
+
+    build._patch_megatron_core()  # the installed release's holes, as the worker fills them
+    if not torch.cuda.is_available():  # MLA's rotary buffers (the module docstring)
+        torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
 
 
 def _cuda_rms_norm() -> Any:
@@ -112,11 +142,46 @@ def _cuda_rms_norm() -> Any:
     return Norm
 
 
+def _cuda_sdpa() -> Any:
+    """scaled_dot_product_attention saving what CUDA's fused kernels save (query, key, value,
+    output, fp32 log-sum-exp per head and query). CPU's flash kernel wants one head dim for
+    query, key and value; MLA's differ (qk_head_dim + qk_pos_emb_head_dim against v_head_dim)
+    and CPU falls back to the math path, which saves fp32 scores. On a GPU PyTorch's
+    memory-efficient and cuDNN kernels take them, saving what flash does."""
+    import torch
+    import torch.nn.functional as F
+
+    math_sdpa = F.scaled_dot_product_attention
+
+    class FusedSdpa(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    scale: float | None) -> torch.Tensor:
+            with torch.no_grad():
+                out = math_sdpa(q, k, v, is_causal=True, scale=scale)
+            b, n, s, _ = out.shape
+            # The fused kernels write [b, s, n, d] and return it as [b, n, s, d].
+            out = out.transpose(1, 2).contiguous().transpose(1, 2)
+            lse = torch.empty(b, n, s, dtype=torch.float32)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+            raise NotImplementedError("forward only: it counts what backward would keep")
+
+    def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+             is_causal: bool = True, scale: float | None = None) -> torch.Tensor:
+        out: torch.Tensor = FusedSdpa.apply(q, k, v, scale)  # type: ignore[no-untyped-call]
+        return out
+
+    return sdpa
+
+
 def count_layer(model: Any, *, impl: str = "sdpa", seq: int = 256, mbs: int = 1) -> Count:
     """Build one layer of `model` as the worker does and count what its forward saves."""
     import torch
     from megatron.core.transformer.spec_utils import build_module
-    from megatron.core.transformer.transformer_config import TransformerConfig
 
     from autotune.dimensions import Impl
     from autotune.layouts.layout import Layout
@@ -130,7 +195,7 @@ def count_layer(model: Any, *, impl: str = "sdpa", seq: int = 256, mbs: int = 1)
     spec = TrialSpec(model=m, layout=Layout(mbs=mbs, gbs=mbs, impl=Impl(impl)))
     kwargs = build.transformer_config_kwargs(spec)
     kwargs.update(num_layers=1, use_cpu_initialization=True)
-    config = TransformerConfig(**kwargs)
+    config = build.transformer_config_class(kwargs)(**kwargs)
     rms_norm = torch.nn.RMSNorm
     torch.nn.RMSNorm = _cuda_rms_norm()  # type: ignore[misc]
     try:
@@ -139,7 +204,7 @@ def count_layer(model: Any, *, impl: str = "sdpa", seq: int = 256, mbs: int = 1)
     finally:
         torch.nn.RMSNorm = rms_norm  # type: ignore[misc]
     rope = None
-    if m.position_embedding == "rope":
+    if m.position_embedding == "rope" and not m.multi_latent_attention:
         # megatron-core's RotaryEmbedding output [s, 1, 1, head_dim] (fp32), built here because
         # its forward moves inv_freq to the current CUDA device.
         inv = 1.0 / (m.rotary_base ** (torch.arange(0, m.head_dim, 2).float() / m.head_dim))
@@ -155,8 +220,16 @@ def count_layer(model: Any, *, impl: str = "sdpa", seq: int = 256, mbs: int = 1)
             storages[storage.data_ptr()] = storage.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        layer(x, attention_mask=None, rotary_pos_emb=rope)
+    from autotune.worker import attention as sdpa_attention
+
+    fused = sdpa_attention.F.scaled_dot_product_attention
+    if m.qk_dim != m.v_dim:  # _cuda_sdpa: CPU's flash kernel takes one head dim
+        sdpa_attention.F.scaled_dot_product_attention = _cuda_sdpa()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            layer(x, attention_mask=None, rotary_pos_emb=rope)
+    finally:
+        sdpa_attention.F.scaled_dot_product_attention = fused
     acts = layer_activations(m, 1, attention_bytes(m, impl))
     modelled = layer_bytes(acts, tokens=seq * mbs, seq=seq, tp=1, sequence_parallel=False)
     return Count(model=m.name, seq=seq, mbs=mbs, counted=float(sum(storages.values())),
@@ -173,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", default="sdpa", choices=("sdpa",))
     parser.add_argument("--qk-layernorm", action="store_true",
                         help="the models with their query and key norms on (Qwen3's)")
+    parser.add_argument("--mla", action="store_true",
+                        help="Multi-Latent Attention layers (mla_models) instead")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     names = args.model or ["llama2-13b", "llama3-8b", "gpt2-xl"]
@@ -183,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     models = [scaled_model(n, k) for n, k in zip(names, divisors, strict=True)]
     if args.qk_layernorm:
         models = [replace(m, qk_layernorm=True) for m in models]
+    if args.mla:
+        models = mla_models()
     rows = [count_layer(m, impl=args.impl, seq=args.seq, mbs=b)
             for m in models for b in (args.mbs or [1, 2])]
     if args.json:

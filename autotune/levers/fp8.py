@@ -417,17 +417,35 @@ def gemm_dims(m: ModelSpec, s: Layout) -> list[tuple[str, int, int]]:
 
 def _tp_gemm_dims(m: ModelSpec, t: int) -> list[tuple[str, int, int]]:
     """gemm_dims at tensor-parallel size t (the one field of the layout they read)."""
-    heads = m.num_attention_heads * m.head_dim // t
-    qkv = heads + 2 * m.head_dim * max(1, m.query_groups // t)
+    heads = m.num_attention_heads * m.v_dim // t
     gates = 2 if m.gated_linear_unit else 1
     # A shard that is not whole fails megatron-core's own divide() first; rounding down here
     # only keeps the numbers integral for the checks below.
     f = (m.expert_ffn_size if m.is_moe else m.ffn_size) // t
-    dims = [("qkv", m.hidden_size, qkv), ("proj", heads, m.hidden_size),
-            ("fc1", m.hidden_size, gates * f), ("fc2", f, m.hidden_size)]
+    if m.multi_latent_attention:
+        dims = _mla_gemm_dims(m, t)
+    else:
+        dims = [("qkv", m.hidden_size, heads + 2 * m.head_dim * max(1, m.query_groups // t))]
+    dims += [("proj", heads, m.hidden_size),
+             ("fc1", m.hidden_size, gates * f), ("fc2", f, m.hidden_size)]
     if fs := m.shared_expert_ffn_size // t:  # the shared expert: a dense MLP (TE linears)
         dims += [("shared_fc1", m.hidden_size, gates * fs), ("shared_fc2", fs, m.hidden_size)]
     return dims
+
+
+def _mla_gemm_dims(m: ModelSpec, t: int) -> list[tuple[str, int, int]]:
+    """Multi-Latent Attention's GEMMs before its output projection, TE's spec (megatron-core
+    0.16.1 multi_latent_attention.py): the down projections whole on every rank (TELinear,
+    'duplicated'), the up projections split by heads (TEColumnParallelLinear, or
+    TELayerNormColumnParallelLinear with the latent norms)."""
+    assert m.kv_lora_rank is not None and m.qk_pos_emb_head_dim is not None
+    assert m.qk_head_dim is not None
+    h, n = m.hidden_size, m.num_attention_heads
+    query = n * m.qk_dim // t
+    dims = [("q_proj", h, query)] if m.q_lora_rank is None else [
+        ("q_down_proj", h, m.q_lora_rank), ("q_up_proj", m.q_lora_rank, query)]
+    return [*dims, ("kv_down_proj", h, m.kv_lora_rank + m.qk_pos_emb_head_dim),
+            ("kv_up_proj", m.kv_lora_rank, n * (m.qk_head_dim + m.v_dim) // t)]
 
 
 def _dims(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
@@ -588,18 +606,47 @@ def cast_elements(m: ModelSpec, s: Layout) -> tuple[float, float]:
     sp = s.tp if s.sequence_parallel else 1
     h = m.hidden_size
     k = m.moe_topk if m.is_moe else 1
-    dims = gemm_dims(m, s)
-    (_, _, qkv), (_, heads, _), (_, _, fc1), (_, f, _) = dims[:4]
-    norm = h / sp + (0.0 if m.is_moe else h / sp)
-    forward = heads + k * f + (k * h / sp if m.is_moe else 0.0)
-    backward = qkv + h / sp + k * (fc1 + h / sp)
+    dims = {name: (features, rows) for name, features, rows in gemm_dims(m, s)}
+    heads, f, fc1 = dims["proj"][0], dims["fc2"][0], dims["fc1"][1]
+    if m.multi_latent_attention:
+        norm, forward, backward = _mla_casts(m, dims, sp)
+    else:
+        norm, forward, backward = h / sp, 0.0, dims["qkv"][1]
+    norm += 0.0 if m.is_moe else h / sp
+    forward += heads + k * f + (k * h / sp if m.is_moe else 0.0)
+    backward += h / sp + k * (fc1 + h / sp)
     # A shared expert (TEColumnParallelLinear + TERowParallelLinear on the separate norm's
     # output, gemm_dims' shared_fc1 and shared_fc2): both inputs forward, both output gradients
     # backward, as a dense MLP's.
-    for (_, fc1_in, fc1_out), (_, fc2_in, fc2_out) in zip(dims[4::2], dims[5::2], strict=True):
+    if "shared_fc1" in dims:
+        (fc1_in, fc1_out), (fc2_in, fc2_out) = dims["shared_fc1"], dims["shared_fc2"]
         forward += fc1_in / sp + fc2_in
         backward += fc1_out + fc2_out / sp
     return norm, forward + backward
+
+
+def _mla_casts(m: ModelSpec, dims: dict[str, tuple[int, int]],
+               sp: int) -> tuple[float, float, float]:
+    """(normalized, plain forward, backward) cast elements per local token of Multi-Latent
+    Attention's GEMMs before the projection (`_mla_gemm_dims`). The layer's input norm is a
+    separate TENorm with MLA (gpt_layer_specs.py), so the down projections (or linear_q_proj)
+    each quantize the hidden state themselves; with qk_layernorm the up projections quantize
+    their norm's output (TELayerNormColumnParallelLinear), else their latent. Every input is on
+    the local tokens (the latents scattered back under sequence parallelism); the down
+    projections' output gradients too, the up projections' on the gathered sequence."""
+    assert m.kv_lora_rank is not None
+    h = m.hidden_size
+    latents = (m.q_lora_rank or 0) + m.kv_lora_rank
+    down = ("q_down_proj", "kv_down_proj") if m.q_lora_rank else ("q_proj", "kv_down_proj")
+    norm = latents / sp if m.qk_layernorm else 0.0
+    forward = len(down) * h / sp + (0.0 if m.qk_layernorm else latents / sp)
+    backward = 0.0
+    for name, (_, rows) in dims.items():
+        if name in ("q_down_proj", "kv_down_proj"):
+            backward += rows / sp
+        elif name in ("q_proj", "q_up_proj", "kv_up_proj"):
+            backward += rows
+    return norm, forward, backward
 
 
 def _dense_mlps(m: ModelSpec) -> int:
@@ -622,7 +669,11 @@ def sp_gathers(m: ModelSpec, s: Layout) -> int:
     expert's (_dense_mlps). 0 without sequence parallelism."""
     if not (s.sequence_parallel and s.tp > 1):
         return 0
-    column = row = 1 + _dense_mlps(m)
+    # Multi-Latent Attention: its two column-parallel up projections (or linear_q_proj and
+    # linear_kv_up_proj) gather their inputs; the down projections (TELinear 'duplicated') run
+    # on the local tokens and gather nothing.
+    column = (2 if m.multi_latent_attention else 1) + _dense_mlps(m)
+    row = 1 + _dense_mlps(m)
     return 2 * column + row
 
 

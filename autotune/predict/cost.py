@@ -35,6 +35,7 @@ from autotune.specs.flops import (
     gemm_efficiency,
     gemm_size,
     hardware_flops_per_token,
+    mla_down_flops_per_token,
     mlp_forward_flops_per_token,
     model_flops_per_token,
 )
@@ -268,6 +269,31 @@ def _measured_rates(gpu: str, model: ModelSpec, mbs: int, tp: int,
     return layer, mlp, logits
 
 
+def _attention_tp_width(model: ModelSpec, sequence_parallel: bool) -> float:
+    """Elements per token of the attention block's tensor-parallel collectives per pass, as the
+    width of one all-reduce (or its all-gather + reduce-scatter pair): h for attention with one
+    QKV GEMM (Korthikanti et al. 2022, Section 4.2.2: the output projection's all-reduce
+    forward, the QKV input's backward).
+
+    Multi-Latent Attention (megatron-core 0.16.1 multi_latent_attention.py, TE's spec) keeps
+    the projection's h but gathers other inputs: its column-parallel up projections take the
+    latents (q_lora_rank and kv_lora_rank; linear_q_proj the hidden state without a query
+    latent) and the key's RoPE part is gathered apart (gather_from_sequence_parallel_region).
+    With sequence parallelism each is all-gathered forward and reduce-scattered backward;
+    without, the down projections (whole on each rank) see the whole sequence and only the up
+    projections' input gradients are all-reduced, backward. Per pass, the mean of the two
+    directions: (h + what the up projections gather) / 2 with SP, counted as one collective;
+    without SP the backward's latents and the forward's h, likewise."""
+    h = model.hidden_size
+    if not model.multi_latent_attention:
+        return float(h)
+    assert model.kv_lora_rank is not None and model.qk_pos_emb_head_dim is not None
+    gathered = (model.q_lora_rank or h) + model.kv_lora_rank
+    if sequence_parallel:
+        gathered += model.qk_pos_emb_head_dim
+    return (h + gathered) / 2
+
+
 def ring_allreduce_s(nbytes: float, n: int, bytes_per_s: float, params: CostParams) -> float:
     """Ring all-reduce: 2 (n - 1)/n of the buffer crosses each link (Patarasuk & Yuan 2009);
     reduce-scatter + all-gather move the same volume."""
@@ -361,6 +387,11 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     # A lever may run the layers' GEMMs faster than bf16 (FP8: autotune.levers.fp8); the
     # output layer's below stays at bf16's rate.
     gemm_fwd = tokens * fl.layer_mats / t / layer_rate / state.layer_gemm_speedup
+    if s.impl == "te" and not s.sequence_parallel:
+        # MLA's down projections run whole on every rank in TE's spec (TELinear 'duplicated'),
+        # on the whole sequence without sequence parallelism (mla_down_flops_per_token).
+        gemm_fwd += tokens * mla_down_flops_per_token(model) * (1 - 1 / t) / layer_rate \
+            / state.layer_gemm_speedup
     mlp_fwd = tokens * fl.layer_mlp / t / mlp_rate / state.layer_gemm_speedup
     core_flops = tokens * fl.layer_core / t
     acts = layer_activations(model, t, state.attention)
@@ -388,15 +419,19 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     # its own to each pass (FP8 current scaling's amax all-reduces).
     # A shared expert is one more dense MLP in the layer, with its own pair (shared_experts.py:
     # megatron-core's MLP on the tensor-parallel group).
+    # Multi-Latent Attention's pair moves other widths (_attention_tp_width).
     act_bytes = tokens * h * 2
-    tp_passes = 3 if model.shared_expert_ffn_size else 2
-    tp_fwd = tp_passes * ring_allreduce_s(act_bytes, t, gpu.intra_node_bytes_per_s, prm) \
+    mlp_passes = 2 if model.shared_expert_ffn_size else 1
+    attention_bytes = tokens * _attention_tp_width(model, s.sequence_parallel) * 2
+    tp_fwd = mlp_passes * ring_allreduce_s(act_bytes, t, gpu.intra_node_bytes_per_s, prm) \
+        + ring_allreduce_s(attention_bytes, t, gpu.intra_node_bytes_per_s, prm) \
         + state.layer_tp_extra_s
     # Context parallel: TE's ring passes K and V of the local chunk cp - 1 times per pass of
     # attention, overlapped with it (Liu et al. 2023, Ring Attention): exposed max(0, .).
     cp_fwd = 0.0
     if s.cp > 1:
-        kv_bytes = tokens * 2 * model.head_dim * max(1, model.query_groups // t) * 2
+        # K and V: head_dim each per group, MLA's qk_dim and v_dim per head.
+        kv_bytes = tokens * (model.qk_dim + model.v_dim) * max(1, model.query_groups // t) * 2
         bw = _link(cluster, t * s.cp) * prm.comm_efficiency
         cp_fwd = max(0.0, (s.cp - 1) * kv_bytes / bw - core_fwd)
     # Expert parallel: token dispatch + combine all-to-all per pass.

@@ -39,6 +39,7 @@ __all__ = [
     "inflight_microbatches",
     "layer_activations",
     "layer_bytes",
+    "mla_latent_bytes",
     "qkv_extra",
     "rope_table_bytes",
 ]
@@ -113,18 +114,22 @@ def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
     e = linear_input_bytes
     # KV heads replicate when tp > num_query_groups (TransformerConfig: groups divide or are a
     # multiple of tp), so a rank holds max(1, g/t) KV heads.
-    kv_rank = model.head_dim * max(1, model.query_groups // t)
+    groups_rank = max(1, model.query_groups // t)
     q = model.attention_width  # the query's and attention output's width (h but for kv_channels)
     a_rank = model.num_attention_heads / t
+    # Q's and K's heads are qk_dim wide, V's v_dim: head_dim both but with Multi-Latent
+    # Attention (whose keys and values are per head: groups_rank = a_rank there).
+    q_in = a_rank * model.qk_dim
+    k_in, v_in = groups_rank * model.qk_dim, groups_rank * model.v_dim
     hidden_mask = 1.0 if dropout_rate(model, "hidden_dropout") > 0 else 0.0
     gates = 2 if model.gated_linear_unit else 1
 
     # Section 4.1, attention block: LayerNorm input 2h, shared QKV input 2h, dropout mask h after
     # the output projection (all replicated over TP without SP: the "10" of eq. 2 with the MLP's).
-    replicated = 2 * h + e * h + hidden_mask * h
+    replicated = 2 * h + e * h + hidden_mask * h + mla_latent_bytes(model, e)
     # Q (2h) and K (2h for MHA, 2 kv for GQA) for QK^T, V for scores x V, output-projection input
     # (bf16, 2 h/t, where the projection saves its original input).
-    split = 2 * q / t + 2 * kv_rank + 2 * kv_rank + (2 if proj_saves_original else e) * q / t
+    split = 2 * q_in + 2 * k_in + 2 * v_in + (2 if proj_saves_original else e) * q / t
     # A kernel that saves its output (flash, cuDNN fused) shares it with the projection in
     # bf16; a projection that quantizes its input (FP8) saves its own copy and the kernel's
     # bf16 output stays too (out_copy): TE 2.11 backends.py FusedAttnFunc.forward saves
@@ -189,6 +194,37 @@ def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
                             qkv_extra=extra, per_position=rope_table_bytes(model))
 
 
+def mla_latent_bytes(model: ModelSpec, linear_input_bytes: float = 2.0) -> float:
+    """Bytes per token that Multi-Latent Attention keeps of its latents (whole on every
+    tensor-parallel rank: divided by t with sequence parallelism only); 0 without MLA.
+
+    megatron-core 0.16.1 multi_latent_attention.py get_query_key_value_tensors: the query's
+    down projection writes q_compressed [s, b, q_lora_rank] (gathered whole on each rank), the
+    key and value's writes kv_combined [s, b, kv_lora_rank + qk_pos_emb_head_dim], split by
+    views into kv_compressed and the key's RoPE part. With qk_layernorm each latent goes
+    through its norm, which saves its input and fp32 statistics per token (RMSNorm's rstd,
+    LayerNorm's mean and rstd), and the up projection saves the norm's output (FP8: its
+    quantized copy, `linear_input_bytes`). kv_compressed is a view: the norm (or the up
+    projection without norms) keeps all of kv_combined. RoPE keeps only its cos and sin
+    (`rope_table_bytes`); the up projections' outputs are split into views and concatenated
+    into new query, key and value tensors, which are core attention's (counted there), so
+    those outputs are freed. Counted on CPU against one megatron-core layer (sdpa):
+    tools/saved_tensors.py --mla, results/benchmarks/2026-11-29-cpu-mla-s23.md."""
+    if not model.multi_latent_attention:
+        return 0.0
+    assert model.kv_lora_rank is not None and model.qk_pos_emb_head_dim is not None
+    e = linear_input_bytes
+    stats = 4.0 if model.normalization == "RMSNorm" else 8.0
+    q_rank, kv_rank = model.q_lora_rank, model.kv_lora_rank
+    combined = 2.0 * (kv_rank + model.qk_pos_emb_head_dim)
+    if model.qk_layernorm:
+        query = 2 * q_rank + stats + e * q_rank if q_rank else 0.0
+        return query + combined + stats + e * kv_rank
+    query = e * q_rank if q_rank else 0.0
+    # The up projection saves kv_compressed itself, the view, in bf16; FP8 a quantized copy.
+    return query + (combined if e == 2.0 else e * kv_rank)
+
+
 def qkv_extra(model: ModelSpec, tp: int, attention: AttentionBytes, *,
               checkpointed: bool = False) -> float:
     """Bytes per token that one rank keeps of a layer's query, key and value for backward beyond
@@ -217,6 +253,11 @@ def qkv_extra(model: ModelSpec, tp: int, attention: AttentionBytes, *,
     recomputed was 14% over the model without this term for llama2-13b (MHA) and 10-11% over
     for llama3-8b and Llama-3.2-3B (GQA); with it and the RoPE tables each is within 0.5%.
     """
+    if model.multi_latent_attention:
+        # MLA's query, key and value are new contiguous tensors (torch.cat, .contiguous():
+        # multi_latent_attention.py qkv_up_proj_and_rope_apply), one key and value per head:
+        # any kernel, or a checkpoint, keeps them as they are, once each (mla_latent_bytes).
+        return 0.0
     d = model.head_dim
     heads, groups = model.num_attention_heads / tp, max(1, model.query_groups // tp)
     q = 2 * heads * d  # bf16 query, or a key or value repeated per head
@@ -286,7 +327,10 @@ def rope_table_bytes(model: ModelSpec) -> float:
     activation-slope.md)."""
     if model.position_embedding != "rope":
         return 0.0
-    return 4 * ROPE_TABLE_BYTES * model.head_dim
+    # Multi-Latent Attention rotates the qk_pos_emb_head_dim part only.
+    rotated = model.qk_pos_emb_head_dim if model.multi_latent_attention else model.head_dim
+    assert rotated is not None
+    return 4 * ROPE_TABLE_BYTES * rotated
 
 
 def layer_bytes(acts: LayerActivations, *, tokens: float, seq: float, tp: int,

@@ -28,6 +28,9 @@ reads follow from the op. Per element:
   writing the result, the frequencies cached), 4 B forward and 4 B backward;
 - the query and key norms (ModelSpec.qk_layernorm: q_layernorm and k_layernorm, head_dim wide,
   before RoPE), a norm's 14 B on each element of the rank's query and key;
+- Multi-Latent Attention (ModelSpec.multi_latent_attention, `_mla_bytes`): its latent norms
+  and its query's, key's and value's assembly (RoPE on their qk_pos_emb_head_dim parts, the
+  concatenations), instead of the two items above;
 - grouped-query attention through SDPA (autotune.worker.attention.SdpaAttention repeats each key
   and value group for its heads, repeat_interleave): per repeated element written (2 B) its group
   read, and backward the sum back to the groups: 4 B on each of the rank's h / t key and value
@@ -65,6 +68,10 @@ ROPE_BYTES = 48.0
 """Bytes per query or key element of the unfused RoPE, forward (24) and backward (24)."""
 ROPE_FUSED_BYTES = 8.0
 """Bytes per query or key element of TE's fused RoPE: read and write, forward and backward."""
+MLA_COPY_BYTES = 8.0
+"""Bytes per element of Multi-Latent Attention's query, key and value as it assembles them
+unfused: torch.cat of the parts (the value a .contiguous() copy) reads 2 and writes 2; backward,
+the split's gradient concatenated back, as many."""
 GQA_REPEAT_BYTES = 4.0
 """Bytes per repeated key or value element (write 2 forward, read 2 in the backward's sum)."""
 
@@ -96,6 +103,25 @@ def rope_fused(model: ModelSpec, impl: str) -> bool:
     return model.position_embedding == "rope" and model.rope_fusion and impl == "te"
 
 
+def _mla_bytes(model: ModelSpec, tp: int, impl: str) -> tuple[float, float]:
+    """(replicated, split) bytes per token of Multi-Latent Attention's element-wise kernels
+    (megatron-core 0.16.1 multi_latent_attention.py get_query_key_value_tensors): the latent
+    norms (qk_layernorm, on q_lora_rank and kv_lora_rank, whole on each rank); unfused, RoPE
+    on the query's qk_pos_emb_head_dim part per head and the key's once, then the query and
+    key concatenated from their parts and the value made contiguous (MLA_COPY_BYTES); fused
+    (`rope_fused`: fused_apply_mla_rope_for_q / _for_kv, one kernel each way writing the
+    query, key and value), ROPE_FUSED_BYTES on each of their elements."""
+    assert model.kv_lora_rank is not None and model.qk_pos_emb_head_dim is not None
+    latent = NORM_BYTES * ((model.q_lora_rank or 0) + model.kv_lora_rank) \
+        if model.qk_layernorm else 0.0
+    heads = model.num_attention_heads / tp
+    qkv = heads * (2 * model.qk_dim + model.v_dim)
+    if rope_fused(model, impl):
+        return latent, ROPE_FUSED_BYTES * qkv
+    pe = model.qk_pos_emb_head_dim
+    return latent, ROPE_BYTES * (heads * pe + pe) + MLA_COPY_BYTES * qkv
+
+
 @functools.lru_cache(maxsize=1024)
 def layer_elementwise_bytes(model: ModelSpec, tp: int, impl: str) -> ElementwiseBytes:
     """One layer's element-wise traffic per token on one of `tp` ranks with implementation
@@ -112,6 +138,9 @@ def layer_elementwise_bytes(model: ModelSpec, tp: int, impl: str) -> Elementwise
         f = model.ffn_size
     mlp = (SWIGLU_BYTES if model.gated_linear_unit else GELU_BYTES) * f / tp
     split = mlp
+    if model.multi_latent_attention:
+        latent, split_mla = _mla_bytes(model, tp, impl)
+        return ElementwiseBytes(replicated=replicated + latent, split=split + split_mla, mlp=mlp)
     d = model.head_dim
     heads, kv = model.num_attention_heads / tp * d, max(1, model.query_groups // tp) * d
     if model.position_embedding == "rope":

@@ -4,8 +4,8 @@ Source: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
 Using Megatron-LM", Section 5.1 / Appendix, eq. (3): with full recompute an iteration costs
 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) FLOPs; without recompute the factor is 72 and V/(12 l h)
 (forward + backward = 3 forward passes). We count each matrix multiply explicitly so that GQA,
-SwiGLU, a non-4h FFN and top-k MoE routing are covered; for a GPT with ffn = 4h, MHA, dense MLP
-this reduces exactly to the paper's expression (tests check it).
+SwiGLU, a non-4h FFN, top-k MoE routing and Multi-Latent Attention are covered; for a GPT with
+ffn = 4h, MHA, dense MLP this reduces exactly to the paper's expression (tests check it).
 Attention scores are counted in full (s^2, no causal halving), as the paper and Megatron's
 `num_floating_point_operations` do.
 """
@@ -17,7 +17,8 @@ from typing import Protocol
 from autotune.specs.model import ModelSpec
 
 __all__ = ["GemmFit", "GemmSplit", "forward_flops_per_token", "gemm_efficiency", "gemm_size",
-           "hardware_flops_per_token", "mlp_forward_flops_per_token", "model_flops_per_token"]
+           "hardware_flops_per_token", "mla_down_flops_per_token", "mlp_forward_flops_per_token",
+           "model_flops_per_token"]
 
 
 def mlp_forward_flops_per_token(model: ModelSpec) -> float:
@@ -36,18 +37,45 @@ def mlp_forward_flops_per_token(model: ModelSpec) -> float:
     return float(2 * mlp_mats * h * model.ffn_size)
 
 
+def mla_down_flops_per_token(model: ModelSpec) -> float:
+    """Multi-Latent Attention's down projections' forward FLOPs per token (linear_q_down_proj,
+    h x q_lora_rank; linear_kv_down_proj, h x (kv_lora_rank + qk_pos_emb_head_dim)): the GEMMs
+    Transformer Engine's spec runs whole on every tensor-parallel rank (TELinear 'duplicated',
+    megatron-core 0.16.1 multi_latent_attention.py); 0 without MLA."""
+    if not model.multi_latent_attention:
+        return 0.0
+    assert model.kv_lora_rank is not None and model.qk_pos_emb_head_dim is not None
+    latent = (model.q_lora_rank or 0) + model.kv_lora_rank + model.qk_pos_emb_head_dim
+    return float(2 * model.hidden_size * latent)
+
+
+def _attention_forward_flops_per_token(model: ModelSpec) -> float:
+    """The attention block's projections' forward FLOPs per token (core attention apart)."""
+    h = model.hidden_size
+    q = model.attention_width  # h unless the head dimension is the model's own (kv_channels)
+    proj = 2 * q * h
+    if model.multi_latent_attention:
+        # multi_latent_attention.py: the query from its latent (q_lora_rank) or from h, heads
+        # of qk_dim; keys' and values' up projection from kv_lora_rank, heads of qk_head_dim +
+        # v_head_dim (the key's RoPE part comes out of the down projection, shared by heads).
+        assert model.kv_lora_rank is not None and model.qk_head_dim is not None
+        n = model.num_attention_heads
+        query = 2 * (model.q_lora_rank or h) * n * model.qk_dim
+        kv_up = 2 * model.kv_lora_rank * n * (model.qk_head_dim + model.v_dim)
+        return mla_down_flops_per_token(model) + query + kv_up + proj
+    kv = model.query_groups * model.head_dim
+    return float(2 * h * (q + 2 * kv) + proj)
+
+
 def _layer_forward_flops_per_token(model: ModelSpec) -> tuple[float, float]:
     """(matrix-multiply FLOPs, core-attention FLOPs) of one layer's forward pass, per token."""
-    h = model.hidden_size
-    kv = model.query_groups * model.head_dim
-    q = model.attention_width  # h unless the head dimension is the model's own (kv_channels)
-    qkv = 2 * h * (q + 2 * kv)
-    proj = 2 * q * h
     mlp = mlp_forward_flops_per_token(model)
     # QK^T and scores x V: 2 * s * h each per token (Narayanan et al. 2021, 4 B s^2 h per layer),
-    # h being the heads' total width there.
-    core = 4 * model.seq_length * q
-    return float(qkv + proj + mlp), float(core)
+    # h being the heads' total width there: the query/key heads' (qk_dim) for QK^T, the value
+    # heads' (v_dim) for scores x V; the two differ with Multi-Latent Attention only.
+    n = model.num_attention_heads
+    core = 2 * model.seq_length * n * (model.qk_dim + model.v_dim)
+    return float(_attention_forward_flops_per_token(model) + mlp), float(core)
 
 
 def forward_flops_per_token(model: ModelSpec) -> float:
