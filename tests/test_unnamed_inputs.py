@@ -50,7 +50,17 @@ MOE = " --num-experts 8 --moe-router-topk 2"
     (" --window-size -1,0", None),
     (" --window-size 4096,0", None),
     (" --window-size 1024,0 --window-attn-skip-freq 2", "sliding-window attention"),
-    (" --multi-latent-attention --q-lora-rank 1536", "multi-latent attention"),
+    # MLA is read (test_mla_flags_both_ways); megatron-core's MLA rules refuse in one line.
+    (" --multi-latent-attention --q-lora-rank 1536", "position_embedding must be rope"),
+    (" --multi-latent-attention --position-embedding-type rope --group-query-attention "
+     "--num-query-groups 8", "multi_latent_attention has no query groups"),
+    (" --multi-latent-attention --position-embedding-type rope --kv-channels 128",
+     "kv_channels must be unset"),
+    (" --multi-latent-attention --position-embedding-type rope --rope-type rope",
+     "another RoPE type"),
+    (" --position-embedding-type rope --rope-type yarn", "another RoPE type"),
+    (" --multi-latent-attention --position-embedding-type rope --rope-type yarn", None),
+    (" --position-embedding-type rope --rope-type rope", None),
     # megatron-core's shared expert asserts add_bias_linear off (shared_experts.py).
     (MOE + " --moe-shared-expert-intermediate-size 4096", "shared expert has no biases"),
     (MOE + " --moe-shared-expert-intermediate-size 4096 --disable-bias-linear", None),
@@ -75,7 +85,7 @@ def test_a_shape_autotune_does_not_model_is_refused(tmp_path: Path, extra: str,
                                                     refused: str | None) -> None:
     """These flags were kept and passed on in silence: a --kv-channels 128 model was predicted
     as one with 64-wide heads, MLA as plain attention (shared experts, once refused, are read:
-    test_shared_expert_flags_both_ways)."""
+    test_shared_expert_flags_both_ways; MLA too: test_mla_flags_both_ways)."""
     script = tmp_path / "train.sh"
     script.write_text(COMMAND + extra + "\n")
     if refused is None:
@@ -764,3 +774,43 @@ def test_shared_expert_flags_both_ways(tmp_path: Path, extra: str, width: int | 
         if "--moe-shared-expert-intermediate-size" in args else None
     assert written == (str(width) if width else None)
     assert ("--moe-shared-expert-gate" in args) == gate
+
+
+MLA_COMMAND = COMMAND + " --position-embedding-type rope --multi-latent-attention"
+
+
+@pytest.mark.parametrize(("extra", "sizes"), [
+    # Megatron-LM's defaults (arguments.py _add_mla_args): no query latent, kv_lora_rank 32,
+    # qk_head_dim 128, qk_pos_emb_head_dim 64, v_head_dim 128.
+    ("", (None, 32, 128, 64, 128)),
+    # DeepSeek-V2-Lite's and V3's.
+    (" --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 "
+     "--qk-layernorm", (None, 512, 128, 64, 128)),
+    (" --q-lora-rank 1536 --kv-lora-rank 512 --qk-layernorm", (1536, 512, 128, 64, 128)),
+    (" --q-lora-rank=768 --kv-lora-rank=256 --qk-head-dim=64 --qk-pos-emb-head-dim=32 "
+     "--v-head-dim=64", (768, 256, 64, 32, 64)),
+])
+def test_mla_flags_both_ways(tmp_path: Path, extra: str,
+                             sizes: tuple[int | None, ...]) -> None:
+    """Megatron-LM's Multi-Latent Attention is the model's: read with its sizes (Megatron-LM's
+    defaults where the command gives none), and written back explicitly; no warning."""
+    from autotune.layouts.layout import Layout
+    from autotune.megatron.megatron_args import megatron_lm_args
+
+    script = tmp_path / "train.sh"
+    script.write_text(MLA_COMMAND + extra + "\n")
+    command = read_megatron_command(str(script))
+    model = command.model
+    assert model.multi_latent_attention
+    assert (model.q_lora_rank, model.kv_lora_rank, model.qk_head_dim,
+            model.qk_pos_emb_head_dim, model.v_head_dim) == sizes
+    assert unmodeled_warning(command) is None
+    args = megatron_lm_args(model, Layout(gbs=64))
+    assert "--multi-latent-attention" in args
+    written = {flag: args[args.index(flag) + 1] if flag in args else None
+               for flag in ("--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
+                            "--qk-pos-emb-head-dim", "--v-head-dim")}
+    assert tuple(None if v is None else int(v) for v in written.values()) == sizes
+    # The sizes alone, without --multi-latent-attention, are no MLA (Megatron-LM ignores them).
+    script.write_text(COMMAND + " --position-embedding-type rope --kv-lora-rank 512\n")
+    assert not read_megatron_command(str(script)).model.multi_latent_attention

@@ -391,7 +391,7 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
         # Unfused attention: two batched GEMMs with inner size head_dim, then s^2 memory
         # traffic; unfused bias, GeLU, dropout, residual adds and LayerNorm.
         return evolve(state, attention=attention,
-                      attention_efficiency=gemm_efficiency(m.head_dim, p),
+                      attention_efficiency=gemm_efficiency(m.qk_dim, p),
                       attention_bytes_per_score=p.local_attention_bytes_per_score,
                       elementwise_bytes=p.elementwise_bytes_local)
     # Fused attention (SDPA's flash backend, TE/cuDNN); sdpa keeps the local spec's other

@@ -87,6 +87,42 @@ def _read_gqa(g: Given) -> dict[str, Any]:
     return {"num_query_groups": groups}
 
 
+MLA_FLAG_DEFAULTS: dict[str, int | None] = {
+    "q_lora_rank": None, "kv_lora_rank": 32, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
+    "v_head_dim": 128}
+"""Megatron-LM's defaults of Multi-Latent Attention's sizes (core_v0.16.1 arguments.py
+_add_mla_args: --q-lora-rank None, --kv-lora-rank 32, --qk-head-dim 128, --qk-pos-emb-head-dim
+64, --v-head-dim 128), which it hands MLATransformerConfig (whose own kv_lora_rank default,
+512, a command never reaches)."""
+
+
+def _mla_flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _emit_mla(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
+    if not m.multi_latent_attention:
+        return []
+    # Every size explicit (the defaults above are Megatron-LM's, not the model's); the query's
+    # latent only where it has one (absent: None, no query compression).
+    args = ["--multi-latent-attention"]
+    for field in MLA_FLAG_DEFAULTS:
+        value = getattr(m, field)
+        if value is not None:
+            args += [_mla_flag(field), str(value)]
+    return args
+
+
+def _read_mla(g: Given) -> dict[str, Any]:
+    # The sizes reach the model only with --multi-latent-attention (core_transformer_config_
+    # from_args picks MLATransformerConfig with it; TransformerConfig has none of them).
+    if not g.has("--multi-latent-attention"):
+        return {}
+    sizes = {field: g.integer(_mla_flag(field), default)
+             for field, default in MLA_FLAG_DEFAULTS.items()}
+    return {"multi_latent_attention": True, **sizes}
+
+
 def _emit_kv_channels(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
     # Megatron-LM's validate_args sets kv_channels to hidden / heads when the flag is absent.
     return [] if m.kv_channels is None else ["--kv-channels", str(m.kv_channels)]
@@ -343,6 +379,10 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
     FlagRow(name="kv_channels", part=Part.MODEL, flags=(Flag("--kv-channels"),),
             emit=_emit_kv_channels,
             read=lambda g: {"kv_channels": g.integer("--kv-channels", None)}),
+    FlagRow(name="multi_latent_attention", part=Part.MODEL,
+            flags=(Flag("--multi-latent-attention", takes_value=False),
+                   *(Flag(_mla_flag(field)) for field in MLA_FLAG_DEFAULTS)),
+            emit=_emit_mla, read=_read_mla),
     FlagRow(name="ffn_hidden_size", part=Part.MODEL, flags=(Flag("--ffn-hidden-size"),),
             emit=_emit_ffn, read=_read_ffn),
     FlagRow(name="seq_length", part=Part.MODEL,
@@ -515,7 +555,11 @@ UNREPRESENTED_FLAGS: dict[str, Unrepresented] = {
     # a Megatron-LM command must not get further with them.
     "--window-size": Unrepresented("sliding-window attention", _one_value(_full_window)),
     "--window-attn-skip-freq": Unrepresented("sliding-window attention on some layers"),
-    "--multi-latent-attention": Unrepresented("multi-latent attention (MLA)"),
+    # Megatron-LM: MLA's RoPE is YaRN unless --rope-type (MLATransformerConfig's default,
+    # autotune's: autotune.megatron.core_config.MLA_ROPE_TYPE); other attention asserts rope.
+    "--rope-type": Unrepresented(
+        "another RoPE type than the attention's default (MLA: yarn, else rope)",
+        _one_value(lambda v, m: v == ("yarn" if m.multi_latent_attention else "rope"))),
     "--experimental-attention-variant": Unrepresented("an attention variant of its own"),
     "--moe-layer-freq": Unrepresented(
         "dense layers among the MoE layers", _one_value(lambda v, m: v == "1")),
