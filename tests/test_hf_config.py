@@ -292,3 +292,110 @@ def test_a_model_files_window_is_checked_after_seq_len(
         assert code == 2 and err.count("\n") == 1 and "--seq-len 64 or less" in err, err
     else:
         assert code == 0, err
+
+
+# -- DeepSeek-V2 / V3: Multi-Latent Attention and DeepSeekMoE ---------------------------------
+
+V2_LITE = HF / "deepseek-v2-lite.json"
+
+
+def _deepseek(tmp_path: Path, change: dict[str, object]) -> Path:
+    data = json.loads(V2_LITE.read_text())
+    data.update(change)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_deepseek_dense_first_layers_are_refused_in_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """DeepSeek-V2-Lite's first layer is dense (first_k_dense_replace 1): dense layers among
+    MoE layers (Megatron --moe-layer-freq) are not autotune's yet, so the published config is
+    refused, not planned as 27 MoE layers."""
+    with pytest.raises(ConfigError, match=r"first_k_dense_replace 1: .*--moe-layer-freq"):
+        read_hf_config(str(V2_LITE))
+    code = main([str(V2_LITE), "--gpus", "8", "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "first_k_dense_replace 1" in err
+
+
+@pytest.mark.parametrize(("change", "shape"), [
+    # V2-Lite with every layer MoE: MLA without a query latent, 64 experts of 1408, top 6, two
+    # shared experts as one MLP of 2 x 1408, ungated; the latent norms (kv_a_layernorm).
+    ({"first_k_dense_replace": 0},
+     {"multi_latent_attention": True, "q_lora_rank": None, "kv_lora_rank": 512,
+      "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "qk_layernorm": True,
+      "num_query_groups": None, "kv_channels": None, "num_experts": 64, "moe_topk": 6,
+      "moe_ffn_hidden_size": 1408, "moe_shared_expert_intermediate_size": 2816,
+      "moe_shared_expert_gate": False, "position_embedding": "rope", "tied_embeddings": False,
+      "seq_length": 8192, "max_position_embeddings": 163840}),
+    # V2's and V3's query latent; one shared expert.
+    ({"first_k_dense_replace": 0, "q_lora_rank": 1536, "n_shared_experts": 1},
+     {"q_lora_rank": 1536, "moe_shared_expert_intermediate_size": 1408}),
+    ({"first_k_dense_replace": 0, "n_shared_experts": None},
+     {"moe_shared_expert_intermediate_size": None}),
+    # No routed experts: a dense MLA model, whose first_k_dense_replace says nothing.
+    ({"n_routed_experts": None}, {"num_experts": None, "ffn_hidden_size": 10944,
+                                  "multi_latent_attention": True}),
+    ({"model_type": "deepseek_v3", "first_k_dense_replace": 0, "q_lora_rank": 1536,
+      "qk_nope_head_dim": 64, "v_head_dim": 64},
+     {"qk_head_dim": 64, "v_head_dim": 64, "q_lora_rank": 1536}),
+], ids=["v2-lite-all-moe", "query-latent", "no-shared", "dense", "v3"])
+def test_deepseek_configs_are_read(tmp_path: Path, change: dict[str, object],
+                                   shape: dict[str, object]) -> None:
+    model = read_hf_config(str(_deepseek(tmp_path, change))).spec
+    for field, value in shape.items():
+        assert getattr(model, field) == value, field
+
+
+def test_deepseek_v2_lite_counts_its_published_size(tmp_path: Path) -> None:
+    """Read with every layer MoE and one MoE layer swapped for the dense first layer it has
+    (10944-wide SwiGLU MLP), V2-Lite counts the model card's 15.7B; its MoE layers' share
+    follows autotune's own count, megatron-core's to the parameter
+    (tests/test_param_counts_megatron.py, the MLA rows)."""
+    import dataclasses
+
+    from autotune.specs.params import parameter_counts
+
+    model = read_hf_config(str(_deepseek(tmp_path, {"first_k_dense_replace": 0}))).spec
+    counts = parameter_counts(model)
+    dense = parameter_counts(dataclasses.replace(
+        model, num_experts=None, moe_ffn_hidden_size=None,
+        moe_shared_expert_intermediate_size=None))
+    moe_layer = counts.dense_per_layer + counts.expert_per_layer
+    assert counts.total == 16_210_324_992
+    assert counts.total - moe_layer + dense.dense_per_layer == pytest.approx(15.7e9, rel=0.005)
+
+
+@pytest.mark.parametrize(("change", "noted"), [
+    ({"first_k_dense_replace": 0}, ["rope_scaling (yarn)", "scoring_func 'softmax'"]),
+    ({"first_k_dense_replace": 0, "model_type": "deepseek_v3", "scoring_func": "sigmoid",
+      "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
+      "num_nextn_predict_layers": 1},
+     ["scoring_func 'sigmoid', topk_method 'noaux_tc', n_group 8, topk_group 4, "
+      "routed_scaling_factor 2.5", "num_nextn_predict_layers 1: multi-token prediction layers "
+      "are not planned"]),
+])
+def test_deepseek_router_options_and_mtp_are_noted(tmp_path: Path, change: dict[str, object],
+                                                   noted: list[str]) -> None:
+    notes = read_hf_config(str(_deepseek(tmp_path, change))).notes
+    for text in noted:
+        assert any(text in n for n in notes), (text, notes)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"first_k_dense_replace": 3}, "first_k_dense_replace 3: the first layers are dense"),
+    ({"first_k_dense_replace": 0, "moe_layer_freq": 2}, "moe_layer_freq 2: dense layers"),
+    ({"num_key_value_heads": 8}, "num_key_value_heads 8 differs from num_attention_heads 16"),
+    ({"attention_bias": True}, "attention_bias: megatron-core's Multi-Latent Attention"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ({"kv_lora_rank": None}, "no 'kv_lora_rank'"),
+    ({"qk_rope_head_dim": 0}, "qk_rope_head_dim must be a positive integer"),
+    ({"first_k_dense_replace": 0, "num_experts_per_tok": None}, "no 'num_experts_per_tok'"),
+    ({"first_k_dense_replace": 0, "num_experts_per_tok": 65}, "moe_topk=65 must be between"),
+])
+def test_deepseek_what_cannot_be_mapped_is_refused(tmp_path: Path, change: dict[str, object],
+                                                   message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        read_hf_config(str(_deepseek(tmp_path, change)))
+    assert "\n" not in str(caught.value)

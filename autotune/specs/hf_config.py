@@ -1,4 +1,5 @@
-"""A Hugging Face `config.json` as a ModelSpec: GPT-2, Llama, Mistral, Mixtral, Qwen2, Qwen3.
+"""A Hugging Face `config.json` as a ModelSpec: GPT-2, Llama, Mistral, Mixtral, Qwen2, Qwen3,
+DeepSeek-V2 and V3.
 
 Read from a file (or a folder holding config.json), never from the network. Every field the
 analytical models and the Megatron-LM export use is mapped from the config's own keys, with
@@ -6,8 +7,10 @@ transformers' defaults where a key may be absent (transformers' configuration_<m
 each architecture). What autotune's models cannot represent is refused in one line rather than
 approximated silently: an unknown architecture, a sequence longer than the window of
 sliding-window attention in use (the sequence defaults to the window), dense layers among the
-MoE layers. Qwen2's QKV bias, Qwen3's QK norm and Qwen2-MoE's gated shared expert are part of
-the model (ModelSpec.add_qkv_bias, qk_layernorm, moe_shared_expert_intermediate_size);
+MoE layers (DeepSeek's first_k_dense_replace). Qwen2's QKV bias, Qwen3's QK norm, Qwen2-MoE's
+gated shared expert and DeepSeek's Multi-Latent Attention are part of the model
+(ModelSpec.add_qkv_bias, qk_layernorm, moe_shared_expert_intermediate_size,
+multi_latent_attention);
 fields that do not change memory or step time (RoPE scaling, the checkpoint's dtype) are noted,
 not refused; a dtype that is no torch dtype is refused, as transformers refuses it.
 """
@@ -58,7 +61,8 @@ CHECKPOINT_DTYPE_USUAL = "bfloat16"
 (Megatron --bf16): not worth a note."""
 
 _LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
-SUPPORTED = ("gpt2", *_LLAMA_LIKE)
+_DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+SUPPORTED = ("gpt2", *_LLAMA_LIKE, *_DEEPSEEK)
 """config.json `model_type`s autotune maps."""
 
 
@@ -261,6 +265,88 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
     return values, notes
 
 
+def _deepseek(c: _Config) -> tuple[dict[str, Any], list[str]]:
+    """DeepSeek-V2 and V3 (and the models on their code: Moonlight, Kimi K2): Multi-Latent
+    Attention and DeepSeekMoE, as transformers' modeling_deepseek_v2 / _v3 build them.
+
+    MLA: q_lora_rank (null: the query from the hidden state, V2-Lite), kv_lora_rank,
+    qk_nope_head_dim (megatron-core's qk_head_dim), qk_rope_head_dim (qk_pos_emb_head_dim),
+    v_head_dim; the latents' RMSNorms (q_a_layernorm with a query latent, kv_a_layernorm) are
+    megatron-core's qk_layernorm with MLA. MoE: n_routed_experts experts (null: a dense model)
+    of moe_intermediate_size, num_experts_per_tok per token, and n_shared_experts shared
+    experts that every token goes through, one MLP of n_shared_experts x
+    moe_intermediate_size (DeepseekV2MoE's shared_experts; Megatron
+    --moe-shared-expert-intermediate-size), ungated. The first first_k_dense_replace layers
+    are dense MLPs of intermediate_size: dense layers among MoE layers, which autotune's
+    models do not have yet (Megatron --moe-layer-freq): refused. The router's scoring
+    (softmax or sigmoid), its group-limited top-k, routed_scaling_factor and norm_topk_prob
+    change no memory and no step time noticeably (one h x experts GEMM either way): noted.
+    Multi-token prediction layers (num_nextn_predict_layers, V3) are not planned: noted."""
+    notes: list[str] = []
+    hidden, heads = c.count("hidden_size"), c.count("num_attention_heads")
+    groups = c.count("num_key_value_heads", heads)
+    if groups != heads:
+        raise c.refuse(f"num_key_value_heads {groups} differs from num_attention_heads {heads}: "
+                       "Multi-Latent Attention has a key and value per head")
+    if c.text("hidden_act", "silu") != "silu":
+        raise c.refuse(f"hidden_act {shown(c.get('hidden_act'))}: autotune maps the SwiGLU "
+                       "(silu-gated) MLP of these models only")
+    if c.flag("attention_bias", False):
+        raise c.refuse("attention_bias: megatron-core's Multi-Latent Attention projections "
+                       "have no bias")
+    positions = c.count("max_position_embeddings", 2048)
+    values: dict[str, Any] = {
+        "num_layers": c.count("num_hidden_layers"), "hidden_size": hidden,
+        "num_attention_heads": heads, "ffn_hidden_size": c.count("intermediate_size"),
+        "vocab_size": c.count("vocab_size"), "seq_length": min(positions, SEQ_LENGTH_MAX),
+        "max_position_embeddings": positions, "gated_linear_unit": True,
+        "activation": "swiglu", "normalization": "RMSNorm", "add_bias_linear": False,
+        "tied_embeddings": c.flag("tie_word_embeddings", False), "position_embedding": "rope",
+        "rotary_base": _integral(c, "rope_theta", 10000), "hidden_dropout": 0.0,
+        "attention_dropout": c.number("attention_dropout", 0.0),
+        "multi_latent_attention": True, "qk_layernorm": True,
+        # Published configs write every key; q_lora_rank null (or absent) is no query latent.
+        "q_lora_rank": c.optional_count("q_lora_rank"),
+        "kv_lora_rank": c.count("kv_lora_rank"), "qk_head_dim": c.count("qk_nope_head_dim"),
+        "qk_pos_emb_head_dim": c.count("qk_rope_head_dim"),
+        "v_head_dim": c.count("v_head_dim"),
+    }
+    if c.get("rope_scaling"):
+        scaling = c.get("rope_scaling")
+        kind_of = scaling.get("rope_type") or scaling.get("type") if isinstance(
+            scaling, dict) else scaling
+        notes.append(f"rope_scaling ({for_terminal(str(kind_of))[:40]}) changes positions, not "
+                     "memory or step time: megatron-core's MLA runs YaRN RoPE on the "
+                     "qk_rope_head_dim part either way")
+    experts = c.optional_count("n_routed_experts")
+    if experts is not None:
+        dense = c.get("first_k_dense_replace", 0)
+        if dense:
+            raise c.refuse(f"first_k_dense_replace {shown(dense)}: the first layers are dense "
+                           "MLPs among the MoE layers (Megatron --moe-layer-freq), which "
+                           "autotune's models do not have yet")
+        if c.count("moe_layer_freq", 1) != 1:
+            raise c.refuse(f"moe_layer_freq {shown(c.get('moe_layer_freq'))}: dense layers "
+                           "among the MoE layers are not in autotune's models")
+        width = c.count("moe_intermediate_size")
+        values.update(num_experts=experts, moe_topk=c.count("num_experts_per_tok"),
+                      moe_ffn_hidden_size=width)
+        shared = c.optional_count("n_shared_experts")
+        if shared:
+            values["moe_shared_expert_intermediate_size"] = shared * width
+        router = [f"{key} {shown(c.get(key))}" for key in (
+            "scoring_func", "topk_method", "n_group", "topk_group", "routed_scaling_factor",
+            "norm_topk_prob") if c.get(key) is not None]
+        if router:
+            notes.append(f"the router's {', '.join(router)} change no memory and no step time "
+                         "noticeably: autotune plans megatron-core's softmax top-k router")
+    mtp = c.get("num_nextn_predict_layers", 0)
+    if mtp:
+        notes.append(f"num_nextn_predict_layers {shown(mtp)}: multi-token prediction layers "
+                     "are not planned (the model is planned without them)")
+    return values, notes
+
+
 _MOE_DEFAULTS: dict[str, tuple[str, int, int, int | None, int | None]] = {
     "mixtral": ("num_local_experts", 8, 2, None, None),
     "qwen2_moe": ("num_experts", 60, 4, 1408, 5632),
@@ -296,7 +382,12 @@ def read_hf_config(name_or_path: str) -> HfModel:
             and archs else "no architectures"
         raise ConfigError(f"{source}: model_type {shown(kind)} ({arch}) is not an architecture "
                           f"autotune maps (it reads {', '.join(SUPPORTED)})")
-    values, notes = _gpt2(c) if kind == "gpt2" else _llama_like(c, kind)
+    if kind == "gpt2":
+        values, notes = _gpt2(c)
+    elif kind in _DEEPSEEK:
+        values, notes = _deepseek(c)
+    else:
+        values, notes = _llama_like(c, kind)
     notes += _checkpoint_dtype(c)
     values["global_batch_size"] = GLOBAL_BATCH.get(kind, DEFAULT_GLOBAL_BATCH)
     spec = model_from_mapping({"name": _name(path, data), **values}, source)
