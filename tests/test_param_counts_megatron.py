@@ -1,10 +1,12 @@
 """autotune.specs.params against megatron-core: the same shapes built as the worker builds them
-(tests/doubles/megatron_params.py, CPU) count the same parameters, feature by feature."""
+(tests/doubles/megatron_params.py, CPU) count the same parameters, feature by feature, and
+train a step."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -69,8 +71,17 @@ def test_parameter_counts_are_megatron_cores(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "doubles" / "megatron_params.py"),
                           str(models)], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    built = {r["name"]: r["parameters"] for r in json.loads(out.stdout.strip().splitlines()[-1])}
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    built = {r["name"]: r["parameters"] for r in rows}
     assert built == {m.name: count_parameters(m) for m in MODELS}
+    # The models without dropout also ran one forward and backward pass on CPU through the
+    # worker's layer spec (sdpa: SdpaAttention with MLA's unequal head dims too): a loss near
+    # ln(vocabulary) at random init, and a finite gradient for every parameter.
+    stepped = {r["name"]: r for r in rows if r["loss"] is not None}
+    assert {m.name for m in MODELS if m.multi_latent_attention} <= set(stepped)
+    for name, row in stepped.items():
+        assert row["loss"] == pytest.approx(math.log(1024), abs=0.2), name
+        assert row["no_grad"] == [], name
     # The features counted at all: each moves the count.
     assert built["qwen3"] > built["head-dim"] and built["qwen2"] > built["llama"]
     assert built["gpt-qk-norm"] > built["gpt"] and built["gpt-qkv-bias"] == built["gpt"]

@@ -75,6 +75,10 @@ def outside_range(model: ModelSpec, cluster: ClusterSpec,
         # host terms, 2 more held out; they are outside the bands' data: step time within 47%
         # there.
         notes.append("MoE measured on one host kind only (step time within 47% there)")
+    if model.multi_latent_attention:
+        # Counted against megatron-core on CPU (parameters, saved activations); no GPU run yet
+        # (results/benchmarks/2026-11-29-cpu-mla-s23.md).
+        notes.append("Multi-Latent Attention never run on a GPU (counted on CPU only)")
     return notes
 
 

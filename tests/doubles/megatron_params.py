@@ -1,10 +1,13 @@
 """Parameter counts of megatron-core GPTModels built as autotune's worker builds them, on CPU.
 
     python tests/doubles/megatron_params.py MODELS_JSON    # a list of ModelSpec fields
-prints a JSON list of {"name", "parameters"}: every parameter of the model at tp = pp = 1 (sdpa
-spec), built from autotune.worker.build's layer spec and TransformerConfig, so that
-autotune.specs.params can be checked against what megatron-core makes of the same shape. Run in
-a process of its own: it starts a one-rank gloo world for megatron-core's parallel state.
+prints a JSON list of {"name", "parameters", "loss", "no_grad"}: every parameter of the model
+at tp = pp = 1 (sdpa spec), built from autotune.worker.build's layer spec and TransformerConfig,
+so that autotune.specs.params can be checked against what megatron-core makes of the same shape;
+for models without dropout (whose CUDA RNG tracker a CPU run lacks), the mean loss of one
+forward and backward pass on 2 x 32 random tokens and the parameters left without a gradient
+(else null). Run in a process of its own: it starts a one-rank gloo world for megatron-core's
+parallel state.
 """
 
 from __future__ import annotations
@@ -51,9 +54,32 @@ def main(path: str) -> int:
             kwargs["moe_token_dispatcher_type"] = "allgather"
         config = build.transformer_config_class(kwargs)(**kwargs)  # MLA's own with MLA
         model = build._gpt_model(GPTModel, spec, config, padded_vocab_size(m), None)
-        rows.append({"name": m.name, "parameters": sum(p.numel() for p in model.parameters())})
+        row = {"name": m.name, "parameters": sum(p.numel() for p in model.parameters()),
+               "loss": None, "no_grad": None}
+        if not m.hidden_dropout and not m.attention_dropout:
+            row.update(_step(model, padded_vocab_size(m)))
+        rows.append(row)
     print(json.dumps(rows))
     return 0
+
+
+def _step(model: object, vocab: int) -> dict[str, object]:
+    """One forward and backward pass of `model` (a GPTModel) on random tokens, in fp32."""
+    import torch
+
+    torch.manual_seed(0)
+    model = model.float()  # type: ignore[attr-defined]
+    with torch.no_grad():  # built without initialization (perform_initialization=False)
+        for param in model.parameters():  # type: ignore[attr-defined]
+            param.normal_(0.0, 0.02) if param.dim() > 1 else param.fill_(1.0)
+    tokens = torch.randint(0, vocab, (2, 32))
+    positions = torch.arange(32).expand(2, 32)
+    mask = torch.ones(2, 1, 32, 32, dtype=torch.bool).triu(1)
+    loss = model(tokens, positions, mask, labels=tokens).mean()  # type: ignore[operator]
+    loss.backward()
+    no_grad = [n for n, p in model.named_parameters()  # type: ignore[attr-defined]
+               if p.grad is None or not torch.isfinite(p.grad).all()]
+    return {"loss": float(loss), "no_grad": no_grad}
 
 
 if __name__ == "__main__":
