@@ -326,7 +326,7 @@ def _search(
     if dry_run:
         from autotune.commands.search import dry_run_space
 
-        space_spec = dry_run_space(space_spec, backend, spec)
+        space_spec = dry_run_space(space_spec, backend, spec, cluster)
     # A search enumerates the space it searches (the backend's) itself, so the check before it
     # stops at the first valid layout (any_valid); the whole enumeration is needed here only
     # to print it (--dry-run) or to say why no layout is valid.

@@ -306,3 +306,21 @@ def test_an_mla_prediction_says_it_was_never_measured() -> None:
     plain = dataclasses.replace(MLA, multi_latent_attention=False, qk_head_dim=None,
                                 qk_pos_emb_head_dim=None, v_head_dim=None, kv_lora_rank=None)
     assert outside_range(plain, cluster) == []
+
+
+@pytest.mark.parametrize(("gpu", "kept"), [("h100-80gb", ("local", "sdpa", "te")),
+                                            ("b200", ("local", "sdpa", "te")),
+                                            ("a100-80gb", ("local",))])
+def test_the_search_leaves_unfused_mla_impls_out_on_the_gpu(gpu: str,
+                                                            kept: tuple[str, ...]) -> None:
+    """The search tells the user once, with the reason of the GPU it plans for."""
+    from autotune.dimensions import Impl
+    from autotune.search.impls import rankable_impls
+    from autotune.specs.hardware import gpu_spec
+
+    choice = rankable_impls((Impl.LOCAL, Impl.SDPA, Impl.TE), "simulate", te_installed=False,
+                            asked=True, model=MLA,
+                            compute_capability=gpu_spec(gpu).compute_capability)
+    assert tuple(str(i) for i in choice.kept) == kept
+    note = choice.note()
+    assert (note is not None and "query/key head dim 192" in note) == (len(kept) == 1)

@@ -123,8 +123,8 @@ def _choose_backend(requested: str, cluster: ClusterSpec,
     return name
 
 
-def _runnable_space(space: SearchSpace, backend: str,
-                    model: ModelSpec | None = None) -> SearchSpace:
+def _runnable_space(space: SearchSpace, backend: str, model: ModelSpec | None = None,
+                    cluster: ClusterSpec | None = None) -> SearchSpace:
     """The space with the implementations `backend` may rank (autotune.search.impls decides:
     what the export writes, what is installed, what the user asked for, what `model`'s head dim
     runs), and a line naming those left out."""
@@ -135,22 +135,24 @@ def _runnable_space(space: SearchSpace, backend: str,
     if impls is None:
         return space
     choice = rankable_impls(impls, backend, te_installed=te_available(),
-                            asked="impl" in space.chosen, model=model)
+                            asked="impl" in space.chosen, model=model,
+                            compute_capability=None if cluster is None
+                            else cluster.gpu.compute_capability)
     note = choice.note()
     if note is not None:
         print(note, file=sys.stderr)
     return replace(space, candidates={**space.candidates, "impl": choice.kept})
 
 
-def dry_run_space(space: SearchSpace, backend: str,
-                  model: ModelSpec | None = None) -> SearchSpace:
+def dry_run_space(space: SearchSpace, backend: str, model: ModelSpec | None = None,
+                  cluster: ClusterSpec | None = None) -> SearchSpace:
     """The space `--dry-run` explains: what the search on `backend` would rank
     (_runnable_space: a plan ranks te in sdpa's place), without refusing what only running
     needs (GPUs for the worker): `auto` is the worker on a machine with GPUs, else the plan."""
     name = BackendName.parse(backend)
     if name == BackendName.AUTO:
         name = BackendName.WORKER if local_gpu_count() else BackendName.SIMULATE
-    return _runnable_space(space, name, model)
+    return _runnable_space(space, name, model, cluster)
 
 
 def _runnable_precision(space: SearchSpace, backend: str) -> SearchSpace:
@@ -192,7 +194,7 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                                   else (None, None))
     chosen: Backend = make_backend(name, cluster, megatron_lm, cost_params, memory_params,
                                    multi, isolation=Isolation.parse(isolation))
-    space = _runnable_space(space, chosen.name, model)
+    space = _runnable_space(space, chosen.name, model, cluster)
     if seeds:
         from autotune.commands.from_megatron import runnable_seed
 

@@ -71,19 +71,21 @@ def _sdpa_reason(backend: str, *, te_installed: bool, asked: bool) -> str | None
 
 
 def rankable_impls(impls: tuple[Impl, ...], backend: str, *, te_installed: bool,
-                   asked: bool, model: ModelSpec | None = None) -> ImplChoice:
+                   asked: bool, model: ModelSpec | None = None,
+                   compute_capability: tuple[int, int] | None = None) -> ImplChoice:
     """Of a space's `impls`, those `backend` may rank. `te_installed`: Transformer Engine
     imports here (real trials need it; a plan does not). `asked`: the user chose the impl
     candidates themselves (autotune.search.space.SearchSpace.chosen). `model`: where its head
     dim has no fused attention kernel, te and sdpa are left out (the rule fused_head_dim
-    would refuse each of their layouts; here the user is told once, and why)."""
+    would refuse each of their layouts; here the user is told once, and why), on a GPU of
+    `compute_capability` (None: a Hopper's; Multi-Latent Attention's head dims depend on it)."""
     impls = tuple(Impl(i) for i in impls)
     te_runs = backend == BackendName.SIMULATE or te_installed
     left_out: dict[Impl, str] = {}
     if not te_runs and Impl.TE in impls:
         left_out[Impl.TE] = _NO_TE
     why = _sdpa_reason(backend, te_installed=te_installed, asked=asked)
-    unfused = None if model is None else fused_attention_unavailable(model)
+    unfused = None if model is None else fused_attention_unavailable(model, compute_capability)
     added: tuple[Impl, ...] = ()
     if Impl.SDPA in impls and why is not None:
         left_out[Impl.SDPA] = why
