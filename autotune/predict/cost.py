@@ -141,6 +141,17 @@ class CostParams(LeverConstants):
     the permutation and the router fused (Megatron-Bridge 0.1.0rc3 changelog), is predicted at
     0.73 of its published tokens/s without the two terms and at 0.37 with them
     (results/benchmarks/2026-11-29-h200-moe-experts-s22.md)."""
+    mla_layer_launch_s: float = 0.00283
+    """Host time of a Multi-Latent Attention layer per micro-batch (forward + backward) beyond
+    layer_launch_s, which the GPU waits for: megatron-core's MLASelfAttention issues its down
+    and up projections, the latent norm, the split of the query and key into their RoPE and
+    plain parts, RoPE on the first and the concatenation back as kernels of their own, from
+    Python (multi_latent_attention.py, get_query_key_value_tensors). Fitted (every other
+    constant shipped) to autotune's first MLA trials, five on one H200 with TE 2.11
+    (tests/data/measured_mla_trials.json: DeepSeek-V2-Lite's attention on its dense MLP, mbs 1
+    and 4, bf16 and FP8, full recompute): without it the step was predicted 2-28% fast (mbs 1:
+    25-28%); with it -4.5..+10.6%. Its MoE layer (held out) -4.3% and +34%
+    (results/benchmarks/2026-11-29-h200-mla-s23.md)."""
     cp_ring_step_host_s: float = 0.0036
     """Host time of one step of Transformer Engine's context-parallel ring per layer and
     micro-batch, forward and backward together (transformer_engine/pytorch/attention:
@@ -442,10 +453,13 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     layer = LayerTimes(gemm=gemm_fwd, core=core_fwd, elem=elem_fwd, tp=tp_fwd, cp=cp_fwd,
                        ep=ep_fwd, dropout=dropout_fwd)
 
-    # An MoE layer's host time per micro-batch, which the GPU waits for: per layer and per
-    # local expert (moe_layer_launch_s, expert_launch_s).
-    moe_host_s = prm.moe_layer_launch_s + prm.expert_launch_s * model.num_experts / s.ep \
+    # The host time a layer's own modules add per micro-batch, which the GPU waits for: an MoE
+    # layer's, per layer and per local expert (moe_layer_launch_s, expert_launch_s), and
+    # Multi-Latent Attention's (mla_layer_launch_s).
+    module_host_s = prm.moe_layer_launch_s + prm.expert_launch_s * model.num_experts / s.ep \
         if model.is_moe and model.num_experts else 0.0
+    if model.multi_latent_attention:
+        module_host_s += prm.mla_layer_launch_s
 
     # The last stage adds the output layer (2 h V per token forward) and the vocab-parallel
     # cross entropy over fp32 logits (cross_entropy.py: ~4 passes over 4-byte elements; the
@@ -481,7 +495,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
                 stage = stage_term(model, s, cluster, prm, stage)
             stages[n] = stage
         times[key] = _stage_time(s, prm, state, stage, logits_s=logits_s if key[1] else 0.0,
-                                 pp_s=pp_mb, moe_host_s=moe_host_s)
+                                 pp_s=pp_mb, module_host_s=module_host_s)
     per_stage = [times[(n, i == s.pp - 1)] for i, n in enumerate(counts)]
     pace = max(per_stage, key=lambda st: st.total)
     compute_mb, tp_mb, cp_mb, ep_mb = pace.compute, pace.tp, pace.cp, pace.ep
@@ -555,11 +569,12 @@ class _StageTime:
 
 
 def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState, *,
-                logits_s: float, pp_s: float, moe_host_s: float) -> _StageTime:
+                logits_s: float, pp_s: float, module_host_s: float) -> _StageTime:
     """Time of one stage of `stage.layers` layers for one micro-batch: forward (1) + backward
     (2) of every layer, plus what the levers add (StageState: the forwards recompute reruns,
-    its checkpoints, offload's exposed copies). `moe_host_s`: an MoE layer's host time
-    (CostParams.moe_layer_launch_s and expert_launch_s), launched like the rest of the layer."""
+    its checkpoints, offload's exposed copies). `module_host_s`: the host time a layer's own
+    modules add (MoE's, MLA's: CostParams.moe_layer_launch_s, expert_launch_s,
+    mla_layer_launch_s), launched like the rest of the layer."""
     n, layer = stage.layers, stage.layer
     full = stage.recomputed_forwards
     compute = n * (3 + full) * (layer.gemm + layer.core + layer.elem) \
@@ -568,7 +583,7 @@ def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState,
     tp = n * (2 + full) * layer.tp
     cp = n * (3 + full + stage.attention_reruns) * layer.cp
     ep = n * (2 + full) * layer.ep
-    per_layer = prm.layer_launch_s + state.layer_launch_extra_s + moe_host_s
+    per_layer = prm.layer_launch_s + state.layer_launch_extra_s + module_host_s
     relaunch = 1 + 0.5 * full  # recompute relaunches the forward
     launches = n * per_layer * relaunch
     launch = launches
@@ -577,8 +592,9 @@ def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState,
     floor = 0.0
     if state.layer_host_floor_s:
         # A host-bound path (TE's FP8): the GPU waits for the host where its own work per
-        # layer is shorter than the host's; the wait is host time, with the launches.
-        floor = n * state.layer_host_floor_s * relaunch
+        # layer is shorter than the host's; the wait is host time, with the launches. The
+        # floor is a plain layer's host time: the modules' own (MoE's, MLA's) come on top.
+        floor = n * (state.layer_host_floor_s + module_host_s) * relaunch
         launch += max(0.0, floor - (compute + tp + cp + ep + launch))
     offload = stage.offload_s
     if s.cp > 1:
