@@ -134,7 +134,8 @@ def _name_part(text: str, limit: int) -> str:
 _ADDED_MODEL_FIELDS: dict[str, Any] = {"sliding_window": None, "kv_channels": None,
                                         "add_qkv_bias": False, "qk_layernorm": False,
                                         "moe_shared_expert_intermediate_size": None,
-                                        "moe_shared_expert_gate": False}
+                                        "moe_shared_expert_gate": False,
+                                        "rotary_percent": 1.0, "apply_layernorm_1p": False}
 """ModelSpec fields newer than the first studies, with the value every earlier model had: left
 out of the study name's digest at that value, so the studies written before them keep their
 names (`--resume` finds them)."""
