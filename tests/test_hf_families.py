@@ -276,3 +276,23 @@ def test_a_simulated_plan_of_each_family(tmp_path: Path, capsys: pytest.CaptureF
     assert code == 0, captured.err
     best = json.loads(captured.out)["best"]
     assert best and all(b["tokens_per_s"] > 0 for b in best)
+
+
+@pytest.mark.parametrize(("edit", "rotary_percent"), [
+    ((), 0.5),
+    (("--rotary-percent 0.5", "--rotary-percent 0.25"), 0.25),
+    # Megatron-LM hands --rotary-percent to the rotary embedding, which learned positions
+    # do not have: the flag means nothing there and is not read.
+    (("--position-embedding-type rope", "--position-embedding-type learned_absolute"), 1.0),
+])
+def test_a_commands_rotary_percent_is_read_with_rope_only(
+        tmp_path: Path, edit: tuple[str, ...], rotary_percent: float) -> None:
+    model = read_hf_config(str(HF / "minitron-8b-base.json")).spec
+    text = megatron_lm_script(model, Layout(gbs=model.global_batch_size), title=["rope"],
+                              nodes=1)
+    if edit:
+        assert edit[0] in text
+        text = text.replace(*edit)
+    script = tmp_path / "run.sh"
+    script.write_text(text)
+    assert read_megatron_command(str(script)).model.rotary_percent == rotary_percent

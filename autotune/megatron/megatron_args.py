@@ -144,7 +144,9 @@ def _read_positions(g: Given) -> dict[str, Any]:
                           "the sequence)")
     return {"max_position_embeddings": positions,
             "position_embedding": kind, "rotary_base": g.integer("--rotary-base", 10000),
-            "rotary_percent": g.number("--rotary-percent", 1.0)}
+            # Megatron-LM reads --rotary-percent for RoPE only (gpt_builders.py hands it to
+            # GPTModel, whose rotary embedding exists with rope alone).
+            "rotary_percent": g.number("--rotary-percent", 1.0) if kind == "rope" else 1.0}
 
 
 def _emit_rope_fusion(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:

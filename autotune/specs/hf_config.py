@@ -5,12 +5,15 @@ Read from a file (or a folder holding config.json), never from the network. Ever
 analytical models and the Megatron-LM export use is mapped from the config's own keys, with
 transformers' defaults where a key may be absent (transformers' configuration_<model>.py of
 each architecture). What autotune's models cannot represent is refused in one line rather than
-approximated silently: an unknown architecture, a sequence longer than the window of
-sliding-window attention in use (the sequence defaults to the window), dense layers among the
-MoE layers. Qwen2's QKV bias, Qwen3's QK norm and Qwen2-MoE's gated shared expert are part of
-the model (ModelSpec.add_qkv_bias, qk_layernorm, moe_shared_expert_intermediate_size);
-fields that do not change memory or step time (RoPE scaling, the checkpoint's dtype) are noted,
-not refused; a dtype that is no torch dtype is refused, as transformers refuses it.
+approximated silently: an unknown architecture, a known one that needs modelling autotune
+lacks (UNMAPPED: soft-capping, parallel attention and MLP, post-norms, ...), a sequence longer
+than the window of sliding-window attention in use (the sequence defaults to the window), dense
+layers among the MoE layers. Qwen2's QKV bias, Qwen3's QK norm, Qwen2-MoE's gated shared expert
+and Nemotron's squared ReLU, LayerNorm 1p and partial RoPE are part of the model
+(ModelSpec.add_qkv_bias, qk_layernorm, moe_shared_expert_intermediate_size, activation,
+apply_layernorm_1p, rotary_percent); fields that do not change memory or step time (RoPE
+scaling, the checkpoint's dtype, Granite's multipliers) are noted, not refused; a dtype that is
+no torch dtype is refused, as transformers refuses it.
 """
 
 from __future__ import annotations
