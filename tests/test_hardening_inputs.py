@@ -402,7 +402,8 @@ def test_os_errors_left_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
 ADDED_MODEL_FIELDS = ("sliding_window", "kv_channels", "add_qkv_bias", "qk_layernorm",
                       "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
                       "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
-                      "qk_pos_emb_head_dim", "v_head_dim")
+                      "qk_pos_emb_head_dim", "v_head_dim",
+                      "rotary_percent", "apply_layernorm_1p")
 """ModelSpec fields added after studies were written (sessions 17-23)."""
 
 
@@ -425,13 +426,16 @@ def test_a_model_field_added_later_keeps_the_study_name(preset: str) -> None:
     assert default_study_name(model, cluster, space, "simulate").endswith("-" + digest[:8])
 
 
-@pytest.mark.parametrize("field", ["add_qkv_bias", "qk_layernorm"])
-def test_a_model_field_added_later_names_its_own_study_when_set(field: str) -> None:
+@pytest.mark.parametrize(("field", "value"), [("add_qkv_bias", True), ("qk_layernorm", True),
+                                              ("rotary_percent", 0.5),
+                                              ("apply_layernorm_1p", True)])
+def test_a_model_field_added_later_names_its_own_study_when_set(field: str,
+                                                                value: object) -> None:
     import dataclasses
 
     model = load_model("llama3-8b")
     cluster = ClusterSpec(num_gpus=8, gpus_per_node=8, gpu=gpu_spec("h100-80gb"))
     space = load_space()
-    changed = dataclasses.replace(model, **{field: True})
+    changed = dataclasses.replace(model, **{field: value})
     assert default_study_name(changed, cluster, space, "simulate") != \
         default_study_name(model, cluster, space, "simulate")

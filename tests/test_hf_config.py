@@ -94,8 +94,8 @@ def test_a_folder_holding_config_json(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]},
-     "model_type 'gemma2' (Gemma2ForCausalLM) is not an architecture autotune maps"),
+    ({"model_type": "mamba", "architectures": ["MambaForCausalLM"]},
+     "model_type 'mamba' (MambaForCausalLM) is not an architecture autotune maps"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"num_hidden_layers": None}, "no 'num_hidden_layers'"),
     ({"hidden_size": -1}, "hidden_size must be a positive integer"),

@@ -269,7 +269,8 @@ def test_unknown_activation_is_a_config_error() -> None:
     # A known activation in a combination Megatron-LM has no flag for.
     odd = ModelSpec(name="odd", num_layers=2, hidden_size=64, num_attention_heads=4,
                     vocab_size=1000, seq_length=128, global_batch_size=8,
-                    activation="squared_relu", gated_linear_unit=True)
+                    activation="squared_relu", gated_linear_unit=True,
+                    add_bias_linear=False)
     with pytest.raises(ConfigError, match="activation='squared_relu'"):
         megatron_lm_args(odd, Layout())
 

@@ -42,6 +42,14 @@ MODELS = [
     dataclasses.replace(LLAMA, name="qwen2", add_qkv_bias=True),
     dataclasses.replace(LLAMA, name="qwen3", qk_layernorm=True, kv_channels=40),
     dataclasses.replace(LLAMA, name="odd-vocab", vocab_size=1001),      # padded to 1024
+    # Nemotron: squared ReLU (two matrices), LayerNorm 1p (weight + bias, stored as w - 1),
+    # half the head rotated (no parameter), its own head dimension, no biases.
+    dataclasses.replace(LLAMA, name="nemotron", gated_linear_unit=False,
+                        activation="squared_relu", normalization="LayerNorm",
+                        apply_layernorm_1p=True, rotary_percent=0.5, kv_channels=40),
+    # StarCoder2: GELU with biases on every linear layer, LayerNorm, GQA, RoPE, tied.
+    dataclasses.replace(GPT, name="starcoder2", num_query_groups=2, position_embedding="rope",
+                        hidden_dropout=0.0),
     dataclasses.replace(LLAMA, name="moe", num_experts=4, moe_topk=2, moe_ffn_hidden_size=64),
     dataclasses.replace(LLAMA, name="moe-shared", num_experts=4, moe_topk=2,  # Qwen2-MoE's
                         moe_ffn_hidden_size=64, moe_shared_expert_intermediate_size=80),
@@ -87,3 +95,4 @@ def test_parameter_counts_are_megatron_cores(tmp_path: Path) -> None:
     assert built["gpt-qk-norm"] > built["gpt"] and built["gpt-qkv-bias"] == built["gpt"]
     assert built["moe-shared-gate"] > built["moe-shared"] > built["moe"]
     assert built["mla"] > built["mla-no-norms"] and built["mla"] != built["mla-no-q-lora"]
+    assert built["starcoder2"] < built["gpt"]  # fewer key/value heads, no learned positions

@@ -93,7 +93,10 @@ def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
         "normalization": m.normalization,
         "add_bias_linear": m.add_bias_linear,
         "gated_linear_unit": swiglu,
-        "activation_func": "silu" if swiglu else "gelu",
+        # Megatron-LM's --squared-relu: megatron.core.activations.squared_relu, compiled
+        # (jit_fuser); ModelSpec refuses it with biases, so no bias fusion is asked of it.
+        "activation_func": "silu" if swiglu else (
+            "squared_relu" if m.activation == "squared_relu" else "gelu"),
         # Megatron-LM's defaults (--bias-gelu-fusion, --bias-dropout-fusion); megatron-core
         # compiles these element-wise kernels with torch.compile (megatron/core/jit.py).
         "bias_activation_fusion": swiglu or m.add_bias_linear,
@@ -131,6 +134,8 @@ def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
         kwargs["qk_layernorm"] = True
     if m.multi_latent_attention:
         kwargs.update(mla_config(m))
+    if m.apply_layernorm_1p:  # Megatron-LM's --apply-layernorm-1p sets this field
+        kwargs["layernorm_zero_centered_gamma"] = True
     if m.is_moe:
         kwargs.update({
             "num_moe_experts": m.num_experts,
@@ -183,7 +188,9 @@ def core_config(model: ModelSpec, layout: Layout) -> CoreConfig:
     optimizer = {"optimizer": "adam", "lr": 1e-4, "bf16": True, "params_dtype": "bfloat16",
                  "clip_grad": 1.0}
     transformer = _transformer(model, s)
-    gpt = {"vocab_size": padded_vocab_size(model, s.tp), "model_chunks": s.vpp}
+    gpt: dict[str, Any] = {"vocab_size": padded_vocab_size(model, s.tp), "model_chunks": s.vpp}
+    if model.rotary_percent != 1.0:  # a GPTModel argument; only where set (run keys)
+        gpt["rotary_percent"] = model.rotary_percent
     parts = {"transformer": transformer, "ddp": ddp, "optimizer": optimizer, "model": gpt}
     for lever in LEVERS:  # each lever's keys (autotune.levers), in registry order
         for part, keys in lever.core_config(model, s).items():

@@ -147,6 +147,8 @@ def _emit_positions(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
             "--position-embedding-type", m.position_embedding]
     if m.position_embedding == "rope":
         args += ["--rotary-base", str(m.rotary_base)]
+        if m.rotary_percent != 1.0:  # partial RoPE (Nemotron); Megatron-LM's default is 1.0
+            args += ["--rotary-percent", str(m.rotary_percent)]
     return args
 
 
@@ -178,7 +180,10 @@ def _read_positions(g: Given) -> dict[str, Any]:
                           f"--seq-length {seq}; Megatron-LM refuses it (it must be at least "
                           "the sequence)")
     return {"max_position_embeddings": positions,
-            "position_embedding": kind, "rotary_base": g.integer("--rotary-base", 10000)}
+            "position_embedding": kind, "rotary_base": g.integer("--rotary-base", 10000),
+            # Megatron-LM reads --rotary-percent for RoPE only (gpt_builders.py hands it to
+            # GPTModel, whose rotary embedding exists with rope alone).
+            "rotary_percent": g.number("--rotary-percent", 1.0) if kind == "rope" else 1.0}
 
 
 def _emit_rope_fusion(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
@@ -391,7 +396,7 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
             read=lambda g: {"seq_length": _sequence(g)}),
     FlagRow(name="positions", part=Part.MODEL,
             flags=(Flag("--max-position-embeddings"), Flag("--position-embedding-type"),
-                   Flag("--rotary-base"),
+                   Flag("--rotary-base"), Flag("--rotary-percent"),
                    Flag("--use-rotary-position-embeddings", takes_value=False)),
             emit=_emit_positions, read=_read_positions),
     FlagRow(name="rope_fusion", part=Part.MODEL,
@@ -401,6 +406,7 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
             emit=lambda m, s, run: ["--normalization", m.normalization],
             read=lambda g: {"normalization": g.choice("--normalization",
                                                       ("LayerNorm", "RMSNorm"), "LayerNorm")}),
+    switch("--apply-layernorm-1p", "apply_layernorm_1p", Part.MODEL),
     FlagRow(name="activation", part=Part.MODEL,
             flags=(Flag("--swiglu", takes_value=False), Flag("--squared-relu", takes_value=False)),
             emit=_emit_activation, read=_read_activation),

@@ -18,14 +18,18 @@ reads follow from the op. Per element:
   residual's gradient sum (6 B): 12 B; with hidden dropout the forward writes the mask (+1 B) and
   the backward multiplies the gradient by it (reads dy and the mask, writes dx: +5 B): 18 B;
 - the MLP activation, on f / t elements: GeLU (bias fused) reads its input and writes its output
-  (4 B), backward reads input and dy, writes dx (6 B): 10 B; SwiGLU reads the gate and the up
-  projection (4 B) and writes 2 B, backward reads both and dy, writes both gradients (10 B): 16 B;
+  (4 B), backward reads input and dy, writes dx (6 B): 10 B, and so does squared ReLU (Megatron
+  --squared-relu: megatron.core.activations.squared_relu, compiled by jit_fuser into one kernel
+  each way, no bias); SwiGLU reads the gate and the up projection (4 B) and writes 2 B,
+  backward reads both and dy, writes both gradients (10 B): 16 B;
 - RoPE on the query and key, unfused (models/common/embeddings/rope_utils.py,
   _apply_rotary_pos_emb_bshd: t * cos + rotate_half(t) * sin, rotate_half a chunk, a negation
   and a cat, then a cat with the pass-through part): 2 + 4 + 4 + 4 + 6 + 4 = 24 B forward and as
-  many backward, 48 B on each element of the rank's query and key; fused (`rope_fused`:
-  Transformer Engine's fused_apply_rotary_pos_emb, one kernel each way reading the tensor and
-  writing the result, the frequencies cached), 4 B forward and 4 B backward;
+  many backward, 48 B on each element of the rank's query and key (with partial RoPE,
+  ModelSpec.rotary_percent, all but the last cat act on the rotated share only: counted at the
+  whole head, an over-count of at most the unrotated share of 40 of the 48 B); fused
+  (`rope_fused`: Transformer Engine's fused_apply_rotary_pos_emb, one kernel each way reading
+  the tensor and writing the result, the frequencies cached), 4 B forward and 4 B backward;
 - the query and key norms (ModelSpec.qk_layernorm: q_layernorm and k_layernorm, head_dim wide,
   before RoPE), a norm's 14 B on each element of the rank's query and key;
 - Multi-Latent Attention (ModelSpec.multi_latent_attention, `_mla_bytes`): its latent norms

@@ -1,18 +1,20 @@
 """A Hugging Face `config.json` as a ModelSpec: GPT-2, Llama, Mistral, Mixtral, Qwen2, Qwen3,
-DeepSeek-V2 and V3.
+DeepSeek-V2 and V3, Granite, Phi-3, Nemotron, StarCoder2.
 
 Read from a file (or a folder holding config.json), never from the network. Every field the
 analytical models and the Megatron-LM export use is mapped from the config's own keys, with
 transformers' defaults where a key may be absent (transformers' configuration_<model>.py of
 each architecture). What autotune's models cannot represent is refused in one line rather than
-approximated silently: an unknown architecture, a sequence longer than the window of
-sliding-window attention in use (the sequence defaults to the window), dense layers among the
-MoE layers (DeepSeek's first_k_dense_replace). Qwen2's QKV bias, Qwen3's QK norm, Qwen2-MoE's
-gated shared expert and DeepSeek's Multi-Latent Attention are part of the model
-(ModelSpec.add_qkv_bias, qk_layernorm, moe_shared_expert_intermediate_size,
-multi_latent_attention);
-fields that do not change memory or step time (RoPE scaling, the checkpoint's dtype) are noted,
-not refused; a dtype that is no torch dtype is refused, as transformers refuses it.
+approximated silently: an unknown architecture, a known one that needs modelling autotune
+lacks (UNMAPPED: soft-capping, parallel attention and MLP, post-norms, ...), a sequence longer
+than the window of sliding-window attention in use (the sequence defaults to the window), dense
+layers among the MoE layers (DeepSeek's first_k_dense_replace). Qwen2's QKV bias, Qwen3's QK
+norm, Qwen2-MoE's gated shared expert, DeepSeek's Multi-Latent Attention and Nemotron's squared
+ReLU, LayerNorm 1p and partial RoPE are part of the model (ModelSpec.add_qkv_bias, qk_layernorm,
+moe_shared_expert_intermediate_size, multi_latent_attention, activation, apply_layernorm_1p,
+rotary_percent); fields that do not change memory or step time (RoPE scaling, the checkpoint's
+dtype, Granite's multipliers) are noted, not refused; a dtype that is no torch dtype is refused,
+as transformers refuses it.
 """
 
 from __future__ import annotations
@@ -60,10 +62,55 @@ CHECKPOINT_DTYPE_USUAL = "bfloat16"
 """The dtype checkpoints of the mapped families are stored in, and the one autotune trains in
 (Megatron --bf16): not worth a note."""
 
-_LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+_LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+               "granite", "phi3")
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
-SUPPORTED = ("gpt2", *_LLAMA_LIKE, *_DEEPSEEK)
+SUPPORTED = ("gpt2", *_LLAMA_LIKE, "nemotron", "starcoder2", *_DEEPSEEK)
 """config.json `model_type`s autotune maps."""
+
+_WINDOW_IN_USE = ("mistral", "mixtral", "phi3", "starcoder2")
+"""The families whose transformers attention applies a config's sliding_window whenever it is
+set (no use_sliding_window key: Phi3Attention and Starcoder2Attention pass
+config.sliding_window on); Qwen2's and Qwen3's need use_sliding_window, default false."""
+
+_PARTIAL_ROPE = {"nemotron": 0.5, "phi3": 1.0}
+"""The families whose transformers RoPE rotates partial_rotary_factor of each head (the rest
+passed through; Megatron --rotary-percent), with its default: NemotronConfig.__post_init__ sets
+0.5, Phi3Config 1.0 (Phi-4-mini publishes 0.75)."""
+
+GRANITE_MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                       "logits_scaling")
+"""GraniteConfig's scalars (modeling_granite.py: the embeddings times embedding_multiplier,
+each residual branch times residual_multiplier, attention_multiplier as the softmax scale,
+the logits divided by logits_scaling), 1.0 by default. They change no shape; Megatron-LM has
+no flag for them."""
+
+UNMAPPED = {
+    "gemma": "hidden_activation: a GELU-gated MLP (GeGLU) and embeddings scaled by "
+             "sqrt(hidden_size), which Megatron-LM has no flags for",
+    "gemma2": "attn_logit_softcapping / final_logit_softcapping (soft-capped logits) and "
+              "sliding_window on every other layer are not in autotune's models",
+    "gemma3": "layer_types: sliding-window attention on some layers only, and norms after "
+              "attention and the MLP, are not in autotune's models",
+    "gemma3_text": "layer_types: sliding-window attention on some layers only, and norms "
+                   "after attention and the MLP, are not in autotune's models",
+    "cohere": "attention and the MLP run in parallel from one norm (CohereDecoderLayer), "
+              "which autotune's models do not have",
+    "cohere2": "attention and the MLP run in parallel from one norm, and layer_types "
+               "alternates sliding windows: not in autotune's models",
+    "phi": "attention and the MLP run in parallel from one norm (PhiDecoderLayer), which "
+           "autotune's models do not have",
+    "gpt_neox": "use_parallel_residual (Pythia, GPT-NeoX-20B) runs attention and the MLP in "
+                "parallel, which autotune's models do not have",
+    "falcon": "parallel_attn / new_decoder_architecture run attention and the MLP in "
+              "parallel, which autotune's models do not have",
+    "olmo2": "norms after attention and after the MLP (post_attention_layernorm, "
+             "post_feedforward_layernorm), not before them, are not in autotune's models",
+    "nemotron_h": "hybrid_override_pattern: Mamba layers among the attention layers are not "
+                  "in autotune's models",
+}
+"""Families a Megatron user may hold a config of that need modelling autotune does not have:
+refused with the config key or the architecture that makes them so."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,10 +252,12 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
     if c.text("hidden_act", "silu") != "silu":
         raise c.refuse(f"hidden_act {shown(c.get('hidden_act'))}: autotune maps the SwiGLU "
                        "(silu-gated) MLP of these models only")
-    positions = c.count("max_position_embeddings", 2048)
+    # transformers' defaults: LlamaConfig's 2048 (kept for the families before these),
+    # Phi3Config's 4096.
+    positions = c.count("max_position_embeddings", 4096 if kind == "phi3" else 2048)
     seq = min(positions, SEQ_LENGTH_MAX)
     window = c.optional_count("sliding_window")
-    if not c.flag("use_sliding_window", kind in ("mistral", "mixtral")):
+    if not c.flag("use_sliding_window", kind in _WINDOW_IN_USE):
         window = None
     if window is not None and window < seq:
         # Up to its window, sliding-window attention is full causal attention, which
@@ -218,13 +267,7 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
                      "tokens (full causal attention up to the window; autotune's models have "
                      "no sliding window, so --seq-len may not exceed it)")
         seq = window
-    if c.get("rope_scaling"):
-        scaling = c.get("rope_scaling")
-        kind_of = scaling.get("rope_type") or scaling.get("type") if isinstance(
-            scaling, dict) else scaling
-        shown_kind = for_terminal(str(kind_of))[:40]
-        notes.append(f"rope_scaling ({shown_kind}) changes positions, not memory or step time: "
-                     "not part of the model autotune tunes, nor of the exported flags")
+    notes += _rope_scaling_note(c)
     if c.flag("attention_bias", False) or c.flag("mlp_bias", False):
         raise c.refuse("attention_bias / mlp_bias on some layers only: autotune's models have "
                        "biases on every linear layer or none")
@@ -236,13 +279,22 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
         "seq_length": seq, "max_position_embeddings": positions, "sliding_window": window,
         "gated_linear_unit": True, "activation": "swiglu", "normalization": "RMSNorm",
         "add_bias_linear": False, "tied_embeddings": c.flag("tie_word_embeddings", False),
-        "position_embedding": "rope", "rotary_base": _integral(c, "rope_theta", 10000),
-        "hidden_dropout": 0.0, "attention_dropout": c.number("attention_dropout", 0.0),
+        "position_embedding": "rope", "rotary_base": _rope_theta(c),
+        "rotary_percent": _rotary_percent(c, kind),
+        # Phi3DecoderLayer drops each residual branch with resid_pdrop (Megatron's hidden
+        # dropout, bias_dropout_add); Llama and the others have no residual dropout.
+        "hidden_dropout": c.number("resid_pdrop", 0.0) if kind == "phi3" else 0.0,
+        "attention_dropout": c.number("attention_dropout", 0.0),
         # transformers' Qwen2Attention gives q, k and v a bias (Megatron --add-qkv-bias);
         # Qwen3Attention drops it and norms each query and key head (--qk-layernorm).
         "add_qkv_bias": kind in ("qwen2", "qwen2_moe"),
         "qk_layernorm": kind in ("qwen3", "qwen3_moe"),
     }
+    if kind == "granite":
+        notes += _granite_notes(c)
+    if kind == "phi3":
+        # Megatron drops the embeddings' output with the hidden dropout (embedding.py).
+        notes += _embedding_dropout_note(c, "embd_pdrop", values["hidden_dropout"])
     moe = _MOE_DEFAULTS.get(kind)
     if moe is not None:
         key, experts_default, topk_default, width_default, shared_default = moe
@@ -347,6 +399,159 @@ def _deepseek(c: _Config) -> tuple[dict[str, Any], list[str]]:
     return values, notes
 
 
+def _nemotron(c: _Config) -> tuple[dict[str, Any], list[str]]:
+    """Nemotron-4 / Minitron (transformers NemotronConfig; Megatron-LM trains it with
+    --squared-relu --apply-layernorm-1p --rotary-percent, as NeMo's and Megatron-Bridge's
+    Nemotron recipes do): a non-gated squared-ReLU MLP (hidden_act relu2), LayerNorm with bias
+    storing gamma - 1 (NemotronLayerNorm1P), partial RoPE, GQA, untied embeddings, no biases."""
+    hidden, heads = c.count("hidden_size"), c.count("num_attention_heads")
+    head_dim = c.optional_count("head_dim")
+    if head_dim is None and hidden % heads:
+        raise c.refuse(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                       "and no head_dim says the heads' width")
+    groups = c.count("num_key_value_heads", heads)
+    if heads % groups:
+        raise c.refuse(f"num_key_value_heads {groups} must divide num_attention_heads {heads}")
+    act = c.text("hidden_act", "relu2")
+    if act != "relu2":
+        raise c.refuse(f"hidden_act {shown(act)}: autotune maps Nemotron's squared-ReLU MLP "
+                       "(relu2, Megatron --squared-relu) only")
+    if c.flag("attention_bias", False) or c.flag("mlp_bias", False):
+        raise c.refuse("attention_bias / mlp_bias with squared ReLU: megatron-core fuses a "
+                       "bias with gelu and swiglu only, and autotune models Nemotron without "
+                       "biases, as it is published")
+    positions = c.count("max_position_embeddings", 4096)
+    return {
+        "num_layers": c.count("num_hidden_layers"), "hidden_size": hidden,
+        "num_attention_heads": heads, "num_query_groups": groups,
+        "kv_channels": None if head_dim is None or head_dim * heads == hidden else head_dim,
+        "ffn_hidden_size": c.count("intermediate_size"), "vocab_size": c.count("vocab_size"),
+        "seq_length": min(positions, SEQ_LENGTH_MAX), "max_position_embeddings": positions,
+        "gated_linear_unit": False, "activation": "squared_relu",
+        "normalization": "LayerNorm", "apply_layernorm_1p": True, "add_bias_linear": False,
+        "tied_embeddings": c.flag("tie_word_embeddings", False),
+        "position_embedding": "rope", "rotary_base": _rope_theta(c),
+        "rotary_percent": _rotary_percent(c, "nemotron"),
+        "hidden_dropout": 0.0, "attention_dropout": c.number("attention_dropout", 0.0),
+    }, _rope_scaling_note(c)
+
+
+def _starcoder2(c: _Config) -> tuple[dict[str, Any], list[str]]:
+    """StarCoder2 (transformers Starcoder2Config): a GELU MLP (tanh approximation, Megatron's
+    default bias-GELU) with biases on every linear layer (use_bias), LayerNorm, GQA, RoPE,
+    tied embeddings, sliding-window attention wherever sliding_window is set (up to the
+    window: full causal attention, as for Mistral)."""
+    notes: list[str] = []
+    hidden, heads = c.count("hidden_size"), c.count("num_attention_heads")
+    if hidden % heads:
+        raise c.refuse(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+    groups = c.count("num_key_value_heads", 2)  # Starcoder2Config's default
+    if heads % groups:
+        raise c.refuse(f"num_key_value_heads {groups} must divide num_attention_heads {heads}")
+    act = c.text("hidden_act", "gelu_pytorch_tanh")
+    if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+        raise c.refuse(f"hidden_act {shown(act)} has no Megatron-LM equivalent autotune models "
+                       "(gelu)")
+    positions = c.count("max_position_embeddings", 4096)
+    seq = min(positions, SEQ_LENGTH_MAX)
+    window = c.optional_count("sliding_window")
+    if window is not None and window < seq:
+        notes.append(f"sliding_window {window} is in use: the sequence defaults to {window} "
+                     "tokens (full causal attention up to the window; autotune's models have "
+                     "no sliding window, so --seq-len may not exceed it)")
+        seq = window
+    notes += _rope_scaling_note(c)
+    # Starcoder2MLP and Starcoder2Attention drop their outputs with residual_dropout:
+    # Megatron's hidden dropout (bias_dropout_add), which also drops the embeddings.
+    hidden_dropout = c.number("residual_dropout", 0.0)
+    notes += _embedding_dropout_note(c, "embedding_dropout", hidden_dropout)
+    return {
+        "num_layers": c.count("num_hidden_layers"), "hidden_size": hidden,
+        "num_attention_heads": heads, "num_query_groups": groups,
+        "ffn_hidden_size": c.count("intermediate_size"), "vocab_size": c.count("vocab_size"),
+        "seq_length": seq, "max_position_embeddings": positions, "sliding_window": window,
+        "gated_linear_unit": False, "activation": "gelu", "normalization": "LayerNorm",
+        "add_bias_linear": c.flag("use_bias", True),
+        "tied_embeddings": c.flag("tie_word_embeddings", True),
+        "position_embedding": "rope", "rotary_base": _rope_theta(c),
+        "hidden_dropout": hidden_dropout,
+        "attention_dropout": c.number("attention_dropout", 0.0),
+    }, notes
+
+
+def _rope_parameters(c: _Config) -> dict[str, Any]:
+    """transformers >= 5 writes rope_theta, partial_rotary_factor and the scaling into one
+    rope_parameters mapping; the earlier configs keep them at the top level."""
+    value = c.get("rope_parameters")
+    return value if isinstance(value, dict) else {}
+
+
+def _rope_value(c: _Config, key: str, default: float) -> float:
+    if c.get(key) is not None:
+        return c.number(key, default)
+    nested = _Config(_rope_parameters(c), f"{c.source}: rope_parameters")
+    return nested.number(key, default)
+
+
+def _rope_theta(c: _Config) -> int:
+    if c.get("rope_theta") is not None:
+        return _integral(c, "rope_theta", 10000)
+    value = _rope_value(c, "rope_theta", 10000)
+    if not value.is_integer() or value <= 0:
+        raise c.refuse(f"rope_parameters' rope_theta must be a positive whole number, got "
+                       f"{shown(value)}")
+    return int(value)
+
+
+def _rotary_percent(c: _Config, kind: str) -> float:
+    """partial_rotary_factor as Megatron's --rotary-percent, for the families whose RoPE reads
+    it (_PARTIAL_ROPE); 1.0 for the others, whose transformers code rotates whole heads."""
+    if kind not in _PARTIAL_ROPE:
+        return 1.0
+    value = _rope_value(c, "partial_rotary_factor", _PARTIAL_ROPE[kind])
+    if not 0 < value <= 1:
+        raw = c.get("partial_rotary_factor", _rope_parameters(c).get("partial_rotary_factor"))
+        raise c.refuse(f"partial_rotary_factor must be in (0, 1], got {shown(raw)}")
+    return value
+
+
+def _rope_scaling_note(c: _Config) -> list[str]:
+    scaling = c.get("rope_scaling")
+    if not scaling:
+        scaling = {k: v for k, v in _rope_parameters(c).items()
+                   if k in ("rope_type", "type")} or None
+        if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) \
+                == "default":
+            scaling = None
+    if not scaling:
+        return []
+    kind_of = scaling.get("rope_type") or scaling.get("type") if isinstance(
+        scaling, dict) else scaling
+    shown_kind = for_terminal(str(kind_of))[:40]
+    return [f"rope_scaling ({shown_kind}) changes positions, not memory or step time: not part "
+            "of the model autotune tunes, nor of the exported flags"]
+
+
+def _granite_notes(c: _Config) -> list[str]:
+    set_ = [f"{key} {c.number(key, 1.0):g}" for key in GRANITE_MULTIPLIERS
+            if c.number(key, 1.0) != 1.0]
+    if not set_:
+        return []
+    return [f"Granite's multipliers ({', '.join(set_)}) scale the embeddings, the residual "
+            "branches, the attention scores and the logits by constants: no shape, memory or "
+            "step time of their own (a scalar in an element-wise pass), but Megatron-LM has no "
+            "flag for them: the exported command trains the Llama-shaped model without them"]
+
+
+def _embedding_dropout_note(c: _Config, key: str, hidden_dropout: float) -> list[str]:
+    value = c.number(key, 0.0)
+    if value == hidden_dropout:
+        return []
+    return [f"{key} {value:g} differs from the residual dropout {hidden_dropout:g}: Megatron "
+            "drops the embeddings with the hidden dropout (--hidden-dropout), one h-wide mask "
+            "per token, and the exported command does so"]
+
+
 _MOE_DEFAULTS: dict[str, tuple[str, int, int, int | None, int | None]] = {
     "mixtral": ("num_local_experts", 8, 2, None, None),
     "qwen2_moe": ("num_experts", 60, 4, 1408, 5632),
@@ -376,18 +581,17 @@ def read_hf_config(name_or_path: str) -> HfModel:
         raise ConfigError(f"{source}: expected a JSON object (a Hugging Face config.json)")
     c = _Config(data, source)
     kind = data.get("model_type")
+    if isinstance(kind, str) and kind in UNMAPPED:
+        raise ConfigError(f"{source}: model_type {kind}: {UNMAPPED[kind]}")
     if not isinstance(kind, str) or kind not in SUPPORTED:
         archs = data.get("architectures")
         arch = for_terminal(", ".join(map(str, archs))[:80]) if isinstance(archs, list) \
             and archs else "no architectures"
         raise ConfigError(f"{source}: model_type {shown(kind)} ({arch}) is not an architecture "
                           f"autotune maps (it reads {', '.join(SUPPORTED)})")
-    if kind == "gpt2":
-        values, notes = _gpt2(c)
-    elif kind in _DEEPSEEK:
-        values, notes = _deepseek(c)
-    else:
-        values, notes = _llama_like(c, kind)
+    reader = {"gpt2": _gpt2, "nemotron": _nemotron, "starcoder2": _starcoder2,
+              **dict.fromkeys(_DEEPSEEK, _deepseek)}.get(kind)
+    values, notes = reader(c) if reader is not None else _llama_like(c, kind)
     notes += _checkpoint_dtype(c)
     values["global_batch_size"] = GLOBAL_BATCH.get(kind, DEFAULT_GLOBAL_BATCH)
     spec = model_from_mapping({"name": _name(path, data), **values}, source)

@@ -91,6 +91,21 @@ class ModelSpec:
     tied_embeddings: bool = True
     position_embedding: str = "learned_absolute"
     rotary_base: Count = 10000
+    rotary_percent: Fraction = 1.0
+    """The share of each head's dimensions RoPE rotates, the rest passed through (Megatron
+    `--rotary-percent`; config.json's `partial_rotary_factor`: Nemotron 0.5, Phi-4-mini 0.75).
+    megatron-core's RotaryEmbedding rotates int(kv_channels * rotary_percent) dimensions
+    (models/common/embeddings/rotary_pos_embedding.py) and _apply_rotary_pos_emb_bshd slices
+    the query and key to them. No parameter and no GEMM: it changes the unfused RoPE's
+    element-wise traffic only, by less than the share it leaves out, which
+    autotune.specs.elementwise counts at the whole head (an over-count of at most that much of
+    the RoPE bytes)."""
+    apply_layernorm_1p: bool = False
+    """Norm weights stored as (gamma - 1), the norm multiplying by 1 + w (Megatron
+    `--apply-layernorm-1p`, TransformerConfig.layernorm_zero_centered_gamma; Nemotron's
+    NemotronLayerNorm1P). The same parameters and the same fused kernel (Transformer Engine's
+    zero_centered_gamma): shape, memory and step time unchanged; it is part of the model the
+    exported command trains."""
     rope_fusion: bool = True
     """Megatron-LM's default (--no-rope-fusion turns it off): RoPE as Transformer Engine's fused
     kernel where TE builds the layer (autotune.specs.elementwise.rope_fused says where it runs).
@@ -138,6 +153,21 @@ class ModelSpec:
         if self.position_embedding not in ("learned_absolute", "rope", "none"):
             raise ConfigError(f"model {self.name}: position_embedding must be learned_absolute, "
                               f"rope or none, got {self.position_embedding!r}")
+        if self.rotary_percent != 1.0:
+            # rotary_pos_embedding.py: int(kv_channels * rotary_percent) dimensions, in pairs.
+            rotated = int(self.head_dim * self.rotary_percent)
+            if self.position_embedding != "rope" or rotated < 2 or rotated % 2:
+                raise ConfigError(f"model {self.name}: rotary_percent={self.rotary_percent} "
+                                  "needs position_embedding rope and an even number of rotated "
+                                  f"dimensions (int({self.head_dim} x {self.rotary_percent}) = "
+                                  f"{rotated})")
+        if self.activation == "squared_relu" and self.add_bias_linear:
+            # megatron-core's MLP fuses a bias with GELU and SwiGLU only (mlp.py: "Only support
+            # fusion of gelu and swiglu"); Megatron-LM's --squared-relu then needs
+            # --no-bias-gelu-fusion, an unfused bias that autotune does not model.
+            raise ConfigError(f"model {self.name}: squared_relu with biases (add_bias_linear) "
+                              "is not modelled: megatron-core fuses a bias with gelu and swiglu "
+                              "only; set add_bias_linear false (--disable-bias-linear)")
         if self.num_experts is not None and not 1 <= self.moe_topk <= self.num_experts:
             raise ConfigError(f"model {self.name}: moe_topk={self.moe_topk} must be between 1 "
                               f"and num_experts={self.num_experts}")

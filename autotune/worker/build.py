@@ -39,7 +39,11 @@ def _resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
         # (autotune.levers.base.CoreConfigTerm), e.g. the precision-aware optimizer's moments.
         if key.endswith("_dtype") and isinstance(value, str):
             out[key] = _DTYPES[value]
-    if "activation_func" in out:
+    if out.get("activation_func") == "squared_relu":
+        from megatron.core.activations import squared_relu  # Megatron-LM's --squared-relu
+
+        out["activation_func"] = squared_relu
+    elif "activation_func" in out:
         out["activation_func"] = _ACTIVATIONS[out["activation_func"]]
     if out.get("recompute_modules") is not None:
         # A tuple in core_config (hashable, for the run key); TransformerConfig's is a list.
@@ -76,7 +80,10 @@ def transformer_config(spec: TrialSpec) -> Any:
 class _TorchNorm:
     """torch LayerNorm / RMSNorm that, unlike megatron-core's WrappedTorchNorm, allows
     sequence parallelism: it tags its parameters `sequence_parallel` so finalize_model_grads
-    all-reduces their partial gradients over the TP group (what apex's FusedLayerNorm does)."""
+    all-reduces their partial gradients over the TP group (what apex's FusedLayerNorm does).
+    A zero-centred gamma (layernorm_zero_centered_gamma, --apply-layernorm-1p) is a different
+    storing of the same weights through the same kernel: this norm keeps the plain one, with
+    the same parameters and cost (Transformer Engine's norms, impl te, apply it)."""
 
     def __new__(cls, config: Any, hidden_size: int, eps: float = 1e-5,  # type: ignore[misc]
                 **_: Any) -> torch.nn.Module:
@@ -244,6 +251,7 @@ def _gpt_model(gpt_model: Any, spec: TrialSpec, config: Any, vocab_size: int,
             share_embeddings_and_output_weights=m.tied_embeddings,
             position_embedding_type=m.position_embedding,
             rotary_base=m.rotary_base,
+            rotary_percent=m.rotary_percent,
             vp_stage=vp_stage,
         )
 
