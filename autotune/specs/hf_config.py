@@ -234,39 +234,50 @@ def _gpt2(c: _Config) -> tuple[dict[str, Any], list[str]]:
     }, []
 
 
-def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
-    notes: list[str] = []
+def _heads(c: _Config, groups_default: int | None = None) -> tuple[int, int, int, int | None]:
+    """(hidden_size, heads, key/value groups, kv_channels) of a config's attention, refused in
+    one line naming its keys where megatron-core could not build it. kv_channels is a head
+    dimension of the model's own (Qwen3, Gemma, Nemotron: Megatron --kv-channels), None where
+    it equals hidden / heads, Megatron's default, left implicit."""
     hidden, heads = c.count("hidden_size"), c.count("num_attention_heads")
     head_dim = c.optional_count("head_dim")
-    # A head dimension of the model's own (Qwen3, Gemma: Megatron --kv-channels); equal to
-    # hidden / heads it is Megatron's default and left implicit.
-    kv_channels = None if head_dim is None or head_dim * heads == hidden else head_dim
     if head_dim is None and hidden % heads:
         raise c.refuse(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
                        "and no head_dim says the heads' width")
-    groups = c.count("num_key_value_heads", heads)
+    groups = c.count("num_key_value_heads", heads if groups_default is None else groups_default)
     if heads % groups:
         # Each key/value head serves a whole group of query heads (GQA; Megatron
         # --num-query-groups, which megatron-core asserts divides the heads).
         raise c.refuse(f"num_key_value_heads {groups} must divide num_attention_heads {heads}")
+    kv_channels = None if head_dim is None or head_dim * heads == hidden else head_dim
+    return hidden, heads, groups, kv_channels
+
+
+def _window_sequence(c: _Config, seq: int, in_use: bool,
+                     notes: list[str]) -> tuple[int, int | None]:
+    """(the sequence, the window) of sliding-window attention where `in_use`: up to its window
+    it is full causal attention, which autotune models, so the sequence defaults to the window
+    and a longer --seq-len is refused (ModelSpec.sliding_window); said in `notes`."""
+    window = c.optional_count("sliding_window") if in_use else None
+    if window is not None and window < seq:
+        notes.append(f"sliding_window {window} is in use: the sequence defaults to {window} "
+                     "tokens (full causal attention up to the window; autotune's models have "
+                     "no sliding window, so --seq-len may not exceed it)")
+        seq = window
+    return seq, window
+
+
+def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
+    notes: list[str] = []
+    hidden, heads, groups, kv_channels = _heads(c)
     if c.text("hidden_act", "silu") != "silu":
         raise c.refuse(f"hidden_act {shown(c.get('hidden_act'))}: autotune maps the SwiGLU "
                        "(silu-gated) MLP of these models only")
     # transformers' defaults: LlamaConfig's 2048 (kept for the families before these),
     # Phi3Config's 4096.
     positions = c.count("max_position_embeddings", 4096 if kind == "phi3" else 2048)
-    seq = min(positions, SEQ_LENGTH_MAX)
-    window = c.optional_count("sliding_window")
-    if not c.flag("use_sliding_window", kind in _WINDOW_IN_USE):
-        window = None
-    if window is not None and window < seq:
-        # Up to its window, sliding-window attention is full causal attention, which
-        # autotune models: the sequence defaults to the window; a longer --seq-len is refused
-        # (ModelSpec.sliding_window).
-        notes.append(f"sliding_window {window} is in use: the sequence defaults to {window} "
-                     "tokens (full causal attention up to the window; autotune's models have "
-                     "no sliding window, so --seq-len may not exceed it)")
-        seq = window
+    seq, window = _window_sequence(c, min(positions, SEQ_LENGTH_MAX),
+                                   c.flag("use_sliding_window", kind in _WINDOW_IN_USE), notes)
     notes += _rope_scaling_note(c)
     if c.flag("attention_bias", False) or c.flag("mlp_bias", False):
         raise c.refuse("attention_bias / mlp_bias on some layers only: autotune's models have "
@@ -404,14 +415,7 @@ def _nemotron(c: _Config) -> tuple[dict[str, Any], list[str]]:
     --squared-relu --apply-layernorm-1p --rotary-percent, as NeMo's and Megatron-Bridge's
     Nemotron recipes do): a non-gated squared-ReLU MLP (hidden_act relu2), LayerNorm with bias
     storing gamma - 1 (NemotronLayerNorm1P), partial RoPE, GQA, untied embeddings, no biases."""
-    hidden, heads = c.count("hidden_size"), c.count("num_attention_heads")
-    head_dim = c.optional_count("head_dim")
-    if head_dim is None and hidden % heads:
-        raise c.refuse(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
-                       "and no head_dim says the heads' width")
-    groups = c.count("num_key_value_heads", heads)
-    if heads % groups:
-        raise c.refuse(f"num_key_value_heads {groups} must divide num_attention_heads {heads}")
+    hidden, heads, groups, kv_channels = _heads(c)
     act = c.text("hidden_act", "relu2")
     if act != "relu2":
         raise c.refuse(f"hidden_act {shown(act)}: autotune maps Nemotron's squared-ReLU MLP "
@@ -424,7 +428,7 @@ def _nemotron(c: _Config) -> tuple[dict[str, Any], list[str]]:
     return {
         "num_layers": c.count("num_hidden_layers"), "hidden_size": hidden,
         "num_attention_heads": heads, "num_query_groups": groups,
-        "kv_channels": None if head_dim is None or head_dim * heads == hidden else head_dim,
+        "kv_channels": kv_channels,
         "ffn_hidden_size": c.count("intermediate_size"), "vocab_size": c.count("vocab_size"),
         "seq_length": min(positions, SEQ_LENGTH_MAX), "max_position_embeddings": positions,
         "gated_linear_unit": False, "activation": "squared_relu",
@@ -442,24 +446,13 @@ def _starcoder2(c: _Config) -> tuple[dict[str, Any], list[str]]:
     tied embeddings, sliding-window attention wherever sliding_window is set (up to the
     window: full causal attention, as for Mistral)."""
     notes: list[str] = []
-    hidden, heads = c.count("hidden_size"), c.count("num_attention_heads")
-    if hidden % heads:
-        raise c.refuse(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
-    groups = c.count("num_key_value_heads", 2)  # Starcoder2Config's default
-    if heads % groups:
-        raise c.refuse(f"num_key_value_heads {groups} must divide num_attention_heads {heads}")
+    hidden, heads, groups, kv_channels = _heads(c, groups_default=2)  # Starcoder2Config's
     act = c.text("hidden_act", "gelu_pytorch_tanh")
     if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
         raise c.refuse(f"hidden_act {shown(act)} has no Megatron-LM equivalent autotune models "
                        "(gelu)")
     positions = c.count("max_position_embeddings", 4096)
-    seq = min(positions, SEQ_LENGTH_MAX)
-    window = c.optional_count("sliding_window")
-    if window is not None and window < seq:
-        notes.append(f"sliding_window {window} is in use: the sequence defaults to {window} "
-                     "tokens (full causal attention up to the window; autotune's models have "
-                     "no sliding window, so --seq-len may not exceed it)")
-        seq = window
+    seq, window = _window_sequence(c, min(positions, SEQ_LENGTH_MAX), True, notes)
     notes += _rope_scaling_note(c)
     # Starcoder2MLP and Starcoder2Attention drop their outputs with residual_dropout:
     # Megatron's hidden dropout (bias_dropout_add), which also drops the embeddings.
@@ -467,7 +460,7 @@ def _starcoder2(c: _Config) -> tuple[dict[str, Any], list[str]]:
     notes += _embedding_dropout_note(c, "embedding_dropout", hidden_dropout)
     return {
         "num_layers": c.count("num_hidden_layers"), "hidden_size": hidden,
-        "num_attention_heads": heads, "num_query_groups": groups,
+        "num_attention_heads": heads, "num_query_groups": groups, "kv_channels": kv_channels,
         "ffn_hidden_size": c.count("intermediate_size"), "vocab_size": c.count("vocab_size"),
         "seq_length": seq, "max_position_embeddings": positions, "sliding_window": window,
         "gated_linear_unit": False, "activation": "gelu", "normalization": "LayerNorm",
