@@ -54,8 +54,9 @@ MOE = " --num-experts 8 --moe-router-topk 2"
     (" --multi-latent-attention --q-lora-rank 1536", "position_embedding must be rope"),
     (" --multi-latent-attention --position-embedding-type rope --group-query-attention "
      "--num-query-groups 8", "multi_latent_attention has no query groups"),
-    (" --multi-latent-attention --position-embedding-type rope --kv-channels 128",
-     "kv_channels must be unset"),
+    # --kv-channels beside MLA sizes nothing (megatron-core's MLA never reads it; NVIDIA's
+    # DeepSeek-V3 script passes it): read as unset, test_mla_flags_both_ways.
+    (" --multi-latent-attention --position-embedding-type rope --kv-channels 128", None),
     (" --multi-latent-attention --position-embedding-type rope --rope-type rope",
      "another RoPE type"),
     (" --position-embedding-type rope --rope-type yarn", "another RoPE type"),
@@ -789,6 +790,10 @@ MLA_COMMAND = COMMAND + " --position-embedding-type rope --multi-latent-attentio
     (" --q-lora-rank 1536 --kv-lora-rank 512 --qk-layernorm", (1536, 512, 128, 64, 128)),
     (" --q-lora-rank=768 --kv-lora-rank=256 --qk-head-dim=64 --qk-pos-emb-head-dim=32 "
      "--v-head-dim=64", (768, 256, 64, 32, 64)),
+    # NVIDIA's DeepSeek-V3 script (Megatron-LM examples/megatron_fsdp) also passes
+    # --kv-channels 128, which MLA never reads: no kv_channels, none written back.
+    (" --kv-channels 128 --q-lora-rank 1536 --kv-lora-rank 512 --qk-layernorm",
+     (1536, 512, 128, 64, 128)),
 ])
 def test_mla_flags_both_ways(tmp_path: Path, extra: str,
                              sizes: tuple[int | None, ...]) -> None:
@@ -807,6 +812,7 @@ def test_mla_flags_both_ways(tmp_path: Path, extra: str,
     assert unmodeled_warning(command) is None
     args = megatron_lm_args(model, Layout(gbs=64))
     assert "--multi-latent-attention" in args
+    assert model.kv_channels is None and "--kv-channels" not in args
     written = {flag: args[args.index(flag) + 1] if flag in args else None
                for flag in ("--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
                             "--qk-pos-emb-head-dim", "--v-head-dim")}

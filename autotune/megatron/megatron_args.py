@@ -123,6 +123,16 @@ def _read_mla(g: Given) -> dict[str, Any]:
     return {"multi_latent_attention": True, **sizes}
 
 
+def _read_kv_channels(g: Given) -> dict[str, Any]:
+    # With --multi-latent-attention megatron-core sizes the heads by --qk-head-dim,
+    # --qk-pos-emb-head-dim and --v-head-dim and never reads kv_channels (multi_latent_
+    # attention.py; gpt_model.py builds no RotaryEmbedding from it with MLA), yet NVIDIA's
+    # DeepSeek-V3 script passes --kv-channels 128 beside them
+    # (examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh): read as the nothing it is.
+    value = g.integer("--kv-channels", None)
+    return {"kv_channels": None if g.has("--multi-latent-attention") else value}
+
+
 def _emit_kv_channels(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
     # Megatron-LM's validate_args sets kv_channels to hidden / heads when the flag is absent.
     return [] if m.kv_channels is None else ["--kv-channels", str(m.kv_channels)]
@@ -383,7 +393,7 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
                    Flag("--num-query-groups")), emit=_emit_gqa, read=_read_gqa),
     FlagRow(name="kv_channels", part=Part.MODEL, flags=(Flag("--kv-channels"),),
             emit=_emit_kv_channels,
-            read=lambda g: {"kv_channels": g.integer("--kv-channels", None)}),
+            read=_read_kv_channels),
     FlagRow(name="multi_latent_attention", part=Part.MODEL,
             flags=(Flag("--multi-latent-attention", takes_value=False),
                    *(Flag(_mla_flag(field)) for field in MLA_FLAG_DEFAULTS)),
