@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LEVELS", "RECOMPUTE_MODULES", "Dimension", "Impl", "Label", "Recompute",
-           "RecomputeMethod", "RecomputeModules", "always", "dimension", "flag_label", "plain",
-           "unless_default", "value_label"]
+__all__ = ["LEVELS", "MEGATRON_RECOMPUTE_MODULES", "RECOMPUTE_MODULES", "Dimension", "Impl",
+           "Label", "Recompute", "RecomputeMethod", "RecomputeModules", "always", "dimension",
+           "flag_label", "plain", "unless_default", "value_label"]
 
 LEVELS = 7
 """Enumeration levels: 0 tp, pp, cp (dp follows); 1 vpp and the first/last stage's layers; 2 ep;
@@ -45,8 +45,14 @@ class RecomputeMethod(enum.StrEnum):
 
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe")
 """The modules selective recompute can checkpoint in autotune's models: megatron-core 0.16.1's
-TransformerConfig.recompute_modules choices less `mla_up_proj` (needs multi-latent attention)
-and `shared_experts` (needs shared experts): no ModelSpec has either."""
+TransformerConfig.recompute_modules choices (MEGATRON_RECOMPUTE_MODULES) less `mla_up_proj`
+(Multi-Latent Attention's up projections) and `shared_experts` (an MoE layer's shared
+expert), whose savings and reruns autotune does not model: a command that names them is
+refused in one line (autotune.levers.recompute)."""
+MEGATRON_RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                              "shared_experts")
+"""Every module megatron-core 0.16.1 takes in recompute_modules (TransformerConfig.__post_init__
+asserts the set): another name stops Megatron-LM at start-up."""
 
 
 class RecomputeModules(enum.StrEnum):

@@ -468,6 +468,45 @@ def test_recompute_is_read_as_megatron_lm_runs_it(tmp_path: Path, extra: str, re
     assert read_megatron_command(str(script)).layout_fields["recompute"] == read
 
 
+SELECTIVE = " --recompute-granularity selective --recompute-modules "
+
+
+@pytest.mark.parametrize(("extra", "read"), [
+    (SELECTIVE + "core_attn mlp", ("selective", "core_attn+mlp")),
+    # mlp acts on dense layers only, moe and moe_act on MoE layers only (transformer_layer.py):
+    # what acts on no layer of the model is left out, as Megatron-LM runs it.
+    (MOE + SELECTIVE + "mlp moe layernorm", ("selective", "layernorm+moe")),
+    (SELECTIVE + "moe_act core_attn", ("selective", "core_attn")),
+    (MOE + SELECTIVE + "mlp", ("none", None)),
+    (SELECTIVE + "layernorm+mlp", ("selective", "layernorm+mlp")),
+])
+def test_recompute_modules_read_as_they_act(tmp_path: Path, extra: str,
+                                            read: tuple[str, str | None]) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + extra + "\n")
+    fields = read_megatron_command(str(script)).layout_fields
+    assert (fields["recompute"], fields.get("recompute_modules")) == read
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    # Megatron's own modules that autotune does not model: refused, never dropped in silence
+    # (NVIDIA's DeepSeek-V3 script recomputes mla_up_proj).
+    (" --multi-latent-attention --position-embedding-type rope" + SELECTIVE
+     + "mlp mla_up_proj layernorm", "--recompute-modules mla_up_proj: selective recompute of "
+     "these modules is not in autotune's models"),
+    (MOE + " --moe-shared-expert-intermediate-size 1024 --disable-bias-linear" + SELECTIVE
+     + "shared_experts", "--recompute-modules shared_experts: selective"),
+    # A name megatron-core does not take stops Megatron-LM (TransformerConfig asserts it).
+    (SELECTIVE + "core_atn", "--recompute-modules core_atn: megatron-core takes core_attn, "),
+])
+def test_recompute_modules_autotune_cannot_run_are_refused(tmp_path: Path, extra: str,
+                                                           message: str) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + extra + "\n")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        read_megatron_command(str(script))
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     (" --recompute-activations --recompute-granularity full --recompute-method uniform "
      "--recompute-num-layers 1",

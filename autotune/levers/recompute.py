@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import (
+    MEGATRON_RECOMPUTE_MODULES,
     RECOMPUTE_MODULES,
     Impl,
     Recompute,
@@ -196,8 +197,25 @@ def _read(g: Given) -> dict[str, Any]:
         # nargs +: the modules may come as one space-separated value; autotune writes a set
         # as `a+b` in its own order (dimensions.RecomputeModules).
         given = (g.text("--recompute-modules") or "core_attn").replace("+", " ").split()
-        order = [m for m in RECOMPUTE_MODULES if m in given]
-        return {"recompute": granularity, "recompute_modules": "+".join(order) or "core_attn"}
+        invalid = [m for m in given if m not in MEGATRON_RECOMPUTE_MODULES]
+        if invalid:
+            raise ConfigError(f"{g.source}: --recompute-modules {' '.join(invalid)}: "
+                              f"megatron-core takes {', '.join(MEGATRON_RECOMPUTE_MODULES)} (the "
+                              "command does not run as written)")
+        unmodelled = [m for m in given if m not in RECOMPUTE_MODULES]
+        if unmodelled:
+            raise ConfigError(f"{g.source}: --recompute-modules {' '.join(unmodelled)}: "
+                              "selective recompute of these modules is not in autotune's models "
+                              f"(it models {', '.join(RECOMPUTE_MODULES)})")
+        # transformer_layer.py: `mlp` acts on dense layers only, `moe` and `moe_act` on MoE
+        # layers only; on a model without that kind of layer the module does nothing, as
+        # autotune's layouts leave it out (NVIDIA's DeepSeek-V3 script names mlp and moe).
+        moe = (g.integer("--num-experts") or 0) > 1
+        acting = [m for m in given if m not in (("mlp",) if moe else ("moe", "moe_act"))]
+        if not acting:
+            return {"recompute": "none"}  # nothing checkpointed: Megatron-LM's run is this one
+        order = [m for m in RECOMPUTE_MODULES if m in acting]
+        return {"recompute": granularity, "recompute_modules": "+".join(order)}
     if granularity != "full":
         return {"recompute": granularity}
     # TransformerConfig.__post_init__: full recompute needs a method (uniform or block) and a
