@@ -130,6 +130,13 @@ def test_the_refusal_is_one_line_exit_2(tmp_path: Path,
     (" --context-parallel-size 2 --cp-comm-type p2p", []),           # Megatron-LM's default
     (" --attention-backend=auto", []),                               # its default, with =
     (" --attention-backend=flash", ["--attention-backend"]),
+    # The dispatcher autotune measures and exports is alltoall; flex (DeepEP, HybridEP, as
+    # NVIDIA's DeepSeek-V3 script runs) and allgather are named, not replaced in silence.
+    (MOE + " --moe-token-dispatcher-type flex", ["--moe-token-dispatcher-type"]),
+    (MOE + " --moe-token-dispatcher-type allgather", ["--moe-token-dispatcher-type"]),
+    (MOE + " --moe-token-dispatcher-type alltoall", []),
+    # Megatron-LM's NaN checks, which the worker runs as Megatron-LM does by default.
+    (" --no-check-for-nan-in-loss-and-grad", ["--no-check-for-nan-in-loss-and-grad"]),
 ])
 def test_flags_that_change_speed_or_memory_are_named(tmp_path: Path, extra: str,
                                                      named: list[str]) -> None:

@@ -505,6 +505,13 @@ _UNMODELED: tuple[tuple[str, str], ...] = (
     # fusion-s22.md); at ep > 1, where NVIDIA's recipes run them, not measured.
     ("--moe-permute-fusion", "the MoE token permutation fused (Transformer Engine's kernels)"),
     ("--moe-router-fusion", "the MoE router's top-k and auxiliary loss fused (TE's kernels)"),
+    # The worker's and the export's dispatcher is alltoall (core_config.MOE_TOKEN_DISPATCHER,
+    # measured faster than allgather at ep 1); flex (DeepEP, HybridEP) is not measured.
+    ("--moe-token-dispatcher-type",
+     f"a token dispatcher other than {MOE_TOKEN_DISPATCHER}, which autotune measures and its "
+     "export writes"),
+    ("--no-check-for-nan-in-loss-and-grad",
+     "the loss and gradient NaN checks off (autotune's trials run them, Megatron-LM's default)"),
     ("--moe-shared-expert-overlap",
      "the shared expert run on a side stream, overlapped with the token dispatch"),
     ("--use-flash-attn", "FlashAttention as core attention"),
@@ -517,7 +524,8 @@ _UNMODELED: tuple[tuple[str, str], ...] = (
 """Megatron-LM core_v0.16.1 flags outside the levers that change speed or memory and that
 autotune does not model, each with what it changes."""
 
-UNMODELED_DEFAULTS: dict[str, str] = {"--attention-backend": "auto", "--cp-comm-type": "p2p"}
+UNMODELED_DEFAULTS: dict[str, str] = {"--attention-backend": "auto", "--cp-comm-type": "p2p",
+                                      "--moe-token-dispatcher-type": MOE_TOKEN_DISPATCHER}
 """Values of UNMODELED_FLAGS that are Megatron-LM's default (arguments.py), which autotune
 runs too: a command that spells one out is not warned about."""
 
