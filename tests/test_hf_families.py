@@ -296,3 +296,26 @@ def test_a_commands_rotary_percent_is_read_with_rope_only(
     script = tmp_path / "run.sh"
     script.write_text(text)
     assert read_megatron_command(str(script)).model.rotary_percent == rotary_percent
+
+
+@pytest.mark.parametrize(("kind", "positions"), [
+    # transformers' configuration_<model>.py defaults where a config leaves the key out.
+    ("llama", 2048), ("granite", 2048), ("phi3", 4096), ("mistral", 131072),
+    ("mixtral", 131072), ("qwen2", 32768), ("qwen2_moe", 32768), ("qwen3", 32768),
+    ("qwen3_moe", 32768),
+])
+def test_positions_default_per_family(tmp_path: Path, kind: str, positions: int) -> None:
+    data: dict[str, object] = {
+        "model_type": kind, "hidden_size": 1024, "num_attention_heads": 16,
+        "num_hidden_layers": 4, "intermediate_size": 4096, "vocab_size": 32000,
+        "use_sliding_window": False, "sliding_window": None}
+    spec = read_hf_config(str(_config(tmp_path, {k: v for k, v in data.items()
+                                                 if v is not None}))).spec
+    assert spec.max_position_embeddings == positions
+    assert spec.seq_length == min(positions, 8192)
+
+
+def test_every_llama_like_family_has_a_positions_default() -> None:
+    from autotune.specs import hf_config
+
+    assert set(hf_config._POSITIONS_DEFAULT) == set(hf_config._LLAMA_LIKE)

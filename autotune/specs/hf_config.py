@@ -68,6 +68,12 @@ _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 SUPPORTED = ("gpt2", *_LLAMA_LIKE, "nemotron", "starcoder2", *_DEEPSEEK)
 """config.json `model_type`s autotune maps."""
 
+_POSITIONS_DEFAULT = {"llama": 2048, "granite": 2048, "phi3": 4096, "mistral": 4096 * 32,
+                      "mixtral": 4096 * 32, "qwen2": 32768, "qwen2_moe": 32768, "qwen3": 32768,
+                      "qwen3_moe": 32768}
+"""max_position_embeddings where a Llama-like config leaves it out: transformers'
+configuration_<model>.py defaults (the sequence is then this, at most SEQ_LENGTH_MAX)."""
+
 _WINDOW_IN_USE = ("mistral", "mixtral", "phi3", "starcoder2")
 """The families whose transformers attention applies a config's sliding_window whenever it is
 set (no use_sliding_window key: Phi3Attention and Starcoder2Attention pass
@@ -273,9 +279,7 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
     if c.text("hidden_act", "silu") != "silu":
         raise c.refuse(f"hidden_act {shown(c.get('hidden_act'))}: autotune maps the SwiGLU "
                        "(silu-gated) MLP of these models only")
-    # transformers' defaults: LlamaConfig's 2048 (kept for the families before these),
-    # Phi3Config's 4096.
-    positions = c.count("max_position_embeddings", 4096 if kind == "phi3" else 2048)
+    positions = c.count("max_position_embeddings", _POSITIONS_DEFAULT[kind])
     seq, window = _window_sequence(c, min(positions, SEQ_LENGTH_MAX),
                                    c.flag("use_sliding_window", kind in _WINDOW_IN_USE), notes)
     notes += _rope_scaling_note(c)
