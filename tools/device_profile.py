@@ -147,11 +147,14 @@ def main() -> None:
     host: dict[str, tuple[float, int]] = {}
     gpu = 0.0
     for e in events:
-        if e.key.startswith("moe.") or e.key in _SYNC_OPS:
+        ranged = e.key.startswith("moe.")
+        if (ranged or e.key in _SYNC_OPS) and e.device_type == torch.autograd.DeviceType.CPU:
+            # A range is listed twice, on the CPU and as a GPU annotation spanning its kernels:
+            # the host's time is the CPU entry's (session 23's first profile took the other).
             host[e.key] = (e.cpu_time_total, e.count)
         t = getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0))
-        if t <= 0 or e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
+        if ranged or t <= 0 or e.device_type != torch.autograd.DeviceType.CUDA:
+            continue  # the ranges' GPU annotations would count their kernels twice
         by_family[_family(e.key)] += t
         gpu += t
     walls.sort()
