@@ -264,7 +264,9 @@ def _window_sequence(c: _Config, seq: int, in_use: bool,
     """(the sequence, the window) of sliding-window attention where `in_use`: up to its window
     it is full causal attention, which autotune models, so the sequence defaults to the window
     and a longer --seq-len is refused (ModelSpec.sliding_window); said in `notes`."""
-    window = c.optional_count("sliding_window") if in_use else None
+    window = c.optional_count("sliding_window")  # checked even where not in use
+    if not in_use:
+        window = None
     if window is not None and window < seq:
         notes.append(f"sliding_window {window} is in use: the sequence defaults to {window} "
                      "tokens (full causal attention up to the window; autotune's models have "
