@@ -51,9 +51,10 @@ def test_the_host_terms_are_what_the_trials_fit() -> None:
 
 
 def test_without_them_every_moe_trial_is_predicted_far_too_fast() -> None:
-    # The dispatcher's per-layer host sync leaves the GPU idle while the experts' work is
-    # issued: without the terms the model is 32-80% fast on every trial; with them median
-    # 14.5%, worst 46.5%, on one host kind: the trust line still calls MoE out of range.
+    # The host issues an MoE layer's work (TE's GroupedLinear above all: the profile in
+    # 2026-11-29-h200-moe-dispatcher-s23.md) slower than the GPU runs it: without the terms
+    # the model is 32-80% fast on every trial; with them median 14.5%, worst 46.5%, on one
+    # host kind: the trust line still calls MoE out of range.
     without = _errors(dataclasses.replace(CostParams(), moe_layer_launch_s=0.0,
                                           expert_launch_s=0.0))
     shipped = _errors(CostParams())
