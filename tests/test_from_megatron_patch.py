@@ -14,6 +14,7 @@ import re
 import shlex
 import stat
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,22 @@ def test_the_export_is_the_file_with_the_flag_values_changed(tmp_path: Path) -> 
                     "-    --tensor-model-parallel-size 1 \\",
                     "+    --tensor-model-parallel-size 2 \\",
                     "+    --sequence-parallel \\"]
+
+
+def test_selective_modules_left_behind_by_full_recompute_read_back(tmp_path: Path) -> None:
+    """A user's selective recompute modules, kept in the search's layout when it moves to full
+    recompute (Megatron ignores them there), are not written and read back as the default:
+    the same run, exported (was: refused as reading back "X, not X")."""
+    script = tmp_path / "train.sh"
+    script.write_text(LAUNCH.replace("--micro-batch-size 1",
+                                     "--micro-batch-size 1 --recompute-granularity selective "
+                                     "--recompute-modules core_attn mlp"))
+    command = read_megatron_command(str(script))
+    assert command.layout_fields["recompute_modules"] == "core_attn+mlp"
+    new = replace(megatron_layout(command, 2), recompute="full", recompute_method="uniform",
+                  recompute_num_layers=1)
+    text = patch_script(command, new, layout_changes(command, megatron_layout(command, 2), new))
+    assert "--recompute-granularity full" in text and "--recompute-modules" not in text
 
 
 MULTI_NODE = """#!/bin/bash

@@ -31,6 +31,7 @@ from tree_sitter import Node
 
 from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout
+from autotune.megatron.identity import run_key
 from autotune.megatron.launch_site import Script, context_of, walk
 from autotune.megatron.megatron_args import FLAG_TABLE, TRAINING_SCRIPT, Flag, row_args
 from autotune.megatron.megatron_command import (
@@ -719,6 +720,12 @@ def _check_read_back(command: MegatronCommand, patched: str, new_layout: Layout,
         raise ConfigError(f"{command.source}: line {command.line}: the patched script does not "
                           f"read back ({exc}); change the flags by hand: {changed}") from None
     want = exported_layout(new_layout)
+    # The same run is enough: a layout's fields that Megatron ignores (the recompute modules
+    # without selective recompute, which the search's layout may still carry from the user's)
+    # are not written, so they read back as their defaults (autotune.megatron.identity).
+    if got is not None and got != want and run_key(command.model, got) == run_key(
+            command.model, want):
+        got = want
     if got != want or again.model != command.model:
         what = "another model" if again.model != command.model else \
             f"{got.describe() if got else '?'}, not {want.describe()}"
