@@ -403,7 +403,7 @@ ADDED_MODEL_FIELDS = ("sliding_window", "kv_channels", "add_qkv_bias", "qk_layer
                       "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
                       "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
                       "qk_pos_emb_head_dim", "v_head_dim",
-                      "rotary_percent", "apply_layernorm_1p")
+                      "rotary_percent", "apply_layernorm_1p", "moe_layer_freq")
 """ModelSpec fields added after studies were written (sessions 17-23)."""
 
 

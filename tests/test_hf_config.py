@@ -188,7 +188,11 @@ def test_estimate_reads_a_config(capsys: pytest.CaptureFixture[str]) -> None:
     {"model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4,
      "moe_intermediate_size": 1408, "shared_expert_intermediate_size": -1},
     {"model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4,
-     "moe_intermediate_size": 1408, "mlp_only_layers": [0, 1]},
+     "moe_intermediate_size": 1408, "mlp_only_layers": [0, 99]},   # no layer 99
+    {"model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4,
+     "moe_intermediate_size": 1408, "mlp_only_layers": "0"},
+    {"model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4,
+     "moe_intermediate_size": 1408, "decoder_sparse_step": 100},   # no MoE layer left
     {"hidden_act": "gelu"},
     {"num_hidden_layers": 10**12},
     {"hidden_size": 2**40},
@@ -307,16 +311,54 @@ def _deepseek(tmp_path: Path, change: dict[str, object]) -> Path:
     return path
 
 
-def test_deepseek_dense_first_layers_are_refused_in_one_line(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    """DeepSeek-V2-Lite's first layer is dense (first_k_dense_replace 1): dense layers among
-    MoE layers (Megatron --moe-layer-freq) are not autotune's yet, so the published config is
-    refused, not planned as 27 MoE layers."""
-    with pytest.raises(ConfigError, match=r"first_k_dense_replace 1: .*--moe-layer-freq"):
-        read_hf_config(str(V2_LITE))
+def test_deepseek_dense_first_layers_are_mapped(capsys: pytest.CaptureFixture[str]) -> None:
+    """DeepSeek-V2-Lite's first layer is dense (first_k_dense_replace 1): the model has one
+    dense layer among 26 MoE layers (Megatron --moe-layer-freq), counted to its published
+    15.7B and planned (it was refused before session 23)."""
+    spec = read_hf_config(str(V2_LITE)).spec
+    assert spec.moe_layer_freq == (0,) + (1,) * 26 and spec.has_dense_layers
+    assert count_parameters(spec) == 15_706_484_224
     code = main([str(V2_LITE), "--gpus", "8", "--dry-run"])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "first_k_dense_replace 1" in err
+    assert code == 0, capsys.readouterr().err
+
+
+def test_deepseek_v3_counts_its_published_size() -> None:
+    """DeepSeek-V3: 61 layers, the first 3 dense, MLA with a query latent, 256 experts of 2048
+    and a shared one: 671B (its technical report; the checkpoint's 685B adds the MTP module,
+    which autotune notes and does not plan)."""
+    spec = read_hf_config(str(HF / "deepseek-v3.json")).spec
+    assert spec.moe_layer_freq == (0, 0, 0) + (1,) * 58
+    assert count_parameters(spec) == 671_026_404_352
+    assert count_parameters(spec) == pytest.approx(671e9, rel=0.001)
+
+
+@pytest.mark.parametrize(("change", "pattern"), [
+    # transformers' DeepseekV2DecoderLayer: MoE from first_k_dense_replace on, every
+    # moe_layer_freq-th layer; Qwen2MoeDecoderLayer: not in mlp_only_layers and every
+    # decoder_sparse_step-th layer counted from 1.
+    ({"first_k_dense_replace": 3}, (0, 0, 0) + (1,) * 24),
+    ({"first_k_dense_replace": 1, "moe_layer_freq": 2}, (0,) + (0, 1) * 13),
+    ({"first_k_dense_replace": 0}, 1),
+])
+def test_deepseek_layer_patterns(tmp_path: Path, change: dict[str, object],
+                                 pattern: object) -> None:
+    data = {**json.loads(V2_LITE.read_text()), **change}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    assert read_hf_config(str(path)).spec.moe_layer_freq == pattern
+
+
+@pytest.mark.parametrize(("change", "pattern"), [
+    ({"mlp_only_layers": [0, 1]}, (0, 0) + (1,) * 22),
+    ({"decoder_sparse_step": 2}, (0, 1) * 12),
+    ({"mlp_only_layers": [], "decoder_sparse_step": 1}, 1),
+])
+def test_qwen_moe_layer_patterns(tmp_path: Path, change: dict[str, object],
+                                 pattern: object) -> None:
+    data = {**json.loads((HF / "qwen1.5-moe-a2.7b.json").read_text()), **change}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    assert read_hf_config(str(path)).spec.moe_layer_freq == pattern
 
 
 @pytest.mark.parametrize(("change", "shape"), [
@@ -384,8 +426,8 @@ def test_deepseek_router_options_and_mtp_are_noted(tmp_path: Path, change: dict[
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"first_k_dense_replace": 3}, "first_k_dense_replace 3: the first layers are dense"),
-    ({"first_k_dense_replace": 0, "moe_layer_freq": 2}, "moe_layer_freq 2: dense layers"),
+    ({"first_k_dense_replace": 27}, "no layer is an MoE layer"),
+    ({"first_k_dense_replace": -1}, "first_k_dense_replace must be a positive integer"),
     ({"num_key_value_heads": 8}, "num_key_value_heads 8 differs from num_attention_heads 16"),
     ({"attention_bias": True}, "attention_bias: megatron-core's Multi-Latent Attention"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),

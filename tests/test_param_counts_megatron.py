@@ -67,6 +67,15 @@ MODELS = [
                         moe_topk=2, moe_ffn_hidden_size=64),
     dataclasses.replace(MLA, name="mla-layernorm-bias", normalization="LayerNorm",
                         add_bias_linear=True),
+    # Dense layers among the MoE layers (--moe-layer-freq): DeepSeek's dense first layer, and
+    # every other layer MoE.
+    dataclasses.replace(LLAMA, name="moe-dense-first", num_experts=4, moe_topk=2,
+                        moe_ffn_hidden_size=64, moe_layer_freq=(0, 1)),
+    dataclasses.replace(MLA, name="mla-moe-dense-first", num_experts=4, moe_topk=2,
+                        moe_ffn_hidden_size=64, moe_shared_expert_intermediate_size=80,
+                        moe_layer_freq=(0, 1)),
+    dataclasses.replace(LLAMA, name="moe-freq-2", num_experts=4, moe_topk=2,
+                        moe_ffn_hidden_size=64, moe_layer_freq=2),
 ]
 
 
@@ -96,3 +105,5 @@ def test_parameter_counts_are_megatron_cores(tmp_path: Path) -> None:
     assert built["moe-shared-gate"] > built["moe-shared"] > built["moe"]
     assert built["mla"] > built["mla-no-norms"] and built["mla"] != built["mla-no-q-lora"]
     assert built["starcoder2"] < built["gpt"]  # fewer key/value heads, no learned positions
+    assert built["llama"] < built["moe-dense-first"] < built["moe"]
+    assert built["moe-freq-2"] == built["moe-dense-first"]  # one MoE and one dense layer each

@@ -68,8 +68,12 @@ MOE = " --num-experts 8 --moe-router-topk 2"
     (" --moe-shared-expert-intermediate-size 4096 --disable-bias-linear",
      "a shared expert .* needs num_experts"),
     (MOE + " --moe-shared-expert-intermediate-size 0", None),
-    (MOE + " --moe-layer-freq '([0]*3+[1]*21)'", "dense layers among the MoE layers"),
+    # Dense layers among the MoE layers are read (test_moe_layer_freq_both_ways); a pattern
+    # is parsed, never evaluated, and refused in one line where it is not one.
+    (MOE + " --moe-layer-freq '([0]*3+[1]*21)'", None),
     (MOE + " --moe-layer-freq 1", None),
+    (MOE + " --moe-layer-freq '__import__(\"os\")'", "--moe-layer-freq"),
+    (MOE + " --moe-layer-freq '[0]*3+[1]*20'", "moe_layer_freq must give 0 \\(dense\\) or 1"),
     # Grouped GEMMs are TE's TEGroupedMLP, as the worker builds them; with the local spec they
     # are megatron-core's legacy GroupedMLP (the grouped_gemm package), not modelled.
     (MOE + " --moe-grouped-gemm", None),
@@ -866,3 +870,30 @@ def test_mla_flags_both_ways(tmp_path: Path, extra: str,
     # The sizes alone, without --multi-latent-attention, are no MLA (Megatron-LM ignores them).
     script.write_text(COMMAND + " --position-embedding-type rope --kv-lora-rank 512\n")
     assert not read_megatron_command(str(script)).model.multi_latent_attention
+
+
+@pytest.mark.parametrize(("freq", "pattern", "written"), [
+    ("'([0]*3+[1]*21)'", (0, 0, 0) + (1,) * 21, "[0]*3+[1]*21"),   # DeepSeek's dense first layers
+    ("'([1]*3+[0]*1)*6'", (1, 1, 1, 0) * 6, "+".join(["[1]*3+[0]"] * 6)),
+    ("2", 2, "2"),                                                     # every other layer MoE
+    ("1", 1, None),
+])
+def test_moe_layer_freq_both_ways(tmp_path: Path, freq: str, pattern: object,
+                                  written: str | None) -> None:
+    """--moe-layer-freq is the model's: read without evaluating it, written back as a list
+    expression Megatron-LM's moe_freq_type takes, and read back the same from the exported
+    script (whose shell quoting keeps the brackets and stars from bash)."""
+    from autotune.layouts.layout import Layout
+    from autotune.megatron.megatron_args import megatron_lm_args
+    from autotune.report.scripts import megatron_lm_script
+
+    script = tmp_path / "train.sh"
+    script.write_text(COMMAND + MOE + " --moe-layer-freq " + freq + "\n")
+    model = read_megatron_command(str(script)).model
+    assert model.moe_layer_freq == pattern
+    args = megatron_lm_args(model, Layout(gbs=64))
+    assert (args[args.index("--moe-layer-freq") + 1] if "--moe-layer-freq" in args
+            else None) == written
+    exported = tmp_path / "exported.sh"
+    exported.write_text(megatron_lm_script(model, Layout(gbs=64), title=["round trip"]))
+    assert read_megatron_command(str(exported)).model.moe_layer_freq == pattern

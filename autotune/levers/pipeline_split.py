@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from autotune.specs.hardware import ClusterSpec
     from autotune.specs.model import ModelSpec
 
-__all__ = ["LEVER", "Fields", "chunk_layers", "common_divisors", "even_layers", "split_slots",
-           "stage_layers"]
+__all__ = ["LEVER", "Fields", "chunk_layers", "chunk_sizes", "common_divisors", "even_layers",
+           "split_slots", "stage_layer_kinds", "stage_layers"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +95,35 @@ def stage_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:
         # One stage named: the other holds the rest.
         return (first, rest) if first else (rest, last)
     return (first or share, *(share,) * (s.pp - 2), last or share)
+
+
+def chunk_sizes(s: Layout, m: ModelSpec) -> tuple[tuple[int, ...], ...]:
+    """Transformer layers of each model chunk, per pipeline rank and virtual stage: a rank's
+    layers split evenly over its vpp chunks; with embedding_loss_split the first chunk of the
+    first rank and the last chunk of the last rank give a slot to the embedding or the loss."""
+    if s.embedding_loss_split and s.pp > 1:
+        slots = (m.num_layers + 2) // (s.pp * s.vpp)
+        sizes = [[slots] * s.vpp for _ in range(s.pp)]
+        sizes[0][0] -= 1
+        sizes[-1][-1] -= 1
+        return tuple(tuple(row) for row in sizes)
+    return tuple((n // s.vpp,) * s.vpp for n in stage_layers(s, m))
+
+
+def stage_layer_kinds(s: Layout, m: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """(dense, MoE) transformer layers on each pipeline rank. Model chunks hold consecutive
+    layers in the order virtual stage by virtual stage, rank by rank within one (megatron-core
+    transformer_layer.py get_transformer_layer_offset), so a rank's layers are its chunks'."""
+    sizes = chunk_sizes(s, m)
+    kinds = [[0, 0] for _ in range(s.pp)]
+    start = 0
+    for v in range(s.vpp):
+        for i in range(s.pp):
+            dense, moe = m.layer_kinds(start, start + sizes[i][v])
+            kinds[i][0] += dense
+            kinds[i][1] += moe
+            start += sizes[i][v]
+    return tuple((dense, moe) for dense, moe in kinds)
 
 
 def chunk_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:

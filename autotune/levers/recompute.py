@@ -19,7 +19,7 @@ recomputed forward runs again (Section 5), with one checkpoint call per region.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import (
@@ -53,8 +53,8 @@ if TYPE_CHECKING:
     from autotune.specs.hardware import ClusterSpec
     from autotune.specs.model import ModelSpec
 
-__all__ = ["LEVER", "Fields", "checkpoint_calls", "full_recompute_chunk", "module_savings",
-           "module_workspace", "recomputed_share"]
+__all__ = ["LEVER", "Fields", "acting_layout", "checkpoint_calls", "full_recompute_chunk",
+           "module_savings", "module_workspace", "recomputed_share"]
 
 
 def _label(s: Layout, value: Recompute) -> str | None:
@@ -136,7 +136,7 @@ def _modules(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
         return (f"recompute_modules={s.recompute_modules!r} must be one of "
                 f"{', '.join(RecomputeModules)}")
     modules = s.recompute_modules.modules
-    if "mlp" in modules and m.is_moe:
+    if "mlp" in modules and m.is_moe and not m.has_dense_layers:
         # transformer_layer.py: recompute_mlp only `if not self.is_moe_layer`.
         return f"recompute_modules mlp acts on dense MLPs; every layer of {m.name} is MoE"
     if ("moe" in modules or "moe_act" in modules) and not m.is_moe:
@@ -251,6 +251,22 @@ def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
 
 
 # ---- memory --------------------------------------------------------------------------------
+
+
+def acting_layout(m: ModelSpec, s: Layout) -> Layout:
+    """`s` with the selective recompute modules that act on `m`'s layers (a model of one kind
+    of layer: ModelSpec.dense_layer_model or moe_layer_model of a mixed model) and no others:
+    `mlp` on dense layers only, `moe` and `moe_act` on MoE layers only (transformer_layer.py,
+    moe_layer.py), `layernorm` not where TE fuses both norms into the next GEMM (a dense
+    layer's, gpt_layer_specs.py). No module left: no recompute."""
+    if s.recompute != Recompute.SELECTIVE:
+        return s
+    drop = {"mlp"} if m.is_moe else {"moe", "moe_act"} | (
+        {"layernorm"} if s.impl == Impl.TE else set())
+    kept = [mod for mod in s.recompute_modules.modules if mod not in drop]
+    if not kept:
+        return replace(s, recompute=Recompute.NONE)
+    return replace(s, recompute_modules=RecomputeModules("+".join(kept)))
 
 
 def module_savings(acts: LayerActivations, modules: tuple[str, ...], *, seq: float, tp: int,

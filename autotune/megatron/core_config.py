@@ -150,6 +150,8 @@ def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
             kwargs["moe_shared_expert_intermediate_size"] = m.moe_shared_expert_intermediate_size
         if m.moe_shared_expert_gate:
             kwargs["moe_shared_expert_gate"] = True
+        if m.moe_layer_freq != 1:  # a tuple here (run keys); the worker passes a list
+            kwargs["moe_layer_freq"] = m.moe_layer_freq
     return kwargs
 
 

@@ -43,6 +43,7 @@ from autotune.levers.transformer_impl import (
     measured_as_exported,
 )
 from autotune.megatron.core_config import MOE_TOKEN_DISPATCHER
+from autotune.megatron.layer_pattern import format_layer_freq, parse_layer_freq
 from autotune.megatron.megatron_versions import MegatronVersion, running, spell_args
 from autotune.specs.elementwise import rope_fused
 from autotune.specs.model import ModelSpec
@@ -246,6 +247,8 @@ def _emit_moe(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
                  str(m.moe_shared_expert_intermediate_size)]
     if m.moe_shared_expert_gate:
         args.append("--moe-shared-expert-gate")
+    if m.moe_layer_freq != 1:
+        args += ["--moe-layer-freq", format_layer_freq(m.moe_layer_freq)]
     return args
 
 
@@ -258,7 +261,12 @@ def _read_moe(g: Given) -> dict[str, Any]:
             "moe_ffn_hidden_size": g.integer("--moe-ffn-hidden-size"),
             "moe_shared_expert_intermediate_size":
                 g.integer("--moe-shared-expert-intermediate-size") or None,
-            "moe_shared_expert_gate": g.has("--moe-shared-expert-gate")}
+            "moe_shared_expert_gate": g.has("--moe-shared-expert-gate"),
+            # Which layers are MoE: read, never evaluated (autotune.megatron.layer_pattern);
+            # without experts Megatron-LM builds no MoE layer whatever it says.
+            "moe_layer_freq": parse_layer_freq(freq, g.source)
+            if (freq := g.text("--moe-layer-freq")) is not None
+            and (g.integer("--num-experts") or 0) > 1 else 1}
 
 
 # ---- the layout ----------------------------------------------------------------------------
@@ -432,7 +440,8 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
     FlagRow(name="experts", part=Part.MODEL,
             flags=(Flag("--num-experts"), Flag("--moe-router-topk"),
                    Flag("--moe-ffn-hidden-size"), Flag("--moe-shared-expert-intermediate-size"),
-                   Flag("--moe-shared-expert-gate", takes_value=False)),
+                   Flag("--moe-shared-expert-gate", takes_value=False),
+                   Flag("--moe-layer-freq")),
             emit=_emit_moe, read=_read_moe),
     # The parallel layout.
     value("--tensor-model-parallel-size", "tp", Part.LAYOUT, default=1),
@@ -575,7 +584,7 @@ class Unrepresented:
 
 
 UNREPRESENTED_FLAGS: dict[str, Unrepresented] = {
-    # hf_config refuses the same shapes in a config.json (sliding_window, mlp_only_layers):
+    # hf_config refuses the same shapes in a config.json (sliding_window in use):
     # a Megatron-LM command must not get further with them.
     "--window-size": Unrepresented("sliding-window attention", _one_value(_full_window)),
     "--window-attn-skip-freq": Unrepresented("sliding-window attention on some layers"),
@@ -585,8 +594,6 @@ UNREPRESENTED_FLAGS: dict[str, Unrepresented] = {
         "another RoPE type than the attention's default (MLA: yarn, else rope)",
         _one_value(lambda v, m: v == ("yarn" if m.multi_latent_attention else "rope"))),
     "--experimental-attention-variant": Unrepresented("an attention variant of its own"),
-    "--moe-layer-freq": Unrepresented(
-        "dense layers among the MoE layers", _one_value(lambda v, m: v == "1")),
     "--moe-latent-size": Unrepresented("MoE experts in a latent space"),
     "--mtp-num-layers": Unrepresented(
         "multi-token prediction layers", _one_value(lambda v, m: _integer(v) == 0)),

@@ -20,12 +20,13 @@ trials from them.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from autotune.layouts.layout import Layout
 from autotune.levers import LEVERS, LeverConstants
 from autotune.levers.base import CostState, StageState
-from autotune.levers.pipeline_split import even_layers
+from autotune.levers.pipeline_split import even_layers, stage_layer_kinds
+from autotune.levers.recompute import acting_layout
 from autotune.predict.memory import MAIN_GRAD_BYTES, PARAM_BYTES, stage_linear_params, stage_params
 from autotune.specs.activations import layer_activations, layer_bytes
 from autotune.specs.elementwise import layer_elementwise_bytes
@@ -376,20 +377,99 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     """Predicted step time and throughput of `layout` for `model` on `cluster`."""
     prm = params or DEFAULT_COST_PARAMS
     s = layout
+    state = _cost_state(model, s, cluster, prm)
+    if model.has_dense_layers:
+        # Dense layers among the MoE layers: each stage's time from its layers of each kind,
+        # priced as a model of that kind alone prices them (_mixed_stage_time); the step's
+        # pipeline, data-parallel and optimizer terms are the whole model's.
+        dense_model, moe_model = model.dense_layer_model, model.moe_layer_model
+        dense_s, moe_s = acting_layout(dense_model, s), acting_layout(moe_model, s)
+        dense_times, pp_mb = _stage_times(dense_model, dense_s, cluster, prm,
+                                          _cost_state(dense_model, dense_s, cluster, prm))
+        moe_times, _ = _stage_times(moe_model, moe_s, cluster, prm,
+                                    _cost_state(moe_model, moe_s, cluster, prm))
+        per_stage = [_mixed_stage_time(d, e, *kinds) for d, e, kinds in
+                     zip(dense_times, moe_times, stage_layer_kinds(s, model), strict=True)]
+    else:
+        per_stage, pp_mb = _stage_times(model, s, cluster, prm, state)
     fl = _flops(model)
     gpu = cluster.gpu
     hbm = (prm.hbm_bytes_per_s or gpu.hbm_bytes_per_s) * prm.hbm_efficiency
     peak = gpu.peak_bf16_flops
-    h, t, m = model.hidden_size, s.tp, s.num_microbatches
-    seq = model.seq_length / s.cp
-    tokens = s.mbs * seq  # local tokens of one micro-batch
-    tsp = t if s.sequence_parallel else 1
-    # The terms the levers change, each lever in registry order (autotune.levers).
+    m = s.num_microbatches
+    counts = state.stage_layers
+    pace = max(per_stage, key=lambda st: st.total)
+    compute_mb, tp_mb, cp_mb, ep_mb = pace.compute, pace.tp, pace.cp, pace.ep
+    launch_mb, mb_s = pace.launch, pace.total
+    # Stages run in lock-step at the pace of the slowest (the last one, with the logits, unless
+    # an uneven split moved layers off it): m slots of it, plus Narayanan et al. 2021's bubble
+    # of (p - 1)/v slots (Section 2.2.2). An uneven split pays or gains through that slot.
+    bubble_s = (s.pp - 1) / s.vpp * mb_s
+
+    dp_s = _dp_exposed(model, s, cluster, prm, state, bwd_window_s=mb_s * 2 / 3,
+                       fwd_window_s=mb_s / 3)
+    # Adam over the local shard is memory-bound (megatron/core/optimizer: one fused pass); a
+    # lever may move part of it off the GPU (optimizer_host_s_per_param).
+    dense, expert = _largest_stage(model, s, counts)
+    shard = dense / state.dense_shard + expert / state.expert_shard
+    optimizer_s = shard * state.optimizer_bytes_per_param / hbm \
+        + shard * state.optimizer_host_s_per_param
+    # A lever's once-a-step pass over the stage's GEMM weights (FP8's weight casts), with the
+    # optimizer's time: both run outside the pipeline's micro-batches.
+    if state.linear_weight_pass_bytes:
+        optimizer_s += _busiest_linear(model, s, counts) * state.linear_weight_pass_bytes / hbm
+    step = m * mb_s + bubble_s + dp_s + optimizer_s + prm.step_overhead_s
+    tokens_per_s = s.gbs * model.seq_length / step
+    world = s.world_size
+    tflops = fl.model_per_token * tokens_per_s / world / 1e12
+    return CostEstimate(compute_s=m * compute_mb, tp_comm_s=m * tp_mb, cp_comm_s=m * cp_mb,
+                        ep_comm_s=m * ep_mb, pp_comm_s=m * pp_mb, dp_comm_s=dp_s,
+                        offload_s=m * pace.offload,
+                        bubble_s=bubble_s, optimizer_s=optimizer_s,
+                        overhead_s=prm.step_overhead_s, launch_s=m * launch_mb,
+                        step_time_s=step,
+                        tokens_per_s=tokens_per_s, tflops_per_gpu=tflops,
+                        mfu=tflops * 1e12 / peak)
+
+
+
+
+def _cost_state(model: ModelSpec, s: Layout, cluster: ClusterSpec,
+                prm: CostParams) -> CostState:
+    """The terms the levers change, each lever in registry order (autotune.levers)."""
     state = CostState(optimizer_bytes_per_param=prm.optimizer_bytes_per_param,
                       main_grad_bytes=MAIN_GRAD_BYTES,
                       linear_gather_bytes=PARAM_BYTES, stage_layers=even_layers(s, model))
     for term in _COST_TERMS:
         state = term(model, s, cluster, prm, state)
+    return state
+
+
+def _mixed_stage_time(dense: _StageTime, moe: _StageTime, dense_layers: int,
+                      moe_layers: int) -> _StageTime:
+    """A stage of `dense_layers` dense and `moe_layers` MoE layers, from the same stage of a
+    model of each kind alone: every term is the stage's fixed part (logits, pipeline
+    transfers: the same in both) plus its layers' sum, so the layer-weighted mean is exact
+    where a term is linear in its layers; FP8's host floor (a max over the stage) and CP's
+    exposed ring host time are taken as the same mean."""
+    n = dense_layers + moe_layers
+    a, b = (dense_layers / n, moe_layers / n) if n else (0.5, 0.5)
+    return _StageTime(**{f.name: a * getattr(dense, f.name) + b * getattr(moe, f.name)
+                         for f in fields(_StageTime)})
+
+
+def _stage_times(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostParams,
+                 state: CostState) -> tuple[list[_StageTime], float]:
+    """Each pipeline stage's time for one micro-batch (forward, backward, what the levers add),
+    first to last, and the pipeline transfer time per micro-batch."""
+    fl = _flops(model)
+    gpu = cluster.gpu
+    hbm = (prm.hbm_bytes_per_s or gpu.hbm_bytes_per_s) * prm.hbm_efficiency
+    peak = gpu.peak_bf16_flops
+    h, t = model.hidden_size, s.tp
+    seq = model.seq_length / s.cp
+    tokens = s.mbs * seq  # local tokens of one micro-batch
+    tsp = t if s.sequence_parallel else 1
 
     # --- one layer, one micro-batch, one forward pass (backward = 2 forwards) ---
     # The GEMMs' rate (FLOP/s): measured per GEMM shape where the GPU was swept, the datasheet
@@ -497,38 +577,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
         times[key] = _stage_time(s, prm, state, stage, logits_s=logits_s if key[1] else 0.0,
                                  pp_s=pp_mb, module_host_s=module_host_s)
     per_stage = [times[(n, i == s.pp - 1)] for i, n in enumerate(counts)]
-    pace = max(per_stage, key=lambda st: st.total)
-    compute_mb, tp_mb, cp_mb, ep_mb = pace.compute, pace.tp, pace.cp, pace.ep
-    launch_mb, mb_s = pace.launch, pace.total
-    # Stages run in lock-step at the pace of the slowest (the last one, with the logits, unless
-    # an uneven split moved layers off it): m slots of it, plus Narayanan et al. 2021's bubble
-    # of (p - 1)/v slots (Section 2.2.2). An uneven split pays or gains through that slot.
-    bubble_s = (s.pp - 1) / s.vpp * mb_s
-
-    dp_s = _dp_exposed(model, s, cluster, prm, state, bwd_window_s=mb_s * 2 / 3,
-                       fwd_window_s=mb_s / 3)
-    # Adam over the local shard is memory-bound (megatron/core/optimizer: one fused pass); a
-    # lever may move part of it off the GPU (optimizer_host_s_per_param).
-    dense, expert = _largest_stage(model, s, counts)
-    shard = dense / state.dense_shard + expert / state.expert_shard
-    optimizer_s = shard * state.optimizer_bytes_per_param / hbm \
-        + shard * state.optimizer_host_s_per_param
-    # A lever's once-a-step pass over the stage's GEMM weights (FP8's weight casts), with the
-    # optimizer's time: both run outside the pipeline's micro-batches.
-    if state.linear_weight_pass_bytes:
-        optimizer_s += _busiest_linear(model, s, counts) * state.linear_weight_pass_bytes / hbm
-    step = m * mb_s + bubble_s + dp_s + optimizer_s + prm.step_overhead_s
-    tokens_per_s = s.gbs * model.seq_length / step
-    world = s.world_size
-    tflops = fl.model_per_token * tokens_per_s / world / 1e12
-    return CostEstimate(compute_s=m * compute_mb, tp_comm_s=m * tp_mb, cp_comm_s=m * cp_mb,
-                        ep_comm_s=m * ep_mb, pp_comm_s=m * pp_mb, dp_comm_s=dp_s,
-                        offload_s=m * pace.offload,
-                        bubble_s=bubble_s, optimizer_s=optimizer_s,
-                        overhead_s=prm.step_overhead_s, launch_s=m * launch_mb,
-                        step_time_s=step,
-                        tokens_per_s=tokens_per_s, tflops_per_gpu=tflops,
-                        mfu=tflops * 1e12 / peak)
+    return per_stage, pp_mb
 
 
 _COST_TERMS = tuple(lever.cost for lever in LEVERS if lever.cost is not None)

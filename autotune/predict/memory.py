@@ -13,13 +13,14 @@ arithmetic.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 
 from autotune.layouts.layout import DIMENSIONS, Layout, stage_layers
 from autotune.levers import LEVERS
 from autotune.levers.base import ActivationState, MemoryState
-from autotune.levers.pipeline_split import even_layers
+from autotune.levers.pipeline_split import even_layers, stage_layer_kinds
+from autotune.levers.recompute import acting_layout
 from autotune.specs.activations import (
     LayerActivations,
     inflight_microbatches,
@@ -291,8 +292,20 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int,
     layers (the pipeline split's stage_layers when None)."""
     if layers is None:
         layers = stage_layers(layout, model)[stage]
+    if model.has_dense_layers:
+        a, b = _kind_shares(model, layout, stage)
+        dense = stage_params(model.dense_layer_model, layout, stage, layers)
+        moe = stage_params(model.moe_layer_model, layout, stage, layers)
+        return a * dense[0] + b * moe[0], a * dense[1] + b * moe[1]
     return _stage_params(_param_counts(model, layout.tp, layout.ep, layout.pp), layers, stage,
                          layout.pp)
+
+
+def _kind_shares(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, float]:
+    """The shares of dense and MoE layers among pipeline stage `stage`'s layers."""
+    dense, moe = stage_layer_kinds(layout, model)[stage]
+    n = dense + moe
+    return (dense / n, moe / n) if n else (0.5, 0.5)
 
 
 def _stage_params(counts: _Params, layers: int, stage: int, pp: int) -> tuple[float, float]:
@@ -308,9 +321,13 @@ def stage_linear_params(model: ModelSpec, layout: Layout, stage: int,
                         layers: int | None = None) -> float:
     """The weights of the transformer layers' GEMMs on one rank of pipeline stage `stage`
     (dense and expert): what Transformer Engine casts to FP8 (autotune.levers.fp8)."""
-    counts = _param_counts(model, layout.tp, layout.ep, layout.pp)
     if layers is None:
         layers = stage_layers(layout, model)[stage]
+    if model.has_dense_layers:
+        a, b = _kind_shares(model, layout, stage)
+        return (a * stage_linear_params(model.dense_layer_model, layout, stage, layers)
+                + b * stage_linear_params(model.moe_layer_model, layout, stage, layers))
+    counts = _param_counts(model, layout.tp, layout.ep, layout.pp)
     return layers * counts.layer_linear
 
 
@@ -470,6 +487,8 @@ def estimate_memory(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     in-flight counts fall with the stage index) and pp - 1 (output layer, logits, loss).
     """
     mp = params or DEFAULT_MEMORY_PARAMS
+    if model.has_dense_layers:
+        return _mixed_estimate(model, layout, cluster, mp)
     pp = layout.pp
     indices = (0,) if pp == 1 else (0, 1) if pp == 2 else (0, 1, pp - 1)
     states = _model_states(model, layout)
@@ -482,3 +501,31 @@ def estimate_memory(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
                           usable_bytes=cluster.gpu.usable_bytes,
                           host_memory_bytes=cluster.host_memory_bytes,
                           ranks_per_node=min(cluster.gpus_per_node, cluster.num_gpus))
+
+
+def _mixed_estimate(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
+                    mp: MemoryParams) -> MemoryEstimate:
+    """Dense layers among the MoE layers (ModelSpec.moe_layer_freq): each stage from its layers
+    of each kind, as a model of that kind alone has them on that stage. A stage's weights,
+    gradients, optimizer state and stored activations are its fixed part (embedding, output
+    layer, logits: the same in both) plus its layers' sum, so the layer-weighted mean is exact
+    for them; the recompute workspace, the overhead and the largest block are taken as the
+    same mean (the layers' kinds within a chunk, which full recompute's block method and
+    offloading see, are not told apart)."""
+    dense_model, moe_model = model.dense_layer_model, model.moe_layer_model
+    dense = estimate_memory(dense_model, acting_layout(dense_model, layout), cluster, mp)
+    moe = estimate_memory(moe_model, acting_layout(moe_model, layout), cluster, mp)
+    kinds = stage_layer_kinds(layout, model)
+    stages = tuple(_mixed_stage(d, e, *kinds[d.stage])
+                   for d, e in zip(dense.stages, moe.stages, strict=True))
+    peak = max(stages, key=lambda st: st.total_bytes)
+    return replace(moe, stages=stages, peak_stage=peak.stage, peak_bytes=peak.total_bytes)
+
+
+def _mixed_stage(dense: StageMemory, moe: StageMemory, dense_layers: int,
+                 moe_layers: int) -> StageMemory:
+    n = dense_layers + moe_layers
+    a, b = (dense_layers / n, moe_layers / n) if n else (0.5, 0.5)
+    return StageMemory(stage=dense.stage, **{
+        f.name: a * getattr(dense, f.name) + b * getattr(moe, f.name)
+        for f in fields(StageMemory) if f.name != "stage"})

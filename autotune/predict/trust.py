@@ -82,6 +82,11 @@ def outside_range(model: ModelSpec, cluster: ClusterSpec,
         # dense layer, +34% on its MoE layer; peak allocated within 1%).
         notes.append("Multi-Latent Attention measured on one model's layers only (step time "
                      "within 11% there, 34% with MoE)")
+    if model.has_dense_layers:
+        # Priced per kind of layer from the two kinds' own terms (autotune.predict.memory
+        # _mixed_estimate, autotune.predict.cost _mixed_stage_time); counted against
+        # megatron-core on CPU, never run on a GPU.
+        notes.append("dense layers among MoE layers never run on a GPU")
     return notes
 
 

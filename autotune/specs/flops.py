@@ -78,11 +78,23 @@ def _layer_forward_flops_per_token(model: ModelSpec) -> tuple[float, float]:
     return float(_attention_forward_flops_per_token(model) + mlp), float(core)
 
 
+def _all_layers_forward(model: ModelSpec) -> tuple[float, float]:
+    """(matrix-multiply, core-attention) forward FLOPs per token of all the layers: with dense
+    layers among the MoE layers (ModelSpec.moe_layer_freq), each kind's times its count."""
+    if not model.has_dense_layers:
+        mats, core = _layer_forward_flops_per_token(model)
+        return model.num_layers * mats, model.num_layers * core
+    dense, moe = model.layer_kinds(0, model.num_layers)
+    dense_mats, dense_core = _layer_forward_flops_per_token(model.dense_layer_model)
+    moe_mats, moe_core = _layer_forward_flops_per_token(model.moe_layer_model)
+    return dense * dense_mats + moe * moe_mats, dense * dense_core + moe * moe_core
+
+
 def forward_flops_per_token(model: ModelSpec) -> float:
     """Forward FLOPs per token: all layers plus the output logits (2 h V)."""
-    mats, core = _layer_forward_flops_per_token(model)
+    mats, core = _all_layers_forward(model)
     logits = 2 * model.hidden_size * model.vocab_size
-    return model.num_layers * (mats + core) + logits
+    return mats + core + logits
 
 
 def model_flops_per_token(model: ModelSpec) -> float:
@@ -100,12 +112,12 @@ def hardware_flops_per_token(model: ModelSpec, recompute: str = "none") -> float
     Full recompute repeats every layer's forward (eq. 3's 96 instead of 72); selective
     recompute repeats only core attention (Korthikanti et al. 2022, Section 5).
     """
-    mats, core = _layer_forward_flops_per_token(model)
+    mats, core = _all_layers_forward(model)
     extra = 0.0
     if recompute == "full":
-        extra = model.num_layers * (mats + core)
+        extra = mats + core
     elif recompute == "selective":
-        extra = model.num_layers * core
+        extra = core
     return model_flops_per_token(model) + extra
 
 

@@ -7,14 +7,14 @@ transformers' defaults where a key may be absent (transformers' configuration_<m
 each architecture). What autotune's models cannot represent is refused in one line rather than
 approximated silently: an unknown architecture, a known one that needs modelling autotune
 lacks (UNMAPPED: soft-capping, parallel attention and MLP, post-norms, ...), a sequence longer
-than the window of sliding-window attention in use (the sequence defaults to the window), dense
-layers among the MoE layers (DeepSeek's first_k_dense_replace). Qwen2's QKV bias, Qwen3's QK
-norm, Qwen2-MoE's gated shared expert, DeepSeek's Multi-Latent Attention and Nemotron's squared
-ReLU, LayerNorm 1p and partial RoPE are part of the model (ModelSpec.add_qkv_bias, qk_layernorm,
-moe_shared_expert_intermediate_size, multi_latent_attention, activation, apply_layernorm_1p,
-rotary_percent); fields that do not change memory or step time (RoPE scaling, the checkpoint's
-dtype, Granite's multipliers) are noted, not refused; a dtype that is no torch dtype is refused,
-as transformers refuses it.
+than the window of sliding-window attention in use (the sequence defaults to the window).
+Dense layers among the MoE layers (DeepSeek's first_k_dense_replace, Qwen's mlp_only_layers),
+Qwen2's QKV bias, Qwen3's QK norm, Qwen2-MoE's gated shared expert, DeepSeek's Multi-Latent
+Attention and Nemotron's squared ReLU, LayerNorm 1p and partial RoPE are part of the model
+(ModelSpec.moe_layer_freq, add_qkv_bias, qk_layernorm, moe_shared_expert_intermediate_size,
+multi_latent_attention, activation, apply_layernorm_1p, rotary_percent); fields that do not
+change memory or step time (RoPE scaling, the checkpoint's dtype, Granite's multipliers) are
+noted, not refused; a dtype that is no torch dtype is refused, as transformers refuses it.
 """
 
 from __future__ import annotations
@@ -324,9 +324,18 @@ def _llama_like(c: _Config, kind: str) -> tuple[dict[str, Any], list[str]]:
             values.update(moe_shared_expert_intermediate_size=c.count(
                 "shared_expert_intermediate_size", shared_default),
                 moe_shared_expert_gate=True)
-        if c.get("mlp_only_layers") or c.count("decoder_sparse_step", 1) != 1:
-            raise c.refuse("dense layers among the MoE layers (mlp_only_layers, "
-                           "decoder_sparse_step) are not in autotune's models")
+        # transformers' Qwen2MoeDecoderLayer: layer i is sparse unless it is among
+        # mlp_only_layers, and when (i + 1) % decoder_sparse_step == 0; the others are dense
+        # MLPs of intermediate_size (ModelSpec.moe_layer_freq).
+        step = c.count("decoder_sparse_step", 1)
+        only = c.get("mlp_only_layers", [])
+        layers = c.count("num_hidden_layers")
+        if not isinstance(only, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers for i in only):
+            raise c.refuse(f"mlp_only_layers {shown(only)}: expected a list of layer indices "
+                           f"below num_hidden_layers {layers}")
+        values["moe_layer_freq"] = _layer_mask(
+            c, [i not in only and (i + 1) % step == 0 for i in range(layers)])
         values.update(num_experts=c.count(key, experts_default),
                       moe_topk=c.count("num_experts_per_tok", topk_default))
         if width_default is not None:
@@ -389,14 +398,16 @@ def _deepseek(c: _Config) -> tuple[dict[str, Any], list[str]]:
                      "qk_rope_head_dim part either way")
     experts = c.optional_count("n_routed_experts")
     if experts is not None:
-        dense = c.get("first_k_dense_replace", 0)
-        if dense:
-            raise c.refuse(f"first_k_dense_replace {shown(dense)}: the first layers are dense "
-                           "MLPs among the MoE layers (Megatron --moe-layer-freq), which "
-                           "autotune's models do not have yet")
-        if c.count("moe_layer_freq", 1) != 1:
-            raise c.refuse(f"moe_layer_freq {shown(c.get('moe_layer_freq'))}: dense layers "
-                           "among the MoE layers are not in autotune's models")
+        # transformers' DeepseekV2DecoderLayer: layer i is MoE from first_k_dense_replace on
+        # and when i % moe_layer_freq == 0; the others are dense MLPs of intermediate_size
+        # (ModelSpec.moe_layer_freq, Megatron --moe-layer-freq).
+        first = c.get("first_k_dense_replace", 0)
+        if first != 0:
+            first = c.count("first_k_dense_replace")
+        freq = c.count("moe_layer_freq", 1)
+        layers = values["num_layers"]
+        values["moe_layer_freq"] = _layer_mask(
+            c, [i >= first and i % freq == 0 for i in range(layers)])
         width = c.count("moe_intermediate_size")
         values.update(num_experts=experts, moe_topk=c.count("num_experts_per_tok"),
                       moe_ffn_hidden_size=width)
@@ -560,6 +571,17 @@ _MOE_DEFAULTS: dict[str, tuple[str, int, int, int | None, int | None]] = {
 for the expert count, num_experts_per_tok, moe_intermediate_size (None: the MLP's width) and
 shared_expert_intermediate_size (None: no shared expert), taken where the config leaves a key
 out: a config without them is that family's model, not a dense one."""
+
+
+def _layer_mask(c: _Config, moe: list[bool]) -> int | tuple[int, ...]:
+    """ModelSpec.moe_layer_freq of a config's MoE layers (1: every layer); refused in one line
+    when none is left."""
+    if all(moe):
+        return 1
+    if not any(moe):
+        raise c.refuse("no layer is an MoE layer (first_k_dense_replace, moe_layer_freq, "
+                       "mlp_only_layers or decoder_sparse_step leave none)")
+    return tuple(int(v) for v in moe)
 
 
 def _integral(c: _Config, key: str, default: int) -> int:

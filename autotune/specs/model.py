@@ -6,7 +6,7 @@ Read from a preset, a model YAML file or a Hugging Face config.json by autotune.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from autotune.errors import ConfigError
@@ -57,6 +57,13 @@ class ModelSpec:
     moe_shared_expert_gate: bool = False
     """The shared expert's output scaled by sigmoid(x . w) per token, w one hidden-wide vector
     (Megatron `--moe-shared-expert-gate`; Qwen2-MoE's shared_expert_gate)."""
+    moe_layer_freq: int | tuple[int, ...] = 1
+    """Which layers are MoE layers (Megatron `--moe-layer-freq`, megatron-core gpt_layer_specs.py
+    get_gpt_decoder_block_spec): an int N makes layer i an MoE layer when i % N == 0; a tuple
+    says 1 (MoE) or 0 (dense) per layer, as DeepSeek's and GLM-4.5's dense first layers. 1:
+    every layer (the default). A dense layer is the model's MLP of ffn_hidden_size; the
+    models price a mixed model's stages from its two kinds of layer (`dense_layer_model`,
+    `moe_layer_model`)."""
     gated_linear_unit: bool = False
     """SwiGLU-style MLP: three h x f matrices instead of two."""
     activation: str = "gelu"
@@ -139,6 +146,7 @@ class ModelSpec:
                 raise ConfigError(f"model {self.name}: {name} must be between 0 and 1, "
                                   f"got {value!r}")
         self._check_mla()
+        self._check_layer_freq()
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"model {self.name}: hidden_size={self.hidden_size} must be "
                               f"divisible by num_attention_heads={self.num_attention_heads}")
@@ -183,6 +191,35 @@ class ModelSpec:
             # shared_experts.py: `assert config.add_bias_linear == False`.
             raise ConfigError(f"model {self.name}: megatron-core's shared expert has no "
                               "biases: set add_bias_linear false (--disable-bias-linear)")
+
+    def _check_layer_freq(self) -> None:
+        """Megatron-LM's rules for --moe-layer-freq (arguments.py moe_freq_type; megatron-core
+        asserts the list's length), and one of autotune's: at least one MoE layer."""
+        freq = self.moe_layer_freq
+        if isinstance(freq, list):  # from JSON: hashable, as every field
+            freq = tuple(freq)
+            object.__setattr__(self, "moe_layer_freq", freq)
+        if isinstance(freq, bool) or not isinstance(freq, int | tuple):
+            raise ConfigError(f"model {self.name}: moe_layer_freq must be a positive integer or "
+                              f"a list of 0 and 1 per layer, got {freq!r}")
+        if freq == 1:
+            return
+        if not self.is_moe:
+            raise ConfigError(f"model {self.name}: moe_layer_freq={freq!r} needs num_experts "
+                              "above 1")
+        if isinstance(freq, int):
+            if not 1 <= freq <= self.num_layers:
+                raise ConfigError(f"model {self.name}: moe_layer_freq={freq} must be between 1 "
+                                  f"and num_layers={self.num_layers}")
+            return
+        if len(freq) != self.num_layers or any(
+                v not in (0, 1) or isinstance(v, bool) for v in freq):
+            raise ConfigError(f"model {self.name}: moe_layer_freq must give 0 (dense) or 1 (MoE) "
+                              f"for each of the {self.num_layers} layers, got {len(freq)} "
+                              "values")
+        if 1 not in freq:
+            raise ConfigError(f"model {self.name}: moe_layer_freq has no MoE layer (no 1): "
+                              "leave num_experts out for a dense model")
 
     def _check_mla(self) -> None:
         """megatron-core 0.16.1's rules for Multi-Latent Attention, each a one-line ConfigError."""
@@ -266,6 +303,39 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return bool(self.num_experts and self.num_experts > 1)
+
+    @property
+    def moe_layer_mask(self) -> tuple[bool, ...]:
+        """Per layer, whether it is an MoE layer (megatron-core get_gpt_decoder_block_spec's
+        moe_layer_pattern): none for a dense model."""
+        if not self.is_moe:
+            return (False,) * self.num_layers
+        freq = self.moe_layer_freq
+        if isinstance(freq, int):
+            return tuple(i % freq == 0 for i in range(self.num_layers))
+        return tuple(bool(v) for v in freq)
+
+    @property
+    def has_dense_layers(self) -> bool:
+        """Dense layers among the MoE layers (moe_layer_freq other than every layer)."""
+        return self.is_moe and not all(self.moe_layer_mask)
+
+    def layer_kinds(self, start: int, stop: int) -> tuple[int, int]:
+        """(dense, MoE) layers among layers start..stop - 1."""
+        moe = sum(self.moe_layer_mask[start:stop])
+        return stop - start - moe, moe
+
+    @property
+    def dense_layer_model(self) -> ModelSpec:
+        """A model whose every layer is one of this model's dense layers: no experts."""
+        return replace(self, num_experts=None, moe_topk=2, moe_ffn_hidden_size=None,
+                       moe_shared_expert_intermediate_size=None, moe_shared_expert_gate=False,
+                       moe_layer_freq=1)
+
+    @property
+    def moe_layer_model(self) -> ModelSpec:
+        """A model whose every layer is one of this model's MoE layers."""
+        return replace(self, moe_layer_freq=1)
 
     @property
     def max_positions(self) -> int:

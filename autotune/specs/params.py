@@ -11,7 +11,7 @@ to the parameter (tests/test_hf_config.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from autotune.errors import ConfigError
@@ -63,16 +63,29 @@ class ParameterCounts:
     expert_per_layer: int
     """All experts of one layer (0 for dense models)."""
     final_norm: int
+    dense_layers: int = 0
+    """Dense layers among the MoE layers (ModelSpec.moe_layer_freq); the per-layer counts above
+    are an MoE layer's."""
+    dense_layer_params: int = 0
+    """One such dense layer's parameters."""
 
     @property
     def total(self) -> int:
         per_layer = self.dense_per_layer + self.expert_per_layer
-        return self.embedding + self.output + self.final_norm + per_layer * self.num_layers
+        return (self.embedding + self.output + self.final_norm
+                + per_layer * (self.num_layers - self.dense_layers)
+                + self.dense_layer_params * self.dense_layers)
 
 
 @lru_cache(maxsize=256)
 def parameter_counts(model: ModelSpec) -> ParameterCounts:
     """Parameter counts of `model` at tp = 1."""
+    if model.has_dense_layers:
+        # Each kind of layer counted as a model of that kind alone counts it.
+        one = parameter_counts(model.dense_layer_model)
+        return replace(parameter_counts(model.moe_layer_model),
+                       dense_layers=model.layer_kinds(0, model.num_layers)[0],
+                       dense_layer_params=one.dense_per_layer + one.expert_per_layer)
     h = model.hidden_size
     bias = model.add_bias_linear
     kv = model.query_groups * model.head_dim

@@ -45,6 +45,8 @@ def _resolved(kwargs: dict[str, Any]) -> dict[str, Any]:
         out["activation_func"] = squared_relu
     elif "activation_func" in out:
         out["activation_func"] = _ACTIVATIONS[out["activation_func"]]
+    if isinstance(out.get("moe_layer_freq"), tuple):  # TransformerConfig's is a list
+        out["moe_layer_freq"] = list(out["moe_layer_freq"])
     if out.get("recompute_modules") is not None:
         # A tuple in core_config (hashable, for the run key); TransformerConfig's is a list.
         out["recompute_modules"] = list(out["recompute_modules"])
@@ -95,29 +97,51 @@ class _TorchNorm:
 
 
 def _layer_spec(spec: TrialSpec, config: Any, vp_stage: int | None) -> Any:
-    """The GPT layer spec for `layout.impl`, as a block spec for this pipeline chunk."""
-    from megatron.core.models.gpt import gpt_layer_specs
+    """The GPT layer spec for `layout.impl`, as a block spec for this pipeline chunk; with dense
+    layers among the MoE layers (ModelSpec.moe_layer_freq), each layer's own (megatron-core's
+    get_gpt_decoder_block_spec picks them the same way, by moe_layer_pattern)."""
     from megatron.core.transformer.transformer_block import (
+        LayerNormImpl,
         TransformerBlockSubmodules,
         get_num_layers_to_build,
     )
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     m, impl = spec.model, spec.layout.impl
-    experts = m.num_experts if m.is_moe else None
     if spec.layout.fp8 != "off" and impl != "te":
         # The layers' fp8_autocast (megatron-core fp8_utils.get_fp8_context) reaches TE's
         # modules only: a local spec would train in bf16 and be measured as FP8.
         raise RuntimeError(f"fp8={spec.layout.fp8} needs impl=te (Transformer Engine's "
                            f"spec), got impl={impl}")
+    if impl not in ("local", "sdpa", "te"):
+        raise ValueError(f"unknown impl {impl!r}")
+    if impl == "te" and not te_available():
+        raise RuntimeError("impl=te needs transformer-engine (pip install "
+                           "'autotune[te]', best inside an NGC PyTorch image)")
+    moe_layer = _kind_layer_spec(spec, m.num_experts if m.is_moe else None)
+    if impl == "te" and not m.has_dense_layers:
+        return moe_layer
+    n = get_num_layers_to_build(config, vp_stage=vp_stage)
+    layers = [moe_layer] * n
+    if m.has_dense_layers:
+        dense_layer = _kind_layer_spec(spec, None)
+        offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+        mask = m.moe_layer_mask
+        layers = [moe_layer if mask[offset + j] else dense_layer for j in range(n)]
+    return TransformerBlockSubmodules(layer_specs=layers,
+                                      layer_norm=LayerNormImpl if impl == "te" else _TorchNorm)
+
+
+def _kind_layer_spec(spec: TrialSpec, experts: int | None) -> Any:
+    """The layer spec of `spec`'s implementation for a layer with `experts` experts (None: a
+    dense MLP)."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    m, impl = spec.model, spec.layout.impl
     if impl == "te":
-        if not te_available():
-            raise RuntimeError("impl=te needs transformer-engine (pip install "
-                               "'autotune[te]', best inside an NGC PyTorch image)")
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=experts, moe_grouped_gemm=bool(experts), qk_layernorm=m.qk_layernorm,
             multi_latent_attention=m.multi_latent_attention)
-    if impl not in ("local", "sdpa"):
-        raise ValueError(f"unknown impl {impl!r}")
     # With MLA, megatron-core's MLASelfAttention: column-parallel down and up projections
     # (multi_latent_attention.py gathers the down projections' outputs), latent norms with
     # qk_layernorm.
@@ -144,8 +168,7 @@ def _layer_spec(spec: TrialSpec, config: Any, vp_stage: int | None) -> Any:
         attention.core_attention = SdpaAttention
         if not m.multi_latent_attention:  # MLA's projections have no bias to fold in
             attention.linear_qkv = BiasInGemmColumnParallelLinear
-    n = get_num_layers_to_build(config, vp_stage=vp_stage)
-    return TransformerBlockSubmodules(layer_specs=[layer] * n, layer_norm=_TorchNorm)
+    return layer
 
 
 def build_model(spec: TrialSpec, config: Any) -> list[Any]:
