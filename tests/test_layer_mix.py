@@ -168,3 +168,16 @@ def test_the_trust_line_says_so() -> None:
     assert "dense layers among MoE layers never run on a GPU" in outside_range(
         FIRST_DENSE, CLUSTER)
     assert "dense layers among MoE layers never run on a GPU" not in outside_range(MOE, CLUSTER)
+
+
+def test_fp8_checks_both_kinds_of_layer() -> None:
+    """TE's FP8 dimension rule reads a dense layer's MLP too: a dense width TE cannot run in
+    FP8 is refused on a mixed model, though every MoE layer's GEMMs could."""
+    from autotune.levers.fp8 import LEVER
+
+    odd = dataclasses.replace(FIRST_DENSE, ffn_hidden_size=4100)
+    layout = Layout(fp8="hybrid", impl="te", gbs=64)
+    rule = next(r for r in LEVER.rules if r.name == "fp8_dims")
+    assert rule.check(layout, FIRST_DENSE, CLUSTER) is None
+    assert "dense layers' fc2 GEMM's input features divisible by 16" in (
+        rule.check(layout, odd, CLUSTER) or "")

@@ -456,13 +456,17 @@ def _dims(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # check their input before the all-gather (tokens / tp).
     if not _on(s):
         return None
-    for name, features, rows in gemm_dims(m, s):
-        if features % 16:
-            return (f"fp8 needs the {name} GEMM's input features divisible by 16 (Transformer "
-                    f"Engine), got {features} with tp={s.tp}")
-        if rows % 8:
-            return (f"fp8 needs the {name} GEMM's weight rows divisible by 8 (Transformer "
-                    f"Engine), got {rows} with tp={s.tp}")
+    # With dense layers among the MoE layers, both kinds' GEMMs (a dense layer's MLP too).
+    kinds = ((m.moe_layer_model, ""), (m.dense_layer_model, "dense layers' ")) \
+        if m.has_dense_layers else ((m, ""),)
+    for kind, which in kinds:
+        for name, features, rows in gemm_dims(kind, s):
+            if features % 16:
+                return (f"fp8 needs the {which}{name} GEMM's input features divisible by 16 "
+                        f"(Transformer Engine), got {features} with tp={s.tp}")
+            if rows % 8:
+                return (f"fp8 needs the {which}{name} GEMM's weight rows divisible by 8 "
+                        f"(Transformer Engine), got {rows} with tp={s.tp}")
     tokens = s.mbs * m.seq_length // s.cp
     local = tokens // s.tp if s.sequence_parallel else tokens
     if local % 8:
