@@ -6,6 +6,7 @@ Read from a preset, a model YAML file or a Hugging Face config.json by autotune.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -328,14 +329,12 @@ class ModelSpec:
     @property
     def dense_layer_model(self) -> ModelSpec:
         """A model whose every layer is one of this model's dense layers: no experts."""
-        return replace(self, num_experts=None, moe_topk=2, moe_ffn_hidden_size=None,
-                       moe_shared_expert_intermediate_size=None, moe_shared_expert_gate=False,
-                       moe_layer_freq=1)
+        return _dense_layer_model(self)
 
     @property
     def moe_layer_model(self) -> ModelSpec:
         """A model whose every layer is one of this model's MoE layers."""
-        return replace(self, moe_layer_freq=1)
+        return _moe_layer_model(self)
 
     @property
     def max_positions(self) -> int:
@@ -360,6 +359,19 @@ class ModelSpec:
                               "autotune's models and export have full causal attention only, "
                               f"the same up to the window: pass --seq-len {window} or less")
         return model
+
+
+@functools.lru_cache(maxsize=256)
+def _dense_layer_model(model: ModelSpec) -> ModelSpec:
+    # Cached: the models price a mixed model's stages from it on every estimate.
+    return replace(model, num_experts=None, moe_topk=2, moe_ffn_hidden_size=None,
+                   moe_shared_expert_intermediate_size=None, moe_shared_expert_gate=False,
+                   moe_layer_freq=1)
+
+
+@functools.lru_cache(maxsize=256)
+def _moe_layer_model(model: ModelSpec) -> ModelSpec:
+    return replace(model, moe_layer_freq=1)
 
 
 def padded_vocab_size(model: ModelSpec, tp: int = 1) -> int:
