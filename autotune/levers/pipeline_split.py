@@ -21,9 +21,10 @@ run with both (Megatron-Bridge recipes/llama/llama3.py): autotune takes them tog
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotune.dimensions import dimension, flag_label, unless_default
 from autotune.errors import ConfigError
@@ -31,13 +32,17 @@ from autotune.levers.base import CostState, Derivable, Lever, MemoryState, Rule,
 from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions, value
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from autotune.layouts.layout import Layout
     from autotune.predict.cost import CostParams
     from autotune.specs.hardware import ClusterSpec
     from autotune.specs.model import ModelSpec
 
+_T = TypeVar("_T", bound="DataclassInstance")
+
 __all__ = ["LEVER", "Fields", "chunk_layers", "chunk_sizes", "common_divisors", "even_layers",
-           "split_slots", "stage_layer_kinds", "stage_layers"]
+           "mix_kinds", "split_slots", "stage_kind_shares", "stage_layer_kinds", "stage_layers"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +115,7 @@ def chunk_sizes(s: Layout, m: ModelSpec) -> tuple[tuple[int, ...], ...]:
     return tuple((n // s.vpp,) * s.vpp for n in stage_layers(s, m))
 
 
+@functools.lru_cache(maxsize=4096)
 def stage_layer_kinds(s: Layout, m: ModelSpec) -> tuple[tuple[int, int], ...]:
     """(dense, MoE) transformer layers on each pipeline rank. Model chunks hold consecutive
     layers in the order virtual stage by virtual stage, rank by rank within one (megatron-core
@@ -124,6 +130,25 @@ def stage_layer_kinds(s: Layout, m: ModelSpec) -> tuple[tuple[int, int], ...]:
             kinds[i][1] += moe
             start += sizes[i][v]
     return tuple((dense, moe) for dense, moe in kinds)
+
+
+def stage_kind_shares(s: Layout, m: ModelSpec, stage: int) -> tuple[float, float]:
+    """The shares of dense and MoE layers among pipeline stage `stage`'s layers (half each on
+    a stage without layers, whose terms are its fixed part alone, the same for both kinds)."""
+    dense, moe = stage_layer_kinds(s, m)[stage]
+    n = dense + moe
+    return (dense / n, moe / n) if n else (0.5, 0.5)
+
+
+def mix_kinds(dense: _T, moe: _T, shares: tuple[float, float], **same: Any) -> _T:
+    """A stage's terms (a dataclass of floats: memory's StageMemory, cost's per-stage times)
+    from the same stage of a model of each kind of layer alone, weighted by the stage's
+    `shares` of each kind; `same` the fields taken as they are. Each term is the stage's fixed
+    part (the same in both) plus its layers' sum, so the weighted mean is exact for a term
+    linear in the layers; the callers say which are not."""
+    a, b = shares
+    return type(dense)(**same, **{f.name: a * getattr(dense, f.name) + b * getattr(moe, f.name)
+                                  for f in fields(dense) if f.name not in same})
 
 
 def chunk_layers(s: Layout, m: ModelSpec) -> tuple[int, ...]:

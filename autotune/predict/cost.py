@@ -20,12 +20,12 @@ trials from them.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from autotune.layouts.layout import Layout
 from autotune.levers import LEVERS, LeverConstants
 from autotune.levers.base import CostState, StageState
-from autotune.levers.pipeline_split import even_layers, stage_layer_kinds
+from autotune.levers.pipeline_split import even_layers, mix_kinds, stage_kind_shares
 from autotune.levers.recompute import acting_layout
 from autotune.predict.memory import MAIN_GRAD_BYTES, PARAM_BYTES, stage_linear_params, stage_params
 from autotune.specs.activations import layer_activations, layer_bytes
@@ -380,16 +380,18 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     state = _cost_state(model, s, cluster, prm)
     if model.has_dense_layers:
         # Dense layers among the MoE layers: each stage's time from its layers of each kind,
-        # priced as a model of that kind alone prices them (_mixed_stage_time); the step's
-        # pipeline, data-parallel and optimizer terms are the whole model's.
+        # priced as a model of that kind alone prices them (pipeline_split.mix_kinds: exact
+        # where a term is linear in the stage's layers; FP8's host floor, a max over the stage,
+        # and CP's exposed ring host time are taken as the same mean); the step's pipeline,
+        # data-parallel and optimizer terms are the whole model's.
         dense_model, moe_model = model.dense_layer_model, model.moe_layer_model
         dense_s, moe_s = acting_layout(dense_model, s), acting_layout(moe_model, s)
         dense_times, pp_mb = _stage_times(dense_model, dense_s, cluster, prm,
                                           _cost_state(dense_model, dense_s, cluster, prm))
         moe_times, _ = _stage_times(moe_model, moe_s, cluster, prm,
                                     _cost_state(moe_model, moe_s, cluster, prm))
-        per_stage = [_mixed_stage_time(d, e, *kinds) for d, e, kinds in
-                     zip(dense_times, moe_times, stage_layer_kinds(s, model), strict=True)]
+        per_stage = [mix_kinds(d, e, stage_kind_shares(s, model, i))
+                     for i, (d, e) in enumerate(zip(dense_times, moe_times, strict=True))]
     else:
         per_stage, pp_mb = _stage_times(model, s, cluster, prm, state)
     fl = _flops(model)
@@ -443,19 +445,6 @@ def _cost_state(model: ModelSpec, s: Layout, cluster: ClusterSpec,
     for term in _COST_TERMS:
         state = term(model, s, cluster, prm, state)
     return state
-
-
-def _mixed_stage_time(dense: _StageTime, moe: _StageTime, dense_layers: int,
-                      moe_layers: int) -> _StageTime:
-    """A stage of `dense_layers` dense and `moe_layers` MoE layers, from the same stage of a
-    model of each kind alone: every term is the stage's fixed part (logits, pipeline
-    transfers: the same in both) plus its layers' sum, so the layer-weighted mean is exact
-    where a term is linear in its layers; FP8's host floor (a max over the stage) and CP's
-    exposed ring host time are taken as the same mean."""
-    n = dense_layers + moe_layers
-    a, b = (dense_layers / n, moe_layers / n) if n else (0.5, 0.5)
-    return _StageTime(**{f.name: a * getattr(dense, f.name) + b * getattr(moe, f.name)
-                         for f in fields(_StageTime)})
 
 
 def _stage_times(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostParams,

@@ -13,13 +13,13 @@ arithmetic.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from operator import attrgetter
 
 from autotune.layouts.layout import DIMENSIONS, Layout, stage_layers
 from autotune.levers import LEVERS
 from autotune.levers.base import ActivationState, MemoryState
-from autotune.levers.pipeline_split import even_layers, stage_layer_kinds
+from autotune.levers.pipeline_split import even_layers, mix_kinds, stage_kind_shares
 from autotune.levers.recompute import acting_layout
 from autotune.specs.activations import (
     LayerActivations,
@@ -293,19 +293,12 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int,
     if layers is None:
         layers = stage_layers(layout, model)[stage]
     if model.has_dense_layers:
-        a, b = _kind_shares(model, layout, stage)
+        a, b = stage_kind_shares(layout, model, stage)
         dense = stage_params(model.dense_layer_model, layout, stage, layers)
         moe = stage_params(model.moe_layer_model, layout, stage, layers)
         return a * dense[0] + b * moe[0], a * dense[1] + b * moe[1]
     return _stage_params(_param_counts(model, layout.tp, layout.ep, layout.pp), layers, stage,
                          layout.pp)
-
-
-def _kind_shares(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, float]:
-    """The shares of dense and MoE layers among pipeline stage `stage`'s layers."""
-    dense, moe = stage_layer_kinds(layout, model)[stage]
-    n = dense + moe
-    return (dense / n, moe / n) if n else (0.5, 0.5)
 
 
 def _stage_params(counts: _Params, layers: int, stage: int, pp: int) -> tuple[float, float]:
@@ -324,7 +317,7 @@ def stage_linear_params(model: ModelSpec, layout: Layout, stage: int,
     if layers is None:
         layers = stage_layers(layout, model)[stage]
     if model.has_dense_layers:
-        a, b = _kind_shares(model, layout, stage)
+        a, b = stage_kind_shares(layout, model, stage)
         return (a * stage_linear_params(model.dense_layer_model, layout, stage, layers)
                 + b * stage_linear_params(model.moe_layer_model, layout, stage, layers))
     counts = _param_counts(model, layout.tp, layout.ep, layout.pp)
@@ -515,17 +508,7 @@ def _mixed_estimate(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     dense_model, moe_model = model.dense_layer_model, model.moe_layer_model
     dense = estimate_memory(dense_model, acting_layout(dense_model, layout), cluster, mp)
     moe = estimate_memory(moe_model, acting_layout(moe_model, layout), cluster, mp)
-    kinds = stage_layer_kinds(layout, model)
-    stages = tuple(_mixed_stage(d, e, *kinds[d.stage])
+    stages = tuple(mix_kinds(d, e, stage_kind_shares(layout, model, d.stage), stage=d.stage)
                    for d, e in zip(dense.stages, moe.stages, strict=True))
     peak = max(stages, key=lambda st: st.total_bytes)
     return replace(moe, stages=stages, peak_stage=peak.stage, peak_bytes=peak.total_bytes)
-
-
-def _mixed_stage(dense: StageMemory, moe: StageMemory, dense_layers: int,
-                 moe_layers: int) -> StageMemory:
-    n = dense_layers + moe_layers
-    a, b = (dense_layers / n, moe_layers / n) if n else (0.5, 0.5)
-    return StageMemory(stage=dense.stage, **{
-        f.name: a * getattr(dense, f.name) + b * getattr(moe, f.name)
-        for f in fields(StageMemory) if f.name != "stage"})

@@ -84,7 +84,7 @@ def outside_range(model: ModelSpec, cluster: ClusterSpec,
                      "within 11% there, 34% with MoE)")
     if model.has_dense_layers:
         # Priced per kind of layer from the two kinds' own terms (autotune.predict.memory
-        # _mixed_estimate, autotune.predict.cost _mixed_stage_time); counted against
+        # _mixed_estimate and estimate_cost, through pipeline_split.mix_kinds); counted against
         # megatron-core on CPU, never run on a GPU.
         notes.append("dense layers among MoE layers never run on a GPU")
     return notes
