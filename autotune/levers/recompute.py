@@ -19,6 +19,7 @@ recomputed forward runs again (Section 5), with one checkpoint call per region.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -207,11 +208,12 @@ def _read(g: Given) -> dict[str, Any]:
             raise ConfigError(f"{g.source}: --recompute-modules {' '.join(unmodelled)}: "
                               "selective recompute of these modules is not in autotune's models "
                               f"(it models {', '.join(RECOMPUTE_MODULES)})")
-        # transformer_layer.py: `mlp` acts on dense layers only, `moe` and `moe_act` on MoE
-        # layers only; on a model without that kind of layer the module does nothing, as
-        # autotune's layouts leave it out (NVIDIA's DeepSeek-V3 script names mlp and moe).
+        # A module that acts on no layer of the model does nothing, as autotune's layouts leave
+        # it out (NVIDIA's DeepSeek-V3 script names mlp and moe).
         moe = (g.integer("--num-experts") or 0) > 1
-        acting = [m for m in given if m not in (("mlp",) if moe else ("moe", "moe_act"))]
+        freq = g.text("--moe-layer-freq")
+        dense = not moe or (freq is not None and freq.strip() != "1")
+        acting = _acting(given, dense_layers=dense, moe_layers=moe)
         if not acting:
             return {"recompute": "none"}  # nothing checkpointed: Megatron-LM's run is this one
         order = [m for m in RECOMPUTE_MODULES if m in acting]
@@ -253,6 +255,15 @@ def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
 # ---- memory --------------------------------------------------------------------------------
 
 
+def _acting(modules: Iterable[str], *, dense_layers: bool, moe_layers: bool) -> list[str]:
+    """The modules that act on some layer of a model with dense and/or MoE layers:
+    transformer_layer.py recomputes `mlp` only `if not self.is_moe_layer`; `moe` and `moe_act`
+    exist in MoE layers only (moe_layer.py, experts.py)."""
+    return [mod for mod in modules
+            if not (mod == "mlp" and not dense_layers)
+            and not (mod in ("moe", "moe_act") and not moe_layers)]
+
+
 def acting_layout(m: ModelSpec, s: Layout) -> Layout:
     """`s` with the selective recompute modules that act on `m`'s layers (a model of one kind
     of layer: ModelSpec.dense_layer_model or moe_layer_model of a mixed model) and no others:
@@ -261,9 +272,10 @@ def acting_layout(m: ModelSpec, s: Layout) -> Layout:
     layer's, gpt_layer_specs.py). No module left: no recompute."""
     if s.recompute != Recompute.SELECTIVE:
         return s
-    drop = {"mlp"} if m.is_moe else {"moe", "moe_act"} | (
-        {"layernorm"} if s.impl == Impl.TE else set())
-    kept = [mod for mod in s.recompute_modules.modules if mod not in drop]
+    kept = _acting(s.recompute_modules.modules, dense_layers=not m.is_moe,
+                   moe_layers=m.is_moe)
+    if s.impl == Impl.TE and not m.is_moe:
+        kept = [mod for mod in kept if mod != "layernorm"]
     if not kept:
         return replace(s, recompute=Recompute.NONE)
     return replace(s, recompute_modules=RecomputeModules("+".join(kept)))
