@@ -26,6 +26,7 @@ from autotune.levers import LEVERS, cross_entropy, recompute
 from autotune.levers.base import CONFIG_PARTS, CostState, Lever, contract_problems
 from autotune.levers.flags import FlagRow, Given, RunOptions
 from autotune.megatron.core_config import core_config
+from autotune.megatron.environment import run_environment
 from autotune.megatron.identity import run_key
 from autotune.megatron.megatron_args import exported_layout, megatron_lm_args
 from autotune.predict.cost import CostParams, estimate_cost
@@ -77,10 +78,13 @@ def _exported_args(model: ModelSpec, s: Layout) -> list[str]:
 
 def _differs(consumer: str, model: ModelSpec, cluster: ClusterSpec, a: Layout,
              b: Layout) -> bool:
+    # The run's environment (the allocator's option) reaches both: the exported script exports
+    # it, and the worker sets it for the trial (autotune.worker.run.configure_allocator).
+    env = run_environment(a) != run_environment(b)
     if consumer == "megatron-lm":
-        return _exported_args(model, a) != _exported_args(model, b)
+        return _exported_args(model, a) != _exported_args(model, b) or env
     if consumer == "worker":
-        return core_config(model, a).signature() != core_config(model, b).signature()
+        return core_config(model, a).signature() != core_config(model, b).signature() or env
     memory = estimate_memory(model, a, cluster) != estimate_memory(model, b, cluster)
     cost = (estimate_cost(model, a, cluster).step_time_s
             != estimate_cost(model, b, cluster).step_time_s)

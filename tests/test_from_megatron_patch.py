@@ -22,6 +22,7 @@ import pytest
 from autotune.cli import main
 from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout
+from autotune.levers.allocator import ALLOC_CONF_ENV
 from autotune.megatron.megatron_args import FLAG_TABLE, Part
 from autotune.megatron.megatron_command import (
     layout_changes,
@@ -129,13 +130,16 @@ def test_canaries_run_nothing(tmp_path: Path, study: Path, case: str,
 
 
 def _assert_only_layout_flags_differ(before: str, after: str) -> None:
-    """Every line difflib finds changed holds a layout flag, on both sides; lines without
-    one are the user's, byte for byte."""
+    """Every line difflib finds changed holds a layout flag, on both sides, or is an added
+    export of the run's environment (the allocator's); lines without one are the user's,
+    byte for byte."""
     changed = [line for line in difflib.unified_diff(before.splitlines(), after.splitlines(),
                                                      lineterm="", n=0)
                if line[:1] in "+-" and not line.startswith(("+++", "---"))]
     assert changed, "the study's best layout differs from the user's"
     for line in changed:
+        if re.fullmatch(rf"\+\s*export {ALLOC_CONF_ENV}=\S+", line):
+            continue
         assert set(re.findall(r"--[a-z0-9-]+", line)) & LAYOUT_FLAGS, line
 
 

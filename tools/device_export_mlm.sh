@@ -30,7 +30,7 @@ for m in ${CASES:-qwen1.5-moe-6l}; do
   if (( $(date +%s) - start > ${CALL_LIMIT_S:-560} - 120 )); then echo "$m skipped"; continue; fi
   bash tools/device_search.sh "$m" -- "tools/shapes/$m.yaml" --gpus 1 --sampler grid \
       --stop-rule none --stable-cv 0 --warmup-steps 3 --steps 6 \
-      --space tools/spaces/te-mbs4-1gpu.yaml > /dev/null
+      --space "${SPACE:-tools/spaces/te-mbs4-1gpu.yaml}" > /dev/null
   echo "$m worker done at $(elapsed)"; tail -2 "$r/$m.err"
   python3 -m autotune.cli export --study "$m" --results-dir "$r" --format megatron-lm \
       --megatron-lm "$mlm" --train-iters 12 -o "$r/$m-export.sh" || continue

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from autotune.levers import (
     activation_offload,
+    allocator,
     cross_entropy,
     distributed_optimizer,
     fp8,
@@ -53,13 +54,14 @@ LEVERS: tuple[Lever, ...] = (
     optimizer_offload.LEVER,
     fp8.LEVER,
     transformer_impl.LEVER,
+    allocator.LEVER,
 )
 """In the order the models apply their terms, and the validity rules of one level run (the
 pipeline split's before the core's vpp rules, autotune.layouts.layout.RULES)."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class LeverFields(transformer_impl.Fields, fp8.Fields, optimizer_offload.Fields,
+class LeverFields(allocator.Fields, transformer_impl.Fields, fp8.Fields, optimizer_offload.Fields,
                   grad_reduce.Fields, precision_optimizer.Fields, cross_entropy.Fields,
                   overlap.Fields, distributed_optimizer.Fields, activation_offload.Fields,
                   recompute.Fields, pipeline_split.Fields):

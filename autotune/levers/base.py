@@ -194,6 +194,10 @@ class MemoryState:
     stage_layers: tuple[int, ...] = ()
     """Transformer layers on each pipeline stage, first to last: an even split
     (autotune.levers.pipeline_split.even_layers) unless the pipeline split says otherwise."""
+    expandable_segments: bool = False
+    """The caching allocator runs expandable segments (autotune.levers.allocator): the reserve
+    beyond the allocated peak is MemoryParams.expandable_fragmentation's, not
+    .fragmentation's."""
 
 
 @dataclass(frozen=True, kw_only=True)  # no slots: evolve copies the __dict__
@@ -378,6 +382,12 @@ class Lever:
     flag_place: Place = Place.OPTIONS
     """Where its rows sit in autotune.megatron.megatron_args.FLAG_TABLE (and an exported
     command)."""
+    environment: Callable[[Layout], Mapping[str, str]] | None = None
+    """For a lever that is a setting of the run's environment, not a flag (the allocator's):
+    the variables the run must hold for the layout, which the exported scripts export and
+    the worker applies (autotune.megatron.environment)."""
+    read_environment: Callable[[Mapping[str, str]], Mapping[str, Any]] | None = None
+    """Its fields as a script's exported variables give them (`--from-megatron`)."""
     core_config: CoreConfigTerm
     memory: MemoryTerm | None
     activations: ActivationTerm | None = None
@@ -428,9 +438,14 @@ def contract_problems(lever: Lever) -> list[str]:
     names = lever.field_names
     if not names:
         problems.append(f"lever {lever.name} declares no Layout field")
-    if not lever.flag_rows:
+    if not lever.flag_rows and lever.environment is None:
         problems.append(f"lever {lever.name} declares no Megatron-LM flag row")
+    if (lever.environment is None) != (lever.read_environment is None):
+        problems.append(f"lever {lever.name}: an environment is written and read back, or "
+                        "neither")
     read_back = set()
+    if lever.read_environment is not None:
+        read_back |= set(lever.read_environment({}))
     for row in lever.flag_rows:
         if row.read is None:
             problems.append(f"lever {lever.name}: flag row {row.name} does not read back")
@@ -445,9 +460,9 @@ def contract_problems(lever: Lever) -> list[str]:
         problems.append(f"lever {lever.name} has no memory term and does not say why")
     if not cost and not lever.no_cost:
         problems.append(f"lever {lever.name} has no cost term and does not say why")
-    if memory and not cost:
-        problems.append(f"lever {lever.name} changes memory but not time: a saving is never "
-                        "free in the cost model")
+    if memory and not cost and not lever.no_cost:
+        problems.append(f"lever {lever.name} changes memory but not time and does not say "
+                        "why: a saving is never free in the cost model")
     if lever.seed == Seed.PRACTICE and lever.practice is None:
         problems.append(f"lever {lever.name} is practice in the seeds but names no value")
     for name, _ in lever.fallback:

@@ -34,6 +34,7 @@ from autotune.layouts.layout import (
 from autotune.levers import LEVERS, requirements
 from autotune.levers.base import satisfy
 from autotune.megatron.core_config import core_config
+from autotune.megatron.environment import run_environment
 from autotune.megatron.megatron_args import exported_layout, megatron_lm_args
 from autotune.specs.model import ModelSpec
 
@@ -75,11 +76,13 @@ SAME_RUN_RULES: tuple[SameRunRule, ...] = (
 
 def configuration(model: ModelSpec, layout: Layout) -> tuple[Any, ...]:
     """What Megatron receives for the layout: the worker's megatron-core configuration and the
-    exported command's Megatron-LM arguments, as one hashable value."""
+    exported command's Megatron-LM arguments and the run's environment (the allocator's), as one
+    hashable value."""
     # Megatron-LM has no impl sdpa; the export writes Transformer Engine's spec for it
     # (megatron_args.exported_layout), and the worker's layer spec keeps the two apart.
     args = megatron_lm_args(model, exported_layout(layout), mock_data=True)
-    return core_config(model, layout).signature(), tuple(args)
+    env = tuple(sorted(run_environment(layout).items()))
+    return core_config(model, layout).signature(), tuple(args), env
 
 
 _FIELDS = operator.attrgetter(*DIMENSIONS)

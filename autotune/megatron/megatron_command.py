@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from functools import cache
 from importlib import resources
@@ -26,6 +26,7 @@ from autotune.errors import ConfigError, MissingFlagError
 from autotune.inputs.untrusted import for_terminal
 from autotune.layouts.layout import DIMENSIONS, Layout, derive_dp
 from autotune.levers import LEVERS
+from autotune.megatron.environment import environment_fields, run_environment
 from autotune.megatron.launch_site import (
     NOT_RUN,
     Candidate,
@@ -673,6 +674,10 @@ def read_megatron_command(path: str, line: int | None = None,
     _refuse_unrepresented(groups, model, path)
     _refuse_bad_values(groups, path)
     layout_fields = {k: v for k, v in read.items() if k in DIMENSIONS}
+    # The levers set in the run's environment (the allocator's), as the script exports them
+    # and the command's own `NAME=value` prefixes override them; a value the script takes from
+    # its caller's environment is not known here and reads as unset.
+    layout_fields.update(environment_fields(_script_environment(command.exported, command.env)))
     per_node, nodes, why, launcher_env, nnodes_env = _launcher_gpus(launcher, path)
     sbatch = _sbatch(command, raw.decode("utf-8", errors="replace"))
     sbatch_nodes = _sbatch_nodes(nnodes_env, sbatch) if why is None else None
@@ -694,11 +699,24 @@ def read_megatron_command(path: str, line: int | None = None,
                            slurm_source=_slurm_source(command, slurm))
 
 
+def _script_environment(exported: Iterable[tuple[str, Word]],
+                        prefix: Iterable[tuple[str, Word]]) -> dict[str, str]:
+    """The variables a script exported before its launch command, then the command's own
+    `NAME=value` prefixes over them, with their values where the script spells them (one it
+    takes from its caller's environment is unknown here and left out)."""
+    return {name: word.text for name, word in (*exported, *prefix) if word.text is not None}
+
+
 def megatron_layout(command: MegatronCommand, gpus: int) -> Layout:
     """The command's layout on `gpus` GPUs (dp follows from them), not yet validated."""
     values = command.layout_fields
     dp = derive_dp(gpus, tp=values.get("tp", 1), pp=values.get("pp", 1), cp=values.get("cp", 1))
     return Layout(dp=dp, **values)
+
+
+ENV_ROW = "environment "
+"""RowChange.row's prefix for a variable of the run's environment (autotune.megatron.environment)
+rather than a row of the flag table."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -709,10 +727,18 @@ class RowChange:
     before: tuple[str, ...]
     after: tuple[str, ...]
 
+    @property
+    def variable(self) -> str | None:
+        """The environment variable the change sets (ENV_ROW), or None for flags."""
+        return self.row.removeprefix(ENV_ROW) if self.row.startswith(ENV_ROW) else None
+
     def describe(self) -> str:
         """The flags whose value changes (`--micro-batch-size 4 -> 8`), then those added and
         removed; a flag of the row that keeps its value is left out: a row groups flags (the
         batch's two sizes), and `--global-batch-size 256 -> 256` reads as a change."""
+        if self.variable is not None:
+            return (f"{self.variable}={self.before[0] if self.before else '(unset)'} -> "
+                    f"{self.variable}={self.after[0]}")
         before, after = flag_values(self.before), flag_values(self.after)
         changed = [f"{' '.join([flag, *before[flag]])} -> {' '.join(values) or '(no value)'}"
                    for flag, values in after.items()
@@ -757,4 +783,12 @@ def layout_changes(command: MegatronCommand, old: Layout, new: Layout) -> list[R
             before = ["--sequence-parallel"]
         if before != after:
             changes.append(RowChange(row.name, tuple(before), tuple(after)))
+    # The run's environment (the allocator's option): the option the new layout needs appended
+    # to what the script holds, where the two give different fields (the last option holds).
+    env = _script_environment(command.exported, command.env)
+    for name, option in run_environment(new).items():
+        held = env.get(name)
+        if environment_fields({name: held or ""}) != environment_fields({name: option}):
+            changes.append(RowChange(f"{ENV_ROW}{name}", () if held is None else (held,),
+                                     (f"{held},{option}" if held else option,)))
     return changes

@@ -536,6 +536,24 @@ def _insertion(script: Script, launch: Node, rows: list[list[str]]) -> _Edit:
                  "".join(f"{t} \\\n{pad}" for t in texts))
 
 
+def _export(command: MegatronCommand, change: RowChange) -> _Edit:
+    """`export NAME=value` on a line of its own before the launch command, at its indent: the
+    run's environment as the new layout needs it (autotune.megatron.environment). The value
+    is the script's own followed by the new option, quoted: nothing in it is run."""
+    name = change.variable
+    assert name is not None and command.site.node is not None
+    if any(n == name for n, _ in command.env):
+        raise ConfigError(f"{command.source}: line {command.line}: the launch command sets "
+                          f"{name} itself; change it by hand: {change.describe()}")
+    launch = command.site.node
+    data = command.parsed.data
+    line_start = data.rfind(b"\n", 0, launch.start_byte) + 1
+    lead = data[line_start:launch.start_byte]
+    indent = lead[:len(lead) - len(lead.lstrip(b" \t"))].decode()
+    return _Edit(line_start, line_start,
+                 f"{indent}export {name}={shlex.quote(change.after[0])}\n")
+
+
 def _current_values(command: MegatronCommand) -> dict[str, str]:
     """Each flag's value as the evaluator read it (the last occurrence, as argparse takes it)."""
     out: dict[str, str] = {}
@@ -646,9 +664,11 @@ def patch_script(command: MegatronCommand, new_layout: Layout,
     current = _current_values(command)
     new = exported_layout(new_layout)
     rows = {row.name: row for row in FLAG_TABLE}
-    edits: list[_Edit] = []
+    edits: list[_Edit] = [_export(command, c) for c in changes if c.variable is not None]
     added: list[list[str]] = []  # per row
     for change in changes:
+        if change.variable is not None:
+            continue
         row = rows[change.row]
         wanted = flag_values(row_args(row, command.model, new))
         added.append([])

@@ -76,7 +76,10 @@ over the usable memory by its peak alone, and their OOM messages (2.1-2.3 GiB re
 what `fragmentation` prices) do not need the block twice. Every OOM the margin alone predicts
 (gpt2-large mbs 32, the seed's two CP rows, gpt2-xl mbs 16 selective local) has no full
 recompute. Why the two differ is not measured (tests/test_memory_block_margin.py holds the
-cases); the gate runs a layout this rule alone rules out as a risk, not a verdict."""
+cases); the gate runs a layout this rule alone rules out as a risk, not a verdict.
+
+Not with expandable segments either (autotune.levers.allocator sets the margin to 0): the
+allocator unmaps cached free pages to map a block that finds no free piece."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,8 +106,16 @@ class MemoryParams:
     (max reserved - max allocated): 0.1 to 3 fp32 logits blocks, the same on an H100 and an
     H200 for one layout, but not monotonic in any size this model knows; a term of the logits
     block that narrows the gate's band over-predicts other layouts and puts some that ran over
-    the usable memory (results/benchmarks/2026-11-27-cpu-memory-reserve.md). The worker runs
-    the allocator's default segments (it sets no PYTORCH_CUDA_ALLOC_CONF)."""
+    the usable memory (results/benchmarks/2026-11-27-cpu-memory-reserve.md). The reserve of
+    the allocator's default segments: every trial of tests/data/measured_trials.json ran them;
+    a layout with expandable segments (autotune.levers.allocator) takes the next field's."""
+    expandable_fragmentation: float = 0.01
+    """The same reserve with expandable segments (autotune.levers.allocator), as a fraction of
+    the allocated peak. Measured on one H200 (results/benchmarks/2026-11-29-h200-allocator-s24.md,
+    tests/data/measured_allocator_trials.json): 0.2-0.9% on four layouts, 2.7% with the
+    precision-aware optimizer (its state made inside the first step), 1.7-2.3% for gpt2-xl
+    near the capacity (mbs 36, 38); the same layouts left 4.9-17% with the default
+    segments. Device memory is predicted within -1.8..+2.3% on the seven."""
 
 
 DEFAULT_MEMORY_PARAMS = MemoryParams()
@@ -444,7 +455,8 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams, states: Me
     # peak where it outweighs the micro-batches' memory, freed by then; shown as workspace.
     workspace = max(workspace, step - activations - logits)
     allocated = weights + grads + optimizer + activations + logits + workspace
-    overhead = (mp.fragmentation * allocated + mp.cuda_context_bytes
+    reserve = mp.expandable_fragmentation if states.expandable_segments else mp.fragmentation
+    overhead = (reserve * allocated + mp.cuda_context_bytes
                 + mp.nccl_bytes_per_group * _nccl_groups(s, model))
     return StageMemory(stage=stage, weights_bytes=weights, gradients_bytes=grads,
                        optimizer_bytes=optimizer, activations_bytes=activations,

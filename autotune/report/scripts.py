@@ -16,6 +16,7 @@ from typing import Any
 from autotune.errors import ConfigError
 from autotune.inputs.files import usable_name
 from autotune.layouts.layout import DIMENSIONS, Layout
+from autotune.megatron.environment import export_lines
 from autotune.megatron.megatron_args import (
     SDPA_STANDS_IN,
     exported_layout,
@@ -128,7 +129,7 @@ def _megatron_parts(model: ModelSpec, layout: Layout, *, megatron_lm: str | None
     return notes, script, args
 
 
-def _env_lines(megatron_lm: str | None) -> list[str]:
+def _env_lines(megatron_lm: str | None, layout: Layout) -> list[str]:
     lines = ["set -euo pipefail"]
     if megatron_lm is None:
         lines += ["# A Megatron-LM checkout (the NVIDIA/Megatron-LM repository), "
@@ -137,7 +138,9 @@ def _env_lines(megatron_lm: str | None) -> list[str]:
     # Megatron-LM asserts it with tensor/sequence parallelism: kernels queue in issue order, so
     # the TP communication overlaps compute as scheduled.
     lines += ["export CUDA_DEVICE_MAX_CONNECTIONS=1"]
-    return lines
+    # What the levers of the run's environment need (the allocator's expandable segments):
+    # the trial measured the layout with them.
+    return lines + export_lines(layout)
 
 
 def _split(layout: Layout, nodes: int) -> int:
@@ -175,7 +178,7 @@ def megatron_lm_script(model: ModelSpec, layout: Layout, *, title: Sequence[str]
                   # inside double quotes, and the script would not parse.
                   f"--rdzv-backend c10d --rdzv-endpoint \"${{MASTER_ADDR:?set MASTER_ADDR to "
                   f"the address of the first node}}:{RDZV_PORT}\"")
-    lines = [*_header([*title, *notes]), *_env_lines(megatron_lm)]
+    lines = [*_header([*title, *notes]), *_env_lines(megatron_lm, layout)]
     return "\n".join(lines) + "\n" + _continued([launch, script], args) + "\n"
 
 
@@ -191,7 +194,7 @@ def slurm_script(model: ModelSpec, layout: Layout, *, title: Sequence[str], node
     sbatch = [f"#SBATCH --job-name={_job_name(job_name)}", f"#SBATCH --nodes={nodes}",
               "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={per_node}",
               "#SBATCH --exclusive", "#SBATCH --output=%x-%j.out"]
-    body = [*_env_lines(megatron_lm),
+    body = [*_env_lines(megatron_lm, layout),
             "# The first node of the allocation hosts the rendezvous.",
             'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
             "export MASTER_ADDR"]

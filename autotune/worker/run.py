@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENV_ON_RECORD",
+    "configure_allocator",
     "configure_compiles",
     "init_model_parallel",
     "init_world",
@@ -53,6 +54,21 @@ def prepare_environment(spec: TrialSpec) -> None:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+
+def configure_allocator(expandable: bool) -> None:
+    """The caching allocator's segments as the layout says (autotune.levers.allocator), set
+    for this trial whatever the process inherited: a warm rank runs layouts of either kind one
+    after another, and its cache was emptied after the last (autotune.worker.serve). New
+    segments follow the setting from here on."""
+    import torch
+
+    from autotune.levers.allocator import option
+
+    # torch.cuda.memory._set_allocator_settings is deprecated for this from torch 2.12.
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) \
+        or torch.cuda.memory._set_allocator_settings
+    setter(option(expandable))
 
 
 def init_world(phases: dict[str, float]) -> int:
@@ -257,6 +273,7 @@ def run_rank(spec: TrialSpec, out_dir: Path, started: float | None = None, *,
     """
     t0 = time.perf_counter()
     _check_impl(spec)
+    configure_allocator(spec.layout.expandable_segments)
     phases = dict(phases or {})
     if started is not None:
         phases["startup_s"] = t0 - started
@@ -331,6 +348,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, local_rank: int, phases: dict[str,
 
     t0 = time.perf_counter()
     _check_impl(spec)
+    configure_allocator(spec.layout.expandable_segments)
     code_paths = {"compiled_shapes": configure_compiles(spec.model)}
     # What the process holds outside torch's allocator before this trial (CUDA context, NCCL,
     # loaded kernels; NVML's figure less torch's reserve): in a warm pool it grew from 3.5 to
