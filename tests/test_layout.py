@@ -111,14 +111,16 @@ def test_describe_names_every_non_default(fields: dict[str, object], label: str)
 def test_field_order_is_the_labels_and_the_studies() -> None:
     """A Layout's fields keep their order whether a field is the core's or a lever's: labels
     (describe) and a study's parameters follow it, so the pipeline split stays between vpp and
-    mbs and the implementation last (autotune.layouts.layout.Layout's bases)."""
+    mbs and the implementation last of Megatron's fields, with the run's environment (the
+    allocator's, added after every earlier field) after it (autotune.layouts.layout.Layout's
+    bases)."""
     names = list(DIMENSIONS)
     assert names[:12] == ["tp", "pp", "dp", "cp", "ep", "vpp", "first_stage_layers",
                           "last_stage_layers", "embedding_loss_split", "mbs", "gbs",
                           "sequence_parallel"]
     assert names[12:17] == ["recompute", "recompute_method", "recompute_num_layers",
                             "recompute_modules", "offload_layers"]
-    assert names[-1] == "impl"
+    assert names[-2:] == ["impl", "expandable_segments"]
 
 
 def test_levers_rules_run_first_within_a_level() -> None:
