@@ -358,9 +358,11 @@ def module_position_savings(acts: LayerActivations, modules: tuple[str, ...]) ->
 def module_workspace(acts: LayerActivations, modules: tuple[str, ...]) -> float:
     """Bytes per token rebuilt at once in backward: the largest recomputed region of one
     layer (checkpoints rerun one region, then free it)."""
+    # Not mla_up_proj's: its checkpoint writes the query, key and value back into their
+    # storage when the layer's attention backward starts, after its MLP's backward freed more
+    # (measured on an H200: DeepSeek-V2-Lite's dense layers at mbs 4 freed 1.59 GiB, all it
+    # stores; results/benchmarks/2026-11-29-cpu-recompute-modules-s24.md).
     regions = [0.0]
-    if "mla_up_proj" in modules:
-        regions.append(acts.mla_qkv)  # the query, key and value written back in place
     if "mlp" in modules:
         regions.append(acts.mlp_internal)
     if "moe" in modules:
