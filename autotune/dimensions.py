@@ -225,6 +225,9 @@ class Dimension:
     minimum: int = 1
     """The smallest value of an int dimension: 1 for sizes, 0 where 0 means `off` (Megatron's
     None or 0: an even pipeline split, no offloaded layer)."""
+    metavar: str | None = None
+    """How the command line shows the values where listing every choice would not help
+    (RecomputeModules' 79 sets); None: the choices."""
 
     @property
     def kind(self) -> type:
@@ -292,8 +295,8 @@ class Dimension:
 
 def dimension(default: Any, *, help: str, level: int | None, label: Label | None,
               folded_into: str | None = None, flag: str | None = None,
-              minimum: int = 1) -> Any:
+              minimum: int = 1, metavar: str | None = None) -> Any:
     """A Layout field whose metadata is its Dimension (typed Any, as dataclasses.field is)."""
     meta = Dimension(default=default, help=help, level=level, label=label,
-                     folded_into=folded_into, flag=flag, minimum=minimum)
+                     folded_into=folded_into, flag=flag, minimum=minimum, metavar=metavar)
     return field(default=default, metadata={"dimension": meta})

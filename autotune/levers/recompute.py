@@ -86,9 +86,11 @@ class Fields:
                                           help="With full recompute: layers per group (uniform)"
                                                " or recomputed layers per stage (block).")
     recompute_modules: RecomputeModules = dimension(
-        RecomputeModules.CORE_ATTN, level=5, label=None, folded_into="recompute", help=(
+        RecomputeModules.CORE_ATTN, level=5, label=None, folded_into="recompute",
+        metavar="MODULES", help=(
             "With selective recompute: the modules checkpointed (`--recompute-modules`), "
-            "`core_attn+mlp` for several; Megatron's default is core_attn."))
+            f"among {', '.join(RECOMPUTE_MODULES)}, joined by + in that order (core_attn+mlp); "
+            "moe with neither moe_act nor shared_experts; Megatron's default is core_attn."))
 
 
 # ---- rules ---------------------------------------------------------------------------------
