@@ -481,7 +481,8 @@ _estimate.__doc__ = (
 
 def _estimate_option(dim: Dimension) -> inspect.Parameter:
     """estimate's option of one dimension: its value, Layout's default when left out."""
-    option = typer.Option(*option_names(dim.name, dim.option), help=dim.help.split("\n")[0])
+    option = typer.Option(*option_names(dim.name, dim.option), help=dim.help.split("\n")[0],
+                          metavar=dim.metavar)
     return inspect.Parameter(dim.name, inspect.Parameter.KEYWORD_ONLY, default=dim.default,
                              annotation=Annotated[dim.kind, option])
 
@@ -496,7 +497,7 @@ def _pin_option(dim: Dimension) -> inspect.Parameter:
         annotation: Any = Annotated[bool | None, typer.Option(*names, help=help_text,
                                                               show_default=False)]
     else:
-        choices = f" ({'|'.join(dim.choices)})" if dim.choices else ""
+        choices = f" ({dim.metavar or '|'.join(dim.choices)})" if dim.choices else ""
         help_text = f"Pin: only these values, comma-separated{choices}. {first}."
         annotation = Annotated[str | None, typer.Option(
             *option_names(dim.name, dim.option), help=help_text, metavar="VALUES",

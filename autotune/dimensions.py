@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LEVELS", "MEGATRON_RECOMPUTE_MODULES", "RECOMPUTE_MODULES", "Dimension", "Impl",
-           "Label", "Recompute", "RecomputeMethod", "RecomputeModules", "always", "dimension",
-           "flag_label", "plain", "unless_default", "value_label"]
+__all__ = ["LEVELS", "MEGATRON_RECOMPUTE_MODULES", "MOE_SIDE_MODULES", "RECOMPUTE_MODULES",
+           "Dimension", "Impl", "Label", "Recompute", "RecomputeMethod", "RecomputeModules",
+           "always", "dimension", "flag_label", "plain", "unless_default", "value_label"]
 
 LEVELS = 7
 """Enumeration levels: 0 tp, pp, cp (dp follows); 1 vpp and the first/last stage's layers; 2 ep;
@@ -43,25 +43,34 @@ class RecomputeMethod(enum.StrEnum):
     BLOCK = "block"
 
 
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe")
-"""The modules selective recompute can checkpoint in autotune's models: megatron-core 0.16.1's
-TransformerConfig.recompute_modules choices (MEGATRON_RECOMPUTE_MODULES) less `mla_up_proj`
-(Multi-Latent Attention's up projections) and `shared_experts` (an MoE layer's shared
-expert), whose savings and reruns autotune does not model: a command that names them is
-refused in one line (autotune.levers.recompute)."""
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe",
+                     "shared_experts")
+"""The modules selective recompute can checkpoint in autotune's models, in the order a set of
+them is spelled (`core_attn+mlp`): every one of megatron-core 0.16.1's TransformerConfig.
+recompute_modules choices (MEGATRON_RECOMPUTE_MODULES)."""
 MEGATRON_RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                               "shared_experts")
 """Every module megatron-core 0.16.1 takes in recompute_modules (TransformerConfig.__post_init__
 asserts the set): another name stops Megatron-LM at start-up."""
+MOE_SIDE_MODULES = ("moe_act", "moe", "shared_experts")
+"""The modules that act inside an MoE layer (experts.py, moe_layer.py): `moe` checkpoints the
+whole layer, so it goes with neither of the others (RecomputeModules)."""
 
 
 class RecomputeModules(enum.StrEnum):
     """The modules selective recompute checkpoints (Megatron-LM `--recompute-modules`, `a+b` for
-    several): the attention side (core_attn, layernorm: any subset) with at most one MLP-side
-    module (the dense mlp, the experts' activation moe_act, or the whole MoE layer moe). Two
-    MLP-side modules together are left out: `moe` recomputes the layer moe_act is part of, and
-    `mlp` acts only on dense layers (transformer_layer.py: `if not self.is_moe_layer`), moe_act
-    and moe only on expert layers, and autotune's MoE models have no dense layers."""
+    several, in RECOMPUTE_MODULES' order): any subset of the attention side (core_attn,
+    layernorm, mla_up_proj), with the dense MLP (mlp) or not, with one of the MoE layer's
+    choices or none: the experts' activation (moe_act), the shared expert (shared_experts), both,
+    or the whole MoE layer (moe). `moe` with moe_act or shared_experts is left out: `moe`
+    recomputes the layer they are part of (moe_layer.py), so the pair frees what `moe` alone
+    does and reruns the inner region twice. `mlp` acts on dense layers only
+    (transformer_layer.py: `if not self.is_moe_layer`), the others of the MLP side on MoE layers
+    only: `mlp` with one of them is for a model of both kinds of layer (ModelSpec.moe_layer_freq;
+    levers.recompute.acting_layout gives each kind its own). Which act on a model is the rule
+    recompute_modules' (levers.recompute): a value naming a module that acts on none of its
+    layers is refused, so a search lists only values that act. The first fifteen members are
+    the spellings studies stored before mla_up_proj and shared_experts were modelled."""
 
     CORE_ATTN = "core_attn"
     CORE_ATTN__MLP = "core_attn+mlp"
@@ -78,6 +87,79 @@ class RecomputeModules(enum.StrEnum):
     MLP = "mlp"
     MOE_ACT = "moe_act"
     MOE = "moe"
+    SHARED_EXPERTS = "shared_experts"
+    MOE_ACT__SHARED_EXPERTS = "moe_act+shared_experts"
+    MLP__MOE_ACT = "mlp+moe_act"
+    MLP__MOE = "mlp+moe"
+    MLP__SHARED_EXPERTS = "mlp+shared_experts"
+    MLP__MOE_ACT__SHARED_EXPERTS = "mlp+moe_act+shared_experts"
+    CORE_ATTN__SHARED_EXPERTS = "core_attn+shared_experts"
+    CORE_ATTN__MOE_ACT__SHARED_EXPERTS = "core_attn+moe_act+shared_experts"
+    CORE_ATTN__MLP__MOE_ACT = "core_attn+mlp+moe_act"
+    CORE_ATTN__MLP__MOE = "core_attn+mlp+moe"
+    CORE_ATTN__MLP__SHARED_EXPERTS = "core_attn+mlp+shared_experts"
+    CORE_ATTN__MLP__MOE_ACT__SHARED_EXPERTS = "core_attn+mlp+moe_act+shared_experts"
+    LAYERNORM__SHARED_EXPERTS = "layernorm+shared_experts"
+    LAYERNORM__MOE_ACT__SHARED_EXPERTS = "layernorm+moe_act+shared_experts"
+    LAYERNORM__MLP__MOE_ACT = "layernorm+mlp+moe_act"
+    LAYERNORM__MLP__MOE = "layernorm+mlp+moe"
+    LAYERNORM__MLP__SHARED_EXPERTS = "layernorm+mlp+shared_experts"
+    LAYERNORM__MLP__MOE_ACT__SHARED_EXPERTS = "layernorm+mlp+moe_act+shared_experts"
+    MLA_UP_PROJ = "mla_up_proj"
+    MLA_UP_PROJ__MOE_ACT = "mla_up_proj+moe_act"
+    MLA_UP_PROJ__MOE = "mla_up_proj+moe"
+    MLA_UP_PROJ__SHARED_EXPERTS = "mla_up_proj+shared_experts"
+    MLA_UP_PROJ__MOE_ACT__SHARED_EXPERTS = "mla_up_proj+moe_act+shared_experts"
+    MLA_UP_PROJ__MLP = "mla_up_proj+mlp"
+    MLA_UP_PROJ__MLP__MOE_ACT = "mla_up_proj+mlp+moe_act"
+    MLA_UP_PROJ__MLP__MOE = "mla_up_proj+mlp+moe"
+    MLA_UP_PROJ__MLP__SHARED_EXPERTS = "mla_up_proj+mlp+shared_experts"
+    MLA_UP_PROJ__MLP__MOE_ACT__SHARED_EXPERTS = "mla_up_proj+mlp+moe_act+shared_experts"
+    CORE_ATTN__LAYERNORM__SHARED_EXPERTS = "core_attn+layernorm+shared_experts"
+    CORE_ATTN__LAYERNORM__MOE_ACT__SHARED_EXPERTS = "core_attn+layernorm+moe_act+shared_experts"
+    CORE_ATTN__LAYERNORM__MLP__MOE_ACT = "core_attn+layernorm+mlp+moe_act"
+    CORE_ATTN__LAYERNORM__MLP__MOE = "core_attn+layernorm+mlp+moe"
+    CORE_ATTN__LAYERNORM__MLP__SHARED_EXPERTS = "core_attn+layernorm+mlp+shared_experts"
+    CORE_ATTN__LAYERNORM__MLP__MOE_ACT__SHARED_EXPERTS = (
+        "core_attn+layernorm+mlp+moe_act+shared_experts")
+    CORE_ATTN__MLA_UP_PROJ = "core_attn+mla_up_proj"
+    CORE_ATTN__MLA_UP_PROJ__MOE_ACT = "core_attn+mla_up_proj+moe_act"
+    CORE_ATTN__MLA_UP_PROJ__MOE = "core_attn+mla_up_proj+moe"
+    CORE_ATTN__MLA_UP_PROJ__SHARED_EXPERTS = "core_attn+mla_up_proj+shared_experts"
+    CORE_ATTN__MLA_UP_PROJ__MOE_ACT__SHARED_EXPERTS = (
+        "core_attn+mla_up_proj+moe_act+shared_experts")
+    CORE_ATTN__MLA_UP_PROJ__MLP = "core_attn+mla_up_proj+mlp"
+    CORE_ATTN__MLA_UP_PROJ__MLP__MOE_ACT = "core_attn+mla_up_proj+mlp+moe_act"
+    CORE_ATTN__MLA_UP_PROJ__MLP__MOE = "core_attn+mla_up_proj+mlp+moe"
+    CORE_ATTN__MLA_UP_PROJ__MLP__SHARED_EXPERTS = "core_attn+mla_up_proj+mlp+shared_experts"
+    CORE_ATTN__MLA_UP_PROJ__MLP__MOE_ACT__SHARED_EXPERTS = (
+        "core_attn+mla_up_proj+mlp+moe_act+shared_experts")
+    LAYERNORM__MLA_UP_PROJ = "layernorm+mla_up_proj"
+    LAYERNORM__MLA_UP_PROJ__MOE_ACT = "layernorm+mla_up_proj+moe_act"
+    LAYERNORM__MLA_UP_PROJ__MOE = "layernorm+mla_up_proj+moe"
+    LAYERNORM__MLA_UP_PROJ__SHARED_EXPERTS = "layernorm+mla_up_proj+shared_experts"
+    LAYERNORM__MLA_UP_PROJ__MOE_ACT__SHARED_EXPERTS = (
+        "layernorm+mla_up_proj+moe_act+shared_experts")
+    LAYERNORM__MLA_UP_PROJ__MLP = "layernorm+mla_up_proj+mlp"
+    LAYERNORM__MLA_UP_PROJ__MLP__MOE_ACT = "layernorm+mla_up_proj+mlp+moe_act"
+    LAYERNORM__MLA_UP_PROJ__MLP__MOE = "layernorm+mla_up_proj+mlp+moe"
+    LAYERNORM__MLA_UP_PROJ__MLP__SHARED_EXPERTS = "layernorm+mla_up_proj+mlp+shared_experts"
+    LAYERNORM__MLA_UP_PROJ__MLP__MOE_ACT__SHARED_EXPERTS = (
+        "layernorm+mla_up_proj+mlp+moe_act+shared_experts")
+    CORE_ATTN__LAYERNORM__MLA_UP_PROJ = "core_attn+layernorm+mla_up_proj"
+    CORE_ATTN__LAYERNORM__MLA_UP_PROJ__MOE_ACT = "core_attn+layernorm+mla_up_proj+moe_act"
+    CORE_ATTN__LAYERNORM__MLA_UP_PROJ__MOE = "core_attn+layernorm+mla_up_proj+moe"
+    CORE_ATTN__LAYERNORM__MLA_UP_PROJ__SHARED_EXPERTS = (
+        "core_attn+layernorm+mla_up_proj+shared_experts")
+    CORE_ATTN__LAYERNORM__MLA_UP_PROJ__MOE_ACT__SHARED_EXPERTS = (
+        "core_attn+layernorm+mla_up_proj+moe_act+shared_experts")
+    CORE_ATTN__LAYERNORM__MLA_UP_PROJ__MLP = "core_attn+layernorm+mla_up_proj+mlp"
+    CORE_ATTN__LAYERNORM__MLA_UP_PROJ__MLP__MOE_ACT = "core_attn+layernorm+mla_up_proj+mlp+moe_act"
+    CORE_ATTN__LAYERNORM__MLA_UP_PROJ__MLP__MOE = "core_attn+layernorm+mla_up_proj+mlp+moe"
+    CORE_ATTN__LAYERNORM__MLA_UP_PROJ__MLP__SHARED_EXPERTS = (
+        "core_attn+layernorm+mla_up_proj+mlp+shared_experts")
+    CORE_ATTN__LAYERNORM__MLA_UP_PROJ__MLP__MOE_ACT__SHARED_EXPERTS = (
+        "core_attn+layernorm+mla_up_proj+mlp+moe_act+shared_experts")
 
     @property
     def modules(self) -> tuple[str, ...]:
@@ -143,6 +225,9 @@ class Dimension:
     minimum: int = 1
     """The smallest value of an int dimension: 1 for sizes, 0 where 0 means `off` (Megatron's
     None or 0: an even pipeline split, no offloaded layer)."""
+    metavar: str | None = None
+    """How the command line shows the values where listing every choice would not help
+    (RecomputeModules' 79 sets); None: the choices."""
 
     @property
     def kind(self) -> type:
@@ -210,8 +295,8 @@ class Dimension:
 
 def dimension(default: Any, *, help: str, level: int | None, label: Label | None,
               folded_into: str | None = None, flag: str | None = None,
-              minimum: int = 1) -> Any:
+              minimum: int = 1, metavar: str | None = None) -> Any:
     """A Layout field whose metadata is its Dimension (typed Any, as dataclasses.field is)."""
     meta = Dimension(default=default, help=help, level=level, label=label,
-                     folded_into=folded_into, flag=flag, minimum=minimum)
+                     folded_into=folded_into, flag=flag, minimum=minimum, metavar=metavar)
     return field(default=default, metadata={"dimension": meta})

@@ -201,7 +201,16 @@ QWEN3 = str(ROOT / "tests" / "data" / "hf" / "qwen3-8b.json")
     # without the query's latent and the latent norms (tools/saved_tensors.py mla_models).
     (["--mla", "--mbs", "1"], ["v2-lite-attention/8", "v2-attention/8",
                                "v2-lite-attention/8 no norms", "v2-attention/8 no norms"]),
-], ids=["presets", "qk-layernorm", "mla"])
+    # The same under selective recompute of MLA's up projections (an output-discarding
+    # checkpoint: the query, key and value emptied, RoPE's tables for its frequencies), with
+    # core attention's checkpoint and two micro-batch sizes (per token and per position).
+    (["--mla", "--mbs", "1", "--mbs", "2", "--recompute-modules", "mla_up_proj"],
+     [m for m in ("v2-lite-attention/8", "v2-attention/8", "v2-lite-attention/8 no norms",
+                  "v2-attention/8 no norms") for _ in (1, 2)]),
+    (["--mla", "--mbs", "1", "--recompute-modules", "core_attn+mla_up_proj"],
+     ["v2-lite-attention/8", "v2-attention/8", "v2-lite-attention/8 no norms",
+      "v2-attention/8 no norms"]),
+], ids=["presets", "qk-layernorm", "mla", "mla-up-proj", "core-attn-mla-up-proj"])
 def test_megatron_core_keeps_what_the_model_counts(args: list[str], models: list[str]) -> None:
     # tools/saved_tensors.py builds one layer as the worker does (sdpa) and adds up every
     # storage its forward saves for backward. The model's count is within 0.1% (the norms'
@@ -216,3 +225,26 @@ def test_megatron_core_keeps_what_the_model_counts(args: list[str], models: list
     assert [r["model"] for r in rows] == models
     for r in rows:
         assert r["modelled"] == pytest.approx(r["counted"], rel=0.001), r
+
+
+def test_megatron_core_frees_what_the_model_says_of_the_shared_expert() -> None:
+    # tools/saved_tensors.py --moe: an MoE layer with a shared expert (and one with its gate),
+    # counted through the allgather dispatcher (alltoall's needs CUDA), so the layer's total is
+    # not the model's; what the checkpoint of the shared expert frees (moe_layer.py) is, to the
+    # byte: 2304 B/token without the gate, 2818 with it.
+    require_torch_and_megatron_core()
+    counts = {}
+    for chosen in ("", "shared_experts"):
+        args = ["--moe", "--mbs", "1"] + (["--recompute-modules", chosen] if chosen else [])
+        out = subprocess.run([sys.executable, "tools/saved_tensors.py", "--json", *args],
+                             cwd=ROOT, capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        counts[chosen] = json.loads(out.stdout.strip().splitlines()[-1])
+    freed = []
+    for before, after in zip(counts[""], counts["shared_experts"], strict=True):
+        assert before["model"] == after["model"]
+        counted = (before["counted"] - after["counted"]) / 256
+        modelled = (before["modelled"] - after["modelled"]) / 256
+        assert modelled == pytest.approx(counted, rel=1e-9), (before, after)
+        freed.append(counted)
+    assert freed == [2304, 2818]

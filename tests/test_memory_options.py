@@ -4,6 +4,7 @@ error band and Alpa's seeds."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -91,10 +92,22 @@ def test_stage_layers(pp: int, first: int, last: int, expected: tuple[int, ...])
 
 
 def test_module_sets_are_ordered_and_complete() -> None:
+    # Any subset of the attention side, with mlp or not, with one MoE-layer choice or none:
+    # `moe` recomputes the layer moe_act and shared_experts are part of.
+    attention = ("core_attn", "layernorm", "mla_up_proj")
+    moe_side = ((), ("moe_act",), ("moe",), ("shared_experts",), ("moe_act", "shared_experts"))
+    expected = {"+".join(a + m + e) for n in range(4) for a in itertools.combinations(attention, n)
+                for m in ((), ("mlp",)) for e in moe_side} - {""}
+    assert {value.value for value in RecomputeModules} == expected
     for value in RecomputeModules:
         modules = value.modules
         assert list(modules) == sorted(modules, key=RECOMPUTE_MODULES.index)
-        assert sum(m in ("mlp", "moe_act", "moe") for m in modules) <= 1
+    # The spellings studies stored before mla_up_proj and shared_experts: unchanged.
+    assert [v.value for v in RecomputeModules][:15] == [
+        "core_attn", "core_attn+mlp", "core_attn+moe_act", "core_attn+moe", "layernorm",
+        "layernorm+mlp", "layernorm+moe_act", "layernorm+moe", "core_attn+layernorm",
+        "core_attn+layernorm+mlp", "core_attn+layernorm+moe_act", "core_attn+layernorm+moe",
+        "mlp", "moe_act", "moe"]
 
 
 # -- the worker's configuration --------------------------------------------------------------

@@ -480,6 +480,8 @@ def test_recompute_is_read_as_megatron_lm_runs_it(tmp_path: Path, extra: str, re
 
 
 SELECTIVE = " --recompute-granularity selective --recompute-modules "
+MLA = " --multi-latent-attention --position-embedding-type rope"
+SHARED = " --moe-shared-expert-intermediate-size 1024 --disable-bias-linear"
 
 
 @pytest.mark.parametrize(("extra", "read"), [
@@ -491,10 +493,18 @@ SELECTIVE = " --recompute-granularity selective --recompute-modules "
     (MOE + SELECTIVE + "mlp", ("none", None)),
     (SELECTIVE + "layernorm+mlp", ("selective", "layernorm+mlp")),
     # With dense layers among the MoE layers, mlp acts on the dense ones and moe on the MoE
-    # ones: both kept (a pair autotune's layouts do not have yet: the layout check refuses it
-    # in one line, where the read dropped mlp in silence before).
+    # ones: both kept (the read dropped mlp in silence before).
     (MOE + " --moe-layer-freq '([0]*3+[1]*21)'" + SELECTIVE + "mlp moe layernorm",
      ("selective", "layernorm+mlp+moe")),
+    # NVIDIA's DeepSeek-V3 recipe's modules: MLA's up projections, the shared expert.
+    (MLA + SELECTIVE + "mlp mla_up_proj layernorm", ("selective", "layernorm+mla_up_proj+mlp")),
+    (MOE + SHARED + SELECTIVE + "shared_experts moe_act", ("selective",
+                                                            "moe_act+shared_experts")),
+    (MOE + " --moe-layer-freq '([0]*3+[1]*21)'" + MLA + SHARED + SELECTIVE
+     + "mla_up_proj mlp shared_experts", ("selective", "mla_up_proj+mlp+shared_experts")),
+    # shared_experts without a shared expert acts on nothing.
+    (MOE + SELECTIVE + "shared_experts core_attn", ("selective", "core_attn")),
+    (SELECTIVE + "shared_experts", ("none", None)),
 ])
 def test_recompute_modules_read_as_they_act(tmp_path: Path, extra: str,
                                             read: tuple[str, str | None]) -> None:
@@ -505,18 +515,19 @@ def test_recompute_modules_read_as_they_act(tmp_path: Path, extra: str,
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    # Megatron's own modules that autotune does not model: refused, never dropped in silence
-    # (NVIDIA's DeepSeek-V3 script recomputes mla_up_proj).
-    (" --multi-latent-attention --position-embedding-type rope" + SELECTIVE
-     + "mlp mla_up_proj layernorm", "--recompute-modules mla_up_proj: selective recompute of "
-     "these modules is not in autotune's models"),
-    (MOE + " --moe-shared-expert-intermediate-size 1024 --disable-bias-linear" + SELECTIVE
-     + "shared_experts", "--recompute-modules shared_experts: selective"),
+    # TransformerConfig.__post_init__ raises on mla_up_proj without MLA: Megatron-LM does not
+    # start.
+    (SELECTIVE + "mla_up_proj", "--recompute-modules mla_up_proj needs "
+     "--multi-latent-attention"),
+    # moe recomputes the layer moe_act and shared_experts are in: one of them is modelled.
+    (MOE + SELECTIVE + "moe moe_act", "--recompute-modules moe with moe_act: moe recomputes"),
+    (MOE + SHARED + SELECTIVE + "moe_act moe shared_experts",
+     "--recompute-modules moe with moe_act and shared_experts: moe recomputes"),
     # A name megatron-core does not take stops Megatron-LM (TransformerConfig asserts it).
     (SELECTIVE + "core_atn", "--recompute-modules core_atn: megatron-core takes core_attn, "),
 ])
-def test_recompute_modules_autotune_cannot_run_are_refused(tmp_path: Path, extra: str,
-                                                           message: str) -> None:
+def test_recompute_modules_megatron_refuses_are_refused(tmp_path: Path, extra: str,
+                                                        message: str) -> None:
     script = tmp_path / "train.sh"
     script.write_text(COMMAND + extra + "\n")
     with pytest.raises(ConfigError, match=re.escape(message)):

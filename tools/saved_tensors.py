@@ -1,7 +1,8 @@
 """What one megatron-core transformer layer keeps for backward, counted, against the memory model.
 
     PYTHONPATH=. python tools/saved_tensors.py [--model NAME] [--heads-divisor K] [--seq S]
-        [--mbs B] [--impl sdpa] [--qk-layernorm] [--mla] [--json]
+        [--mbs B] [--impl sdpa] [--qk-layernorm] [--mla | --moe] [--recompute-modules a+b]
+        [--json]
 
 Builds one layer as autotune's worker does (autotune.worker.build: the layout's layer spec,
 megatron-core 0.16.1's TransformerConfig from autotune.megatron.core_config) on CPU torch, runs
@@ -22,6 +23,15 @@ Local core attention (its global memory buffer) and Transformer Engine need CUDA
 --mla counts Multi-Latent Attention layers instead (`MLA_MODELS`: DeepSeek-V2-Lite's attention
 with 2 of its 16 heads, with and without the query's latent and the latent norms); MLA builds
 its own rotary embedding, whose frequency buffers ask for the current CUDA device: the CPU here.
+--moe counts MoE layers with a shared expert (`moe_models`) through megatron-core's allgather
+token dispatcher: the alltoall one, which the worker runs, makes CUDA streams when it is built.
+The dispatchers save different tensors, so the MoE layer's total is not the model's (which is
+alltoall's); what a recompute frees is compared between two counts (tests/test_activation_slope).
+--recompute-modules counts the layer under selective recompute of those modules (autotune's
+spelling, `core_attn+mla_up_proj`), against the model less levers.recompute.module_savings; the
+storages are read after the forward, as an output-discarding checkpoint (mla_up_proj,
+tensor_parallel.CheckpointWithoutOutput) empties its outputs' storages once core attention has
+saved them.
 """
 
 from __future__ import annotations
@@ -93,6 +103,21 @@ def mla_models() -> list[Any]:
                     qk_layernorm=False)]
 
 
+def moe_models() -> list[Any]:
+    """A small MoE layer (hidden 256, 2 heads, 4 experts of 128, top-2, SwiGLU) with a shared
+    expert of 384, without and with its sigmoid gate (Qwen2-MoE's shared_expert_gate)."""
+    from autotune.specs.model import ModelSpec
+
+    moe = ModelSpec(name="moe-shared/cpu", num_layers=1, hidden_size=256,
+                    num_attention_heads=2, ffn_hidden_size=512, vocab_size=1024,
+                    seq_length=256, global_batch_size=1, normalization="RMSNorm",
+                    add_bias_linear=False, gated_linear_unit=True, activation="swiglu",
+                    position_embedding="rope", hidden_dropout=0.0, attention_dropout=0.0,
+                    tied_embeddings=False, num_experts=4, moe_topk=2, moe_ffn_hidden_size=128,
+                    moe_shared_expert_intermediate_size=384)
+    return [moe, replace(moe, name="moe-shared-gate/cpu", moe_shared_expert_gate=True)]
+
+
 def _world() -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -115,6 +140,11 @@ def _world() -> None:
     build._patch_megatron_core()  # the installed release's holes, as the worker fills them
     if not torch.cuda.is_available():  # MLA's rotary buffers (the module docstring)
         torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+        # A checkpoint stores the CUDA generator's state to draw the same numbers again
+        # (tensor_parallel/random.py, _get_all_rng_states): the CPU generator's here.
+        from megatron.core.tensor_parallel import random as rng
+
+        rng._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
 
 
 def _cuda_rms_norm() -> Any:
@@ -178,13 +208,16 @@ def _cuda_sdpa() -> Any:
     return sdpa
 
 
-def count_layer(model: Any, *, impl: str = "sdpa", seq: int = 256, mbs: int = 1) -> Count:
-    """Build one layer of `model` as the worker does and count what its forward saves."""
+def count_layer(model: Any, *, impl: str = "sdpa", seq: int = 256, mbs: int = 1,
+                modules: str | None = None) -> Count:
+    """Build one layer of `model` as the worker does and count what its forward saves, under
+    selective recompute of `modules` (`a+b`) where given."""
     import torch
     from megatron.core.transformer.spec_utils import build_module
 
-    from autotune.dimensions import Impl
+    from autotune.dimensions import Impl, Recompute, RecomputeModules
     from autotune.layouts.layout import Layout
+    from autotune.levers.recompute import module_position_savings, module_savings
     from autotune.levers.transformer_impl import attention_bytes
     from autotune.specs.activations import layer_activations, layer_bytes
     from autotune.trials.trial import TrialSpec
@@ -192,9 +225,15 @@ def count_layer(model: Any, *, impl: str = "sdpa", seq: int = 256, mbs: int = 1)
 
     _world()
     m = model.with_overrides(seq_length=seq)
-    spec = TrialSpec(model=m, layout=Layout(mbs=mbs, gbs=mbs, impl=Impl(impl)))
+    layout = Layout(mbs=mbs, gbs=mbs, impl=Impl(impl))
+    if modules:
+        layout = replace(layout, recompute=Recompute.SELECTIVE,
+                         recompute_modules=RecomputeModules(modules))
+    spec = TrialSpec(model=m, layout=layout)
     kwargs = build.transformer_config_kwargs(spec)
     kwargs.update(num_layers=1, use_cpu_initialization=True)
+    if m.is_moe:  # the alltoall dispatcher makes CUDA streams (the module docstring)
+        kwargs.update(moe_token_dispatcher_type="allgather")
     config = build.transformer_config_class(kwargs)(**kwargs)
     rms_norm = torch.nn.RMSNorm
     torch.nn.RMSNorm = _cuda_rms_norm()  # type: ignore[misc]
@@ -212,12 +251,12 @@ def count_layer(model: Any, *, impl: str = "sdpa", seq: int = 256, mbs: int = 1)
         rope = torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
     x = torch.randn(seq, mbs, m.hidden_size, dtype=torch.bfloat16, requires_grad=True)
     params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
-    storages: dict[int, int] = {}
+    storages: dict[int, Any] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         if storage.data_ptr() not in params:
-            storages[storage.data_ptr()] = storage.nbytes()
+            storages[storage.data_ptr()] = storage  # its size read after the forward
         return t
 
     from autotune.worker import attention as sdpa_attention
@@ -231,9 +270,13 @@ def count_layer(model: Any, *, impl: str = "sdpa", seq: int = 256, mbs: int = 1)
     finally:
         sdpa_attention.F.scaled_dot_product_attention = fused
     acts = layer_activations(m, 1, attention_bytes(m, impl))
-    modelled = layer_bytes(acts, tokens=seq * mbs, seq=seq, tp=1, sequence_parallel=False)
-    return Count(model=m.name, seq=seq, mbs=mbs, counted=float(sum(storages.values())),
-                 modelled=modelled)
+    chosen = layout.recompute_modules.modules if modules else ()
+    modelled = layer_bytes(acts, tokens=seq * mbs, seq=seq, tp=1, sequence_parallel=False,
+                           freed=module_savings(acts, chosen, seq=seq, tp=1,
+                                                sequence_parallel=False),
+                           freed_per_position=module_position_savings(acts, chosen))
+    counted = float(sum(storage.nbytes() for storage in storages.values()))
+    return Count(model=m.name, seq=seq, mbs=mbs, counted=counted, modelled=modelled)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the models with their query and key norms on (Qwen3's)")
     parser.add_argument("--mla", action="store_true",
                         help="Multi-Latent Attention layers (mla_models) instead")
+    parser.add_argument("--moe", action="store_true",
+                        help="MoE layers with a shared expert (moe_models) instead")
+    parser.add_argument("--recompute-modules", help="selective recompute of these modules "
+                        "(`core_attn+mla_up_proj`)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     names = args.model or ["llama2-13b", "llama3-8b", "gpt2-xl"]
@@ -260,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         models = [replace(m, qk_layernorm=True) for m in models]
     if args.mla:
         models = mla_models()
-    rows = [count_layer(m, impl=args.impl, seq=args.seq, mbs=b)
+    if args.moe:
+        models = moe_models()
+    rows = [count_layer(m, impl=args.impl, seq=args.seq, mbs=b, modules=args.recompute_modules)
             for m in models for b in (args.mbs or [1, 2])]
     if args.json:
         print(json.dumps([{"model": r.model, "seq": r.seq, "mbs": r.mbs, "counted": r.counted,

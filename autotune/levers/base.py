@@ -308,6 +308,8 @@ class StageState:
     """One layer's forward for one micro-batch, by term (autotune.predict.cost)."""
     mlp_forward_s: float
     """The MLP's (MoE layer's) GEMMs of `layer.gemm`."""
+    mla_up_forward_s: float = 0.0
+    """Multi-Latent Attention's up projections' GEMMs of `layer.gemm` (0 without MLA)."""
     activations: LayerActivations
     """What one layer stores per token (bf16 GEMM inputs: the element-wise kernels' bytes)."""
     tokens: float

@@ -5,7 +5,8 @@ megatron-core 0.16.1 (TransformerConfig `recompute_granularity`, `recompute_meth
 (transformer_block.py _checkpointed_forward), `uniform` in groups of recompute_num_layers
 layers, `block` the first recompute_num_layers layers of each pipeline chunk; selective
 recompute checkpoints modules of each layer (attention.py core_attn; transformer_layer.py
-layernorm and mlp; experts.py moe_act; moe_layer.py moe). Megatron-LM spells it
+layernorm and mlp; experts.py moe_act; moe_layer.py moe and shared_experts;
+multi_latent_attention.py mla_up_proj). Megatron-LM spells it
 `--recompute-granularity full|selective --recompute-method --recompute-num-layers
 --recompute-modules` (arguments.py; core_v0.16.1 argument_utils.py generates the last).
 
@@ -47,6 +48,7 @@ from autotune.levers.flags import Flag, FlagRow, Given, Part, Place, RunOptions
 from autotune.levers.pipeline_split import chunk_layers, common_divisors
 from autotune.specs.activations import LayerActivations, layer_bytes
 from autotune.specs.elementwise import NORM_BYTES, layer_elementwise_bytes
+from autotune.specs.flops import mlp_forward_flops_per_token, shared_expert_flops_per_token
 
 if TYPE_CHECKING:
     from autotune.layouts.layout import Layout
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
     from autotune.specs.model import ModelSpec
 
 __all__ = ["LEVER", "Fields", "acting_layout", "checkpoint_calls", "full_recompute_chunk",
-           "module_savings", "module_workspace", "recomputed_share"]
+           "module_position_savings", "module_savings", "module_workspace", "recomputed_share"]
 
 
 def _label(s: Layout, value: Recompute) -> str | None:
@@ -84,9 +86,11 @@ class Fields:
                                           help="With full recompute: layers per group (uniform)"
                                                " or recomputed layers per stage (block).")
     recompute_modules: RecomputeModules = dimension(
-        RecomputeModules.CORE_ATTN, level=5, label=None, folded_into="recompute", help=(
+        RecomputeModules.CORE_ATTN, level=5, label=None, folded_into="recompute",
+        metavar="MODULES", help=(
             "With selective recompute: the modules checkpointed (`--recompute-modules`), "
-            "`core_attn+mlp` for several; Megatron's default is core_attn."))
+            f"among {', '.join(RECOMPUTE_MODULES)}, joined by + in that order (core_attn+mlp); "
+            "moe with neither moe_act nor shared_experts; Megatron's default is core_attn."))
 
 
 # ---- rules ---------------------------------------------------------------------------------
@@ -143,6 +147,15 @@ def _modules(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     if ("moe" in modules or "moe_act" in modules) and not m.is_moe:
         # moe_layer.py / experts.py read them; a dense model has no expert layer.
         return f"recompute_modules {s.recompute_modules} acts on MoE layers; {m.name} has none"
+    if "mla_up_proj" in modules and not m.multi_latent_attention:
+        # TransformerConfig.__post_init__: "mla_up_proj in recompute_modules is only supported
+        # with multi_latent_attention" (a ValueError).
+        return f"recompute_modules mla_up_proj acts on Multi-Latent Attention; {m.name} has none"
+    if "shared_experts" in modules and not (m.is_moe and m.shared_expert_ffn_size):
+        # moe_layer.py checkpoints self.shared_experts, built only with
+        # moe_shared_expert_intermediate_size.
+        return (f"recompute_modules shared_experts acts on an MoE layer's shared expert; "
+                f"{m.name} has none")
     if "moe_act" in modules and s.impl != Impl.TE:
         # TransformerConfig.__post_init__: "moe_act in recompute_modules is only supported
         # with moe_grouped_gemm", which the worker turns on for impl te only (TEGroupedMLP).
@@ -203,20 +216,31 @@ def _read(g: Given) -> dict[str, Any]:
             raise ConfigError(f"{g.source}: --recompute-modules {' '.join(invalid)}: "
                               f"megatron-core takes {', '.join(MEGATRON_RECOMPUTE_MODULES)} (the "
                               "command does not run as written)")
-        unmodelled = [m for m in given if m not in RECOMPUTE_MODULES]
-        if unmodelled:
-            raise ConfigError(f"{g.source}: --recompute-modules {' '.join(unmodelled)}: "
-                              "selective recompute of these modules is not in autotune's models "
-                              f"(it models {', '.join(RECOMPUTE_MODULES)})")
+        if "mla_up_proj" in given and not g.has("--multi-latent-attention"):
+            # TransformerConfig.__post_init__ raises a ValueError.
+            raise ConfigError(f"{g.source}: --recompute-modules mla_up_proj needs "
+                              "--multi-latent-attention (megatron-core refuses it without: the "
+                              "command does not run as written)")
+        # shared_experts with --moe-shared-expert-overlap stops Megatron-LM
+        # (TransformerConfig.__post_init__); the overlap is a flag autotune does not read
+        # (megatron_args.UNMODELED_FLAGS: warned about, never written), so not checked here.
+        moe = (g.integer("--num-experts") or 0) > 1
+        shared = moe and bool(g.integer("--moe-shared-expert-intermediate-size"))
         # A module that acts on no layer of the model does nothing, as autotune's layouts leave
         # it out (NVIDIA's DeepSeek-V3 script names mlp and moe).
-        moe = (g.integer("--num-experts") or 0) > 1
         freq = g.text("--moe-layer-freq")
         dense = not moe or (freq is not None and freq.strip() != "1")
-        acting = _acting(given, dense_layers=dense, moe_layers=moe)
+        acting = _acting(given, dense_layers=dense, moe_layers=moe, shared_experts=shared)
         if not acting:
             return {"recompute": "none"}  # nothing checkpointed: Megatron-LM's run is this one
         order = [m for m in RECOMPUTE_MODULES if m in acting]
+        if "moe" in order and {"moe_act", "shared_experts"} & set(order):
+            # moe_layer.py checkpoints the whole layer, a region within it again inside: the
+            # pair frees what moe alone does and reruns the inner region twice.
+            inner = " and ".join(m for m in order if m in ("moe_act", "shared_experts"))
+            raise ConfigError(f"{g.source}: --recompute-modules moe with {inner}: moe "
+                              f"recomputes the MoE layer {inner} is part of; autotune models "
+                              "one of them (name moe alone, or the other without moe)")
         return {"recompute": granularity, "recompute_modules": "+".join(order)}
     if granularity != "full":
         return {"recompute": granularity}
@@ -255,25 +279,31 @@ def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
 # ---- memory --------------------------------------------------------------------------------
 
 
-def _acting(modules: Iterable[str], *, dense_layers: bool, moe_layers: bool) -> list[str]:
-    """The modules that act on some layer of a model with dense and/or MoE layers:
-    transformer_layer.py recomputes `mlp` only `if not self.is_moe_layer`; `moe` and `moe_act`
-    exist in MoE layers only (moe_layer.py, experts.py)."""
+def _acting(modules: Iterable[str], *, dense_layers: bool, moe_layers: bool,
+            shared_experts: bool) -> list[str]:
+    """The modules that act on some layer of a model with dense and/or MoE layers, the MoE
+    layers with a shared expert or not: transformer_layer.py recomputes `mlp` only `if not
+    self.is_moe_layer`; `moe` and `moe_act` exist in MoE layers only (moe_layer.py,
+    experts.py), `shared_experts` in MoE layers with a shared expert (moe_layer.py). Attention's
+    modules act on every layer (`mla_up_proj` needs Multi-Latent Attention, which megatron-core
+    asserts: rule recompute_modules and the read)."""
     return [mod for mod in modules
             if not (mod == "mlp" and not dense_layers)
-            and not (mod in ("moe", "moe_act") and not moe_layers)]
+            and not (mod in ("moe", "moe_act") and not moe_layers)
+            and not (mod == "shared_experts" and not (moe_layers and shared_experts))]
 
 
 def acting_layout(m: ModelSpec, s: Layout) -> Layout:
     """`s` with the selective recompute modules that act on `m`'s layers (a model of one kind
     of layer: ModelSpec.dense_layer_model or moe_layer_model of a mixed model) and no others:
-    `mlp` on dense layers only, `moe` and `moe_act` on MoE layers only (transformer_layer.py,
-    moe_layer.py), `layernorm` not where TE fuses both norms into the next GEMM (a dense
-    layer's, gpt_layer_specs.py). No module left: no recompute."""
+    `mlp` on dense layers only, `moe`, `moe_act` and `shared_experts` on MoE layers only (the
+    last with a shared expert: transformer_layer.py, moe_layer.py), `layernorm` not where TE
+    fuses both norms into the next GEMM (a dense layer's, gpt_layer_specs.py). No module left:
+    no recompute."""
     if s.recompute != Recompute.SELECTIVE:
         return s
     kept = _acting(s.recompute_modules.modules, dense_layers=not m.is_moe,
-                   moe_layers=m.is_moe)
+                   moe_layers=m.is_moe, shared_experts=bool(m.shared_expert_ffn_size))
     if s.impl == Impl.TE and not m.is_moe:
         kept = [mod for mod in kept if mod != "layernorm"]
     if not kept:
@@ -282,13 +312,19 @@ def acting_layout(m: ModelSpec, s: Layout) -> Layout:
 
 
 def module_savings(acts: LayerActivations, modules: tuple[str, ...], *, seq: float, tp: int,
-                   sequence_parallel: bool) -> float:
+                   sequence_parallel: bool, fused_latent_norms: bool = False) -> float:
     """Bytes per token of one layer that selective recompute of `modules` does not store.
 
     core_attn: Korthikanti et al. 2022 eq. 4 (the 5 a s / h term; with flash attention only the
     log-sum-exp, which is why megatron-core warns that fused attention needs no core_attn
     recompute). The others free what their checkpoint's region saves beyond its input
-    (LayerActivations fields). `moe` frees the experts' internals, moe_act's output among them.
+    (LayerActivations fields). `moe` frees the experts' internals, moe_act's output and the
+    shared expert's among them. `mla_up_proj` (multi_latent_attention.py: an output-discarding
+    checkpoint of the up projections and RoPE) empties the query, key and value that core
+    attention (or its checkpoint) saved, and keeps the latents the up projections saved; where
+    Transformer Engine fuses the latent norms into the up projections (`fused_latent_norms`,
+    impl te) the norms' statistics and outputs go too. Counted on CPU (sdpa):
+    tools/saved_tensors.py --mla --recompute-modules mla_up_proj.
     """
     sp = tp if sequence_parallel else 1
     saved = 0.0
@@ -296,23 +332,45 @@ def module_savings(acts: LayerActivations, modules: tuple[str, ...], *, seq: flo
         saved += seq * acts.per_key + acts.attn_recomputable
     if "layernorm" in modules:
         saved += acts.norm_outputs / sp
+    if "mla_up_proj" in modules:
+        saved += acts.mla_qkv + (acts.mla_fused_norms / sp if fused_latent_norms else 0.0)
     if "mlp" in modules:
         saved += acts.mlp_internal
     if "moe" in modules:
         saved += acts.moe_replicated / sp + acts.moe_split
-    elif "moe_act" in modules:
-        saved += acts.moe_act_output
+    else:
+        if "moe_act" in modules:
+            saved += acts.moe_act_output
+        if "shared_experts" in modules:
+            # moe_layer.py: tensor_parallel.checkpoint (te_checkpoint under FP8) of the shared
+            # expert keeps its input, the norm's output, which the router keeps anyway.
+            saved += acts.shared_replicated / sp + acts.shared_split
     return saved
+
+
+def module_position_savings(acts: LayerActivations, modules: tuple[str, ...]) -> float:
+    """Bytes per position of the local sequence that selective recompute of `modules` does not
+    store, whatever the micro-batch size: `mla_up_proj`'s checkpoint holds RoPE's frequencies
+    ([s, 1, 1, d] fp32, an input of the region) in place of the bf16 cos and sin that RoPE's
+    products saved for the query and the key (rope_table_bytes: 4 x 2 x d): half of those
+    tables. Counted on CPU: tools/saved_tensors.py --mla --recompute-modules mla_up_proj."""
+    return acts.per_position / 2 if "mla_up_proj" in modules else 0.0
 
 
 def module_workspace(acts: LayerActivations, modules: tuple[str, ...]) -> float:
     """Bytes per token rebuilt at once in backward: the largest recomputed region of one
     layer (checkpoints rerun one region, then free it)."""
+    # Not mla_up_proj's: its checkpoint writes the query, key and value back into their
+    # storage when the layer's attention backward starts, after its MLP's backward freed more
+    # (measured on an H200: DeepSeek-V2-Lite's dense layers at mbs 4 freed 1.59 GiB, all it
+    # stores; results/benchmarks/2026-11-29-cpu-recompute-modules-s24.md).
     regions = [0.0]
     if "mlp" in modules:
         regions.append(acts.mlp_internal)
     if "moe" in modules:
         regions.append(acts.moe_replicated + acts.moe_split)
+    elif "shared_experts" in modules:
+        regions.append(acts.shared_replicated + acts.shared_split)
     return max(regions)
 
 
@@ -357,10 +415,12 @@ def _activations(m: ModelSpec, s: Layout, state: ActivationState) -> ActivationS
     if s.recompute == Recompute.SELECTIVE:
         modules = s.recompute_modules.modules
         freed = module_savings(state.layer, modules, seq=state.seq, tp=s.tp,
-                               sequence_parallel=s.sequence_parallel)
-        stored = state.layers * layer_bytes(state.layer, tokens=state.tokens, seq=state.seq,
-                                            tp=s.tp, sequence_parallel=s.sequence_parallel,
-                                            freed=freed)
+                               sequence_parallel=s.sequence_parallel,
+                               fused_latent_norms=s.impl == Impl.TE)
+        stored = state.layers * layer_bytes(
+            state.layer, tokens=state.tokens, seq=state.seq, tp=s.tp,
+            sequence_parallel=s.sequence_parallel, freed=freed,
+            freed_per_position=module_position_savings(state.layer, modules))
         return evolve(state, stored_bytes=stored, workspace_bytes=state.workspace_bytes
                       + state.tokens * module_workspace(state.layer, modules))
     return state
@@ -368,9 +428,11 @@ def _activations(m: ModelSpec, s: Layout, state: ActivationState) -> ActivationS
 
 # ---- cost ----------------------------------------------------------------------------------
 
-_CHECKPOINTS_PER_MODULE = {"core_attn": 1, "layernorm": 2, "mlp": 1, "moe_act": 1, "moe": 1}
+_CHECKPOINTS_PER_MODULE = {"core_attn": 1, "layernorm": 2, "mla_up_proj": 1, "mlp": 1,
+                           "moe_act": 1, "moe": 1, "shared_experts": 1}
 """Checkpointed regions a module adds to a layer: layernorm is two, the input and pre-MLP norms
-(transformer_layer.py)."""
+(transformer_layer.py); mla_up_proj one, both up projections and RoPE
+(multi_latent_attention.py); shared_experts one (moe_layer.py)."""
 
 
 def checkpoint_calls(s: Layout, chunk: int) -> float:
@@ -418,8 +480,19 @@ def _stage_cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
         # moe_layer.py checkpoints routing and the token dispatch too: its all-to-all again.
         rerun += layer.ep / 2 + tokens * (acts.moe_replicated + acts.moe_split) \
             * elementwise / 3 / hbm
-    elif "moe_act" in modules:
-        rerun += tokens * acts.moe_act_output * elementwise / 3 / hbm
+    else:
+        if "moe_act" in modules:
+            rerun += tokens * acts.moe_act_output * elementwise / 3 / hbm
+        if "shared_experts" in modules:
+            # moe_layer.py shared_experts_compute: the shared expert's forward again (its
+            # share of the MoE layer's GEMMs, at their rate) and its activation and gate.
+            rerun += state.mlp_forward_s * shared_expert_flops_per_token(m) \
+                / mlp_forward_flops_per_token(m) \
+                + tokens * (acts.shared_split + acts.shared_replicated) * elementwise / 3 / hbm
+    if "mla_up_proj" in modules:
+        # multi_latent_attention.py qkv_up_proj_and_rope_apply again: the up projections'
+        # GEMMs, RoPE and the copies into the query, key and value (the bytes it freed).
+        rerun += state.mla_up_forward_s + tokens * acts.mla_qkv * elementwise / 3 / hbm
     if "layernorm" in modules:
         rerun += tokens * 2 * NORM_BYTES * m.hidden_size / (s.tp if s.sequence_parallel else 1) \
             * elementwise / 3 / hbm

@@ -37,6 +37,7 @@ from autotune.specs.flops import (
     gemm_size,
     hardware_flops_per_token,
     mla_down_flops_per_token,
+    mla_up_flops_per_token,
     mlp_forward_flops_per_token,
     model_flops_per_token,
 )
@@ -473,6 +474,8 @@ def _stage_times(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostPar
         gemm_fwd += tokens * mla_down_flops_per_token(model) * (1 - 1 / t) / layer_rate \
             / state.layer_gemm_speedup
     mlp_fwd = tokens * fl.layer_mlp / t / mlp_rate / state.layer_gemm_speedup
+    mla_up_fwd = tokens * mla_up_flops_per_token(model) / t / layer_rate \
+        / state.layer_gemm_speedup
     core_flops = tokens * fl.layer_core / t
     acts = layer_activations(model, t, state.attention)
     # Core attention at its kernel's efficiency, and an unfused one's s^2 memory traffic
@@ -558,6 +561,7 @@ def _stage_times(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostPar
         stage = stages.get(n)
         if stage is None:
             stage = StageState(layers=n, chunk=n // s.vpp, layer=layer, mlp_forward_s=mlp_fwd,
+                               mla_up_forward_s=mla_up_fwd,
                                activations=acts, tokens=tokens, layer_bytes=full_bytes,
                                hbm_bytes_per_s=hbm, elementwise_bytes=elementwise)
             for stage_term in _STAGE_TERMS:

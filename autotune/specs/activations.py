@@ -39,6 +39,7 @@ __all__ = [
     "inflight_microbatches",
     "layer_activations",
     "layer_bytes",
+    "mla_fused_norm_bytes",
     "mla_latent_bytes",
     "qkv_extra",
     "rope_table_bytes",
@@ -80,6 +81,22 @@ class LayerActivations:
     recompute frees along with the experts' internals (moe_layer.py checkpoints the layer)."""
     moe_split: float = 0.0
     """Split bytes per token of the experts' internals (fc1 output, activation output)."""
+    shared_split: float = 0.0
+    """Split bytes per token of the shared expert's internals (fc1 output, fc2 input), among
+    moe_split: what `shared_experts` recompute frees (moe_layer.py checkpoints the module)."""
+    shared_replicated: float = 0.0
+    """Replicated bytes per token the shared expert keeps beyond its input, among
+    moe_replicated (its gate's factors; under FP8's delayed recipe its fc1's quantized input):
+    freed by `shared_experts` recompute too."""
+    mla_qkv: float = 0.0
+    """Split bytes per token of Multi-Latent Attention's query, key and value (among `split`):
+    the up projections' region's outputs, whose storage `mla_up_proj` recompute empties once
+    core attention has saved them (multi_latent_attention.py, CheckpointWithoutOutput)."""
+    mla_fused_norms: float = 0.0
+    """Replicated bytes per token that Transformer Engine's fused latent norm and up projection
+    keep beyond their input (the norm's fp32 statistics and output), among `replicated`: inside
+    mla_up_proj's checkpoint with impl te only (gpt_layer_specs.py fuses q_layernorm and
+    kv_layernorm into linear_q_up_proj and linear_kv_up_proj there)."""
     qkv_extra: float = 0.0
     """Split bytes per token kept of the query, key and value beyond Q, K and V once each
     (`qkv_extra`): memory, not traffic, so not among `split` (the cost model's element-wise
@@ -146,7 +163,7 @@ def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
     split += out_copy
     # MLP block: LayerNorm input 2h, fc1 input 2h, dropout mask h (replicated)...
     replicated += 2 * h + e * h + hidden_mask * h
-    mlp_internal = moe_act = moe_replicated = moe_split = 0.0
+    mlp_internal = moe_act = moe_replicated = moe_split = shared_split = shared_replicated = 0.0
     if model.is_moe:
         assert model.num_experts is not None
         k, fe = model.moe_topk, model.expert_ffn_size
@@ -163,11 +180,13 @@ def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
         # make it save the original (shared_experts.py: set_save_original_input where the
         # recipe is not delayed, the projection's condition above).
         fs = model.shared_expert_ffn_size
-        moe_split += 2 * gates * fs / t + e * fs / t
+        shared_split = 2 * gates * fs / t + e * fs / t
         if fs and e != 2 and not proj_saves_original:
-            moe_replicated += e * h
+            shared_replicated += e * h
         if model.moe_shared_expert_gate:
-            moe_replicated += 2 * h + 2
+            shared_replicated += 2 * h + 2
+        moe_split += shared_split
+        moe_replicated += shared_replicated
         replicated += moe_replicated
         split += moe_split
     else:
@@ -191,6 +210,10 @@ def layer_activations(model: ModelSpec, tp: int, attention: AttentionBytes,
                             dropout_mask=hidden_mask, norm_outputs=e * h + e * h,
                             mlp_internal=mlp_internal, moe_act_output=moe_act,
                             moe_replicated=moe_replicated, moe_split=moe_split,
+                            shared_split=shared_split, shared_replicated=shared_replicated,
+                            mla_qkv=(2 * q_in + 2 * k_in + 2 * v_in
+                                     if model.multi_latent_attention else 0.0),
+                            mla_fused_norms=mla_fused_norm_bytes(model, e),
                             qkv_extra=extra, per_position=rope_table_bytes(model))
 
 
@@ -223,6 +246,21 @@ def mla_latent_bytes(model: ModelSpec, linear_input_bytes: float = 2.0) -> float
     query = e * q_rank if q_rank else 0.0
     # The up projection saves kv_compressed itself, the view, in bf16; FP8 a quantized copy.
     return query + (combined if e == 2.0 else e * kv_rank)
+
+
+def mla_fused_norm_bytes(model: ModelSpec, linear_input_bytes: float = 2.0) -> float:
+    """Bytes per token of mla_latent_bytes that the latent norms add beyond their inputs (fp32
+    statistics, the up projections' saved input): what a checkpoint of the up projections frees
+    where Transformer Engine fuses each norm into its up projection (TELayerNormColumnParallel-
+    Linear keeps its input, the statistics and the norm's output; the checkpoint keeps the
+    input alone). 0 without MLA or without qk_layernorm."""
+    if not model.multi_latent_attention or not model.qk_layernorm:
+        return 0.0
+    assert model.kv_lora_rank is not None
+    stats = 4.0 if model.normalization == "RMSNorm" else 8.0
+    e = linear_input_bytes
+    query = stats + e * model.q_lora_rank if model.q_lora_rank else 0.0
+    return query + stats + e * model.kv_lora_rank
 
 
 def qkv_extra(model: ModelSpec, tp: int, attention: AttentionBytes, *,
@@ -334,14 +372,16 @@ def rope_table_bytes(model: ModelSpec) -> float:
 
 
 def layer_bytes(acts: LayerActivations, *, tokens: float, seq: float, tp: int,
-                sequence_parallel: bool, freed: float = 0.0) -> float:
+                sequence_parallel: bool, freed: float = 0.0,
+                freed_per_position: float = 0.0) -> float:
     """Stored bytes of one layer for `tokens` local tokens of local sequence length `seq`,
-    less `freed` bytes per token that a selective recompute does not store
-    (autotune.levers.recompute.module_savings; 0: every activation stored)."""
+    less `freed` bytes per token and `freed_per_position` bytes per position that a selective
+    recompute does not store (autotune.levers.recompute.module_savings,
+    module_position_savings; 0: every activation stored)."""
     replicated = acts.replicated / tp if sequence_parallel else acts.replicated
     stored = replicated + acts.split + acts.qkv_extra + seq * acts.per_key
     stored -= freed
-    return tokens * stored + seq * acts.per_position
+    return tokens * stored + seq * (acts.per_position - freed_per_position)
 
 
 def inflight_microbatches(*, pp: int, vpp: int, stage: int, num_microbatches: int) -> float:

@@ -17,8 +17,9 @@ from typing import Protocol
 from autotune.specs.model import ModelSpec
 
 __all__ = ["GemmFit", "GemmSplit", "forward_flops_per_token", "gemm_efficiency", "gemm_size",
-           "hardware_flops_per_token", "mla_down_flops_per_token", "mlp_forward_flops_per_token",
-           "model_flops_per_token"]
+           "hardware_flops_per_token", "mla_down_flops_per_token", "mla_up_flops_per_token",
+           "mlp_forward_flops_per_token", "model_flops_per_token",
+           "shared_expert_flops_per_token"]
 
 
 def mlp_forward_flops_per_token(model: ModelSpec) -> float:
@@ -29,12 +30,20 @@ def mlp_forward_flops_per_token(model: ModelSpec) -> float:
     mlp_mats = 3 if model.gated_linear_unit else 2
     if model.is_moe:
         assert model.num_experts is not None
-        # The shared expert: every token through one more MLP, and its gate's h x 1 GEMM.
-        shared = 2 * mlp_mats * h * model.shared_expert_ffn_size \
-            + (2 * h if model.moe_shared_expert_gate else 0)
         return float(model.moe_topk * 2 * mlp_mats * h * model.expert_ffn_size
-                     + 2 * h * model.num_experts + shared)  # router
+                     + 2 * h * model.num_experts  # router
+                     + shared_expert_flops_per_token(model))
     return float(2 * mlp_mats * h * model.ffn_size)
+
+
+def shared_expert_flops_per_token(model: ModelSpec) -> float:
+    """An MoE layer's shared expert's forward FLOPs per token (moe/shared_experts.py): every
+    token through one more MLP, and its gate's h x 1 GEMM; what `shared_experts` recompute runs
+    again. 0 without a shared expert."""
+    h = model.hidden_size
+    mlp_mats = 3 if model.gated_linear_unit else 2
+    return float(2 * mlp_mats * h * model.shared_expert_ffn_size
+                 + (2 * h if model.moe_shared_expert_gate else 0))
 
 
 def mla_down_flops_per_token(model: ModelSpec) -> float:
@@ -49,20 +58,29 @@ def mla_down_flops_per_token(model: ModelSpec) -> float:
     return float(2 * model.hidden_size * latent)
 
 
+def mla_up_flops_per_token(model: ModelSpec) -> float:
+    """Multi-Latent Attention's up projections' forward FLOPs per token
+    (multi_latent_attention.py qkv_up_proj_and_rope_apply): the query from its latent
+    (q_lora_rank; from h through linear_q_proj without one), heads of qk_dim; the keys' and
+    values' from kv_lora_rank, heads of qk_head_dim + v_head_dim (the key's RoPE part comes out
+    of the down projection, shared by heads). What `mla_up_proj` recompute runs again; 0
+    without MLA."""
+    if not model.multi_latent_attention:
+        return 0.0
+    assert model.kv_lora_rank is not None and model.qk_head_dim is not None
+    n = model.num_attention_heads
+    query = 2 * (model.q_lora_rank or model.hidden_size) * n * model.qk_dim
+    return float(query + 2 * model.kv_lora_rank * n * (model.qk_head_dim + model.v_dim))
+
+
 def _attention_forward_flops_per_token(model: ModelSpec) -> float:
     """The attention block's projections' forward FLOPs per token (core attention apart)."""
     h = model.hidden_size
     q = model.attention_width  # h unless the head dimension is the model's own (kv_channels)
     proj = 2 * q * h
     if model.multi_latent_attention:
-        # multi_latent_attention.py: the query from its latent (q_lora_rank) or from h, heads
-        # of qk_dim; keys' and values' up projection from kv_lora_rank, heads of qk_head_dim +
-        # v_head_dim (the key's RoPE part comes out of the down projection, shared by heads).
-        assert model.kv_lora_rank is not None and model.qk_head_dim is not None
-        n = model.num_attention_heads
-        query = 2 * (model.q_lora_rank or h) * n * model.qk_dim
-        kv_up = 2 * model.kv_lora_rank * n * (model.qk_head_dim + model.v_dim)
-        return mla_down_flops_per_token(model) + query + kv_up + proj
+        # multi_latent_attention.py: the down projections, then the up projections.
+        return mla_down_flops_per_token(model) + mla_up_flops_per_token(model) + proj
     kv = model.query_groups * model.head_dim
     return float(2 * h * (q + 2 * kv) + proj)
 
