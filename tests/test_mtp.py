@@ -84,8 +84,8 @@ def test_flops_add_a_layer_eh_proj_and_logits_per_mtp_layer(base: ModelSpec, n: 
     MTP layer (its 3h of norms aside), forward and backward (x 3)."""
     h, v = base.hidden_size, base.vocab_size
     layer = base.mtp_layer_model
-    one_layer = model_flops_per_token(dataclasses.replace(layer, num_layers=layer.num_layers + 1)) \
-        - model_flops_per_token(layer)
+    longer = dataclasses.replace(layer, num_layers=layer.num_layers + 1)
+    one_layer = model_flops_per_token(longer) - model_flops_per_token(layer)
     added = model_flops_per_token(dataclasses.replace(base, mtp_num_layers=n)) \
         - model_flops_per_token(base)
     assert added == pytest.approx(n * (one_layer + 3 * (2 * 2 * h * h + 2 * h * v)))
