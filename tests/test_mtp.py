@@ -205,3 +205,22 @@ def test_mtp_flags_both_ways(tmp_path: Path, extra: str, layers: int,
     exported.write_text(megatron_lm_script(model, Layout(gbs=64), title=["round trip"]))
     again = read_megatron_command(str(exported)).model
     assert (again.mtp_num_layers, again.mtp_loss_scaling_factor) == (layers, factor)
+
+
+@pytest.mark.parametrize(("layout", "refused"), [
+    (Layout(pp=2, dp=4, gbs=64, recompute="full", recompute_method="uniform",
+            recompute_num_layers=2), "megatron-core checkpoints them with 1 only"),
+    (Layout(pp=2, dp=4, gbs=64, recompute="full", recompute_method="uniform",
+            recompute_num_layers=1), None),
+    (Layout(pp=2, dp=4, gbs=64, recompute="full", recompute_method="block",
+            recompute_num_layers=2), None),
+])
+def test_uniform_recompute_of_mtp_takes_one_layer(layout: Layout, refused: str | None) -> None:
+    """multi_token_prediction.py asserts recompute_num_layers 1 under uniform full recompute;
+    the model without MTP takes the others."""
+    from autotune.layouts.layout import check
+
+    assert check(layout, DENSE, CLUSTER) == []
+    messages = [v.message for v in check(layout, MTP, CLUSTER)]
+    assert messages == ([] if refused is None else [messages[0]])
+    assert refused is None or refused in messages[0]
