@@ -224,3 +224,10 @@ def test_uniform_recompute_of_mtp_takes_one_layer(layout: Layout, refused: str |
     messages = [v.message for v in check(layout, MTP, CLUSTER)]
     assert messages == ([] if refused is None else [messages[0]])
     assert refused is None or refused in messages[0]
+
+
+def test_the_trust_line_says_mtp_never_ran_on_a_gpu() -> None:
+    from autotune.predict.trust import outside_range
+
+    assert "Multi-Token Prediction layers never run on a GPU" in outside_range(MTP, CLUSTER)
+    assert not any("Multi-Token" in note for note in outside_range(DENSE, CLUSTER))
