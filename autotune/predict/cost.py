@@ -33,6 +33,7 @@ from autotune.specs.activations import layer_activations, layer_bytes
 from autotune.specs.elementwise import layer_elementwise_bytes
 from autotune.specs.flops import (
     GEMM_EFFICIENCY_MAX,
+    eh_proj_forward_flops_per_token,
     gemm_efficiency,
     gemm_size,
     hardware_flops_per_token,
@@ -40,7 +41,6 @@ from autotune.specs.flops import (
     mla_down_flops_per_token,
     mlp_forward_flops_per_token,
     model_flops_per_token,
-    mtp_forward_flops_per_token,
 )
 from autotune.specs.gemm_rates import mean_rate, rate_curve
 from autotune.specs.hardware import ClusterSpec, GpuSpec
@@ -231,9 +231,6 @@ class _Flops:
     """The output layer's: 2 h V per prediction depth (the main model's and each MTP
     layer's)."""
     model_per_token: float
-    mtp_mats: float = 0.0
-    """The MTP layers' GEMMs (their transformer layers' and eh_proj), per token."""
-    mtp_core: float = 0.0
 
 
 @functools.lru_cache(maxsize=1024)
@@ -243,10 +240,8 @@ def _flops(model: ModelSpec) -> _Flops:
     base = model_flops_per_token(model)
     core = (hardware_flops_per_token(model, "selective") - base) / model.num_layers
     mats = (hardware_flops_per_token(model, "full") - base) / model.num_layers - core
-    mtp_mats, mtp_core = mtp_forward_flops_per_token(model)
     return _Flops(layer_mats=mats, layer_core=core, layer_mlp=mlp_forward_flops_per_token(model),
-                  logits=logits_forward_flops_per_token(model), model_per_token=base,
-                  mtp_mats=mtp_mats, mtp_core=mtp_core)
+                  logits=logits_forward_flops_per_token(model), model_per_token=base)
 
 
 def _gemm_rates(model: ModelSpec, s: Layout, gpu: GpuSpec,
@@ -559,7 +554,7 @@ def _stage_times(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostPar
     logits_s = (tokens * fl.logits * 3 / t / logits_rate
                 + (1 + mtp) * tokens * vocab_rank * 4 * ce_passes / hbm)
     if mtp:
-        logits_s += tokens * (fl.mtp_mats - mtp * fl.layer_mats) * 3 / t / layer_rate \
+        logits_s += tokens * eh_proj_forward_flops_per_token(model) * 3 / t / layer_rate \
             / state.layer_gemm_speedup
     # Pipeline: send + receive of s b h bf16 per chunk boundary, forward and backward (1/t of
     # it with SP or Megatron's scatter-gather; Narayanan et al. 2021, Section 4.1).

@@ -16,7 +16,8 @@ from typing import Protocol
 
 from autotune.specs.model import ModelSpec
 
-__all__ = ["GemmFit", "GemmSplit", "forward_flops_per_token", "gemm_efficiency", "gemm_size",
+__all__ = ["GemmFit", "GemmSplit", "eh_proj_forward_flops_per_token", "forward_flops_per_token",
+           "gemm_efficiency", "gemm_size",
            "hardware_flops_per_token", "logits_forward_flops_per_token",
            "mla_down_flops_per_token", "mlp_forward_flops_per_token", "model_flops_per_token",
            "mtp_forward_flops_per_token"]
@@ -109,8 +110,13 @@ def mtp_forward_flops_per_token(model: ModelSpec) -> tuple[float, float]:
     if not n:
         return 0.0, 0.0
     mats, core = _layer_forward_flops_per_token(model.mtp_layer_model)
-    eh_proj = 2 * (2 * model.hidden_size) * model.hidden_size
-    return n * (mats + eh_proj), n * core
+    return n * mats + eh_proj_forward_flops_per_token(model), n * core
+
+
+def eh_proj_forward_flops_per_token(model: ModelSpec) -> float:
+    """The MTP layers' eh_proj GEMMs' forward FLOPs per token: 2h x h each
+    (multi_token_prediction.py MultiTokenPredictionLayer.eh_proj); 0 without MTP."""
+    return float(model.mtp_num_layers * 2 * (2 * model.hidden_size) * model.hidden_size)
 
 
 def forward_flops_per_token(model: ModelSpec) -> float:
