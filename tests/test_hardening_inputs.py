@@ -403,8 +403,9 @@ ADDED_MODEL_FIELDS = ("sliding_window", "kv_channels", "add_qkv_bias", "qk_layer
                       "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
                       "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
                       "qk_pos_emb_head_dim", "v_head_dim",
-                      "rotary_percent", "apply_layernorm_1p", "moe_layer_freq")
-"""ModelSpec fields added after studies were written (sessions 17-23)."""
+                      "rotary_percent", "apply_layernorm_1p", "moe_layer_freq",
+                      "mtp_num_layers", "mtp_loss_scaling_factor")
+"""ModelSpec fields added after studies were written (sessions 17-24)."""
 
 
 @pytest.mark.parametrize("preset", ["llama3-8b", "gpt2-xl", "mixtral-8x7b"])
@@ -428,7 +429,8 @@ def test_a_model_field_added_later_keeps_the_study_name(preset: str) -> None:
 
 @pytest.mark.parametrize(("field", "value"), [("add_qkv_bias", True), ("qk_layernorm", True),
                                               ("rotary_percent", 0.5),
-                                              ("apply_layernorm_1p", True)])
+                                              ("apply_layernorm_1p", True),
+                                              ("mtp_num_layers", 1)])
 def test_a_model_field_added_later_names_its_own_study_when_set(field: str,
                                                                 value: object) -> None:
     import dataclasses

@@ -10,7 +10,7 @@ import pytest
 from autotune.cli import main
 from autotune.errors import ConfigError
 from autotune.specs.hf_config import read_hf_config
-from autotune.specs.params import count_parameters
+from autotune.specs.params import count_parameters, parameter_counts
 from autotune.specs.presets import load_model
 
 HF = Path(__file__).parent / "data" / "hf"
@@ -324,12 +324,21 @@ def test_deepseek_dense_first_layers_are_mapped(capsys: pytest.CaptureFixture[st
 
 def test_deepseek_v3_counts_its_published_size() -> None:
     """DeepSeek-V3: 61 layers, the first 3 dense, MLA with a query latent, 256 experts of 2048
-    and a shared one: 671B (its technical report; the checkpoint's 685B adds the MTP module,
-    which autotune notes and does not plan)."""
+    and a shared one: 671B without its MTP module (its technical report and README: "671B of
+    the Main Model weights"); the MTP module's own parameters "11.5B unique parameters
+    (excluding the shared 0.9B Embedding and 0.9B output Head)" (README_WEIGHTS.md), an MoE
+    layer, eh_proj and three norms; with the two shared copies the checkpoint's 685B."""
     spec = read_hf_config(str(HF / "deepseek-v3.json")).spec
     assert spec.moe_layer_freq == (0, 0, 0) + (1,) * 58
-    assert count_parameters(spec) == 671_026_404_352
-    assert count_parameters(spec) == pytest.approx(671e9, rel=0.001)
+    assert spec.mtp_num_layers == 1 and spec.mtp_layer_is_moe
+    counts = parameter_counts(spec)
+    assert counts.without_mtp == count_parameters(spec.without_mtp) == 671_026_404_352
+    assert counts.without_mtp == pytest.approx(671e9, rel=0.001)
+    assert counts.total == count_parameters(spec) == 682_636_472_320
+    mtp = counts.total - counts.without_mtp
+    assert mtp == 11_610_067_968 == pytest.approx(11.5e9, rel=0.01)
+    head_and_embedding = 2 * 129_280 * 7168
+    assert counts.total + head_and_embedding == pytest.approx(685e9, rel=0.001)
 
 
 @pytest.mark.parametrize(("change", "pattern"), [
@@ -415,14 +424,28 @@ def test_deepseek_v2_lite_counts_its_published_size(tmp_path: Path) -> None:
       "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
       "num_nextn_predict_layers": 1},
      ["scoring_func 'sigmoid', topk_method 'noaux_tc', n_group 8, topk_group 4, "
-      "routed_scaling_factor 2.5", "num_nextn_predict_layers 1: multi-token prediction layers "
-      "are not planned"]),
+      "routed_scaling_factor 2.5"]),
 ])
-def test_deepseek_router_options_and_mtp_are_noted(tmp_path: Path, change: dict[str, object],
-                                                   noted: list[str]) -> None:
+def test_deepseek_router_options_are_noted(tmp_path: Path, change: dict[str, object],
+                                           noted: list[str]) -> None:
     notes = read_hf_config(str(_deepseek(tmp_path, change))).notes
     for text in noted:
         assert any(text in n for n in notes), (text, notes)
+
+
+@pytest.mark.parametrize(("change", "mtp", "moe"), [
+    ({"num_nextn_predict_layers": None}, 0, True), ({"num_nextn_predict_layers": 0}, 0, True),
+    ({"num_nextn_predict_layers": 1}, 1, True), ({"num_nextn_predict_layers": 2}, 2, True),
+    # The MTP layer is the last layer's kind: dense where the last layer is (every other layer
+    # MoE from the first, 26 layers: layer 25 is dense).
+    ({"num_nextn_predict_layers": 1, "first_k_dense_replace": 0, "moe_layer_freq": 2,
+      "num_hidden_layers": 26}, 1, False),
+])
+def test_deepseek_mtp_layers_are_mapped(tmp_path: Path, change: dict[str, object], mtp: int,
+                                        moe: bool) -> None:
+    spec = read_hf_config(str(_deepseek(tmp_path, change))).spec
+    assert spec.mtp_num_layers == mtp and spec.mtp_layer_is_moe == moe
+    assert spec.mtp_loss_scaling_factor is None  # Megatron's default, 0.1
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -435,6 +458,8 @@ def test_deepseek_router_options_and_mtp_are_noted(tmp_path: Path, change: dict[
     ({"qk_rope_head_dim": 0}, "qk_rope_head_dim must be a positive integer"),
     ({"first_k_dense_replace": 0, "num_experts_per_tok": None}, "no 'num_experts_per_tok'"),
     ({"first_k_dense_replace": 0, "num_experts_per_tok": 65}, "moe_topk=65 must be between"),
+    ({"num_nextn_predict_layers": -1}, "num_nextn_predict_layers must be a positive integer"),
+    ({"num_nextn_predict_layers": 17}, "mtp_num_layers must be an integer between 0 and 16"),
 ])
 def test_deepseek_what_cannot_be_mapped_is_refused(tmp_path: Path, change: dict[str, object],
                                                    message: str) -> None:

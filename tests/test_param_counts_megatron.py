@@ -76,6 +76,20 @@ MODELS = [
                         moe_layer_freq=(0, 1)),
     dataclasses.replace(LLAMA, name="moe-freq-2", num_experts=4, moe_topk=2,
                         moe_ffn_hidden_size=64, moe_layer_freq=2),
+    # Multi-Token Prediction (--mtp-num-layers): a dense one, two on a tied model, DeepSeek-V3's
+    # shape (its MTP layer an MoE layer, as its last layer is), and a dense MTP layer where the
+    # last layer of an MoE model is dense.
+    dataclasses.replace(LLAMA, name="mtp", mtp_num_layers=1),
+    dataclasses.replace(LLAMA, name="mtp-2", mtp_num_layers=2, mtp_loss_scaling_factor=0.3),
+    # Tied: the same embedding, no second copy (pp = 1). Its dropout leaves the step out: with
+    # the inputs as labels a tied model's loss starts well below ln(vocabulary).
+    dataclasses.replace(LLAMA, name="mtp-tied", mtp_num_layers=1, tied_embeddings=True,
+                        hidden_dropout=0.1),
+    dataclasses.replace(MLA, name="mla-moe-dense-first-mtp", num_experts=4, moe_topk=2,
+                        moe_ffn_hidden_size=64, moe_shared_expert_intermediate_size=80,
+                        moe_layer_freq=(0, 1), mtp_num_layers=1),
+    dataclasses.replace(LLAMA, name="moe-dense-last-mtp", num_experts=4, moe_topk=2,
+                        moe_ffn_hidden_size=64, moe_layer_freq=(1, 0), mtp_num_layers=1),
 ]
 
 
@@ -107,3 +121,10 @@ def test_parameter_counts_are_megatron_cores(tmp_path: Path) -> None:
     assert built["starcoder2"] < built["gpt"]  # fewer key/value heads, no learned positions
     assert built["llama"] < built["moe-dense-first"] < built["moe"]
     assert built["moe-freq-2"] == built["moe-dense-first"]  # one MoE and one dense layer each
+    # An MTP layer: one more layer of the last layer's kind, eh_proj (2h x h) and three norms.
+    h = LLAMA.hidden_size
+    one_layer = count_parameters(dataclasses.replace(LLAMA, num_layers=3)) \
+        - count_parameters(LLAMA)
+    assert built["mtp"] - built["llama"] == one_layer + 2 * h * h + 3 * h  # RMSNorm: weights
+    assert built["mla-moe-dense-first-mtp"] - built["mla-moe-dense-first"] \
+        > built["mtp"] - built["llama"]  # an MoE layer's experts

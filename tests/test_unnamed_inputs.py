@@ -79,8 +79,15 @@ MOE = " --num-experts 8 --moe-router-topk 2"
     (MOE + " --moe-grouped-gemm", None),
     (MOE + " --transformer-impl local --moe-grouped-gemm", "legacy GroupedMLP"),
     (" --transformer-impl local --moe-grouped-gemm", None),  # no experts: Megatron ignores it
-    (" --mtp-num-layers 1", "multi-token prediction layers"),
+    # Multi-Token Prediction is read (test_mtp.py); Megatron-LM's own rule refuses it with
+    # learned positions (arguments.py validate_args), in one line.
+    (" --mtp-num-layers 1", "Multi-Token Prediction .* needs position_embedding rope"),
+    (" --position-embedding-type rope --mtp-num-layers 1", None),
+    (" --position-embedding-type rope --mtp-num-layers 17", "between 0 and 16"),
+    (" --position-embedding-type rope --mtp-num-layers 1 --mtp-loss-scaling-factor -1",
+     "mtp_loss_scaling_factor must be a number between 0 and 100"),
     (" --mtp-num-layers 0", None),
+    (" --mtp-loss-scaling-factor 0.3", None),  # no MTP layer: nothing it scales
     (" --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*12|t*12L'",
      "a pipeline layout of its own"),
     (" --heterogeneous-layers-config-path layers.json", "layers of different shapes"),

@@ -124,6 +124,11 @@ def _groups(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
     # saves no memory over the even groups and is not the documented use.
     if s.recompute != "full" or s.recompute_method != RecomputeMethod.UNIFORM:
         return None
+    if m.mtp_num_layers and s.recompute_num_layers != 1:
+        # multi_token_prediction.py _checkpointed_forward: "recompute_num_layers must be 1 for
+        # MTP recompute" (an assert in the MTP layer's forward).
+        return (f"uniform recompute_num_layers={s.recompute_num_layers} with MTP layers: "
+                "megatron-core checkpoints them with 1 only")
     counts = sorted(set(chunk_layers(s, m)))
     if any(n % s.recompute_num_layers for n in counts):
         listed = ", ".join(map(str, counts))
@@ -512,8 +517,9 @@ def _derived_values(s: Layout, m: ModelSpec) -> tuple[int, ...]:
     if _block(s):
         # transformer_block.py: 1 to the layers of a chunk (rule recompute_layers).
         return tuple(range(1, max(chunk_layers(s, m)) + 1))
-    # Uniform groups must divide every chunk's layers (rule recompute_groups).
-    return common_divisors(chunk_layers(s, m))
+    # Uniform groups must divide every chunk's layers, and be 1 with MTP (rule
+    # recompute_groups).
+    return (1,) if m.mtp_num_layers else common_divisors(chunk_layers(s, m))
 
 
 LEVER = Lever(

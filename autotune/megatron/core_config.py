@@ -152,6 +152,10 @@ def _transformer(m: ModelSpec, s: Layout) -> dict[str, Any]:
             kwargs["moe_shared_expert_gate"] = True
         if m.moe_layer_freq != 1:  # a tuple here (run keys); the worker passes a list
             kwargs["moe_layer_freq"] = m.moe_layer_freq
+    if m.mtp_num_layers:  # only where set, as above; the block spec: autotune.worker.build
+        kwargs["mtp_num_layers"] = m.mtp_num_layers
+        if m.mtp_loss_scaling_factor is not None:
+            kwargs["mtp_loss_scaling_factor"] = m.mtp_loss_scaling_factor
     return kwargs
 
 

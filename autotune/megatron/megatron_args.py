@@ -269,6 +269,24 @@ def _read_moe(g: Given) -> dict[str, Any]:
             and (g.integer("--num-experts") or 0) > 1 else 1}
 
 
+def _emit_mtp(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
+    if not m.mtp_num_layers:
+        return []
+    args = ["--mtp-num-layers", str(m.mtp_num_layers)]
+    if m.mtp_loss_scaling_factor is not None:  # None: megatron-core's default, unsaid
+        args += ["--mtp-loss-scaling-factor", repr(float(m.mtp_loss_scaling_factor))]
+    return args
+
+
+def _read_mtp(g: Given) -> dict[str, Any]:
+    # TransformerConfig's mtp_num_layers (None: no MTP, as 0: `if args.mtp_num_layers`) and
+    # mtp_loss_scaling_factor; the factor without layers changes nothing Megatron-LM builds.
+    layers = g.integer("--mtp-num-layers") or 0
+    factor = g.number("--mtp-loss-scaling-factor", 0.1) \
+        if layers and g.has("--mtp-loss-scaling-factor") else None
+    return {"mtp_num_layers": layers, "mtp_loss_scaling_factor": factor}
+
+
 # ---- the layout ----------------------------------------------------------------------------
 
 
@@ -443,6 +461,9 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
                    Flag("--moe-shared-expert-gate", takes_value=False),
                    Flag("--moe-layer-freq")),
             emit=_emit_moe, read=_read_moe),
+    FlagRow(name="mtp", part=Part.MODEL,
+            flags=(Flag("--mtp-num-layers"), Flag("--mtp-loss-scaling-factor")),
+            emit=_emit_mtp, read=_read_mtp),
     # The parallel layout.
     value("--tensor-model-parallel-size", "tp", Part.LAYOUT, default=1),
     value("--pipeline-model-parallel-size", "pp", Part.LAYOUT, default=1),
@@ -595,8 +616,6 @@ UNREPRESENTED_FLAGS: dict[str, Unrepresented] = {
         _one_value(lambda v, m: v == ("yarn" if m.multi_latent_attention else "rope"))),
     "--experimental-attention-variant": Unrepresented("an attention variant of its own"),
     "--moe-latent-size": Unrepresented("MoE experts in a latent space"),
-    "--mtp-num-layers": Unrepresented(
-        "multi-token prediction layers", _one_value(lambda v, m: _integer(v) == 0)),
     "--heterogeneous-layers-config-path": Unrepresented("layers of different shapes"),
     "--heterogeneous-layers-config-encoded-json": Unrepresented("layers of different shapes"),
     "--pipeline-model-parallel-layout": Unrepresented(

@@ -28,14 +28,16 @@ from autotune.levers.base import CostState, StageState
 from autotune.levers.pipeline_split import even_layers, mix_kinds, stage_kind_shares
 from autotune.levers.recompute import acting_layout
 from autotune.predict.memory import MAIN_GRAD_BYTES, PARAM_BYTES, stage_linear_params, stage_params
+from autotune.predict.mtp_terms import add_difference, mtp_model
 from autotune.specs.activations import layer_activations, layer_bytes
 from autotune.specs.elementwise import layer_elementwise_bytes
 from autotune.specs.flops import (
     GEMM_EFFICIENCY_MAX,
-    forward_flops_per_token,
+    eh_proj_forward_flops_per_token,
     gemm_efficiency,
     gemm_size,
     hardware_flops_per_token,
+    logits_forward_flops_per_token,
     mla_down_flops_per_token,
     mla_up_flops_per_token,
     mlp_forward_flops_per_token,
@@ -227,6 +229,8 @@ class _Flops:
     layer_mlp: float
     """The MLP's (MoE layer's) part of layer_mats."""
     logits: float
+    """The output layer's: 2 h V per prediction depth (the main model's and each MTP
+    layer's)."""
     model_per_token: float
 
 
@@ -237,9 +241,8 @@ def _flops(model: ModelSpec) -> _Flops:
     base = model_flops_per_token(model)
     core = (hardware_flops_per_token(model, "selective") - base) / model.num_layers
     mats = (hardware_flops_per_token(model, "full") - base) / model.num_layers - core
-    logits = forward_flops_per_token(model) - model.num_layers * (mats + core)
     return _Flops(layer_mats=mats, layer_core=core, layer_mlp=mlp_forward_flops_per_token(model),
-                  logits=logits, model_per_token=base)
+                  logits=logits_forward_flops_per_token(model), model_per_token=base)
 
 
 def _gemm_rates(model: ModelSpec, s: Layout, gpu: GpuSpec,
@@ -393,6 +396,14 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
                                     _cost_state(moe_model, moe_s, cluster, prm))
         per_stage = [mix_kinds(d, e, stage_kind_shares(s, model, i))
                      for i, (d, e) in enumerate(zip(dense_times, moe_times, strict=True))]
+        if model.mtp_num_layers:
+            # The MTP layers, one kind, on the last stage (autotune.predict.mtp_terms).
+            kind = mtp_model(model)
+            kind_s = acting_layout(kind, s)
+            plus, _ = _stage_times(kind, kind_s, cluster, prm,
+                                   _cost_state(kind, kind_s, cluster, prm))
+            minus = moe_times if model.mtp_layer_is_moe else dense_times
+            per_stage[-1] = add_difference(per_stage[-1], plus[-1], minus[-1])
     else:
         per_stage, pp_mb = _stage_times(model, s, cluster, prm, state)
     fl = _flops(model)
@@ -536,10 +547,18 @@ def _stage_times(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostPar
     # The last stage adds the output layer (2 h V per token forward) and the vocab-parallel
     # cross entropy over fp32 logits (cross_entropy.py: ~4 passes over 4-byte elements; the
     # fused kernels fewer, autotune.levers.cross_entropy).
+    # Each MTP layer adds one more of both (fl.logits counts its GEMM) and its eh_proj, a
+    # column-parallel 2h x h GEMM (multi_token_prediction.py) at the layers' rate; its
+    # transformer layer is one more layer of the last stage, below. Its output's gather over
+    # the tensor-parallel group (and the sequence-parallel gather of its input) is not priced.
     vocab_rank = padded_vocab_size(model, t) / t
     ce_passes = state.cross_entropy_passes
+    mtp = model.mtp_num_layers
     logits_s = (tokens * fl.logits * 3 / t / logits_rate
-                + tokens * vocab_rank * 4 * ce_passes / hbm)
+                + (1 + mtp) * tokens * vocab_rank * 4 * ce_passes / hbm)
+    if mtp:
+        logits_s += tokens * eh_proj_forward_flops_per_token(model) * 3 / t / layer_rate \
+            / state.layer_gemm_speedup
     # Pipeline: send + receive of s b h bf16 per chunk boundary, forward and backward (1/t of
     # it with SP or Megatron's scatter-gather; Narayanan et al. 2021, Section 4.1).
     pp_mb = 0.0
@@ -550,23 +569,27 @@ def _stage_times(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostPar
                              sequence_parallel=s.sequence_parallel)
 
     # --- each pipeline stage, one micro-batch: its layers (an uneven split gives the first or
-    # last stage its own count) and, on the last, the logits.
+    # last stage its own count) and, on the last, the logits and the MTP layers' transformer
+    # layers (of this model's one kind: a mixed model adds them apart, autotune.predict.
+    # mtp_terms), in its last chunk.
     counts = state.stage_layers
     times: dict[tuple[int, bool], _StageTime] = {}
-    stages: dict[int, StageState] = {}  # what the levers add depends on the layers alone
+    stages: dict[tuple[int, int], StageState] = {}  # the levers' terms: by layers and chunk
     for i, n in enumerate(counts):
         key = (n, i == s.pp - 1)
         if key in times:
             continue
-        stage = stages.get(n)
+        extra = mtp if key[1] else 0
+        shape = (n + extra, n // s.vpp + extra)
+        stage = stages.get(shape)
         if stage is None:
-            stage = StageState(layers=n, chunk=n // s.vpp, layer=layer, mlp_forward_s=mlp_fwd,
-                               mla_up_forward_s=mla_up_fwd,
+            stage = StageState(layers=shape[0], chunk=shape[1], layer=layer,
+                               mlp_forward_s=mlp_fwd, mla_up_forward_s=mla_up_fwd,
                                activations=acts, tokens=tokens, layer_bytes=full_bytes,
                                hbm_bytes_per_s=hbm, elementwise_bytes=elementwise)
             for stage_term in _STAGE_TERMS:
                 stage = stage_term(model, s, cluster, prm, stage)
-            stages[n] = stage
+            stages[shape] = stage
         times[key] = _stage_time(s, prm, state, stage, logits_s=logits_s if key[1] else 0.0,
                                  pp_s=pp_mb, module_host_s=module_host_s)
     per_stage = [times[(n, i == s.pp - 1)] for i, n in enumerate(counts)]
@@ -709,9 +732,10 @@ def _dp_exposed(model: ModelSpec, s: Layout, cluster: ClusterSpec, prm: CostPara
     if state.overlap_param_gather:
         gather_s = max(0.0, gather_s - fwd_window_s) + tail_s * PARAM_BYTES / grad_bytes
     embed_s = 0.0
-    if s.pp > 1 and model.tied_embeddings:
-        # Tied word embeddings: first and last stage all-reduce the embedding gradient
-        # (megatron/core/distributed/finalize_model_grads.py), not overlapped.
+    if s.pp > 1 and (model.tied_embeddings or model.mtp_num_layers):
+        # Tied word embeddings, or the MTP layers' copy of them on the last stage: first and
+        # last stage all-reduce the embedding gradient (megatron/core/distributed/
+        # finalize_model_grads.py _get_shared_word_embedding_weight), not overlapped.
         nbytes = padded_vocab_size(model, s.tp) * model.hidden_size / s.tp * grad_bytes
         embed_s = ring_allreduce_s(nbytes, 2, _link(cluster, cluster.num_gpus), prm)
     return grad_s + gather_s + embed_s

@@ -21,6 +21,7 @@ from autotune.levers import LEVERS
 from autotune.levers.base import ActivationState, MemoryState
 from autotune.levers.pipeline_split import even_layers, mix_kinds, stage_kind_shares
 from autotune.levers.recompute import acting_layout
+from autotune.predict.mtp_terms import add_difference, mtp_model
 from autotune.specs.activations import (
     LayerActivations,
     inflight_microbatches,
@@ -29,7 +30,7 @@ from autotune.specs.activations import (
 )
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec, padded_vocab_size
-from autotune.specs.params import mla_attention_params
+from autotune.specs.params import mla_attention_params, mtp_own_params
 
 __all__ = ["BLOCK_MARGIN", "MEMORY_BLIND", "MemoryEstimate", "MemoryParams", "StageMemory",
            "estimate_memory", "memory_key", "stage_linear_params", "stage_params"]
@@ -243,6 +244,10 @@ class _Params:
     """Of a layer's parameters, the weights of its GEMMs (QKV, projection, MLP or experts):
     what Transformer Engine runs in FP8. Norms, biases, the router and the embedding and output
     layers are not among them."""
+    last_expert: float = 0.0
+    """The last stage's expert parameters besides its layers' (MTP layers' experts)."""
+    last_linear: float = 0.0
+    """The last stage's GEMM weights besides its layers' (MTP layers' and their eh_proj)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -293,8 +298,23 @@ def _param_counts(model: ModelSpec, tp: int, ep: int, pp: int) -> _Params:
     # The last stage holds the final norm and the output layer; a tied output layer is the
     # embedding itself when pp == 1 and a synchronized copy on the last stage when pp > 1.
     last = norm + (vocab if (not model.tied_embeddings or pp > 1) else 0)
+    if not model.mtp_num_layers:
+        return _Params(layer_dense=dense, layer_expert=expert, first_extra=first,
+                       last_extra=last, layer_linear=linear)
+    # Multi-Token Prediction, all on the last stage (megatron-core 0.16.1 mtp_on_this_rank):
+    # each MTP layer's transformer layer (a layer of the model's, here every layer's kind:
+    # a mixed model's stages add it apart, _mixed_estimate) and its own norms and eh_proj
+    # (column-parallel). Away from the first stage GPTModel builds a word embedding there too,
+    # synchronized with the first stage's (gpt_model.py: `if self.pre_process or
+    # self.mtp_process`; language_module.py setup_embeddings_and_output_layer), beside the
+    # output layer's weight, which it allocates even when tied (skip_weight_param_allocation
+    # only with pre_process).
+    n, own = model.mtp_num_layers, mtp_own_params(model, t)
+    eh_proj = 2 * h * h / t
+    last += n * (dense + own) + (vocab if pp > 1 else 0)
     return _Params(layer_dense=dense, layer_expert=expert, first_extra=first, last_extra=last,
-                   layer_linear=linear)
+                   layer_linear=linear, last_expert=n * expert,
+                   last_linear=n * (linear + eh_proj))
 
 
 def stage_params(model: ModelSpec, layout: Layout, stage: int,
@@ -307,18 +327,28 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int,
         a, b = stage_kind_shares(layout, model, stage)
         dense = stage_params(model.dense_layer_model, layout, stage, layers)
         moe = stage_params(model.moe_layer_model, layout, stage, layers)
-        return a * dense[0] + b * moe[0], a * dense[1] + b * moe[1]
+        mixed = a * dense[0] + b * moe[0], a * dense[1] + b * moe[1]
+        if model.mtp_num_layers and stage == layout.pp - 1:  # autotune.predict.mtp_terms
+            plus = stage_params(mtp_model(model), layout, stage, layers)
+            minus = moe if model.mtp_layer_is_moe else dense
+            mixed = mixed[0] + plus[0] - minus[0], mixed[1] + plus[1] - minus[1]
+        return mixed
     return _stage_params(_param_counts(model, layout.tp, layout.ep, layout.pp), layers, stage,
                          layout.pp)
 
 
 def _stage_params(counts: _Params, layers: int, stage: int, pp: int) -> tuple[float, float]:
-    dense = layers * counts.layer_dense
+    dense, expert = layers * counts.layer_dense, layers * counts.layer_expert
     if stage == 0:
         dense += counts.first_extra
     if stage == pp - 1:
         dense += counts.last_extra
-    return dense, layers * counts.layer_expert
+        expert += counts.last_expert
+    return dense, expert
+
+
+def _stage_linear(counts: _Params, layers: int, stage: int, pp: int) -> float:
+    return layers * counts.layer_linear + (counts.last_linear if stage == pp - 1 else 0.0)
 
 
 def stage_linear_params(model: ModelSpec, layout: Layout, stage: int,
@@ -329,10 +359,15 @@ def stage_linear_params(model: ModelSpec, layout: Layout, stage: int,
         layers = stage_layers(layout, model)[stage]
     if model.has_dense_layers:
         a, b = stage_kind_shares(layout, model, stage)
-        return (a * stage_linear_params(model.dense_layer_model, layout, stage, layers)
-                + b * stage_linear_params(model.moe_layer_model, layout, stage, layers))
+        dense = stage_linear_params(model.dense_layer_model, layout, stage, layers)
+        moe = stage_linear_params(model.moe_layer_model, layout, stage, layers)
+        mixed = a * dense + b * moe
+        if model.mtp_num_layers and stage == layout.pp - 1:  # autotune.predict.mtp_terms
+            mixed += stage_linear_params(mtp_model(model), layout, stage, layers) \
+                - (moe if model.mtp_layer_is_moe else dense)
+        return mixed
     counts = _param_counts(model, layout.tp, layout.ep, layout.pp)
-    return layers * counts.layer_linear
+    return _stage_linear(counts, layers, stage, layout.pp)
 
 
 def _nccl_groups(s: Layout, model: ModelSpec) -> int:
@@ -343,10 +378,11 @@ def _nccl_groups(s: Layout, model: ModelSpec) -> int:
     buffers. megatron-core 0.16.1 all-reduces over the embedding group only when the input
     embedding and the output layer share their weight (distributed/finalize_model_grads.py,
     `_allreduce_word_embedding_grads`: `if model_module.share_embeddings_and_output_weights`),
-    as the cost model prices it (autotune.predict.cost._dp_exposed); an untied model's
-    embedding group never makes one."""
+    as the cost model prices it (autotune.predict.cost._dp_exposed), or with MTP layers
+    (whose last stage keeps a copy of the embedding: `or getattr(config, 'mtp_num_layers', 0)`
+    there); an untied model's embedding group never makes one without them."""
     groups = (s.tp > 1) + (s.cp > 1) + (s.dp * s.cp > 1) + (s.pp > 1) \
-        + (s.pp > 1 and model.tied_embeddings)
+        + (s.pp > 1 and (model.tied_embeddings or model.mtp_num_layers > 0))
     if model.is_moe:
         groups += (s.ep > 1) + (s.expert_dp > 1)
     return int(groups)
@@ -447,8 +483,16 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams, states: Me
         logits = tokens * padded_vocab_size(model, s.tp) / s.tp \
             * states.logits_bytes_per_element
         block = tokens * padded_vocab_size(model, s.tp) / s.tp * 4  # the fp32 copy
+        if model.mtp_num_layers:
+            mtp = _mtp_activations(model, s, acts, full, tokens)
+            activations += mtp
+            # Each MTP layer's logits and cross entropy run before the main model's
+            # (gpt_model.py _postprocess), each saving its softmax for backward: one more
+            # logits block per MTP layer (exact for one; with more, the bf16 logits of all but
+            # the last are freed, 2 B of the 6 per element: an over-count).
+            logits *= 1 + model.mtp_num_layers
     # The layers' GEMM weights at what the levers keep of each (FP8 copies or parameters).
-    linear = layers * one.params.layer_linear
+    linear = _stage_linear(one.params, layers, stage, s.pp)
     weights = PARAM_BYTES * n_params + (states.linear_weight_bytes - PARAM_BYTES) * linear
     grads = states.main_grad_bytes * n_params
     # What lives only through the optimizer step (MemoryState.step_bytes_per_param) sets the
@@ -463,6 +507,26 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams, states: Me
                        logits_bytes=logits, workspace_bytes=workspace, overhead_bytes=overhead,
                        saved_bytes=saved, largest_block_bytes=block, host_bytes=host,
                        block_margin_bytes=chunk.block_margin * block)
+
+
+MTP_BYTES_PER_HIDDEN = 10
+"""Bytes per token and hidden unit an MTP layer keeps for backward besides its transformer
+layer, bf16 (megatron-core 0.16.1 multi_token_prediction.py): enorm's input (the embedding of
+the next tokens, 2), eh_proj's input (the 2h concatenation, 4), its final_layernorm's input
+and the output layer's input (2 + 2). hnorm's input is the decoder's output, which the main
+final norm keeps already; its embedding's dropout mask is the layer's dropout_mask apart."""
+
+
+def _mtp_activations(model: ModelSpec, s: Layout, acts: LayerActivations, full: float,
+                     tokens: float) -> float:
+    """What the MTP layers on the last stage keep for one micro-batch (the one micro-batch
+    between its forward and backward there, as the logits): each its transformer layer in full
+    (uniform full recompute checkpoints it, multi_token_prediction.py _checkpointed_forward,
+    the block method does not: an over-count with the former) and MTP_BYTES_PER_HIDDEN, with
+    its embedding's dropout mask, per token and hidden unit (sequence-parallel: split)."""
+    tsp = s.tp if s.sequence_parallel else 1
+    own = tokens * model.hidden_size * (MTP_BYTES_PER_HIDDEN + acts.dropout_mask) / tsp
+    return model.mtp_num_layers * (full + own)
 
 
 MEMORY_BLIND: frozenset[str] = frozenset(
@@ -516,11 +580,21 @@ def _mixed_estimate(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     layer, logits: the same in both) plus its layers' sum, so the layer-weighted mean is exact
     for them; the recompute workspace, the overhead and the largest block are taken as the
     same mean (the layers' kinds within a chunk, which full recompute's block method and
-    offloading see, are not told apart)."""
+    offloading see, are not told apart). The MTP layers are added to the last stage apart
+    (autotune.predict.mtp_terms)."""
     dense_model, moe_model = model.dense_layer_model, model.moe_layer_model
     dense = estimate_memory(dense_model, acting_layout(dense_model, layout), cluster, mp)
     moe = estimate_memory(moe_model, acting_layout(moe_model, layout), cluster, mp)
     stages = tuple(mix_kinds(d, e, stage_kind_shares(layout, model, d.stage), stage=d.stage)
                    for d, e in zip(dense.stages, moe.stages, strict=True))
+    if model.mtp_num_layers:
+        # The MTP layers, one kind, on the last stage (autotune.predict.mtp_terms).
+        kind = mtp_model(model)
+        plus = estimate_memory(kind, acting_layout(kind, layout), cluster, mp).stages[-1]
+        minus = (moe if model.mtp_layer_is_moe else dense).stages[-1]
+        last = stages[-1]
+        stages = (*stages[:-1], add_difference(
+            last, plus, minus, stage=last.stage, largest_block_bytes=last.largest_block_bytes,
+            block_margin_bytes=last.block_margin_bytes))
     peak = max(stages, key=lambda st: st.total_bytes)
     return replace(moe, stages=stages, peak_stage=peak.stage, peak_bytes=peak.total_bytes)

@@ -87,6 +87,10 @@ def outside_range(model: ModelSpec, cluster: ClusterSpec,
         # _mixed_estimate and estimate_cost, through pipeline_split.mix_kinds); counted against
         # megatron-core on CPU, never run on a GPU.
         notes.append("dense layers among MoE layers never run on a GPU")
+    if model.mtp_num_layers:
+        # Counted against megatron-core's MTP block on CPU (a training step there), priced on
+        # the last stage (autotune.predict.memory, cost); never run on a GPU.
+        notes.append("Multi-Token Prediction layers never run on a GPU")
     return notes
 
 

@@ -139,7 +139,8 @@ _ADDED_MODEL_FIELDS: dict[str, Any] = {"sliding_window": None, "kv_channels": No
                                         "kv_lora_rank": None, "qk_head_dim": None,
                                         "qk_pos_emb_head_dim": None, "v_head_dim": None,
                                         "rotary_percent": 1.0, "apply_layernorm_1p": False,
-                                        "moe_layer_freq": 1}
+                                        "moe_layer_freq": 1, "mtp_num_layers": 0,
+                                        "mtp_loss_scaling_factor": None}
 """ModelSpec fields newer than the first studies, with the value every earlier model had: left
 out of the study name's digest at that value, so the studies written before them keep their
 names (`--resume` finds them)."""

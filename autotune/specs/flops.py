@@ -16,9 +16,10 @@ from typing import Protocol
 
 from autotune.specs.model import ModelSpec
 
-__all__ = ["GemmFit", "GemmSplit", "forward_flops_per_token", "gemm_efficiency", "gemm_size",
-           "hardware_flops_per_token", "mla_down_flops_per_token", "mla_up_flops_per_token",
-           "mlp_forward_flops_per_token", "model_flops_per_token",
+__all__ = ["GemmFit", "GemmSplit", "eh_proj_forward_flops_per_token", "forward_flops_per_token",
+           "gemm_efficiency", "gemm_size", "hardware_flops_per_token",
+           "logits_forward_flops_per_token", "mla_down_flops_per_token", "mla_up_flops_per_token",
+           "mlp_forward_flops_per_token", "model_flops_per_token", "mtp_forward_flops_per_token",
            "shared_expert_flops_per_token"]
 
 
@@ -108,11 +109,39 @@ def _all_layers_forward(model: ModelSpec) -> tuple[float, float]:
     return dense * dense_mats + moe * moe_mats, dense * dense_core + moe * moe_core
 
 
+def logits_forward_flops_per_token(model: ModelSpec) -> float:
+    """The output layer's forward FLOPs per token (2 h V), once per prediction depth: the
+    main model's and each MTP layer's (megatron-core 0.16.1 gpt_model.py _postprocess runs
+    output_layer on each MTP layer's hidden states)."""
+    return float(2 * model.hidden_size * model.vocab_size * (1 + model.mtp_num_layers))
+
+
+def mtp_forward_flops_per_token(model: ModelSpec) -> tuple[float, float]:
+    """(matrix-multiply, core-attention) forward FLOPs per token of the Multi-Token Prediction
+    layers, their output GEMMs apart (logits_forward_flops_per_token): each one transformer
+    layer of the last layer's kind (ModelSpec.mtp_layer_model) and eh_proj, 2h x h
+    (multi_token_prediction.py); Megatron-LM's num_floating_point_operations counts the same
+    (training.py: the MTP layers among the layers of the last layer's kind, "MTP eh proj"
+    2 h^2, and the logits x (mtp_num_layers + 1)). 0 without MTP."""
+    n = model.mtp_num_layers
+    if not n:
+        return 0.0, 0.0
+    mats, core = _layer_forward_flops_per_token(model.mtp_layer_model)
+    return n * mats + eh_proj_forward_flops_per_token(model), n * core
+
+
+def eh_proj_forward_flops_per_token(model: ModelSpec) -> float:
+    """The MTP layers' eh_proj GEMMs' forward FLOPs per token: 2h x h each
+    (multi_token_prediction.py MultiTokenPredictionLayer.eh_proj); 0 without MTP."""
+    return float(model.mtp_num_layers * 2 * (2 * model.hidden_size) * model.hidden_size)
+
+
 def forward_flops_per_token(model: ModelSpec) -> float:
-    """Forward FLOPs per token: all layers plus the output logits (2 h V)."""
+    """Forward FLOPs per token: all layers, the MTP layers and the output logits (2 h V per
+    prediction depth)."""
     mats, core = _all_layers_forward(model)
-    logits = 2 * model.hidden_size * model.vocab_size
-    return mats + core + logits
+    mtp_mats, mtp_core = mtp_forward_flops_per_token(model)
+    return mats + core + mtp_mats + mtp_core + logits_forward_flops_per_token(model)
 
 
 def model_flops_per_token(model: ModelSpec) -> float:
@@ -128,7 +157,9 @@ def hardware_flops_per_token(model: ModelSpec, recompute: str = "none") -> float
     """FLOPs the GPUs execute per token, recomputation included.
 
     Full recompute repeats every layer's forward (eq. 3's 96 instead of 72); selective
-    recompute repeats only core attention (Korthikanti et al. 2022, Section 5).
+    recompute repeats only core attention (Korthikanti et al. 2022, Section 5). The decoder's
+    layers only: an MTP layer's recompute (multi_token_prediction.py _checkpointed_forward:
+    with the uniform method, none with block) is not counted.
     """
     mats, core = _all_layers_forward(model)
     extra = 0.0

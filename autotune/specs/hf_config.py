@@ -359,7 +359,10 @@ def _deepseek(c: _Config) -> tuple[dict[str, Any], list[str]]:
     models do not have yet (Megatron --moe-layer-freq): refused. The router's scoring
     (softmax or sigmoid), its group-limited top-k, routed_scaling_factor and norm_topk_prob
     change no memory and no step time noticeably (one h x experts GEMM either way): noted.
-    Multi-token prediction layers (num_nextn_predict_layers, V3) are not planned: noted."""
+    Multi-Token Prediction modules (num_nextn_predict_layers, V3: 1) are megatron-core's MTP
+    layers (ModelSpec.mtp_num_layers); the published 671B counts the main model alone, the
+    checkpoint's 685B adds the MTP module (11.5B of its own, its embedding and head copies of
+    the main model's: DeepSeek-V3's README and README_WEIGHTS.md)."""
     notes: list[str] = []
     hidden, heads = c.count("hidden_size"), c.count("num_attention_heads")
     groups = c.count("num_key_value_heads", heads)
@@ -420,10 +423,11 @@ def _deepseek(c: _Config) -> tuple[dict[str, Any], list[str]]:
         if router:
             notes.append(f"the router's {', '.join(router)} change no memory and no step time "
                          "noticeably: autotune plans megatron-core's softmax top-k router")
+    # DeepSeek-V3's Multi-Token Prediction modules (README_WEIGHTS.md: model.layers.61, one
+    # module; its embed_tokens and shared_head the main model's), megatron-core's MTP layers.
     mtp = c.get("num_nextn_predict_layers", 0)
-    if mtp:
-        notes.append(f"num_nextn_predict_layers {shown(mtp)}: multi-token prediction layers "
-                     "are not planned (the model is planned without them)")
+    if mtp != 0:
+        values["mtp_num_layers"] = c.count("num_nextn_predict_layers")
     return values, notes
 
 

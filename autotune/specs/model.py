@@ -13,10 +13,18 @@ from typing import Any
 from autotune.errors import ConfigError
 from autotune.inputs.bounds import Count, Fraction, Vocabulary
 
-__all__ = ["MODEL_NAME_MAX", "ModelSpec", "model_from_mapping", "padded_vocab_size"]
+__all__ = ["MODEL_NAME_MAX", "MTP_LAYERS_MAX", "MTP_LOSS_SCALE_MAX", "ModelSpec",
+           "model_from_mapping", "padded_vocab_size"]
 
 MODEL_NAME_MAX = 100
 """Characters of a model's `name:`; it titles reports and exported scripts."""
+
+MTP_LAYERS_MAX = 16
+"""Multi-Token Prediction layers autotune accepts (DeepSeek-V3 trains with 1); more would be a
+typo, each a whole transformer layer on the last pipeline stage."""
+
+MTP_LOSS_SCALE_MAX = 100.0
+"""The largest --mtp-loss-scaling-factor accepted (megatron-core's default is 0.1)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,6 +130,19 @@ class ModelSpec:
     """Megatron's default (--hidden-dropout); GPT-2 trains with it, Llama and Mixtral with 0."""
     attention_dropout: Fraction = 0.1
     make_vocab_size_divisible_by: Count = 128
+    mtp_num_layers: int = 0
+    """Multi-Token Prediction layers (Megatron `--mtp-num-layers`; config.json's
+    `num_nextn_predict_layers`: DeepSeek-V3 has 1); 0: none. megatron-core 0.16.1's
+    MultiTokenPredictionBlock (transformer/multi_token_prediction.py) puts them all on the last
+    pipeline stage (mtp_on_this_rank without a custom layout): each is an enorm and an hnorm,
+    eh_proj (2h x h, no bias), one transformer layer of the kind of the model's last layer
+    (Megatron-LM gpt_builders.py: decoder_layer_specs[-1]; `mtp_layer_model`) and a final norm;
+    it shares the embedding and the output layer, and adds one more output GEMM and cross
+    entropy per layer (gpt_model.py _postprocess). The last stage of a pipeline keeps its own
+    copy of the word embeddings for it (GPTModel builds `embedding` where mtp_process)."""
+    mtp_loss_scaling_factor: float | None = None
+    """The MTP loss's weight (Megatron `--mtp-loss-scaling-factor`); None: megatron-core's
+    default, 0.1. A training option: no parameter, FLOP or byte depends on it."""
 
     def __post_init__(self) -> None:
         # The name reaches report titles, script comments and the default study name: one
@@ -148,6 +169,7 @@ class ModelSpec:
                                   f"got {value!r}")
         self._check_mla()
         self._check_layer_freq()
+        self._check_mtp()
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"model {self.name}: hidden_size={self.hidden_size} must be "
                               f"divisible by num_attention_heads={self.num_attention_heads}")
@@ -221,6 +243,27 @@ class ModelSpec:
         if 1 not in freq:
             raise ConfigError(f"model {self.name}: moe_layer_freq has no MoE layer (no 1): "
                               "leave num_experts out for a dense model")
+
+    def _check_mtp(self) -> None:
+        """Megatron-LM's rules for Multi-Token Prediction (arguments.py validate_args)."""
+        n, factor = self.mtp_num_layers, self.mtp_loss_scaling_factor
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MTP_LAYERS_MAX:
+            raise ConfigError(f"model {self.name}: mtp_num_layers must be an integer between 0 "
+                              f"and {MTP_LAYERS_MAX}, got {n!r}")
+        if factor is not None:
+            if not n:
+                raise ConfigError(f"model {self.name}: mtp_loss_scaling_factor needs "
+                                  "mtp_num_layers above 0")
+            if isinstance(factor, bool) or not isinstance(factor, int | float) \
+                    or not 0 <= factor <= MTP_LOSS_SCALE_MAX:
+                raise ConfigError(f"model {self.name}: mtp_loss_scaling_factor must be a number "
+                                  f"between 0 and {MTP_LOSS_SCALE_MAX:g}, got {factor!r}")
+        # arguments.py: "Multi-Token Prediction (MTP) is not supported with
+        # learned_absolute position embedding type" (rope and none only).
+        if n and self.position_embedding == "learned_absolute":
+            raise ConfigError(f"model {self.name}: Multi-Token Prediction (mtp_num_layers={n}) "
+                              "needs position_embedding rope or none (Megatron-LM refuses "
+                              "learned_absolute with it)")
 
     def _check_mla(self) -> None:
         """megatron-core 0.16.1's rules for Multi-Latent Attention, each a one-line ConfigError."""
@@ -337,6 +380,22 @@ class ModelSpec:
         return _moe_layer_model(self)
 
     @property
+    def mtp_layer_is_moe(self) -> bool:
+        """Whether the MTP layers' transformer layer is an MoE layer: the model's last layer's
+        kind (Megatron-LM gpt_builders.py builds it from decoder_layer_specs[-1])."""
+        return self.moe_layer_mask[-1]
+
+    @property
+    def mtp_layer_model(self) -> ModelSpec:
+        """A model whose every layer is the MTP layers' transformer layer, without MTP."""
+        return _mtp_layer_model(self)
+
+    @property
+    def without_mtp(self) -> ModelSpec:
+        """The same model without its Multi-Token Prediction layers."""
+        return _without_mtp(self)
+
+    @property
     def max_positions(self) -> int:
         return self.max_position_embeddings or self.seq_length
 
@@ -364,14 +423,28 @@ class ModelSpec:
 @functools.lru_cache(maxsize=256)
 def _dense_layer_model(model: ModelSpec) -> ModelSpec:
     # Cached: the models price a mixed model's stages from it on every estimate.
+    # Without MTP: a stage's MTP layers are priced apart (its layer is one kind, the model's
+    # last layer's: `mtp_layer_model`), not as a share of each kind.
     return replace(model, num_experts=None, moe_topk=2, moe_ffn_hidden_size=None,
                    moe_shared_expert_intermediate_size=None, moe_shared_expert_gate=False,
-                   moe_layer_freq=1)
+                   moe_layer_freq=1, mtp_num_layers=0, mtp_loss_scaling_factor=None)
 
 
 @functools.lru_cache(maxsize=256)
 def _moe_layer_model(model: ModelSpec) -> ModelSpec:
-    return replace(model, moe_layer_freq=1)
+    return replace(model, moe_layer_freq=1, mtp_num_layers=0, mtp_loss_scaling_factor=None)
+
+
+@functools.lru_cache(maxsize=256)
+def _without_mtp(model: ModelSpec) -> ModelSpec:
+    return replace(model, mtp_num_layers=0, mtp_loss_scaling_factor=None)
+
+
+@functools.lru_cache(maxsize=256)
+def _mtp_layer_model(model: ModelSpec) -> ModelSpec:
+    if not model.has_dense_layers:
+        return model.without_mtp
+    return model.moe_layer_model if model.mtp_layer_is_moe else model.dense_layer_model
 
 
 def padded_vocab_size(model: ModelSpec, tp: int = 1) -> int:

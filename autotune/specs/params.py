@@ -4,7 +4,8 @@ Counts follow megatron-core's GPTModel: QKV and projection (with biases when add
 the QKV's alone with add_qkv_bias), the query and key norms (qk_layernorm), or Multi-Latent
 Attention's down and up projections and latent norms (`mla_attention_params`), the MLP (two or,
 gated, three matrices), two norms per layer, the final norm, word embeddings padded as Megatron
-pads them, learned position embeddings, and an untied output layer. Checked against the models
+pads them, learned position embeddings, an untied output layer, and Multi-Token Prediction
+layers (`mtp_own_params` and one transformer layer each). Checked against the models
 megatron-core builds (tests/test_param_counts_megatron.py) and against published checkpoints
 to the parameter (tests/test_hf_config.py).
 """
@@ -19,7 +20,7 @@ from autotune.inputs.bounds import PARAMETERS_MAX
 from autotune.specs.model import ModelSpec, padded_vocab_size
 
 __all__ = ["ParameterCounts", "check_size", "count_parameters", "mla_attention_params",
-           "parameter_counts"]
+           "mtp_own_params", "parameter_counts"]
 
 
 def mla_attention_params(model: ModelSpec, tp: int) -> tuple[float, float]:
@@ -68,18 +69,46 @@ class ParameterCounts:
     are an MoE layer's."""
     dense_layer_params: int = 0
     """One such dense layer's parameters."""
+    mtp_layers: int = 0
+    """Multi-Token Prediction layers (ModelSpec.mtp_num_layers)."""
+    mtp_layer_params: int = 0
+    """One MTP layer's own parameters (`mtp_layer_params`); the embedding and the output layer
+    it shares are counted once, above."""
 
     @property
     def total(self) -> int:
         per_layer = self.dense_per_layer + self.expert_per_layer
         return (self.embedding + self.output + self.final_norm
                 + per_layer * (self.num_layers - self.dense_layers)
-                + self.dense_layer_params * self.dense_layers)
+                + self.dense_layer_params * self.dense_layers
+                + self.mtp_layer_params * self.mtp_layers)
+
+    @property
+    def without_mtp(self) -> int:
+        """The main model's parameters: what DeepSeek-V3's published 671B counts."""
+        return self.total - self.mtp_layer_params * self.mtp_layers
+
+
+def mtp_own_params(model: ModelSpec, tp: int = 1) -> float:
+    """One MTP layer's parameters besides its transformer layer, on one of `tp` ranks:
+    megatron-core 0.16.1 MultiTokenPredictionLayer's enorm, hnorm and final_layernorm (the
+    model's norm, whole on every rank) and eh_proj, a column-parallel 2h x h linear without
+    bias (multi_token_prediction.py __init__)."""
+    h = model.hidden_size
+    norm = (2 if model.normalization == "LayerNorm" else 1) * h  # LayerNorm has a bias
+    return 3 * norm + 2 * h * h / tp
 
 
 @lru_cache(maxsize=256)
 def parameter_counts(model: ModelSpec) -> ParameterCounts:
     """Parameter counts of `model` at tp = 1."""
+    if model.mtp_num_layers:
+        # The main model's counts, and each MTP layer's: its transformer layer (a layer of the
+        # kind of the model's last layer, ModelSpec.mtp_layer_model) and its own modules.
+        layer = parameter_counts(model.mtp_layer_model)
+        return replace(parameter_counts(model.without_mtp), mtp_layers=model.mtp_num_layers,
+                       mtp_layer_params=layer.dense_per_layer + layer.expert_per_layer
+                       + int(mtp_own_params(model)))
     if model.has_dense_layers:
         # Each kind of layer counted as a model of that kind alone counts it.
         one = parameter_counts(model.dense_layer_model)

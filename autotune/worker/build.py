@@ -132,6 +132,27 @@ def _layer_spec(spec: TrialSpec, config: Any, vp_stage: int | None) -> Any:
                                       layer_norm=LayerNormImpl if impl == "te" else _TorchNorm)
 
 
+def _mtp_block_spec(spec: TrialSpec, config: Any, vp_stage: int | None) -> Any:
+    """The Multi-Token Prediction block spec of this pipeline chunk (None without MTP, and on
+    every chunk but the last stage's last: megatron-core 0.16.1 get_mtp_num_layers_to_build).
+    Its transformer layer is the model's last layer's kind, as Megatron-LM's gpt_builders.py
+    takes decoder_layer_specs[-1]; the norms are the layers' own (TE's, or the worker's torch
+    norm: the local backend's would be apex's or megatron-core's WrappedTorchNorm)."""
+    if not spec.model.mtp_num_layers:
+        return None
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+
+    m = spec.model
+    layer = _kind_layer_spec(spec, m.num_experts if m.mtp_layer_is_moe else None)
+    block = get_gpt_mtp_block_spec(config, layer, use_transformer_engine=spec.layout.impl == "te",
+                                   vp_stage=vp_stage)
+    if block is not None and spec.layout.impl != "te":
+        for mtp_layer in block.layer_specs:
+            sub = mtp_layer.submodules
+            sub.enorm = sub.hnorm = sub.layer_norm = _TorchNorm
+    return block
+
+
 def _kind_layer_spec(spec: TrialSpec, experts: int | None) -> Any:
     """The layer spec of `spec`'s implementation for a layer with `experts` experts (None: a
     dense MLP)."""
@@ -265,6 +286,7 @@ def _gpt_model(gpt_model: Any, spec: TrialSpec, config: Any, vocab_size: int,
     return gpt_model(
             config=config,
             transformer_layer_spec=_layer_spec(spec, config, vp_stage),
+            mtp_block_spec=_mtp_block_spec(spec, config, vp_stage),
             vocab_size=vocab_size,
             max_sequence_length=m.max_positions,
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False,

@@ -77,6 +77,15 @@ def _step(model: object, vocab: int) -> dict[str, object]:
     mask = torch.ones(2, 1, 32, 32, dtype=torch.bool).triu(1)
     loss = model(tokens, positions, mask, labels=tokens).mean()  # type: ignore[operator]
     loss.backward()
+    # Multi-Token Prediction and MoE log their losses in process-wide trackers sized by the
+    # first model's layers (multi_token_prediction.py MTPLossLoggingHelper, moe_utils.py
+    # save_to_aux_losses_tracker: an MTP model's MoE layers number num_layers + mtp_num_layers):
+    # emptied for the next model.
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    MTPLossLoggingHelper.tracker.clear()
+    get_moe_layer_wise_logging_tracker().clear()
     no_grad = [n for n, p in model.named_parameters()  # type: ignore[attr-defined]
                if p.grad is None or not torch.isfinite(p.grad).all()]
     return {"loss": float(loss), "no_grad": no_grad}
