@@ -165,9 +165,10 @@ def test_each_kind_recomputes_the_modules_that_act_on_it(modules: str, dense: st
 
 
 def test_the_trust_line_says_so() -> None:
-    assert "dense layers among MoE layers never run on a GPU" in outside_range(
-        FIRST_DENSE, CLUSTER)
-    assert "dense layers among MoE layers never run on a GPU" not in outside_range(MOE, CLUSTER)
+    note = ("dense layers among MoE layers measured on one model at pp 1 only (step time up "
+            "to 34% slow there)")
+    assert note in outside_range(FIRST_DENSE, CLUSTER)
+    assert note not in outside_range(MOE, CLUSTER)
 
 
 def test_fp8_checks_both_kinds_of_layer() -> None:

@@ -85,12 +85,16 @@ def outside_range(model: ModelSpec, cluster: ClusterSpec,
     if model.has_dense_layers:
         # Priced per kind of layer from the two kinds' own terms (autotune.predict.memory
         # _mixed_estimate and estimate_cost, through pipeline_split.mix_kinds); counted against
-        # megatron-core on CPU, never run on a GPU.
-        notes.append("dense layers among MoE layers never run on a GPU")
+        # megatron-core on CPU, then DeepSeek-V2-Lite's first dense and five MoE layers on one
+        # H200 (results/benchmarks/2026-11-29-h200-allocator-mixed-s24.md: device memory
+        # +0.4..+2.0%, step time 22-34% slow, the MoE layer's host terms), at pp 1 only.
+        notes.append("dense layers among MoE layers measured on one model at pp 1 only (step "
+                     "time up to 34% slow there)")
     if model.mtp_num_layers:
         # Counted against megatron-core's MTP block on CPU (a training step there), priced on
-        # the last stage (autotune.predict.memory, cost); never run on a GPU.
-        notes.append("Multi-Token Prediction layers never run on a GPU")
+        # the last stage (autotune.predict.memory, cost); one dense model at pp 1 on one H200
+        # (results/benchmarks/2026-11-29-h200-mtp-s24.md: step -1.9%, memory -0.6%).
+        notes.append("Multi-Token Prediction measured on one dense model at pp 1 only")
     return notes
 
 
