@@ -257,3 +257,27 @@ def test_the_export_writes_the_split_and_from_megatron_reads_it_back(
     back = megatron_layout(read_megatron_command(str(script)), gpus)
     assert _split(back) == _split(resolved)
     assert stage_layers(back, model) == stage_layers(resolved, model)
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_deepseek_v3_on_1024_h100_plans_by_default(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Session 23's plan, refused by the default space before ("no layout is predicted to
+    fit": no pp the space offers divides 61 layers but 1), plans pp 16 with 2 and 3 layers on
+    the end stages, the layout it found with those counts listed by hand. Two simulated
+    trials: the enumeration of the whole default space is most of the time (25 s on 2
+    cores)."""
+    from autotune.cli import main
+
+    monkeypatch.setenv("COLUMNS", "240")
+    dgx = Path(__file__).parent.parent / "search_spaces" / "clusters" / "dgx-h100.yaml"
+    code = main([str(HF / "deepseek-v3.json"), "--gpus", "1024", "--gpu", str(dgx),
+                 "--backend", "simulate", "--seq-len", "4096",
+                 "--gbs", "4096", "--trials", "2", "--results-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    best = next(line for line in out.splitlines() if line.startswith("│ 0 "))
+    assert "pp16" in best and "first2" in best and "last3" in best, best

@@ -17,6 +17,12 @@ Megatron-LM `--account-for-embedding-in-pipeline-split --account-for-loss-in-pip
 num_layers + 2 slots split evenly over the pipeline ranks, vpp chunks each, so the first and last
 ranks hold one transformer layer fewer. NVIDIA's Llama 3.1 405B recipes (126 layers, pp 8 vpp 8)
 run with both (Megatron-Bridge recipes/llama/llama3.py): autotune takes them together.
+
+A space may mark the end stages' counts `derive` (the default space does): `split_choices`
+lists the splits megatron-core accepts for the layout (the even one, the embedding/loss one,
+the end stages' own counts), and autotune.search.derive.resolve_joint takes the one the memory
+and cost models predict best. A pp that does not divide the layers (DeepSeek-V3's 61) is then
+reached without a hand-written list of counts.
 """
 
 from __future__ import annotations
