@@ -240,14 +240,17 @@ def test_a_plan_where_nothing_fits_says_so(capsys: pytest.CaptureFixture[str],
 # -- a GPU count whose odd factor no tp, pp or cp takes: the batch is the cause ------------------
 
 @pytest.mark.parametrize(("args", "dps", "factor", "batches"), [
-    (["tests/data/hf/llama-3-8b.json", "--gpus", "24"], "3, 6, 12 or 24", 3, (384, 768)),
-    (["mixtral-8x7b", "--gpus", "24"], "3, 6, 12 or 24", 3, (384, 768)),
-    (["llama3-8b", "--gpus", "48"], "3, 6, 12, 24 or 48", 3, (384, 768)),
+    # 24 and 48 GPUs are no longer such counts for a model of 32 layers: pp 3 takes their factor
+    # 3 with the derived pipeline split (11 + 11 + 10 layers); no pp the space offers takes 7
+    # or 11.
+    (["tests/data/hf/llama-3-8b.json", "--gpus", "56"], "7, 14, 28 or 56", 7, (448, 896)),
+    (["mixtral-8x7b", "--gpus", "56"], "7, 14, 28 or 56", 7, (448, 896)),
+    (["llama3-8b", "--gpus", "88"], "11, 22, 44 or 88", 11, (352, 704)),
     # gpt-1t on 40 GPUs is no longer one: pp 5 takes its factor 5 with the embedding/loss
     # split (128 layers + 2), which the default space derives.
     (["gpt-1t", "--gpus", "56"], "7, 14, 28 or 56", 7, (2688, 5376)),
     (["gpt2-xl", "--gpus", "7"], "7", 7, (56, 112)),
-], ids=["llama-3-8b.json-24", "mixtral-24", "llama3-8b-48", "gpt-1t-56", "gpt2-xl-7"])
+], ids=["llama-3-8b.json-56", "mixtral-56", "llama3-8b-88", "gpt-1t-56", "gpt2-xl-7"])
 @pytest.mark.parametrize("mode", [["--dry-run"], ["--backend", "simulate"]],
                          ids=["dry-run", "plan"])
 def test_a_batch_no_data_parallel_size_divides_names_the_factor(

@@ -98,9 +98,11 @@ def test_enumerating_the_same_space_twice_gives_an_answer_of_its_own() -> None:
 @pytest.mark.parametrize(("model", "gpus", "gbs", "found"), [
     ("gpt2-xl", 8, None, (True, True)), ("llama3-8b", 64, None, (True, True)),
     ("gpt2", 6, None, (True, False)),  # SMALL's tp and pp leave 6 GPUs no layout
-    # 24 GPUs leave dp 3, 6, 12 or 24, none dividing a batch of 512 (gbs_batch); no tp x pp x
-    # cp of gpt2-xl makes 7 GPUs (pp 7 does not divide its 48 layers).
-    ("llama3-8b", 24, 512, (False, False)), ("gpt2-xl", 7, None, (False, False)),
+    # 56 GPUs leave dp 7, 14, 28 or 56, none dividing a batch of 512 (gbs_batch); no tp x pp x
+    # cp of gpt2-xl makes 7 GPUs (the spaces offer no pp 7). 24 GPUs: the default space's pp 3
+    # with its derived split (11 + 11 + 10 layers) leaves dp 8; SMALL's pp 1, 2, 4 dp 6 to 24.
+    ("llama3-8b", 56, 512, (False, False)), ("gpt2-xl", 7, None, (False, False)),
+    ("llama3-8b", 24, 512, (True, False)),
 ])
 def test_any_valid_is_whether_the_enumeration_finds_a_layout(
         model: str, gpus: int, gbs: int | None, found: tuple[bool, bool]) -> None:
@@ -118,17 +120,19 @@ def test_any_valid_is_whether_the_enumeration_finds_a_layout(
 
 
 def test_a_dimension_the_space_does_not_list_is_not_enumerated() -> None:
-    """The default space lists no uneven first/last stage layers, offload or fused cross
-    entropy: they keep Layout's default in every layout and multiply no combination. Its
-    `embedding_loss_split: derive` is one combination, the even split wherever pp divides the
-    layers (llama3-8b's 32)."""
+    """The default space lists no offload or fused cross entropy: they keep Layout's default
+    in every layout and multiply no combination. Its `derive` pipeline split is one
+    combination: never the embedding/loss split where pp divides the layers (llama3-8b's 32),
+    the even split at pp 1."""
     from autotune.layouts.layout import LAYOUT_DEFAULTS, SEARCHED
 
     space = load_space()
     unlisted = [d for d in SEARCHED if d not in space.candidates]
-    assert "first_stage_layers" in unlisted and "embedding_loss_split" not in unlisted
+    assert "offload_layers" in unlisted
+    assert not {"first_stage_layers", "last_stage_layers", "embedding_loss_split"} & {*unlisted}
     summary = enumerate_space(space, load_model("llama3-8b"), cluster(64))
     assert summary.valid and summary.total == space.size()
     for s in summary.valid:
         assert all(getattr(s, d) == LAYOUT_DEFAULTS[d] for d in unlisted), s.describe()
         assert not s.embedding_loss_split, s.describe()
+        assert s.pp > 1 or not s.uneven, s.describe()

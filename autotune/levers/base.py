@@ -360,6 +360,12 @@ class Derivable:
     the lever applies, as `off` does where it does not: the enumeration checks its level's
     other rules first and resolves the count only for a layout they pass (a rule not named
     here gives the same answer whatever the count; tests/test_derive.py holds both)."""
+    joint: Callable[[Layout, ModelSpec, frozenset[str]], tuple[dict[str, Any], ...]] | None = None
+    """Where set, the count is one part of a choice of several fields (the pipeline split's
+    first and last stage counts): the choices Megatron accepts for the layout with the fields
+    `derived` free (the others as the layout holds them), each a {field: value} of every
+    field of the choice. autotune.search.derive.resolve_joint takes the one of least
+    predicted step time among those predicted to fit, not the least memory."""
 
 
 class Seed(enum.StrEnum):

@@ -17,12 +17,18 @@ Megatron-LM `--account-for-embedding-in-pipeline-split --account-for-loss-in-pip
 num_layers + 2 slots split evenly over the pipeline ranks, vpp chunks each, so the first and last
 ranks hold one transformer layer fewer. NVIDIA's Llama 3.1 405B recipes (126 layers, pp 8 vpp 8)
 run with both (Megatron-Bridge recipes/llama/llama3.py): autotune takes them together.
+
+A space may mark the end stages' counts `derive` (the default space does): `split_choices`
+lists the splits megatron-core accepts for the layout (the even one, the embedding/loss one,
+the end stages' own counts), and autotune.search.derive.resolve_joint takes the one the memory
+and cost models predict best. A pp that does not divide the layers (DeepSeek-V3's 61) is then
+reached without a hand-written list of counts.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -41,8 +47,9 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T", bound="DataclassInstance")
 
-__all__ = ["LEVER", "Fields", "chunk_layers", "chunk_sizes", "common_divisors", "even_layers",
-           "mix_kinds", "split_slots", "stage_kind_shares", "stage_layer_kinds", "stage_layers"]
+__all__ = ["LEVER", "SHARE_SLACK", "Fields", "chunk_layers", "chunk_sizes", "common_divisors",
+           "even_layers", "mix_kinds", "split_choices", "split_slots", "stage_kind_shares",
+           "stage_layer_kinds", "stage_layers"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,6 +226,89 @@ def _split_needed(s: Layout, m: ModelSpec) -> bool:
             and m.num_layers % s.pp != 0 and (m.num_layers + 2) % s.pp == 0)
 
 
+SHARE_SLACK = 2
+"""Layers above the least share of a middle stage that a derived split still offers. Every
+layer more on each middle stage is a layer more at the pipeline's pace, which only end stages
+slower than the middle by that much (a large output layer and loss) could repay; the first
+two cover those and keep the choices a handful (DeepSeek-V3's 61 layers at pp 16: 4)."""
+
+
+def _even_choice(s: Layout, m: ModelSpec) -> bool:
+    # get_num_layers_to_build: pp divides the layers, each stage's by vpp.
+    return m.num_layers % s.pp == 0 and (m.num_layers // s.pp) % s.vpp == 0
+
+
+def _slots_choice(s: Layout, m: ModelSpec) -> bool:
+    # TransformerConfig.__post_init__: pp divides num_layers + 2, each rank's slots by vpp.
+    slots = m.num_layers + 2
+    return slots % s.pp == 0 and (slots // s.pp) % s.vpp == 0
+
+
+def _end_counts(s: Layout, m: ModelSpec) -> list[tuple[int, int]]:
+    """(first, last) stage counts, 0 where the end holds the middle stages' share (not named:
+    the fewer flags), that TransformerConfig.__post_init__'s "Uneven PP" accepts: each named
+    count positive and divisible by vpp, the layers left split evenly over the middle stages,
+    each middle rank's by vpp. The ends hold at most the share (what they add, the embedding
+    and the output layer with the loss, only makes them heavier), the share at most
+    SHARE_SLACK above its least. pp 2 has no middle: one end named, the other holding the
+    rest, within SHARE_SLACK of the halves."""
+    n, pp, v = m.num_layers, s.pp, s.vpp
+    found: list[tuple[int, int]] = []
+    if pp == 2:
+        # megatron-core: one end named leaves one "middle" stage, the other, holding the rest.
+        half = -(-n // 2)
+        for heavy in range(half, min(n - 1, half + SHARE_SLACK) + 1):
+            light = n - heavy
+            if light < 1 or light % v or heavy % v or light == heavy:
+                continue
+            found += [(0, light), (light, 0)]
+        return found
+    least = -(-n // pp)
+    for share in range(least, least + SHARE_SLACK + 1):
+        ends = n - (pp - 2) * share
+        if share % v or ends < 2:
+            continue
+        for first in range(max(1, ends - share), min(share, ends - 1) + 1):
+            last = ends - first
+            if first % v or last % v or (first == share and last == share):
+                continue
+            found.append((0 if first == share else first, 0 if last == share else last))
+    return found
+
+
+def split_choices(s: Layout, m: ModelSpec, derived: frozenset[str]) -> tuple[dict[str, Any],
+                                                                              ...]:
+    """The pipeline splits Megatron accepts for `s` with the fields in `derived` free (the
+    others kept as `s` holds them): the even split where pp divides the layers, the
+    embedding/loss split where pp divides num_layers + 2 and `embedding_loss_split` is free
+    (or set), and the first/last stages' own counts (_end_counts). Each a {field: value} of
+    the three fields; none for pp 1. The even split first, then the slots, then the ends by
+    rising share (the resolver's order among equals)."""
+    if s.pp < 2:
+        return ()
+    names = ("first_stage_layers", "last_stage_layers", "embedding_loss_split")
+    options: list[tuple[int, int, bool]] = []
+    if _even_choice(s, m):
+        options.append((0, 0, False))
+    if _slots_choice(s, m):
+        options.append((0, 0, True))
+    options += [(first, last, False) for first, last in _end_counts(s, m)]
+    held = {name: getattr(s, name) for name in names if name not in derived}
+    chosen = [dict(zip(names, o, strict=True)) for o in options]
+    return tuple(c for c in chosen if all(c[name] == value for name, value in held.items()))
+
+
+def _end_values(name: str) -> Callable[[Layout, ModelSpec], tuple[int, ...]]:
+    def values(s: Layout, m: ModelSpec) -> tuple[int, ...]:
+        # The counts the joint choice may give `name` alone derived, the rest as `s` holds it.
+        return tuple(sorted({c[name] for c in split_choices(s, m, frozenset((name,)))}))
+    return values
+
+
+def _ends_apply(s: Layout, m: ModelSpec) -> bool:
+    return s.pp >= 2
+
+
 def _emit(m: ModelSpec, s: Layout, run: RunOptions) -> list[str]:
     if s.embedding_loss_split:
         return ["--account-for-embedding-in-pipeline-split",
@@ -288,5 +378,12 @@ LEVER = Lever(
     # even split; one value, so the least-memory pick is it (monotone False: no ladder).
     derivable=(Derivable(name="embedding_loss_split", applies=_split_needed,
                          values=lambda s, m: (True,), monotone=lambda s: False, off=False,
-                         rules=("pp_layers", "vpp_layers")),),
+                         rules=("pp_layers", "vpp_layers")),
+               # `derive` for an end stage's count: the split of least predicted step time
+               # among split_choices that fit (autotune.search.derive.resolve_joint), the
+               # embedding/loss split among them where that field is `derive` too.
+               *(Derivable(name=name, applies=_ends_apply, values=_end_values(name),
+                           monotone=lambda s: False, off=0, rules=("pp_layers", "vpp_layers"),
+                           joint=split_choices)
+                 for name in ("first_stage_layers", "last_stage_layers"))),
 )

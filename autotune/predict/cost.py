@@ -199,6 +199,9 @@ class CostEstimate:
     """Host launch time of every layer and micro-batch not hidden behind GPU work."""
     offload_s: float = 0.0
     """Exposed CPU-offload copies: what the host link does not hide behind the layers."""
+    pace_s: float = 0.0
+    """The slowest pipeline stage's time for one micro-batch: the pace the stages keep
+    (autotune.search.derive.resolve_joint compares pipeline splits by it)."""
     step_time_s: float
     tokens_per_s: float
     tflops_per_gpu: float
@@ -438,7 +441,7 @@ def estimate_cost(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     tflops = fl.model_per_token * tokens_per_s / world / 1e12
     return CostEstimate(compute_s=m * compute_mb, tp_comm_s=m * tp_mb, cp_comm_s=m * cp_mb,
                         ep_comm_s=m * ep_mb, pp_comm_s=m * pp_mb, dp_comm_s=dp_s,
-                        offload_s=m * pace.offload,
+                        offload_s=m * pace.offload, pace_s=mb_s,
                         bubble_s=bubble_s, optimizer_s=optimizer_s,
                         overhead_s=prm.step_overhead_s, launch_s=m * launch_mb,
                         step_time_s=step,

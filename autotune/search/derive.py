@@ -18,6 +18,12 @@ activation_offload), with the values Megatron accepts and whether the fewest tha
 - `offload_layers` (Transformer Engine's layer-level CPU offload): the fewest offloaded layers
   that fit; each offloaded layer costs PCIe time.
 
+- `first_stage_layers` / `last_stage_layers` (autotune.levers.pipeline_split), one choice of
+  both, with `embedding_loss_split` where it is `derive` too: of the splits megatron-core
+  accepts (TransformerConfig.__post_init__, "Uneven PP"), the one of least predicted step time
+  among those that fit (resolve_joint), so a pp that does not divide the layers is reached
+  (DeepSeek-V3's 61 at pp 16: 2 and 3 layers on the end stages).
+
 `mbs`, `vpp` and `ep` may be listed as `divisors`: every micro-batch that divides the batch per
 data-parallel rank, every interleaving that divides a stage's layers (not only powers of two),
 every expert-parallel size that divides the model's experts (up to 128 for Qwen3's MoE models
@@ -37,6 +43,7 @@ from autotune.layouts.layout import Layout, stage_layers, with_fields
 from autotune.levers import LEVERS
 from autotune.levers.base import Derivable
 from autotune.levers.pipeline_split import common_divisors
+from autotune.predict.cost import estimate_cost
 from autotune.predict.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND
 from autotune.predict.memory import MEMORY_BLIND, MemoryParams, estimate_memory
 from autotune.specs.hardware import ClusterSpec
@@ -44,7 +51,8 @@ from autotune.specs.model import ModelSpec
 
 __all__ = ["DERIVABLE", "DERIVE", "DIVISORS", "ENUMERABLE", "MEMORY_BLIND", "Derivable",
            "divisor_values",
-           "fewest_fitting", "least_memory", "resolve", "safe_limit_bytes", "values_of"]
+           "fewest_fitting", "least_memory", "resolve", "resolve_joint", "safe_limit_bytes",
+           "values_of"]
 
 DERIVE = "derive"
 """The space-file marker of a dimension whose value the memory model resolves."""
@@ -58,6 +66,9 @@ def _divisors(n: int) -> tuple[int, ...]:
 
 DERIVABLE: dict[str, Derivable] = {d.name: d for lever in LEVERS for d in lever.derivable}
 """The dimensions a space may mark `derive`, each lever's in registry order."""
+_LEVER_OF: dict[str, frozenset[str]] = {d.name: frozenset(e.name for e in lever.derivable)
+                                        for lever in LEVERS for d in lever.derivable}
+"""Each derivable dimension's lever's derivable dimensions (a joint choice's group)."""
 # MEMORY_BLIND (autotune.predict.memory): no derivable count's `applies`, `values` or
 # `monotone` reads those fields either, so layouts that differ only there resolve to the same
 # counts (tests/test_derive.py holds both).
@@ -151,13 +162,70 @@ def least_memory(values: Sequence[int], peak_of: Callable[[int], float]) -> int:
     return best
 
 
+PACE_TIE = 1e-6
+"""Paces within this fraction of each other are the cost model's tie (splits that move layers
+only between stages faster than the slowest: the same pipeline); the least peak wins."""
+
+
+def resolve_joint(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSpec, *,
+                  limit_bytes: float, params: MemoryParams | None = None) -> Layout:
+    """`s` with the joint choice of `dims` (their Derivable.joint: the pipeline split) made:
+    of the choices Megatron accepts, those whose predicted peak is within `limit_bytes` (every
+    one where none is); of those the least pace, the slowest stage's predicted time for one
+    micro-batch (estimate_cost's pace_s: each stage's time from its own layers, the output
+    layer and loss on the last; the stages run in lock-step at the slowest one's pace,
+    Narayanan et al. 2021, Section 2.2); then the least peak (each stage's memory from its
+    own layers, the embedding and the most micro-batches in flight on the first); then the
+    first listed (the even split before any other). Where no choice exists, each field at
+    its default: the rule pp_layers then says why the layout cannot be.
+
+    Why by time and not by memory alone: where pp does not divide the layers (DeepSeek-V3's
+    61 at pp 16) some stage must hold a layer more or less, and which one decides the pace;
+    where it does, an uneven split still pays where the output layer makes the last stage the
+    slowest. Why the pace and not the whole step: the split is resolved at pp's and vpp's
+    level, where the deeper fields (ep, the micro-batch, recompute, the distributed optimizer)
+    are still at their defaults, and the step's data-parallel and optimizer terms there
+    (every expert's gradients on each rank at ep 1) would pick the split by the end stages'
+    weights; the pace is the term the split sets whatever those fields become. For the same
+    reason the peak is the most the deeper fields leave: a choice that fits there fits with
+    each, and where none fits the least peak among the fastest lets their savings reach
+    furthest (DeepSeek-V3 at pp 16: 2 and 3 layers on the end stages, whose peak is the
+    least of the four splits that keep the pace of 4 MoE layers)."""
+    dims = tuple(dims)
+    lead = next(DERIVABLE[d] for d in dims if DERIVABLE[d].joint is not None)
+    assert lead.joint is not None
+    choices = lead.joint(s, model, frozenset(dims)) if lead.applies(s, model) else ()
+    if not choices:
+        return with_fields(s, **{d: DERIVABLE[d].off for d in dims})
+    layouts = [with_fields(s, **c) for c in choices]
+    if len(layouts) == 1:
+        return layouts[0]
+    peaks = [estimate_memory(model, c, cluster, params).peak_bytes for c in layouts]
+    paces = [estimate_cost(model, c, cluster).pace_s for c in layouts]
+    fitting = [i for i, p in enumerate(peaks) if p <= limit_bytes] or list(range(len(layouts)))
+    fastest = min(paces[i] for i in fitting)
+    tied = [i for i in fitting if paces[i] <= fastest * (1 + PACE_TIE)]
+    return layouts[min(tied, key=lambda i: (peaks[i], i))]
+
+
 def resolve(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSpec, *,
             limit_bytes: float, params: MemoryParams | None = None,
             floor: Mapping[str, int] | None = None) -> Layout:
     """`s` with each derived dimension in `dims` resolved: where the lever applies, the fewest
     (monotone) or least-memory value whose predicted peak is within `limit_bytes`, at least
     `floor[dim]` (a value that ran out of memory moves the floor above it); where it does not
-    apply, its default, so that layouts Megatron runs alike stay alike."""
+    apply, its default, so that layouts Megatron runs alike stay alike. The dimensions of a
+    joint choice (the pipeline split's end stages) are resolved together by resolve_joint,
+    with the embedding/loss split among them where it is in `dims` too."""
+    dims = tuple(dims)
+    together = {d for d in dims if DERIVABLE[d].joint is not None}
+    if together:
+        # The lever's other derived fields join the choice (embedding_loss_split with the end
+        # stages' counts); alone, each goes its own way below.
+        together |= {d for d in dims if d in _LEVER_OF[next(iter(together))]}
+        s = resolve_joint(s, tuple(d for d in dims if d in together), model, cluster,
+                          limit_bytes=limit_bytes, params=params)
+        dims = tuple(d for d in dims if d not in together)
     for dim in dims:
         lever = DERIVABLE[dim]
         values = values_of(dim, s, model)

@@ -413,7 +413,8 @@ def _limit_sentence(dim: str, allowed: Sequence[Any], model: ModelSpec,
         return (f"{head}: tp must divide num_attention_heads={model.num_attention_heads}"
                 f" (and num_query_groups={model.query_groups}) and {node}")
     if dim == "pp":
-        return f"{head}: pp must divide num_layers={model.num_layers} and the GPU count"
+        return (f"{head}: pp must divide the GPU count, and num_layers={model.num_layers} "
+                "or, with the pipeline split, the layers the end stages leave")
     if dim == "cp":
         return f"{head}: cp needs Transformer Engine attention and seq_length divisible by 2*cp"
     if dim == "ep":
