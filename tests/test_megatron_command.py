@@ -23,6 +23,7 @@ import pytest
 from autotune.cli import main
 from autotune.errors import ConfigError, MissingFlagError
 from autotune.layouts.layout import Layout, check, derive_dp
+from autotune.levers.allocator import ALLOC_CONF_ENV, EXPANDABLE
 from autotune.megatron.identity import run_key
 from autotune.megatron.megatron_args import FLAG_TABLE, Part, megatron_lm_args
 from autotune.megatron.megatron_command import (
@@ -405,8 +406,10 @@ def test_search_starts_from_the_users_layout(tmp_path: Path,
                  str(results), "-o", str(out)]) == 0
     text = out.read_text()
     subprocess.run(["bash", "-n", str(out)], check=True)
-    # The user's file, with the changed flags only: its variables stay variables.
-    added = [line for line in text.splitlines() if "--recompute-" in line]
+    # The user's file, with the changed flags only (and the allocator's export line, which
+    # the search's layout runs with: autotune.levers.allocator): its variables stay variables.
+    added = [line for line in text.splitlines()
+             if "--recompute-" in line or line == f"export {ALLOC_CONF_ENV}={EXPANDABLE}"]
     assert added and [line for line in text.splitlines() if line not in added] == \
         SEED.read_text().splitlines()
     assert "--data-path $DSDIR/openwebtext-10k_text_document" in text
