@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["environment_fields", "export_lines", "run_environment"]
 
+
 def run_environment(layout: Layout) -> dict[str, str]:
     """The variables the run of `layout` needs, by name (empty: none beyond the defaults)."""
     env: dict[str, str] = {}

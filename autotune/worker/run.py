@@ -273,7 +273,6 @@ def run_rank(spec: TrialSpec, out_dir: Path, started: float | None = None, *,
     """
     t0 = time.perf_counter()
     _check_impl(spec)
-    configure_allocator(spec.layout.expandable_segments)
     phases = dict(phases or {})
     if started is not None:
         phases["startup_s"] = t0 - started
