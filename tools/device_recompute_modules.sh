@@ -10,18 +10,8 @@
 #
 # $OUT: summary.txt (tools/study_table.py), losses.txt, clocks.csv, versions.txt, results.tgz.
 CLOCKS=1 source tools/device_te_prelude.sh
-fixed=(--gpus 1 --sampler grid --stop-rule none --stable-cv 0 --warmup-steps 3 --steps 6)
 export STUDY_TIMEOUT_S=${STUDY_TIMEOUT_S:-240}
-run() {  # NAME SHAPE SPACE
-  if (( $(date +%s) - start > ${CALL_LIMIT_S:-590} - 60 )); then echo "$1 skipped"; return; fi
-  bash tools/device_search.sh "$1" -- "tools/shapes/$2.yaml" "${fixed[@]}" \
-      --space "tools/spaces/$3.yaml" > /dev/null
-  echo "$1 done at $(elapsed)"; tail -2 "/tmp/r/$1.err"
-}
-run mla-up-proj deepseek-v2-lite-dense-6l mla-up-proj-1gpu
-run shared-experts deepseek-v2-lite-6l shared-experts-1gpu
-python3 tools/study_table.py /tmp/r 6 > "$out/summary.txt" 2>&1
-python3 tools/trial_losses.py /tmp/r > "$out/losses.txt" 2>&1
-tar czf "$out/results.tgz" -C /tmp r
-cat "$out/summary.txt"
-echo "total $(elapsed)"
+: "${CALL_LIMIT_S:=590}"
+fixed_grid mla-up-proj deepseek-v2-lite-dense-6l mla-up-proj-1gpu
+fixed_grid shared-experts deepseek-v2-lite-6l shared-experts-1gpu
+grid_summary

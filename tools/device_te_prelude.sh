@@ -28,3 +28,24 @@ if [[ ${CLOCKS:-0} == 1 ]]; then
   smi=$!
   trap 'kill $smi 2>/dev/null' EXIT
 fi
+# fixed_grid NAME SHAPE SPACE: one study of tools/shapes/SHAPE.yaml over tools/spaces/SPACE.yaml
+# by the grid sampler at fixed steps (3 warm-up, 6 timed; tools/device_search.sh), in /tmp/r;
+# skipped when fewer than 60 s of the call's CALL_LIMIT_S are left.
+fixed_grid() {
+  if (( $(date +%s) - start > ${CALL_LIMIT_S:?the caller sets it} - 60 )); then
+    echo "$1 skipped"; return
+  fi
+  bash tools/device_search.sh "$1" -- "tools/shapes/$2.yaml" --gpus 1 --sampler grid \
+      --stop-rule none --stable-cv 0 --warmup-steps 3 --steps 6 \
+      --space "tools/spaces/$3.yaml" > /dev/null
+  echo "$1 done at $(elapsed)"; tail -2 "/tmp/r/$1.err"
+}
+# grid_summary: the studies of /tmp/r as $OUT/summary.txt (6 timed steps), losses.txt and
+# results.tgz.
+grid_summary() {
+  python3 tools/study_table.py /tmp/r 6 > "$out/summary.txt" 2>&1
+  python3 tools/trial_losses.py /tmp/r > "$out/losses.txt" 2>&1
+  tar czf "$out/results.tgz" -C /tmp r
+  cat "$out/summary.txt"
+  echo "total $(elapsed)"
+}
