@@ -22,7 +22,8 @@ activation_offload), with the values Megatron accepts and whether the fewest tha
   both, with `embedding_loss_split` where it is `derive` too: of the splits megatron-core
   accepts (TransformerConfig.__post_init__, "Uneven PP"), the one of least predicted step time
   among those that fit (resolve_joint), so a pp that does not divide the layers is reached
-  (DeepSeek-V3's 61 at pp 16: 2 and 3 layers on the end stages).
+  (DeepSeek-V3's 61 at pp 16: 2 and 3 layers on the end stages without its MTP layer, 3 and 2
+  with it on the last).
 
 `mbs`, `vpp` and `ep` may be listed as `divisors`: every micro-batch that divides the batch per
 data-parallel rank, every interleaving that divides a stage's layers (not only powers of two),
@@ -189,8 +190,8 @@ def resolve_joint(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: Clu
     weights; the pace is the term the split sets whatever those fields become. For the same
     reason the peak is the most the deeper fields leave: a choice that fits there fits with
     each, and where none fits the least peak among the fastest lets their savings reach
-    furthest (DeepSeek-V3 at pp 16: 2 and 3 layers on the end stages, whose peak is the
-    least of the four splits that keep the pace of 4 MoE layers)."""
+    furthest (DeepSeek-V3 without MTP at pp 16: 2 and 3 layers on the end stages, whose peak
+    is the least of the four splits that keep the pace of 4 MoE layers)."""
     dims = tuple(dims)
     lead = next(DERIVABLE[d] for d in dims if DERIVABLE[d].joint is not None)
     assert lead.joint is not None
