@@ -22,9 +22,16 @@ from autotune.megatron.megatron_command import (
     read_megatron_command,
 )
 from autotune.megatron.script_patch import patch_script
-from autotune.predict.memory import estimate_memory
+from autotune.predict.gate import (
+    DEFAULT_ERROR_BAND,
+    EXPANDABLE_ERROR_BAND,
+    MEMORY_ERROR_BAND,
+    MemoryGate,
+    memory_error_band,
+)
+from autotune.predict.memory import MemoryParams, estimate_memory
 from autotune.report.scripts import megatron_lm_script
-from autotune.specs.hardware import ClusterSpec
+from autotune.specs.hardware import ClusterSpec, gpu_spec
 from autotune.specs.presets import load_model
 
 DATA = Path(__file__).parent / "data" / "measured_allocator_trials.json"
@@ -77,21 +84,93 @@ def _estimate(trial: dict[str, object]) -> float:
     return estimate_memory(model, layout, cluster).peak_bytes / GIB
 
 
-@pytest.mark.parametrize("trial", _trials(), ids=lambda t: f"{t['model']}-{t['layout']}")
+def _ran(status: str) -> list[dict[str, object]]:
+    return [t for t in _trials() if t["status"] == status]
+
+
+@pytest.mark.parametrize("trial", _ran("OK"), ids=lambda t: f"{t['model']}-{t['layout']}")
 def test_measured_device_memory(trial: dict[str, object]) -> None:
-    """Expandable segments' trials are predicted within 2.5% (the reserve is 0.2-2.7% of the
-    allocated peak); with the default segments the same layouts left 3-11 GiB reserved, and
-    the model, which prices an average reserve, predicted them up to 12% low: what the
-    memory gate's band is for."""
+    """Expandable segments' trials are predicted within their band below and 5% above (the
+    reserve is 0.2-2.7% of the allocated peak; llama-1b at seq 65536 is over-predicted by
+    4.5%); with the default segments the same layouts left 3-11 GiB reserved, and the model,
+    which prices an average reserve, predicted them up to 12% low: what the memory gate's
+    default band is for."""
     used = float(trial["device_used_gib"])
     reserve = float(trial["peak_reserved_gib"]) - float(trial["peak_allocated_gib"])
     error = _estimate(trial) / used - 1
     if "expandable_segments=1" in str(trial["layout"]):
         assert reserve < 0.03 * float(trial["peak_allocated_gib"])
-        assert abs(error) < 0.025, error
+        assert -EXPANDABLE_ERROR_BAND < error < 0.05, error
     else:
         assert reserve > 3.0
         assert -0.12 < error < 0.0, error
+
+
+@pytest.mark.parametrize("trial", _ran("OOM"), ids=lambda t: f"{t['model']}-{t['layout']}")
+def test_what_ran_out_of_memory_is_predicted_not_to_fit(trial: dict[str, object]) -> None:
+    """Llama-3.1-8B at dp 1 with the precision-aware optimizer: predicted at 113.6 GiB before
+    the optimizer's step copies joined the model (autotune.levers.precision_optimizer)."""
+    assert _estimate(trial) > ClusterSpec.make(1, gpu="h200").gpu.memory_bytes / GIB
+
+
+def _allocated_under() -> float:
+    """The memory model's worst under-prediction of the allocated peak over the OK trials of
+    tests/data/measured_trials.json that recorded it (the allocator's segments change the
+    reserve beyond it, not the peak itself)."""
+    from autotune.predict.calibration import trial_model_ref
+
+    path = DATA.parent / "measured_trials.json"
+    worst = 0.0
+    for t in json.loads(path.read_text())["trials"]:
+        if t["status"] != "OK" or not t.get("peak_allocated_bytes"):
+            continue
+        s = Layout(**t["strategy"])
+        model = load_model(trial_model_ref(t["model"], path)).with_overrides(
+            global_batch_size=s.gbs, seq_length=t.get("seq_length"))
+        cluster = ClusterSpec(num_gpus=t["gpus"], gpus_per_node=t["gpus"],
+                              gpu=gpu_spec(t["gpu"]))
+        peak = estimate_memory(model, s, cluster).peak
+        worst = max(worst, t["peak_allocated_bytes"] / peak.allocated_bytes - 1)
+    return worst
+
+
+def test_the_expandable_band_is_the_allocated_peaks_error_and_the_reserve() -> None:
+    xseg = [t for t in _ran("OK") if "expandable_segments=1" in str(t["layout"])]
+    reserve = max(float(t["peak_reserved_gib"]) / float(t["peak_allocated_gib"]) - 1
+                  for t in xseg)
+    band = _allocated_under() + reserve - MemoryParams().expandable_fragmentation
+    assert EXPANDABLE_ERROR_BAND == pytest.approx(band, abs=0.002)
+    # The trials' own worst miss of the device memory in use lies inside it.
+    worst = max(1 - _estimate(t) / float(t["device_used_gib"]) for t in xseg)
+    assert 0 < worst < EXPANDABLE_ERROR_BAND
+
+
+@pytest.mark.parametrize(("gpu", "expandable", "band"), [
+    ("h200", True, EXPANDABLE_ERROR_BAND),
+    ("h100-80gb", True, EXPANDABLE_ERROR_BAND),
+    ("h200", False, MEMORY_ERROR_BAND["h200"]),
+    # A GPU without measured trials keeps the widest band either way.
+    ("a100-80gb", True, DEFAULT_ERROR_BAND),
+    ("a100-80gb", False, DEFAULT_ERROR_BAND),
+])
+def test_the_band_follows_the_allocator(gpu: str, expandable: bool, band: float) -> None:
+    assert memory_error_band(gpu, expandable) == band
+
+
+def test_the_gate_runs_a_layout_near_the_capacity_as_safe_with_expandable_segments() -> None:
+    # Llama-3.2-3B at seq 8192, mbs 4, block recompute of 12 layers: predicted at 93.1% of an
+    # H200 with expandable segments (127.5 GiB measured, 130.7 predicted): inside the default
+    # segments' band, outside expandable segments'.
+    model = load_model("tests/data/hf/llama-3.2-3b.json").with_overrides(seq_length=8192)
+    cluster = ClusterSpec.make(1, gpu="h200")
+    fields = {"mbs": 4, "gbs": 8, "impl": "te", "recompute": "full",
+              "recompute_method": "block", "recompute_num_layers": 12}
+    gate = MemoryGate(model, cluster)
+    xseg = gate.decide(layout_from_fields(model, cluster, {**fields,
+                                                           "expandable_segments": True}))
+    default = gate.decide(layout_from_fields(model, cluster, fields))
+    assert xseg.launch and not xseg.risky
+    assert default.launch and default.risky
 
 
 def test_expandable_segments_leave_no_block_margin() -> None:

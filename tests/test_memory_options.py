@@ -281,11 +281,12 @@ def test_a_prediction_inside_the_band_is_a_risk(into_band: float, risky: bool) -
 
 def test_measured_peaks_widen_the_band() -> None:
     gate = MemoryGate(GPT36, cluster(1))
+    s = _layout(impl="sdpa", mbs=2, gbs=16)
     gate.record_peak(100.0, 99.0)
-    assert gate.error_band() == MEMORY_ERROR_BAND["h100-80gb"]
+    assert gate.error_band(s) == MEMORY_ERROR_BAND["h100-80gb"]
     over = MEMORY_ERROR_BAND["h100-80gb"] + 0.03  # a miss wider than the measured band
     gate.record_peak(100.0, 100.0 * (1 + over))
-    assert gate.error_band() == pytest.approx(over)
+    assert gate.error_band(s) == pytest.approx(over)
 
 
 # -- Alpa's seeds carried through memory ----------------------------------------------------------

@@ -199,6 +199,7 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
         if layout.fp8 != "off" else None
     names = [n for n in memory.breakdown_gib() if n not in ("total", "saved")]
     note = defaults_note(defaulted)
+    xseg = layout.expandable_segments  # the memory band is the allocator's
     if as_json:
         # Everything the text says: the layout's label, each stage's terms, the verdict's
         # reason and the note on estimate's defaults.
@@ -222,8 +223,8 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
             "time_breakdown_s": {field: getattr(cost, field) for _, field in _TIME_TERMS},
             "predicted": True, "defaults_note": note,
             # the models' held-out error bands and what lies outside the measured range
-            "step_time_band": STEP_TIME_BAND, "memory_band": memory_band(cluster),
-            "within_memory_band": in_memory_band(memory, cluster),
+            "step_time_band": STEP_TIME_BAND, "memory_band": memory_band(cluster, xseg),
+            "within_memory_band": in_memory_band(memory, cluster, xseg),
             "outside_measured_range": outside_range(model, cluster),
         }, indent=2))
         return
@@ -244,9 +245,9 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
         print(f"  {st.stage:>5} " + " ".join(f"{t:>11.2f}" for t in terms) +
               f" {st.total_bytes / _GIB:>8.2f}{saved}{mark}")
     verdict = "fits" if memory.fits else f"does NOT fit: {memory.explain()}"
-    band = memory_band(cluster)
+    band = memory_band(cluster, xseg)
     risky = " (within the memory band of the capacity: a risk)" \
-        if in_memory_band(memory, cluster) else ""
+        if in_memory_band(memory, cluster, xseg) else ""
     print(f"peak {memory.peak_bytes / _GIB:.2f} ± {band * memory.peak_bytes / _GIB:.2f} GiB on "
           f"stage {memory.peak_stage}: {verdict}{risky}")
     print(f"step {cost.step_time_s * 1e3:.1f} ms "
@@ -256,6 +257,6 @@ def run_estimate(model: ModelSpec, cluster: ClusterSpec, fields: dict[str, Any],
     against_fp8 = f" of the bf16 peak, {mfu_fp8:.1%} of the FP8 peak" if mfu_fp8 else ""
     print(f"{cost.tokens_per_s:,.0f} tokens/s, {cost.tflops_per_gpu:.0f} TFLOP/s per GPU, "
           f"MFU {cost.mfu:.1%}{against_fp8}")
-    print(f"({trust_line(model, cluster)})")
+    print(f"({trust_line(model, cluster, xseg)})")
     if note:
         print(f"({note})")

@@ -181,8 +181,9 @@ def run_export(*, study: str | None, results_dir: str, storage: str | None, tria
                  f"study {ref.name}, trial {record.number}: {record.label}, gbs {layout.gbs}",
                  f"{tokens:,.0f} tokens/s, {figure}."]
         if record.predicted and cluster is not None:  # the figure's band and range (issue 28)
-            title.append(trust_line(spec_model, cluster) + ".")
-            risk = memory_risk(record.predicted_peak_bytes, cluster)
+            xseg = layout.expandable_segments
+            title.append(trust_line(spec_model, cluster, xseg) + ".")
+            risk = memory_risk(record.predicted_peak_bytes, cluster, xseg)
             if risk:
                 title.append(f"Memory: {risk}.")
         if not measured_as_exported(layout) and cluster is not None:

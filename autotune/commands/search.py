@@ -240,10 +240,13 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     identity = functools.partial(run_key, model)
     groups = best_groups(result, 10, identity)
     comparison = None if compare is None else compare(result)
+    # The bands the figures carry are the best layout's allocator's (autotune.predict.gate).
+    top = result.best(1)
+    xseg = bool(top) and top[0].layout.expandable_segments
     if as_json:
         from autotune.search.finalists import ranking_line
 
-        trust = ({"trust": trust_line(model, cluster),
+        trust = ({"trust": trust_line(model, cluster, xseg),
                   "outside_measured_range": outside_range(model, cluster),
                   "within_memory_band": _within_memory_band(result, cluster)}
                  if chosen.predicted else {})
@@ -271,10 +274,10 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
                              f"{cluster.gpu.name}: best layouts"
                              + (" (predicted)" if chosen.predicted else ""), run_key=identity))
         if chosen.predicted:  # how far to trust the figures (autotune.predict.trust, issue 28)
-            out.print(trust_line(model, cluster))
+            out.print(trust_line(model, cluster, xseg))
             risky = _within_memory_band(result, cluster)
             if risky:
-                out.print(f"within the memory band ({memory_band(cluster):.1%}) of the "
+                out.print(f"within the memory band ({memory_band(cluster, xseg):.1%}) of the "
                           f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB capacity, may run out "
                           f"of memory: trial{'s' if len(risky) > 1 else ''} "
                           + ", ".join(str(n) for n in risky)
@@ -335,7 +338,8 @@ def _within_memory_band(result: Any, cluster: ClusterSpec) -> list[int]:
     """Trial numbers of the ten best whose predicted peak lies within the memory model's error
     band of the capacity (the gate's `risky`): picks that may run out of memory."""
     return [r.number for r in result.best(10)
-            if r.metrics is not None and within_memory_band(r.metrics.peak_bytes or 0, cluster)]
+            if r.metrics is not None and within_memory_band(r.metrics.peak_bytes or 0, cluster,
+                                                            r.layout.expandable_segments)]
 
 
 def _summary(counts: StudyCounts, verb: str, valid: int, predicted: bool) -> str:

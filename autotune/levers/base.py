@@ -174,6 +174,12 @@ class MemoryState:
     """GPU bytes per local-shard parameter that live only from the optimizer step to the next
     step's zero_grad, when the micro-batches' activations are freed (the fp32 copy of bf16
     gradients): they set the peak only where they outweigh the activations."""
+    step_group_bytes_per_param: float = 0.0
+    """GPU bytes per parameter of the local shard's largest optimizer parameter group that live
+    only while the optimizer steps that group (autotune.levers.precision_optimizer: FusedAdam's
+    fp32 copies of bf16 moments, made and freed group by group). megatron-core groups the
+    parameters by weight decay and by expert parallelism (optimizer/__init__.py
+    _get_param_groups): the dense and the expert parameters apart."""
     dense_shard: int = 1
     """Ranks the dense parameters' optimizer state is sharded over."""
     expert_shard: int = 1

@@ -528,18 +528,6 @@ def _offload(s: Layout, m: ModelSpec, c: ClusterSpec) -> str | None:
 # ---- models --------------------------------------------------------------------------------
 
 
-def _pao_master_bytes(s: Layout) -> float:
-    """Optimizer bytes per parameter FP8 adds to the precision-aware optimizer: with a recipe
-    other than delayed (OptimizerConfig.fp8_recipe) and no CPU offload, megatron-core keeps
-    fp32 master weights itself (OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8
-    is False: distrib_optimizer.py shard_main_param) instead of FusedAdam's 2-byte remainders
-    (autotune.levers.precision_optimizer): 4 - 2 = 2 B."""
-    if (_on(s) and s.precision_aware_optimizer and not s.optimizer_offload_percent
-            and s.fp8_recipe != Fp8Recipe.DELAYED):
-        return 2.0
-    return 0.0
-
-
 def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
     if not _on(s):
         return state
@@ -555,9 +543,7 @@ def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
     # trials-memory-s19.md).
     return evolve(state, linear_weight_bytes=weight,
                   linear_input_bytes=FP8_INPUT_BYTES[s.fp8_recipe],
-                  proj_saves_original=s.impl == Impl.TE and s.fp8_recipe != Fp8Recipe.DELAYED,
-                  optimizer_bytes_per_param=state.optimizer_bytes_per_param
-                  + _pao_master_bytes(s))
+                  proj_saves_original=s.impl == Impl.TE and s.fp8_recipe != Fp8Recipe.DELAYED)
 
 
 def gemm_speedup(x: float, gpu: GpuSpec, p: CostParams) -> float:
@@ -710,13 +696,13 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
           state: CostState) -> CostState:
     if not _on(s) or c.gpu.peak_fp8_flops is None:
         return state
-    # The optimizer step: the fp32 master the precision-aware optimizer keeps without delayed
-    # scaling moves 2 B more each way than FusedAdam's remainder, which it no longer rebuilds
-    # (-2 B); with FP8 parameters megatron-core quantizes the master shard into them
-    # (fp8_utils.quantize_param_shard: read fp32 4 B, write 1 B, instead of the bf16 copy's 2)
-    # and current scaling first reads the shard for its amax (+4 B). Counted on every
-    # parameter of the shard: the embedding's share is an over-count (4% of gpt2-xl's).
-    optimizer = _pao_master_bytes(s)
+    # The optimizer step (the precision-aware optimizer's own master weights under FP8 are
+    # autotune.levers.precision_optimizer's): with FP8 parameters megatron-core quantizes the
+    # master shard into them (fp8_utils.quantize_param_shard: read fp32 4 B, write 1 B, instead
+    # of the bf16 copy's 2) and current scaling first reads the shard for its amax (+4 B).
+    # Counted on every parameter of the shard: the embedding's share is an over-count (4% of
+    # gpt2-xl's).
+    optimizer = 0.0
     if s.fp8_param_gather:
         optimizer += OPTIMIZER_FP8_PARAM_BYTES + (
             AMAX_READ_BYTES_FP32 if s.fp8_recipe == Fp8Recipe.TENSORWISE else 0.0)

@@ -11,7 +11,9 @@ the optimizer then works on an fp32 copy of its shard's gradients
 of a bf16 buffer; without the distributed optimizer Float16OptimizerWithFloat16Params copies
 them all). That copy lives from the optimizer step to the next step's zero_grad (set_to_none),
 when the micro-batches' activations are freed: the memory model counts it where it outweighs
-them (MemoryState.step_bytes_per_param), not on top of them.
+them (MemoryState.step_bytes_per_param), not on top of them. The precision-aware optimizer
+without FP8 (or with delayed scaling) makes no copy: its FusedAdam reads the buffer's shard as
+the `decoupled_grad` it is (autotune.levers.precision_optimizer.decoupled_grads).
 
 A numerical choice, like FP8: the gradients of the micro-batches are summed in bf16. No space
 offers it by default; a space lists it (`grad_reduce_bf16: [false, true]`) for users who train
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.dimensions import dimension, flag_label
 from autotune.levers.base import CostState, Lever, MemoryState, Seed, evolve
 from autotune.levers.flags import Part, switch
+from autotune.levers.precision_optimizer import decoupled_grads
 
 if TYPE_CHECKING:
     from autotune.layouts.layout import Layout
@@ -64,17 +67,18 @@ def _core_config(m: ModelSpec, s: Layout) -> dict[str, dict[str, Any]]:
 def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
     if not s.grad_reduce_bf16:
         return state
+    copy = 0 if decoupled_grads(s) else FP32_GRAD_COPY_BYTES
     return evolve(state, main_grad_bytes=BF16_GRAD_BYTES,
-                  step_bytes_per_param=state.step_bytes_per_param + FP32_GRAD_COPY_BYTES)
+                  step_bytes_per_param=state.step_bytes_per_param + copy)
 
 
 def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
           state: CostState) -> CostState:
     if not s.grad_reduce_bf16:
         return state
+    copy = 0 if decoupled_grads(s) else GRAD_COPY_TRAFFIC
     return evolve(state, main_grad_bytes=BF16_GRAD_BYTES,
-                  optimizer_bytes_per_param=state.optimizer_bytes_per_param
-                  + GRAD_COPY_TRAFFIC)
+                  optimizer_bytes_per_param=state.optimizer_bytes_per_param + copy)
 
 
 LEVER = Lever(

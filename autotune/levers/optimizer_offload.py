@@ -135,7 +135,8 @@ def _memory(m: ModelSpec, s: Layout, state: MemoryState) -> MemoryState:
     # Replaces what the levers before it set: the HybridDeviceOptimizer keeps fp32 state for
     # its GPU part too (the precision-aware optimizer's bf16 moments do not reach it).
     return evolve(state, optimizer_bytes_per_param=GPU_BYTES_PER_PARAM * (1 - f),
-                   host_bytes_per_param=state.host_bytes_per_param + HOST_BYTES_PER_PARAM * f)
+                   host_bytes_per_param=state.host_bytes_per_param + HOST_BYTES_PER_PARAM * f,
+                   step_group_bytes_per_param=0.0)
 
 
 def host_s_per_param(c: ClusterSpec, p: CostParams) -> float:

@@ -453,7 +453,8 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams, states: Me
     shard = dense / states.dense_shard + expert / states.expert_shard
     optimizer = states.optimizer_bytes_per_param * shard
     host = states.host_bytes_per_param * shard
-    step = states.step_bytes_per_param * shard
+    step = states.step_bytes_per_param * shard + states.step_group_bytes_per_param * max(
+        dense / states.dense_shard, expert / states.expert_shard)
 
     acts, seq, tokens, full = one.acts, one.seq, one.tokens, one.full
     tsp = s.tp if s.sequence_parallel else 1

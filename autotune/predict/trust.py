@@ -3,16 +3,16 @@
 Every simulated figure carries a band: step time ± STEP_TIME_BAND (the worst held-out median
 error of a family with three or more trials in the leave-one-family-out cross-validation,
 tools/fit_constants.py, results/benchmarks/2026-11-25-cpu-constants-fit.md) and memory ± the
-gate's measured band for the GPU (gate.MEMORY_ERROR_BAND). A prediction for a model, GPU
-count, node count, GPU type or MoE outside what tests/data/measured_trials.json ever ran says
-so (MEASURED_RANGE; a test recomputes it from the data).
+gate's measured band for the GPU and the allocator (gate.memory_error_band). A prediction for a
+model, GPU count, node count, GPU type or MoE outside what tests/data/measured_trials.json ever
+ran says so (MEASURED_RANGE; a test recomputes it from the data).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.predict.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND
+from autotune.predict.gate import memory_error_band
 from autotune.predict.memory import MemoryEstimate
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
@@ -51,8 +51,10 @@ MEASURED_RANGE = MeasuredRange(max_params=13_015_864_320, max_gpus=4, max_nodes=
 (test_trust.py)."""
 
 
-def memory_band(cluster: ClusterSpec) -> float:
-    return MEMORY_ERROR_BAND.get(cluster.gpu.name, DEFAULT_ERROR_BAND)
+def memory_band(cluster: ClusterSpec, expandable: bool = False) -> float:
+    """The memory model's band on the cluster's GPU with the layout's allocator
+    (`expandable`: expandable segments; autotune.predict.gate.memory_error_band)."""
+    return memory_error_band(cluster.gpu.name, expandable)
 
 
 def outside_range(model: ModelSpec, cluster: ClusterSpec,
@@ -98,33 +100,36 @@ def outside_range(model: ModelSpec, cluster: ClusterSpec,
     return notes
 
 
-def trust_line(model: ModelSpec, cluster: ClusterSpec) -> str:
+def trust_line(model: ModelSpec, cluster: ClusterSpec, expandable: bool = False) -> str:
     """One line for tables, reports and export headers: the bands, and the range note."""
     line = (f"prediction bands (held-out error): step time ±{STEP_TIME_BAND:.1%}, "
-            f"memory ±{memory_band(cluster):.1%}")
+            f"memory ±{memory_band(cluster, expandable):.1%}")
     notes = outside_range(model, cluster)
     if notes:
         line += "; OUTSIDE the measured range: " + ", ".join(notes)
     return line
 
 
-def within_memory_band(peak_bytes: float, cluster: ClusterSpec) -> bool:
+def within_memory_band(peak_bytes: float, cluster: ClusterSpec,
+                       expandable: bool = False) -> bool:
     """A predicted peak under the GPU's memory but within the memory band below it."""
     capacity = cluster.gpu.memory_bytes
-    return capacity * (1 - memory_band(cluster)) < peak_bytes <= capacity
+    return capacity * (1 - memory_band(cluster, expandable)) < peak_bytes <= capacity
 
 
-def memory_band_depth(peak_bytes: float, cluster: ClusterSpec) -> float:
+def memory_band_depth(peak_bytes: float, cluster: ClusterSpec,
+                      expandable: bool = False) -> float:
     """How far into the memory band below the capacity a predicted peak lies: 0 outside it
     (within_memory_band), rising to 1 at the capacity."""
-    if not within_memory_band(peak_bytes, cluster):
+    if not within_memory_band(peak_bytes, cluster, expandable):
         return 0.0
     capacity = cluster.gpu.memory_bytes
-    low = capacity * (1 - memory_band(cluster))
+    low = capacity * (1 - memory_band(cluster, expandable))
     return (peak_bytes - low) / (capacity - low)
 
 
-def predicted_rank(tokens_per_s: float, peak_bytes: float | None, cluster: ClusterSpec) -> float:
+def predicted_rank(tokens_per_s: float, peak_bytes: float | None, cluster: ClusterSpec,
+                   expandable: bool = False) -> float:
     """The figure a predicted (simulated) layout is ranked by: its predicted tokens/s, less up to
     STEP_TIME_BAND the deeper its predicted peak lies in the memory band (memory_band_depth).
     Two predictions within STEP_TIME_BAND of each other are the same to the cost model, and
@@ -136,21 +141,25 @@ def predicted_rank(tokens_per_s: float, peak_bytes: float | None, cluster: Clust
     that ran has shown whether it fits."""
     if not peak_bytes:
         return tokens_per_s
-    return tokens_per_s / (1 + STEP_TIME_BAND * memory_band_depth(peak_bytes, cluster))
+    return tokens_per_s / (1 + STEP_TIME_BAND * memory_band_depth(peak_bytes, cluster,
+                                                                  expandable))
 
 
-def in_memory_band(memory: MemoryEstimate, cluster: ClusterSpec) -> bool:
+def in_memory_band(memory: MemoryEstimate, cluster: ClusterSpec,
+                   expandable: bool = False) -> bool:
     """Predicted to fit, but within the memory band of the capacity: a risky pick."""
-    return memory.fits and within_memory_band(memory.peak_bytes, cluster)
+    return memory.fits and within_memory_band(memory.peak_bytes, cluster, expandable)
 
 
-def memory_risk(predicted_peak_bytes: float | None, cluster: ClusterSpec) -> str:
+def memory_risk(predicted_peak_bytes: float | None, cluster: ClusterSpec,
+                expandable: bool = False) -> str:
     """The warning a predicted pick carries in the report and the export header when it is
     predicted within the memory band of the GPU (in_memory_band's test on a record's figure);
     empty otherwise. A measured pick ran and needs none."""
-    if not predicted_peak_bytes or not within_memory_band(predicted_peak_bytes, cluster):
+    if not predicted_peak_bytes or not within_memory_band(predicted_peak_bytes, cluster,
+                                                          expandable):
         return ""
     return (f"predicted at {predicted_peak_bytes / 2**30:.1f} GiB of the "
             f"{cluster.gpu.memory_bytes / 2**30:.1f} GiB of the {cluster.gpu.name}, inside the "
-            f"memory model's ±{memory_band(cluster):.1%} band: it may not fit; measure it before "
-            "a long run")
+            f"memory model's ±{memory_band(cluster, expandable):.1%} band: it may not fit; "
+            "measure it before a long run")

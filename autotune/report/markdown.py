@@ -145,7 +145,7 @@ def _memory_risk(loaded: LoadedStudy, best: dict[str, Any]) -> list[str]:
     gib = best.get("predicted_peak_memory_gib")
     if not best["predicted"] or loaded.cluster is None or gib is None:
         return []
-    risk = memory_risk(gib * 2**30, loaded.cluster)
+    risk = memory_risk(gib * 2**30, loaded.cluster, bool(best.get("expandable_segments")))
     return [f"> **Memory:** {risk}.", ""] if risk else []
 
 

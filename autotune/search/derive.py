@@ -31,9 +31,10 @@ every expert-parallel size that divides the model's experts (up to 128 for Qwen3
 across nodes, where a list up to one node's 8 would stop).
 
 "Fit" is the memory model's peak against the device memory less the gate's measured error band
-(autotune.predict.gate.MEMORY_ERROR_BAND): the value a seed or a proposal gets first is one the
-model expects to fit with a margin. The search then moves the count by what trials measure
-(autotune.search.ladder): down while the measured peaks leave room, up after an OOM.
+(autotune.predict.gate.memory_error_band, by GPU and allocator): the value a seed or a proposal
+gets first is one the model expects to fit with a margin. The search then moves the count by
+what trials measure (autotune.search.ladder): down while the measured peaks leave room, up
+after an OOM.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from autotune.levers import LEVERS
 from autotune.levers.base import Derivable
 from autotune.levers.pipeline_split import common_divisors
 from autotune.predict.cost import estimate_cost
-from autotune.predict.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND
+from autotune.predict.gate import memory_error_band
 from autotune.predict.memory import MEMORY_BLIND, MemoryParams, estimate_memory
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
@@ -114,11 +115,12 @@ def values_of(dim: str, s: Layout, model: ModelSpec) -> tuple[int, ...]:
 
 
 def safe_limit_bytes(cluster: ClusterSpec, capacity_bytes: float | None = None,
-                     band: float | None = None) -> float:
+                     band: float | None = None, *, expandable: bool = False) -> float:
     """The peak a resolved value may be predicted at: the capacity (the device's memory, or
-    what the gate has learned) less the memory model's measured error band on this GPU."""
+    what the gate has learned) less the memory model's measured error band on this GPU, with
+    the layout's allocator (`expandable`: expandable segments, autotune.levers.allocator)."""
     if band is None:
-        band = MEMORY_ERROR_BAND.get(cluster.gpu.name, DEFAULT_ERROR_BAND)
+        band = memory_error_band(cluster.gpu.name, expandable)
     capacity = cluster.gpu.memory_bytes if capacity_bytes is None else capacity_bytes
     return capacity * (1 - band)
 

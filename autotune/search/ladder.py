@@ -121,7 +121,9 @@ class Ladder:
             if oom is not None:
                 # No fit yet: the model's answer above the OOM, under what the gate learned.
                 above = resolve(s, (dim,), self.model, self.cluster,
-                                limit_bytes=safe_limit_bytes(self.cluster, capacity_bytes),
+                                limit_bytes=safe_limit_bytes(
+                                    self.cluster, capacity_bytes,
+                                    expandable=s.expandable_segments),
                                 params=self.params, floor={dim: oom + 1})
                 value = getattr(above, dim)
                 if value in untried:

@@ -242,7 +242,8 @@ def rank_tokens(record: TrialRecord, tokens: float, cluster: ClusterSpec | None)
     within the cost model's resolution (autotune.predict.trust.predicted_rank)."""
     if not record.predicted or cluster is None:
         return tokens
-    return predicted_rank(tokens, record.peak_bytes or record.predicted_peak_bytes, cluster)
+    return predicted_rank(tokens, record.peak_bytes or record.predicted_peak_bytes, cluster,
+                          record.layout.expandable_segments)
 
 
 def record_attrs(record: TrialRecord) -> dict[str, Any]:

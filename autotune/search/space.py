@@ -256,7 +256,8 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     via_derive: dict[Layout, tuple[str, ...]] = {}
     base = Layout(gbs=model.global_batch_size)
     rules_at = [[rule for rule in RULES if rule.level == level] for level in range(LEVELS)]
-    limit = safe_limit_bytes(cluster)
+    # By the allocator (level 5, with the derived counts): expandable segments' band is narrower.
+    limits = {on: safe_limit_bytes(cluster, expandable=on) for on in (False, True)}
     # A level's rules are checked on the layout with its derived counts at their placeholders
     # (the levers' defaults) before the counts are resolved (a bisection of memory estimates
     # each): where the first rule broken reads no derived count (Derivable.rules), the
@@ -304,7 +305,8 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                 key = (derived, *(v for d, v in choice.items() if d not in MEMORY_BLIND))
                 known = counts.get(key)
                 if known is None:
-                    layout = resolve(layout, derived, model, cluster, limit_bytes=limit,
+                    layout = resolve(layout, derived, model, cluster,
+                                     limit_bytes=limits[layout.expandable_segments],
                                      params=params)
                     counts[key] = {d: getattr(layout, d) for d in derived}
                 else:
@@ -312,8 +314,8 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                 if broken is not None:
                     rules = rules_at[level]
             elif derived:
-                layout = resolve(layout, derived, model, cluster, limit_bytes=limit,
-                                 params=params)
+                layout = resolve(layout, derived, model, cluster,
+                                 limit_bytes=limits[layout.expandable_segments], params=params)
             if level == 0:
                 layout = with_fields(layout, dp=derive_dp(
                     cluster.num_gpus, tp=layout.tp, pp=layout.pp, cp=layout.cp))
