@@ -181,12 +181,15 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     """Run the search and print its best layouts. `seeds` run first (a user's own layout,
     `--from-megatron`); `compare` says what they are against the best (after the table, or
     as the JSON object's "comparison")."""
+    again = dict(locals())  # the same search again, in a widened space (last_resort)
     from autotune.megatron.identity import run_key
     from autotune.report.progress import LiveProgress, best_groups, best_table
     from autotune.search import SearchConfig
     from autotune.search.config import Sampler, StopRule
+    from autotune.search.last_resort import LAST_RESORT_SUFFIX, widened_for_memory
     from autotune.search.loop import Search
     from autotune.search.records import Source
+    from autotune.search.storage import check_study_name
     from autotune.search.timesplit import time_split
 
     name = _choose_backend(backend, cluster, multi)
@@ -222,6 +225,19 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     # Trials of the stored study read back (a planning run shown again, a --resume) are not
     # trials this run simulated or launched.
     nothing = None if result.interrupted or result.best(1) else _why_nothing(result, cfg)
+    wider = None if seeds or not isinstance(nothing, ConfigError) \
+        else widened_for_memory(space)
+    if wider is not None:
+        # Nothing fits: the memory levers of last resort, in a study of their own (the space
+        # names a default one; a named one gets LAST_RESORT_SUFFIX), said in one line
+        # (autotune.search.last_resort).
+        if chosen.predicted and not stored:
+            _discard_new_plan(cfg, result.study_name)
+        again_study = None if study is None else check_study_name(study + LAST_RESORT_SUFFIX)
+        print(f"autotune: {nothing}; searching again with the optimizer's CPU offload (the "
+              "precision-aware optimizer, the offloaded percent derived from the memory "
+              f"model){'' if study is None else f' in study {again_study}'}", file=sys.stderr)
+        return run_search_command(**{**again, "space": wider, "study": again_study})
     if isinstance(nothing, ConfigError):
         # The model does not fit these GPUs: bad input like a GPU count no layout can use,
         # one line and exit 2, without an empty table.

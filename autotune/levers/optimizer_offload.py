@@ -12,6 +12,12 @@ Megatron-LM's arguments.py:
 and `--optimizer-offload-fraction` defaults to 1.0 there (OptimizerConfig's default is 0.0), so
 the export always writes it. The field is a percentage, so that a value is exact in labels,
 run keys and Optuna's storage.
+
+A space may mark it `derive` (autotune.search.derive): with the precision-aware optimizer, the
+fewest percent whose predicted peak fits. GPU memory falls and the step's host time rises with
+every offloaded percent (`_memory`, `_cost`), so the fewest that fits is the fastest. It is
+the memory lever of last resort: the search adds it where nothing else fits
+(autotune.search.last_resort).
 """
 
 from __future__ import annotations
@@ -21,7 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.dimensions import dimension, unless_default
 from autotune.errors import ConfigError
-from autotune.levers.base import CostState, Lever, MemoryState, Requires, Rule, Seed, evolve
+from autotune.levers.base import (
+    CostState,
+    Derivable,
+    Lever,
+    MemoryState,
+    Requires,
+    Rule,
+    Seed,
+    evolve,
+)
 from autotune.levers.flags import Flag, FlagRow, Given, Part, RunOptions
 
 if TYPE_CHECKING:
@@ -197,4 +212,9 @@ LEVER = Lever(
     cost=_cost,
     seed=Seed.MEMORY,
     constants=Constants,
+    # Only beside the precision-aware optimizer (offload_pao), the fewest whole percent.
+    derivable=(Derivable(name="optimizer_offload_percent",
+                         applies=lambda s, m: s.precision_aware_optimizer,
+                         values=lambda s, m: tuple(range(1, 101)),
+                         monotone=lambda s: True, off=0, rules=("offload_percent",)),),
 )
