@@ -139,7 +139,7 @@ def test_the_expandable_band_is_the_allocated_peaks_error_and_the_reserve() -> N
     reserve = max(float(t["peak_reserved_gib"]) / float(t["peak_allocated_gib"]) - 1
                   for t in xseg)
     band = _allocated_under() + reserve - MemoryParams().expandable_fragmentation
-    assert EXPANDABLE_ERROR_BAND == pytest.approx(band, abs=0.002)
+    assert pytest.approx(band, abs=0.002) == EXPANDABLE_ERROR_BAND
     # The trials' own worst miss of the device memory in use lies inside it.
     worst = max(1 - _estimate(t) / float(t["device_used_gib"]) for t in xseg)
     assert 0 < worst < EXPANDABLE_ERROR_BAND

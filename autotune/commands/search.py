@@ -227,6 +227,8 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     nothing = None if result.interrupted or result.best(1) else _why_nothing(result, cfg)
     wider = None if seeds or not isinstance(nothing, ConfigError) \
         else widened_for_memory(space)
+    if wider is not None and not _fits_somewhere(replace(cfg, space=wider)):
+        wider = None  # no room there either: the one line below says what stood in the way
     if wider is not None:
         # Nothing fits: the memory levers of last resort, in a study of their own (the space
         # names a default one; a named one gets LAST_RESORT_SUFFIX), said in one line
@@ -386,6 +388,12 @@ def _smallest_peak(cfg: SearchConfig) -> tuple[float, str] | None:
              for s in enumerate_space(cfg.space, cfg.model, cfg.cluster).valid)
     least = min(peaks, key=lambda pair: pair[0], default=None)
     return None if least is None else (least[0], least[1].describe())
+
+
+def _fits_somewhere(cfg: SearchConfig) -> bool:
+    """Whether some valid layout of the space is predicted to fit the GPU."""
+    least = _smallest_peak(cfg)
+    return least is not None and least[0] <= cfg.cluster.gpu.memory_bytes
 
 
 def _why_nothing(result: SearchResult, cfg: SearchConfig) -> AutotuneError:
