@@ -23,7 +23,9 @@ from autotune.search.derive import (
 )
 from autotune.search.ladder import LADDER_MARGIN, Ladder
 from autotune.search.layout_map import LayoutMap
-from autotune.search.space import _enumerate, enumerate_space, space_from_mapping
+from autotune.search.space import _enumerate, enumerate_space, load_space, space_from_mapping
+from autotune.specs.hardware import ClusterSpec
+from autotune.specs.presets import load_model
 from autotune.trials.trial import TrialStatus
 
 MODEL = small_model()  # gpt2-medium: 24 layers, gbs 64, seq 1024
@@ -528,3 +530,42 @@ def test_the_embedding_loss_split_is_derived_where_only_it_divides_the_layers(
     # The lazy enumeration agrees with resolving every combination first.
     eager = _enumerate(space, model, cluster, lazy=False)
     assert set(eager.valid) == set(summary.valid)
+
+
+@pytest.mark.parametrize(("model_ref", "seq", "gbs", "gpu"), [
+    ("tests/data/hf/llama-3.2-3b.json", 8192, 4, "h100-80gb"),  # bf16 12 layers, FP8 18
+    ("gpt2-xl", 32768, 1, "h100-80gb"),
+    ("tests/data/hf/qwen3-4b.json", 4096, 16, "h200"),
+])
+def test_a_count_derived_for_bf16_is_raised_where_fp8_needs_more(
+        model_ref: str, seq: int, gbs: int, gpu: str) -> None:
+    """A count is resolved at its level with FP8 (a deeper level) off; an FP8 layout that needs
+    more memory gets the fewest count that fits it, so that the space holds an FP8 layout
+    predicted to fit wherever one exists."""
+    from autotune.search.loss_guard import arithmetic, twin
+
+    model = load_model(model_ref).with_overrides(seq_length=seq, global_batch_size=gbs)
+    cluster = ClusterSpec.make(1, gpu=gpu)
+    summary = enumerate_space(load_space(None), model, cluster)
+    limit = {on: safe_limit_bytes(cluster, expandable=on) for on in (False, True)}
+    bf16 = {arithmetic(s): s for s in summary.valid
+            if s.fp8 == "off" and s.recompute_method == "block" and s.recompute == "full"}
+    raised = 0
+    for s in summary.valid:
+        if s.fp8 == "off" or s.recompute != "full" or s.recompute_method != "block":
+            continue
+        base = bf16.get(arithmetic(twin(s)))
+        if base is None:
+            continue
+        assert s.recompute_num_layers >= base.recompute_num_layers
+        if s.recompute_num_layers > base.recompute_num_layers:
+            raised += 1
+            fewer = with_fields(s, recompute_num_layers=s.recompute_num_layers - 1)
+            # The fewest that fits; all of the chunk's layers where none does.
+            fits = estimate_memory(model, s, cluster).peak_bytes <= limit[s.expandable_segments]
+            assert fits or s.recompute_num_layers == values_of("recompute_num_layers", s,
+                                                               model)[-1]
+            assert estimate_memory(model, fewer, cluster).peak_bytes > \
+                limit[s.expandable_segments]
+    if model_ref.endswith("llama-3.2-3b.json"):
+        assert raised

@@ -216,5 +216,6 @@ LEVER = Lever(
     derivable=(Derivable(name="optimizer_offload_percent",
                          applies=lambda s, m: s.precision_aware_optimizer,
                          values=lambda s, m: tuple(range(1, 101)),
-                         monotone=lambda s: True, off=0, rules=("offload_percent",)),),
+                         monotone=lambda s: True, off=0,
+                         rules=("offload_percent", "offload_pao")),),
 )

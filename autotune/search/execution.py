@@ -31,6 +31,7 @@ from autotune.search.ledger import LayoutQueue, Ledger
 from autotune.search.loss_guard import (
     GUARD_STEPS,
     REFERENCE_STEPS,
+    arithmetic,
     compare_losses,
     guarded,
     judged_from,
@@ -415,14 +416,17 @@ class TrialExecutor:
 
     def fp8_variants(self, s: Layout) -> list[Layout]:
         """The valid layouts of the space that are `s` with FP8 on (each recipe and parameter
-        gather the space offers): those whose loss guard twin `s` is (loss_guard.twin)."""
+        gather the space offers): those whose loss guard twin trains as `s` does
+        (loss_guard.twin, loss_guard.arithmetic). Not only `s`'s own fields: a derived count
+        may differ with FP8 on (FP8's weight copies need more layers recomputed:
+        autotune.search.space raises it), and `s` judges those variants' losses all the same."""
         if self._fp8_variants is None:
             variants: dict[Layout, list[Layout]] = {}
             for v in self.parts.layouts.valid:
                 if guarded(v):
-                    variants.setdefault(twin(v), []).append(v)
+                    variants.setdefault(arithmetic(twin(v)), []).append(v)
             self._fp8_variants = variants
-        return self._fp8_variants.get(s, [])
+        return self._fp8_variants.get(arithmetic(s), [])
 
     def follow_with_fp8(self, record: TrialRecord) -> None:
         """After a bf16 trial measured at the best figure (within its noise), queue first the

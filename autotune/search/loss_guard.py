@@ -23,8 +23,8 @@ from autotune.layouts.layout import Layout
 from autotune.levers.fp8 import Fp8, Fp8Recipe
 
 __all__ = ["GUARD_STEPS", "LAG_STEPS", "LOSS_TOLERANCE", "MIN_STEPS", "REFERENCE_STEPS",
-           "SAME_ARITHMETIC", "WINDOW", "LossVerdict", "compare_losses", "guarded", "judged_from",
-           "lag_steps", "long_enough", "same_arithmetic", "twin"]
+           "SAME_ARITHMETIC", "WINDOW", "LossVerdict", "arithmetic", "compare_losses", "guarded",
+           "judged_from", "lag_steps", "long_enough", "same_arithmetic", "twin"]
 
 LOSS_TOLERANCE = 0.10
 """Largest gap between the FP8 trial's loss and its twin's over the last WINDOW steps, as a
@@ -137,8 +137,16 @@ def long_enough(twin_losses: Sequence[float | None], fp8_steps: int) -> bool:
 
 def same_arithmetic(a: Layout, b: Layout) -> bool:
     """Whether `a` and `b` differ in SAME_ARITHMETIC fields alone."""
-    neutral = {name: getattr(a, name) for name in SAME_ARITHMETIC}
-    return replace(b, **neutral) == a
+    return arithmetic(a) == arithmetic(b)
+
+
+_NEUTRAL = Layout()
+
+
+def arithmetic(s: Layout) -> Layout:
+    """`s` with its SAME_ARITHMETIC fields at Layout's defaults: the layouts that train as `s`
+    does share it (same_arithmetic)."""
+    return replace(s, **{name: getattr(_NEUTRAL, name) for name in SAME_ARITHMETIC})
 
 
 def judged_from(s: Layout) -> int:
