@@ -96,8 +96,11 @@ def test_an_8b_model_on_one_gpu_is_planned_with_the_offload(
     assert best["precision_aware_optimizer"] and 0 < best["optimizer_offload_percent"] < 100
     if study is not None:
         assert result["study"] == study + LAST_RESORT_SUFFIX
-    # The first plan, where nothing fit, left nothing behind.
-    assert [p.name for p in tmp_path.iterdir()] == [result["study"]]
+    # The same command with --resume continues the widened study.
+    code, again, err = _run(capsys, *PLAN, "--results-dir", str(tmp_path), *named, "--resume")
+    assert code == 0, err
+    assert json.loads(again)["study"] == result["study"]
+    assert json.loads(again)["best"][0]["trial"] == result["best"][0]["trial"]
 
 
 def test_where_the_offload_does_not_help_either_one_line_says_so(

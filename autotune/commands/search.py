@@ -232,9 +232,9 @@ def run_search_command(model: ModelSpec, cluster: ClusterSpec, space: SearchSpac
     if wider is not None:
         # Nothing fits: the memory levers of last resort, in a study of their own (the space
         # names a default one; a named one gets LAST_RESORT_SUFFIX), said in one line
-        # (autotune.search.last_resort).
-        if chosen.predicted and not stored:
-            _discard_new_plan(cfg, result.study_name)
+        # (autotune.search.last_resort). This study stays: the same command with --resume
+        # reads it, finds nothing fits again and resumes the widened one (the widened study,
+        # made after it, is the newest: the one export and report pick).
         again_study = None if study is None else check_study_name(study + LAST_RESORT_SUFFIX)
         print(f"autotune: {nothing}; searching again with the optimizer's CPU offload (the "
               "precision-aware optimizer, the offloaded percent derived from the memory "
