@@ -490,16 +490,16 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
     # The parallel layout.
     value("--tensor-model-parallel-size", "tp", Part.LAYOUT, default=1),
     value("--pipeline-model-parallel-size", "pp", Part.LAYOUT, default=1),
-    FlagRow(name="vpp", part=Part.LAYOUT,
-            flags=(Flag("--num-virtual-stages-per-pipeline-rank"),
-                   Flag("--num-layers-per-virtual-pipeline-stage")),
-            emit=_emit_vpp, read=_read_vpp),
-    *_lever_rows(Place.PIPELINE),
     # A user's own layout string: read (the split it gives, mapped once the model is known),
     # never written by autotune's own commands, which write the split's flags; an export that
     # edits a script holding one rewrites the string (megatron_command.layout_changes).
     FlagRow(name=PIPELINE_LAYOUT, part=Part.LAYOUT, flags=(Flag(LAYOUT_FLAG),),
             emit=lambda m, s, run: [], read=_read_pipeline_layout),
+    FlagRow(name="vpp", part=Part.LAYOUT,
+            flags=(Flag("--num-virtual-stages-per-pipeline-rank"),
+                   Flag("--num-layers-per-virtual-pipeline-stage")),
+            emit=_emit_vpp, read=_read_vpp),
+    *_lever_rows(Place.PIPELINE),
     value("--context-parallel-size", "cp", Part.LAYOUT, default=1, omit_at=1),
     value("--expert-model-parallel-size", "ep", Part.LAYOUT, default=1, omit_at=1),
     FlagRow(name="moe_token_dispatcher", part=Part.LAYOUT,
