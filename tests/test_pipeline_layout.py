@@ -449,3 +449,24 @@ def test_search_then_export_round_trip(tmp_path: Path,
     for flag in ("--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers",
                  "--decoder-last-pipeline-num-layers", "--account-for-"):
         assert flag not in text
+
+
+DEEPSEEK = Path(__file__).parent / "data" / "megatron" / "deepseek-v3-layout.sh"
+"""The model flags of Megatron-LM's examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh at pp 16
+with Megatron-Bridge's DeepSeek-V3 layout string for pp 16."""
+
+
+def test_nvidias_deepseek_v3_layout_reads_and_exports_the_derived_split(tmp_path: Path) -> None:
+    """DeepSeek-V3 (MLA, 256 experts, dense first layers, one MTP layer) with the string
+    Megatron-Bridge writes for pp 16 reads as pp 16 with one layer on the last stage; the
+    split autotune derives for it (3 and 2 on the end stages) is exported as a string."""
+    command = read_megatron_command(str(DEEPSEEK))
+    assert command.model.mtp_num_layers == 1 and command.model.num_layers == 61
+    old = megatron_layout(command, 1024)
+    assert (old.pp, old.vpp, old.first_stage_layers, old.last_stage_layers) == (16, 1, 0, 1)
+    target = with_fields(old, first_stage_layers=3, last_stage_layers=2)
+    text = DEEPSEEK.read_text()
+    patched = patch_script(command, target, layout_changes(command, old, target))
+    assert _diff(text, patched) == [
+        '-    --pipeline-model-parallel-layout "Et*4|(t*4|)*14tmL"',
+        "+    --pipeline-model-parallel-layout 'Et*3|(t*4|)*14t*2mL'"]
