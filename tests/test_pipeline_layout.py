@@ -171,14 +171,16 @@ MEGATRON_REFUSES = [
      "rank's last virtual stage"),
     ("Et*8m|mL", 2, 8, 2, "the MTP layers split over several stages"),
     # The grammar: what megatron-core's symbols are not.
-    ("Et*4|X|t*4L", 2, 8, 0, "expected one of E t m L | or '(' at 'X' at character 6"),
-    ("Et 4|t*4L", 2, 8, 0, "expected one of E t m L | or '(' at ' ' at character 3"),
+    ("Et*4|X|t*4L", 2, 8, 0, "expected E, t, m, L, '|' or '(' at character 6 ('X')"),
+    ("Et 4|t*4L", 2, 8, 0, "expected E, t, m, L, '|' or '(' at character 3 (' ')"),
     ("Et*|t*4L", 2, 8, 0, "'*' at character 3 is not followed by a count"),
     ("E(t*4|t*4L", 2, 8, 0, "a '(' without its ')'"),
     ("Et*2*2|t*4L", 2, 8, 0, "a count after a count"),
     ("E((t|)*2)*2L", 2, 4, 0, "parentheses inside parentheses"),
     ("E(t*4|)t*4L", 2, 8, 0, "'(...)' without a count"),
     ("E(t|)*9999999L", 2, 8, 0, "a count too large for a layout"),
+    ("E(t*99999|)*99999L", 2, 8, 0, "more layers than any model has"),
+    ("E" + "t*99999" * 3 + "L", 2, 8, 0, "more layers than any model has"),
 ]
 
 

@@ -37,6 +37,7 @@ own counts (--decoder-first/last-pipeline-num-layers) or of the embedding/loss s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -71,7 +72,7 @@ _MAX_LAYERS = 100_000
 class _Parser:
     """The grammar of the module docstring, over the text with its commas dropped."""
 
-    def __init__(self, text: str, fail: Any) -> None:
+    def __init__(self, text: str, fail: Callable[[str], ConfigError]) -> None:
         self.text, self.at, self.fail = text, 0, fail
 
     def peek(self) -> str:
@@ -90,14 +91,21 @@ class _Parser:
             raise self.fail("a count too large for a layout")
         return int(self.text[start:self.at])
 
+    def check(self, size: int) -> None:
+        # Before a repetition is built: `(t*99999|)*99999` must not fill the memory first.
+        if size > _MAX_LAYERS:
+            raise self.fail("more layers than any model has")
+
     def item(self) -> str:
         symbol = self.peek()
         if symbol not in _SYMBOLS or not symbol:
-            what = f"{symbol!r} at character {self.at + 1}" if symbol else "the end"
-            raise self.fail(f"expected one of E t m L | or '(' at {what} (megatron-core's "
+            what = f"character {self.at + 1} ({symbol!r})" if symbol else "the end"
+            raise self.fail(f"expected E, t, m, L, '|' or '(' at {what} (megatron-core's "
                             "layer symbols)")
         self.at += 1
-        return symbol * self.count()
+        times = self.count()
+        self.check(times)
+        return symbol * times
 
     def piece(self) -> str:
         if self.peek() != "(":
@@ -108,12 +116,16 @@ class _Parser:
             if self.peek() == "(":
                 raise self.fail(f"parentheses inside parentheses at character {self.at + 1}")
             body.append(self.item())
+            self.check(sum(map(len, body)))
         if self.peek() != ")":
             raise self.fail("a '(' without its ')'")
         self.at += 1
         if self.peek() != "*":
             raise self.fail(f"'(...)' without a count at character {self.at}: write (...)*N")
-        return "".join(body) * self.count()
+        run = "".join(body)
+        times = self.count()
+        self.check(len(run) * times)
+        return run * times
 
     def layout(self) -> str:
         out: list[str] = []
@@ -123,8 +135,7 @@ class _Parser:
             if self.peek() == "*":
                 raise self.fail(f"a count after a count at character {self.at + 1}: write one")
             size += len(piece)
-            if size > _MAX_LAYERS:
-                raise self.fail("more layers than any model has")
+            self.check(size)
             out.append(piece)
         return "".join(out)
 
