@@ -87,6 +87,9 @@ MAPPED = [
     # said as a string: one embedding/loss slot each at the ends.
     ("Llama 3.1 405B pp8 vpp8, embedding and loss as layers", _llama_405b, 8,
      "Et|(tt|)*62tL", {**EVEN, "vpp": 8, "embedding_loss_split": True}),
+    # One slot per virtual stage: the embedding and the loss each alone in one.
+    ("Llama 3.1 405B pp16 vpp8, embedding and loss alone", _llama_405b, 16, "E|(t|)*126L",
+     {**EVEN, "vpp": 8, "embedding_loss_split": True}),
     # The same at vpp 1 is the end stages' own counts (the same layers; chunk_sizes).
     ("Llama 3.1 405B pp8, embedding and loss as layers", _llama_405b, 8,
      "Et*15|(t*16|)*6t*15L", {**EVEN, "vpp": 1, "first_stage_layers": 15,
