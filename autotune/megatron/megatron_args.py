@@ -45,11 +45,13 @@ from autotune.levers.transformer_impl import (
 from autotune.megatron.core_config import MOE_TOKEN_DISPATCHER
 from autotune.megatron.layer_pattern import format_layer_freq, parse_layer_freq
 from autotune.megatron.megatron_versions import MegatronVersion, running, spell_args
+from autotune.megatron.pipeline_layout import CONFLICTS, LAYOUT_FLAG, read_layout
 from autotune.specs.elementwise import rope_fused
 from autotune.specs.model import ModelSpec
 
-__all__ = ["FLAG_TABLE", "GPT2_BPE_VOCAB", "SDPA_STANDS_IN", "TRAINING_SCRIPT",
-           "TRANSFORMER_IMPLS", "UNMODELED_DEFAULTS", "UNMODELED_FLAGS", "UNREPRESENTED_FLAGS",
+__all__ = ["FLAG_TABLE", "GPT2_BPE_VOCAB", "PIPELINE_LAYOUT", "SDPA_STANDS_IN",
+           "TRAINING_SCRIPT", "TRANSFORMER_IMPLS", "UNMODELED_DEFAULTS", "UNMODELED_FLAGS",
+           "UNREPRESENTED_FLAGS",
            "Flag", "FlagRow", "Given", "Part", "RunOptions", "Unrepresented",
            "exported_layout", "flag_names", "known_flags", "measured_as_exported",
            "megatron_lm_args", "read_fields", "row_args", "training_script"]
@@ -309,6 +311,27 @@ def _read_vpp(g: Given) -> dict[str, Any]:
     return {"vpp": layers // pp // per_stage}
 
 
+PIPELINE_LAYOUT = "pipeline_layout"
+"""The row of --pipeline-model-parallel-layout, and the key its reading gives read_fields: the
+string read and checked (autotune.megatron.pipeline_layout.PipelineLayout), which
+autotune.megatron.megatron_command maps to the split fields once the model is known."""
+
+
+def _read_pipeline_layout(g: Given) -> dict[str, Any]:
+    text = g.text(LAYOUT_FLAG)
+    if text is None:
+        return {}
+    given = [flag for flag in CONFLICTS if g.has(flag)]
+    if given:
+        raise ConfigError(f"{g.source}: {LAYOUT_FLAG} with {given[0]}: Megatron-LM refuses "
+                          "the two together (validate_args, TransformerConfig): the layout "
+                          "string says the split and the virtual stages itself")
+    pp = g.integer("--pipeline-model-parallel-size", 1) or 1
+    layout = read_layout(text, pp=pp, num_layers=g.required("--num-layers"),
+                         mtp_num_layers=g.integer("--mtp-num-layers") or 0, source=g.source)
+    return {PIPELINE_LAYOUT: layout}
+
+
 def _read_sequence_parallel(g: Given) -> dict[str, Any]:
     # validate_args turns sequence parallelism off where tensor parallelism is (tp 1), with a
     # warning, and runs on: a command with both runs without it (core_v0.16.1 arguments.py).
@@ -467,6 +490,11 @@ FLAG_TABLE: tuple[FlagRow, ...] = (
     # The parallel layout.
     value("--tensor-model-parallel-size", "tp", Part.LAYOUT, default=1),
     value("--pipeline-model-parallel-size", "pp", Part.LAYOUT, default=1),
+    # A user's own layout string: read (the split it gives, mapped once the model is known),
+    # never written by autotune's own commands, which write the split's flags; an export that
+    # edits a script holding one rewrites the string (megatron_command.layout_changes).
+    FlagRow(name=PIPELINE_LAYOUT, part=Part.LAYOUT, flags=(Flag(LAYOUT_FLAG),),
+            emit=lambda m, s, run: [], read=_read_pipeline_layout),
     FlagRow(name="vpp", part=Part.LAYOUT,
             flags=(Flag("--num-virtual-stages-per-pipeline-rank"),
                    Flag("--num-layers-per-virtual-pipeline-stage")),
@@ -618,9 +646,6 @@ UNREPRESENTED_FLAGS: dict[str, Unrepresented] = {
     "--moe-latent-size": Unrepresented("MoE experts in a latent space"),
     "--heterogeneous-layers-config-path": Unrepresented("layers of different shapes"),
     "--heterogeneous-layers-config-encoded-json": Unrepresented("layers of different shapes"),
-    "--pipeline-model-parallel-layout": Unrepresented(
-        "a pipeline layout of its own (autotune splits the layers evenly, or by "
-        "--decoder-first/last-pipeline-num-layers)"),
 }
 """Megatron-LM core_v0.16.1 flags (declared by 0.19 too) whose model autotune's analytical
 models, worker and export do not have, each with what it gives the model and the values that

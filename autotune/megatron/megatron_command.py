@@ -39,6 +39,7 @@ from autotune.megatron.launch_site import (
 )
 from autotune.megatron.megatron_args import (
     FLAG_TABLE,
+    PIPELINE_LAYOUT,
     TRAINING_SCRIPT,
     UNMODELED_DEFAULTS,
     UNMODELED_FLAGS,
@@ -49,6 +50,12 @@ from autotune.megatron.megatron_args import (
     known_flags,
     read_fields,
     row_args,
+)
+from autotune.megatron.pipeline_layout import (
+    CONFLICTS,
+    LAYOUT_FLAG,
+    format_layout,
+    split_fields,
 )
 from autotune.megatron.shell_script import (
     SCRIPT_ARGUMENTS,
@@ -153,6 +160,15 @@ class MegatronCommand:
         if self.gpus_per_node is None or self.nodes is None:
             return None
         return self.gpus_per_node * self.nodes
+
+    @property
+    def layout_string(self) -> str | None:
+        """The command's --pipeline-model-parallel-layout as written (its last occurrence, as
+        argparse takes it), or None without one."""
+        found = [g for g in self.groups if g.flag == LAYOUT_FLAG]
+        if not found:
+            return None
+        return " ".join(v if v is not None else "?" for v in found[-1].values)
 
     @property
     def unmodeled(self) -> tuple[str, ...]:
@@ -674,6 +690,11 @@ def read_megatron_command(path: str, line: int | None = None,
     _refuse_unrepresented(groups, model, path)
     _refuse_bad_values(groups, path)
     layout_fields = {k: v for k, v in read.items() if k in DIMENSIONS}
+    if PIPELINE_LAYOUT in read:
+        # The layout string's split, in place of the split flags' defaults read above (Megatron
+        # refuses the two together: the reading refused them).
+        layout_fields.update(split_fields(read[PIPELINE_LAYOUT], model,
+                                          f"{path}: line {command.line}"))
     # The levers set in the run's environment (the allocator's), as the script exports them
     # and the command's own `NAME=value` prefixes override them; a value the script takes from
     # its caller's environment is not known here and reads as unset.
@@ -770,10 +791,21 @@ def layout_changes(command: MegatronCommand, old: Layout, new: Layout) -> list[R
     model = command.model
     old, new = exported_layout(old), exported_layout(new)
     given = {g.flag for g in command.groups}
+    held = command.layout_string
     changes: list[RowChange] = []
     for row in FLAG_TABLE:
         if row.part != Part.LAYOUT:
             continue
+        if held is not None and row.name == PIPELINE_LAYOUT:
+            # The user's layout string stays their way of saying the split: rewritten for the
+            # new layout where it gives other stages (pipeline_layout.format_layout), kept as
+            # written where it does not.
+            text = format_layout(model, new)
+            if text != format_layout(model, old):
+                changes.append(RowChange(row.name, (LAYOUT_FLAG, held), (LAYOUT_FLAG, text)))
+            continue
+        if held is not None and any(f.name in CONFLICTS for f in row.flags):
+            continue  # the string says them; Megatron-LM refuses them beside it
         before, after = row_args(row, model, old), row_args(row, model, new)
         if row.name == "sequence_parallel" and "--sequence-parallel" in given \
                 and not new.sequence_parallel and new.tp > 1:

@@ -33,7 +33,13 @@ from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout
 from autotune.megatron.identity import run_key
 from autotune.megatron.launch_site import Script, context_of, walk
-from autotune.megatron.megatron_args import FLAG_TABLE, TRAINING_SCRIPT, Flag, row_args
+from autotune.megatron.megatron_args import (
+    FLAG_TABLE,
+    PIPELINE_LAYOUT,
+    TRAINING_SCRIPT,
+    Flag,
+    row_args,
+)
 from autotune.megatron.megatron_command import (
     MegatronCommand,
     RowChange,
@@ -43,6 +49,7 @@ from autotune.megatron.megatron_command import (
     read_megatron_command,
 )
 from autotune.megatron.megatron_versions import MegatronVersion, spell_args
+from autotune.megatron.pipeline_layout import string_split
 from autotune.megatron.shell_script import SCRIPT_ARGUMENTS, shell_c_at
 
 __all__ = ["Respelling", "Token", "launch_tokens", "patch_script", "respellings"]
@@ -670,7 +677,10 @@ def patch_script(command: MegatronCommand, new_layout: Layout,
         if change.variable is not None:
             continue
         row = rows[change.row]
-        wanted = flag_values(row_args(row, command.model, new))
+        # The layout string's new value is the change's own (the user's style kept:
+        # megatron_command.layout_changes); autotune's own commands never write one.
+        wanted = flag_values(change.after) if change.row == PIPELINE_LAYOUT else \
+            flag_values(row_args(row, command.model, new))
         added.append([])
         for flag in row.flags:
             places = _occurrences(tokens, flag)
@@ -740,6 +750,10 @@ def _check_read_back(command: MegatronCommand, patched: str, new_layout: Layout,
         raise ConfigError(f"{command.source}: line {command.line}: the patched script does not "
                           f"read back ({exc}); change the flags by hand: {changed}") from None
     want = exported_layout(new_layout)
+    if command.layout_string is not None:
+        # Kept as a layout string, the split reads back as the string says it: at vpp 1 the
+        # embedding/loss split as the end stages' own counts, the same layers.
+        want = string_split(command.model, want, command.source)
     # The same run is enough: a layout's fields that Megatron ignores (the recompute modules
     # without selective recompute, which the search's layout may still carry from the user's)
     # are not written, so they read back as their defaults (autotune.megatron.identity).
