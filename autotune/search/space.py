@@ -23,14 +23,17 @@ from autotune.layouts.layout import (
     derive_dp,
     with_fields,
 )
-from autotune.predict.memory import MemoryParams
+from autotune.predict.memory import MemoryParams, estimate_memory, memory_key
 from autotune.search.derive import (
     DERIVABLE,
     DERIVE,
     DIVISORS,
     ENUMERABLE,
     MEMORY_BLIND,
+    best_split,
     divisor_values,
+    joint_candidates,
+    joint_dims,
     resolve,
     safe_limit_bytes,
 )
@@ -275,13 +278,76 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
             split[key] = (reading, [r for r in rules_at[level] if r.name in reading])
         return split[key]
 
-    def expand(level: int, partial: Layout, earlier: tuple[str, ...]) -> bool:
+    # The pipeline split (a joint choice, resolve_joint) is made at its level with the deeper
+    # fields at their defaults, where several splits may tie (joint_candidates): those are
+    # carried down as `splits` and the complete layout takes the best of them (best_split),
+    # each with the deeper counts it derives and every rule past level 0 checked.
+    later = [rule for rule in RULES if rule.level > 0]
+    peaks: dict[tuple[object, ...], float] = {}
+    # The layouts (by memory_key at mbs 1) none of whose splits fits: a layout's peak grows
+    # with its micro-batch (what is in flight, min(pp, m) x mbs sequences, never falls;
+    # autotune.predict.memory), so the same layout at a larger micro-batch (the mbs level is
+    # enumerated before the deeper ones) fits with none either, and which of them it keeps
+    # matters to no ranking (the gate refuses each). Per family, the least such micro-batch.
+    crowded: dict[tuple[object, ...], int] = {}
+
+    def peak_of(s: Layout) -> float:
+        key = memory_key(s)
+        found = peaks.get(key)
+        if found is None:
+            found = peaks[key] = estimate_memory(model, s, cluster, params).peak_bytes
+        return found
+
+    def resolved(layout: Layout, derived: tuple[str, ...]
+                 ) -> tuple[Layout, tuple[dict[str, Any], ...]]:
+        """`layout` with `derived` resolved, and the joint split's candidates where more than
+        one is kept (their fields; empty otherwise)."""
+        joint = joint_dims(derived)
+        options: tuple[dict[str, Any], ...] = ()
+        if joint:
+            found = joint_candidates(layout, joint, model, cluster, limit_bytes=limit,
+                                     params=params)
+            layout = found[0]
+            if len(found) > 1:
+                options = tuple({d: getattr(c, d) for d in joint} for c in found)
+            derived = tuple(d for d in derived if d not in joint)
+        if derived:
+            layout = resolve(layout, derived, model, cluster, limit_bytes=limit, params=params)
+        return layout, options
+
+    def settle(layout: Layout, splits: tuple[dict[str, Any], ...],
+               derived: tuple[str, ...]) -> Layout:
+        """The best of `layout` with each split of `splits` (best_split), each alternative
+        with the other counts in `derived` resolved again for its stages and passing every
+        rule past level 0 (level 0's read no split)."""
+        family = memory_key(with_fields(layout, mbs=1))
+        if layout.mbs >= crowded.get(family, layout.mbs + 1):
+            return layout
+        deeper = tuple(d for d in derived if d not in splits[0])
+        options = []
+        for split in splits:
+            alt = with_fields(layout, **split)
+            if alt != layout:
+                if deeper:
+                    alt = resolve(alt, deeper, model, cluster, limit_bytes=limit,
+                                  params=params)
+                if any(rule.check(alt, model, cluster) is not None for rule in later):
+                    continue
+            options.append(alt)
+        if all(peak_of(alt) > limit for alt in options):
+            crowded[family] = min(layout.mbs, crowded.get(family, layout.mbs))
+        return best_split(options, model, cluster, limit_bytes=limit, params=params,
+                          peak_of=peak_of)
+
+    def expand(level: int, partial: Layout, earlier: tuple[str, ...],
+               splits: tuple[dict[str, Any], ...] = ()) -> bool:
         """`earlier`: the dimensions a shallower level resolved from `derive` for `partial`,
-        carried down so that the valid layout records every one (not only the last level's).
+        carried down so that the valid layout records every one (not only the last level's);
+        `splits`: the pipeline splits a shallower level kept for it (resolved above).
         Returns whether to stop (`first` and a valid layout found)."""
         # The counts resolved for `partial`, by the choice's fields that memory reads: choices
         # that differ only in MEMORY_BLIND fields resolve alike, once.
-        counts: dict[tuple[Any, ...], dict[str, Any]] = {}
+        counts: dict[tuple[Any, ...], tuple[dict[str, Any], tuple[dict[str, Any], ...]]] = {}
         for choice in _choices(levels[level], partial, model):
             derived = tuple(d for d in derivable[level] if choice[d] == DERIVE)
             if derived:
@@ -289,6 +355,7 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                 choice = {**choice, **{d: DERIVABLE[d].off for d in derived}}
             layout = with_fields(partial, **choice)
             rules = rules_at[level]
+            kept = splits
             if derived and level and lazy:
                 # Level 0 (dp follows) has no derivable dimension.
                 reading, rules = rules_for(level, derived)
@@ -304,16 +371,17 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                 key = (derived, *(v for d, v in choice.items() if d not in MEMORY_BLIND))
                 known = counts.get(key)
                 if known is None:
-                    layout = resolve(layout, derived, model, cluster, limit_bytes=limit,
-                                     params=params)
-                    counts[key] = {d: getattr(layout, d) for d in derived}
+                    layout, options = resolved(layout, derived)
+                    counts[key] = ({d: getattr(layout, d) for d in derived}, options)
                 else:
-                    layout = with_fields(layout, **known)
+                    layout = with_fields(layout, **known[0])
+                    options = known[1]
+                kept = options or splits
                 if broken is not None:
                     rules = rules_at[level]
             elif derived:
-                layout = resolve(layout, derived, model, cluster, limit_bytes=limit,
-                                 params=params)
+                layout, options = resolved(layout, derived)
+                kept = options or splits
             if level == 0:
                 layout = with_fields(layout, dp=derive_dp(
                     cluster.num_gpus, tp=layout.tp, pp=layout.pp, cp=layout.cp))
@@ -325,9 +393,11 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                     break
             else:
                 if level + 1 < until:
-                    if expand(level + 1, layout, earlier + derived):
+                    if expand(level + 1, layout, earlier + derived, kept):
                         return True
                 else:
+                    if len(kept) > 1 and until == LEVELS and not first:
+                        layout = settle(layout, kept, earlier + derived)
                     valid.append(layout)
                     if earlier + derived:
                         via_derive[layout] = earlier + derived
