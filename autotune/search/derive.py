@@ -20,10 +20,11 @@ activation_offload), with the values Megatron accepts and whether the fewest tha
 
 - `first_stage_layers` / `last_stage_layers` (autotune.levers.pipeline_split), one choice of
   both, with `embedding_loss_split` where it is `derive` too: of the splits megatron-core
-  accepts (TransformerConfig.__post_init__, "Uneven PP"), the one of least predicted step time
-  among those that fit (resolve_joint), so a pp that does not divide the layers is reached
-  (DeepSeek-V3's 61 at pp 16: 2 and 3 layers on the end stages without its MTP layer, 3 and 2
-  with it on the last).
+  accepts (TransformerConfig.__post_init__, "Uneven PP"), those of least predicted pace at
+  pp's level and the one of least peak there (joint_candidates), of which the complete layout
+  takes the least predicted step among those that fit (best_split), so a pp that does not
+  divide the layers is reached (DeepSeek-V3's 61 at pp 16 with its MTP layer: 4 and 1 layers
+  on the end stages at its planned layout).
 
 `mbs`, `vpp` and `ep` may be listed as `divisors`: every micro-batch that divides the batch per
 data-parallel rank, every interleaving that divides a stage's layers (not only powers of two),
@@ -39,6 +40,7 @@ model expects to fit with a margin. The search then moves the count by what tria
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from autotune.layouts.layout import Layout, stage_layers, with_fields
 from autotune.levers import LEVERS
@@ -51,9 +53,9 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 
 __all__ = ["DERIVABLE", "DERIVE", "DIVISORS", "ENUMERABLE", "MEMORY_BLIND", "Derivable",
-           "best_split",
-           "divisor_values", "fewest_fitting", "joint_candidates", "joint_dims", "least_memory",
-           "resolve", "resolve_joint", "safe_limit_bytes", "values_of"]
+           "best_split", "divisor_values", "fewest_fitting", "joint_candidates",
+           "joint_choices", "joint_dims", "least_memory", "resolve", "resolve_joint",
+           "safe_limit_bytes", "values_of"]
 
 DERIVE = "derive"
 """The space-file marker of a dimension whose value the memory model resolves."""
@@ -169,6 +171,15 @@ that move layers only between stages faster than the slowest: the same pipeline)
 peak wins."""
 
 
+def joint_choices(s: Layout, dims: Iterable[str], model: ModelSpec) -> tuple[dict[str, Any], ...]:
+    """Every joint choice of `dims` (their Derivable.joint: pipeline_split.split_choices) that
+    Megatron accepts for `s`'s other fields; none where the lever does not apply."""
+    dims = tuple(dims)
+    lead = next(DERIVABLE[d] for d in dims if DERIVABLE[d].joint is not None)
+    assert lead.joint is not None
+    return lead.joint(s, model, frozenset(dims)) if lead.applies(s, model) else ()
+
+
 def joint_candidates(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSpec,
                      *, limit_bytes: float, params: MemoryParams | None = None
                      ) -> tuple[Layout, ...]:
@@ -179,9 +190,11 @@ def joint_candidates(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: 
     pace_s: each stage's time from its own layers, the output layer and loss on the last; the
     stages run in lock-step at the slowest one's pace, Narayanan et al. 2021, Section 2.2),
     ordered by their peak (each stage's memory from its own layers, the embedding and the most
-    micro-batches in flight on the first), then as listed (the even split before any other).
-    Where no choice exists, `s` with each field at its default alone: the rule pp_layers then
-    says why the layout cannot be.
+    micro-batches in flight on the first), then as listed (the even split before any other);
+    after them the choice of least peak of all, where it is not among them (a layout whose
+    deeper fields leave no room for the fastest may fit with it). Where no choice exists, `s`
+    with each field at its default alone: the rule pp_layers then says why the layout cannot
+    be.
 
     Why by time and not by memory alone: where pp does not divide the layers (DeepSeek-V3's
     61 at pp 16) some stage must hold a layer more or less, and which one decides the pace;
@@ -195,11 +208,13 @@ def joint_candidates(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: 
     FP8 shrink a layer's time, not the output layer's or the MTP layer's logits: DeepSeek-V3
     with its MTP layer at pp 16 ties 3 + 2 and 4 + 1 layers on the end stages at the level's
     defaults, and its planned layout runs 4 + 1 11% faster). The enumeration keeps them and
-    takes the best at the whole layout (best_split)."""
+    takes the best at the whole layout (best_split). Only these: weighing every choice at
+    every complete layout was 20x the enumeration's time (DeepSeek-V3 on 1,024 GPUs: 24
+    choices at pp 4), so a choice neither tied nor the roomiest here is not weighed there
+    (llama3-8b at pp 2 without recompute on 8 H100: the even split does not fit at mbs 1, the
+    roomiest, 14 + 18 layers, does, and another split that fits is predicted 5% faster)."""
     dims = tuple(dims)
-    lead = next(DERIVABLE[d] for d in dims if DERIVABLE[d].joint is not None)
-    assert lead.joint is not None
-    choices = lead.joint(s, model, frozenset(dims)) if lead.applies(s, model) else ()
+    choices = joint_choices(s, dims, model)
     if not choices:
         return (with_fields(s, **{d: DERIVABLE[d].off for d in dims}),)
     layouts = [with_fields(s, **c) for c in choices]
@@ -210,7 +225,9 @@ def joint_candidates(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: 
     fitting = [i for i, p in enumerate(peaks) if p <= limit_bytes] or list(range(len(layouts)))
     fastest = min(paces[i] for i in fitting)
     tied = [i for i in fitting if paces[i] <= fastest * (1 + PACE_TIE)]
-    return tuple(layouts[i] for i in sorted(tied, key=lambda i: (peaks[i], i)))
+    roomiest = min(range(len(layouts)), key=lambda i: (peaks[i], i))
+    kept = sorted(tied, key=lambda i: (peaks[i], i))
+    return tuple(layouts[i] for i in (kept if roomiest in kept else [*kept, roomiest]))
 
 
 def resolve_joint(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSpec, *,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -324,16 +324,24 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
         if layout.mbs >= crowded.get(family, layout.mbs + 1):
             return layout
         deeper = tuple(d for d in derived if d not in splits[0])
-        options = []
-        for split in splits:
-            alt = with_fields(layout, **split)
-            if alt != layout:
-                if deeper:
-                    alt = resolve(alt, deeper, model, cluster, limit_bytes=limit,
-                                  params=params)
-                if any(rule.check(alt, model, cluster) is not None for rule in later):
-                    continue
-            options.append(alt)
+
+        def alternatives(splits: Iterable[dict[str, Any]]) -> list[Layout]:
+            options = []
+            for split in splits:
+                alt = with_fields(layout, **split)
+                if alt != layout:
+                    if deeper:
+                        alt = resolve(alt, deeper, model, cluster, limit_bytes=limit,
+                                      params=params)
+                    if any(rule.check(alt, model, cluster) is not None for rule in later):
+                        continue
+                options.append(alt)
+            return options
+
+        # Only the splits the level kept: weighing every split megatron-core accepts at every
+        # layout took DeepSeek-V3's enumeration on 1,024 GPUs from 6 to 122 s CPU (24 splits
+        # at pp 4), 97 s where only the layouts a kept split lets fit weigh them all.
+        options = alternatives(splits)
         if all(peak_of(alt) > limit for alt in options):
             crowded[family] = min(layout.mbs, crowded.get(family, layout.mbs))
         return best_split(options, model, cluster, limit_bytes=limit, params=params,
