@@ -45,7 +45,7 @@ from typing import Any
 from autotune.layouts.layout import Layout, stage_layers, with_fields
 from autotune.levers import LEVERS
 from autotune.levers.base import Derivable
-from autotune.levers.pipeline_split import common_divisors
+from autotune.levers.pipeline_split import chunk_sizes, common_divisors
 from autotune.predict.cost import estimate_cost
 from autotune.predict.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND
 from autotune.predict.memory import MEMORY_BLIND, MemoryParams, estimate_memory
@@ -217,7 +217,14 @@ def joint_candidates(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: 
     choices = joint_choices(s, dims, model)
     if not choices:
         return (with_fields(s, **{d: DERIVABLE[d].off for d in dims}),)
-    layouts = [with_fields(s, **c) for c in choices]
+    # Choices that give every rank the same layers are the same run (at pp 2 the embedding/
+    # loss split is the even one; autotune.megatron.identity): the first listed stands for
+    # them, so that no deeper field picks between them by a rounding of the models.
+    runs: dict[tuple[tuple[int, ...], ...], Layout] = {}
+    for c in choices:
+        layout = with_fields(s, **c)
+        runs.setdefault(chunk_sizes(layout, model), layout)
+    layouts = list(runs.values())
     if len(layouts) == 1:
         return (layouts[0],)
     peaks = [estimate_memory(model, c, cluster, params).peak_bytes for c in layouts]

@@ -282,7 +282,11 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     # fields at their defaults, where several splits may tie (joint_candidates): those are
     # carried down as `splits` and the complete layout takes the best of them (best_split),
     # each with the deeper counts it derives and every rule past level 0 checked.
-    later = [rule for rule in RULES if rule.level > 0]
+    # The rules that read a derived count (Derivable.rules: the split's pp_layers and
+    # vpp_layers, recompute's chunk rules, which read the stages' layers too): the only ones
+    # another split or the counts it derives can break; every other reads the same fields.
+    reading_counts = {name for d in DERIVABLE.values() for name in d.rules}
+    later = [rule for rule in RULES if rule.name in reading_counts]
     peaks: dict[tuple[object, ...], float] = {}
     # The layouts (by memory_key at mbs 1) none of whose splits fits: a layout's peak grows
     # with its micro-batch (what is in flight, min(pp, m) x mbs sequences, never falls;
@@ -290,6 +294,7 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     # enumerated before the deeper ones) fits with none either, and which of them it keeps
     # matters to no ranking (the gate refuses each). Per family, the least such micro-batch.
     crowded: dict[tuple[object, ...], int] = {}
+    recounted: dict[tuple[object, ...], dict[str, Any]] = {}  # an alternative's deeper counts
 
     def peak_of(s: Layout) -> float:
         key = memory_key(s)
@@ -318,8 +323,8 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     def settle(layout: Layout, splits: tuple[dict[str, Any], ...],
                derived: tuple[str, ...]) -> Layout:
         """The best of `layout` with each split of `splits` (best_split), each alternative
-        with the other counts in `derived` resolved again for its stages and passing every
-        rule past level 0 (level 0's read no split)."""
+        with the other counts in `derived` resolved again for its stages and passing the rules
+        that read them."""
         family = memory_key(with_fields(layout, mbs=1))
         if layout.mbs >= crowded.get(family, layout.mbs + 1):
             return layout
@@ -331,8 +336,15 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                 alt = with_fields(layout, **split)
                 if alt != layout:
                     if deeper:
-                        alt = resolve(alt, deeper, model, cluster, limit_bytes=limit,
-                                      params=params)
+                        # Layouts that differ only in MEMORY_BLIND fields resolve alike.
+                        key = (deeper, memory_key(alt))
+                        known = recounted.get(key)
+                        if known is None:
+                            alt = resolve(alt, deeper, model, cluster, limit_bytes=limit,
+                                          params=params)
+                            recounted[key] = {d: getattr(alt, d) for d in deeper}
+                        else:
+                            alt = with_fields(alt, **known)
                     if any(rule.check(alt, model, cluster) is not None for rule in later):
                         continue
                 options.append(alt)
