@@ -151,10 +151,12 @@ def test_deepseek_v3_with_mtp_plans_one_layer_on_its_last_stage() -> None:
     assert planned == min(options, key=lambda o: o[0])[1]
     assert stage_layers(planned, model) == (4, *(4,) * 14, 1)
     level = Layout(gbs=4096, tp=1, pp=16, dp=64)
-    tied = joint_candidates(level, SPLIT, model, cluster, limit_bytes=limit)
-    # The two that tie on the pace, then the one of least peak there (1 layer on the first).
-    assert [stage_layers(c, model) for c in tied] == [(3, *(4,) * 14, 2), (4, *(4,) * 14, 1),
-                                                      (1, *(4,) * 14, 4)]
+    kept = joint_candidates(level, SPLIT, model, cluster, limit_bytes=limit)
+    # The two that tie on the pace, and the one of least peak there (1 layer on the first).
+    assert [stage_layers(c, model) for c in kept.tied] == [(3, *(4,) * 14, 2),
+                                                           (4, *(4,) * 14, 1)]
+    assert kept.roomiest is not None
+    assert stage_layers(kept.roomiest, model) == (1, *(4,) * 14, 4)
 
 
 # best_split's order: the fitting one of least step; the least peak where none fits; a

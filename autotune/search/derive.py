@@ -40,7 +40,7 @@ model expects to fit with a margin. The search then moves the count by what tria
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from autotune.layouts.layout import Layout, stage_layers, with_fields
 from autotune.levers import LEVERS
@@ -53,6 +53,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 
 __all__ = ["DERIVABLE", "DERIVE", "DIVISORS", "ENUMERABLE", "MEMORY_BLIND", "Derivable",
+           "JointCandidates",
            "best_split", "divisor_values", "fewest_fitting", "joint_candidates",
            "joint_choices", "joint_dims", "least_memory", "resolve", "resolve_joint",
            "safe_limit_bytes", "values_of"]
@@ -180,9 +181,18 @@ def joint_choices(s: Layout, dims: Iterable[str], model: ModelSpec) -> tuple[dic
     return lead.joint(s, model, frozenset(dims)) if lead.applies(s, model) else ()
 
 
+class JointCandidates(NamedTuple):
+    """The joint choices a level keeps (joint_candidates)."""
+
+    tied: tuple[Layout, ...]
+    """Those of least pace, by peak: the first is resolve_joint's answer."""
+    roomiest: Layout | None
+    """The choice of least peak of all, where it is not among `tied`."""
+
+
 def joint_candidates(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSpec,
                      *, limit_bytes: float, params: MemoryParams | None = None
-                     ) -> tuple[Layout, ...]:
+                     ) -> JointCandidates:
     """`s` with each joint choice of `dims` (their Derivable.joint: the pipeline split) that
     its level keeps: of the choices Megatron accepts, those whose predicted peak is within
     `limit_bytes` (every one where none is); of those, the ones of least pace (within
@@ -216,7 +226,7 @@ def joint_candidates(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: 
     dims = tuple(dims)
     choices = joint_choices(s, dims, model)
     if not choices:
-        return (with_fields(s, **{d: DERIVABLE[d].off for d in dims}),)
+        return JointCandidates((with_fields(s, **{d: DERIVABLE[d].off for d in dims}),), None)
     # Choices that give every rank the same layers are the same run (at pp 2 the embedding/
     # loss split is the even one; autotune.megatron.identity): the first listed stands for
     # them, so that no deeper field picks between them by a rounding of the models.
@@ -226,7 +236,7 @@ def joint_candidates(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: 
         runs.setdefault(chunk_sizes(layout, model), layout)
     layouts = list(runs.values())
     if len(layouts) == 1:
-        return (layouts[0],)
+        return JointCandidates((layouts[0],), None)
     peaks = [estimate_memory(model, c, cluster, params).peak_bytes for c in layouts]
     paces = [estimate_cost(model, c, cluster).pace_s for c in layouts]
     fitting = [i for i, p in enumerate(peaks) if p <= limit_bytes] or list(range(len(layouts)))
@@ -234,7 +244,8 @@ def joint_candidates(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: 
     tied = [i for i in fitting if paces[i] <= fastest * (1 + PACE_TIE)]
     roomiest = min(range(len(layouts)), key=lambda i: (peaks[i], i))
     kept = sorted(tied, key=lambda i: (peaks[i], i))
-    return tuple(layouts[i] for i in (kept if roomiest in kept else [*kept, roomiest]))
+    return JointCandidates(tuple(layouts[i] for i in kept),
+                           None if roomiest in kept else layouts[roomiest])
 
 
 def resolve_joint(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSpec, *,
@@ -246,7 +257,7 @@ def resolve_joint(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: Clu
     their savings reach furthest. The enumeration takes the best of the candidates again once
     the deeper fields are set (best_split)."""
     return joint_candidates(s, dims, model, cluster, limit_bytes=limit_bytes,
-                            params=params)[0]
+                            params=params).tied[0]
 
 
 def best_split(layouts: Sequence[Layout], model: ModelSpec, cluster: ClusterSpec, *,

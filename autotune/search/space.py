@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from autotune.dimensions import LEVELS
 from autotune.errors import ConfigError
@@ -235,6 +235,17 @@ def _choices(options: dict[str, tuple[Any, ...]], partial: Layout,
             yield {**choice, **extra}
 
 
+class _Kept(NamedTuple):
+    """The pipeline splits a level keeps for the complete layout to choose from (the fields
+    of derive.JointCandidates): none where one split is all there is."""
+
+    tied: tuple[dict[str, Any], ...]
+    roomiest: dict[str, Any] | None
+
+
+_NONE_KEPT = _Kept((), None)
+
+
 def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                params: MemoryParams | None = None, *, until: int = LEVELS,
                lazy: bool = True, first: bool = False) -> SpaceSummary:
@@ -303,32 +314,33 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
             found = peaks[key] = estimate_memory(model, s, cluster, params).peak_bytes
         return found
 
-    def resolved(layout: Layout, derived: tuple[str, ...]
-                 ) -> tuple[Layout, tuple[dict[str, Any], ...]]:
+    def resolved(layout: Layout, derived: tuple[str, ...]) -> tuple[Layout, _Kept]:
         """`layout` with `derived` resolved, and the joint split's candidates where more than
-        one is kept (their fields; empty otherwise)."""
+        one is kept (their fields; none otherwise)."""
         joint = joint_dims(derived)
-        options: tuple[dict[str, Any], ...] = ()
+        options = _NONE_KEPT
         if joint:
             found = joint_candidates(layout, joint, model, cluster, limit_bytes=limit,
                                      params=params)
-            layout = found[0]
-            if len(found) > 1:
-                options = tuple({d: getattr(c, d) for d in joint} for c in found)
+            layout = found.tied[0]
+            if len(found.tied) > 1 or found.roomiest is not None:
+                def fields(c: Layout) -> dict[str, Any]:
+                    return {d: getattr(c, d) for d in joint}
+                options = _Kept(tuple(map(fields, found.tied)),
+                                None if found.roomiest is None else fields(found.roomiest))
             derived = tuple(d for d in derived if d not in joint)
         if derived:
             layout = resolve(layout, derived, model, cluster, limit_bytes=limit, params=params)
         return layout, options
 
-    def settle(layout: Layout, splits: tuple[dict[str, Any], ...],
-               derived: tuple[str, ...]) -> Layout:
-        """The best of `layout` with each split of `splits` (best_split), each alternative
-        with the other counts in `derived` resolved again for its stages and passing the rules
-        that read them."""
+    def settle(layout: Layout, kept: _Kept, derived: tuple[str, ...]) -> Layout:
+        """The best of `layout` with each split `kept` holds (best_split): the tied ones, and
+        the roomiest where none of them fits; each alternative with the other counts in
+        `derived` resolved again for its stages and passing the rules that read them."""
         family = memory_key(with_fields(layout, mbs=1))
         if layout.mbs >= crowded.get(family, layout.mbs + 1):
             return layout
-        deeper = tuple(d for d in derived if d not in splits[0])
+        deeper = tuple(d for d in derived if d not in kept.tied[0])
 
         def alternatives(splits: Iterable[dict[str, Any]]) -> list[Layout]:
             options = []
@@ -353,21 +365,23 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
         # Only the splits the level kept: weighing every split megatron-core accepts at every
         # layout took DeepSeek-V3's enumeration on 1,024 GPUs from 6 to 122 s CPU (24 splits
         # at pp 4), 97 s where only the layouts a kept split lets fit weigh them all.
-        options = alternatives(splits)
+        options = alternatives(kept.tied)
+        if kept.roomiest is not None and all(peak_of(alt) > limit for alt in options):
+            options += alternatives((kept.roomiest,))
         if all(peak_of(alt) > limit for alt in options):
             crowded[family] = min(layout.mbs, crowded.get(family, layout.mbs))
         return best_split(options, model, cluster, limit_bytes=limit, params=params,
                           peak_of=peak_of)
 
     def expand(level: int, partial: Layout, earlier: tuple[str, ...],
-               splits: tuple[dict[str, Any], ...] = ()) -> bool:
+               splits: _Kept = _NONE_KEPT) -> bool:
         """`earlier`: the dimensions a shallower level resolved from `derive` for `partial`,
         carried down so that the valid layout records every one (not only the last level's);
         `splits`: the pipeline splits a shallower level kept for it (resolved above).
         Returns whether to stop (`first` and a valid layout found)."""
         # The counts resolved for `partial`, by the choice's fields that memory reads: choices
         # that differ only in MEMORY_BLIND fields resolve alike, once.
-        counts: dict[tuple[Any, ...], tuple[dict[str, Any], tuple[dict[str, Any], ...]]] = {}
+        counts: dict[tuple[Any, ...], tuple[dict[str, Any], _Kept]] = {}
         for choice in _choices(levels[level], partial, model):
             derived = tuple(d for d in derivable[level] if choice[d] == DERIVE)
             if derived:
@@ -396,12 +410,12 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                 else:
                     layout = with_fields(layout, **known[0])
                     options = known[1]
-                kept = options or splits
+                kept = options if options.tied else splits
                 if broken is not None:
                     rules = rules_at[level]
             elif derived:
                 layout, options = resolved(layout, derived)
-                kept = options or splits
+                kept = options if options.tied else splits
             if level == 0:
                 layout = with_fields(layout, dp=derive_dp(
                     cluster.num_gpus, tp=layout.tp, pp=layout.pp, cp=layout.cp))
@@ -416,7 +430,7 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                     if expand(level + 1, layout, earlier + derived, kept):
                         return True
                 else:
-                    if len(kept) > 1 and until == LEVELS and not first:
+                    if kept.tied and until == LEVELS and not first:
                         layout = settle(layout, kept, earlier + derived)
                     valid.append(layout)
                     if earlier + derived:
