@@ -46,7 +46,7 @@ from autotune.layouts.layout import Layout, stage_layers, with_fields
 from autotune.levers import LEVERS
 from autotune.levers.base import Derivable
 from autotune.levers.pipeline_split import chunk_sizes, common_divisors
-from autotune.predict.cost import estimate_cost
+from autotune.predict.cost import CostEstimate, estimate_cost
 from autotune.predict.gate import DEFAULT_ERROR_BAND, MEMORY_ERROR_BAND
 from autotune.predict.memory import MEMORY_BLIND, MemoryParams, estimate_memory
 from autotune.specs.hardware import ClusterSpec
@@ -262,14 +262,17 @@ def resolve_joint(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: Clu
 
 def best_split(layouts: Sequence[Layout], model: ModelSpec, cluster: ClusterSpec, *,
                limit_bytes: float, params: MemoryParams | None = None,
-               peak_of: Callable[[Layout], float] | None = None) -> Layout:
+               peak_of: Callable[[Layout], float] | None = None,
+               costs: dict[Layout, CostEstimate] | None = None) -> Layout:
     """Of `layouts` (one layout with each of its joint_candidates, every other field set), the
     one of least predicted step time (estimate_cost's step_time_s: the pace over the
     micro-batches and the bubble, the data-parallel and optimizer terms of the largest
     stage) among those whose peak is within `limit_bytes`; then the least peak, then the first
     listed. Where none fits, the least peak: the gate then says why it cannot run. `peak_of`:
     a layout's predicted peak, where the caller remembers them (estimate_memory's by
-    default). Estimated only where the choice is open: one layout is returned as it is."""
+    default); `costs`, where given, takes the cost estimate of the layout returned where one
+    was made (a plan's ranking prices it again otherwise). Estimated only where the choice is
+    open: one layout is returned as it is."""
     if len(layouts) == 1:
         return layouts[0]
     if peak_of is None:
@@ -281,10 +284,13 @@ def best_split(layouts: Sequence[Layout], model: ModelSpec, cluster: ClusterSpec
         return layouts[min(range(len(layouts)), key=lambda i: (peaks[i], i))]
     if len(fitting) == 1:
         return layouts[fitting[0]]
-    steps = {i: estimate_cost(model, layouts[i], cluster).step_time_s for i in fitting}
-    fastest = min(steps.values())
-    tied = [i for i in fitting if steps[i] <= fastest * (1 + PACE_TIE)]
-    return layouts[min(tied, key=lambda i: (peaks[i], i))]
+    estimates = {i: estimate_cost(model, layouts[i], cluster) for i in fitting}
+    fastest = min(e.step_time_s for e in estimates.values())
+    tied = [i for i in fitting if estimates[i].step_time_s <= fastest * (1 + PACE_TIE)]
+    best = min(tied, key=lambda i: (peaks[i], i))
+    if costs is not None:
+        costs[layouts[best]] = estimates[best]
+    return layouts[best]
 
 
 def joint_dims(dims: Iterable[str]) -> tuple[str, ...]:

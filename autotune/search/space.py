@@ -23,6 +23,7 @@ from autotune.layouts.layout import (
     derive_dp,
     with_fields,
 )
+from autotune.predict.cost import CostEstimate
 from autotune.predict.memory import MemoryParams, estimate_memory, memory_key
 from autotune.search.derive import (
     DERIVABLE,
@@ -176,6 +177,10 @@ class SpaceSummary:
     via_derive: dict[Layout, tuple[str, ...]] = field(default_factory=dict)
     """The valid layouts whose value of some dimension was resolved from `derive`, with
     those dimensions (a layout may also come from a listed value: then it is in both)."""
+    costs: dict[Layout, CostEstimate] = field(default_factory=dict)
+    """Cost estimates (the default constants) of valid layouts whose pipeline split the
+    enumeration chose by them (derive.best_split): a plan's ranking need not price them
+    again."""
 
     def valid_values(self, dim: str) -> list[Any]:
         """The candidates of `dim` that appear in at least one valid layout."""
@@ -206,7 +211,8 @@ def enumerate_space(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     summary = _LAST[0][1]
     # A copy of the lists: a caller may change its summary, never the remembered one.
     return SpaceSummary(total=summary.total, valid=list(summary.valid),
-                        rejected=dict(summary.rejected), via_derive=dict(summary.via_derive))
+                        rejected=dict(summary.rejected), via_derive=dict(summary.via_derive),
+                        costs=dict(summary.costs))
 
 
 def any_valid(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
@@ -305,6 +311,7 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     # enumerated before the deeper ones) fits with none either, and which of them it keeps
     # matters to no ranking (the gate refuses each). Per family, the least such micro-batch.
     crowded: dict[tuple[object, ...], int] = {}
+    costs: dict[Layout, CostEstimate] = {}
     recounted: dict[tuple[object, ...], dict[str, Any]] = {}  # an alternative's deeper counts
 
     def peak_of(s: Layout) -> float:
@@ -371,7 +378,7 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
         if all(peak_of(alt) > limit for alt in options):
             crowded[family] = min(layout.mbs, crowded.get(family, layout.mbs))
         return best_split(options, model, cluster, limit_bytes=limit, params=params,
-                          peak_of=peak_of)
+                          peak_of=peak_of, costs=costs)
 
     def expand(level: int, partial: Layout, earlier: tuple[str, ...],
                splits: _Kept = _NONE_KEPT) -> bool:
@@ -443,7 +450,8 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     # A `divisors` dimension has as many values as the layout it completes allows: counted
     # where the enumeration reached it, as one where a rule rejected the layout before.
     total = len(valid) + sum(group.count for group in rejected.values())
-    return SpaceSummary(total=total, valid=valid, rejected=rejected, via_derive=via_derive)
+    return SpaceSummary(total=total, valid=valid, rejected=rejected, via_derive=via_derive,
+                        costs=costs)
 
 
 @dataclass(frozen=True, slots=True)
