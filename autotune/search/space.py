@@ -298,10 +298,10 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     # The pipeline split (a joint choice, resolve_joint) is made at its level with the deeper
     # fields at their defaults, where several splits may tie (joint_candidates): those are
     # carried down as `splits` and the complete layout takes the best of them (best_split),
-    # each with the deeper counts it derives and every rule past level 0 checked.
-    # The rules that read a derived count (Derivable.rules: the split's pp_layers and
-    # vpp_layers, recompute's chunk rules, which read the stages' layers too): the only ones
-    # another split or the counts it derives can break; every other reads the same fields.
+    # each with the deeper counts it derives, checked against the rules that read a derived
+    # count (Derivable.rules: the split's pp_layers and vpp_layers, recompute's chunk rules,
+    # which read the stages' layers too): the only ones another split or the counts it derives
+    # can break; every other reads the same fields.
     reading_counts = {name for d in DERIVABLE.values() for name in d.rules}
     later = [rule for rule in RULES if rule.name in reading_counts]
     peaks: dict[tuple[object, ...], float] = {}
