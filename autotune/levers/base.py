@@ -370,8 +370,10 @@ class Derivable:
     """Where set, the count is one part of a choice of several fields (the pipeline split's
     first and last stage counts): the choices Megatron accepts for the layout with the fields
     `derived` free (the others as the layout holds them), each a {field: value} of every
-    field of the choice. autotune.search.derive.resolve_joint takes the one of least
-    predicted step time among those predicted to fit, not the least memory."""
+    field of the choice. autotune.search.derive.joint_candidates keeps those of least
+    predicted pace at the count's level (and the roomiest), and the enumeration takes the one
+    of least predicted step time among them that fits at the complete layout (best_split),
+    not the least memory."""
 
 
 class Seed(enum.StrEnum):

@@ -20,9 +20,10 @@ run with both (Megatron-Bridge recipes/llama/llama3.py): autotune takes them tog
 
 A space may mark the end stages' counts `derive` (the default space does): `split_choices`
 lists the splits megatron-core accepts for the layout (the even one, the embedding/loss one,
-the end stages' own counts), and autotune.search.derive.resolve_joint takes the one the memory
-and cost models predict best. A pp that does not divide the layers (DeepSeek-V3's 61) is then
-reached without a hand-written list of counts.
+the end stages' own counts), autotune.search.derive.joint_candidates keeps those the memory
+and cost models rank first at pp's level, and the enumeration takes the one of least predicted
+step among them once the rest of the layout is set (derive.best_split). A pp that does not
+divide the layers (DeepSeek-V3's 61) is then reached without a hand-written list of counts.
 """
 
 from __future__ import annotations
@@ -380,7 +381,8 @@ LEVER = Lever(
                          values=lambda s, m: (True,), monotone=lambda s: False, off=False,
                          rules=("pp_layers", "vpp_layers")),
                # `derive` for an end stage's count: the split of least predicted step time
-               # among split_choices that fit (autotune.search.derive.resolve_joint), the
+               # among those of split_choices kept at pp's level that fit at the complete
+               # layout (autotune.search.derive.joint_candidates, best_split), the
                # embedding/loss split among them where that field is `derive` too.
                *(Derivable(name=name, applies=_ends_apply, values=_end_values(name),
                            monotone=lambda s: False, off=0, rules=("pp_layers", "vpp_layers"),

@@ -201,7 +201,7 @@ class CostEstimate:
     """Exposed CPU-offload copies: what the host link does not hide behind the layers."""
     pace_s: float = 0.0
     """The slowest pipeline stage's time for one micro-batch: the pace the stages keep
-    (autotune.search.derive.resolve_joint compares pipeline splits by it)."""
+    (autotune.search.derive.joint_candidates compares pipeline splits by it at pp's level)."""
     step_time_s: float
     tokens_per_s: float
     tflops_per_gpu: float

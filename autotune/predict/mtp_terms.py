@@ -12,6 +12,7 @@ with its MTP layers less the same without (`mtp_model`, `add_difference`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import fields, replace
 from typing import Any, TypeVar
 
@@ -22,9 +23,12 @@ __all__ = ["add_difference", "mtp_model"]
 _T = TypeVar("_T")
 
 
+@functools.lru_cache(maxsize=64)
 def mtp_model(model: ModelSpec) -> ModelSpec:
     """A model of `model`'s MTP layer's kind alone (every layer that kind) with its MTP
-    layers; its estimate less that of ModelSpec.mtp_layer_model is what they add."""
+    layers; its estimate less that of ModelSpec.mtp_layer_model is what they add. Remembered:
+    the memory and cost models ask it of every estimate, and building a ModelSpec checks
+    every field (157k times, 10% of DeepSeek-V3's enumeration on 1,024 GPUs)."""
     return replace(model.mtp_layer_model, mtp_num_layers=model.mtp_num_layers,
                    mtp_loss_scaling_factor=model.mtp_loss_scaling_factor)
 

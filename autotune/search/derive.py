@@ -20,10 +20,11 @@ activation_offload), with the values Megatron accepts and whether the fewest tha
 
 - `first_stage_layers` / `last_stage_layers` (autotune.levers.pipeline_split), one choice of
   both, with `embedding_loss_split` where it is `derive` too: of the splits megatron-core
-  accepts (TransformerConfig.__post_init__, "Uneven PP"), the one of least predicted step time
-  among those that fit (resolve_joint), so a pp that does not divide the layers is reached
-  (DeepSeek-V3's 61 at pp 16: 2 and 3 layers on the end stages without its MTP layer, 3 and 2
-  with it on the last).
+  accepts (TransformerConfig.__post_init__, "Uneven PP"), those of least predicted pace at
+  pp's level and the one of least peak there (joint_candidates), of which the complete layout
+  takes the least predicted step among those that fit (best_split), so a pp that does not
+  divide the layers is reached (DeepSeek-V3's 61 at pp 16 with its MTP layer: 4 and 1 layers
+  on the end stages at its planned layout).
 
 `mbs`, `vpp` and `ep` may be listed as `divisors`: every micro-batch that divides the batch per
 data-parallel rank, every interleaving that divides a stage's layers (not only powers of two),
@@ -40,21 +41,23 @@ after an OOM.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from autotune.layouts.layout import Layout, stage_layers, with_fields
 from autotune.levers import LEVERS
 from autotune.levers.base import Derivable
-from autotune.levers.pipeline_split import common_divisors
-from autotune.predict.cost import estimate_cost
+from autotune.levers.pipeline_split import chunk_sizes, common_divisors
+from autotune.predict.cost import CostEstimate, estimate_cost
 from autotune.predict.gate import memory_error_band
 from autotune.predict.memory import MEMORY_BLIND, MemoryParams, estimate_memory
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 
 __all__ = ["DERIVABLE", "DERIVE", "DIVISORS", "ENUMERABLE", "MEMORY_BLIND", "Derivable",
-           "divisor_values",
-           "fewest_fitting", "least_memory", "resolve", "resolve_joint", "safe_limit_bytes",
-           "values_of"]
+           "JointCandidates",
+           "best_split", "divisor_values", "fewest_fitting", "joint_candidates",
+           "joint_choices", "joint_dims", "least_memory", "resolve", "resolve_joint",
+           "safe_limit_bytes", "values_of"]
 
 DERIVE = "derive"
 """The space-file marker of a dimension whose value the memory model resolves."""
@@ -166,49 +169,141 @@ def least_memory(values: Sequence[int], peak_of: Callable[[int], float]) -> int:
 
 
 PACE_TIE = 1e-6
-"""Paces within this fraction of each other are the cost model's tie (splits that move layers
-only between stages faster than the slowest: the same pipeline); the least peak wins."""
+"""Paces (or step times) within this fraction of each other are the cost model's tie (splits
+that move layers only between stages faster than the slowest: the same pipeline); the least
+peak wins."""
 
 
-def resolve_joint(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSpec, *,
-                  limit_bytes: float, params: MemoryParams | None = None) -> Layout:
-    """`s` with the joint choice of `dims` (their Derivable.joint: the pipeline split) made:
-    of the choices Megatron accepts, those whose predicted peak is within `limit_bytes` (every
-    one where none is); of those the least pace, the slowest stage's predicted time for one
-    micro-batch (estimate_cost's pace_s: each stage's time from its own layers, the output
-    layer and loss on the last; the stages run in lock-step at the slowest one's pace,
-    Narayanan et al. 2021, Section 2.2); then the least peak (each stage's memory from its
-    own layers, the embedding and the most micro-batches in flight on the first); then the
-    first listed (the even split before any other). Where no choice exists, each field at
-    its default: the rule pp_layers then says why the layout cannot be.
+def joint_choices(s: Layout, dims: Iterable[str], model: ModelSpec) -> tuple[dict[str, Any], ...]:
+    """Every joint choice of `dims` (their Derivable.joint: pipeline_split.split_choices) that
+    Megatron accepts for `s`'s other fields; none where the lever does not apply."""
+    dims = tuple(dims)
+    lead = next(DERIVABLE[d] for d in dims if DERIVABLE[d].joint is not None)
+    assert lead.joint is not None
+    return lead.joint(s, model, frozenset(dims)) if lead.applies(s, model) else ()
+
+
+class JointCandidates(NamedTuple):
+    """The joint choices a level keeps (joint_candidates)."""
+
+    tied: tuple[Layout, ...]
+    """Those of least pace, by peak: the first is resolve_joint's answer."""
+    roomiest: Layout | None
+    """The choice of least peak of all, where it is not among `tied`."""
+
+
+def joint_candidates(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSpec,
+                     *, limit_bytes: float, params: MemoryParams | None = None
+                     ) -> JointCandidates:
+    """`s` with each joint choice of `dims` (their Derivable.joint: the pipeline split) that
+    its level keeps: of the choices Megatron accepts, those whose predicted peak is within
+    `limit_bytes` (every one where none is); of those, the ones of least pace (within
+    PACE_TIE), the slowest stage's predicted time for one micro-batch (estimate_cost's
+    pace_s: each stage's time from its own layers, the output layer and loss on the last; the
+    stages run in lock-step at the slowest one's pace, Narayanan et al. 2021, Section 2.2),
+    ordered by their peak (each stage's memory from its own layers, the embedding and the most
+    micro-batches in flight on the first), then as listed (the even split before any other);
+    after them the choice of least peak of all, where it is not among them (a layout whose
+    deeper fields leave no room for the fastest may fit with it). Where no choice exists, `s`
+    with each field at its default alone: the rule pp_layers then says why the layout cannot
+    be.
 
     Why by time and not by memory alone: where pp does not divide the layers (DeepSeek-V3's
     61 at pp 16) some stage must hold a layer more or less, and which one decides the pace;
     where it does, an uneven split still pays where the output layer makes the last stage the
-    slowest. Why the pace and not the whole step: the split is resolved at pp's and vpp's
-    level, where the deeper fields (ep, the micro-batch, recompute, the distributed optimizer)
-    are still at their defaults, and the step's data-parallel and optimizer terms there
-    (every expert's gradients on each rank at ep 1) would pick the split by the end stages'
-    weights; the pace is the term the split sets whatever those fields become. For the same
-    reason the peak is the most the deeper fields leave: a choice that fits there fits with
-    each, and where none fits the least peak among the fastest lets their savings reach
-    furthest (DeepSeek-V3 without MTP at pp 16: 2 and 3 layers on the end stages, whose peak
-    is the least of the four splits that keep the pace of 4 MoE layers)."""
+    slowest. Why the pace and not the whole step here: the choices are made at pp's and vpp's
+    level, where the deeper fields (ep, the micro-batch, recompute, the distributed optimizer,
+    FP8) are still at their defaults, and the step's data-parallel and optimizer terms there
+    (every expert's gradients on each rank at ep 1) would rank the splits by the end stages'
+    weights. Why several: the choices that tie on the pace there differ in how the end
+    stages are loaded below the middle stages' pace, which the deeper fields rank (ep 8 and
+    FP8 shrink a layer's time, not the output layer's or the MTP layer's logits: DeepSeek-V3
+    with its MTP layer at pp 16 ties 3 + 2 and 4 + 1 layers on the end stages at the level's
+    defaults, and its planned layout runs 4 + 1 11% faster). The enumeration keeps them and
+    takes the best at the whole layout (best_split). Only these: weighing every choice at
+    every complete layout was 20x the enumeration's time (DeepSeek-V3 on 1,024 GPUs: 24
+    choices at pp 4), so a choice neither tied nor the roomiest here is not weighed there
+    (llama3-8b at pp 2 without recompute on 8 H100: the even split does not fit at mbs 1, the
+    roomiest, 14 + 18 layers, does, and another split that fits is predicted 5% faster)."""
     dims = tuple(dims)
-    lead = next(DERIVABLE[d] for d in dims if DERIVABLE[d].joint is not None)
-    assert lead.joint is not None
-    choices = lead.joint(s, model, frozenset(dims)) if lead.applies(s, model) else ()
+    choices = joint_choices(s, dims, model)
     if not choices:
-        return with_fields(s, **{d: DERIVABLE[d].off for d in dims})
-    layouts = [with_fields(s, **c) for c in choices]
+        return JointCandidates((with_fields(s, **{d: DERIVABLE[d].off for d in dims}),), None)
+    # Choices that give every rank the same layers are the same run (at pp 2 the embedding/
+    # loss split is the even one; autotune.megatron.identity): the first listed stands for
+    # them, so that no deeper field picks between them by a rounding of the models.
+    runs: dict[tuple[tuple[int, ...], ...], Layout] = {}
+    for c in choices:
+        layout = with_fields(s, **c)
+        runs.setdefault(chunk_sizes(layout, model), layout)
+    layouts = list(runs.values())
     if len(layouts) == 1:
-        return layouts[0]
+        return JointCandidates((layouts[0],), None)
     peaks = [estimate_memory(model, c, cluster, params).peak_bytes for c in layouts]
     paces = [estimate_cost(model, c, cluster).pace_s for c in layouts]
     fitting = [i for i, p in enumerate(peaks) if p <= limit_bytes] or list(range(len(layouts)))
     fastest = min(paces[i] for i in fitting)
     tied = [i for i in fitting if paces[i] <= fastest * (1 + PACE_TIE)]
-    return layouts[min(tied, key=lambda i: (peaks[i], i))]
+    roomiest = min(range(len(layouts)), key=lambda i: (peaks[i], i))
+    kept = sorted(tied, key=lambda i: (peaks[i], i))
+    return JointCandidates(tuple(layouts[i] for i in kept),
+                           None if roomiest in kept else layouts[roomiest])
+
+
+def resolve_joint(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSpec, *,
+                  limit_bytes: float, params: MemoryParams | None = None) -> Layout:
+    """`s` with the joint choice of `dims` made at its own level: the first of
+    joint_candidates (the least pace, then the least peak, then the first listed). For the
+    same reason as the pace, the peak there is the most the deeper fields leave: a choice
+    that fits there fits with each, and where none fits the least peak among the fastest lets
+    their savings reach furthest. The enumeration takes the best of the candidates again once
+    the deeper fields are set (best_split)."""
+    return joint_candidates(s, dims, model, cluster, limit_bytes=limit_bytes,
+                            params=params).tied[0]
+
+
+def best_split(layouts: Sequence[Layout], model: ModelSpec, cluster: ClusterSpec, *,
+               limit_bytes: float, params: MemoryParams | None = None,
+               peak_of: Callable[[Layout], float] | None = None,
+               costs: dict[Layout, CostEstimate] | None = None) -> Layout:
+    """Of `layouts` (one layout with each of its joint_candidates, every other field set), the
+    one of least predicted step time (estimate_cost's step_time_s: the pace over the
+    micro-batches and the bubble, the data-parallel and optimizer terms of the largest
+    stage) among those whose peak is within `limit_bytes`; then the least peak, then the first
+    listed. Where none fits, the least peak: the gate then says why it cannot run. `peak_of`:
+    a layout's predicted peak, where the caller remembers them (estimate_memory's by
+    default); `costs`, where given, takes the cost estimate of the layout returned where one
+    was made (a plan's ranking prices it again otherwise). Estimated only where the choice is
+    open: one layout is returned as it is."""
+    if len(layouts) == 1:
+        return layouts[0]
+    if peak_of is None:
+        def peak_of(c: Layout) -> float:
+            return estimate_memory(model, c, cluster, params).peak_bytes
+    peaks = [peak_of(c) for c in layouts]
+    fitting = [i for i, p in enumerate(peaks) if p <= limit_bytes]
+    if not fitting:
+        return layouts[min(range(len(layouts)), key=lambda i: (peaks[i], i))]
+    if len(fitting) == 1:
+        return layouts[fitting[0]]
+    estimates = {i: estimate_cost(model, layouts[i], cluster) for i in fitting}
+    fastest = min(e.step_time_s for e in estimates.values())
+    tied = [i for i in fitting if estimates[i].step_time_s <= fastest * (1 + PACE_TIE)]
+    best = min(tied, key=lambda i: (peaks[i], i))
+    if costs is not None:
+        costs[layouts[best]] = estimates[best]
+    return layouts[best]
+
+
+def joint_dims(dims: Iterable[str]) -> tuple[str, ...]:
+    """The dimensions of `dims` that resolve_joint chooses together: those with a
+    Derivable.joint (the end stages' counts) and their lever's other derived fields among
+    `dims` (embedding_loss_split); empty where none has a joint choice, each alone then."""
+    dims = tuple(dims)
+    joint = [d for d in dims if DERIVABLE[d].joint is not None]
+    if not joint:
+        return ()
+    return tuple(d for d in dims if DERIVABLE[d].joint is not None or d in _LEVER_OF[joint[0]])
 
 
 def resolve(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSpec, *,
@@ -221,13 +316,9 @@ def resolve(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSp
     joint choice (the pipeline split's end stages) are resolved together by resolve_joint,
     with the embedding/loss split among them where it is in `dims` too."""
     dims = tuple(dims)
-    together = {d for d in dims if DERIVABLE[d].joint is not None}
+    together = joint_dims(dims)
     if together:
-        # The lever's other derived fields join the choice (embedding_loss_split with the end
-        # stages' counts); alone, each goes its own way below.
-        together |= {d for d in dims if d in _LEVER_OF[next(iter(together))]}
-        s = resolve_joint(s, tuple(d for d in dims if d in together), model, cluster,
-                          limit_bytes=limit_bytes, params=params)
+        s = resolve_joint(s, together, model, cluster, limit_bytes=limit_bytes, params=params)
         dims = tuple(d for d in dims if d not in together)
     for dim in dims:
         lever = DERIVABLE[dim]

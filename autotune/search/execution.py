@@ -12,7 +12,7 @@ more when the launch never reached its rendezvous. A real OOM is pruned and teac
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -57,9 +57,11 @@ class Knowledge:
     per layout, and the cost constants refitted to measured step times."""
 
     def __init__(self, cfg: SearchConfig, result: SearchResult, *, refits: bool,
-                 checked: Collection[Layout] = frozenset()) -> None:
+                 checked: Collection[Layout] = frozenset(),
+                 costs: Mapping[Layout, CostEstimate] | None = None) -> None:
         """`checked`: layouts known to pass every rule (LayoutMap.checked), which the gate does
-        not check again."""
+        not check again; `costs`: cost estimates at the default constants already made
+        (LayoutMap.costs), taken where the search prices with those."""
         self.cfg = cfg
         self.checked = checked
         self.result = result
@@ -70,7 +72,8 @@ class Knowledge:
         self.fitted_on = 0
         self.good_mbs: dict[Layout, int] = {}
         """Per micro-batch family (gate.mbs_family), the largest micro-batch that ran."""
-        self._estimates: dict[Layout, CostEstimate] = {}
+        self._estimates: dict[Layout, CostEstimate] = \
+            dict(costs) if costs and cfg.cost_params is None else {}
         """The cost estimate per layout under the current cost constants (refit clears it)."""
         self.ladder = Ladder(cfg.model, cfg.cluster, cfg.space.derived, cfg.memory_params)
         """The derived levers' rungs (autotune.search.ladder)."""

@@ -42,6 +42,7 @@ from autotune.dimensions import plain
 from autotune.errors import ConfigError
 from autotune.layouts.layout import DIMENSIONS, LAYOUT_DEFAULTS, Layout, with_fields
 from autotune.megatron.identity import representatives
+from autotune.predict.cost import CostEstimate
 from autotune.search.config import Sampler, SearchConfig, make_sampler
 from autotune.search.derive import DERIVABLE, DERIVE
 from autotune.search.space import enumerate_space
@@ -135,6 +136,8 @@ class LayoutMap:
         """The layouts of `valid` that the enumeration checked against every rule (not one that
         the hand rules of autotune.megatron.identity changed): the gate need not check them
         again."""
+        self.costs: dict[Layout, CostEstimate] = {}
+        """Cost estimates the enumeration made at the default constants (SpaceSummary.costs)."""
 
     @classmethod
     def of(cls, cfg: SearchConfig) -> LayoutMap:
@@ -153,7 +156,9 @@ class LayoutMap:
                 candidates[d] = (*listed, *marker) or (DERIVE,)
             else:
                 candidates[d] = tuple(summary.valid_values(d))
-        return cls(summary.valid, candidates, model=cfg.model, via_derive=summary.via_derive)
+        layouts = cls(summary.valid, candidates, model=cfg.model, via_derive=summary.via_derive)
+        layouts.costs = summary.costs
+        return layouts
 
     def _values_after(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:
         """Per answers to the first parameters of `order`, the values of the next one that some

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from autotune.dimensions import LEVELS
 from autotune.errors import ConfigError
@@ -23,6 +23,7 @@ from autotune.layouts.layout import (
     derive_dp,
     with_fields,
 )
+from autotune.predict.cost import CostEstimate
 from autotune.predict.memory import MemoryParams, estimate_memory, memory_key
 from autotune.search.derive import (
     DERIVABLE,
@@ -30,7 +31,10 @@ from autotune.search.derive import (
     DIVISORS,
     ENUMERABLE,
     MEMORY_BLIND,
+    best_split,
     divisor_values,
+    joint_candidates,
+    joint_dims,
     resolve,
     safe_limit_bytes,
 )
@@ -173,6 +177,10 @@ class SpaceSummary:
     via_derive: dict[Layout, tuple[str, ...]] = field(default_factory=dict)
     """The valid layouts whose value of some dimension was resolved from `derive`, with
     those dimensions (a layout may also come from a listed value: then it is in both)."""
+    costs: dict[Layout, CostEstimate] = field(default_factory=dict)
+    """Cost estimates (the default constants) of valid layouts whose pipeline split the
+    enumeration chose by them (derive.best_split): a plan's ranking need not price them
+    again."""
 
     def valid_values(self, dim: str) -> list[Any]:
         """The candidates of `dim` that appear in at least one valid layout."""
@@ -203,7 +211,8 @@ def enumerate_space(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     summary = _LAST[0][1]
     # A copy of the lists: a caller may change its summary, never the remembered one.
     return SpaceSummary(total=summary.total, valid=list(summary.valid),
-                        rejected=dict(summary.rejected), via_derive=dict(summary.via_derive))
+                        rejected=dict(summary.rejected), via_derive=dict(summary.via_derive),
+                        costs=dict(summary.costs))
 
 
 def any_valid(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
@@ -230,6 +239,17 @@ def _choices(options: dict[str, tuple[Any, ...]], partial: Layout,
         values = {d: divisor_values(d, with_choice, model) or (1,) for d in enumerated}
         for extra in _product(values):
             yield {**choice, **extra}
+
+
+class _Kept(NamedTuple):
+    """The pipeline splits a level keeps for the complete layout to choose from (the fields
+    of derive.JointCandidates): none where one split is all there is."""
+
+    tied: tuple[dict[str, Any], ...]
+    roomiest: dict[str, Any] | None
+
+
+_NONE_KEPT = _Kept((), None)
 
 
 def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
@@ -303,13 +323,103 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
             split[key] = (reading, [r for r in rules_at[level] if r.name in reading])
         return split[key]
 
-    def expand(level: int, partial: Layout, earlier: tuple[str, ...]) -> bool:
+    # The pipeline split (a joint choice, resolve_joint) is made at its level with the deeper
+    # fields at their defaults, where several splits may tie (joint_candidates): those are
+    # carried down as `splits` and the complete layout takes the best of them (best_split),
+    # each with the deeper counts it derives, checked against the rules that read a derived
+    # count (Derivable.rules: the split's pp_layers and vpp_layers, recompute's chunk rules,
+    # which read the stages' layers too): the only ones another split or the counts it derives
+    # can break; every other reads the same fields.
+    reading_counts = {name for d in DERIVABLE.values() for name in d.rules}
+    later = [rule for rule in RULES if rule.name in reading_counts]
+    peaks: dict[tuple[object, ...], float] = {}
+    # The layouts (by memory_key at mbs 1) none of whose splits fits: a layout's peak grows
+    # with its micro-batch (what is in flight, min(pp, m) x mbs sequences, never falls;
+    # autotune.predict.memory), so the same layout at a larger micro-batch (the mbs level is
+    # enumerated before the deeper ones) fits with none either, and which of them it keeps
+    # matters to no ranking (the gate refuses each). Per family, the least such micro-batch.
+    crowded: dict[tuple[object, ...], int] = {}
+    costs: dict[Layout, CostEstimate] = {}
+    recounted: dict[tuple[object, ...], dict[str, Any]] = {}  # an alternative's deeper counts
+
+    def peak_of(s: Layout) -> float:
+        key = memory_key(s)
+        found = peaks.get(key)
+        if found is None:
+            found = peaks[key] = estimate_memory(model, s, cluster, params).peak_bytes
+        return found
+
+    def resolved(layout: Layout, derived: tuple[str, ...]) -> tuple[Layout, _Kept]:
+        """`layout` with `derived` resolved, and the joint split's candidates where more than
+        one is kept (their fields; none otherwise)."""
+        joint = joint_dims(derived)
+        options = _NONE_KEPT
+        if joint:
+            found = joint_candidates(layout, joint, model, cluster,
+                                     limit_bytes=limits[layout.expandable_segments],
+                                     params=params)
+            layout = found.tied[0]
+            if len(found.tied) > 1 or found.roomiest is not None:
+                def fields(c: Layout) -> dict[str, Any]:
+                    return {d: getattr(c, d) for d in joint}
+                options = _Kept(tuple(map(fields, found.tied)),
+                                None if found.roomiest is None else fields(found.roomiest))
+            derived = tuple(d for d in derived if d not in joint)
+        if derived:
+            layout = resolve(layout, derived, model, cluster,
+                             limit_bytes=limits[layout.expandable_segments], params=params)
+        return layout, options
+
+    def settle(layout: Layout, kept: _Kept, derived: tuple[str, ...]) -> Layout:
+        """The best of `layout` with each split `kept` holds (best_split): the tied ones, and
+        the roomiest where none of them fits; each alternative with the other counts in
+        `derived` resolved again for its stages and passing the rules that read them."""
+        family = memory_key(with_fields(layout, mbs=1))
+        if layout.mbs >= crowded.get(family, layout.mbs + 1):
+            return layout
+        limit = limits[layout.expandable_segments]  # a split leaves the allocator as it is
+        deeper = tuple(d for d in derived if d not in kept.tied[0])
+
+        def alternatives(splits: Iterable[dict[str, Any]]) -> list[Layout]:
+            options = []
+            for split in splits:
+                alt = with_fields(layout, **split)
+                if alt != layout:
+                    if deeper:
+                        # Layouts that differ only in MEMORY_BLIND fields resolve alike.
+                        key = (deeper, memory_key(alt))
+                        known = recounted.get(key)
+                        if known is None:
+                            alt = resolve(alt, deeper, model, cluster, limit_bytes=limit,
+                                          params=params)
+                            recounted[key] = {d: getattr(alt, d) for d in deeper}
+                        else:
+                            alt = with_fields(alt, **known)
+                    if any(rule.check(alt, model, cluster) is not None for rule in later):
+                        continue
+                options.append(alt)
+            return options
+
+        # Only the splits the level kept: weighing every split megatron-core accepts at every
+        # layout took DeepSeek-V3's enumeration on 1,024 GPUs from 6 to 122 s CPU (24 splits
+        # at pp 4), 97 s where only the layouts a kept split lets fit weigh them all.
+        options = alternatives(kept.tied)
+        if kept.roomiest is not None and all(peak_of(alt) > limit for alt in options):
+            options += alternatives((kept.roomiest,))
+        if all(peak_of(alt) > limit for alt in options):
+            crowded[family] = min(layout.mbs, crowded.get(family, layout.mbs))
+        return best_split(options, model, cluster, limit_bytes=limit, params=params,
+                          peak_of=peak_of, costs=costs)
+
+    def expand(level: int, partial: Layout, earlier: tuple[str, ...],
+               splits: _Kept = _NONE_KEPT) -> bool:
         """`earlier`: the dimensions a shallower level resolved from `derive` for `partial`,
-        carried down so that the valid layout records every one (not only the last level's).
+        carried down so that the valid layout records every one (not only the last level's);
+        `splits`: the pipeline splits a shallower level kept for it (resolved above).
         Returns whether to stop (`first` and a valid layout found)."""
         # The counts resolved for `partial`, by the choice's fields that memory reads: choices
         # that differ only in MEMORY_BLIND fields resolve alike, once.
-        counts: dict[tuple[Any, ...], dict[str, Any]] = {}
+        counts: dict[tuple[Any, ...], tuple[dict[str, Any], _Kept]] = {}
         for choice in _choices(levels[level], partial, model):
             derived = tuple(d for d in derivable[level] if choice[d] == DERIVE)
             if derived:
@@ -317,6 +427,7 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                 choice = {**choice, **{d: DERIVABLE[d].off for d in derived}}
             layout = with_fields(partial, **choice)
             rules = rules_at[level]
+            kept = splits
             if derived and level and lazy:
                 # Level 0 (dp follows) has no derivable dimension.
                 reading, rules = rules_for(level, derived)
@@ -332,17 +443,17 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                 key = (derived, *(v for d, v in choice.items() if d not in MEMORY_BLIND))
                 known = counts.get(key)
                 if known is None:
-                    layout = resolve(layout, derived, model, cluster,
-                                     limit_bytes=limits[layout.expandable_segments],
-                                     params=params)
-                    counts[key] = {d: getattr(layout, d) for d in derived}
+                    layout, options = resolved(layout, derived)
+                    counts[key] = ({d: getattr(layout, d) for d in derived}, options)
                 else:
-                    layout = with_fields(layout, **known)
+                    layout = with_fields(layout, **known[0])
+                    options = known[1]
+                kept = options if options.tied else splits
                 if broken is not None:
                     rules = rules_at[level]
             elif derived:
-                layout = resolve(layout, derived, model, cluster,
-                                 limit_bytes=limits[layout.expandable_segments], params=params)
+                layout, options = resolved(layout, derived)
+                kept = options if options.tied else splits
             counts_before = tuple(d for d in earlier if DERIVABLE[d].joint is None)
             if counts_before and any(v != getattr(partial, d) for d, v in choice.items()
                                      if d not in MEMORY_BLIND):
@@ -358,9 +469,11 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                     break
             else:
                 if level + 1 < until:
-                    if expand(level + 1, layout, earlier + derived):
+                    if expand(level + 1, layout, earlier + derived, kept):
                         return True
                 else:
+                    if kept.tied and until == LEVELS and not first:
+                        layout = settle(layout, kept, earlier + derived)
                     valid.append(layout)
                     if earlier + derived:
                         via_derive[layout] = earlier + derived
@@ -372,7 +485,8 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     # A `divisors` dimension has as many values as the layout it completes allows: counted
     # where the enumeration reached it, as one where a rule rejected the layout before.
     total = len(valid) + sum(group.count for group in rejected.values())
-    return SpaceSummary(total=total, valid=valid, rejected=rejected, via_derive=via_derive)
+    return SpaceSummary(total=total, valid=valid, rejected=rejected, via_derive=via_derive,
+                        costs=costs)
 
 
 @dataclass(frozen=True, slots=True)
