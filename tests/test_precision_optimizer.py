@@ -179,3 +179,17 @@ def test_space_offers_it_on_one_gpu() -> None:
     valid = enumerate_space(space, load_model("llama3-8b"), ONE).valid
     saving = [s for s in valid if s.precision_aware_optimizer]
     assert saving and all(s.distributed_optimizer for s in saving)
+
+
+def test_the_free_block_is_needed_beside_the_micro_batches_not_beside_the_step() -> None:
+    # The logits block must find room at the micro-batches' peak (memory.BLOCK_MARGIN); the
+    # step's copies come after those are freed, so what they hold beyond that peak is room the
+    # block had. Measured: Llama-3.2-3B at mbs 2 with FP8 tensorwise and this optimizer ran at
+    # 76.7 GiB of an H100 (s8-fp8-l3b/mbs2-pao-tensorwise), predicted 76.4.
+    s = Layout(dp=1, gbs=8, mbs=8, impl="te", distributed_optimizer=True)
+    plain = estimate_memory(SHORT, s, H200).peak
+    pao = estimate_memory(SHORT, replace(s, precision_aware_optimizer=True), H200).peak
+    step_over = pao.workspace_bytes - plain.workspace_bytes
+    assert step_over > 0 and plain.block_margin_bytes > 0
+    assert pao.block_margin_bytes == pytest.approx(
+        max(0.0, plain.block_margin_bytes - step_over))

@@ -498,7 +498,12 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams, states: Me
     grads = states.main_grad_bytes * n_params
     # What lives only through the optimizer step (MemoryState.step_bytes_per_param) sets the
     # peak where it outweighs the micro-batches' memory, freed by then; shown as workspace.
+    busy = workspace
     workspace = max(workspace, step - activations - logits)
+    # The largest block must be free beside the micro-batches' peak (BLOCK_MARGIN), not beside
+    # the step's, which comes after they are freed: what the step holds beyond their peak
+    # counts towards that free block.
+    margin = max(0.0, chunk.block_margin * block - (workspace - busy))
     allocated = weights + grads + optimizer + activations + logits + workspace
     reserve = mp.expandable_fragmentation if states.expandable_segments else mp.fragmentation
     overhead = (reserve * allocated + mp.cuda_context_bytes
@@ -507,7 +512,7 @@ def _stage(model: ModelSpec, s: Layout, stage: int, mp: MemoryParams, states: Me
                        optimizer_bytes=optimizer, activations_bytes=activations,
                        logits_bytes=logits, workspace_bytes=workspace, overhead_bytes=overhead,
                        saved_bytes=saved, largest_block_bytes=block, host_bytes=host,
-                       block_margin_bytes=chunk.block_margin * block)
+                       block_margin_bytes=margin)
 
 
 MTP_BYTES_PER_HIDDEN = 10
