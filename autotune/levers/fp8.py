@@ -82,6 +82,7 @@ __all__ = [
     "gemm_dims",
     "gemm_speedup",
     "layer_gemm_speedup",
+    "may_outgrow_bf16",
     "recipes_on",
     "sp_gathers",
 ]
@@ -304,6 +305,15 @@ trials-s17.md). tools/fp8_errors.py and tests/test_fp8.py's held-out test fit th
 
 def _on(s: Layout) -> bool:
     return s.fp8 != Fp8.OFF
+
+
+def may_outgrow_bf16(s: Layout) -> bool:
+    """Whether `s` may need more memory than the same layout in bf16 (`_memory`): its FP8 copy
+    of each GEMM weight (WEIGHT_COPY_BYTES) beside the bf16 weight. With FP8 parameters the
+    weight stays at 2 B (the FP8 byte and its transpose), and what FP8 keeps of the activations
+    is at most bf16's (FP8_INPUT_BYTES; the projection's original input where
+    proj_saves_original), so it needs no more."""
+    return _on(s) and not s.fp8_param_gather
 
 
 @functools.cache  # the rule fp8_gpu asks for each FP8 combination (116k in a gpt-1t plan)

@@ -23,6 +23,7 @@ from autotune.layouts.layout import (
     derive_dp,
     with_fields,
 )
+from autotune.levers.fp8 import may_outgrow_bf16
 from autotune.predict.cost import CostEstimate
 from autotune.predict.memory import MemoryParams, estimate_memory, memory_key
 from autotune.search.derive import (
@@ -301,6 +302,11 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     without it)."""
 
     def _raised(layout: Layout, counts: tuple[str, ...]) -> Layout:
+        # FP8 is the only deeper level that reads memory; without its weight copies it needs
+        # no more than the bf16 layout the count fits (autotune.levers.fp8.may_outgrow_bf16):
+        # half of a default plan's FP8 layouts, an estimate each spared.
+        if not may_outgrow_bf16(layout):
+            return layout
         dims = tuple(d for d in counts
                      if DERIVABLE[d].applies(layout, model) and DERIVABLE[d].monotone(layout))
         if not dims:
@@ -309,7 +315,7 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
         known = raised.get(key)
         if known is None:
             limit_here = limits[layout.expandable_segments]
-            if estimate_memory(model, layout, cluster, params).peak_bytes > limit_here:
+            if peak_of(layout) > limit_here:  # the split's choice reads the same memo
                 layout = resolve(layout, dims, model, cluster, limit_bytes=limit_here,
                                  params=params, floor={d: getattr(layout, d) for d in dims})
             known = raised[key] = {d: getattr(layout, d) for d in dims}
