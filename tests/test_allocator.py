@@ -31,8 +31,9 @@ from autotune.predict.gate import (
 )
 from autotune.predict.memory import MemoryParams, estimate_memory
 from autotune.report.scripts import megatron_lm_script
-from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.hardware import ClusterSpec
 from autotune.specs.presets import load_model
+from tests.measured import DATA_PATH, trial_inputs
 
 DATA = Path(__file__).parent / "data" / "measured_allocator_trials.json"
 GIB = 2**30
@@ -117,18 +118,11 @@ def _allocated_under() -> float:
     """The memory model's worst under-prediction of the allocated peak over the OK trials of
     tests/data/measured_trials.json that recorded it (the allocator's segments change the
     reserve beyond it, not the peak itself)."""
-    from autotune.predict.calibration import trial_model_ref
-
-    path = DATA.parent / "measured_trials.json"
     worst = 0.0
-    for t in json.loads(path.read_text())["trials"]:
+    for t in json.loads(DATA_PATH.read_text())["trials"]:
         if t["status"] != "OK" or not t.get("peak_allocated_bytes"):
             continue
-        s = Layout(**t["strategy"])
-        model = load_model(trial_model_ref(t["model"], path)).with_overrides(
-            global_batch_size=s.gbs, seq_length=t.get("seq_length"))
-        cluster = ClusterSpec(num_gpus=t["gpus"], gpus_per_node=t["gpus"],
-                              gpu=gpu_spec(t["gpu"]))
+        model, s, cluster = trial_inputs(t)
         peak = estimate_memory(model, s, cluster).peak
         worst = max(worst, t["peak_allocated_bytes"] / peak.allocated_bytes - 1)
     return worst

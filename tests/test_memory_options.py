@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,9 +24,10 @@ from autotune.predict.memory import estimate_memory
 from autotune.search.heuristics import alpa_seeds, predicted_speed
 from autotune.search.space import enumerate_space, space_from_mapping
 from autotune.specs.activations import layer_activations
-from autotune.specs.hardware import ClusterSpec, gpu_spec
+from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.presets import load_model
+from tests.measured import DATA_PATH, trial_inputs
 
 GPT36 = load_model("gpt-3.6b")  # 30 layers
 XL = load_model("gpt2-xl")  # 48 layers
@@ -239,20 +239,13 @@ def test_an_uneven_split_paces_the_pipeline_by_its_slowest_stage() -> None:
 
 
 def _measured_band() -> dict[str, float]:
-    from autotune.predict.calibration import trial_model_ref
-
-    path = Path(__file__).parent / "data" / "measured_trials.json"
-    data = json.loads(path.read_text())
     worst: dict[str, float] = {}
-    for t in data["trials"]:
+    for t in json.loads(DATA_PATH.read_text())["trials"]:
         if t["status"] != "OK" or not t.get("device_used_bytes"):
             continue
-        s = Layout(**t["strategy"])
+        model, s, c = trial_inputs(t)
         if s.expandable_segments:  # their band is gate.EXPANDABLE_ERROR_BAND (test_allocator)
             continue
-        model = load_model(trial_model_ref(t["model"], path)).with_overrides(
-            global_batch_size=s.gbs, seq_length=t.get("seq_length"))
-        c = ClusterSpec(num_gpus=t["gpus"], gpus_per_node=t["gpus"], gpu=gpu_spec(t["gpu"]))
         under = 1 - estimate_memory(model, s, c).peak_bytes / t["device_used_bytes"]
         worst[t["gpu"]] = max(worst.get(t["gpu"], 0.0), under)
     return worst
