@@ -298,8 +298,8 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
 
     raised: dict[tuple[object, ...], dict[str, Any]] = {}
     """By memory_key: the counts _raised gave (layouts that differ only in fields no estimate
-    reads, the overlap flags, raise alike: a third of gpt-1t's plan time on 3,072 GPUs
-    without it)."""
+    reads, the overlap flags, raise alike: gpt-1t's plan on 3,072 GPUs took 20.8 s CPU without
+    it, 19.0 s with it, one run each)."""
 
     def _raised(layout: Layout, counts: tuple[str, ...]) -> Layout:
         # FP8 is the only deeper level that reads memory; without its weight copies it needs
@@ -426,6 +426,9 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
         # The counts resolved for `partial`, by the choice's fields that memory reads: choices
         # that differ only in MEMORY_BLIND fields resolve alike, once.
         counts: dict[tuple[Any, ...], tuple[dict[str, Any], _Kept]] = {}
+        # The counts a shallower level derived, which a deeper choice may have to raise
+        # (_raised); the joint split is settled apart (settle).
+        counts_before = tuple(d for d in earlier if DERIVABLE[d].joint is None)
         for choice in _choices(levels[level], partial, model):
             derived = tuple(d for d in derivable[level] if choice[d] == DERIVE)
             if derived:
@@ -460,7 +463,6 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
             elif derived:
                 layout, options = resolved(layout, derived)
                 kept = options if options.tied else splits
-            counts_before = tuple(d for d in earlier if DERIVABLE[d].joint is None)
             if counts_before and any(v != getattr(partial, d) for d, v in choice.items()
                                      if d not in MEMORY_BLIND):
                 layout = _raised(layout, counts_before)
