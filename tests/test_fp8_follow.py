@@ -11,6 +11,7 @@ import pytest
 
 from autotune.layouts.layout import Layout
 from autotune.levers.fp8 import Fp8, Fp8Recipe
+from autotune.predict.gate import GateDecision
 from autotune.search.execution import TrialExecutor
 from autotune.search.ledger import LayoutQueue
 from autotune.search.loss_guard import GUARD_STEPS, long_enough, twin
@@ -51,7 +52,9 @@ def _executor(tmp: Path, *, speeds: dict[Layout, float], best: float,
                               peak_bf16_flops=989e12, name="h100-80gb")))
     result = SearchResult(study_name="s", storage="sqlite://", records=records or [])
     knowledge = SimpleNamespace(predicted_tokens=lambda s: speeds[s], fits=lambda s: fits,
-                                predict=lambda s: SimpleNamespace(step_time_s=0.5))
+                                predict=lambda s: SimpleNamespace(step_time_s=0.5),
+                                gate=SimpleNamespace(decide=lambda s: GateDecision(
+                                    status=None, reason="", memory=None, constraint=-1.0)))
     ledger = SimpleNamespace(result=result, best_tokens=best, tried=lambda s: s in tried)
     queue = LayoutQueue()
     parts: Any = SimpleNamespace(cfg=cfg, store=SimpleNamespace(name="s"), knowledge=knowledge,

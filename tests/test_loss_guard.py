@@ -7,12 +7,14 @@ import math
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from autotune.dimensions import Recompute, RecomputeMethod
 from autotune.layouts.layout import Layout
 from autotune.levers.fp8 import Fp8, Fp8Recipe
+from autotune.predict.gate import GateDecision
 from autotune.search.execution import TrialExecutor
 from autotune.search.loss_guard import LOSS_TOLERANCE, compare_losses, guarded, lag_steps, twin
 from autotune.search.records import SearchResult, Source, TrialRecord
@@ -119,14 +121,30 @@ class _Backend:
                             losses=self.losses[:spec.train_steps])
 
 
-def _executor(backend: _Backend, records: list[TrialRecord], tmp: Path) -> TrialExecutor:
+class _Gate:
+    """The memory gate's verdicts by a table: `peaks` GiB by recompute (Layout.recompute's
+    value), against a 100 GiB capacity with a 10% band."""
+
+    def __init__(self, **peaks: float) -> None:
+        self.peaks = peaks
+
+    def decide(self, layout: Layout) -> GateDecision:
+        gib = self.peaks.get(str(layout.recompute), 50.0)
+        status = TrialStatus.PREDICTED_OOM if gib > 100 else None
+        return GateDecision(status=status, reason="", constraint=gib - 100, risky=gib > 90,
+                            memory=cast(Any, SimpleNamespace(peak_bytes=gib * 2**30)))
+
+
+def _executor(backend: _Backend, records: list[TrialRecord], tmp: Path,
+              gate: _Gate | None = None) -> TrialExecutor:
     cfg = SimpleNamespace(results_dir=tmp, backend=backend, model=XL, train_steps=10,
                           trial_timeout_s=None,
                           warmup_steps=3, seed=1234, stable_cv=0.01,
                           cluster=SimpleNamespace(gpu=SimpleNamespace(
                               peak_bf16_flops=989e12, name="h100-80gb")))
     result = SearchResult(study_name="s", storage="sqlite://", records=records)
-    knowledge = SimpleNamespace(predict=lambda s: SimpleNamespace(step_time_s=0.5))
+    knowledge = SimpleNamespace(predict=lambda s: SimpleNamespace(step_time_s=0.5),
+                                gate=gate or _Gate())
     parts: Any = SimpleNamespace(cfg=cfg, store=SimpleNamespace(name="s"), knowledge=knowledge,
                                  ledger=SimpleNamespace(result=result),
                                  layouts=SimpleNamespace(valid=[FP8, twin(FP8)]))
@@ -174,6 +192,42 @@ def test_a_reference_run_when_the_twin_has_not_run(tmp_path: Path) -> None:
     other = replace(FP8, fp8_recipe=Fp8Recipe.TENSORWISE)
     second = executor.guard(_measured(2, other, BF16), tmp_path / "2")
     assert second.status is TrialStatus.OK and len(backend.ran) == 1
+
+
+RELIEVED = replace(twin(FP8), recompute=Recompute.FULL, recompute_method=RecomputeMethod.UNIFORM,
+                   recompute_num_layers=1)
+
+
+@pytest.mark.parametrize(("peaks", "ran"), [
+    ({}, twin(FP8)),                                      # the twin has room: it runs as it is
+    ({"none": 120.0}, RELIEVED),                          # predicted OOM: recomputed in full
+    ({"none": 95.0}, RELIEVED),                           # in the band: the roomier one
+    ({"none": 95.0, "full": 96.0}, twin(FP8)),            # recompute would not help
+    ({"none": 120.0, "full": 110.0}, twin(FP8)),          # nothing fits: the twin, to learn
+])
+def test_the_reference_run_trains_the_twin_where_it_fits(
+        tmp_path: Path, peaks: dict[str, float], ran: Layout) -> None:
+    backend = _Backend(BF16)
+    judged = _executor(backend, [], tmp_path, _Gate(**peaks)).guard(
+        _measured(1, FP8, BF16), tmp_path / "1")
+    (spec,) = backend.ran
+    assert spec.layout == ran
+    assert judged.status is TrialStatus.OK and "followed its bf16 twin's" in judged.reason
+    assert (f"as {RELIEVED.describe()}" in judged.reason) == (ran == RELIEVED)
+
+
+def test_one_reference_serves_every_layout_that_trains_alike(tmp_path: Path) -> None:
+    """A derived rung's FP8 layout (another recompute count) reuses the reference of the rung
+    before it: their twins train alike (loss_guard.SAME_ARITHMETIC)."""
+    backend = _Backend(BF16)
+    executor = _executor(backend, [], tmp_path)
+    rung = replace(FP8, recompute=Recompute.FULL, recompute_method=RecomputeMethod.BLOCK,
+                   recompute_num_layers=11)
+    for number, layers in enumerate((11, 4), start=1):
+        judged = executor.guard(_measured(number, replace(rung, recompute_num_layers=layers),
+                                          BF16), tmp_path / str(number))
+        assert judged.status is TrialStatus.OK and "reference run" in judged.reason
+    assert len(backend.ran) == 1
 
 
 @pytest.mark.parametrize(("backend", "losses", "unchecked"), [

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import optuna
 
+from autotune.dimensions import Recompute, RecomputeMethod
 from autotune.layouts.layout import Layout
 from autotune.predict.cost import CostEstimate, CostParams, estimate_cost
 from autotune.predict.gate import MemoryGate, mbs_family
@@ -322,7 +323,9 @@ class TrialExecutor:
         """The bf16 twin's losses and where they come from: a trial of the search that ran
         it, else a short reference run launched for the purpose (kept for the next FP8 trial
         of the same twin); no losses, with why, when neither has them."""
-        known = self._references.get(bf16)
+        # Keyed by what trains alike: the reference of one derived rung serves the next
+        # (session 26 on 4 x H200 ran a second reference for a recompute count one rung down).
+        known = self._references.get(arithmetic(bf16))
         if known is not None:
             return known
         # The twin itself first, else a bf16 trial that trains alike (loss_guard.SAME_ARITHMETIC).
@@ -332,19 +335,45 @@ class TrialExecutor:
                     and r.metrics.losses and long_enough(r.metrics.losses, steps)):
                 return r.metrics.losses, f"twin: trial {r.number}"
         cfg = self.parts.cfg
-        spec = replace(self.spec(bf16, slow_below=None), warmup_steps=0, stable_cv=0.0,
+        run = self.reference_layout(bf16)
+        spec = replace(self.spec(run, slow_below=None), warmup_steps=0, stable_cv=0.0,
                        train_steps=max(1, min(REFERENCE_STEPS, steps)))
         where = trial_dir / "bf16-twin"
         timeout = cfg.trial_timeout_s or trial_timeout_s(
-            self.parts.knowledge.predict(bf16).step_time_s, spec)
+            self.parts.knowledge.predict(run).step_time_s, spec)
         metrics = cfg.backend.run(spec, where, timeout)
         if metrics.status is not TrialStatus.OK or not metrics.losses:
             found: tuple[tuple[float | None, ...], str] = (
                 (), f"its bf16 twin's reference run ended {metrics.status} ({where})")
         else:
-            found = (metrics.losses, f"twin: a {len(metrics.losses)}-step reference run")
-        self._references[bf16] = found
+            relieved = "" if run == bf16 else f", as {run.describe()}"
+            found = (metrics.losses,
+                     f"twin: a {len(metrics.losses)}-step reference run{relieved}")
+        self._references[arithmetic(bf16)] = found
         return found
+
+    def reference_layout(self, bf16: Layout) -> Layout:
+        """The layout a reference run trains for the twin `bf16`: the twin itself where the
+        memory gate launches it outside its error band, else the same arithmetic with every
+        layer recomputed in full (loss_guard.SAME_ARITHMETIC: the losses are the twin's), when
+        that is predicted smaller. The twin of an FP8 layout with FP8 parameters holds its
+        weights in bf16, 1 B per parameter more: session 26's llama3-8b FP8 layout at 140.4 of
+        140.4 GiB on an H200 had a twin that ran out of memory, leaving its loss unchecked."""
+        gate = self.parts.knowledge.gate
+        decision = gate.decide(bf16)
+        if decision.launch and not decision.risky:
+            return bf16
+        relieved = replace(bf16, recompute=Recompute.FULL,
+                           recompute_method=RecomputeMethod.UNIFORM, recompute_num_layers=1)
+        if relieved == bf16:
+            return bf16
+        other = gate.decide(relieved)
+        if not other.launch or other.memory is None:
+            return bf16
+        if decision.memory is not None and decision.launch \
+                and other.memory.peak_bytes >= decision.memory.peak_bytes:
+            return bf16
+        return relieved
 
     def spec(self, s: Layout, *, slow_below: float | None) -> TrialSpec:
         cfg = self.parts.cfg
