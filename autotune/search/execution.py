@@ -336,6 +336,12 @@ class TrialExecutor:
                 return r.metrics.losses, f"twin: trial {r.number}"
         cfg = self.parts.cfg
         run = self.reference_layout(bf16)
+        if run is None:
+            found: tuple[tuple[float | None, ...], str] = (
+                (), "its bf16 twin is predicted not to fit, recomputed in full or not: no "
+                    "reference run")
+            self._references[arithmetic(bf16)] = found
+            return found
         spec = replace(self.spec(run, slow_below=None), warmup_steps=0, stable_cv=0.0,
                        train_steps=max(1, min(REFERENCE_STEPS, steps)))
         where = trial_dir / "bf16-twin"
@@ -343,8 +349,7 @@ class TrialExecutor:
             self.parts.knowledge.predict(run).step_time_s, spec)
         metrics = cfg.backend.run(spec, where, timeout)
         if metrics.status is not TrialStatus.OK or not metrics.losses:
-            found: tuple[tuple[float | None, ...], str] = (
-                (), f"its bf16 twin's reference run ended {metrics.status} ({where})")
+            found = ((), f"its bf16 twin's reference run ended {metrics.status} ({where})")
         else:
             relieved = "" if run == bf16 else f", as {run.describe()}"
             found = (metrics.losses,
@@ -352,26 +357,26 @@ class TrialExecutor:
         self._references[arithmetic(bf16)] = found
         return found
 
-    def reference_layout(self, bf16: Layout) -> Layout:
+    def reference_layout(self, bf16: Layout) -> Layout | None:
         """The layout a reference run trains for the twin `bf16`: the twin itself where the
         memory gate launches it outside its error band, else the same arithmetic with every
         layer recomputed in full (loss_guard.SAME_ARITHMETIC: the losses are the twin's), when
-        that is predicted smaller. The twin of an FP8 layout with FP8 parameters holds its
-        weights in bf16, 1 B per parameter more: session 26's llama3-8b FP8 layout at 140.4 of
-        140.4 GiB on an H200 had a twin that ran out of memory, leaving its loss unchecked."""
+        that is predicted smaller; None where the gate launches neither (a reference run that
+        runs out of memory costs a launch and teaches nothing). The twin of an FP8 layout with
+        FP8 parameters holds its weights in bf16, 1 B per parameter more: session 26's
+        llama3-8b FP8 layout at 140.4 of 140.4 GiB on 4 x H200 had a twin that ran out of
+        memory, leaving its loss unchecked."""
         gate = self.parts.knowledge.gate
         decision = gate.decide(bf16)
         if decision.launch and not decision.risky:
             return bf16
         relieved = replace(bf16, recompute=Recompute.FULL,
                            recompute_method=RecomputeMethod.UNIFORM, recompute_num_layers=1)
-        if relieved == bf16:
-            return bf16
-        other = gate.decide(relieved)
-        if not other.launch or other.memory is None:
-            return bf16
-        if decision.memory is not None and decision.launch \
-                and other.memory.peak_bytes >= decision.memory.peak_bytes:
+        other = gate.decide(relieved) if relieved != bf16 else decision
+        if not other.launch:
+            return bf16 if decision.launch else None
+        if decision.launch and (other.memory is None or decision.memory is None
+                                or other.memory.peak_bytes >= decision.memory.peak_bytes):
             return bf16
         return relieved
 
