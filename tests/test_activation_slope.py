@@ -152,7 +152,28 @@ SLOPES = [
     # Session 22 on one H200: Qwen3-4B (kv_channels 128 x 32 heads over hidden 2,560, QK
     # norm under TE), FP8 delayed, block/16 and block/9 of the default search.
     ("qwen3-4b", "h200", "seq 4096 tp1 pp1 dp1 mbs4 rc=full(block/n) fp8=hybrid te", 1.437),
+    # Session 25 on one H200 with expandable segments, warm grids near the capacity
+    # (2026-11-29-h200-xseg-band-s25.md): Llama-3.2-3B block/10 and /12, llama-1b at seq
+    # 65536 block/4 and /6, Qwen3-4B block/8 and /10. Out of sample: 0.3%, 0.7%, 0.2% high.
+    ("llama-3b", "h200", "seq 8192 tp1 pp1 dp1 mbs4 rc=full(block/n) te xseg", 2.566),
+    ("llama-1b", "h200", "seq 65536 tp1 pp1 dp1 mbs1 rc=full(block/n) te xseg", 4.383),
+    ("qwen3-4b", "h200", "seq 4096 tp1 pp1 dp1 mbs4 rc=full(block/n) te xseg", 1.598),
+    # Session 26 on 4 x H200: the default search's block/11 and block/4 (s26-l8b4-search/22,
+    # /23), FP8 delayed with fp8pg, expandable segments. Out of sample: 0.4% high.
+    ("llama3-8b", "h200",
+     "seq 8192 tp1 pp1 dp4 mbs2 rc=full(block/n) do ogr opg fp8=hybrid fp8pg te xseg", 1.721),
 ]
+# Series whose device-memory slope misses the model's by more than 10% although the allocated
+# slope is right, with the measured device GiB per layer and why.
+USED_SLOPE_MISSES: dict[tuple[str, str, str], tuple[float, str]] = {
+    # block/4 filled the device (140.39 of 140.4 GiB in use): NVML's figure beyond the
+    # allocator's reserve is 7.6 GiB there against 5.0 at block/11 (reserve over allocated
+    # 1.2 GiB at both), memory outside torch's allocator that grew with the peak; which
+    # library's is not known. The model's device slope is 1.746 (16.5% under).
+    ("llama3-8b", "h200",
+     "seq 8192 tp1 pp1 dp4 mbs2 rc=full(block/n) do ogr opg fp8=hybrid fp8pg te xseg"):
+        (2.092, "memory outside the allocator grew at the device's capacity"),
+}
 MIXED_STAGES = [
     # block/8 and block/10: the predicted peak moves to the last stage at block/10 (every layer
     # of a chunk recomputed), so two counts mix two stages' slopes (5.998 measured, 6.68
@@ -173,7 +194,12 @@ def test_the_predicted_slope_is_the_measured_one(family: str, gpu: str, layout: 
     assert s.one_stage
     assert s.allocated == pytest.approx(measured, abs=0.001)
     assert s.predicted_allocated == pytest.approx(s.allocated, rel=0.02)
-    assert s.predicted == pytest.approx(s.used, rel=0.10)
+    miss = USED_SLOPE_MISSES.get((family, gpu, layout))
+    if miss is None:
+        assert s.predicted == pytest.approx(s.used, rel=0.10)
+    else:
+        assert s.used == pytest.approx(miss[0], abs=0.001), miss[1]
+        assert s.predicted != pytest.approx(s.used, rel=0.10), "fixed: leave USED_SLOPE_MISSES"
 
 
 @pytest.mark.parametrize(("family", "gpu", "layout"), MIXED_STAGES)

@@ -3,6 +3,7 @@ cost terms, and the warnings a user's command gets for FP8 flags autotune does n
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields, replace
 from pathlib import Path
 from statistics import median
@@ -772,15 +773,58 @@ def test_measured_fp8_trials_rank_against_bf16_as_measured(model: ModelSpec,
 # 6.4 / 7.4 ms against 8.0-9.7 on every other day (results/benchmarks/2026-11-28-cpu-fp8-h200-
 # misses-s18.md): a property of the host that `autotune calibrate` refits, not of FP8. The
 # worst bounds are today's figures and a point; the medians stand.
+# Sessions 25 and 26's 21 FP8 trials (one and four H200) leave both figures where they were
+# (medians 4.5% -> 4.3%, 4.4% -> 4.3%) but for the four below, listed apart with their shipped
+# error instead of the bounds widened around them; held in, the worst would be 36.4% shipped
+# and 38.5% held out (the held-out floors pulled by them: s18-l3b-grid-base/1 34.7%).
 FP8_STEP_ERROR = (0.053, 0.312)
 FP8_STEP_ERROR_HELD_OUT = (0.052, 0.248)
 
+# FP8 trials the model predicts too fast for a reason outside FP8's terms, each with the shipped
+# step-time error (predicted over measured, minus one) and the cause; a fix moves the error off
+# its figure and fails test_fp8_step_time_known_misses until the trial leaves this table.
+KNOWN_FP8_STEP_MISSES: dict[str, tuple[float, str]] = {
+    # Llama-3.1-8B on one H200, mbs 1, full recompute of every layer, the optimizer partly on
+    # the CPU, FP8 delayed with fp8pg: host-bound. Profiled: TE's checkpoint costs 6.8 ms of
+    # host time per recomputed layer and micro-batch (megatron's 3.9 ms in bf16) plus ~40 small
+    # host-to-device copies of the delayed scaling's state per layer pass, 19 ms of host per
+    # layer against 13.5 ms of GPU work; fp8_layer_host_s x 1.5 under full recompute prices
+    # 12.6 ms (results/benchmarks/2026-11-29-h200-fp8-offload-profile-s25.md). Not refitted:
+    # one layout on one machine.
+    "s25-l8b-offload/1": (-0.173, "FP8 host time under full recompute (10% offloaded)"),
+    "s25-l8b-offload/2": (-0.341, "FP8 host time under full recompute (1% offloaded)"),
+    # gpt2-xl on 4 x H200 at gbs 64 (session 26's default search): every trial of that search
+    # is predicted too fast, bf16 too (-12% to -46%), so the cause is not FP8's; not understood
+    # yet (results/benchmarks/2026-11-29-cpu-measured-trials-s26.md).
+    "s26-xl4-search/8": (-0.364, "gpt2-xl on 4 GPUs, every layout predicted fast"),
+    "s26-xl4-search/24": (-0.337, "gpt2-xl on 4 GPUs, every layout predicted fast"),
+}
+
+
+def _fp8_trials() -> list[tuple[str, Any]]:
+    """(source, load_trials sample) of every OK FP8 trial of measured_trials.json."""
+    from autotune.predict.calibration import load_trials
+
+    path = Path(__file__).parent / "data" / "measured_trials.json"
+    sources = [t["source"] for t in json.loads(path.read_text())["trials"]
+               if t["status"] == "OK"]
+    samples = load_trials(path)
+    assert len(sources) == len(samples)
+    return [(src, t) for src, t in zip(sources, samples, strict=True) if t[2].fp8 != Fp8.OFF]
+
+
+def test_fp8_step_time_known_misses() -> None:
+    found = {src: estimate_cost(m, s, c).step_time_s / step - 1
+             for src, (_, m, s, c, step, _) in _fp8_trials() if src in KNOWN_FP8_STEP_MISSES}
+    assert set(found) == set(KNOWN_FP8_STEP_MISSES)
+    for src, (error, why) in KNOWN_FP8_STEP_MISSES.items():
+        assert found[src] == pytest.approx(error, abs=0.005), (src, why)
+
 
 def test_fp8_step_time_error_does_not_regress() -> None:
-    from autotune.predict.calibration import held_out_step_errors, load_trials
+    from autotune.predict.calibration import held_out_step_errors
 
-    trials = [t for t in load_trials(Path(__file__).parent / "data" / "measured_trials.json")
-              if t[2].fp8 != Fp8.OFF]
+    trials = [t for src, t in _fp8_trials() if src not in KNOWN_FP8_STEP_MISSES]
     assert len(trials) >= 26 and len({t[0] for t in trials}) >= 3
     shipped = [abs(estimate_cost(m, s, c).step_time_s / step - 1)
                for _, m, s, c, step, _ in trials]
