@@ -566,6 +566,102 @@ def test_bf16_predictions_do_not_move() -> None:
         assert a == b
 
 
+# ---- delayed scaling's host time under full recompute (TE's checkpoint) -----------------------
+
+L3B1 = Layout(mbs=1, gbs=8, impl=Impl.TE, recompute=Recompute.FULL, **PAO)
+"""s26-rch-l3b/4's layout (Llama-3.2-3B seq 4096 on one H200, every layer recomputed): host-bound
+under FP8 (GPU busy 35%, measured)."""
+H200 = _cluster("h200")
+NO_RC_TERM = replace(CostParams(), fp8_delayed_recompute_host_s=0.0)
+_BENCH = Path(__file__).parent.parent / "results" / "benchmarks"
+
+
+@pytest.mark.parametrize(("recipe", "fields", "recomputed"), [
+    ("delayed", {}, 28),  # every layer, uniform
+    ("delayed", dict(recompute_method="block", recompute_num_layers=7), 7),
+    # Current and block scaling keep no amax history to stash and restore (TE 2.11: each of
+    # quantization.py's recompute helpers returns at once unless the recipe is delayed).
+    ("tensorwise", {}, 0),
+    ("blockwise", {}, 0),
+    ("delayed", dict(recompute=Recompute.NONE), 0),
+    # Core attention's checkpoint: not priced (its FP8 trials are GPU-bound).
+    ("delayed", dict(recompute=Recompute.SELECTIVE), 0),
+    ("off", {}, 0),
+])
+def test_the_delayed_recompute_host_term(recipe: str, fields: dict[str, Any],
+                                         recomputed: int) -> None:
+    """Where the layers wait on the host it raises the floor by fp8_delayed_recompute_host_s per
+    recomputed layer and micro-batch."""
+    s = replace(L3B1, **fields)
+    s = s if recipe == "off" else _with(s, recipe)
+    added = (estimate_cost(LLAMA_3B_4K, s, H200).launch_s
+             - estimate_cost(LLAMA_3B_4K, s, H200, NO_RC_TERM).launch_s)
+    expected = recomputed * s.num_microbatches * CostParams().fp8_delayed_recompute_host_s
+    assert added == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_the_delayed_recompute_host_term_hides_behind_gpu_work() -> None:
+    """Llama-3.2-3B at mbs 8 with every layer recomputed (s17-l3b-fused/11, s18-l3b-search/11,
+    s20-l3b/11: 2.44-2.51 s measured) is GPU-bound: unchanged."""
+    s = _with(replace(L3B1, mbs=8, gbs=16, distributed_optimizer=False,
+                      precision_aware_optimizer=False), "delayed")
+    assert estimate_cost(LLAMA_3B_4K, s, H200).step_time_s == \
+        estimate_cost(LLAMA_3B_4K, s, H200, NO_RC_TERM).step_time_s
+
+
+def _delayed_full_trials() -> dict[str, tuple[ModelSpec, Layout, ClusterSpec, float]]:
+    """The host-bound FP8 delayed trials with every layer recomputed, by source: sessions 25
+    and 26 on one H200 each (their trial files, until they join tests/data/measured_trials.json;
+    every older FP8 trial with recompute is GPU-bound)."""
+    import json
+
+    from tests.measured import trial_inputs
+
+    rows: list[dict[str, Any]] = []
+    for name in ("2026-11-29-h200-s25-trials.json", "2026-11-29-h200-s26-grid-trials.json"):
+        data = json.loads((_BENCH / name).read_text())
+        rows += data["trials"] if isinstance(data, dict) else data
+    return {t["source"]: (*trial_inputs(t), t["step_time_s"]) for t in rows
+            if t["status"] == "OK" and t["strategy"]["fp8"] != "off"
+            and t["strategy"]["fp8_recipe"] == "delayed" and t["strategy"]["recompute"] == "full"}
+
+
+# The two misses, with the term: gpt2-xl mbs 8 ran 2.4 ms per layer and micro-batch faster than
+# mbs 4 on the same machine (its threads' CPU time says the same, not explained); the 8B with FP8
+# parameters and 1% of the optimizer offloaded, on session 25's host, still 15% fast
+# (results/benchmarks/2026-11-29-cpu-fp8-recompute-host-s26.md).
+_MISSES = {"s26-rch-xl/10": 0.169, "s25-l8b-offload/2": -0.150}
+
+
+def test_the_delayed_recompute_host_term_meets_its_trials() -> None:
+    """Without it every one is predicted 11-34% fast; with it four within 1.2%, the two misses
+    at their listed errors."""
+    trials = _delayed_full_trials()
+    assert len(trials) == 6
+    for source, (m, s, c, step) in trials.items():
+        assert estimate_cost(m, s, c, NO_RC_TERM).step_time_s / step - 1 < -0.11, source
+        err = estimate_cost(m, s, c).step_time_s / step - 1
+        assert err == pytest.approx(_MISSES.get(source, 0.0), abs=0.015), source
+
+
+def test_the_delayed_recompute_host_term_across_machines() -> None:
+    """Fitted to one session's trials it predicts the other machine's better than the plain 1.5x
+    relaunch, in the median (s26 -> s25: 10.6% against 25.7%; s25 -> s26: 11.6% against 22.5%,
+    though its worst, gpt2-xl mbs 8, goes from -11.5% to +30.5%)."""
+    from autotune.predict.calibration import fit_cost_params
+
+    trials = _delayed_full_trials()
+    for fit_on in ("s25", "s26"):
+        fit = [v for k, v in trials.items() if k.startswith(fit_on)]
+        held = [v for k, v in trials.items() if not k.startswith(fit_on)]
+        p = fit_cost_params(fit, names=("fp8_delayed_recompute_host_s",))
+        with_term = median(abs(estimate_cost(m, s, c, p).step_time_s / t - 1)
+                           for m, s, c, t in held)
+        without = median(abs(estimate_cost(m, s, c, NO_RC_TERM).step_time_s / t - 1)
+                         for m, s, c, t in held)
+        assert with_term < 0.12 < 0.2 < without
+
+
 # ---- a user's command ----------------------------------------------------------------------
 
 

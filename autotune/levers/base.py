@@ -298,6 +298,11 @@ class CostState:
     """Host seconds per layer and micro-batch (forward and backward) that a path spends issuing
     its work (TE's FP8 quantizers): the layers take at least this long, however short their
     GPU work (autotune.predict.cost._stage_time)."""
+    recompute_host_s: float = 0.0
+    """Host seconds per recomputed layer forward and micro-batch that a path adds to the host
+    floor beyond running that forward again (delayed scaling's state saved and restored around
+    Transformer Engine's checkpoint: autotune.levers.fp8.Constants.fp8_delayed_recompute_host_s);
+    counted where layer_host_floor_s is set."""
 
 
 @dataclass(frozen=True, kw_only=True)  # no slots: evolve copies the __dict__

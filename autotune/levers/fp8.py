@@ -292,6 +292,36 @@ class Constants:
     microseconds, not a millisecond: the term prices what was measured and does not explain
     it; what settles it is in that report."""
 
+    fp8_delayed_recompute_host_s: float = 0.00412
+    """Host seconds per recomputed layer and micro-batch that delayed scaling adds under full
+    recompute, beyond running the layer's forward again (CostState.recompute_host_s, on the
+    host floor). megatron-core checkpoints FP8 layers with Transformer Engine's checkpoint
+    (transformer_block.py _checkpointed_forward: te_checkpoint when config.fp8), and for
+    delayed scaling alone TE 2.11 keeps state around it: each FP8 module stashes its forward
+    amax history and scale in the first forward (quantization.py
+    copy_forward_fp8_meta_tensors_for_recompute: 2 clones), swaps them in and back around the
+    recomputed one (get_old_fp8_meta_tensors_for_recompute: 2 clones and 2 copies;
+    restore_fp8_meta_tensors: 2 copies), and distributed.py _CheckpointFunction.backward opens
+    its own autocast per checkpoint, whose exit (depth 0, grad enabled) runs
+    reduce_and_update_fp8_tensors over every registered module's forward amaxes: once per
+    micro-batch without recompute, once per recomputed layer with it. Tensorwise, blockwise and
+    mxfp8 do none of it (each is a no-op for them). Session 25's profile of Llama-3.1-8B
+    under full recompute saw 10,279 small copies a step, about 40 per recomputed layer
+    (results/benchmarks/2026-11-29-h200-fp8-offload-profile-s25.md).
+    Measured on one H200 (session 26, results/benchmarks/2026-11-29-h200-fp8-recompute-host-s26/),
+    with the host speed cancelling within the machine: host-bound, delayed scaling's step per
+    layer and micro-batch grew 1.9x (Llama-3.2-3B mbs 1) and 2.2x (gpt2-xl mbs 4) from no
+    recompute to full, tensorwise's 1.52x and 1.53x (the 1.5 the floor assumes), bf16's 1.62x
+    (gpt2-xl, host-bound there too); the worker's threads put the difference in the backward
+    thread, which runs the recomputed forwards. Least squares on log step time over the six
+    host-bound delayed full-recompute trials of sessions 25 and 26 (H200; every other FP8
+    trial with recompute is GPU-bound and does not move): 4.12 ms; fitted to session 26's four
+    it is 3.45 ms, to session 25's two 6.1 ms, and each predicts the other's trials within
+    3-18% and 10-31%, where 1.5x alone was 17-34% and 12-25% fast
+    (results/benchmarks/2026-11-29-cpu-fp8-recompute-host-s26.md). Absolute, as
+    fp8_layer_host_s, and a property of the host as much as of TE. Not priced for selective
+    recompute (core attention's checkpoint), whose FP8 trials are GPU-bound."""
+
 
 MEASURED_FIT: tuple[str, ...] = ("fp8_layer_host_s", "fp8_current_layer_host_s")
 """The constants the measured FP8 trials fit: the host floors. Fitted with them, the GEMM rate
@@ -724,6 +754,11 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
     weight = 2.0 if s.fp8_param_gather else cast.plain * p.fp8_cast_scale
     host = p.fp8_layer_host_s if s.fp8_recipe == Fp8Recipe.DELAYED else p.fp8_current_layer_host_s
     host += _sp_host_s(m, s, p)
+    # Delayed scaling under TE's checkpoint (the only one megatron-core uses with FP8,
+    # transformer_block.py _checkpointed_forward): host time each recomputed layer adds besides
+    # its forward's (Constants.fp8_delayed_recompute_host_s); the other recipes keep no state
+    # to save and restore.
+    recompute = p.fp8_delayed_recompute_host_s if s.fp8_recipe == Fp8Recipe.DELAYED else 0.0
     # Current scaling with sequence parallelism agrees on one amax across the tensor-parallel
     # ranks before each cast of a tensor they all-gather or reduce-scatter: the column-parallel
     # GEMMs' inputs in forward and the row-parallel GEMMs' output gradients in backward (TE 2.11
@@ -736,6 +771,7 @@ def _cost(m: ModelSpec, s: Layout, c: ClusterSpec, p: CostParams,
         amax_reductions = 1.0 + _dense_mlps(m)
     return evolve(state, layer_gemm_speedup=layer_gemm_speedup(m, s, c.gpu, p),
                   layer_host_floor_s=max(state.layer_host_floor_s, host),
+                  recompute_host_s=state.recompute_host_s + recompute,
                   layer_tp_extra_s=state.layer_tp_extra_s
                   + amax_reductions * p.collective_latency_s,
                   layer_pass_bytes_per_token=state.layer_pass_bytes_per_token

@@ -661,8 +661,11 @@ def _stage_time(s: Layout, prm: CostParams, state: CostState, stage: StageState,
     if state.layer_host_floor_s:
         # A host-bound path (TE's FP8): the GPU waits for the host where its own work per
         # layer is shorter than the host's; the wait is host time, with the launches. The
-        # floor is a plain layer's host time: the modules' own (MoE's, MLA's) come on top.
-        floor = n * (state.layer_host_floor_s + module_host_s) * relaunch
+        # floor is a plain layer's host time: the modules' own (MoE's, MLA's) come on top. A
+        # recomputed forward costs its host time again, and what the path adds around each
+        # recompute (CostState.recompute_host_s: delayed scaling's, under TE's checkpoint).
+        floor = n * ((state.layer_host_floor_s + module_host_s) * relaunch
+                     + full * state.recompute_host_s)
         launch += max(0.0, floor - (compute + tp + cp + ep + launch))
     offload = stage.offload_s
     if s.cp > 1:
