@@ -20,7 +20,13 @@ from operator import attrgetter
 from autotune.layouts.layout import DIMENSIONS, Layout, stage_layers
 from autotune.levers import LEVERS
 from autotune.levers.base import ActivationState, MemoryState
-from autotune.levers.pipeline_split import even_layers, mix_kinds, stage_kind_shares
+from autotune.levers.pipeline_split import (
+    even_layers,
+    kind_shares,
+    mix_kinds,
+    stage_kind_shares,
+    stage_layer_kinds,
+)
 from autotune.levers.recompute import acting_layout
 from autotune.predict.mtp_terms import add_difference, mtp_model
 from autotune.specs.activations import (
@@ -608,7 +614,8 @@ def _mixed_stages(model: ModelSpec, layout: Layout, mp: MemoryParams,
     the other kind's model prices only the stages it has layers on (and the last, where the
     MTP layer's kind is taken away again): of the nine stages DeepSeek-V3's estimate priced at
     pp 16 (dense, MoE and MTP models, three stages each) five are left."""
-    shares = {i: stage_kind_shares(layout, model, i) for i in indices}
+    kinds = stage_layer_kinds(layout, model)
+    shares = {i: kind_shares(kinds[i]) for i in indices}
     last = indices[-1]
     mtp_kind = (model.mtp_layer_is_moe,) if model.mtp_num_layers else ()
     priced: dict[bool, dict[int, StageMemory]] = {}
