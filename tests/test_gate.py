@@ -296,8 +296,8 @@ def _another(name: str, default: object) -> object:
 
 
 def test_the_gates_memo_stays_right_across_a_space() -> None:
-    """One estimate per memory_key (autotune.predict.memory_memo), in the enumeration's order
-    and again backwards: each the estimate itself, no key estimated twice."""
+    """The gate's estimates (autotune.predict.memory_memo, its latest kept), in the
+    enumeration's order and again backwards: each the estimate itself."""
     from autotune.predict.memory import memory_key
     from autotune.search.space import enumerate_space, load_space
 
@@ -307,4 +307,5 @@ def test_the_gates_memo_stays_right_across_a_space() -> None:
     asked = [*valid, *reversed(valid)][:: max(1, len(valid) // 600)]
     for s in asked:
         assert gate.estimate(s) == estimate_memory(GPT2_XL, s, c)
-    assert gate.memo is not None and len(gate.memo) == len({memory_key(s) for s in asked})
+    # The gate's own estimates are not kept for good (MemoryMemo.estimate's keep).
+    assert gate.memo is not None and len(gate.memo) == 0 < len({memory_key(s) for s in asked})

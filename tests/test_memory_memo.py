@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import cluster
 
 from autotune.layouts.layout import DIMENSIONS, Layout, with_fields
 from autotune.predict.gate import MemoryGate
-from autotune.predict.memory import MEMORY_BLIND, MemoryParams, estimate_memory, memory_key
+from autotune.predict.memory import (
+    MEMORY_BLIND,
+    MemoryEstimate,
+    MemoryParams,
+    estimate_memory,
+    memory_key,
+)
 from autotune.predict.memory_memo import MemoryMemo, peak_function
 from autotune.search.derive import best_split, joint_candidates, resolve, safe_limit_bytes
 from autotune.search.space import enumerate_space, load_space, space_from_mapping
@@ -163,8 +170,9 @@ def _space(name: str) -> tuple[ModelSpec, ClusterSpec, object]:
 @pytest.mark.parametrize("name", SPACES)
 def test_the_gate_reads_the_enumerations_estimates_and_decides_alike(name: str) -> None:
     """A plan's gate is handed the enumeration's memo (SpaceSummary.memory): every estimate it
-    reads there is estimate_memory's, each decision is that of a gate of its own, and a layout
-    the enumeration estimated costs the gate no estimate."""
+    reads there is estimate_memory's, each decision is that of a gate of its own, a layout the
+    enumeration estimated costs the gate no estimate, and what the gate estimates itself is not
+    kept for good (it asks each layout once)."""
     model, on, space = _space(name)
     summary = enumerate_space(space, model, on)  # type: ignore[arg-type]
     memo = summary.memory
@@ -174,12 +182,22 @@ def test_the_gate_reads_the_enumerations_estimates_and_decides_alike(name: str) 
     own = MemoryGate(model, on)
     valid = summary.valid[:: max(1, len(summary.valid) // 150)]
     assert valid
+    made = 0
+
+    def counting(*args: Any, **kwargs: Any) -> MemoryEstimate:
+        nonlocal made
+        made += 1
+        return estimate_memory(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("autotune.predict.memory_memo.estimate_memory", counting)
+        for s in valid:
+            before = made
+            assert shared.estimate(s) == estimate_memory(model, s, on)
+            if memory_key(s) in known:
+                assert made == before, "the enumeration's estimate is read, not made again"
+            assert len(memo) == len(known)
     for s in valid:
-        added = memory_key(s) not in known
-        before = len(memo)
-        assert shared.estimate(s) == estimate_memory(model, s, on)
-        assert len(memo) == before + added
-        known.add(memory_key(s))
         assert shared.decide(s, checked=True) == own.decide(s, checked=True)
 
 

@@ -142,7 +142,7 @@ class MemoryGate:
     biases: list[float] = field(default_factory=list)
     """Every measured fit's peak over its prediction, minus one (record_peak)."""
     memo: MemoryMemo | None = field(default=None, repr=False, compare=False)
-    """The memory estimates the gate reads and adds to (autotune.predict.memory_memo), of its
+    """The memory estimates the gate reads (autotune.predict.memory_memo), of its
     model, cluster and constants: the enumeration's (SpaceSummary.memory), whose layouts a
     plan's ranking decides again; a memo of its own where None."""
 
@@ -155,10 +155,10 @@ class MemoryGate:
                              f"{self.memo.cluster.num_gpus} GPUs, or of other constants")
 
     def estimate(self, layout: Layout) -> MemoryEstimate:
-        """estimate_memory of `layout` with the gate's model, cluster and constants, once per
-        memory_key (the memo's)."""
+        """estimate_memory of `layout` with the gate's model, cluster and constants: the memo's
+        where it holds one (the enumeration's), else made and kept among its latest only."""
         assert self.memo is not None  # __post_init__
-        return self.memo.estimate(layout)
+        return self.memo.estimate(layout, keep=False)
 
     @property
     def observed_under(self) -> float:
