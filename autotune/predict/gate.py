@@ -30,12 +30,13 @@ import statistics
 from dataclasses import dataclass, field
 
 from autotune.layouts.layout import Layout, check, with_fields
-from autotune.predict.memory import MemoryEstimate, MemoryParams, estimate_memory, memory_key
+from autotune.predict.memory import MemoryEstimate, MemoryParams
+from autotune.predict.memory_memo import MemoryMemo
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 from autotune.trials.trial import TrialStatus
 
-__all__ = ["DEFAULT_ERROR_BAND", "ESTIMATES_KEPT", "EXPANDABLE_ERROR_BAND", "MEMORY_ERROR_BAND",
+__all__ = ["DEFAULT_ERROR_BAND", "EXPANDABLE_ERROR_BAND", "MEMORY_ERROR_BAND",
            "MIN_BIAS_FITS", "GateDecision", "MemoryGate", "mbs_family", "memory_error_band"]
 
 MEMORY_ERROR_BAND: dict[str, float] = {
@@ -91,11 +92,6 @@ def memory_error_band(gpu_name: str, expandable: bool = False) -> float:
 MIN_BIAS_FITS = 3
 """Measured fits before their median bias corrects risky predictions: one trial's peak can be a
 warm worker's leftovers (see above); three that agree are the machine's."""
-ESTIMATES_KEPT = 256
-"""Memory estimates the gate remembers (the latest, by memory_key). Runs that differ only in
-fields no estimate reads (overlap_param_gather with the distributed optimizer) lie a few layouts
-apart in the enumeration's order, which a plan's ranking decides in (at most 6 apart for gpt-1t
-on 3072 GPUs, where 34k of 90k estimates were such repeats); a bound keeps the memo small."""
 
 
 def mbs_family(layout: Layout) -> Layout:
@@ -145,22 +141,24 @@ class MemoryGate:
     """Fitted memory constants (autotune calibrate); None for the defaults."""
     biases: list[float] = field(default_factory=list)
     """Every measured fit's peak over its prediction, minus one (record_peak)."""
-    _estimates: dict[tuple[object, ...], MemoryEstimate] = field(
-        default_factory=dict, init=False, repr=False, compare=False)
-    """The latest ESTIMATES_KEPT memory estimates by memory_key (model, cluster and params are
-    the gate's own, fixed), oldest first."""
+    memo: MemoryMemo | None = field(default=None, repr=False, compare=False)
+    """The memory estimates the gate reads (autotune.predict.memory_memo), of its
+    model, cluster and constants: the enumeration's (SpaceSummary.memory), whose layouts a
+    plan's ranking decides again; a memo of its own where None."""
+
+    def __post_init__(self) -> None:
+        if self.memo is None:
+            self.memo = MemoryMemo(self.model, self.cluster, self.params)
+        elif not self.memo.serves(self.model, self.cluster, self.params):
+            raise ValueError(f"the gate of {self.model.name} on {self.cluster.num_gpus} GPUs "
+                             f"was given the memory estimates of {self.memo.model.name} on "
+                             f"{self.memo.cluster.num_gpus} GPUs, or of other constants")
 
     def estimate(self, layout: Layout) -> MemoryEstimate:
-        """estimate_memory of `layout` with the gate's model, cluster and constants, from the
-        memo where a layout with the same memory_key was estimated lately."""
-        key = memory_key(layout)
-        memory = self._estimates.get(key)
-        if memory is None:
-            memory = estimate_memory(self.model, layout, self.cluster, self.params)
-            if len(self._estimates) >= ESTIMATES_KEPT:
-                del self._estimates[next(iter(self._estimates))]
-            self._estimates[key] = memory
-        return memory
+        """estimate_memory of `layout` with the gate's model, cluster and constants: the memo's
+        where it holds one (the enumeration's), else made and kept among its latest only."""
+        assert self.memo is not None  # __post_init__
+        return self.memo.estimate(layout, keep=False)
 
     @property
     def observed_under(self) -> float:

@@ -13,13 +13,20 @@ arithmetic.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from operator import attrgetter
 
 from autotune.layouts.layout import DIMENSIONS, Layout, stage_layers
 from autotune.levers import LEVERS
 from autotune.levers.base import ActivationState, MemoryState
-from autotune.levers.pipeline_split import even_layers, mix_kinds, stage_kind_shares
+from autotune.levers.pipeline_split import (
+    even_layers,
+    kind_shares,
+    mix_kinds,
+    stage_kind_shares,
+    stage_layer_kinds,
+)
 from autotune.levers.recompute import acting_layout
 from autotune.predict.mtp_terms import add_difference, mtp_model
 from autotune.specs.activations import (
@@ -303,7 +310,7 @@ def _param_counts(model: ModelSpec, tp: int, ep: int, pp: int) -> _Params:
                        last_extra=last, layer_linear=linear)
     # Multi-Token Prediction, all on the last stage (megatron-core 0.16.1 mtp_on_this_rank):
     # each MTP layer's transformer layer (a layer of the model's, here every layer's kind:
-    # a mixed model's stages add it apart, _mixed_estimate) and its own norms and eh_proj
+    # a mixed model's stages add it apart, _mixed_stages) and its own norms and eh_proj
     # (column-parallel). Away from the first stage GPTModel builds a word embedding there too,
     # synchronized with the first stage's (gpt_model.py: `if self.pre_process or
     # self.mtp_process`; language_module.py setup_embeddings_and_output_layer), beside the
@@ -562,14 +569,11 @@ def estimate_memory(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     in-flight counts fall with the stage index) and pp - 1 (output layer, logits, loss).
     """
     mp = params or DEFAULT_MEMORY_PARAMS
+    indices = _reported(layout.pp)
     if model.has_dense_layers:
-        return _mixed_estimate(model, layout, cluster, mp)
-    pp = layout.pp
-    indices = (0,) if pp == 1 else (0, 1) if pp == 2 else (0, 1, pp - 1)
-    states = _model_states(model, layout)
-    one = _layers(model, layout, states)
-    chunks: dict[int, ActivationState] = {}
-    stages = tuple(_stage(model, layout, i, mp, states, one, chunks) for i in indices)
+        stages = _mixed_stages(model, layout, mp, indices)
+    else:
+        stages = _stages(model, layout, mp, indices)
     peak = max(stages, key=lambda st: st.total_bytes)
     return MemoryEstimate(stages=stages, peak_stage=peak.stage, peak_bytes=peak.total_bytes,
                           capacity_bytes=cluster.gpu.memory_bytes, gpu_name=cluster.gpu.name,
@@ -578,8 +582,24 @@ def estimate_memory(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
                           ranks_per_node=min(cluster.gpus_per_node, cluster.num_gpus))
 
 
-def _mixed_estimate(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
-                    mp: MemoryParams) -> MemoryEstimate:
+def _reported(pp: int) -> tuple[int, ...]:
+    """The stages an estimate reports (estimate_memory), the last one last."""
+    return (0,) if pp == 1 else (0, 1) if pp == 2 else (0, 1, pp - 1)
+
+
+def _stages(model: ModelSpec, layout: Layout, mp: MemoryParams,
+            indices: Sequence[int]) -> tuple[StageMemory, ...]:
+    """Stages `indices` of a model of one kind of layer. Each stage's terms are its own (the
+    chunks' memo is of a chunk's layers alone), so a stage is the same asked alone or with
+    others."""
+    states = _model_states(model, layout)
+    one = _layers(model, layout, states)
+    chunks: dict[int, ActivationState] = {}
+    return tuple(_stage(model, layout, i, mp, states, one, chunks) for i in indices)
+
+
+def _mixed_stages(model: ModelSpec, layout: Layout, mp: MemoryParams,
+                  indices: tuple[int, ...]) -> tuple[StageMemory, ...]:
     """Dense layers among the MoE layers (ModelSpec.moe_layer_freq): each stage from its layers
     of each kind, as a model of that kind alone has them on that stage. A stage's weights,
     gradients, optimizer state and stored activations are its fixed part (embedding, output
@@ -587,20 +607,39 @@ def _mixed_estimate(model: ModelSpec, layout: Layout, cluster: ClusterSpec,
     for them; the recompute workspace, the overhead and the largest block are taken as the
     same mean (the layers' kinds within a chunk, which full recompute's block method and
     offloading see, are not told apart). The MTP layers are added to the last stage apart
-    (autotune.predict.mtp_terms)."""
-    dense_model, moe_model = model.dense_layer_model, model.moe_layer_model
-    dense = estimate_memory(dense_model, acting_layout(dense_model, layout), cluster, mp)
-    moe = estimate_memory(moe_model, acting_layout(moe_model, layout), cluster, mp)
-    stages = tuple(mix_kinds(d, e, stage_kind_shares(layout, model, d.stage), stage=d.stage)
-                   for d, e in zip(dense.stages, moe.stages, strict=True))
-    if model.mtp_num_layers:
+    (autotune.predict.mtp_terms).
+
+    A stage of one kind of layer alone (shares 1 and 0: DeepSeek-V3's three dense layers sit
+    on the first stage at pp 16 and more) is that kind's stage, the mean's value exactly, so
+    the other kind's model prices only the stages it has layers on (and the last, where the
+    MTP layer's kind is taken away again): of the nine stages DeepSeek-V3's estimate priced at
+    pp 16 (dense, MoE and MTP models, three stages each) five are left."""
+    kinds = stage_layer_kinds(layout, model)
+    shares = {i: kind_shares(kinds[i]) for i in indices}
+    last = indices[-1]
+    mtp_kind = (model.mtp_layer_is_moe,) if model.mtp_num_layers else ()
+    priced: dict[bool, dict[int, StageMemory]] = {}
+    for is_moe, kind in ((False, model.dense_layer_model), (True, model.moe_layer_model)):
+        wanted = [i for i in indices if shares[i][is_moe] or (i == last and is_moe in mtp_kind)]
+        priced[is_moe] = dict(zip(wanted, _stages(kind, acting_layout(kind, layout), mp, wanted),
+                                  strict=True))
+
+    def mixed(i: int) -> StageMemory:
+        dense_share, moe_share = shares[i]
+        if not moe_share:
+            return priced[False][i]
+        if not dense_share:
+            return priced[True][i]
+        return mix_kinds(priced[False][i], priced[True][i], shares[i], stage=i)
+
+    stages = tuple(mixed(i) for i in indices)
+    if mtp_kind:
         # The MTP layers, one kind, on the last stage (autotune.predict.mtp_terms).
         kind = mtp_model(model)
-        plus = estimate_memory(kind, acting_layout(kind, layout), cluster, mp).stages[-1]
-        minus = (moe if model.mtp_layer_is_moe else dense).stages[-1]
-        last = stages[-1]
+        plus = _stages(kind, acting_layout(kind, layout), mp, (last,))[0]
+        minus = priced[model.mtp_layer_is_moe][last]
+        end = stages[-1]
         stages = (*stages[:-1], add_difference(
-            last, plus, minus, stage=last.stage, largest_block_bytes=last.largest_block_bytes,
-            block_margin_bytes=last.block_margin_bytes))
-    peak = max(stages, key=lambda st: st.total_bytes)
-    return replace(moe, stages=stages, peak_stage=peak.stage, peak_bytes=peak.total_bytes)
+            end, plus, minus, stage=end.stage, largest_block_bytes=end.largest_block_bytes,
+            block_margin_bytes=end.block_margin_bytes))
+    return stages

@@ -13,9 +13,10 @@ with its MTP layers less the same without (`mtp_model`, `add_difference`).
 from __future__ import annotations
 
 import functools
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
+from autotune.levers.pipeline_split import term_names
 from autotune.specs.model import ModelSpec
 
 __all__ = ["add_difference", "mtp_model"]
@@ -36,6 +37,7 @@ def mtp_model(model: ModelSpec) -> ModelSpec:
 def add_difference(base: _T, plus: _T, minus: _T, **same: Any) -> _T:
     """`base`'s terms (a dataclass of floats) plus `plus`'s less `minus`'s; `same` the fields
     taken as they are."""
-    return type(base)(**same, **{
-        f.name: getattr(base, f.name) + getattr(plus, f.name) - getattr(minus, f.name)
-        for f in fields(base) if f.name not in same})  # type: ignore[arg-type]
+    kind: type = type(base)
+    return kind(**same, **{  # type: ignore[no-any-return]
+        name: getattr(base, name) + getattr(plus, name) - getattr(minus, name)
+        for name in term_names(kind) if name not in same})

@@ -49,7 +49,8 @@ from autotune.levers.base import Derivable
 from autotune.levers.pipeline_split import chunk_sizes, common_divisors
 from autotune.predict.cost import CostEstimate, estimate_cost
 from autotune.predict.gate import memory_error_band
-from autotune.predict.memory import MEMORY_BLIND, MemoryParams, estimate_memory
+from autotune.predict.memory import MEMORY_BLIND, MemoryParams
+from autotune.predict.memory_memo import MemoryMemo, peak_function
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.model import ModelSpec
 
@@ -193,8 +194,8 @@ class JointCandidates(NamedTuple):
 
 
 def joint_candidates(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSpec,
-                     *, limit_bytes: float, params: MemoryParams | None = None
-                     ) -> JointCandidates:
+                     *, limit_bytes: float, params: MemoryParams | None = None,
+                     memo: MemoryMemo | None = None) -> JointCandidates:
     """`s` with each joint choice of `dims` (their Derivable.joint: the pipeline split) that
     its level keeps: of the choices Megatron accepts, those whose predicted peak is within
     `limit_bytes` (every one where none is); of those, the ones of least pace (within
@@ -224,7 +225,9 @@ def joint_candidates(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: 
     every complete layout was 20x the enumeration's time (DeepSeek-V3 on 1,024 GPUs: 24
     choices at pp 4), so a choice neither tied nor the roomiest here is not weighed there
     (llama3-8b at pp 2 without recompute on 8 H100: the even split does not fit at mbs 1, the
-    roomiest, 14 + 18 layers, does, and another split that fits is predicted 5% faster)."""
+    roomiest, 14 + 18 layers, does, and another split that fits is predicted 5% faster).
+    `memo`: the estimates of `model` on `cluster` with `params` to read and add to (none
+    remembered where None; the same in resolve_joint, resolve and best_split)."""
     dims = tuple(dims)
     choices = joint_choices(s, dims, model)
     if not choices:
@@ -239,7 +242,8 @@ def joint_candidates(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: 
     layouts = list(runs.values())
     if len(layouts) == 1:
         return JointCandidates((layouts[0],), None)
-    peaks = [estimate_memory(model, c, cluster, params).peak_bytes for c in layouts]
+    peak_of = peak_function(model, cluster, params, memo)
+    peaks = [peak_of(c) for c in layouts]
     paces = [estimate_cost(model, c, cluster).pace_s for c in layouts]
     fitting = [i for i, p in enumerate(peaks) if p <= limit_bytes] or list(range(len(layouts)))
     fastest = min(paces[i] for i in fitting)
@@ -251,7 +255,8 @@ def joint_candidates(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: 
 
 
 def resolve_joint(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSpec, *,
-                  limit_bytes: float, params: MemoryParams | None = None) -> Layout:
+                  limit_bytes: float, params: MemoryParams | None = None,
+                  memo: MemoryMemo | None = None) -> Layout:
     """`s` with the joint choice of `dims` made at its own level: the first of
     joint_candidates (the least pace, then the least peak, then the first listed). For the
     same reason as the pace, the peak there is the most the deeper fields leave: a choice
@@ -259,27 +264,24 @@ def resolve_joint(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: Clu
     their savings reach furthest. The enumeration takes the best of the candidates again once
     the deeper fields are set (best_split)."""
     return joint_candidates(s, dims, model, cluster, limit_bytes=limit_bytes,
-                            params=params).tied[0]
+                            params=params, memo=memo).tied[0]
 
 
 def best_split(layouts: Sequence[Layout], model: ModelSpec, cluster: ClusterSpec, *,
                limit_bytes: float, params: MemoryParams | None = None,
-               peak_of: Callable[[Layout], float] | None = None,
+               memo: MemoryMemo | None = None,
                costs: dict[Layout, CostEstimate] | None = None) -> Layout:
     """Of `layouts` (one layout with each of its joint_candidates, every other field set), the
     one of least predicted step time (estimate_cost's step_time_s: the pace over the
     micro-batches and the bubble, the data-parallel and optimizer terms of the largest
     stage) among those whose peak is within `limit_bytes`; then the least peak, then the first
-    listed. Where none fits, the least peak: the gate then says why it cannot run. `peak_of`:
-    a layout's predicted peak, where the caller remembers them (estimate_memory's by
-    default); `costs`, where given, takes the cost estimate of the layout returned where one
+    listed. Where none fits, the least peak: the gate then says why it cannot run. `costs`,
+    where given, takes the cost estimate of the layout returned where one
     was made (a plan's ranking prices it again otherwise). Estimated only where the choice is
     open: one layout is returned as it is."""
     if len(layouts) == 1:
         return layouts[0]
-    if peak_of is None:
-        def peak_of(c: Layout) -> float:
-            return estimate_memory(model, c, cluster, params).peak_bytes
+    peak_of = peak_function(model, cluster, params, memo)
     peaks = [peak_of(c) for c in layouts]
     fitting = [i for i, p in enumerate(peaks) if p <= limit_bytes]
     if not fitting:
@@ -308,7 +310,7 @@ def joint_dims(dims: Iterable[str]) -> tuple[str, ...]:
 
 def resolve(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSpec, *,
             limit_bytes: float, params: MemoryParams | None = None,
-            floor: Mapping[str, int] | None = None) -> Layout:
+            floor: Mapping[str, int] | None = None, memo: MemoryMemo | None = None) -> Layout:
     """`s` with each derived dimension in `dims` resolved: where the lever applies, the fewest
     (monotone) or least-memory value whose predicted peak is within `limit_bytes`, at least
     `floor[dim]` (a value that ran out of memory moves the floor above it); where it does not
@@ -318,8 +320,10 @@ def resolve(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSp
     dims = tuple(dims)
     together = joint_dims(dims)
     if together:
-        s = resolve_joint(s, together, model, cluster, limit_bytes=limit_bytes, params=params)
+        s = resolve_joint(s, together, model, cluster, limit_bytes=limit_bytes, params=params,
+                          memo=memo)
         dims = tuple(d for d in dims if d not in together)
+    peak_of = peak_function(model, cluster, params, memo)
     for dim in dims:
         lever = DERIVABLE[dim]
         values = values_of(dim, s, model)
@@ -331,8 +335,7 @@ def resolve(s: Layout, dims: Iterable[str], model: ModelSpec, cluster: ClusterSp
             values = tuple(v for v in values if v >= low) or values[-1:]
 
         def peak(value: int, dim: str = dim, base: Layout = s) -> float:
-            return estimate_memory(model, with_fields(base, **{dim: value}), cluster,
-                                   params).peak_bytes
+            return peak_of(with_fields(base, **{dim: value}))
 
         if lever.monotone(s):
             value = fewest_fitting(values, peak, limit_bytes)

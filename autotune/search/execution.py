@@ -22,6 +22,7 @@ from autotune.dimensions import Recompute, RecomputeMethod
 from autotune.layouts.layout import Layout
 from autotune.predict.cost import CostEstimate, CostParams, estimate_cost
 from autotune.predict.gate import MemoryGate, mbs_family
+from autotune.predict.memory_memo import MemoryMemo
 from autotune.search.backends import trial_timeout_s
 from autotune.search.config import SearchConfig
 from autotune.search.derive import DIVISORS, divisor_values
@@ -59,16 +60,19 @@ class Knowledge:
 
     def __init__(self, cfg: SearchConfig, result: SearchResult, *, refits: bool,
                  checked: Collection[Layout] = frozenset(),
-                 costs: Mapping[Layout, CostEstimate] | None = None) -> None:
+                 costs: Mapping[Layout, CostEstimate] | None = None,
+                 memory: MemoryMemo | None = None) -> None:
         """`checked`: layouts known to pass every rule (LayoutMap.checked), which the gate does
         not check again; `costs`: cost estimates at the default constants already made
-        (LayoutMap.costs), taken where the search prices with those."""
+        (LayoutMap.costs), taken where the search prices with those; `memory`: the memory
+        estimates already made (LayoutMap.memory), of the search's model, cluster and memory
+        constants, which the gate reads and adds to."""
         self.cfg = cfg
         self.checked = checked
         self.result = result
         self.refits = refits
         """Whether the figures are measurements to refit to (a plan's are the model's own)."""
-        self.gate = MemoryGate(cfg.model, cfg.cluster, params=cfg.memory_params)
+        self.gate = MemoryGate(cfg.model, cfg.cluster, params=cfg.memory_params, memo=memory)
         self.cost_params: CostParams | None = cfg.cost_params
         self.fitted_on = 0
         self.good_mbs: dict[Layout, int] = {}

@@ -43,6 +43,7 @@ from autotune.errors import ConfigError
 from autotune.layouts.layout import DIMENSIONS, LAYOUT_DEFAULTS, Layout, with_fields
 from autotune.megatron.identity import representatives
 from autotune.predict.cost import CostEstimate
+from autotune.predict.memory_memo import MemoryMemo
 from autotune.search.config import Sampler, SearchConfig, make_sampler
 from autotune.search.derive import DERIVABLE, DERIVE
 from autotune.search.space import enumerate_space
@@ -138,6 +139,8 @@ class LayoutMap:
         again."""
         self.costs: dict[Layout, CostEstimate] = {}
         """Cost estimates the enumeration made at the default constants (SpaceSummary.costs)."""
+        self.memory: MemoryMemo | None = None
+        """The memory estimates the enumeration made (SpaceSummary.memory), for the gate."""
 
     @classmethod
     def of(cls, cfg: SearchConfig) -> LayoutMap:
@@ -158,6 +161,7 @@ class LayoutMap:
                 candidates[d] = tuple(summary.valid_values(d))
         layouts = cls(summary.valid, candidates, model=cfg.model, via_derive=summary.via_derive)
         layouts.costs = summary.costs
+        layouts.memory = summary.memory
         return layouts
 
     def _values_after(self) -> dict[tuple[Any, ...], tuple[Any, ...]]:

@@ -54,7 +54,7 @@ class Search:
         self.result = SearchResult(study_name=self.store.name, storage=redact_url(self.store.url),
                                    valid_layouts=len(self.layouts.valid), cluster=cfg.cluster)
         self.knowledge = Knowledge(cfg, self.result, refits=self.store.measured,
-                                   costs=self.layouts.costs,
+                                   costs=self.layouts.costs, memory=self.layouts.memory,
                                    checked=self.layouts.checked)
         ledger = Ledger(self.result, self.layouts, learn=self.knowledge.learn, observer=observer)
         self.ledger = ledger

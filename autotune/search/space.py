@@ -25,7 +25,8 @@ from autotune.layouts.layout import (
 )
 from autotune.levers.fp8 import may_outgrow_bf16
 from autotune.predict.cost import CostEstimate
-from autotune.predict.memory import MemoryParams, estimate_memory, memory_key
+from autotune.predict.memory import MemoryParams, memory_key
+from autotune.predict.memory_memo import MemoryMemo
 from autotune.search.derive import (
     DERIVABLE,
     DERIVE,
@@ -182,6 +183,9 @@ class SpaceSummary:
     """Cost estimates (the default constants) of valid layouts whose pipeline split the
     enumeration chose by them (derive.best_split): a plan's ranking need not price them
     again."""
+    memory: MemoryMemo | None = None
+    """The memory estimates the enumeration made (of the model, cluster and constants it was
+    given), for the search's gate to read instead of estimating the same layouts again."""
 
     def valid_values(self, dim: str) -> list[Any]:
         """The candidates of `dim` that appear in at least one valid layout."""
@@ -213,7 +217,7 @@ def enumerate_space(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     # A copy of the lists: a caller may change its summary, never the remembered one.
     return SpaceSummary(total=summary.total, valid=list(summary.valid),
                         rejected=dict(summary.rejected), via_derive=dict(summary.via_derive),
-                        costs=dict(summary.costs))
+                        costs=dict(summary.costs), memory=summary.memory)
 
 
 def any_valid(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
@@ -279,6 +283,11 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     rules_at = [[rule for rule in RULES if rule.level == level] for level in range(LEVELS)]
     # By the allocator (level 5, with the derived counts): expandable segments' band is narrower.
     limits = {on: safe_limit_bytes(cluster, expandable=on) for on in (False, True)}
+    # Every memory estimate of the enumeration, once per memory_key: the derived counts'
+    # bisections, the pipeline split's choice, the raises; the search's gate reads them after
+    # (SpaceSummary.memory).
+    memo = MemoryMemo(model, cluster, params)
+    peak_of = memo.peak_bytes
     # A level's rules are checked on the layout with its derived counts at their placeholders
     # (the levers' defaults) before the counts are resolved (a bisection of memory estimates
     # each): where the first rule broken reads no derived count (Derivable.rules), the
@@ -317,7 +326,8 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
             limit_here = limits[layout.expandable_segments]
             if peak_of(layout) > limit_here:  # the split's choice reads the same memo
                 layout = resolve(layout, dims, model, cluster, limit_bytes=limit_here,
-                                 params=params, floor={d: getattr(layout, d) for d in dims})
+                                 params=params, floor={d: getattr(layout, d) for d in dims},
+                                 memo=memo)
             known = raised[key] = {d: getattr(layout, d) for d in dims}
         return with_fields(layout, **known)
 
@@ -338,7 +348,6 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     # can break; every other reads the same fields.
     reading_counts = {name for d in DERIVABLE.values() for name in d.rules}
     later = [rule for rule in RULES if rule.name in reading_counts]
-    peaks: dict[tuple[object, ...], float] = {}
     # The layouts (by memory_key at mbs 1) none of whose splits fits: a layout's peak grows
     # with its micro-batch (what is in flight, min(pp, m) x mbs sequences, never falls;
     # autotune.predict.memory), so the same layout at a larger micro-batch (the mbs level is
@@ -348,13 +357,6 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     costs: dict[Layout, CostEstimate] = {}
     recounted: dict[tuple[object, ...], dict[str, Any]] = {}  # an alternative's deeper counts
 
-    def peak_of(s: Layout) -> float:
-        key = memory_key(s)
-        found = peaks.get(key)
-        if found is None:
-            found = peaks[key] = estimate_memory(model, s, cluster, params).peak_bytes
-        return found
-
     def resolved(layout: Layout, derived: tuple[str, ...]) -> tuple[Layout, _Kept]:
         """`layout` with `derived` resolved, and the joint split's candidates where more than
         one is kept (their fields; none otherwise)."""
@@ -363,7 +365,7 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
         if joint:
             found = joint_candidates(layout, joint, model, cluster,
                                      limit_bytes=limits[layout.expandable_segments],
-                                     params=params)
+                                     params=params, memo=memo)
             layout = found.tied[0]
             if len(found.tied) > 1 or found.roomiest is not None:
                 def fields(c: Layout) -> dict[str, Any]:
@@ -373,7 +375,8 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
             derived = tuple(d for d in derived if d not in joint)
         if derived:
             layout = resolve(layout, derived, model, cluster,
-                             limit_bytes=limits[layout.expandable_segments], params=params)
+                             limit_bytes=limits[layout.expandable_segments], params=params,
+                             memo=memo)
         return layout, options
 
     def settle(layout: Layout, kept: _Kept, derived: tuple[str, ...]) -> Layout:
@@ -397,7 +400,7 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
                         known = recounted.get(key)
                         if known is None:
                             alt = resolve(alt, deeper, model, cluster, limit_bytes=limit,
-                                          params=params)
+                                          params=params, memo=memo)
                             recounted[key] = {d: getattr(alt, d) for d in deeper}
                         else:
                             alt = with_fields(alt, **known)
@@ -415,7 +418,7 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
         if all(peak_of(alt) > limit for alt in options):
             crowded[family] = min(layout.mbs, crowded.get(family, layout.mbs))
         return best_split(options, model, cluster, limit_bytes=limit, params=params,
-                          peak_of=peak_of, costs=costs)
+                          memo=memo, costs=costs)
 
     def expand(level: int, partial: Layout, earlier: tuple[str, ...],
                splits: _Kept = _NONE_KEPT) -> bool:
@@ -494,7 +497,7 @@ def _enumerate(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
     # where the enumeration reached it, as one where a rule rejected the layout before.
     total = len(valid) + sum(group.count for group in rejected.values())
     return SpaceSummary(total=total, valid=valid, rejected=rejected, via_derive=via_derive,
-                        costs=costs)
+                        costs=costs, memory=memo)
 
 
 @dataclass(frozen=True, slots=True)
