@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune.layouts.layout import Layout
-from autotune.predict.calibration import trial_model_ref
+from autotune.predict.calibration import row_inputs
 from autotune.predict.cost import CostEstimate, estimate_cost
 from autotune.specs.hardware import ClusterSpec, gpu_spec
 from autotune.specs.model import ModelSpec
-from autotune.specs.presets import load_model
 from autotune.trials.trial import TrialSpec
 
 TERMS = ("compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s",
@@ -69,16 +68,12 @@ def study_trials(study: Path) -> Iterator[Measured]:
 
 
 def data_trials(data: Path, min_gpus: int) -> Iterator[Measured]:
-    """The OK trials of a measured_trials.json on at least `min_gpus` GPUs, built as
-    tests/measured.trial_inputs builds them."""
+    """The OK trials of a measured_trials.json on at least `min_gpus` GPUs, as the tests read
+    them (autotune.predict.calibration.row_inputs)."""
     for t in json.loads(data.read_text())["trials"]:
         if t["status"] != "OK" or t["gpus"] < min_gpus:
             continue
-        layout = Layout(**t["strategy"])
-        model = load_model(trial_model_ref(t["model"], data)).with_overrides(
-            global_batch_size=layout.gbs, seq_length=t.get("seq_length"))
-        cluster = ClusterSpec(num_gpus=t["gpus"], gpus_per_node=t["gpus"],
-                              gpu=gpu_spec(t["gpu"]))
+        model, layout, cluster = row_inputs(t, data)
         yield Measured(source=t["source"], model=model, layout=layout, cluster=cluster,
                        step_s=float(t["step_time_s"]))
 

@@ -43,6 +43,7 @@ __all__ = [
     "held_out_step_errors",
     "lever_fit_fields",
     "load_calibration",
+    "row_inputs",
     "save_calibration",
 ]
 
@@ -242,27 +243,34 @@ def trial_model_ref(model: str, data_path: Path | str) -> str:
     return str(Path(data_path).resolve().parent.parent.parent / path)
 
 
+def row_inputs(t: dict[str, Any], path: Path | str) -> tuple[ModelSpec, Layout, ClusterSpec]:
+    """(model, layout, cluster) of one row `t` of the measured_trials.json at `path`, as the run
+    had them: the model at the row's batch and sequence, one node of its GPUs. RoPE fusion is
+    the model's default here; load_trials sets the row's."""
+    from autotune.specs.hardware import gpu_spec
+    from autotune.specs.presets import load_model
+
+    layout = Layout(**t["strategy"])
+    model = load_model(trial_model_ref(t["model"], path)).with_overrides(
+        global_batch_size=layout.gbs, seq_length=t.get("seq_length"))
+    cluster = ClusterSpec(num_gpus=t["gpus"], gpus_per_node=t["gpus"], gpu=gpu_spec(t["gpu"]))
+    return model, layout, cluster
+
+
 def load_trials(path: Path | str) -> list[Trial]:
     """The OK trials of a measured_trials.json (tests/data), as fit samples with families.
 
     A trial's family is its `family` field (one model shape given by two files is one family)
     or else its model, on its GPU type."""
-    from autotune.specs.hardware import gpu_spec
-    from autotune.specs.presets import load_model
-
     data = json.loads(read_text(Path(path), "measured trials"))
     trials: list[Trial] = []
     for t in data["trials"]:
         if t["status"] != "OK":
             continue
-        layout = Layout(**t["strategy"])
-        model = load_model(trial_model_ref(t["model"], path)).with_overrides(
-            global_batch_size=layout.gbs, seq_length=t.get("seq_length"))
+        model, layout, cluster = row_inputs(t, path)
         # The worker ran RoPE unfused whatever the implementation until 2026-11-28 (session 17):
         # a trial without the field was measured so (autotune.specs.elementwise.rope_fused).
         model = replace(model, rope_fusion=bool(t.get("rope_fusion", False)))
-        cluster = ClusterSpec(num_gpus=t["gpus"], gpus_per_node=t["gpus"],
-                              gpu=gpu_spec(t["gpu"]))
         trials.append((family_of(t.get("family", t["model"]), t["gpu"]), model, layout,
                        cluster, float(t["step_time_s"]), float(t["device_used_bytes"])))
     return trials

@@ -329,7 +329,8 @@ class TrialExecutor:
         of the same twin); no losses, with why, when neither has them."""
         # Keyed by what trains alike: the reference of one derived rung serves the next
         # (session 26 on 4 x H200 ran a second reference for a recompute count one rung down).
-        known = self._references.get(arithmetic(bf16))
+        key = arithmetic(bf16)
+        known = self._references.get(key)
         if known is not None:
             return known
         # The twin itself first, else a bf16 trial that trains alike (loss_guard.SAME_ARITHMETIC).
@@ -338,14 +339,18 @@ class TrialExecutor:
             if (same_arithmetic(r.layout, bf16) and r.metrics is not None
                     and r.metrics.losses and long_enough(r.metrics.losses, steps)):
                 return r.metrics.losses, f"twin: trial {r.number}"
-        cfg = self.parts.cfg
+        found = self._references[key] = self.reference_run(bf16, steps, trial_dir)
+        return found
+
+    def reference_run(self, bf16: Layout, steps: int,
+                      trial_dir: Path) -> tuple[tuple[float | None, ...], str]:
+        """The losses of a short bf16 run for the twin `bf16` (on reference_layout's layout),
+        and where they come from; none, with why, where it cannot run or ran without them."""
         run = self.reference_layout(bf16)
         if run is None:
-            found: tuple[tuple[float | None, ...], str] = (
-                (), "its bf16 twin is predicted not to fit, recomputed in full or not: no "
-                    "reference run")
-            self._references[arithmetic(bf16)] = found
-            return found
+            return (), ("its bf16 twin is predicted not to fit, recomputed in full or not: no "
+                        "reference run")
+        cfg = self.parts.cfg
         spec = replace(self.spec(run, slow_below=None), warmup_steps=0, stable_cv=0.0,
                        train_steps=max(1, min(REFERENCE_STEPS, steps)))
         where = trial_dir / "bf16-twin"
@@ -353,13 +358,9 @@ class TrialExecutor:
             self.parts.knowledge.predict(run).step_time_s, spec)
         metrics = cfg.backend.run(spec, where, timeout)
         if metrics.status is not TrialStatus.OK or not metrics.losses:
-            found = ((), f"its bf16 twin's reference run ended {metrics.status} ({where})")
-        else:
-            relieved = "" if run == bf16 else f", as {run.describe()}"
-            found = (metrics.losses,
-                     f"twin: a {len(metrics.losses)}-step reference run{relieved}")
-        self._references[arithmetic(bf16)] = found
-        return found
+            return (), f"its bf16 twin's reference run ended {metrics.status} ({where})"
+        relieved = "" if run == bf16 else f", as {run.describe()}"
+        return metrics.losses, f"twin: a {len(metrics.losses)}-step reference run{relieved}"
 
     def reference_layout(self, bf16: Layout) -> Layout | None:
         """The layout a reference run trains for the twin `bf16`: the twin itself where the
