@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from autotune.errors import ConfigError
@@ -13,6 +11,7 @@ from autotune.predict.cost import CostParams, estimate_cost
 from autotune.predict.memory import GIB, MemoryParams, estimate_memory
 from autotune.specs.hardware import ClusterSpec, gpu_spec
 from autotune.specs.presets import load_model
+from tests.measured import sourced_trials
 
 C1 = ClusterSpec(num_gpus=1, gpus_per_node=1, gpu=gpu_spec("h100-80gb"))
 C2 = ClusterSpec(num_gpus=2, gpus_per_node=2, gpu=gpu_spec("h100-80gb"))
@@ -198,33 +197,18 @@ CV_LEFT_OUT: dict[str, str] = {
 }
 
 
-def _measured_trials() -> list[tuple[str, Any]]:
-    """(source, load_trials sample) of every OK trial of tests/data/measured_trials.json."""
-    import json
-    from pathlib import Path
-
-    from autotune.predict.calibration import load_trials
-
-    path = Path(__file__).parent / "data" / "measured_trials.json"
-    sources = [t["source"] for t in json.loads(path.read_text())["trials"]
-               if t["status"] == "OK"]
-    samples = load_trials(path)
-    assert len(sources) == len(samples)
-    return list(zip(sources, samples, strict=True))
-
-
 @pytest.fixture(scope="module")
 def cross_validation() -> CrossValidation:
     from autotune.predict.calibration import cross_validate
 
-    return cross_validate([t for src, t in _measured_trials()
+    return cross_validate([t for src, t in sourced_trials()
                            if not src.startswith(tuple(CV_LEFT_OUT))])
 
 
 def test_left_out_trials_are_still_missed() -> None:
     import statistics
 
-    trials = _measured_trials()
+    trials = sourced_trials()
     for prefix, why in CV_LEFT_OUT.items():
         errors = [abs(estimate_cost(m, s, c).step_time_s / step - 1)
                   for src, (_, m, s, c, step, _) in trials if src.startswith(prefix)]

@@ -40,6 +40,7 @@ from autotune.specs.hardware import ClusterSpec, gpu_spec
 from autotune.specs.model import ModelSpec
 from autotune.specs.presets import load_model
 from tests.conftest import given_of
+from tests.measured import sourced_trials
 
 XL = load_model("gpt2-xl")
 LLAMA = load_model("llama3-8b")
@@ -198,7 +199,6 @@ def test_unmodeled_values_are_refused(extra: list[str], message: str) -> None:
 def test_the_flags_are_megatron_lms() -> None:
     """Every flag the row writes is one Megatron-LM core_v0.16.1 and 0.19 declare (their
     argparse, read by tools/megatron_names.py into tests/data/megatron_versions/)."""
-    import json
 
     args = megatron_lm_args(XL, replace(DP8, fp8=Fp8.HYBRID, fp8_param_gather=True))
     for version in ("0.16.1", "0.19.2"):
@@ -613,7 +613,6 @@ def _delayed_full_trials() -> dict[str, tuple[ModelSpec, Layout, ClusterSpec, fl
     """The host-bound FP8 delayed trials with every layer recomputed, by source: sessions 25
     and 26 on one H200 each (their trial files, until they join tests/data/measured_trials.json;
     every older FP8 trial with recompute is GPU-bound)."""
-    import json
 
     from tests.measured import trial_inputs
 
@@ -897,14 +896,7 @@ KNOWN_FP8_STEP_MISSES: dict[str, tuple[float, str]] = {
 
 def _fp8_trials() -> list[tuple[str, Any]]:
     """(source, load_trials sample) of every OK FP8 trial of measured_trials.json."""
-    from autotune.predict.calibration import load_trials
-
-    path = Path(__file__).parent / "data" / "measured_trials.json"
-    sources = [t["source"] for t in json.loads(path.read_text())["trials"]
-               if t["status"] == "OK"]
-    samples = load_trials(path)
-    assert len(sources) == len(samples)
-    return [(src, t) for src, t in zip(sources, samples, strict=True) if t[2].fp8 != Fp8.OFF]
+    return [(src, t) for src, t in sourced_trials() if t[2].fp8 != Fp8.OFF]
 
 
 def test_fp8_step_time_known_misses() -> None:
@@ -980,7 +972,6 @@ REFIT_FP8_WORST = {
 def by_machine() -> dict[str, list[tuple[Any, ...]]]:
     """The OK trials of tests/data/measured_trials.json by machine: session, GPU kind and
     count (the sessions before session 2 named none: left out)."""
-    import json
     import re
 
     from autotune.predict.calibration import load_trials
