@@ -130,3 +130,19 @@ def given_of(args: list[str]) -> Given:
             nxt = args[i + 1] if i + 1 < len(args) else None
             values[word] = None if nxt is None or nxt.startswith("--") else nxt
     return Given(values, "test")
+
+
+def another_value(name: str, value: object) -> object:
+    """A valid value of Layout field `name` other than `value` (tests of what a field moves)."""
+    from autotune.layouts.layout import DIMENSIONS
+
+    choices = DIMENSIONS[name].choices
+    if choices is not None:
+        return next(c for c in choices if c != value)
+    if isinstance(value, bool):
+        return not value
+    assert isinstance(value, int), name
+    if name == "ep" and value > 1:
+        return value // 2  # the experts still divide over it (mixtral has 8)
+    # Doubled (dp keeps a whole expert-data-parallel group), 0 to 1.
+    return 2 * value or 1

@@ -13,6 +13,7 @@ from autotune.predict.memory import estimate_memory
 from autotune.specs.hardware import ClusterSpec
 from autotune.specs.presets import load_model
 from autotune.trials.trial import TrialStatus
+from tests.conftest import another_value
 
 H100_BAND = MEMORY_ERROR_BAND["h100-80gb"]
 
@@ -277,22 +278,11 @@ def test_memory_key_reads_every_field_but_the_memory_blind_ones() -> None:
 
     base = Layout()
     for name, default in LAYOUT_DEFAULTS.items():
-        other = with_fields(base, **{name: _another(name, default)})
+        other = with_fields(base, **{name: another_value(name, default)})
         assert (memory_key(other) == memory_key(base)) == (name in MEMORY_BLIND), name
     assert MEMORY_BLIND and MEMORY_BLIND.issubset(DIMENSIONS)
 
 
-def _another(name: str, default: object) -> object:
-    """A value of field `name` other than its default."""
-    from autotune.layouts.layout import DIMENSIONS
-
-    choices = DIMENSIONS[name].choices
-    if choices is not None:
-        return next(c for c in choices if c != default)
-    if isinstance(default, bool):
-        return not default
-    assert isinstance(default, int), name
-    return default + 1
 
 
 def test_the_gates_memo_stays_right_across_a_space() -> None:

@@ -27,6 +27,7 @@ from autotune.specs.hardware import ClusterSpec
 from autotune.specs.hf_config import read_hf_config
 from autotune.specs.model import ModelSpec
 from autotune.specs.presets import load_model
+from tests.conftest import another_value
 
 HF = Path(__file__).parent / "data" / "hf"
 GPT2_XL = load_model("gpt2-xl")
@@ -98,24 +99,13 @@ def test_a_memory_blind_field_alone_shares_the_estimate(base: str, name: str) ->
     """Every field: the second layout reuses the first's estimate exactly where the field is
     MEMORY_BLIND, and whatever it reuses or makes is estimate_memory's own answer."""
     model, on, s = BASES[base]
-    other = with_fields(s, **{name: _another(name, getattr(s, name))})
+    other = with_fields(s, **{name: another_value(name, getattr(s, name))})
     memo = MemoryMemo(model, on)
     memo.estimate(s)
     assert memo.estimate(other) == estimate_memory(model, other, on)
     assert (len(memo) == 1) == (name in MEMORY_BLIND), name
 
 
-def _another(name: str, value: object) -> object:
-    choices = DIMENSIONS[name].choices
-    if choices is not None:
-        return next(c for c in choices if c != value)
-    if isinstance(value, bool):
-        return not value
-    assert isinstance(value, int), name
-    if name == "ep" and value > 1:
-        return value // 2  # the experts still divide over it (mixtral has 8)
-    # Doubled (dp keeps a whole expert-data-parallel group), 0 to 1.
-    return 2 * value or 1
 
 
 @pytest.mark.parametrize(("model", "other_model", "on", "other_on", "params", "other_params"), [
