@@ -11,7 +11,9 @@
 #          on the host, no collectives between them)
 #   KNOBS  comma-separated, "-" for none: nocheck (megatron-core's NaN checks off, as
 #          --no-check-for-nan-in-loss-and-grad: autotune.megatron.core_config.CHECK_FOR_NAN),
-#          pin (each rank on its own nproc/GPUS cores, by LOCAL_RANK), spy (py-spy records the
+#          nogradcheck (only the gradient buckets' check off, as NeMo's performance recipes run),
+#          pin (each rank on its own nproc/GPUS cores, by LOCAL_RANK; on 2 x H200 the 2-rank
+#          pinned run hung, 2026-11-29), spy (py-spy records the
 #          run's process tree, Python frames, --nonblocking; needs .whl-pyspy)
 # The knobs are set by a sitecustomize module on PYTHONPATH, so the worker runs unchanged.
 # $OUT: rows.txt (one JSON row per run, with the case's name), table.md, host.txt (the ranks'
@@ -55,6 +57,13 @@ knob_dir() {  # knob_dir KNOBS: a folder whose sitecustomize.py applies them
 import autotune.megatron.core_config as _c
 _c.CHECK_FOR_NAN = False
 EOF
+    # The worker binds the loss check at import, the gradient buckets' check is read when the
+    # model is built: importing the worker first keeps the first and drops the second.
+    [[ ,$1, == *,nogradcheck,* ]] && cat <<'EOF'
+import autotune.worker.train
+import autotune.megatron.core_config as _c
+_c.CHECK_FOR_NAN = False
+EOF
     [[ ,$1, == *,pin,* ]] && cat <<EOF
 if "LOCAL_RANK" in os.environ:
     _n = os.cpu_count() // $ngpu
@@ -73,8 +82,11 @@ one() {  # one NAME GPUS KNOBS LAYOUT MODEL SEQ [LANE]: a run; its JSON row goes
     cmd=(/tmp/pyspy/bin/py-spy record --subprocesses --threads --nonblocking --format raw
          --rate 100 -o "$out/prof-$name.txt" -- "${cmd[@]}")
   fi
-  HC_LANE=$lane PYTHONPATH=$site:$PYTHONPATH timeout 150 "${cmd[@]}" > "$root/$name.log" 2>&1
+  HC_LANE=$lane PYTHONPATH=$site:$PYTHONPATH timeout -k 10 "${RUN_LIMIT_S:-120}" "${cmd[@]}" \
+      > "$root/$name.log" 2>&1
   local rc=$?
+  # A run stopped at its limit can leave its ranks behind, holding the GPUs: end them.
+  (( rc == 124 || rc == 137 )) && pkill -9 -f "autotune.worker" 2>/dev/null
   grep '^{' "$root/$name.log" | sed "s/^{/{\"case\": \"$name\", \"knobs\": \"$knobs\", /" \
       >> "$out/rows.txt"
   echo "$name rc=$rc at $(elapsed): $(grep -o '"status": "[A-Z_]*"\|"step_time_s": [0-9.]*' \
