@@ -482,7 +482,7 @@ def test_memory_blind_fields_change_no_estimate_and_no_resolved_count() -> None:
     from autotune.specs.hardware import ClusterSpec
     from autotune.specs.presets import load_model
 
-    assert {"overlap_grad_reduce", "overlap_param_gather"} == MEMORY_BLIND
+    assert {"overlap_grad_reduce", "overlap_param_gather", "nan_checks"} == MEMORY_BLIND
     model, cluster = load_model("mixtral-8x7b"), ClusterSpec.make(64, gpu="h100-80gb")
     layouts = enumerate_space(space_from_mapping(_MOE_SPACE, "moe"), model, cluster).valid
     limit = safe_limit_bytes(cluster)

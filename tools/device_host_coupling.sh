@@ -9,9 +9,9 @@
 # CASES: one per line, "NAME GPUS KNOBS LAYOUT [MODEL [SEQ]]":
 #   GPUS   ranks of one run; "1+1" runs two one-GPU trials at once, one per GPU (two processes
 #          on the host, no collectives between them)
-#   KNOBS  comma-separated, "-" for none: nocheck (megatron-core's NaN checks off, as
-#          --no-check-for-nan-in-loss-and-grad: autotune.megatron.core_config.CHECK_FOR_NAN),
-#          nogradcheck (only the gradient buckets' check off, as NeMo's performance recipes run),
+#   KNOBS  comma-separated, "-" for none: nocheck (both NaN checks off: the layout's
+#          nan_checks=0, autotune.levers.nan_checks), nogradcheck (only the gradient buckets'
+#          check off, as NeMo's performance recipes run: megatron-core's DDP config patched),
 #          pin (each rank on its own nproc/GPUS cores, by LOCAL_RANK; on 2 x H200 the 2-rank
 #          pinned run hung, 2026-11-29), spy (py-spy records the
 #          run's process tree, Python frames, --nonblocking; needs .whl-pyspy)
@@ -53,16 +53,15 @@ knob_dir() {  # knob_dir KNOBS: a folder whose sitecustomize.py applies them
   mkdir -p "$dir"
   {
     echo "import os"
-    [[ ,$1, == *,nocheck,* ]] && cat <<'EOF'
-import autotune.megatron.core_config as _c
-_c.CHECK_FOR_NAN = False
-EOF
-    # The worker binds the loss check at import, the gradient buckets' check is read when the
-    # model is built: importing the worker first keeps the first and drops the second.
+    # The worker's build imports core_config by name: patched before it is imported.
     [[ ,$1, == *,nogradcheck,* ]] && cat <<'EOF'
-import autotune.worker.train
+import dataclasses
 import autotune.megatron.core_config as _c
-_c.CHECK_FOR_NAN = False
+_built = _c.core_config
+def _unchecked(model, layout):
+    config = _built(model, layout)
+    return dataclasses.replace(config, ddp={**config.ddp, "check_for_nan_in_grad": False})
+_c.core_config = _unchecked
 EOF
     [[ ,$1, == *,pin,* ]] && cat <<EOF
 if "LOCAL_RANK" in os.environ:
@@ -76,6 +75,7 @@ EOF
 one() {  # one NAME GPUS KNOBS LAYOUT MODEL SEQ [LANE]: a run; its JSON row goes to rows.txt
   local name=$1 gpus=$2 knobs=$3 layout=$4 model=$5 seq=$6 lane=${7:-0} site cmd
   site=$(knob_dir "$knobs")
+  [[ ,$knobs, == *,nocheck,* ]] && layout+=",nan_checks=0"
   cmd=(python3 tools/device_layouts.py --seq-len "$seq" "$model" "$gpus" "$gpu" "$root/$name"
        "$layout")
   if [[ ,$knobs, == *,spy,* && -x /tmp/pyspy/bin/py-spy ]]; then

@@ -31,6 +31,7 @@ from autotune.levers import (
     distributed_optimizer,
     fp8,
     grad_reduce,
+    nan_checks,
     optimizer_offload,
     overlap,
     pipeline_split,
@@ -51,6 +52,7 @@ LEVERS: tuple[Lever, ...] = (
     cross_entropy.LEVER,
     precision_optimizer.LEVER,
     grad_reduce.LEVER,
+    nan_checks.LEVER,
     optimizer_offload.LEVER,
     fp8.LEVER,
     transformer_impl.LEVER,
@@ -62,7 +64,8 @@ pipeline split's before the core's vpp rules, autotune.layouts.layout.RULES)."""
 
 @dataclass(frozen=True, kw_only=True)
 class LeverFields(allocator.Fields, transformer_impl.Fields, fp8.Fields, optimizer_offload.Fields,
-                  grad_reduce.Fields, precision_optimizer.Fields, cross_entropy.Fields,
+                  nan_checks.Fields, grad_reduce.Fields, precision_optimizer.Fields,
+                  cross_entropy.Fields,
                   overlap.Fields, distributed_optimizer.Fields, activation_offload.Fields,
                   recompute.Fields, pipeline_split.Fields):
     """Every lever's Layout fields, in LEVERS order."""

@@ -25,14 +25,7 @@ from autotune.layouts.layout import Layout
 from autotune.levers import LEVERS
 from autotune.specs.model import ModelSpec, padded_vocab_size
 
-__all__ = ["CHECK_FOR_NAN", "MOE_TOKEN_DISPATCHER", "CoreConfig", "core_config", "mla_config"]
-
-CHECK_FOR_NAN = True
-"""Megatron-LM checks every micro-batch's loss for NaN and Inf (pretrain_gpt.py loss_func,
-through megatron-core's rerun state machine) and the gradient buckets for NaN (training.py
-get_model: DDP check_for_nan_in_grad), unless --no-check-for-nan-in-loss-and-grad. Each check
-waits for the GPU, so the worker does the same: a trial then measures what the exported command
-runs (on an H100, gpt2-xl with TE: Megatron-LM 5.9% below a worker without the checks)."""
+__all__ = ["MOE_TOKEN_DISPATCHER", "CoreConfig", "core_config", "mla_config"]
 
 MOE_TOKEN_DISPATCHER = "alltoall"
 """megatron-core's token dispatcher for every MoE layout, the worker's and the export's
@@ -189,7 +182,6 @@ def core_config(model: ModelSpec, layout: Layout) -> CoreConfig:
         # (autotune.levers.grad_reduce sets this key); trials must use the memory and speed of
         # the command that export prints.
         "grad_reduce_in_fp32": True,
-        "check_for_nan_in_grad": CHECK_FOR_NAN,
     }
     optimizer = {"optimizer": "adam", "lr": 1e-4, "bf16": True, "params_dtype": "bfloat16",
                  "clip_grad": 1.0}

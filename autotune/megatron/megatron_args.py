@@ -568,8 +568,6 @@ _UNMODELED: tuple[tuple[str, str], ...] = (
     ("--moe-token-dispatcher-type",
      f"a token dispatcher other than {MOE_TOKEN_DISPATCHER}, which autotune measures and its "
      "export writes"),
-    ("--no-check-for-nan-in-loss-and-grad",
-     "the loss and gradient NaN checks off (autotune's trials run them, Megatron-LM's default)"),
     ("--moe-shared-expert-overlap",
      "the shared expert run on a side stream, overlapped with the token dispatch"),
     ("--use-flash-attn", "FlashAttention as core attention"),

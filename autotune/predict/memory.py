@@ -546,9 +546,9 @@ MEMORY_BLIND: frozenset[str] = frozenset(
     name for lever in LEVERS if lever.memory is None and lever.activations is None
     for name in lever.field_names)
 """The fields of the levers without a memory term (`Lever.no_memory`: overlap_grad_reduce,
-overlap_param_gather): no memory estimate reads them (tests/test_derive.py holds it), so
-layouts that differ only there have one estimate (memory_key) and resolve to the same derived
-counts (autotune.search.derive)."""
+overlap_param_gather, nan_checks): no memory estimate reads them (tests/test_derive.py holds
+it), so layouts that differ only there have one estimate (memory_key) and resolve to the same
+derived counts (autotune.search.derive)."""
 
 _MEMORY_FIELDS = attrgetter(*(name for name in DIMENSIONS if name not in MEMORY_BLIND))
 

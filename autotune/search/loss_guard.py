@@ -119,14 +119,14 @@ def twin(s: Layout) -> Layout:
 
 SAME_ARITHMETIC: tuple[str, ...] = (
     "recompute", "recompute_method", "recompute_num_layers", "recompute_modules",
-    "offload_layers", "overlap_grad_reduce", "overlap_param_gather")
+    "offload_layers", "overlap_grad_reduce", "overlap_param_gather", "nan_checks")
 """Layout fields that leave a step's losses as they are: recomputation runs the same forward
 again with the RNG states it saved (megatron-core's tensor_parallel.checkpoint and
 CheckpointWithoutOutput), activation offload moves tensors and back, overlap reorders when
-gradients and parameters travel, not what they sum to. Two layouts that differ only here train
-alike up to the kernels' own rounding, far inside LOSS_TOLERANCE: a measured bf16 trial of one
-is the other's twin, and a search that measured the bf16 layout without recompute needs no
-reference run for its FP8 layout with it."""
+gradients and parameters travel, not what they sum to, and the NaN checks only read them. Two
+layouts that differ only here train alike up to the kernels' own rounding, far inside
+LOSS_TOLERANCE: a measured bf16 trial of one is the other's twin, and a search that measured
+the bf16 layout without recompute needs no reference run for its FP8 layout with it."""
 
 
 def long_enough(twin_losses: Sequence[float | None], fp8_steps: int) -> bool:

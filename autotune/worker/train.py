@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from autotune.megatron.core_config import CHECK_FOR_NAN
 from autotune.specs.model import padded_vocab_size
 from autotune.trials.protocol import step_line
 from autotune.trials.trial import ClockSummary, TrialSpec
@@ -85,8 +84,8 @@ def make_batches(spec: TrialSpec, device: torch.device) -> list[dict[str, torch.
     return batches
 
 
-def _loss_func(loss_mask: torch.Tensor,
-               output_tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+def _loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, *,
+               nan_checks: bool) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     # The 3-tuple form of megatron-core's schedules (forward_step_calc_loss): summed loss and
     # token count; the schedule divides by both.
     losses = output_tensor.float().view(-1)
@@ -94,9 +93,10 @@ def _loss_func(loss_mask: torch.Tensor,
     loss = torch.sum(losses * mask)
     num_tokens = mask.sum().to(torch.int)
     reported = torch.stack([loss.detach(), num_tokens.detach().float()])
-    if CHECK_FOR_NAN:
-        # pretrain_gpt.py's loss_func, as Megatron-LM runs by default: two checks, each a wait
-        # for the GPU (autotune.megatron.core_config.CHECK_FOR_NAN says why the worker keeps them).
+    if nan_checks:
+        # pretrain_gpt.py's loss_func, as Megatron-LM runs unless
+        # --no-check-for-nan-in-loss-and-grad: two checks, each a wait for the GPU
+        # (autotune.levers.nan_checks; the gradient buckets' check is megatron-core's DDP's).
         from megatron.core.rerun_state_machine import get_rerun_state_machine
 
         checks = get_rerun_state_machine()
@@ -107,12 +107,12 @@ def _loss_func(loss_mask: torch.Tensor,
     return loss, num_tokens, {"lm loss": reported}
 
 
-def _forward_step(data_iterator: Iterator[dict[str, torch.Tensor]],
-                  model: Any) -> tuple[torch.Tensor, Any]:
+def _forward_step(data_iterator: Iterator[dict[str, torch.Tensor]], model: Any, *,
+                  nan_checks: bool) -> tuple[torch.Tensor, Any]:
     batch = next(data_iterator)
     # attention_mask None: every impl applies the causal mask itself (AttnMaskType.causal).
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
-    return output, partial(_loss_func, batch["loss_mask"])
+    return output, partial(_loss_func, batch["loss_mask"], nan_checks=nan_checks)
 
 
 def _wire_grad_sync(spec: TrialSpec, model: list[Any], optimizer: Any, config: Any) -> None:
@@ -141,7 +141,7 @@ def _step(spec: TrialSpec, model: list[Any], optimizer: Any, iterators: list[Any
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
     losses = forward_backward(
-        forward_step_func=_forward_step,
+        forward_step_func=partial(_forward_step, nan_checks=s.nan_checks),
         data_iterator=iterators if len(model) > 1 else iterators[0],
         model=model if len(model) > 1 else model[0],
         num_microbatches=s.num_microbatches,
