@@ -1,4 +1,6 @@
-"""The leader's FP8 variant after a bf16 lead, and the loss guard's twin length."""
+"""What the search measures right after a lead: the leader's FP8 variant after a bf16 lead, its
+variants in the levers the cost model does not price (the NaN checks); and the loss guard's twin
+length."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ TENSORWISE = replace(DELAYED, fp8_recipe=Fp8Recipe.TENSORWISE)
 OTHER = replace(BF16, mbs=4)
 """A bf16 layout with no FP8 variant in the space below."""
 SPACE = [BF16, DELAYED, TENSORWISE, OTHER]
+UNCHECKED = replace(BF16, nan_checks=False)
+"""BF16 without the NaN checks: a variant the cost model predicts as fast (no_cost)."""
 LOSSES = (10.9, 9.1, 7.4, 6.0, 5.1, 4.6, 4.3, 4.1)
 
 
@@ -43,8 +47,8 @@ class _Backend:
 
 def _executor(tmp: Path, *, speeds: dict[Layout, float], best: float,
               records: list[TrialRecord] | None = None, fits: bool = True,
-              tried: frozenset[Layout] = frozenset()) -> tuple[TrialExecutor, LayoutQueue,
-                                                              _Backend]:
+              tried: frozenset[Layout] = frozenset(),
+              space: list[Layout] = SPACE) -> tuple[TrialExecutor, LayoutQueue, _Backend]:
     backend = _Backend()
     cfg = SimpleNamespace(results_dir=tmp, backend=backend, model=XL, train_steps=10,
                           trial_timeout_s=None, warmup_steps=3, seed=1234, stable_cv=0.01,
@@ -59,15 +63,15 @@ def _executor(tmp: Path, *, speeds: dict[Layout, float], best: float,
     queue = LayoutQueue()
     parts: Any = SimpleNamespace(cfg=cfg, store=SimpleNamespace(name="s"), knowledge=knowledge,
                                  ledger=ledger, queue=queue,
-                                 layouts=SimpleNamespace(valid=SPACE))
+                                 layouts=SimpleNamespace(valid=space))
     return TrialExecutor(parts), queue, backend
 
 
 def _record(layout: Layout, tokens: float, *, steps: int = 4, cv: float = 0.0,
-            number: int = 1) -> TrialRecord:
-    metrics = TrialMetrics(status=TrialStatus.OK, tokens_per_s=tokens, step_time_s=0.5,
+            number: int = 1, status: TrialStatus = TrialStatus.OK) -> TrialRecord:
+    metrics = TrialMetrics(status=status, tokens_per_s=tokens, step_time_s=0.5,
                            step_time_cv=cv, losses=LOSSES[:steps])
-    return TrialRecord(number=number, layout=layout, status=TrialStatus.OK,
+    return TrialRecord(number=number, layout=layout, status=status,
                        source=Source.ALPA, metrics=metrics)
 
 
@@ -108,6 +112,64 @@ def test_the_variant_goes_before_what_was_queued(tmp_path: Path) -> None:
     queue.push(OTHER, Source.ALPA)
     executor.follow_with_fp8(_record(BF16, 100.0))
     assert [queue.pop()[0], queue.pop()[0]] == [DELAYED, OTHER]
+
+
+@pytest.mark.parametrize(("case", "record", "best", "fits", "tried", "space", "queued"), [
+    ("the leader's unchecked variant", _record(BF16, 100.0), 100.0, True, (),
+     [BF16, UNCHECKED, OTHER], UNCHECKED),
+    ("an unchecked leader: its checked variant", _record(UNCHECKED, 100.0), 100.0, True, (),
+     [BF16, UNCHECKED, OTHER], BF16),
+    ("within its own noise of the best", _record(BF16, 97.0, cv=0.05), 100.0, True, (),
+     [BF16, UNCHECKED], UNCHECKED),
+    ("below the best by more than its noise", _record(BF16, 90.0, cv=0.01), 100.0, True, (),
+     [BF16, UNCHECKED], None),
+    ("the variant tried", _record(BF16, 100.0), 100.0, True, (UNCHECKED,),
+     [BF16, UNCHECKED], None),
+    ("the variant predicted not to fit", _record(BF16, 100.0), 100.0, False, (),
+     [BF16, UNCHECKED], None),
+    ("the space lists the checks one way", _record(BF16, 100.0), 100.0, True, (),
+     [BF16, OTHER], None),
+    ("not measured", _record(BF16, 100.0, status=TrialStatus.OOM), 100.0, True, (),
+     [BF16, UNCHECKED], None),
+])
+def test_a_leader_is_followed_by_its_unpriced_variants(
+        tmp_path: Path, case: str, record: TrialRecord, best: float, fits: bool,
+        tried: tuple[Layout, ...], space: list[Layout], queued: Layout | None) -> None:
+    speeds = {s: 100.0 for s in space}  # the model ranks them alike: why they are measured
+    executor, queue, _ = _executor(tmp_path, speeds=speeds, best=best, fits=fits,
+                                   tried=frozenset(tried), space=space)
+    executor.follow_unpriced(record)
+    if queued is None:
+        assert not queue, case
+    else:
+        assert queue.pop() == (queued, Source.UNPRICED), case
+        assert not queue
+
+
+def test_the_search_measures_the_leaders_unchecked_variant(tmp_path: Path) -> None:
+    """The whole loop over a scripted backend whose unchecked runs are 5% faster, which the
+    model cannot see: the trial after the leading seed is its unchecked variant, and it is the
+    search's best."""
+    from doubles.fake_backend import FakeBackend, default_tokens, small_space
+
+    from autotune.search import SearchConfig, run_search
+    from autotune.specs.hardware import ClusterSpec
+
+    cluster = ClusterSpec.make(4, gpu="h200")
+
+    def tokens(s: Layout) -> float:
+        return default_tokens(s) * (1.0 if s.nan_checks else 1.05)
+
+    backend = FakeBackend(cluster, tokens=tokens)
+    space = small_space(impl=["sdpa"], tp=[1, 2], pp=[1], mbs=[1, 2], nan_checks=[True, False])
+    result = run_search(SearchConfig(model=XL, cluster=cluster, space=space, backend=backend,
+                                     results_dir=tmp_path, study_name="s", sampler="tpe",
+                                     stop_rule="none", finalists=0, n_trials=2))
+    first, second = (r for r in result.records if r.launched)
+    assert first.source == Source.ALPA and first.layout.nan_checks
+    assert second.source == Source.UNPRICED
+    assert second.layout == replace(first.layout, nan_checks=False)
+    assert result.best(1)[0].layout == second.layout
 
 
 @pytest.mark.parametrize(("layout", "min_steps"), [

@@ -41,7 +41,8 @@ from autotune.levers import (
 )
 from autotune.levers.base import Lever, Requires, Rule
 
-__all__ = ["LEVERS", "LeverConstants", "LeverFields", "calibrated", "requirements", "rules"]
+__all__ = ["LEVERS", "LeverConstants", "LeverFields", "calibrated", "requirements", "rules",
+           "unpriced"]
 
 LEVERS: tuple[Lever, ...] = (
     pipeline_split.LEVER,
@@ -92,3 +93,11 @@ def requirements() -> tuple[Requires, ...]:
 def calibrated() -> tuple[str, ...]:
     """The levers' constants that every calibration fits (Lever.calibrated), in LEVERS order."""
     return tuple(name for lever in LEVERS for name in lever.calibrated)
+
+
+def unpriced() -> tuple[str, ...]:
+    """The Layout fields of the levers without a cost term (Lever.no_cost: the NaN checks, the
+    allocator), in LEVERS order: the model predicts layouts that differ only there alike, so only
+    a measurement ranks them (autotune.search.execution.TrialExecutor.follow_unpriced)."""
+    return tuple(name for lever in LEVERS if lever.cost is None and lever.stage_cost is None
+                 for name in lever.field_names)

@@ -19,7 +19,8 @@ from pathlib import Path
 import optuna
 
 from autotune.dimensions import Recompute, RecomputeMethod
-from autotune.layouts.layout import Layout
+from autotune.layouts.layout import DIMENSIONS, Layout, with_fields
+from autotune.levers import unpriced
 from autotune.predict.cost import CostEstimate, CostParams, estimate_cost
 from autotune.predict.gate import MemoryGate, mbs_family
 from autotune.predict.memory_memo import MemoryMemo
@@ -187,6 +188,11 @@ class SearchParts:
     """What the model rules out (autotune.search.stop_rule)."""
 
 
+_UNPRICED_DEFAULTS = {name: DIMENSIONS[name].default for name in unpriced()}
+"""The unpriced levers' fields at their defaults: what a layout and its unpriced variants
+share (TrialExecutor.unpriced_variants)."""
+
+
 class TrialExecutor:
     """Gate, run and tell one asked trial (see the module)."""
 
@@ -197,6 +203,7 @@ class TrialExecutor:
         """The FP8 loss guard's bf16 references run so far: losses and where they came from,
         per twin layout."""
         self._fp8_variants: dict[Layout, list[Layout]] | None = None
+        self._unpriced_variants: dict[Layout, list[Layout]] | None = None
 
     def look(self, mine: int | None = None) -> dict[FrozenParams, int]:
         """Note the trials other searchers finished since the last look (so that their layouts
@@ -294,6 +301,7 @@ class TrialExecutor:
         if metrics.status in (TrialStatus.OK, TrialStatus.OOM) and not record.pruned_slow:
             self.climb(s)
         self.follow_with_fp8(record)
+        self.follow_unpriced(record)
 
     def guard(self, record: TrialRecord, trial_dir: Path) -> TrialRecord:
         """The FP8 loss guard (autotune.search.loss_guard) on a measured FP8 trial: failed as
@@ -496,6 +504,37 @@ class TrialExecutor:
             log.info("%s leads in bf16: its FP8 variant %s next", s.describe(),
                      fastest.describe())
             self.parts.queue.push(fastest, Source.PRECISION, first=True)
+
+
+    def unpriced_variants(self, s: Layout) -> list[Layout]:
+        """The valid layouts of the space that differ from `s` only in fields of the levers the
+        cost model does not price (autotune.levers.unpriced), `s` itself excluded."""
+        if self._unpriced_variants is None:
+            variants: dict[Layout, list[Layout]] = {}
+            for v in self.parts.layouts.valid:
+                variants.setdefault(with_fields(v, **_UNPRICED_DEFAULTS), []).append(v)
+            self._unpriced_variants = variants
+        key = with_fields(s, **_UNPRICED_DEFAULTS)
+        return [v for v in self._unpriced_variants.get(key, []) if v != s]
+
+    def follow_unpriced(self, record: TrialRecord) -> None:
+        """After a trial measured at the best figure (within its noise), queue first its
+        untried variants in the levers the cost model does not price, where the space lists
+        them and they fit: the model predicts them as fast as the leader, so a search led by
+        it may never measure them. On 2 x H200 a gpt2-xl search whose space listed the NaN
+        checks both ways ended on a checked layout whose unchecked variant it never ran, 2%
+        faster measured apart (2026-11-29-h200x2-nan-checks-s27.md)."""
+        s, tokens = record.layout, record.tokens_per_s
+        if (tokens is None or record.pruned_slow or record.status is not TrialStatus.OK
+                or self.parts.cfg.backend.predicted):
+            return
+        if tokens < self.parts.ledger.best_tokens * (1 - NOISE_MARGIN * record.noise):
+            return
+        knowledge, ledger = self.parts.knowledge, self.parts.ledger
+        for v in self.unpriced_variants(s):
+            if not ledger.tried(v) and knowledge.fits(v):
+                log.info("%s leads: its unpriced variant %s next", s.describe(), v.describe())
+                self.parts.queue.push(v, Source.UNPRICED, first=True)
 
 
 def _joined(reason: str, more: str) -> str:

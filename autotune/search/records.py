@@ -55,6 +55,9 @@ class Source(enum.StrEnum):
     PRECISION = "precision"
     """The leading bf16 layout's FP8 variant the model predicts fastest, measured next
     (TrialExecutor.follow_with_fp8): the leader is its loss guard twin."""
+    UNPRICED = "unpriced"
+    """The leader's variant in a lever the cost model does not price (the NaN checks), measured
+    next (TrialExecutor.follow_unpriced): the model ranks the two alike."""
     USER = "user"
     """The user's own layout (SearchConfig.seeds, `--from-megatron`), tried first."""
     FINALIST = "finalist"

@@ -78,9 +78,11 @@ class Scheduler:
             return f"reached --time-budget {cfg.time_budget_s:g} s"
         if cfg.patience is not None and ledger.since_best >= cfg.patience:
             return f"{cfg.patience} trials without improvement (--patience)"
-        if self.parts.queue.holds(Source.DERIVED, Source.OOM_BISECT, Source.PRECISION):
+        if self.parts.queue.holds(Source.DERIVED, Source.OOM_BISECT, Source.PRECISION,
+                                  Source.UNPRICED):
             # What a measurement just asked for (a derived lever's next rung, a smaller
-            # micro-batch, the leader's FP8 variant) runs before the model's verdict on the
+            # micro-batch, the leader's FP8 variant or its unpriced variants) runs before the
+            # model's verdict on the
             # layouts it knows: the rung is not among them, and its figure is what the model
             # would be judged against.
             return None
