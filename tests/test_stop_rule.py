@@ -442,6 +442,22 @@ def test_only_a_trial_measured_to_its_end_is_echoed() -> None:
     assert stop.echo(B) is None
 
 
+@pytest.mark.parametrize(("other", "echoed"), [
+    (replace(A, mbs=2), True),                  # priced alike, the same checks: an echo
+    (replace(A, nan_checks=False), False),      # priced alike, but the checks' waits are not
+])
+def test_an_echo_does_not_cross_a_lever_the_model_leaves_out(other: Layout,
+                                                              echoed: bool) -> None:
+    """2 x H200, 2026-11-29: the leader's unchecked variant, priced exactly as the leader, was
+    recorded PREDICTED_SLOW as its echo; unchecked runs measured 2-27% faster."""
+    records = [measured(0, A, 100_000.0, 100_000.0)]
+    stop = ModelStop(active=True, records=records, fitted=lambda: True,
+                     predict=lambda s: 100_000.0, ranked=lambda: [(other, 100_000.0)],
+                     tried=lambda s: s == A, terms=lambda s: (1.0, 0.1))
+    assert (stop.echo(other) is not None) is echoed
+    assert (stop.skip(other, 100_000.0) is not None) is echoed
+
+
 L8B = load_model("llama3-8b").with_overrides(global_batch_size=32)
 H200X4 = ClusterSpec.make(4, gpu="h200")
 DP4 = Layout(dp=4, mbs=1, gbs=32, impl="te", distributed_optimizer=True,

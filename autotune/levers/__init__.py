@@ -96,8 +96,7 @@ def calibrated() -> tuple[str, ...]:
 
 
 def unpriced() -> tuple[str, ...]:
-    """The Layout fields of the levers without a cost term (Lever.no_cost: the NaN checks, the
-    allocator), in LEVERS order: the model predicts layouts that differ only there alike, so only
-    a measurement ranks them (autotune.search.execution.TrialExecutor.follow_unpriced)."""
-    return tuple(name for lever in LEVERS if lever.cost is None and lever.stage_cost is None
-                 for name in lever.field_names)
+    """The Layout fields of the levers whose time the cost model leaves out (Lever.unpriced_time:
+    the NaN checks), in LEVERS order: the model predicts layouts that differ only there alike,
+    so only a measurement ranks them."""
+    return tuple(name for lever in LEVERS if lever.unpriced_time for name in lever.field_names)

@@ -438,6 +438,13 @@ class Lever:
     tools/fit_constants.py), for a lever that every layout runs one way or another (the
     implementation: no layout turns it). A lever that names them is left out of
     lever_fit_fields, so a search's refit, which fits few constants, leaves them."""
+    unpriced_time: bool = False
+    """Its fields change the step time in ways the cost model leaves out (measured, not
+    modelled: the NaN checks' waits), so no measured layout stands for a variant in them: the
+    stop rule's echo and near-variant rules do not cross them (autotune.search.stop_rule), and
+    the search measures a leader's variants in them next (autotune.search.execution.
+    TrialExecutor.follow_unpriced). A lever without a cost term because it costs nothing
+    measurable (the allocator's) leaves it False."""
     unmodeled: tuple[tuple[str, str], ...] = ()
     """Megatron-LM flags of the lever's area that change speed, memory or the numbers in ways
     its terms leave out, each with what it changes: a user's command that passes one is

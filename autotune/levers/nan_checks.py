@@ -75,6 +75,7 @@ LEVER = Lever(
              "measured 2.5-27% of a multi-GPU step with overlap_grad_reduce, not proportional "
              "to the waits (2026-11-29-h200x2-nan-checks-s27.md). Its constants were fitted "
              "mostly on trials with the checks on"),
+    unpriced_time=True,
     seed=Seed.PRACTICE,
     # Megatron-LM's default; the seed keeps the user's safety net.
     practice=lambda s, impl: {"nan_checks": True},

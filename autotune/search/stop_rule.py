@@ -18,6 +18,10 @@ not wait for it to stop. On 4 x H200 a replay of a llama3-8b search with its mea
 launched 37 trials, most of them such echoes of its best, at about 50 s each
 (2026-11-28-h200x4-issue30-s16.md).
 
+Neither rule crosses a lever whose time the model leaves out (autotune.levers.unpriced: the NaN
+checks, 2.5-27% of a step on 2 x H200, 2026-11-29-h200x2-nan-checks-s27.md): a layout priced
+exactly as a measured one that differs there is no echo of it, nor its near variant.
+
 A measured layout also vouches for its near variants (`nearby`): where an untried layout's time
 terms differ from a measured one's by a small part of its step (one flag flipped, a recipe, a
 few recomputed layers), its figure is the measured one moved by the model's difference, and
@@ -43,6 +47,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from autotune.layouts.layout import Layout
+from autotune.levers import unpriced
 from autotune.search.records import TrialRecord
 
 __all__ = ["CHANGE_ERROR", "DEFAULT_ERROR_BAND", "ERROR_WINDOW", "LOCAL_REACH", "MIN_ERROR_BAND",
@@ -179,6 +184,15 @@ def _distance(a: tuple[float, ...], b: tuple[float, ...]) -> float:
     return sum(abs(x - y) for x, y in zip(a[:-1], b[:-1], strict=True))
 
 
+_UNPRICED = unpriced()
+
+
+def _unpriced_values(s: Layout) -> tuple[object, ...]:
+    """`s`'s values of the fields whose time the model leaves out: a measured layout stands
+    for another (echo, near variant) only where these agree."""
+    return tuple(getattr(s, name) for name in _UNPRICED)
+
+
 @dataclass(frozen=True, slots=True)
 class _Known:
     record: TrialRecord
@@ -238,9 +252,11 @@ class Neighbourhood:
             return None
         t = self.terms(s)
         found: tuple[float, _Known, float] | None = None
+        unpriced_s = _unpriced_values(s)
         for k in self.known:
             d = _distance(t, k.terms)
-            if k.record.layout == s or d > LOCAL_REACH * k.terms[-1]:
+            if (k.record.layout == s or d > LOCAL_REACH * k.terms[-1]
+                    or _unpriced_values(k.record.layout) != unpriced_s):
                 continue
             fastest_s = (k.measured_s + (t[-1] - k.terms[-1]) - CHANGE_ERROR * d
                          - self.unpriced * k.measured_s)
@@ -302,25 +318,26 @@ class ModelStop:
         return error_band(self.records, predict=self.predict if self.fitted() else None,
                           fitted_after=self.refit_after)
 
-    def measured_terms(self) -> dict[tuple[float, ...], TrialRecord]:
-        """The trials measured to their end, by the model's terms (the first of equals); none
-        while the rule is off."""
+    def measured_terms(self) -> dict[tuple[object, ...], TrialRecord]:
+        """The trials measured to their end, by the model's terms and their unpriced fields'
+        values (the first of equals); none while the rule is off."""
         if self.terms is None or not self.active:
             return {}
-        found: dict[tuple[float, ...], TrialRecord] = {}
+        found: dict[tuple[object, ...], TrialRecord] = {}
         for r in self.records:
             if r.rankable and not r.predicted:
-                found.setdefault(self.terms(r.layout), r)
+                found.setdefault((*self.terms(r.layout), *_unpriced_values(r.layout)), r)
         return found
 
-    def echo(self, s: Layout, measured: dict[tuple[float, ...], TrialRecord] | None = None
+    def echo(self, s: Layout, measured: dict[tuple[object, ...], TrialRecord] | None = None
              ) -> TrialRecord | None:
-        """The measured trial that the model prices exactly as `s`, term by term, if any
-        (see the module); `measured`: measured_terms(), when the caller asks for many."""
+        """The measured trial that the model prices exactly as `s`, term by term, and that
+        agrees with it in the fields whose time the model leaves out, if any (see the module);
+        `measured`: measured_terms(), when the caller asks for many."""
         measured = self.measured_terms() if measured is None else measured
         if not measured or self.terms is None:
             return None
-        found = measured.get(self.terms(s))
+        found = measured.get((*self.terms(s), *_unpriced_values(s)))
         return found if found is not None and found.layout != s else None
 
     def nearby(self) -> Neighbourhood | None:
