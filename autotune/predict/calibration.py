@@ -245,14 +245,18 @@ def trial_model_ref(model: str, data_path: Path | str) -> str:
 
 def row_inputs(t: dict[str, Any], path: Path | str) -> tuple[ModelSpec, Layout, ClusterSpec]:
     """(model, layout, cluster) of one row `t` of the measured_trials.json at `path`, as the run
-    had them: the model at the row's batch and sequence, one node of its GPUs. RoPE fusion is
-    the model's default here; load_trials sets the row's."""
+    had them: the model at the row's batch and sequence with the row's RoPE fusion, one node of
+    its GPUs. Every reader of a measured row (load_trials, tests/measured.py, tools/step_terms.py,
+    tools/recompute_slopes.py) builds it here."""
     from autotune.specs.hardware import gpu_spec
     from autotune.specs.presets import load_model
 
     layout = Layout(**t["strategy"])
+    # The worker ran RoPE unfused whatever the implementation until 2026-11-28 (session 17):
+    # a row without the field was measured so (autotune.specs.elementwise.rope_fused).
     model = load_model(trial_model_ref(t["model"], path)).with_overrides(
         global_batch_size=layout.gbs, seq_length=t.get("seq_length"))
+    model = replace(model, rope_fusion=bool(t.get("rope_fusion", False)))
     cluster = ClusterSpec(num_gpus=t["gpus"], gpus_per_node=t["gpus"], gpu=gpu_spec(t["gpu"]))
     return model, layout, cluster
 
@@ -268,9 +272,6 @@ def load_trials(path: Path | str) -> list[Trial]:
         if t["status"] != "OK":
             continue
         model, layout, cluster = row_inputs(t, path)
-        # The worker ran RoPE unfused whatever the implementation until 2026-11-28 (session 17):
-        # a trial without the field was measured so (autotune.specs.elementwise.rope_fused).
-        model = replace(model, rope_fusion=bool(t.get("rope_fusion", False)))
         trials.append((family_of(t.get("family", t["model"]), t["gpu"]), model, layout,
                        cluster, float(t["step_time_s"]), float(t["device_used_bytes"])))
     return trials
