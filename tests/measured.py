@@ -10,12 +10,14 @@ from typing import Any
 from autotune.layouts.layout import Layout
 from autotune.predict.calibration import Trial, load_trials, row_inputs
 from autotune.specs.hardware import ClusterSpec
+from autotune.specs.model import ModelSpec
 
 DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
 
 
-def trial_inputs(trial: dict[str, Any]) -> tuple[Any, Layout, ClusterSpec]:
-    """(model, layout, cluster) of one recorded trial, as the run had them."""
+def trial_inputs(trial: dict[str, Any]) -> tuple[ModelSpec, Layout, ClusterSpec]:
+    """(model, layout, cluster) of one recorded trial, as the run had them (its RoPE fusion
+    included: autotune.predict.calibration.row_inputs)."""
     return row_inputs(trial, DATA_PATH)
 
 

@@ -7,12 +7,10 @@ from typing import Any
 import pytest
 
 from autotune.cli import main
-from autotune.layouts.layout import Layout
-from autotune.predict.calibration import load_calibration, trial_model_ref
-from autotune.specs.presets import load_model
+from autotune.predict.calibration import load_calibration
 from autotune.trials.trial import TrialSpec
+from tests.measured import DATA_PATH, trial_inputs
 
-DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
 DATA = json.loads(DATA_PATH.read_text())
 
 
@@ -20,9 +18,7 @@ def _write_trials(root: Path, with_gpu: bool = True) -> int:
     """The measured trials of tests/data as trial folders, the way the worker leaves them."""
     count = 0
     for i, t in enumerate(DATA["trials"]):
-        s = Layout(**t["strategy"])
-        model = load_model(trial_model_ref(t["model"], DATA_PATH)).with_overrides(
-            global_batch_size=s.gbs, seq_length=t.get("seq_length"))
+        model, s, _ = trial_inputs(t)
         folder = root / "study" / "trials" / str(i)
         folder.mkdir(parents=True)
         spec = TrialSpec(model=model, layout=s, gpu_name=t["gpu"] if with_gpu else None)

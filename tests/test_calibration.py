@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from autotune.errors import ConfigError
 from autotune.layouts.layout import Layout
-from autotune.predict.calibration import CrossValidation, fit_cost_params, fit_memory_params
+from autotune.predict.calibration import (
+    CV_LEFT_OUT,
+    CrossValidation,
+    fit_cost_params,
+    fit_memory_params,
+    load_trials,
+)
 from autotune.predict.cost import CostParams, estimate_cost
 from autotune.predict.memory import GIB, MemoryParams, estimate_memory
 from autotune.specs.hardware import ClusterSpec, gpu_spec
 from autotune.specs.presets import load_model
-from tests.measured import sourced_trials
+from tests.measured import DATA_PATH, sourced_trials
 
 C1 = ClusterSpec(num_gpus=1, gpus_per_node=1, gpu=gpu_spec("h100-80gb"))
 C2 = ClusterSpec(num_gpus=2, gpus_per_node=2, gpu=gpu_spec("h100-80gb"))
@@ -179,30 +187,13 @@ SHIPPED_STEP_BOUNDS: dict[str, float] = {
 }
 
 
-# Trials the cross-validation leaves out (by source prefix, with why): step times the cost model
-# misses for a reason it does not model, which a fit of the shared constants bends toward. With
-# them in, the held-out step medians of families without a trial among them move: gpt2-large on
-# H200 5.6% -> 15.2% (over issue 28's 10%), gpt2-large on H100 3.8% -> 6.7%, llama2-13b 3.5% ->
-# 6.0%, gpt2-xl on H200 6.0% -> 9.1% (2026-11-29-cpu-measured-trials-s26.md). They stay in
-# tests/data/measured_trials.json (test_model_accuracy, test_fp8 read them) so that a fix shows,
-# and test_left_out_trials_are_still_missed fails once the model meets them.
-CV_LEFT_OUT: dict[str, str] = {
-    "s26-xl4-search/": "gpt2-xl on 4 x H200, gbs 64 (session 26's default search): every layout "
-                       "predicted 12-46% fast, bf16 too; not understood yet",
-    "s25-pao-step/": "Llama-3.2-3B at seq 1024, gbs 8, mbs 1 on one H200: 38-43% fast, the four "
-                     "optimizer variants alike; not understood (not profiled)",
-    "s25-l8b-offload/2": "Llama-3.1-8B, FP8 delayed under full recompute at mbs 1, 1% of the "
-                         "optimizer offloaded: host-bound, 15% fast with delayed scaling's "
-                         "recompute host time (its 10% twin is within 0.2% now)",
-}
-
-
 @pytest.fixture(scope="module")
 def cross_validation() -> CrossValidation:
+    """Without the trials a fit leaves out (CV_LEFT_OUT, which says why), as
+    tools/fit_constants.py fits."""
     from autotune.predict.calibration import cross_validate
 
-    return cross_validate([t for src, t in sourced_trials()
-                           if not src.startswith(tuple(CV_LEFT_OUT))])
+    return cross_validate(load_trials(DATA_PATH, leave_out=CV_LEFT_OUT))
 
 
 def test_left_out_trials_are_still_missed() -> None:
@@ -232,3 +223,28 @@ def test_held_out_error_per_family_does_not_regress(cross_validation: CrossValid
         assert family.step_median <= step, family
         assert family.memory_median <= memory, family
         assert family.memory_worst <= memory_worst, family
+
+
+@pytest.mark.parametrize("with_left_out", [False, True])
+def test_fit_constants_leaves_out_what_the_cross_validation_does(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        with_left_out: bool) -> None:
+    """tools/fit_constants.py fits the trials the tests' cross-validation fits: CV_LEFT_OUT's
+    out unless --with-left-out (the fit itself patched: its trials are what is asserted)."""
+    from tools import fit_constants
+
+    fitted: list[object] = []
+
+    def cross_validate(trials: list[object], **_: object) -> CrossValidation:
+        fitted.extend(trials)
+        return CrossValidation(families=(), cost=CostParams(), memory=MemoryParams())
+
+    monkeypatch.setattr(fit_constants, "cross_validate", cross_validate)
+    assert fit_constants.main(["--json", *(["--with-left-out"] if with_left_out else [])]) == 0
+    every = sourced_trials()
+    missed = [t for src, t in every if src.startswith(tuple(CV_LEFT_OUT))]
+    assert len(missed) >= len(CV_LEFT_OUT)
+    assert fitted == [t for src, t in every
+                      if with_left_out or not src.startswith(tuple(CV_LEFT_OUT))]
+    assert json.loads(capsys.readouterr().out)["left_out"] == ({} if with_left_out
+                                                                else CV_LEFT_OUT)

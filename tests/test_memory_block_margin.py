@@ -10,18 +10,14 @@ peak alone.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from autotune.layouts.layout import Layout
-from autotune.predict.calibration import trial_model_ref
-from autotune.predict.memory import GIB, estimate_memory
-from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.presets import load_model
+from autotune.predict.memory import GIB, MemoryEstimate, estimate_memory
+from tests.measured import DATA_PATH, trial_inputs
 
-DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
 TRIALS = {t["source"]: t for t in json.loads(DATA_PATH.read_text())["trials"]}
 
 # (source, measured, predicted peak GiB, logits block GiB, full recompute, why it fits or not)
@@ -50,11 +46,8 @@ CASES = [
 # activation-slope.md).
 
 
-def _estimate(t: dict[str, Any]):  # type: ignore[no-untyped-def]
-    s = Layout(**t["strategy"])
-    model = load_model(trial_model_ref(t["model"], DATA_PATH)).with_overrides(
-        global_batch_size=s.gbs, seq_length=t.get("seq_length"))
-    cluster = ClusterSpec(num_gpus=t["gpus"], gpus_per_node=t["gpus"], gpu=gpu_spec(t["gpu"]))
+def _estimate(t: dict[str, Any]) -> tuple[Layout, MemoryEstimate]:
+    model, s, cluster = trial_inputs(t)
     return s, estimate_memory(model, s, cluster)
 
 

@@ -13,7 +13,9 @@ from autotune.layouts.layout import Layout
 from autotune.levers.flags import Given
 from autotune.megatron.core_config import core_config
 from autotune.megatron.megatron_args import exported_layout, megatron_lm_args, read_fields
-from autotune.predict.calibration import load_trials
+from autotune.predict.calibration import load_trials, row_inputs
+from autotune.predict.cost import estimate_cost
+from autotune.predict.memory import estimate_memory
 from autotune.specs.elementwise import (
     ROPE_BYTES,
     ROPE_FUSED_BYTES,
@@ -21,6 +23,7 @@ from autotune.specs.elementwise import (
     rope_fused,
 )
 from autotune.specs.presets import load_model
+from tests.measured import DATA_PATH, sourced_trials, trial_inputs
 
 LLAMA = load_model("llama3-8b")
 GPT = load_model("gpt2-xl")
@@ -86,13 +89,39 @@ def test_fused_rope_moves_fewer_bytes_by_the_counted_difference() -> None:
     assert unfused - fused == pytest.approx((ROPE_BYTES - ROPE_FUSED_BYTES) * elements)
 
 
-def test_measured_trials_without_the_field_were_unfused(tmp_path: Path) -> None:
-    trial = {"model": "llama3-8b", "gpu": "h200", "gpus": 1, "status": "OK",
+@pytest.mark.parametrize(("model", "impl", "priced_apart"), [
+    ("llama3-8b", "te", True),    # TE's fused kernel against the torch one
+    ("llama3-8b", "sdpa", False),  # the torch RoPE either way (rope_fused)
+    ("gpt2-xl", "te", False),     # learned positions: no RoPE to fuse
+])
+def test_a_measured_row_s_rope_fusion_is_read_by_every_reader(
+        tmp_path: Path, model: str, impl: str, priced_apart: bool) -> None:
+    """A row without the field ran unfused (before session 17), as one with false; one with true
+    ran fused. load_trials, row_inputs and the tests' trial_inputs read it alike; the step time
+    moves where the fused kernel runs, memory never (the kernels keep no tensor)."""
+    trial = {"source": "t", "model": model, "gpu": "h200", "gpus": 1, "status": "OK",
              "step_time_s": 1.0, "device_used_bytes": 1.0,
-             "strategy": {"dp": 1, "mbs": 1, "gbs": 8, "impl": "te"}}
+             "strategy": {"dp": 1, "mbs": 1, "gbs": 8, "impl": impl}}
+    rows = [trial, {**trial, "rope_fusion": False}, {**trial, "rope_fusion": True}]
     path = tmp_path / "tests" / "data" / "trials.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"trials": [trial, {**trial, "rope_fusion": True}]}))
-    old, new = load_trials(path)
-    assert old[1].rope_fusion is False
-    assert new[1].rope_fusion is True
+    path.write_text(json.dumps({"trials": rows}))
+    inputs = [row_inputs(t, path) for t in rows]
+    assert [m.rope_fusion for m, _, _ in inputs] == [False, False, True]
+    assert [sample[1:4] for sample in load_trials(path)] == inputs
+    assert [trial_inputs(t) for t in rows] == inputs
+    absent, off, on = (estimate_cost(*i).step_time_s for i in inputs)
+    assert absent == off
+    assert (on < off) is priced_apart and (on == off) is not priced_apart
+    assert len({estimate_memory(*i).peak_bytes for i in inputs}) == 1
+
+
+def test_the_tests_read_each_measured_trial_as_load_trials_does() -> None:
+    """Every OK row of tests/data/measured_trials.json: the accuracy tests' inputs
+    (tests/measured.trial_inputs) are the fit's (load_trials), RoPE fusion included."""
+    rows = [t for t in json.loads(DATA_PATH.read_text())["trials"] if t["status"] == "OK"]
+    samples = [t for _, t in sourced_trials()]
+    assert [trial_inputs(t) for t in rows] == [sample[1:4] for sample in samples]
+    fused = [t["source"] for t in rows if t.get("rope_fusion")]
+    assert fused and fused == [t["source"] for t, (_, m, *_) in zip(rows, samples, strict=True)
+                               if m.rope_fusion]

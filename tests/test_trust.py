@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from autotune.predict.calibration import trial_model_ref
 from autotune.predict.trust import MEASURED_RANGE, MeasuredRange, outside_range, trust_line
 from autotune.specs.hardware import ClusterSpec, gpu_spec
 from autotune.specs.params import count_parameters
 from autotune.specs.presets import load_model
+from tests.measured import DATA_PATH, trial_inputs
 
-DATA_PATH = Path(__file__).parent / "data" / "measured_trials.json"
 DATA = json.loads(DATA_PATH.read_text())
 
 
 def test_the_measured_range_is_what_the_data_spans() -> None:
     trials = DATA["trials"]
-    models = [load_model(trial_model_ref(t["model"], DATA_PATH)).with_overrides(
-        seq_length=t.get("seq_length")) for t in trials]
+    models = [trial_inputs(t)[0] for t in trials]
     assert MeasuredRange(
         max_params=max(count_parameters(m) for m in models),
         max_gpus=max(t["gpus"] for t in trials),

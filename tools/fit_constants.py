@@ -2,14 +2,16 @@
 leave-one-family-out cross-validation (autotune.predict.calibration.cross_validate).
 
     PYTHONPATH=. python tools/fit_constants.py [--data FILE] [--json] [--also NAME,...]
-        [--start NAME=VALUE,...]
+        [--start NAME=VALUE,...] [--with-left-out]
 
 A family is a model on a GPU type (gpt2-xl on H100, gpt2-large on H200, ...): trials of one
 family share the shape-dependent terms (GEMM sizes, vocabulary, attention) and the machine, so
 holding a whole family out asks what simulate is asked for a model or GPU it never saw. It prints
 the held-out step-time and memory errors per family and the constants fitted to all trials,
 which are the defaults of autotune.predict.cost.CostParams and
-autotune.predict.memory.MemoryParams.
+autotune.predict.memory.MemoryParams. The trials of autotune.predict.calibration.CV_LEFT_OUT
+(misses of a cause the models leave out, which a fit would bend the shared constants toward)
+are left out, as the tests' cross-validation leaves them; --with-left-out fits them too.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from autotune.predict.calibration import (
     ATTENTION_FIT_FIELDS,
     COST_FIT_FIELDS,
+    CV_LEFT_OUT,
     MEMORY_FIT_FIELDS,
     cross_validate,
     gemm_rate_fields,
@@ -44,11 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", default="", help=(
         "comma-separated NAME=VALUE CostParams start values, e.g. gemm_rate_scale=1 (the "
         "measured GEMM rates on, their scale fitted: autotune.specs.gemm_rates)"))
+    parser.add_argument("--with-left-out", action="store_true", help=(
+        "fit the trials CV_LEFT_OUT leaves out too (autotune.predict.calibration)"))
     args = parser.parse_args(argv)
     also = tuple(name for name in args.also.split(",") if name)
     start = replace(CostParams(), **{k: float(v) for k, v in (
         kv.split("=", 1) for kv in args.start.split(",") if kv)})
-    trials = load_trials(args.data)
+    left_out = {} if args.with_left_out else CV_LEFT_OUT
+    trials = load_trials(args.data, leave_out=left_out)
     cv = cross_validate(trials, extra_cost=also, start_cost=start)
     # The levers' constants join the fit where a trial turns the lever (FP8, the optimizer's
     # offload): autotune.predict.calibration.lever_fit_fields.
@@ -57,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"families": [asdict(f) for f in cv.families],
                           "cost": {n: getattr(cv.cost, n) for n in cost_fields},
-                          "memory": {n: getattr(cv.memory, n) for n in MEMORY_FIT_FIELDS}},
-                         indent=2))
+                          "memory": {n: getattr(cv.memory, n) for n in MEMORY_FIT_FIELDS},
+                          "left_out": left_out}, indent=2))
         return 0
     print("| family | trials | held-out step time: median / worst | in-sample | shipped | "
           "held-out memory: median / worst | in-sample | shipped |")
@@ -67,11 +73,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {f.family} | {f.trials} | {f.step_median:.1%} / {f.step_worst:.1%} | "
               f"{f.step_in_sample:.1%} | {f.step_shipped:.1%} | {f.memory_median:.1%} / "
               f"{f.memory_worst:.1%} | {f.memory_in_sample:.1%} | {f.memory_shipped:.1%} |")
-    print("\nfitted to all trials:")
+    print(f"\nfitted to the {len(trials)} trials:")
     for n in cost_fields:
         print(f"  CostParams.{n} = {getattr(cv.cost, n):.6g}")
     for n in MEMORY_FIT_FIELDS:
         print(f"  MemoryParams.{n} = {getattr(cv.memory, n):.6g}")
+    if left_out:
+        print("\nleft out (--with-left-out fits them):")
+        for prefix, why in left_out.items():
+            print(f"  {prefix}: {why}")
     return 0
 
 

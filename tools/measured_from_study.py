@@ -54,7 +54,7 @@ from autotune.specs.presets import load_model
 GIB = 2**30
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured_trials.json"
 # A study's model field that a row does not name: the worker's RoPE fusion is the row's
-# rope_fusion field (autotune.predict.calibration.load_trials reads it).
+# rope_fusion field (autotune.predict.calibration.row_inputs reads it).
 _NOT_COMPARED = {"rope_fusion"}
 
 

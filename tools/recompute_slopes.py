@@ -22,10 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.layouts.layout import Layout
-from autotune.predict.calibration import trial_model_ref
+from autotune.predict.calibration import row_inputs
 from autotune.predict.memory import GIB, estimate_memory
-from autotune.specs.hardware import ClusterSpec, gpu_spec
-from autotune.specs.presets import load_model
 
 __all__ = ["DATA", "Series", "main", "series_slopes"]
 
@@ -75,16 +73,13 @@ def series_slopes(path: Path = DATA) -> list[Series]:
                for o in groups[key]):
             groups[key].append(t)
     out = []
-    for (family, gpu, gpus, seq, _), trials in groups.items():
+    for (family, gpu, _, _, _), trials in groups.items():
         if len(trials) < 2:
             continue
         trials.sort(key=lambda t: t["strategy"]["recompute_num_layers"])
         counts, used, alloc, pred, pred_alloc, stages = [], [], [], [], [], []
         for t in trials:
-            layout = Layout(**t["strategy"])
-            model = load_model(trial_model_ref(t["model"], path)).with_overrides(
-                global_batch_size=layout.gbs, seq_length=seq)
-            cluster = ClusterSpec(num_gpus=gpus, gpus_per_node=gpus, gpu=gpu_spec(gpu))
+            model, layout, cluster = row_inputs(t, path)
             estimate = estimate_memory(model, layout, cluster)
             counts.append(layout.recompute_num_layers)
             used.append(float(t["device_used_bytes"]))

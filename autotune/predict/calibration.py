@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from autotune.specs.model import ModelSpec
 __all__ = [
     "ATTENTION_FIT_FIELDS",
     "COST_FIT_FIELDS",
+    "CV_LEFT_OUT",
     "MEMORY_FIT_FIELDS",
     "CrossValidation",
     "Sample",
@@ -43,6 +44,7 @@ __all__ = [
     "held_out_step_errors",
     "lever_fit_fields",
     "load_calibration",
+    "load_trials",
     "row_inputs",
     "save_calibration",
 ]
@@ -245,32 +247,55 @@ def trial_model_ref(model: str, data_path: Path | str) -> str:
 
 def row_inputs(t: dict[str, Any], path: Path | str) -> tuple[ModelSpec, Layout, ClusterSpec]:
     """(model, layout, cluster) of one row `t` of the measured_trials.json at `path`, as the run
-    had them: the model at the row's batch and sequence, one node of its GPUs. RoPE fusion is
-    the model's default here; load_trials sets the row's."""
+    had them: the model at the row's batch and sequence with the row's RoPE fusion, one node of
+    its GPUs. Every reader of a measured row (load_trials, tests/measured.py, tools/step_terms.py,
+    tools/recompute_slopes.py) builds it here."""
     from autotune.specs.hardware import gpu_spec
     from autotune.specs.presets import load_model
 
     layout = Layout(**t["strategy"])
+    # The worker ran RoPE unfused whatever the implementation until 2026-11-28 (session 17):
+    # a row without the field was measured so (autotune.specs.elementwise.rope_fused).
     model = load_model(trial_model_ref(t["model"], path)).with_overrides(
         global_batch_size=layout.gbs, seq_length=t.get("seq_length"))
+    model = replace(model, rope_fusion=bool(t.get("rope_fusion", False)))
     cluster = ClusterSpec(num_gpus=t["gpus"], gpus_per_node=t["gpus"], gpu=gpu_spec(t["gpu"]))
     return model, layout, cluster
 
 
-def load_trials(path: Path | str) -> list[Trial]:
-    """The OK trials of a measured_trials.json (tests/data), as fit samples with families.
+CV_LEFT_OUT: dict[str, str] = {
+    "s26-xl4-search/": "gpt2-xl on 4 x H200, gbs 64 (session 26's default search): every layout "
+                       "predicted 12-46% fast, bf16 too; not understood yet",
+    "s25-pao-step/": "Llama-3.2-3B at seq 1024, gbs 8, mbs 1 on one H200: 38-43% fast, the four "
+                     "optimizer variants alike; not understood (not profiled)",
+    "s25-l8b-offload/2": "Llama-3.1-8B, FP8 delayed under full recompute at mbs 1, 1% of the "
+                         "optimizer offloaded: host-bound, 15% fast with delayed scaling's "
+                         "recompute host time (its 10% twin is within 0.2% now)",
+}
+"""Trials of tests/data/measured_trials.json a fit of the constants leaves out (by source
+prefix, with why): step times the cost model misses for a reason it does not model, which a fit
+of the shared constants bends toward. With them in, the held-out step medians of families
+without a trial among them move: gpt2-large on H200 5.6% -> 15.2% (over issue 28's 10%),
+gpt2-large on H100 3.8% -> 6.7%, llama2-13b 3.5% -> 6.0%, gpt2-xl on H200 6.0% -> 9.1%
+(results/benchmarks/2026-11-29-cpu-measured-trials-s26.md). tools/fit_constants.py and the
+tests' cross-validation (tests/test_calibration.py) pass it to load_trials. The rows stay in the
+file (test_model_accuracy, test_fp8 read them) so that a fix shows, and
+test_left_out_trials_are_still_missed fails once the model meets them."""
+
+
+def load_trials(path: Path | str, *, leave_out: Iterable[str] = ()) -> list[Trial]:
+    """The OK trials of a measured_trials.json (tests/data), as fit samples with families,
+    without those whose source starts with one of `leave_out` (CV_LEFT_OUT's keys for a fit).
 
     A trial's family is its `family` field (one model shape given by two files is one family)
     or else its model, on its GPU type."""
     data = json.loads(read_text(Path(path), "measured trials"))
+    prefixes = tuple(leave_out)
     trials: list[Trial] = []
     for t in data["trials"]:
-        if t["status"] != "OK":
+        if t["status"] != "OK" or (prefixes and t["source"].startswith(prefixes)):
             continue
         model, layout, cluster = row_inputs(t, path)
-        # The worker ran RoPE unfused whatever the implementation until 2026-11-28 (session 17):
-        # a trial without the field was measured so (autotune.specs.elementwise.rope_fused).
-        model = replace(model, rope_fusion=bool(t.get("rope_fusion", False)))
         trials.append((family_of(t.get("family", t["model"]), t["gpu"]), model, layout,
                        cluster, float(t["step_time_s"]), float(t["device_used_bytes"])))
     return trials
