@@ -17,10 +17,11 @@ the numerical ones: no space offers it by default; a space lists it (`nan_checks
 for users who train that way, and `--from-megatron` reads it from their command.
 
 What they cost was measured on 2 x H200 (gpt2-xl, seq 1024, sdpa, megatron-core 0.16.1; cold
-launches, 5 timed steps; results/benchmarks/2026-11-29-h200x2-nan-checks-s27.md): 2.5-5% of the
+launches, 5 timed steps; results/benchmarks/2026-11-29-h200x2-nan-checks-s27.md): 2-5% of the
 step where the GPU's work per micro-batch outweighs the host's (mbs 16 and 32; Llama-3.2-3B at
-seq 4096) and 8-27% where the two are about equal (mbs 4 and 8 with overlap_grad_reduce), almost
-all of it the gradient check; 3.7% on one GPU. The cost model does not price them (`no_cost`).
+seq 4096) and 6-27% where the two are about equal (mbs 4 and 8 with overlap_grad_reduce; a
+median of 17% over five pairs at mbs 8), most of it the gradient check; 3.7% on one GPU. The
+cost model does not price them (`no_cost`), so the search measures them (`unpriced_time`).
 """
 
 from __future__ import annotations
