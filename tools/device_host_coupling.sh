@@ -18,13 +18,7 @@
 # The knobs are set by a sitecustomize module on PYTHONPATH, so the worker runs unchanged.
 # $OUT: rows.txt (one JSON row per run, with the case's name), table.md, host.txt (the ranks'
 # host records), trials.tgz (every trial folder), clocks.csv, versions.txt, prof-*.txt.
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
-start=$(date +%s)
-elapsed() { echo "$(( $(date +%s) - start ))s"; }
+source tools/device_env.sh
 # TE is not needed: the cases run megatron-core's own layers (impl sdpa or local).
 [[ -d /tmp/site/optuna ]] || python3 -m pip install -q --no-index --no-deps --no-compile \
     --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .whl-search/*.whl || exit 1

@@ -3,13 +3,7 @@
 # the NCCL settings the lent machines need, the carried wheels installed once per machine
 # (.whl .whl-search .whl-te), PYTHONPATH, $out (= $OUT), `elapsed`, and versions.txt. With
 # CLOCKS=1 it also records NVML clocks to $out/clocks.csv for the script's lifetime.
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
-start=$(date +%s)
-elapsed() { echo "$(( $(date +%s) - start ))s"; }
+source tools/device_env.sh
 if [[ ! -d /tmp/site/transformer_engine ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl .whl-search/*.whl .whl-te/*.whl || exit 1
