@@ -480,8 +480,11 @@ _estimate.__doc__ = (
 
 
 def _estimate_option(dim: Dimension) -> inspect.Parameter:
-    """estimate's option of one dimension: its value, Layout's default when left out."""
-    option = typer.Option(*option_names(dim.name, dim.option), help=dim.help.split("\n")[0],
+    """estimate's option of one dimension: its value, Layout's default when left out. A switch
+    that is on by default (the NaN checks) also takes `--no-...`, the only way to turn it off."""
+    name = f"{dim.option}/--no-{dim.option[2:]}" if dim.kind is bool and dim.default \
+        else dim.option
+    option = typer.Option(*option_names(dim.name, name), help=dim.help.split("\n")[0],
                           metavar=dim.metavar)
     return inspect.Parameter(dim.name, inspect.Parameter.KEYWORD_ONLY, default=dim.default,
                              annotation=Annotated[dim.kind, option])

@@ -80,3 +80,18 @@ def test_they_change_neither_the_losses_nor_the_memory() -> None:
     # estimate answers both (the checks keep scalars).
     assert "nan_checks" in SAME_ARITHMETIC
     assert memory_key(ON) == memory_key(replace(ON, nan_checks=False))
+
+
+@pytest.mark.parametrize(("flags", "checks"), [([], True), (["--no-nan-checks"], False),
+                                              (["--nan-checks"], True)])
+def test_estimate_takes_them_both_ways(capsys: pytest.CaptureFixture[str], flags: list[str],
+                                       checks: bool) -> None:
+    """On by default, so estimate's switch also takes `--no-nan-checks`."""
+    import json
+
+    from autotune.cli import main
+
+    assert main(["estimate", "gpt2-xl", "--gpus", "2", "--mbs", "8", "--json", *flags]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["layout"]["nan_checks"] is checks
+    assert ("nonan" in out["label"].split()) is (not checks)
