@@ -16,7 +16,8 @@ import pytest
 from doubles.no_fsync import sqlite_without_fsync
 
 from autotune.dimensions import RecomputeModules
-from autotune.layouts.layout import SEARCHED, Layout
+from autotune.layouts.layout import SEARCHED, Layout, check, with_fields
+from autotune.levers import unpriced
 from autotune.levers.flags import Given
 from autotune.levers.fp8 import Fp8, Fp8Recipe
 from autotune.search.space import SearchSpace, enumerate_space
@@ -91,7 +92,9 @@ def all_dimensions_space() -> SearchSpace:
     choice of an enum): a new dimension varies here without anyone listing it."""
     candidates: dict[str, tuple[Any, ...]] = {}
     for name, dim in SEARCHED.items():
-        if dim.kind is bool:
+        if name in unpriced():
+            candidates[name] = (dim.default,)  # varied on a sample (all_dimensions_layouts)
+        elif dim.kind is bool:
             candidates[name] = (False, True)
         elif dim.kind is RecomputeModules:
             # 15 sets: the default and one other, so the space stays small (the MoE modules'
@@ -109,6 +112,10 @@ def all_dimensions_space() -> SearchSpace:
     return SearchSpace(candidates=candidates, source="all dimensions")
 
 
+UNPRICED_SAMPLE = 16
+"""all_dimensions_layouts flips an unpriced lever's switch on every this-many-th layout."""
+
+
 @functools.cache
 def all_dimensions_layouts(preset: str, gpus: int) -> tuple[ModelSpec, ClusterSpec,
                                                            tuple[Layout, ...]]:
@@ -118,7 +125,13 @@ def all_dimensions_layouts(preset: str, gpus: int) -> tuple[ModelSpec, ClusterSp
     what the next one reads."""
     model = load_model(preset)
     cluster = ClusterSpec.make(gpus, gpu="h100-80gb", gpus_per_node=min(8, gpus))
-    return model, cluster, tuple(enumerate_space(all_dimensions_space(), model, cluster).valid)
+    valid = enumerate_space(all_dimensions_space(), model, cluster).valid
+    # The unpriced levers' switches reach no model term, only the worker and the command:
+    # each flipped on every UNPRICED_SAMPLE-th layout, where the product would double the
+    # space (and these two files' time) per switch.
+    flipped = [with_fields(s, **{name: not getattr(s, name)})
+               for name in unpriced() for s in valid[::UNPRICED_SAMPLE]]
+    return model, cluster, (*valid, *(s for s in flipped if not check(s, model, cluster)))
 
 
 def given_of(args: list[str]) -> Given:

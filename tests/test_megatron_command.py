@@ -104,6 +104,8 @@ EXTRA = [
            gbs=512),
     Layout(pp=2, dp=4, embedding_loss_split=True, gbs=512),  # 34 slots over 2 stages
     Layout(dp=8, distributed_optimizer=True, grad_reduce_bf16=True, impl="te", gbs=512),
+    Layout(dp=8, distributed_optimizer=True, overlap_grad_reduce=True, nan_checks=False,
+           gbs=512),
 ]
 CASES = [(name, gpus, layout) for name in list_presets() for gpus in (8, 16)
          for layout in _sample(name, gpus)] + [("llama3-8b", 8, s) for s in EXTRA]
