@@ -73,7 +73,7 @@ LEVER = Lever(
     cost=None,
     no_cost=("the checks cost the overlap of the host's work with the GPU's across each wait, "
              "which the cost model does not represent for bf16 (its launch time is additive); "
-             "measured 2.5-27% of a multi-GPU step with overlap_grad_reduce, not proportional "
+             "measured 2-27% of a multi-GPU step with overlap_grad_reduce, not proportional "
              "to the waits (2026-11-29-h200x2-nan-checks-s27.md). Its constants were fitted "
              "mostly on trials with the checks on"),
     unpriced_time=True,

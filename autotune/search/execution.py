@@ -464,6 +464,16 @@ class TrialExecutor:
             log.info("derived %s: next rung %s", s.describe(), rung.describe())
             p.queue.push(rung, Source.DERIVED, first=True)
 
+    def leads(self, record: TrialRecord) -> bool:
+        """Whether a real trial measured to its end at the best figure, within its own noise:
+        the leader whose variants the model cannot rank (FP8's, the unpriced levers') are
+        measured next."""
+        tokens = record.tokens_per_s
+        if (tokens is None or record.pruned_slow or record.status is not TrialStatus.OK
+                or self.parts.cfg.backend.predicted):
+            return False
+        return tokens >= self.parts.ledger.best_tokens * (1 - NOISE_MARGIN * record.noise)
+
     def fp8_variants(self, s: Layout) -> list[Layout]:
         """The valid layouts of the space that are `s` with FP8 on (each recipe and parameter
         gather the space offers): those whose loss guard twin trains as `s` does
@@ -489,11 +499,8 @@ class TrialExecutor:
         of them the leader's own FP8 variant (2026-11-28-h200x4-issue30-s16.md). Measured
         right after the leader, the variant is judged against the leader's own losses (its
         loss guard twin: no reference run)."""
-        s, tokens = record.layout, record.tokens_per_s
-        if (tokens is None or record.pruned_slow or record.status is not TrialStatus.OK
-                or guarded(s) or self.parts.cfg.backend.predicted):
-            return
-        if tokens < self.parts.ledger.best_tokens * (1 - NOISE_MARGIN * record.noise):
+        s = record.layout
+        if guarded(s) or not self.leads(record):
             return
         knowledge, ledger = self.parts.knowledge, self.parts.ledger
         untried = [v for v in self.fp8_variants(s) if not ledger.tried(v) and knowledge.fits(v)]
@@ -504,7 +511,6 @@ class TrialExecutor:
             log.info("%s leads in bf16: its FP8 variant %s next", s.describe(),
                      fastest.describe())
             self.parts.queue.push(fastest, Source.PRECISION, first=True)
-
 
     def unpriced_variants(self, s: Layout) -> list[Layout]:
         """The valid layouts of the space that differ from `s` only in fields of the levers the
@@ -524,13 +530,9 @@ class TrialExecutor:
         it may never measure them. On 2 x H200 a gpt2-xl search whose space listed the NaN
         checks both ways ended on a checked layout whose unchecked variant it never ran, 2%
         faster measured apart (2026-11-29-h200x2-nan-checks-s27.md)."""
-        s, tokens = record.layout, record.tokens_per_s
-        if (tokens is None or record.pruned_slow or record.status is not TrialStatus.OK
-                or self.parts.cfg.backend.predicted):
+        if not self.leads(record):
             return
-        if tokens < self.parts.ledger.best_tokens * (1 - NOISE_MARGIN * record.noise):
-            return
-        knowledge, ledger = self.parts.knowledge, self.parts.ledger
+        s, knowledge, ledger = record.layout, self.parts.knowledge, self.parts.ledger
         for v in self.unpriced_variants(s):
             if not ledger.tried(v) and knowledge.fits(v):
                 log.info("%s leads: its unpriced variant %s next", s.describe(), v.describe())

@@ -82,9 +82,8 @@ class Scheduler:
                                   Source.UNPRICED):
             # What a measurement just asked for (a derived lever's next rung, a smaller
             # micro-batch, the leader's FP8 variant or its unpriced variants) runs before the
-            # model's verdict on the
-            # layouts it knows: the rung is not among them, and its figure is what the model
-            # would be judged against.
+            # model's verdict on the layouts it knows: the rung is not among them, and its
+            # figure is what the model would be judged against.
             return None
         return self.parts.stop.exhausted()
 

@@ -19,7 +19,7 @@ launched 37 trials, most of them such echoes of its best, at about 50 s each
 (2026-11-28-h200x4-issue30-s16.md).
 
 Neither rule crosses a lever whose time the model leaves out (autotune.levers.unpriced: the NaN
-checks, 2.5-27% of a step on 2 x H200, 2026-11-29-h200x2-nan-checks-s27.md): a layout priced
+checks, 2-27% of a step on 2 x H200, 2026-11-29-h200x2-nan-checks-s27.md): a layout priced
 exactly as a measured one that differs there is no echo of it, nor its near variant.
 
 A measured layout also vouches for its near variants (`nearby`): where an untried layout's time
